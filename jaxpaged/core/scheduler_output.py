@@ -1,0 +1,41 @@
+"""What one schedule() call hands the model runner: per request, the tokens whose K/V this step computes."""
+
+import dataclasses
+
+from jaxpaged.core.request import Request
+
+
+@dataclasses.dataclass(slots=True)
+class ScheduledRequest:
+    """One request's share of a step."""
+
+    request: Request
+    """The request itself (read-only for the runner)."""
+    token_ids: list[int]
+    """The tokens whose K/V this step computes: a prefill chunk, or the one newest token of a decode."""
+    start_position: int
+    """Position of token_ids[0]: the request's num_computed_tokens before this step."""
+    block_ids: list[int]
+    """The request's block table, covering start_position + len(token_ids) tokens; may be a live reference,
+    valid until the next schedule()."""
+    sample: bool
+    """This step reaches the end of the request's known tokens, so its next token is sampled."""
+
+
+@dataclasses.dataclass
+class SchedulerOutput:
+    """One engine step: what to compute, and which requests left since the previous step."""
+
+    scheduled: list[ScheduledRequest]
+    """In order; requests that were already running come first, newly admitted ones after."""
+    num_scheduled_tokens: int
+    """Sum of len(token_ids) over scheduled; never above max_num_batched_tokens."""
+    finished_request_ids: set[str]
+    """Requests finished or aborted since the previous schedule(): the runner may drop their state."""
+    preempted_request_ids: set[str]
+    """Requests preempted by this schedule(): their blocks are gone, they restart from position 0 later."""
+
+    @property
+    def num_sampled_requests(self) -> int:
+        """How many scheduled requests sample a token (the length update_from_output expects)."""
+        return sum(1 for scheduled_request in self.scheduled if scheduled_request.sample)

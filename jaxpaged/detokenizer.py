@@ -1,0 +1,144 @@
+"""Incremental detokenization: token ids in, the newly final text out, with stop strings matched on the fly.
+
+Text is made by decoding a short window of tokens twice, with and without the newest ones, and taking the
+difference; so a token costs O(window), never O(output length). The window starts a few tokens back because
+some tokenizers (SentencePiece) decide a token's leading space by what precedes it. Two kinds of text are
+held back rather than released:
+  - a decode that ends in U+FFFD: a multi-byte UTF-8 character split across tokens is not complete yet;
+  - a tail of the text that is the beginning of a stop string: it may still become that stop string,
+    and text after a stop string's start must never reach the user (unless include_stop_str_in_output).
+Host-only; no jax.
+"""
+
+from collections.abc import Sequence
+from typing import Optional
+
+_NUM_PROMPT_CONTEXT_TOKENS = 5
+"""Prompt tokens decoded in front of the first output tokens, so the first delta gets its spacing right."""
+
+_REPLACEMENT_CHAR = "\ufffd"
+
+
+class IncrementalDetokenizer:
+    """Turns one completion's token ids into text as they arrive, releasing only text that is final."""
+
+    def __init__(self, tokenizer, prompt_token_ids: Sequence[int], *, skip_special_tokens: bool = True,
+                 stop: Sequence[str] = (), include_stop_str_in_output: bool = False) -> None:
+        if isinstance(stop, str):
+            stop = [stop]
+        for stop_string in stop:
+            if not isinstance(stop_string, str) or not stop_string:
+                raise ValueError(f"stop: must hold only non-empty strings, got {stop_string!r}")
+        self._tokenizer = tokenizer
+        self._skip_special_tokens = skip_special_tokens
+        self._stop = tuple(stop)
+        self._include_stop_str_in_output = include_stop_str_in_output
+        # Window bookkeeping (vLLM/TGI style): the text of _token_ids[_prefix_offset:_read_offset] was
+        # already emitted; tokens from _read_offset on are not yet turned into text.
+        self._token_ids = list(prompt_token_ids[len(prompt_token_ids) - _NUM_PROMPT_CONTEXT_TOKENS:]
+                               if len(prompt_token_ids) > _NUM_PROMPT_CONTEXT_TOKENS else prompt_token_ids)
+        self._prefix_offset = 0
+        self._read_offset = len(self._token_ids)
+        self._pending_text = ""
+        """Decoded text not yet released: it may be the beginning of a stop string."""
+        self._released_chunks: list[str] = []
+        self._finished = False
+        self.stop_string: Optional[str] = None
+        """The stop string that ended the completion, or None."""
+
+    @property
+    def output_text(self) -> str:
+        """All text released so far (truncated at, or just after, a matched stop string)."""
+        if len(self._released_chunks) > 1:
+            # Joined only when read, so adding tokens never costs O(output length).
+            self._released_chunks = ["".join(self._released_chunks)]
+        return self._released_chunks[0] if self._released_chunks else ""
+
+    @property
+    def finished(self) -> bool:
+        """True once a stop string matched or finish() was called; later tokens add no text."""
+        return self._finished
+
+    def add_tokens(self, new_token_ids: Sequence[int], *, stop_terminated: bool = False) -> str:
+        """Takes newly sampled ids; returns the newly released text ("" while text is held back).
+
+        stop_terminated: the last id ended the completion (EOS or a stop_token_id). Its text is left out
+        unless include_stop_str_in_output, and all held-back text is released, as finish() does.
+        """
+        if self._finished:
+            return ""
+        new_token_ids = list(new_token_ids)
+        if stop_terminated and not self._include_stop_str_in_output:
+            new_token_ids = new_token_ids[:-1]
+        self._token_ids.extend(new_token_ids)
+        released = self._take_text(self._decode_new_text(final=False), final=False)
+        if stop_terminated and not self._finished:
+            released += self.finish()
+        return released
+
+    def finish(self) -> str:
+        """The completion ended for another reason (length, abort, stop token): release held-back text."""
+        if self._finished:
+            return ""
+        released = self._take_text(self._decode_new_text(final=True), final=True)
+        self._finished = True
+        return released
+
+    def _decode(self, token_ids: Sequence[int]) -> str:
+        # NOTE: clean_up_tokenization_spaces rewrites text by what follows it (" ." -> "."), which would
+        # break the window difference below, so it is off.
+        return self._tokenizer.decode(token_ids, skip_special_tokens=self._skip_special_tokens,
+                                      clean_up_tokenization_spaces=False)
+
+    def _decode_new_text(self, *, final: bool) -> str:
+        """Text of the tokens past _read_offset, or "" while it ends in an incomplete character."""
+        if self._read_offset == len(self._token_ids):
+            return ""
+        prefix_text = self._decode(self._token_ids[self._prefix_offset:self._read_offset])
+        window_text = self._decode(self._token_ids[self._prefix_offset:])
+        if window_text.endswith(_REPLACEMENT_CHAR) and not final:
+            return ""
+        self._prefix_offset = self._read_offset
+        self._read_offset = len(self._token_ids)
+        return window_text[len(prefix_text):]
+
+    def _take_text(self, new_text: str, *, final: bool) -> str:
+        """Adds decoded text to the pending text, checks stop strings, and releases what is final."""
+        text = self._pending_text + new_text
+        match = self._first_stop_match(text)
+        if match is not None:
+            start, stop_string = match
+            self.stop_string = stop_string
+            self._finished = True
+            self._pending_text = ""
+            end = start + len(stop_string) if self._include_stop_str_in_output else start
+            return self._release(text[:end])
+        num_held = 0 if final else self._num_chars_that_may_start_a_stop(text)
+        self._pending_text = text[len(text) - num_held:]
+        return self._release(text[:len(text) - num_held])
+
+    def _first_stop_match(self, text: str) -> Optional[tuple[int, str]]:
+        """(start, stop string) of the earliest stop string in text; the longer one on a tie."""
+        best = None
+        for stop_string in self._stop:
+            start = text.find(stop_string)
+            if start != -1 and (best is None or (start, -len(stop_string)) < (best[0], -len(best[1]))):
+                best = (start, stop_string)
+        return best
+
+    def _num_chars_that_may_start_a_stop(self, text: str) -> int:
+        """Length of the longest tail of text that is a proper prefix of some stop string."""
+        # NOTE: pending text never holds a whole stop string, so this is O(sum of stop lengths ** 2),
+        # independent of the output length.
+        longest = 0
+        for stop_string in self._stop:
+            for length in range(min(len(stop_string) - 1, len(text)), longest, -1):
+                if text.endswith(stop_string[:length]):
+                    longest = length
+                    break
+        return longest
+
+    def _release(self, text: str) -> str:
+        if text:
+            self._released_chunks.append(text)
+        return text

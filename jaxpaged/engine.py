@@ -1,0 +1,227 @@
+"""LLMEngine: the synchronous engine. One step is three calls: schedule, run the model, update.
+
+Not thread-safe: the server's async engine owns it from a single loop thread.
+"""
+
+import itertools
+import random
+import time
+from collections.abc import Iterable
+from typing import Optional, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from transformers import PreTrainedTokenizerFast
+
+from jaxpaged.config import EngineConfig
+from jaxpaged.core.request import Request, RequestStatus
+from jaxpaged.core.scheduler import Scheduler
+from jaxpaged.core.scheduler_output import SchedulerOutput
+from jaxpaged.detokenizer import IncrementalDetokenizer
+from jaxpaged.engine_stats import EngineStats
+from jaxpaged.inputs import PromptInput, parse_prompt
+from jaxpaged.outputs import RequestOutput
+from jaxpaged.request_group import RequestGroup, Sample
+from jaxpaged.runner import compile_counter
+from jaxpaged.runner.model_runner import ModelRunner
+from jaxpaged.runner.sampler import (SamplingRow, all_sampler_flag_variants, build_sampling_batch,
+                                     min_tokens_suppress_ids, sample, sampler_static_flags, warmup_sampling_batch)
+from jaxpaged.sampling_params import SamplingParams
+from jaxpaged.weights.loader import LoadedModel, load_model
+
+
+class LLMEngine:
+    """Requests in, RequestOutputs out, one step at a time."""
+
+    def __init__(self, loaded: LoadedModel, config: EngineConfig, *, warmup: bool = True):
+        self.config = config
+        self.model_name = loaded.name
+        self.model_config = loaded.config
+        self.vocab_size = loaded.config.vocab_size
+        sched = config.scheduler
+        self.max_model_len = sched.max_model_len
+        self.tokenizer = PreTrainedTokenizerFast.from_pretrained(str(loaded.tokenizer_dir))
+        self.eos_token_ids = list(loaded.config.eos_token_ids) or (
+            [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else [])
+        self.runner = ModelRunner(loaded, config)
+        self.scheduler = Scheduler(sched, config.cache, self.runner.num_kv_blocks)
+        self._groups: dict[str, RequestGroup] = {}
+        self._samples: dict[str, tuple[RequestGroup, Sample]] = {}
+        self._seed_rng = random.Random(config.seed)
+        self._prompt_tokens_total = 0
+        self._generation_tokens_total = 0
+        self._num_steps = 0
+        self.warmup_seconds = self._warmup() if warmup else 0.0
+
+    @classmethod
+    def from_options(cls, model: Optional[str] = None, **engine_options) -> "LLMEngine":
+        """Load `model` (None: the embedded SmolLM2-135M-Instruct) with flat engine options, and warm up."""
+        config = EngineConfig.from_options(**engine_options)
+        if config.compilation_cache_dir != "":
+            _enable_persistent_compilation_cache(config.compilation_cache_dir)
+        return cls(load_model(model), config)
+
+    # ---- requests --------------------------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt: PromptInput, sampling_params: Optional[SamplingParams] = None,
+                    *, arrival_time: Optional[float] = None) -> None:
+        """Queue a request; ValueError naming the problem (and nothing changed) on bad input."""
+        params = sampling_params or SamplingParams()
+        if request_id in self._groups:
+            raise ValueError(f"request_id: {request_id!r} is already in use")
+        parsed = parse_prompt(prompt, self.tokenizer, self.vocab_size)
+        params.validate_token_ids(self.vocab_size)
+        num_prompt = len(parsed.token_ids)
+        if num_prompt + params.max_tokens > self.max_model_len:
+            raise ValueError(f"max_tokens: prompt ({num_prompt} tokens) + max_tokens ({params.max_tokens}) "
+                             f"exceeds max_model_len ({self.max_model_len})")
+        arrival_time = time.time() if arrival_time is None else arrival_time
+        samples = [self._make_sample(request_id, index, parsed, params, arrival_time) for index in range(params.n)]
+        self.scheduler.add_request(samples[0].request)  # validates against the pool before anything is kept
+        group = RequestGroup(request_id, parsed, params, samples, arrival_time)
+        self._groups[request_id] = group
+        for s in samples:
+            self._samples[s.request.request_id] = (group, s)
+        self._prompt_tokens_total += num_prompt * params.n
+
+    def _make_sample(self, request_id, index, parsed, params: SamplingParams, arrival_time) -> Sample:
+        sample_id = request_id if params.n == 1 else f"{request_id}#{index}"
+        seed = self._seed_rng.getrandbits(63) if params.seed is None else params.seed + index
+        request = Request(
+            sample_id, parsed.token_ids, max_tokens=params.max_tokens, min_tokens=params.min_tokens,
+            eos_token_id=self.eos_token_ids[0] if self.eos_token_ids else None,
+            stop_token_ids=list(params.stop_token_ids) + self.eos_token_ids[1:], ignore_eos=params.ignore_eos,
+            arrival_time=arrival_time, priority=parsed.priority, cache_salt=parsed.cache_salt,
+            sampling_params=params)
+        detokenizer = IncrementalDetokenizer(
+            self.tokenizer, parsed.token_ids, skip_special_tokens=params.skip_special_tokens,
+            stop=params.stop, include_stop_str_in_output=params.include_stop_str_in_output)
+        return Sample(index, request, seed, detokenizer)
+
+    def abort_request(self, request_ids: Union[str, Iterable[str]]) -> None:
+        """Drop requests now and free their KV blocks; unknown ids are ignored."""
+        for request_id in [request_ids] if isinstance(request_ids, str) else list(request_ids):
+            group = self._groups.pop(request_id, None)
+            if group is None:
+                continue
+            sample_ids = [s.request.request_id for s in group.samples]
+            self.scheduler.finish_requests(sample_ids, RequestStatus.FINISHED_ABORTED)
+            for sample_id in sample_ids:
+                self._samples.pop(sample_id, None)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._groups)
+
+    # ---- the step --------------------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Schedule, run the model, update; returns the outputs of requests that progressed."""
+        self._release_held_back_samples()
+        output = self.scheduler.schedule()
+        token_ids, logprob_rows = self._run(output) if output.scheduled else ([], None)
+        updated = self.scheduler.update_from_output(output, token_ids)
+        self._num_steps += 1
+        return self._process_updates(output, updated, token_ids, logprob_rows)
+
+    def _run(self, output: SchedulerOutput):
+        logits = self.runner.execute(output)
+        rows = [self._sampling_row(item.request) for item in output.scheduled if item.sample]
+        if not rows:
+            return [], None
+        batch = build_sampling_batch(rows, logits.shape[0], self.vocab_size)
+        flags = sampler_static_flags(batch)
+        result = sample(logits, jax.device_put(batch), flags)
+        # Only the sampled ids (and logprobs when asked for) come back to the host.
+        token_ids = np.asarray(result.token_ids)[:len(rows)].tolist()
+        logprob_rows = None
+        if any(row.params.logprobs is not None for row in rows):
+            sampled = np.asarray(result.logprobs)
+            top_ids = np.asarray(result.top_logprob_ids) if result.top_logprob_ids is not None else None
+            top_values = np.asarray(result.top_logprobs) if result.top_logprobs is not None else None
+            logprob_rows = (sampled, top_ids, top_values)
+        return token_ids, logprob_rows
+
+    def _sampling_row(self, request: Request) -> SamplingRow:
+        params = request.sampling_params
+        _, sample_state = self._samples[request.request_id]
+        suppress = min_tokens_suppress_ids(params, self.eos_token_ids, request.num_output_tokens)
+        return SamplingRow(params, sample_state.seed, request.prompt_token_ids, request.output_token_ids, suppress)
+
+    def _process_updates(self, output, updated: list[Request], token_ids, logprob_rows) -> list[RequestOutput]:
+        row_of = {item.request.request_id: row
+                  for row, item in enumerate(i for i in output.scheduled if i.sample)}
+        touched: dict[str, RequestGroup] = {}
+        stopped_by_string = []
+        for request in updated:
+            group, sample_state = self._samples[request.request_id]
+            row = row_of[request.request_id]
+            top, sampled_logprob = None, 0.0
+            if logprob_rows is not None:
+                sampled, top_ids, top_values = logprob_rows
+                sampled_logprob = float(sampled[row])
+                k = group.params.logprobs or 0
+                if top_ids is not None and k:
+                    top = list(zip(top_ids[row, :k].tolist(), top_values[row, :k].tolist()))
+            group.record_token(sample_state, token_ids[row], top, sampled_logprob, self.tokenizer)
+            self._generation_tokens_total += 1
+            if sample_state.finish_reason is not None and not request.is_finished():
+                stopped_by_string.append(request.request_id)
+            touched[group.request_id] = group
+        if stopped_by_string:
+            self.scheduler.finish_requests(stopped_by_string, RequestStatus.FINISHED_STOPPED)
+        outputs = [group.to_output() for group in touched.values()]
+        for out in outputs:
+            if out.finished:
+                self._forget(out.request_id)
+        return outputs
+
+    def _release_held_back_samples(self) -> None:
+        for group in self._groups.values():
+            if group.num_released < len(group.samples) and group.ready_to_release():
+                for held in group.held_back():
+                    self.scheduler.add_request(held.request)
+                group.num_released = len(group.samples)
+
+    def _forget(self, request_id: str) -> None:
+        group = self._groups.pop(request_id)
+        for s in group.samples:
+            self._samples.pop(s.request.request_id, None)
+
+    # ---- start-up and stats ----------------------------------------------------------------------------------
+    def _warmup(self) -> float:
+        """Compile every model bucket and every sampler variant for every row bucket."""
+        start = time.perf_counter()
+        self.runner.warmup()
+        for bucket in self.runner.ladder.buckets():
+            logits = jnp.zeros((bucket.num_seqs, self.vocab_size), jnp.float32)
+            for flags in all_sampler_flag_variants():
+                batch = warmup_sampling_batch(flags, bucket.num_seqs, self.vocab_size)
+                jax.block_until_ready(sample(logits, jax.device_put(batch), flags).token_ids)
+        return time.perf_counter() - start
+
+    def get_stats(self) -> EngineStats:
+        """Gauges and cumulative counters."""
+        s = self.scheduler.stats()
+        return EngineStats(
+            num_running=s.num_running, num_waiting=s.num_waiting, kv_cache_usage=s.kv_cache_usage,
+            prefix_cache_queries=s.prefix_cache_queries, prefix_cache_hits=s.prefix_cache_hits,
+            num_preemptions=s.num_preemptions, num_compilations=compile_counter.num_compilations(),
+            prompt_tokens_total=self._prompt_tokens_total, generation_tokens_total=self._generation_tokens_total,
+            num_steps=self._num_steps, warmup_seconds=self.warmup_seconds)
+
+
+_request_counter = itertools.count()
+
+
+def next_request_id() -> str:
+    """A process-unique request id."""
+    return f"req-{next(_request_counter)}"
+
+
+def _enable_persistent_compilation_cache(directory: Optional[str]) -> None:
+    """JAX's on-disk executable cache, so a restart loads instead of compiling."""
+    from jaxpaged.weights.loader import cache_root
+
+    path = directory or str(cache_root() / "xla")
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

@@ -1,0 +1,84 @@
+"""Building blocks of a Llama-family decoder: RMSNorm, RoPE, the gated MLP and paged attention.
+
+`paged_attention` is the only caller of the attention backends (pallas_kernels.ragged_paged_attention).
+"""
+
+import math
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int
+
+from jaxpaged.models.model_config import RopeScaling
+from pallas_kernels.ragged_paged_attention import ragged_paged_attention, write_kv_pages  # noqa: F401
+
+
+def rms_norm(x: Float[Array, "... dim"], weight: Float[Array, "dim"], eps: float) -> Float[Array, "... dim"]:
+    """RMSNorm computed in float32, cast back to x's dtype (as HF does)."""
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (weight.astype(jnp.float32) * normed).astype(x.dtype)
+
+
+def rope_inverse_frequencies(head_dim: int, theta: float, scaling: Optional[RopeScaling]) -> jnp.ndarray:
+    """Per-pair inverse frequencies, with Llama 3 scaling applied when configured (a host-side constant)."""
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    if scaling is None:
+        return inv_freq
+    low_freq_wavelen = scaling.original_max_position_embeddings / scaling.low_freq_factor
+    high_freq_wavelen = scaling.original_max_position_embeddings / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    # Long wavelengths are slowed by `factor`, short ones kept; the band between is interpolated smoothly.
+    smooth = (scaling.original_max_position_embeddings / wavelen - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor)
+    interpolated = (1 - smooth) * inv_freq / scaling.factor + smooth * inv_freq
+    scaled = jnp.where(wavelen > low_freq_wavelen, inv_freq / scaling.factor, inv_freq)
+    is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+    return jnp.where(is_medium, interpolated, scaled)
+
+
+def apply_rope(x: Float[Array, "tokens heads head_dim"], positions: Int[Array, "tokens"],
+               inv_freq: Float[Array, "half"]) -> Float[Array, "tokens heads head_dim"]:
+    """Rotate-half RoPE (HF layout: the first and second halves of a head form the pairs)."""
+    angles = positions.astype(jnp.float32)[:, None] * inv_freq[None, :]
+    cos = jnp.cos(angles)[:, None, :]
+    sin = jnp.sin(angles)[:, None, :]
+    x32 = x.astype(jnp.float32)
+    first, second = jnp.split(x32, 2, axis=-1)
+    rotated = jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
+    return rotated.astype(x.dtype)
+
+
+def gated_mlp(x: Float[Array, "tokens hidden"], gate: Float[Array, "hidden inter"], up: Float[Array, "hidden inter"],
+              down: Float[Array, "inter hidden"]) -> Float[Array, "tokens hidden"]:
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+    return (jax.nn.silu(x @ gate) * (x @ up)) @ down
+
+
+def paged_attention(
+    q: Float[Array, "tokens q_heads head_dim"],
+    k: Float[Array, "tokens kv_heads head_dim"],
+    v: Float[Array, "tokens kv_heads head_dim"],
+    kv_pages: Float[Array, "pages page_size kv_heads_x2 head_dim"],
+    page_offset: Int[Array, ""],
+    slot_mapping: Int[Array, "tokens"],
+    kv_lens: Int[Array, "seqs"],
+    block_tables: Int[Array, "seqs pages_per_seq"],
+    cu_q_lens: Int[Array, "seqs_plus_1"],
+    num_seqs: Int[Array, "1"],
+    *,
+    backend: str,
+    sliding_window: Optional[int] = None,
+):
+    """Write this step's K/V into their slots, then attend over each sequence's pages.
+
+    kv_pages may hold every layer's pages stacked on the first axis; page_offset (layer * blocks per layer)
+    moves the step's slots and block tables onto this layer's part, so no per-layer copy is ever made.
+    """
+    page_size = kv_pages.shape[1]
+    kv_pages = write_kv_pages(kv_pages, k, v, slot_mapping + page_offset * page_size)
+    out = ragged_paged_attention(
+        q, kv_pages, kv_lens, block_tables + page_offset, cu_q_lens, num_seqs,
+        backend=backend, sm_scale=1.0 / math.sqrt(q.shape[-1]), sliding_window=sliding_window)
+    return out, kv_pages

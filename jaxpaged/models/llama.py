@@ -1,0 +1,89 @@
+"""The Llama family (Llama, Mistral, Qwen2, Qwen3) as one Flax NNX model over a ragged batch and a paged KV cache.
+
+Layer weights are stacked on a leading axis and the layers run under `lax.scan`, so XLA compiles one layer body
+instead of num_layers copies. Every layer's KV pages live in one array [num_layers * num_blocks, block_size,
+2 * num_kv_heads, head_dim] that the scan carries and updates in place.
+"""
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jaxtyping import Array, Float
+
+from jaxpaged.models.layers import apply_rope, gated_mlp, paged_attention, rms_norm, rope_inverse_frequencies
+from jaxpaged.models.model_config import ModelConfig
+from jaxpaged.models.param_shapes import param_shapes
+from jaxpaged.runner.batch import StepInputs
+
+
+class DecoderLayers(nnx.Module):
+    """All decoder layers, each weight stacked over the layer axis."""
+
+    def __init__(self, weights: dict[str, jax.Array]):
+        self.names = tuple(sorted(weights))
+        for name, value in weights.items():
+            setattr(self, name, nnx.Param(value))
+
+    def stacked(self) -> dict[str, jax.Array]:
+        """The layer weights as a dict, ready to be scanned over."""
+        return {name: getattr(self, name)[...] for name in self.names}
+
+
+class LlamaForCausalLM(nnx.Module):
+    """Decoder-only transformer; logits only for the rows that are sampled."""
+
+    def __init__(self, cfg: ModelConfig, params: dict[str, jax.Array]):
+        expected = param_shapes(cfg)
+        if set(params) != set(expected):
+            raise ValueError(f"params: expected names {sorted(expected)}, got {sorted(params)}")
+        for name, shape in expected.items():
+            if tuple(params[name].shape) != shape:
+                raise ValueError(f"params[{name!r}]: expected shape {shape}, got {tuple(params[name].shape)}")
+        self.cfg = cfg
+        self.embed = nnx.Param(params["embed"])
+        self.final_norm = nnx.Param(params["final_norm"])
+        self.lm_head = nnx.Param(params["lm_head"]) if "lm_head" in params else None
+        prefix = "layers."
+        self.layers = DecoderLayers({k[len(prefix):]: v for k, v in params.items() if k.startswith(prefix)})
+
+    def __call__(self, kv_cache: Float[Array, "layers blocks block_size kv_heads_x2 head_dim"], batch: StepInputs,
+                 *, backend: str):
+        """Run one ragged step; returns (logits [sampled rows, vocab] in float32, updated kv_cache)."""
+        cfg = self.cfg
+        num_layers, num_blocks = kv_cache.shape[:2]
+        kv_pages = kv_cache.reshape(num_layers * num_blocks, *kv_cache.shape[2:])
+        x = self.embed[...][batch.token_ids]
+        inv_freq = rope_inverse_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+
+        def layer(carry, scanned):
+            x, kv_pages = carry
+            w, layer_index = scanned
+            num_tokens = x.shape[0]
+            h = rms_norm(x, w["input_norm"], cfg.rms_norm_eps)
+            q, k, v = h @ w["q_proj"], h @ w["k_proj"], h @ w["v_proj"]
+            if cfg.qkv_bias:
+                q, k, v = q + w["q_bias"], k + w["k_bias"], v + w["v_bias"]
+            q = q.reshape(num_tokens, cfg.num_q_heads, cfg.head_dim)
+            k = k.reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+            v = v.reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+            if cfg.qk_norm:
+                q = rms_norm(q, w["q_norm"], cfg.rms_norm_eps)
+                k = rms_norm(k, w["k_norm"], cfg.rms_norm_eps)
+            q = apply_rope(q, batch.positions, inv_freq)
+            k = apply_rope(k, batch.positions, inv_freq)
+            attn, kv_pages = paged_attention(
+                q, k, v, kv_pages, layer_index * num_blocks, batch.slot_mapping, batch.kv_lens,
+                batch.block_tables, batch.cu_q_lens, batch.num_seqs,
+                backend=backend, sliding_window=cfg.sliding_window)
+            x = x + attn.reshape(num_tokens, -1) @ w["o_proj"]
+            h = rms_norm(x, w["post_norm"], cfg.rms_norm_eps)
+            x = x + gated_mlp(h, w["gate_proj"], w["up_proj"], w["down_proj"])
+            return (x, kv_pages), None
+
+        layer_ids = jnp.arange(num_layers, dtype=jnp.int32)
+        (x, kv_pages), _ = jax.lax.scan(layer, (x, kv_pages), (self.layers.stacked(), layer_ids))
+        # NOTE: only the sampled rows reach the final norm and the vocabulary projection.
+        h = rms_norm(x[batch.sample_indices], self.final_norm[...], cfg.rms_norm_eps)
+        head = self.embed[...].T if self.lm_head is None else self.lm_head[...]
+        logits = jnp.dot(h, head, preferred_element_type=jnp.float32)
+        return logits, kv_pages.reshape(kv_cache.shape)

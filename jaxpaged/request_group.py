@@ -1,0 +1,90 @@
+"""One user request and its n samples: per-sample detokenizer and logprobs, and the RequestOutput they make."""
+
+import dataclasses
+import time
+from typing import Optional
+
+from jaxpaged.core.request import Request
+from jaxpaged.detokenizer import IncrementalDetokenizer
+from jaxpaged.inputs import ParsedPrompt
+from jaxpaged.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput, TokenLogprobs
+from jaxpaged.sampling_params import SamplingParams
+
+
+@dataclasses.dataclass
+class Sample:
+    """One of a request's n samples: a scheduler Request plus what the engine tracks for it."""
+
+    index: int
+    request: Request
+    seed: int
+    """Resolved sampler seed (the user's, or one the engine drew)."""
+    detokenizer: IncrementalDetokenizer
+    logprobs: Optional[list[TokenLogprobs]] = None
+    cumulative_logprob: Optional[float] = None
+    finish_reason: Optional[str] = None
+    stop_reason: object = None
+
+
+class RequestGroup:
+    """A request as the user sees it. With n > 1, samples after the first wait until the first has computed
+    the prompt, so they find its blocks in the prefix cache instead of prefilling n times."""
+
+    def __init__(self, request_id: str, prompt: ParsedPrompt, params: SamplingParams, samples: list[Sample],
+                 arrival_time: float):
+        self.request_id = request_id
+        self.prompt = prompt
+        self.params = params
+        self.samples = samples
+        self.num_released = 1
+        """Samples handed to the scheduler so far; the rest are held back."""
+        self.metrics = RequestMetrics(arrival_time=arrival_time)
+
+    def held_back(self) -> list[Sample]:
+        """Samples still waiting for the first one's prefill."""
+        return self.samples[self.num_released:]
+
+    def ready_to_release(self) -> bool:
+        """The first sample's prompt KV is computed (or it ended), so its full blocks are hittable now."""
+        first = self.samples[0]
+        return first.finish_reason is not None or first.request.num_computed_tokens >= len(self.prompt.token_ids)
+
+    def finished(self) -> bool:
+        return all(sample.finish_reason is not None for sample in self.samples)
+
+    def record_token(self, sample: Sample, token_id: int, top: Optional[list[tuple[int, float]]],
+                     sampled_logprob: float, tokenizer) -> None:
+        """Account one sampled token: logprobs, detokenized text, finish state."""
+        if self.metrics.first_token_time is None:
+            self.metrics.first_token_time = time.time()
+        if self.params.logprobs is not None:
+            entry = {}
+            for rank, (top_id, top_logprob) in enumerate(top or [], start=1):
+                entry[top_id] = Logprob(top_logprob, rank, tokenizer.decode([top_id]))
+            if token_id not in entry:
+                # Outside the top-k asked for: its exact rank is not computed, only that it is below them.
+                entry[token_id] = Logprob(sampled_logprob, len(entry) + 1, tokenizer.decode([token_id]))
+            sample.logprobs = (sample.logprobs or []) + [entry]
+            sample.cumulative_logprob = (sample.cumulative_logprob or 0.0) + sampled_logprob
+        request = sample.request
+        stopped_by_token = request.finish_reason == "stop"
+        sample.detokenizer.add_tokens([token_id], stop_terminated=stopped_by_token)
+        if sample.detokenizer.stop_string is not None:
+            sample.finish_reason, sample.stop_reason = "stop", sample.detokenizer.stop_string
+        elif request.is_finished():
+            sample.detokenizer.finish()
+            sample.finish_reason, sample.stop_reason = request.finish_reason, request.stop_reason
+        if self.finished() and self.metrics.finish_time is None:
+            self.metrics.finish_time = time.time()
+
+    def to_output(self) -> RequestOutput:
+        """The cumulative RequestOutput of every sample."""
+        completions = [
+            CompletionOutput(index=s.index, text=s.detokenizer.output_text,
+                             token_ids=list(s.request.output_token_ids), cumulative_logprob=s.cumulative_logprob,
+                             logprobs=s.logprobs, finish_reason=s.finish_reason, stop_reason=s.stop_reason)
+            for s in self.samples]
+        return RequestOutput(request_id=self.request_id, prompt=self.prompt.text,
+                             prompt_token_ids=self.prompt.token_ids,
+                             num_cached_tokens=self.samples[0].request.num_cached_tokens,
+                             outputs=completions, finished=self.finished(), metrics=self.metrics)

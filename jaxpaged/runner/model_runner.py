@@ -1,0 +1,116 @@
+"""ModelRunner: SchedulerOutput -> padded numpy batch -> one transfer -> the compiled step -> sampled ids.
+
+It owns the parameters, the KV cache (donated to every step, so XLA updates it in place) and one compiled
+executable per bucket. Warm-up compiles them all; serving then only looks them up.
+"""
+
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxpaged.config import EngineConfig
+from jaxpaged.core.scheduler_output import SchedulerOutput
+from jaxpaged.models.llama import LlamaForCausalLM
+from jaxpaged.runner import compile_counter
+from jaxpaged.runner.batch import StepInputs, empty_step_inputs
+from jaxpaged.runner.buckets import Bucket, BucketLadder
+from jaxpaged.runner.kv_cache import allocate_kv_cache, num_kv_blocks_for
+from jaxpaged.weights.loader import LoadedModel
+from pallas_kernels.ragged_paged_attention import resolve_attention_backend
+
+
+def resolve_dtype(name: str):
+    """ "auto" is float32 on CPU and bfloat16 on TPU/GPU."""
+    if name == "auto":
+        return jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
+    return jnp.dtype(name)
+
+
+def _forward(graphdef, backend, state, kv_cache, batch):
+    model = nnx.merge(graphdef, state)
+    return model(kv_cache, batch, backend=backend)
+
+
+class ModelRunner:
+    """The device side of an engine step."""
+
+    def __init__(self, loaded: LoadedModel, config: EngineConfig):
+        compile_counter.install()
+        self.model_config = loaded.config
+        self.block_size = config.cache.block_size
+        self.dtype = resolve_dtype(config.dtype)
+        self.backend = resolve_attention_backend(config.attention_backend)
+        params = {name: jnp.asarray(value, self.dtype) for name, value in loaded.params.items()}
+        graphdef, self.state = nnx.split(LlamaForCausalLM(loaded.config, params))
+        self.num_kv_blocks = num_kv_blocks_for(loaded.config, config.cache, self.dtype)
+        self.kv_cache = allocate_kv_cache(loaded.config, self.num_kv_blocks, self.block_size, self.dtype)
+        sched = config.scheduler
+        self.pages_per_seq = -(-sched.max_model_len // self.block_size)
+        self.ladder = BucketLadder(sched.max_num_batched_tokens, sched.max_num_seqs)
+        self._jitted = jax.jit(functools.partial(_forward, graphdef, self.backend), donate_argnums=(1,))
+        self._compiled: dict[Bucket, object] = {}
+        self.warmup_seconds = 0.0
+
+    # ---- compilation -------------------------------------------------------------------------------------------
+    def warmup(self) -> float:
+        """Compile every bucket ahead of serving; returns the seconds it took."""
+        start = time.perf_counter()
+        for bucket in self.ladder.buckets():
+            self._executable(bucket)
+        self.warmup_seconds = time.perf_counter() - start
+        return self.warmup_seconds
+
+    def _executable(self, bucket: Bucket):
+        if bucket not in self._compiled:
+            example = empty_step_inputs(bucket.num_tokens, bucket.num_seqs, self.pages_per_seq)
+            self._compiled[bucket] = self._jitted.lower(self.state, self.kv_cache, example).compile()
+        return self._compiled[bucket]
+
+    # ---- one step --------------------------------------------------------------------------------------------
+    def prepare(self, output: SchedulerOutput) -> tuple[Bucket, StepInputs]:
+        """Pad the scheduled requests into their bucket as host numpy arrays."""
+        scheduled = output.scheduled
+        bucket = self.ladder.pick(output.num_scheduled_tokens, len(scheduled))
+        batch = empty_step_inputs(bucket.num_tokens, bucket.num_seqs, self.pages_per_seq)
+        block_size = self.block_size
+        token_start = 0
+        num_sampled = 0
+        for seq_index, item in enumerate(scheduled):
+            num_new = len(item.token_ids)
+            token_end = token_start + num_new
+            kv_len = item.start_position + num_new
+            block_ids = item.block_ids
+            batch.token_ids[token_start:token_end] = item.token_ids
+            if num_new == 1:  # decode: skip numpy's per-call overhead for the common case
+                position = item.start_position
+                batch.positions[token_start] = position
+                batch.slot_mapping[token_start] = block_ids[position // block_size] * block_size + position % block_size
+            else:
+                positions = np.arange(item.start_position, kv_len, dtype=np.int32)
+                blocks = np.asarray(block_ids, dtype=np.int32)[positions // block_size]
+                batch.positions[token_start:token_end] = positions
+                batch.slot_mapping[token_start:token_end] = blocks * block_size + positions % block_size
+            batch.block_tables[seq_index, :len(block_ids)] = block_ids
+            batch.kv_lens[seq_index] = kv_len
+            batch.cu_q_lens[seq_index + 1] = token_end
+            if item.sample:
+                batch.sample_indices[num_sampled] = token_end - 1
+                num_sampled += 1
+            token_start = token_end
+        batch.cu_q_lens[len(scheduled) + 1:] = token_start
+        batch.num_seqs[0] = len(scheduled)
+        return bucket, batch
+
+    def execute(self, output: SchedulerOutput) -> jax.Array:
+        """Run the step; returns device logits [bucket.num_seqs, vocab] whose row j is the j-th sampled request."""
+        return self.compute_logits(*self.prepare(output))
+
+    def compute_logits(self, bucket: Bucket, host_batch: StepInputs) -> jax.Array:
+        """Run the compiled step of `bucket` on a prepared batch, updating the KV cache in place."""
+        device_batch = jax.device_put(host_batch)  # one host-to-device transfer of the whole pytree
+        logits, self.kv_cache = self._executable(bucket)(self.state, self.kv_cache, device_batch)
+        return logits

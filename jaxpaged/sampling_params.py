@@ -1,0 +1,173 @@
+"""SamplingParams: how one request picks its tokens and when it stops, validated at construction.
+
+Shaped like vLLM's offline API. Every bad value raises a ValueError that names the field and what it got.
+Token ids can only be checked against a vocabulary once the model is known, so that check is a separate
+call, `validate_token_ids`, made by the engine on the host (JAX silently clamps out-of-range indices).
+"""
+
+import dataclasses
+import math
+from typing import Optional, Union
+
+MAX_LOGPROBS = 20
+"""Most top logprobs one request may ask for per token (the OpenAI limit)."""
+
+MAX_ABS_PENALTY = 2.0
+"""presence_penalty and frequency_penalty lie in [-MAX_ABS_PENALTY, MAX_ABS_PENALTY]."""
+
+MAX_ABS_LOGIT_BIAS = 100.0
+"""A logit_bias value lies in [-MAX_ABS_LOGIT_BIAS, MAX_ABS_LOGIT_BIAS]."""
+
+
+def _fail(field: str, message: str, value) -> None:
+    raise ValueError(f"{field}: {message}, got {value!r}")
+
+
+def _is_int(value) -> bool:
+    # NOTE: bool is a subclass of int; True as a token count or a seed is almost surely a bug.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_float(field: str, value, low: float, high: float, *, low_open: bool = False) -> float:
+    """Checks a finite real number in [low, high] (or (low, high]) and returns it as a float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        _fail(field, "must be a number", value)
+    if not math.isfinite(value):
+        _fail(field, "must be finite", value)
+    below = value <= low if low_open else value < low
+    if below or value > high:
+        interval = f"{'(' if low_open else '['}{low}, {high}]"
+        _fail(field, f"must be in {interval}", value)
+    return float(value)
+
+
+def _check_bool(field: str, value) -> None:
+    if not isinstance(value, bool):
+        _fail(field, "must be a bool", value)
+
+
+def _normalize_stop(stop) -> list[str]:
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, (list, tuple)):
+        _fail("stop", "must be a str or a list of str", stop)
+    for item in stop:
+        if not isinstance(item, str):
+            _fail("stop", "must hold only strings", item)
+        if not item:
+            _fail("stop", "must not contain an empty string (it would match at once)", item)
+    return list(stop)
+
+
+def _normalize_stop_token_ids(stop_token_ids) -> list[int]:
+    if stop_token_ids is None:
+        return []
+    if not isinstance(stop_token_ids, (list, tuple)):
+        _fail("stop_token_ids", "must be a list of int", stop_token_ids)
+    for token_id in stop_token_ids:
+        if not _is_int(token_id) or token_id < 0:
+            _fail("stop_token_ids", "must hold only ints >= 0", token_id)
+    return list(stop_token_ids)
+
+
+def _normalize_logit_bias(logit_bias) -> Optional[dict[int, float]]:
+    if logit_bias is None:
+        return None
+    if not isinstance(logit_bias, dict):
+        _fail("logit_bias", "must be a dict {token id: bias}", logit_bias)
+    normalized = {}
+    for key, bias in logit_bias.items():
+        # JSON objects (the OpenAI API) only have string keys, so "42" is taken as token 42.
+        token_id = int(key) if isinstance(key, str) and key.isdigit() else key
+        if not _is_int(token_id) or token_id < 0:
+            _fail("logit_bias", "keys must be token ids (ints >= 0)", key)
+        normalized[token_id] = _check_float(f"logit_bias[{token_id}]", bias,
+                                            -MAX_ABS_LOGIT_BIAS, MAX_ABS_LOGIT_BIAS)
+    return normalized
+
+
+@dataclasses.dataclass
+class SamplingParams:
+    """How one request samples its tokens and when it stops."""
+
+    n: int = 1
+    """Number of completions to return for the prompt."""
+    temperature: float = 1.0
+    """Softmax temperature; 0 means greedy (argmax)."""
+    top_p: float = 1.0
+    """Nucleus sampling: keep the smallest set of tokens whose probability sum reaches top_p, in (0, 1]."""
+    top_k: int = 0
+    """Keep only the top_k most likely tokens; 0 or -1 turns it off."""
+    min_p: float = 0.0
+    """Drop tokens whose probability is below min_p times the most likely token's, in [0, 1]."""
+    seed: Optional[int] = None
+    """Seed of this request's random draws; None lets the engine pick one. Reduced modulo 2**64."""
+    presence_penalty: float = 0.0
+    """Subtracted once from the logit of every token already in the output, in [-2, 2]."""
+    frequency_penalty: float = 0.0
+    """Subtracted from a token's logit once per time it is already in the output, in [-2, 2]."""
+    repetition_penalty: float = 1.0
+    """HF-style penalty (> 0) on tokens of prompt or output: positive logits divided, negative multiplied."""
+    logit_bias: Optional[dict[int, float]] = None
+    """Added to the logits of the given token ids before sampling, each bias in [-100, 100]."""
+    stop: Optional[Union[str, list[str]]] = None
+    """Strings that end the completion when they appear in the output text; normalized to a list."""
+    stop_token_ids: Optional[list[int]] = None
+    """Token ids that end the completion when sampled; normalized to a list."""
+    include_stop_str_in_output: bool = False
+    """Keep the matched stop string (or stop token's text) at the end of the output text."""
+    max_tokens: int = 16
+    """Most tokens to generate for each completion (>= 1)."""
+    min_tokens: int = 0
+    """EOS and stop_token_ids cannot be sampled before this many tokens (<= max_tokens)."""
+    ignore_eos: bool = False
+    """Keep generating after the model's EOS token."""
+    logprobs: Optional[int] = None
+    """Return this many top logprobs per token (0..20) besides the sampled token's; None returns none."""
+    skip_special_tokens: bool = True
+    """Leave special tokens out of the output text."""
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.n) or self.n < 1:
+            _fail("n", "must be an int >= 1", self.n)
+        self.temperature = _check_float("temperature", self.temperature, 0.0, math.inf)
+        self.top_p = _check_float("top_p", self.top_p, 0.0, 1.0, low_open=True)
+        if not _is_int(self.top_k) or (self.top_k < 1 and self.top_k not in (0, -1)):
+            _fail("top_k", "must be 0 or -1 (off) or an int >= 1", self.top_k)
+        self.min_p = _check_float("min_p", self.min_p, 0.0, 1.0)
+        if self.seed is not None and not _is_int(self.seed):
+            _fail("seed", "must be an int or None", self.seed)
+        for name in ("presence_penalty", "frequency_penalty"):
+            setattr(self, name, _check_float(name, getattr(self, name), -MAX_ABS_PENALTY, MAX_ABS_PENALTY))
+        self.repetition_penalty = _check_float("repetition_penalty", self.repetition_penalty,
+                                               0.0, math.inf, low_open=True)
+        self.logit_bias = _normalize_logit_bias(self.logit_bias)
+        self.stop = _normalize_stop(self.stop)
+        self.stop_token_ids = _normalize_stop_token_ids(self.stop_token_ids)
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            _fail("max_tokens", "must be an int >= 1", self.max_tokens)
+        if not _is_int(self.min_tokens) or self.min_tokens < 0:
+            _fail("min_tokens", "must be an int >= 0", self.min_tokens)
+        if self.min_tokens > self.max_tokens:
+            _fail("min_tokens", f"must be <= max_tokens ({self.max_tokens})", self.min_tokens)
+        if self.logprobs is not None and (not _is_int(self.logprobs)
+                                          or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            _fail("logprobs", f"must be None or an int in [0, {MAX_LOGPROBS}]", self.logprobs)
+        for name in ("include_stop_str_in_output", "ignore_eos", "skip_special_tokens"):
+            _check_bool(name, getattr(self, name))
+
+    @property
+    def is_greedy(self) -> bool:
+        """True when temperature is 0: the argmax token is taken and seed plays no part."""
+        return self.temperature == 0.0
+
+    def validate_token_ids(self, vocab_size: int) -> None:
+        """Checks stop_token_ids and logit_bias keys lie in [0, vocab_size); ValueError naming the field."""
+        for token_id in self.stop_token_ids:
+            if token_id >= vocab_size:
+                _fail("stop_token_ids", f"must be < vocab_size ({vocab_size})", token_id)
+        for token_id in self.logit_bias or {}:
+            if token_id >= vocab_size:
+                _fail("logit_bias", f"keys must be < vocab_size ({vocab_size})", token_id)

@@ -1,0 +1,63 @@
+"""ServerSettings (the serve flags that shape HTTP behaviour) and ServerContext (what every route reaches)."""
+
+import dataclasses
+from typing import Optional
+
+from jaxpaged.async_engine import AsyncLLMEngine
+from jaxpaged.server.metrics import ServerMetrics
+
+DEFAULT_MAX_REQUEST_BODY_BYTES = 2 * 1024 * 1024
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerSettings:
+    """HTTP-side limits and auth of one app; engine options live in EngineConfig."""
+
+    api_key: Optional[str] = None
+    """When set, /v1/*, /tokenize and /detokenize need `Authorization: Bearer <api_key>`."""
+    max_queued_requests: int = 512
+    """429 when more than this many sequences would wait for a free engine slot."""
+    max_n: int = 16
+    """Largest n (choices per prompt) one request may ask for."""
+    max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
+    """Larger bodies get 413 before they are parsed."""
+    retry_after_s: int = 1
+    """The Retry-After header of a 429."""
+
+    def __post_init__(self) -> None:
+        if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key):
+            raise ValueError("api_key: must be a non-empty str or None")  # never echo the key itself
+        for name, minimum in (("max_queued_requests", 0), ("max_n", 1), ("max_request_body_bytes", 1),
+                              ("retry_after_s", 0)):
+            value = getattr(self, name)
+            if not _is_int(value) or value < minimum:
+                raise ValueError(f"{name}: must be an int >= {minimum}, got {value!r}")
+
+    def __repr__(self) -> str:
+        # NOTE: a repr that shows the key would leak it into any log line that prints the settings.
+        shown = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "api_key"}
+        return f"ServerSettings(api_key={'<set>' if self.api_key else None}, " + \
+            ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ")"
+
+
+@dataclasses.dataclass
+class ServerContext:
+    """The state one app's routes share."""
+
+    engine: AsyncLLMEngine
+    """The engine loop, possibly shared with other apps."""
+    settings: ServerSettings
+    """Limits and auth."""
+    metrics: ServerMetrics
+    """This app's Prometheus registry."""
+    draining: bool = False
+    """Set on SIGTERM: new work gets 503 while requests in flight finish."""
+
+    @property
+    def ready(self) -> bool:
+        """Whether new requests are accepted: the engine loop is alive and the server is not draining."""
+        return self.engine.is_alive and not self.draining

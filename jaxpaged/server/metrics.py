@@ -1,0 +1,84 @@
+"""Prometheus metrics of one app, in its own CollectorRegistry (so tests and embedders can build several apps).
+
+Engine-wide numbers (running, waiting, KV usage, prefix cache, preemptions, tokens, compilations) are read from
+the engine loop's latest stats snapshot at scrape time; latency histograms are observed by the request handlers.
+"""
+
+from typing import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from jaxpaged.async_engine import AsyncLLMEngine
+
+PREFIX = "jaxpaged_"
+
+_TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+_E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
+
+# (stats field, metric name without the prefix, help text); counters are cumulative in the engine already.
+_GAUGES = (
+    ("num_running", "num_requests_running", "Requests the engine is running (prefill or decode)."),
+    ("num_waiting", "num_requests_waiting", "Requests waiting to be scheduled."),
+    ("kv_cache_usage", "kv_cache_usage_perc", "Fraction of KV cache blocks in use by requests, 0..1."),
+)
+_COUNTERS = (
+    ("prefix_cache_queries", "prefix_cache_queries", "Prompt tokens looked up in the prefix cache."),
+    ("prefix_cache_hits", "prefix_cache_hits", "Prompt tokens found in the prefix cache."),
+    ("num_preemptions", "num_preemptions", "Requests preempted (their KV freed, to be recomputed)."),
+    ("prompt_tokens_total", "prompt_tokens", "Prompt tokens processed (prefill)."),
+    ("generation_tokens_total", "generation_tokens", "Tokens generated (decode)."),
+    ("num_compilations", "xla_compilations", "XLA compilations of the engine's jitted functions."),
+)
+
+
+class _EngineStatsCollector(Collector):
+    """Turns the engine's latest stats snapshot into gauges and counters at each scrape."""
+
+    def __init__(self, engine: AsyncLLMEngine) -> None:
+        self._engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        alive = GaugeMetricFamily(PREFIX + "engine_loop_alive", "1 while the engine loop thread runs.")
+        alive.add_metric([], 1.0 if self._engine.is_alive else 0.0)
+        yield alive
+        stats = self._engine.get_stats()
+        if stats is None:
+            return
+        for field, name, documentation in _GAUGES:
+            gauge = GaugeMetricFamily(PREFIX + name, documentation)
+            gauge.add_metric([], float(getattr(stats, field)))
+            yield gauge
+        for field, name, documentation in _COUNTERS:
+            counter = CounterMetricFamily(PREFIX + name, documentation)
+            counter.add_metric([], float(getattr(stats, field)))
+            yield counter
+
+
+class ServerMetrics:
+    """One app's registry: engine stats plus request latency histograms and request counters."""
+
+    def __init__(self, engine: AsyncLLMEngine) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(_EngineStatsCollector(engine))
+        self.time_to_first_token = Histogram(
+            PREFIX + "time_to_first_token_seconds", "Seconds from a request's arrival to its first token.",
+            buckets=_TTFT_BUCKETS, registry=self.registry)
+        self.inter_token_latency = Histogram(
+            PREFIX + "inter_token_latency_seconds", "Seconds between successive tokens of one sequence.",
+            buckets=_ITL_BUCKETS, registry=self.registry)
+        self.e2e_request_latency = Histogram(
+            PREFIX + "e2e_request_latency_seconds", "Seconds from a request's arrival to its last token.",
+            buckets=_E2E_BUCKETS, registry=self.registry)
+        self.requests_finished = Counter(
+            PREFIX + "requests_finished", "Engine requests that finished, by finish reason.",
+            ["finish_reason"], registry=self.registry)
+        self.requests_rejected = Counter(
+            PREFIX + "requests_rejected", "HTTP requests refused before reaching the engine, by reason.",
+            ["reason"], registry=self.registry)
+
+    def render(self) -> bytes:
+        """The registry in Prometheus text format."""
+        return generate_latest(self.registry)

@@ -1,0 +1,149 @@
+"""Pydantic schemas of the OpenAI-compatible requests: completions, chat completions, tokenize, detokenize.
+
+Strict on purpose: no string-to-number coercion, no NaN or Infinity, bounded numbers. Limits that depend on
+the model or the server's flags (vocabulary, max_model_len, --max-n) are checked later, in validation.py.
+Unknown fields are ignored, as OpenAI clients send fields this server has no use for (user, metadata, ...).
+"""
+
+from typing import Annotated, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_STOP_STRINGS = 16
+"""Most stop strings one request may give."""
+
+MAX_TOP_LOGPROBS = 20
+"""Most alternatives per token that logprobs / top_logprobs may ask for (the OpenAI limit)."""
+
+_INT64_MIN = -(2**63)
+_UINT64_MAX = 2**64 - 1
+
+TokenId = Annotated[int, Field(ge=0)]
+BiasValue = Annotated[float, Field(ge=-100.0, le=100.0)]
+StopString = Annotated[str, Field(min_length=1)]
+
+
+class StrictModel(BaseModel):
+    """Base of every request schema: strict types, finite floats, unknown fields ignored."""
+
+    model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="ignore")
+
+
+class StreamOptions(StrictModel):
+    """OpenAI's stream_options."""
+
+    include_usage: bool = False
+    """Send a last chunk (with no choices) that carries the usage."""
+
+
+class SamplingRequest(StrictModel):
+    """Fields shared by completions and chat completions: model, sampling, stopping, streaming."""
+
+    model: Optional[str] = None
+    """Must name the served model when given (else 404)."""
+    n: int = Field(1, ge=1)
+    """Choices to generate (at most --max-n)."""
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    """0 is greedy."""
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling mass."""
+    top_k: int = Field(0, ge=-1)
+    """0 or -1 turn it off."""
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    """Relative probability floor."""
+    seed: Optional[int] = Field(None, ge=_INT64_MIN, le=_UINT64_MAX)
+    """Makes sampling reproducible."""
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    """OpenAI presence penalty."""
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    """OpenAI frequency penalty."""
+    repetition_penalty: float = Field(1.0, gt=0.0, le=100.0)
+    """HF-style repetition penalty; 1 is off."""
+    logit_bias: Optional[dict[str, BiasValue]] = None
+    """Token id (as a decimal string) -> bias in [-100, 100]."""
+    stop: Union[StopString, Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)], None] = None
+    """Up to 16 stop strings."""
+    stop_token_ids: Optional[list[TokenId]] = None
+    """Token ids that end a choice."""
+    include_stop_str_in_output: bool = False
+    """Keep the matched stop string in the text."""
+    max_tokens: Optional[int] = Field(None, ge=1)
+    """Most tokens per choice; prompt + max_tokens must fit in max_model_len."""
+    min_tokens: int = Field(0, ge=0)
+    """EOS and stop tokens are blocked before this many tokens."""
+    ignore_eos: bool = False
+    """Keep generating past EOS."""
+    skip_special_tokens: bool = True
+    """Leave special tokens out of the text."""
+    stream: bool = False
+    """Answer with server-sent events."""
+    stream_options: Optional[StreamOptions] = None
+    """include_usage."""
+    cache_salt: Optional[str] = Field(None, min_length=1, max_length=1024)
+    """Isolates this request's prefix-cache entries from requests with another salt."""
+    priority: int = Field(0, ge=_INT64_MIN, le=2**63 - 1)
+    """Lower runs first under the priority scheduling policy."""
+
+
+class CompletionRequest(SamplingRequest):
+    """POST /v1/completions."""
+
+    prompt: Union[str, list[TokenId], list[str], list[list[TokenId]]]
+    """One prompt (text or token ids) or a batch of them."""
+    logprobs: Optional[int] = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    """Top alternatives per generated token (0..20)."""
+    echo: bool = False
+    """Put the prompt in front of the completion text."""
+    suffix: Optional[str] = None
+    """Not supported (only None or "")."""
+    best_of: Optional[int] = Field(None, ge=1)
+    """Only None or equal to n is supported."""
+
+
+class TextPart(StrictModel):
+    """One text part of a message's content."""
+
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(StrictModel):
+    """One message of a conversation."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Union[str, list[TextPart], None] = None
+    name: Optional[str] = None
+
+
+class ChatCompletionRequest(SamplingRequest):
+    """POST /v1/chat/completions."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    """The conversation; the chat template renders it."""
+    max_completion_tokens: Optional[int] = Field(None, ge=1)
+    """OpenAI's newer name for max_tokens; wins when both are given."""
+    logprobs: bool = False
+    """Return the sampled tokens' logprobs."""
+    top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    """Alternatives per token (needs logprobs=true)."""
+    add_generation_prompt: bool = True
+    """End the rendered prompt with the assistant header."""
+
+
+class TokenizeRequest(StrictModel):
+    """POST /tokenize: a text prompt or chat messages."""
+
+    model: Optional[str] = None
+    prompt: Optional[str] = None
+    messages: Optional[list[ChatMessage]] = None
+    add_special_tokens: bool = True
+    """For a text prompt: let the tokenizer add its BOS etc."""
+    add_generation_prompt: bool = True
+    """For messages: end with the assistant header."""
+
+
+class DetokenizeRequest(StrictModel):
+    """POST /detokenize."""
+
+    model: Optional[str] = None
+    tokens: list[TokenId]

@@ -1,0 +1,149 @@
+"""Hardened input: the body is read, decoded, parsed and checked here, before anything reaches the engine.
+
+Every failure is an APIError with the OpenAI body (400, or 413 for a body over the limit); messages name the
+field and the rule, never the value sent.
+"""
+
+import json
+import math
+from typing import Any, Optional, Sequence, TypeVar
+
+import pydantic
+from fastapi import Request
+
+from jaxpaged.sampling_params import SamplingParams
+from jaxpaged.server.errors import APIError, from_validation_errors, from_value_error
+from jaxpaged.server.protocol import SamplingRequest
+
+ModelT = TypeVar("ModelT", bound=pydantic.BaseModel)
+
+
+async def read_json_body(request: Request, max_body_bytes: int) -> Any:
+    """The request body as JSON: size-capped (413), strict UTF-8, no NaN/Infinity, no lone surrogates (400)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
+        raise _too_large(max_body_bytes)
+    chunks, num_bytes = [], 0
+    async for chunk in request.stream():
+        num_bytes += len(chunk)
+        if num_bytes > max_body_bytes:  # a lying or absent Content-Length is caught while reading
+            raise _too_large(max_body_bytes)
+        chunks.append(chunk)
+    try:
+        text = b"".join(chunks).decode("utf-8")
+    except UnicodeDecodeError:
+        raise APIError(400, "the request body is not valid UTF-8", code="invalid_encoding") from None
+    try:
+        payload = json.loads(text, parse_constant=_reject_constant, parse_float=_parse_finite_float)
+    except _NonFiniteNumber:
+        raise APIError(400, "NaN and Infinity are not valid JSON numbers", code="invalid_value") from None
+    except (ValueError, RecursionError):  # JSONDecodeError, over-long integers, absurd nesting
+        raise APIError(400, "the request body is not valid JSON", code="invalid_json") from None
+    if _has_lone_surrogate(payload):
+        raise APIError(400, "the request body holds a lone UTF-16 surrogate (\\ud800-\\udfff)",
+                       code="invalid_encoding")
+    return payload
+
+
+def parse_model(model_cls: type[ModelT], payload: Any) -> ModelT:
+    """Validates a decoded body against a schema; 400 naming the first bad field."""
+    try:
+        return model_cls.model_validate(payload)
+    except pydantic.ValidationError as error:
+        raise from_validation_errors(error.errors(include_input=False, include_url=False)) from None
+
+
+def check_model_name(requested: Optional[str], served: str) -> None:
+    """404 unless the request names the served model (or names none)."""
+    if requested is not None and requested != served:
+        raise APIError(404, "the model does not exist; GET /v1/models lists the served one", param="model",
+                       code="model_not_found")
+
+
+def check_token_ids(token_ids: Sequence[int], vocab_size: int, field: str) -> None:
+    """400 unless every id lies in [0, vocab_size)."""
+    if any(token_id < 0 or token_id >= vocab_size for token_id in token_ids):
+        raise APIError(400, f"{field}: token ids must lie in [0, {vocab_size})", param=field, code="invalid_value")
+
+
+def resolve_max_tokens(requested: Optional[int], default: Optional[int], num_prompt_tokens: int,
+                       max_model_len: int, field: str = "max_tokens") -> int:
+    """The max_tokens to run with: the requested one if prompt + it fits, else 400; unset: default, clipped to fit."""
+    room = max_model_len - num_prompt_tokens
+    if num_prompt_tokens == 0:
+        raise APIError(400, "prompt: must not be empty", param="prompt", code="invalid_value")
+    if room < 1:
+        raise APIError(400, f"prompt: {num_prompt_tokens} tokens leave no room for output within "
+                            f"max_model_len ({max_model_len})", param="prompt", code="context_length_exceeded")
+    if requested is None:
+        return room if default is None else min(default, room)
+    if requested > room:
+        raise APIError(400, f"{field}: prompt ({num_prompt_tokens} tokens) + {field} must be <= max_model_len "
+                            f"({max_model_len})", param=field, code="context_length_exceeded")
+    return requested
+
+
+def build_sampling_params(request: SamplingRequest, *, max_tokens: int, logprobs: Optional[int],
+                          vocab_size: int, max_n: int) -> SamplingParams:
+    """SamplingParams from a validated request; 400 for n over max_n or token ids outside the vocabulary."""
+    if request.n > max_n:
+        raise APIError(400, f"n: must be <= {max_n} (the server's --max-n)", param="n", code="invalid_value")
+    if request.stop_token_ids:
+        check_token_ids(request.stop_token_ids, vocab_size, "stop_token_ids")
+    logit_bias = None
+    if request.logit_bias:
+        if not all(key.isascii() and key.isdigit() for key in request.logit_bias):
+            raise APIError(400, "logit_bias: keys must be token ids written as decimal strings",
+                           param="logit_bias", code="invalid_value")
+        logit_bias = {int(key): bias for key, bias in request.logit_bias.items()}
+        check_token_ids(list(logit_bias), vocab_size, "logit_bias")
+    try:
+        params = SamplingParams(
+            n=request.n, temperature=request.temperature, top_p=request.top_p, top_k=request.top_k,
+            min_p=request.min_p, seed=request.seed, presence_penalty=request.presence_penalty,
+            frequency_penalty=request.frequency_penalty, repetition_penalty=request.repetition_penalty,
+            logit_bias=logit_bias, stop=request.stop, stop_token_ids=request.stop_token_ids,
+            include_stop_str_in_output=request.include_stop_str_in_output, max_tokens=max_tokens,
+            min_tokens=request.min_tokens, ignore_eos=request.ignore_eos, logprobs=logprobs,
+            skip_special_tokens=request.skip_special_tokens)
+        params.validate_token_ids(vocab_size)
+    except ValueError as error:
+        raise from_value_error(error) from None
+    return params
+
+
+class _NonFiniteNumber(ValueError):
+    pass
+
+
+def _reject_constant(name: str) -> float:
+    raise _NonFiniteNumber(name)
+
+
+def _parse_finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999 parses to inf
+        raise _NonFiniteNumber(text)
+    return value
+
+
+def _too_large(max_body_bytes: int) -> APIError:
+    return APIError(413, f"the request body is larger than {max_body_bytes} bytes", code="request_too_large")
+
+
+def _has_lone_surrogate(payload: Any) -> bool:
+    """Whether any string (key or value) in a decoded JSON document cannot be encoded as UTF-8."""
+    pending = [payload]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return False

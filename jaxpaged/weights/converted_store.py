@@ -1,0 +1,44 @@
+"""jaxpaged's own checkpoint format: config.json + tokenizer files + params saved with orbax-checkpoint.
+
+`jaxpaged convert` writes it, and the GGUF loader caches its dequantized weights in it, so a second start skips
+the conversion.
+"""
+
+import json
+import pathlib
+
+import numpy as np
+import orbax.checkpoint as ocp
+
+MARKER_FILE = "jaxpaged.json"
+FORMAT_VERSION = 1
+
+
+def is_converted_checkpoint(path: pathlib.Path) -> bool:
+    """A directory written by save_converted."""
+    return path.is_dir() and (path / MARKER_FILE).is_file()
+
+
+def save_converted(path: pathlib.Path, hf_config: dict, params: dict[str, np.ndarray], tokenizer,
+                   model_name: str) -> None:
+    """Write config, tokenizer and params under path (created; must not hold a checkpoint already)."""
+    path = path.absolute()
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(hf_config, indent=1))
+    tokenizer.save_pretrained(str(path))
+    checkpointer = ocp.StandardCheckpointer()
+    checkpointer.save(path / "params", {k: np.asarray(v) for k, v in params.items()}, force=True)
+    checkpointer.wait_until_finished()
+    # The marker goes last: a half-written directory is never mistaken for a checkpoint.
+    (path / MARKER_FILE).write_text(json.dumps({"format": FORMAT_VERSION, "model_name": model_name}))
+
+
+def load_converted(path: pathlib.Path) -> tuple[dict, dict[str, np.ndarray], str]:
+    """Return (HF config dict, params, model name)."""
+    path = path.absolute()
+    marker = json.loads((path / MARKER_FILE).read_text())
+    if marker.get("format") != FORMAT_VERSION:
+        raise ValueError(f"{path}: checkpoint format {marker.get('format')} is not {FORMAT_VERSION}; convert again")
+    hf_config = json.loads((path / "config.json").read_text())
+    restored = ocp.StandardCheckpointer().restore(path / "params")
+    return hf_config, {k: np.asarray(v) for k, v in restored.items()}, marker["model_name"]

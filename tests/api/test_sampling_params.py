@@ -1,0 +1,134 @@
+"""SamplingParams validation: every field, its boundary values accepted and just-outside values rejected."""
+
+import dataclasses
+import math
+
+import pytest
+
+from jaxpaged.sampling_params import MAX_LOGPROBS, SamplingParams
+
+NAN, INF = math.nan, math.inf
+
+
+def test_defaults_match_vllm():
+    """The defaults are vLLM's: one sample of 16 tokens at temperature 1, every filter and penalty off."""
+    params = SamplingParams()
+    assert (params.n, params.temperature, params.top_p, params.top_k, params.min_p) == (1, 1.0, 1.0, 0, 0.0)
+    assert (params.presence_penalty, params.frequency_penalty, params.repetition_penalty) == (0.0, 0.0, 1.0)
+    assert params.seed is None and params.logit_bias is None and params.logprobs is None
+    assert (params.stop, params.stop_token_ids) == ([], [])
+    assert (params.max_tokens, params.min_tokens) == (16, 0)
+    assert not params.ignore_eos and not params.include_stop_str_in_output and params.skip_special_tokens
+    assert not params.is_greedy
+
+
+ACCEPTED = [
+    ("n", 1), ("n", 64),
+    ("temperature", 0.0), ("temperature", 0), ("temperature", 1e-6), ("temperature", 2.0), ("temperature", 100.0),
+    ("top_p", 1.0), ("top_p", 1e-9), ("top_p", 0.5), ("top_p", 1),
+    ("top_k", 0), ("top_k", -1), ("top_k", 1), ("top_k", 50), ("top_k", 10**6),
+    ("min_p", 0.0), ("min_p", 1.0), ("min_p", 0.05),
+    ("seed", None), ("seed", 0), ("seed", -5), ("seed", 2**64 + 3),
+    ("presence_penalty", -2.0), ("presence_penalty", 2.0), ("presence_penalty", 0),
+    ("frequency_penalty", -2.0), ("frequency_penalty", 2.0), ("frequency_penalty", 1.5),
+    ("repetition_penalty", 1e-3), ("repetition_penalty", 1.0), ("repetition_penalty", 5.0),
+    ("logit_bias", None), ("logit_bias", {}), ("logit_bias", {0: -100.0, 7: 100.0, 3: 0}),
+    ("stop", None), ("stop", "###"), ("stop", ["a", "bc"]), ("stop", [str(i) for i in range(40)]),
+    ("stop_token_ids", None), ("stop_token_ids", []), ("stop_token_ids", [0, 2, 49151]),
+    ("include_stop_str_in_output", True),
+    ("max_tokens", 1), ("max_tokens", 10**6),
+    ("min_tokens", 0), ("min_tokens", 16),
+    ("ignore_eos", True),
+    ("logprobs", None), ("logprobs", 0), ("logprobs", 1), ("logprobs", MAX_LOGPROBS),
+    ("skip_special_tokens", False),
+]
+
+
+@pytest.mark.parametrize("field,value", ACCEPTED)
+def test_accepts_boundary_and_typical_values(field, value):
+    """Values on the edge of each allowed range construct without error."""
+    SamplingParams(**{field: value})
+
+
+REJECTED = [
+    ("n", 0), ("n", -1), ("n", 1.0), ("n", True), ("n", None),
+    ("temperature", -1e-9), ("temperature", NAN), ("temperature", INF), ("temperature", "1"),
+    ("temperature", True), ("temperature", None),
+    ("top_p", 0.0), ("top_p", -0.1), ("top_p", 1.0000001), ("top_p", NAN), ("top_p", INF), ("top_p", False),
+    ("top_k", -2), ("top_k", 1.0), ("top_k", True), ("top_k", None),
+    ("min_p", -1e-9), ("min_p", 1.0000001), ("min_p", NAN), ("min_p", INF),
+    ("seed", 1.0), ("seed", True), ("seed", "42"),
+    ("presence_penalty", -2.0000001), ("presence_penalty", 2.0000001), ("presence_penalty", NAN),
+    ("presence_penalty", INF),
+    ("frequency_penalty", -2.0000001), ("frequency_penalty", 2.0000001), ("frequency_penalty", NAN),
+    ("frequency_penalty", -INF),
+    ("repetition_penalty", 0.0), ("repetition_penalty", -1.0), ("repetition_penalty", NAN),
+    ("repetition_penalty", INF),
+    ("logit_bias", {0: 100.0001}), ("logit_bias", {0: -100.0001}), ("logit_bias", {0: NAN}),
+    ("logit_bias", {0: INF}), ("logit_bias", {-1: 1.0}), ("logit_bias", {1.0: 1.0}),
+    ("logit_bias", {True: 1.0}), ("logit_bias", {"x": 1.0}), ("logit_bias", {"-1": 1.0}),
+    ("logit_bias", [(0, 1.0)]), ("logit_bias", {0: "1"}),
+    ("stop", ""), ("stop", ["ok", ""]), ("stop", [1]), ("stop", 5),
+    ("stop_token_ids", [-1]), ("stop_token_ids", [1.0]), ("stop_token_ids", [True]), ("stop_token_ids", 5),
+    ("include_stop_str_in_output", 1), ("include_stop_str_in_output", None),
+    ("max_tokens", 0), ("max_tokens", -1), ("max_tokens", 16.0), ("max_tokens", None), ("max_tokens", True),
+    ("min_tokens", -1), ("min_tokens", 17), ("min_tokens", 1.0), ("min_tokens", True),
+    ("ignore_eos", 0), ("ignore_eos", "yes"),
+    ("logprobs", -1), ("logprobs", MAX_LOGPROBS + 1), ("logprobs", 1.0), ("logprobs", True),
+    ("skip_special_tokens", None), ("skip_special_tokens", 1),
+]
+
+
+@pytest.mark.parametrize("field,value", REJECTED)
+def test_rejects_bad_values_naming_the_field(field, value):
+    """Each bad value raises a ValueError whose message starts with the field's name."""
+    with pytest.raises(ValueError) as error:
+        SamplingParams(**{field: value})
+    assert str(error.value).startswith(field), str(error.value)
+
+
+def test_min_tokens_may_equal_but_not_exceed_max_tokens():
+    """min_tokens <= max_tokens is checked against the max_tokens actually given."""
+    SamplingParams(max_tokens=3, min_tokens=3)
+    with pytest.raises(ValueError, match="^min_tokens"):
+        SamplingParams(max_tokens=3, min_tokens=4)
+
+
+def test_normalizes_stop_token_ids_logit_bias_and_floats():
+    """stop becomes a list, JSON-style string keys of logit_bias become ints, int floats become floats."""
+    params = SamplingParams(stop="END", stop_token_ids=(5, 6), logit_bias={"12": 3, 4: -1.5},
+                            temperature=0, top_p=1)
+    assert params.stop == ["END"] and params.stop_token_ids == [5, 6]
+    assert params.logit_bias == {12: 3.0, 4: -1.5}
+    assert isinstance(params.temperature, float) and params.is_greedy
+    assert isinstance(params.top_p, float)
+
+
+def test_replace_revalidates():
+    """dataclasses.replace (e.g. the engine deriving a per-sample copy) re-runs validation."""
+    params = SamplingParams(stop=["x"], logit_bias={1: 2.0}, seed=7)
+    copy = dataclasses.replace(params, seed=8)
+    assert copy.seed == 8 and copy.stop == ["x"] and copy.logit_bias == {1: 2.0}
+    with pytest.raises(ValueError, match="^top_p"):
+        dataclasses.replace(params, top_p=0.0)
+
+
+@pytest.mark.parametrize("vocab_size", [1, 100])
+def test_validate_token_ids_accepts_ids_inside_the_vocabulary(vocab_size):
+    """The last id of the vocabulary is fine for both stop_token_ids and logit_bias."""
+    SamplingParams(stop_token_ids=[0, vocab_size - 1], logit_bias={vocab_size - 1: 1.0}).validate_token_ids(
+        vocab_size)
+    SamplingParams().validate_token_ids(vocab_size)
+
+
+@pytest.mark.parametrize("field,kwargs", [
+    ("stop_token_ids", {"stop_token_ids": [0, 100]}),
+    ("stop_token_ids", {"stop_token_ids": [10**9]}),
+    ("logit_bias", {"logit_bias": {100: 1.0}}),
+    ("logit_bias", {"logit_bias": {3: 1.0, 250: -1.0}}),
+])
+def test_validate_token_ids_rejects_ids_past_the_vocabulary(field, kwargs):
+    """An id == vocab_size or larger is rejected on the host, naming the field and the id."""
+    with pytest.raises(ValueError, match=f"^{field}") as error:
+        SamplingParams(**kwargs).validate_token_ids(100)
+    assert "100" in str(error.value)

@@ -1,0 +1,91 @@
+"""The backend switch: name resolution, input validation, and that "xla" runs the reference."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels.ragged_paged_attention import (
+    ragged_paged_attention,
+    ragged_paged_attention_reference,
+    resolve_attention_backend,
+    write_kv,
+)
+from pallas_kernels.ragged_paged_attention.example_batch import make_ragged_batch
+
+
+@pytest.fixture(scope="module")
+def batch():
+    return make_ragged_batch([1, 4], [9, 20], num_q_heads=4, num_kv_heads=2, head_dim=32,
+                             page_size=16, num_tokens=8, max_num_seqs=3)
+
+
+def test_auto_resolves_by_platform():
+    """On this CPU-only machine "auto" is the pure-jnp "xla" backend; explicit names pass through."""
+    expected = {"cpu": "xla", "tpu": "pallas_tpu", "gpu": "pallas_gpu"}[jax.default_backend()]
+    assert resolve_attention_backend("auto") == expected
+    for name in ("xla", "pallas_tpu", "pallas_gpu"):
+        assert resolve_attention_backend(name) == name
+
+
+def test_unknown_backend_names_the_field():
+    """An unknown name raises a ValueError naming attention_backend and what it got."""
+    with pytest.raises(ValueError, match=r"attention_backend.*'flash'"):
+        resolve_attention_backend("flash")
+
+
+def test_xla_backend_is_the_reference(batch):
+    """backend="xla" gives exactly the reference's output."""
+    args = [jnp.asarray(a) for a in batch.attention_args()]
+    out = ragged_paged_attention(*args, backend="xla", sm_scale=0.2, soft_cap=5.0)
+    expected = ragged_paged_attention_reference(*args, sm_scale=0.2, soft_cap=5.0)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(expected))
+
+
+def _with(batch, **changes):
+    args = dict(q=batch.q, kv_pages=batch.kv_pages, kv_lens=batch.kv_lens,
+                block_tables=batch.block_tables, cu_q_lens=batch.cu_q_lens, num_seqs=batch.num_seqs)
+    args.update(changes)
+    return [jnp.asarray(a) for a in args.values()]
+
+
+@pytest.mark.parametrize("changes,message", [
+    (lambda b: dict(q=b.q[0]), r"q: must have rank 3, got shape \(4, 32\)"),
+    (lambda b: dict(kv_pages=b.kv_pages[..., :16]), r"kv_pages: head_dim 16 differs.*32"),
+    (lambda b: dict(kv_pages=b.kv_pages[:, :, :3]), r"kv_pages: axis 2 .* got 3"),
+    (lambda b: dict(q=np.zeros((8, 3, 32), np.float32)), r"q: num_q_heads 3 .* num_kv_heads 2"),
+    (lambda b: dict(q=b.q.astype(np.int32)), r"q: must be floating point, got int32"),
+    (lambda b: dict(kv_pages=b.kv_pages.astype(jnp.bfloat16)), r"kv_pages: dtype .*float32.*bfloat16"),
+    (lambda b: dict(kv_lens=b.kv_lens.astype(np.float32)), r"kv_lens: must be an integer array"),
+    (lambda b: dict(block_tables=b.block_tables[:2]), r"block_tables: must have 3 rows"),
+    (lambda b: dict(cu_q_lens=b.cu_q_lens[:3]), r"cu_q_lens: must have max_num_seqs \+ 1 = 4"),
+    (lambda b: dict(num_seqs=np.array([1, 2], np.int32)), r"num_seqs: must have shape \(1,\)"),
+])
+def test_bad_inputs_raise_with_what_they_got(batch, changes, message):
+    """Each malformed input raises a ValueError naming the input and the offending value."""
+    with pytest.raises(ValueError, match=message):
+        ragged_paged_attention(*_with(batch, **changes(batch)), backend="xla", sm_scale=0.2)
+
+
+@pytest.mark.parametrize("option,message", [
+    (dict(sm_scale=0.0), "sm_scale"), (dict(sliding_window=0), "sliding_window"),
+    (dict(soft_cap=-1.0), "soft_cap")])
+def test_bad_options_raise(batch, option, message):
+    """Non-positive sm_scale, sliding_window or soft_cap are rejected by name."""
+    options = dict(sm_scale=0.2) | option
+    with pytest.raises(ValueError, match=message):
+        ragged_paged_attention(*_with(batch), backend="xla", **options)
+
+
+def test_validation_happens_at_trace_time(batch):
+    """Under jit the checks fire while tracing, on shapes alone."""
+    attend = jax.jit(lambda q, *rest: ragged_paged_attention(q, *rest, backend="xla", sm_scale=1.0))
+    with pytest.raises(ValueError, match="head_dim"):
+        attend(*_with(batch, kv_pages=batch.kv_pages[..., :16]))
+
+
+def test_write_kv_rejects_mismatched_pages(batch):
+    """write_kv checks that k/v fit the page layout."""
+    k = jnp.zeros((8, 2, 16), jnp.float32)
+    with pytest.raises(ValueError, match=r"kv_pages: must be \[num_pages, page_size, 4, 16\]"):
+        write_kv(jnp.asarray(batch.kv_pages), k, k, jnp.zeros(8, jnp.int32), backend="xla")

@@ -1,0 +1,40 @@
+"""Tiny random-weight HF checkpoints of each supported family, written with save_pretrained."""
+
+import pytest
+import torch
+import transformers
+
+TINY = dict(vocab_size=160, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, max_position_embeddings=256, rms_norm_eps=1e-5)
+
+FAMILIES = {
+    "llama": lambda: transformers.LlamaConfig(
+        **TINY, tie_word_embeddings=False,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 32, "rope_theta": 10000.0}),
+    "mistral": lambda: transformers.MistralConfig(**TINY, tie_word_embeddings=False, sliding_window=None),
+    "qwen2": lambda: transformers.Qwen2Config(**TINY, tie_word_embeddings=True),
+    "qwen3": lambda: transformers.Qwen3Config(**TINY, tie_word_embeddings=True),
+}
+
+
+def make_hf_checkpoint(family: str, directory) -> transformers.PreTrainedModel:
+    """Build a seeded random model of `family`, save it to `directory` (safetensors), return it in float32 eval mode."""
+    torch.manual_seed(0)
+    config = FAMILIES[family]()
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():  # HF's init leaves biases at 0; random biases make the Qwen2 bias path observable
+        for name, param in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                param.add_(0.1 * torch.randn_like(param))
+    model.eval()
+    model.save_pretrained(directory)
+    return model
+
+
+@pytest.fixture(scope="session", params=sorted(FAMILIES))
+def tiny_checkpoint(request, tmp_path_factory):
+    """(family, HF torch model, checkpoint dir) for every supported family."""
+    directory = tmp_path_factory.mktemp(f"hf-{request.param}")
+    model = make_hf_checkpoint(request.param, directory)
+    return request.param, model, directory
