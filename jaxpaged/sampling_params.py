@@ -12,6 +12,9 @@ from typing import Optional, Union
 MAX_LOGPROBS = 20
 """Most top logprobs one request may ask for per token (the OpenAI limit)."""
 
+GREEDY_TEMPERATURE = 1e-5
+"""Temperatures below this sample greedily (as vLLM does): dividing logits by them overflows float32."""
+
 MAX_ABS_PENALTY = 2.0
 """presence_penalty and frequency_penalty lie in [-MAX_ABS_PENALTY, MAX_ABS_PENALTY]."""
 
@@ -95,7 +98,7 @@ class SamplingParams:
     n: int = 1
     """Number of completions to return for the prompt."""
     temperature: float = 1.0
-    """Softmax temperature; 0 means greedy (argmax)."""
+    """Softmax temperature; 0 means greedy (argmax), and so does anything below GREEDY_TEMPERATURE."""
     top_p: float = 1.0
     """Nucleus sampling: keep the smallest set of tokens whose probability sum reaches top_p, in (0, 1]."""
     top_k: int = 0
@@ -160,8 +163,8 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        """True when temperature is 0: the argmax token is taken and seed plays no part."""
-        return self.temperature == 0.0
+        """True when temperature is 0 (or below GREEDY_TEMPERATURE): the argmax token is taken, seed unused."""
+        return self.temperature < GREEDY_TEMPERATURE
 
     def validate_token_ids(self, vocab_size: int) -> None:
         """Checks stop_token_ids and logit_bias keys lie in [0, vocab_size); ValueError naming the field."""

@@ -7,8 +7,8 @@ keeps its hash, and so stays hittable, until allocation takes it off the head of
 
 from typing import Iterable, Optional
 
-from jaxpaged.core.free_block_queue import FreeBlockQueue, KVCacheBlock
-from jaxpaged.core.hashing import BlockHash
+from .free_block_queue import FreeBlockQueue, KVCacheBlock
+from .hashing import BlockHash
 
 NULL_BLOCK_ID = 0
 """Padding rows of block tables and padded tokens' K/V writes point here."""

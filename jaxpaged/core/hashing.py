@@ -8,7 +8,7 @@ import array
 import hashlib
 from typing import Optional, Sequence
 
-from jaxpaged.core.request import Request
+from .request import Request
 
 BlockHash = bytes
 """A 32-byte sha256 digest."""

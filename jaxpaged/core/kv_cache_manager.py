@@ -5,9 +5,9 @@ Block ids, not block objects, cross this class's boundary: the scheduler and the
 
 from typing import Optional, Sequence
 
-from jaxpaged.core.block_pool import BlockPool
-from jaxpaged.core.hashing import request_block_hash
-from jaxpaged.core.request import Request
+from .block_pool import BlockPool
+from .hashing import request_block_hash
+from .request import Request
 
 
 class KVCacheManager:

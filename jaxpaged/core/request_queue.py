@@ -5,7 +5,7 @@ import heapq
 import itertools
 from typing import Iterator
 
-from jaxpaged.core.request import Request
+from .request import Request
 
 
 class FcfsRequestQueue:

@@ -10,13 +10,13 @@ by then) and appends the sampled tokens, whose K/V a later step computes.
 
 from typing import Iterable, Optional
 
-from jaxpaged.config import CacheConfig, SchedulerConfig
-from jaxpaged.core.kv_cache_manager import KVCacheManager
-from jaxpaged.core.request import Request, RequestStatus
-from jaxpaged.core.request_queue import make_request_queue
-from jaxpaged.core.scheduler_output import ScheduledRequest, SchedulerOutput
-from jaxpaged.core.scheduler_stats import SchedulerStats
-from jaxpaged.core.stop_criteria import check_stop
+from ..config import CacheConfig, SchedulerConfig
+from .kv_cache_manager import KVCacheManager
+from .request import Request, RequestStatus
+from .request_queue import make_request_queue
+from .scheduler_output import ScheduledRequest, SchedulerOutput
+from .scheduler_stats import SchedulerStats
+from .stop_criteria import check_stop
 
 _RUNNING = RequestStatus.RUNNING
 
@@ -25,6 +25,8 @@ class Scheduler:
     """Decides, step by step, which tokens of which requests the model computes, and keeps their KV blocks."""
 
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, num_kv_blocks: int) -> None:
+        if not isinstance(num_kv_blocks, int) or isinstance(num_kv_blocks, bool) or num_kv_blocks < 2:
+            raise ValueError(f"num_kv_blocks: must be an int >= 2 (block 0 is the null block), got {num_kv_blocks!r}")
         self.scheduler_config = scheduler_config
         """Step and request limits."""
         self.cache_config = cache_config
@@ -56,7 +58,7 @@ class Scheduler:
         self.waiting.add(request)
 
     def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> None:
-        """Finish requests now (abort, or a stop string the engine found) and free their blocks; unknown ids are ignored."""
+        """Finish requests now (abort, or a stop string the engine found) and free their blocks; ignores unknown ids."""
         if not isinstance(status, RequestStatus) or not status.is_finished():
             raise ValueError(f"status: must be a FINISHED_* RequestStatus, got {status!r}")
         if isinstance(request_ids, str):
@@ -122,8 +124,8 @@ class Scheduler:
     def update_from_output(self, output: SchedulerOutput, sampled_token_ids: list[int]) -> list[Request]:
         """Cache the step's full blocks, append sampled tokens, apply stop criteria and free finished requests.
 
-        sampled_token_ids[i] belongs to the i-th scheduled request with sample=True. Returns the requests
-        that received a token, finished ones included.
+        sampled_token_ids[i] (a plain int: pass ndarray.tolist()) belongs to the i-th scheduled request with
+        sample=True. Returns the requests that received a token, finished ones included.
         """
         num_sampled_requests = output.num_sampled_requests
         if len(sampled_token_ids) != num_sampled_requests:
@@ -145,8 +147,7 @@ class Scheduler:
             cache_full_blocks(request)
             if not sample:
                 continue
-            request.output_token_ids.append(token_id)
-            request.all_token_ids.append(token_id)
+            request.append_output_token(token_id)
             updated_requests.append(request)
             if check_stop(request, max_model_len):
                 self._release(request)
@@ -285,6 +286,6 @@ class Scheduler:
         max_blocks = -(-max_kv_tokens // self.block_size)
         num_usable_blocks = self.kv_cache_manager.block_pool.num_usable_blocks
         if max_blocks > num_usable_blocks:
-            raise ValueError(f"max_tokens: prompt ({num_prompt_tokens} tokens) + max_tokens ({request.max_tokens}) "
+            field = "prompt_token_ids" if num_prompt_tokens > num_usable_blocks * self.block_size else "max_tokens"
+            raise ValueError(f"{field}: prompt ({num_prompt_tokens} tokens) + max_tokens ({request.max_tokens}) "
                              f"can need {max_blocks} KV blocks, but the whole pool has {num_usable_blocks}")
-

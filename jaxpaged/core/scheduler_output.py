@@ -2,7 +2,7 @@
 
 import dataclasses
 
-from jaxpaged.core.request import Request
+from .request import Request
 
 
 @dataclasses.dataclass(slots=True)

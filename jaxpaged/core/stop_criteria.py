@@ -1,6 +1,6 @@
 """The stop conditions the scheduler enforces after each generated token (stop strings are the engine's)."""
 
-from jaxpaged.core.request import Request, RequestStatus
+from .request import Request, RequestStatus
 
 
 def check_stop(request: Request, max_model_len: int) -> bool:

@@ -5,8 +5,8 @@ penalties; greedy rows take the argmax there. Sampling rows then divide by the t
 then top_k and top_p, and draw with the Gumbel-max trick. Returned logprobs are log_softmax of the *raw*
 logits (before any of the above), like vLLM's default.
 
-Each row's randomness comes from its own key, fold_in(key(seed), num_output_tokens), and nothing else, so
-a seeded request samples the same tokens whatever else is in the batch and whichever row it sits in.
+Each row's randomness is a hash of (seed, num_output_tokens, token id) and nothing else, so a seeded
+request samples the same tokens whatever else is in the batch and whichever row it sits in.
 
 The host side (SamplingRow, build_sampling_batch, the flags) lives in sampling_batch.py and is re-exported
 here, so callers import everything from this module.
@@ -23,13 +23,13 @@ from jaxtyping import Array, Float, Int, UInt32
 from jaxpaged.runner.sampling_batch import (SAMPLING_MODES, SamplerFlags, SamplingBatch, SamplingRow,
                                             all_sampler_flag_variants, build_sampling_batch,
                                             min_tokens_suppress_ids, sampler_static_flags,
-                                            seed_to_key_data, warmup_sampling_batch)
+                                            split_seed, warmup_sampling_batch)
 from jaxpaged.sampling_params import MAX_LOGPROBS
 
 __all__ = [
     "SAMPLING_MODES", "SamplerFlags", "SamplerOutput", "SamplingBatch", "SamplingRow",
     "all_sampler_flag_variants", "apply_logit_adjustments", "build_sampling_batch",
-    "min_tokens_suppress_ids", "sample", "sampler_static_flags", "seed_to_key_data",
+    "min_tokens_suppress_ids", "sample", "sampler_static_flags", "split_seed",
     "warmup_sampling_batch",
 ]
 
@@ -74,35 +74,87 @@ def _apply_min_p(scaled_logits: Float[Array, "num_rows vocab_size"],
     return jnp.where(keep, scaled_logits, -jnp.inf)
 
 
+def _order_keys(logits: Float[Array, "num_rows vocab_size"]) -> Int[Array, "num_rows vocab_size"]:
+    """int32 keys that order exactly like the float32 logits (-inf lowest), for an exact integer bisection."""
+    bits = jax.lax.bitcast_convert_type(logits, jnp.int32)
+    # Negative floats order backwards as signed ints: flipping their magnitude bits fixes it.
+    return jnp.where(bits < 0, bits ^ jnp.int32(0x7FFF_FFFF), bits)
+
+
+def _largest_key_where(keys: Int[Array, "num_rows vocab_size"], holds) -> Int[Array, "num_rows"]:
+    """Per row, the largest int32 t for which holds(keys >= t) is true, given it holds at t = INT32_MIN
+    and only gets harder as t grows; 32 halvings of the int32 range make it exact."""
+    num_rows = keys.shape[0]
+    low = jnp.full((num_rows,), jnp.iinfo(jnp.int32).min, jnp.int32)   # holds
+    high = jnp.full((num_rows,), jnp.iinfo(jnp.int32).max, jnp.int32)  # a NaN's key: never holds
+
+    def halve(_, bounds):
+        low, high = bounds
+        middle = (low >> 1) + (high >> 1) + (low & high & 1)  # floor((low + high) / 2) without overflow
+        ok = holds(keys >= middle[:, None])
+        return jnp.where(ok, middle, low), jnp.where(ok, high, middle)
+
+    low, _ = jax.lax.fori_loop(0, 32, halve, (low, high))
+    return low
+
+
 def _apply_top_k_top_p(scaled_logits: Float[Array, "num_rows vocab_size"], top_ks: Int[Array, "num_rows"],
                        top_ps: Float[Array, "num_rows"]) -> Float[Array, "num_rows vocab_size"]:
-    """Keeps the top_k best tokens, then the smallest head of them whose probability mass reaches top_p."""
-    vocab_size = scaled_logits.shape[-1]
-    sorted_logits = jnp.flip(jnp.sort(scaled_logits, axis=-1), axis=-1)
-    ranks = jnp.arange(vocab_size)[None, :]
-    in_top_k = ranks < jnp.where(top_ks > 0, top_ks, vocab_size)[:, None]
-    sorted_logits = jnp.where(in_top_k, sorted_logits, -jnp.inf)
-    probs = jax.nn.softmax(sorted_logits, axis=-1)
-    # Mass strictly before each rank (exclusive cumsum): the best token always stays, since 0 < top_p.
-    # cummax guards against float rounding making it non-monotone, so `keep` below is a head.
-    mass_before = jax.lax.cummax(jnp.cumsum(probs, axis=-1) - probs, axis=1)
-    # NOTE: top_p == 1 must keep everything; f32 cumsum can reach 1.0 before the tail ends.
-    keep = in_top_k & ((mass_before < top_ps[:, None]) | (top_ps[:, None] >= 1.0))
-    num_kept = jnp.maximum(jnp.sum(keep, axis=-1), 1)
-    # Both filters keep a head of the sorted order, so one threshold per row applies them; ties at the
-    # threshold are all kept.
-    threshold = jnp.take_along_axis(sorted_logits, (num_kept - 1)[:, None], axis=-1)
-    return jnp.where(scaled_logits >= threshold, scaled_logits, -jnp.inf)
+    """Keeps the top_k best tokens, then the smallest head of them whose probability mass reaches top_p.
+
+    Both filters keep everything at or above a per-row threshold, found by bisection on the logits' bit
+    patterns instead of a sort over the vocabulary: O(32 * vocab) of cheap counts and sums, and a sort of
+    [rows, vocab] is the slowest op of the sampler on CPU and TPU alike. Ties at a threshold are all kept.
+    """
+    keys = _order_keys(scaled_logits)
+    top_k_threshold = _largest_key_where(keys, lambda kept: jnp.sum(kept, axis=-1) >= top_ks)
+    top_k_threshold = jnp.where(top_ks > 0, top_k_threshold, jnp.iinfo(jnp.int32).min)
+    in_top_k = keys >= top_k_threshold[:, None]
+    probs = jax.nn.softmax(jnp.where(in_top_k, scaled_logits, -jnp.inf), axis=-1)
+    top_p_threshold = _largest_key_where(
+        keys, lambda kept: jnp.sum(jnp.where(kept, probs, 0.0), axis=-1) >= top_ps)
+    # NOTE: top_p == 1 must keep everything, though an f32 sum of all probs may fall just short of 1.0.
+    top_p_threshold = jnp.where(top_ps < 1.0, top_p_threshold, jnp.iinfo(jnp.int32).min)
+    keep = in_top_k & (keys >= top_p_threshold[:, None])
+    return jnp.where(keep, scaled_logits, -jnp.inf)
 
 
-def _gumbel_noise(key_data: UInt32[Array, "num_rows 2"], num_output_tokens: Int[Array, "num_rows"],
+_UINT32_GOLDEN = 0x9E37_79B9
+"""2**32 / golden ratio: an odd step that spreads consecutive counters over the uint32 range."""
+
+
+def _mix32(x: UInt32[Array, "..."]) -> UInt32[Array, "..."]:
+    """MurmurHash3's 32-bit finalizer: a bijection on uint32 where every input bit flips each output bit
+    with probability ~1/2."""
+    x = x ^ (x >> 16)
+    x = x * jnp.uint32(0x85EB_CA6B)
+    x = x ^ (x >> 13)
+    x = x * jnp.uint32(0xC2B2_AE35)
+    return x ^ (x >> 16)
+
+
+def _gumbel_noise(seed_words: UInt32[Array, "num_rows 2"], num_output_tokens: Int[Array, "num_rows"],
                   vocab_size: int) -> Float[Array, "num_rows vocab_size"]:
-    """Independent Gumbel(0, 1) noise per row from (seed, step) alone."""
-    def one_row(words, step):
-        # The impl is named so the draws do not depend on jax_default_prng_impl (e.g. rbg on TPU).
-        key = jax.random.fold_in(jax.random.wrap_key_data(words, impl="threefry2x32"), step)
-        return jax.random.gumbel(key, (vocab_size,), jnp.float32)
-    return jax.vmap(one_row)(key_data, num_output_tokens + jnp.arange(key_data.shape[0]))
+    """Gumbel(0, 1) noise per row and token from a counter-based hash of (seed, step, token id) alone.
+
+    A hash instead of jax.random's threefry: threefry's unrolled rounds cost ~1 s of XLA compile on CPU per
+    variant and bucket, and this integer-only hash gives the same bits on every backend.
+    """
+    golden = jnp.uint32(_UINT32_GOLDEN)
+    steps = num_output_tokens.astype(jnp.uint32)
+    # Chain every input word through the mixer, so nearby seeds or steps give unrelated streams.
+    stream = _mix32(_mix32(_mix32(seed_words[:, 0] + golden) ^ seed_words[:, 1]) + steps * golden)
+    offset = _mix32(stream ^ jnp.uint32(0x5BD1_E995))
+    counters = jnp.arange(vocab_size, dtype=jnp.uint32)[None, :] * golden + stream[:, None]
+    uniform = _uniform_from_bits(_mix32(_mix32(counters) ^ offset[:, None]))
+    return -jnp.log(-jnp.log(uniform))
+
+
+def _uniform_from_bits(bits: UInt32[Array, "..."]) -> Float[Array, "..."]:
+    """The top 23 bits as a float32 strictly inside (0, 1), so -log(-log(u)) stays finite."""
+    # NOTE: 23 bits, not 24: (2**24 - 0.5) / 2**24 rounds to exactly 1.0 in float32, which would make
+    # one token's noise +inf (and NaN on a filtered token).
+    return ((bits >> 9).astype(jnp.float32) + 0.5) * (1.0 / (1 << 23))
 
 
 @functools.partial(jax.jit, static_argnames=("flags",))
@@ -124,7 +176,7 @@ def sample(logits: Float[Array, "num_rows vocab_size"], batch: SamplingBatch,
         if flags.mode == "top_k_top_p":
             scaled = _apply_top_k_top_p(scaled, batch.top_ks, batch.top_ps)
         # Gumbel-max: argmax(l / T + g) is a draw from softmax(l / T) over the tokens still finite.
-        noisy = scaled + _gumbel_noise(batch.key_data, batch.num_output_tokens, vocab_size)
+        noisy = scaled + _gumbel_noise(batch.seed_words, batch.num_output_tokens, vocab_size)
         token_ids = jnp.where(is_greedy, token_ids, jnp.argmax(noisy, axis=-1))
     token_ids = token_ids.astype(jnp.int32)
     logprobs = jnp.take_along_axis(raw_logprobs, token_ids[:, None], axis=-1)[:, 0]

@@ -42,7 +42,7 @@ class SamplerFlags:
     """The static choices of one compiled sampler variant (hashable, so jit keys on it)."""
 
     mode: SamplingMode
-    """"greedy": every row argmax; "random": temperature and min_p; "top_k_top_p": also the sort."""
+    """"greedy": every row argmax; "random": temperature and min_p; "top_k_top_p": also those filters."""
     apply_penalties: bool
     """Penalties, logit_bias or suppressed ids: the dense [rows, vocab] arrays are in the batch."""
     return_top_logprobs: bool
@@ -68,10 +68,10 @@ class SamplingBatch:
     """Subtracted from a token's logit once per occurrence in the output."""
     repetition_penalties: Float32[np.ndarray, "num_rows"]
     """HF-style penalty on tokens of prompt or output; 1 when off."""
-    key_data: UInt32[np.ndarray, "num_rows 2"]
-    """Threefry key words of the row's seed: [seed >> 32, seed & 0xffffffff] (mod 2**64)."""
+    seed_words: UInt32[np.ndarray, "num_rows 2"]
+    """The row's seed as two 32-bit words [high, low], taken modulo 2**64."""
     num_output_tokens: Int32[np.ndarray, "num_rows"]
-    """Tokens the row has generated so far; folded into its key so each step draws afresh."""
+    """Tokens the row has generated so far; hashed with the seed so each step draws afresh."""
     num_top_logprobs: Int32[np.ndarray, "num_rows"]
     """Top logprobs the row asked for (0 if none); the host slices the returned top-20 with it."""
     output_token_counts: Optional[Int32[np.ndarray, "num_rows vocab_size"]] = None
@@ -82,8 +82,8 @@ class SamplingBatch:
     """Added to the logits: logit_bias values, -inf on suppressed ids; None unless the penalties flag is on."""
 
 
-def seed_to_key_data(seed: int) -> tuple[int, int]:
-    """The two threefry key words of a seed; for 0 <= seed < 2**32 this equals jax.random.key(seed)."""
+def split_seed(seed: int) -> tuple[int, int]:
+    """A seed's two 32-bit words (high, low), modulo 2**64 (so -1 is (2**32 - 1, 2**32 - 1))."""
     return (seed >> 32) & _UINT32_MASK, seed & _UINT32_MASK
 
 
@@ -114,7 +114,8 @@ def _token_id_array(field: str, token_ids: Sequence[int], vocab_size: int) -> np
     return ids
 
 
-def _dense_penalty_arrays(rows: Sequence[SamplingRow], num_rows_padded: int, vocab_size: int):
+def _dense_penalty_arrays(rows: Sequence[SamplingRow], num_rows_padded: int,
+                          vocab_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     # Dense [rows, vocab] arrays keep the compiled shape fixed whatever the prompt and output lengths;
     # they cost O(rows * vocab) host memory and transfer, paid only when some row uses penalties or bias.
     output_token_counts = np.zeros((num_rows_padded, vocab_size), np.int32)
@@ -126,8 +127,8 @@ def _dense_penalty_arrays(rows: Sequence[SamplingRow], num_rows_padded: int, voc
         output_ids = _token_id_array("output_token_ids", row.output_token_ids, vocab_size)
         output_token_counts[i] = np.bincount(output_ids, minlength=vocab_size)
         prompt_token_mask[i, _token_id_array("prompt_token_ids", row.prompt_token_ids, vocab_size)] = True
-        for token_id, bias in (row.params.logit_bias or {}).items():
-            logit_bias[i, _token_id_array("logit_bias", [token_id], vocab_size)] = bias
+        bias_by_id = row.params.logit_bias or {}
+        logit_bias[i, _token_id_array("logit_bias", list(bias_by_id), vocab_size)] = list(bias_by_id.values())
         logit_bias[i, _token_id_array("suppress_token_ids", row.suppress_token_ids, vocab_size)] = -np.inf
     return output_token_counts, prompt_token_mask, logit_bias
 
@@ -147,35 +148,36 @@ def build_sampling_batch(rows: Sequence[SamplingRow], num_rows_padded: int,
     presence_penalties = np.zeros(num_rows_padded, np.float32)
     frequency_penalties = np.zeros(num_rows_padded, np.float32)
     repetition_penalties = np.ones(num_rows_padded, np.float32)
-    key_data = np.zeros((num_rows_padded, 2), np.uint32)
+    seed_words = np.zeros((num_rows_padded, 2), np.uint32)
     num_output_tokens = np.zeros(num_rows_padded, np.int32)
     num_top_logprobs = np.zeros(num_rows_padded, np.int32)
     for i, row in enumerate(rows):
         params = row.params
         if isinstance(row.seed, bool) or not isinstance(row.seed, int):
             raise ValueError(f"seed: row {i} needs a resolved int seed, got {row.seed!r}")
-        temperatures[i] = params.temperature
+        temperatures[i] = 0.0 if params.is_greedy else params.temperature
         top_ks[i] = params.top_k if 0 < params.top_k < vocab_size else 0
         top_ps[i] = params.top_p
         min_ps[i] = params.min_p
         presence_penalties[i] = params.presence_penalty
         frequency_penalties[i] = params.frequency_penalty
         repetition_penalties[i] = params.repetition_penalty
-        key_data[i] = seed_to_key_data(row.seed)
+        seed_words[i] = split_seed(row.seed)
         num_output_tokens[i] = len(row.output_token_ids)
         num_top_logprobs[i] = min(params.logprobs or 0, vocab_size)
     dense = (None, None, None)
     if any(_needs_penalties(row) for row in rows):
         dense = _dense_penalty_arrays(rows, num_rows_padded, vocab_size)
     return SamplingBatch(temperatures, top_ks, top_ps, min_ps, presence_penalties, frequency_penalties,
-                         repetition_penalties, key_data, num_output_tokens, num_top_logprobs, *dense)
+                         repetition_penalties, seed_words, num_output_tokens, num_top_logprobs, *dense)
 
 
 def sampler_static_flags(batch: SamplingBatch) -> SamplerFlags:
     """The compiled variant this (host, numpy) batch needs: the least work that is still exact."""
-    if not np.any(batch.temperatures > 0):
+    sampling = batch.temperatures > 0
+    if not np.any(sampling):
         mode = "greedy"
-    elif np.any(batch.top_ks > 0) or np.any(batch.top_ps < 1.0):
+    elif np.any(sampling & ((batch.top_ks > 0) | (batch.top_ps < 1.0))):  # greedy rows need no filter
         mode = "top_k_top_p"
     else:
         mode = "random"

@@ -72,8 +72,8 @@ class ServerMetrics:
         self.e2e_request_latency = Histogram(
             PREFIX + "e2e_request_latency_seconds", "Seconds from a request's arrival to its last token.",
             buckets=_E2E_BUCKETS, registry=self.registry)
-        self.requests_finished = Counter(
-            PREFIX + "requests_finished", "Engine requests that finished, by finish reason.",
+        self.sequences_finished = Counter(
+            PREFIX + "sequences_finished", "Choices (sequences) that ended, by finish reason (abort: client gone).",
             ["finish_reason"], registry=self.registry)
         self.requests_rejected = Counter(
             PREFIX + "requests_rejected", "HTTP requests refused before reaching the engine, by reason.",

@@ -20,7 +20,6 @@ _UINT64_MAX = 2**64 - 1
 
 TokenId = Annotated[int, Field(ge=0)]
 BiasValue = Annotated[float, Field(ge=-100.0, le=100.0)]
-StopString = Annotated[str, Field(min_length=1)]
 
 
 class StrictModel(BaseModel):
@@ -61,8 +60,8 @@ class SamplingRequest(StrictModel):
     """HF-style repetition penalty; 1 is off."""
     logit_bias: Optional[dict[str, BiasValue]] = None
     """Token id (as a decimal string) -> bias in [-100, 100]."""
-    stop: Union[StopString, Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)], None] = None
-    """Up to 16 stop strings."""
+    stop: Union[str, list[str], None] = None
+    """Up to 16 non-empty stop strings (counted in validation.py, for a clearer message than a union's)."""
     stop_token_ids: Optional[list[TokenId]] = None
     """Token ids that end a choice."""
     include_stop_str_in_output: bool = False

@@ -13,7 +13,7 @@ from fastapi import Request
 
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.server.errors import APIError, from_validation_errors, from_value_error
-from jaxpaged.server.protocol import SamplingRequest
+from jaxpaged.server.protocol import MAX_STOP_STRINGS, SamplingRequest
 
 ModelT = TypeVar("ModelT", bound=pydantic.BaseModel)
 
@@ -88,6 +88,11 @@ def build_sampling_params(request: SamplingRequest, *, max_tokens: int, logprobs
     """SamplingParams from a validated request; 400 for n over max_n or token ids outside the vocabulary."""
     if request.n > max_n:
         raise APIError(400, f"n: must be <= {max_n} (the server's --max-n)", param="n", code="invalid_value")
+    stop = [request.stop] if isinstance(request.stop, str) else request.stop or []
+    if len(stop) > MAX_STOP_STRINGS:
+        raise APIError(400, f"stop: at most {MAX_STOP_STRINGS} stop strings", param="stop", code="invalid_value")
+    if not all(stop):
+        raise APIError(400, "stop: stop strings must not be empty", param="stop", code="invalid_value")
     if request.stop_token_ids:
         check_token_ids(request.stop_token_ids, vocab_size, "stop_token_ids")
     logit_bias = None
@@ -102,7 +107,7 @@ def build_sampling_params(request: SamplingRequest, *, max_tokens: int, logprobs
             n=request.n, temperature=request.temperature, top_p=request.top_p, top_k=request.top_k,
             min_p=request.min_p, seed=request.seed, presence_penalty=request.presence_penalty,
             frequency_penalty=request.frequency_penalty, repetition_penalty=request.repetition_penalty,
-            logit_bias=logit_bias, stop=request.stop, stop_token_ids=request.stop_token_ids,
+            logit_bias=logit_bias, stop=stop, stop_token_ids=request.stop_token_ids,
             include_stop_str_in_output=request.include_stop_str_in_output, max_tokens=max_tokens,
             min_tokens=request.min_tokens, ignore_eos=request.ignore_eos, logprobs=logprobs,
             skip_special_tokens=request.skip_special_tokens)

@@ -102,6 +102,7 @@ def test_normalizes_stop_token_ids_logit_bias_and_floats():
     assert params.logit_bias == {12: 3.0, 4: -1.5}
     assert isinstance(params.temperature, float) and params.is_greedy
     assert isinstance(params.top_p, float)
+    assert SamplingParams(temperature=9e-6).is_greedy and not SamplingParams(temperature=1e-5).is_greedy
 
 
 def test_replace_revalidates():

@@ -1,5 +1,6 @@
 """Shared pieces of the kernel tests: a dumb per-sequence numpy attention loop to check against."""
 
+import dataclasses
 from typing import Optional
 
 import numpy as np
@@ -41,3 +42,73 @@ def naive_ragged_paged_attention(q, kv_pages, kv_lens, block_tables, cu_q_lens, 
 def naive_attention():
     """The naive per-sequence loop, as a fixture so every kernel test file can use it."""
     return naive_ragged_paged_attention
+
+
+def ragged_scenarios(page_size: int, **shape) -> list:
+    """Named batches that all share one padded shape, so a kernel compiles once for all of them.
+
+    Covers decode-only, prefill-only (fresh and chunked), mixed, kv lengths 1, page-1, page,
+    page+1 and many pages, padded rows and sequences, an all-padding step, shuffled page ids.
+    """
+    from pallas_kernels.ragged_paged_attention.example_batch import make_ragged_batch
+
+    p = page_size
+    padded = dict(num_tokens=80, max_num_seqs=6, pages_per_seq=8, num_pages=24, page_size=p)
+    cases = {
+        "decode_edges": ([1, 1, 1, 1, 1], [1, p - 1, p, p + 1, 5 * p + 3]),
+        "prefill": ([p + 1, 3, 5], [p + 1, 3, 3 * p + 2]),
+        "mixed": ([1, 7, 1, 2 * p + 3], [4 * p + 1, 7, p, 3 * p]),
+        "many_pages": ([1, 40], [8 * p, 40 + p]),
+    }
+    batches = [(name, make_ragged_batch(q_lens, kv_lens, seed=seed, **padded, **shape))
+               for seed, (name, (q_lens, kv_lens)) in enumerate(cases.items())]
+    empty = make_ragged_batch([2], [2], seed=9, **padded, **shape)
+    batches.append(("no_sequences", dataclasses.replace(empty, num_seqs=np.zeros(1, np.int32))))
+    return batches
+
+
+@pytest.fixture(scope="session")
+def scenarios():
+    """ragged_scenarios, as a fixture for the kernel test files."""
+    return ragged_scenarios
+
+
+
+TOLERANCE = {"float32": 2e-5, "bfloat16": 3e-2}
+
+
+def check_kernel_against_reference(kernel, page_size: int, head_dim: int, num_q_heads: int,
+                                   num_kv_heads: int, dtype, *, sm_scale: float,
+                                   sliding_window: Optional[int] = None,
+                                   soft_cap: Optional[float] = None) -> None:
+    """Every ragged scenario: kernel == reference within the dtype's tolerance, zeros on padding.
+
+    `kernel` takes the six attention arrays and the attention options; it is jitted here once and
+    must compile once for all scenarios (they share one padded shape).
+    """
+    import jax
+    import jax.numpy as jnp
+
+    from pallas_kernels.ragged_paged_attention.reference import ragged_paged_attention_reference
+
+    options = dict(sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap)
+    jitted_kernel = jax.jit(lambda *args: kernel(*args, **options))
+    reference = jax.jit(lambda *args: ragged_paged_attention_reference(*args, **options))
+    tolerance = TOLERANCE[jnp.dtype(dtype).name]
+    for name, batch in ragged_scenarios(page_size, num_q_heads=num_q_heads,
+                                        num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype):
+        args = [jnp.asarray(a) for a in batch.attention_args()]
+        out = jitted_kernel(*args)
+        assert out.dtype == jnp.dtype(dtype) and out.shape == batch.q.shape, name
+        out = np.asarray(out.astype(jnp.float32))
+        expected = np.asarray(reference(*args).astype(jnp.float32))
+        np.testing.assert_allclose(out, expected, atol=tolerance, rtol=tolerance, err_msg=name)
+        num_real_tokens = batch.cu_q_lens[batch.num_seqs[0]]
+        assert np.all(out[num_real_tokens:] == 0), f"{name}: padding rows must be zeros"
+    assert jitted_kernel._cache_size() == 1, "one compile must serve every scenario"
+
+
+@pytest.fixture(scope="session")
+def check_kernel():
+    """check_kernel_against_reference, as a fixture for the kernel test files."""
+    return check_kernel_against_reference

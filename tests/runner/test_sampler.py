@@ -7,7 +7,7 @@ import pytest
 from jaxpaged.runner.sampler import (SamplerFlags, SamplingRow, all_sampler_flag_variants,
                                      apply_logit_adjustments, build_sampling_batch,
                                      min_tokens_suppress_ids, sample, sampler_static_flags,
-                                     seed_to_key_data, warmup_sampling_batch)
+                                     split_seed, warmup_sampling_batch)
 from jaxpaged.sampling_params import SamplingParams
 
 VOCAB_SIZE = 64
@@ -41,6 +41,23 @@ def test_temperature_zero_is_argmax_alone_and_among_sampling_rows():
     mixed, flags = run(mixed_rows, logits)
     assert flags.mode == "random"
     np.testing.assert_array_equal(mixed.token_ids[1::2], expected[1::2])
+
+
+def test_temperatures_below_greedy_temperature_are_greedy():
+    """A temperature of 1e-6 would overflow logits / T in float32: it samples greedily, like 0."""
+    logits = random_logits(NUM_ROWS, seed=12, scale=30.0)
+    output, flags = run([row(seed=i, temperature=1e-6) for i in range(NUM_ROWS)], logits)
+    assert flags.mode == "greedy"
+    np.testing.assert_array_equal(output.token_ids, logits.argmax(axis=1))
+
+
+def test_uniform_noise_stays_strictly_inside_zero_one_at_the_extreme_bits():
+    """The extreme hash outputs map inside (0, 1), so the Gumbel noise is finite for every token."""
+    from jaxpaged.runner.sampler import _uniform_from_bits
+
+    uniform = np.asarray(_uniform_from_bits(np.array([0, 511, 512, 2**32 - 1], np.uint32)))
+    assert np.all((uniform > 0) & (uniform < 1)), uniform
+    assert np.all(np.isfinite(-np.log(-np.log(uniform))))
 
 
 @pytest.mark.parametrize("params", [dict(top_k=1), dict(top_p=1e-6), dict(min_p=1.0)],
@@ -204,22 +221,67 @@ DISTRIBUTION_CASES = {
 }
 
 
+def _draw_rows(case: int, params: dict) -> list[SamplingRow]:
+    """NUM_DRAWS rows of one case: half vary the seed at step 0, half are one seed at successive steps."""
+    by_seed = [row(seed=case * 100_000 + draw, **params) for draw in range(NUM_DRAWS // 2)]
+    by_step = [row(seed=case, output=[0] * draw, **params) for draw in range(NUM_DRAWS // 2)]
+    return by_seed + by_step
+
+
 @pytest.mark.parametrize("mode", sorted(DISTRIBUTION_CASES))
 def test_sampling_distribution_matches_the_filtered_softmax(mode):
-    """800 fixed seeds per case on a 4-token vocabulary pass a chi-square test; filtered tokens never come."""
+    """800 draws per case (400 seeds, 400 steps of one seed) on a 4-token vocabulary pass a chi-square test;
+    filtered-out tokens never come."""
     cases = DISTRIBUTION_CASES[mode]
-    rows = [row(seed=case * 100_000 + draw, **params)
-            for case, (params, _) in enumerate(cases) for draw in range(NUM_DRAWS)]
+    rows = [r for case, (params, _) in enumerate(cases) for r in _draw_rows(case, params)]
     logits = np.tile(np.log(PROBS).astype(np.float32), (4096, 1))
     output, flags = run(rows, logits, num_rows_padded=4096)
     assert flags.mode == mode
     for case, (params, expected) in enumerate(cases):
-        counts = np.bincount(output.token_ids[case * NUM_DRAWS:(case + 1) * NUM_DRAWS], minlength=4)
         allowed = expected > 0
-        assert np.all(counts[~allowed] == 0), (params, counts)
-        expected_counts = expected[allowed] * NUM_DRAWS
-        chi_square = float(np.sum((counts[allowed] - expected_counts) ** 2 / expected_counts))
-        assert chi_square < CHI_SQUARE_CRITICAL_AT_0_1_PERCENT[int(allowed.sum()) - 1], (params, counts)
+        draws = output.token_ids[case * NUM_DRAWS:(case + 1) * NUM_DRAWS]
+        for half in (draws[:NUM_DRAWS // 2], draws[NUM_DRAWS // 2:]):
+            counts = np.bincount(half, minlength=4)
+            assert np.all(counts[~allowed] == 0), (params, counts)
+            expected_counts = expected[allowed] * len(half)
+            chi_square = float(np.sum((counts[allowed] - expected_counts) ** 2 / expected_counts))
+            assert chi_square < CHI_SQUARE_CRITICAL_AT_0_1_PERCENT[int(allowed.sum()) - 1], (params, counts)
+
+
+def _reference_top_k_top_p(logits: np.ndarray, top_k: int, top_p: float) -> np.ndarray:
+    """Which tokens top_k then top_p keep, by a sort in float64 (ties at the cut all kept)."""
+    order = np.argsort(-logits, kind="stable")
+    sorted_logits = logits[order]
+    k = top_k if top_k > 0 else len(logits)
+    kth_value = sorted_logits[k - 1]
+    head = sorted_logits[sorted_logits >= kth_value].astype(np.float64)
+    probs = np.exp(head - head.max())
+    probs /= probs.sum()
+    mass_before = np.cumsum(probs) - probs
+    num_kept = len(head) if top_p >= 1.0 else int(np.sum(mass_before < top_p))
+    return logits >= head[num_kept - 1]
+
+
+def test_top_k_top_p_thresholds_match_a_sorting_reference():
+    """The bisection thresholds keep exactly the tokens a sort keeps, with ties, -inf and negative logits."""
+    from jaxpaged.runner.sampler import _apply_top_k_top_p
+
+    rng = np.random.default_rng(11)
+    num_rows = 64
+    logits = np.round(rng.standard_normal((num_rows, VOCAB_SIZE)) * 3, 1).astype(np.float32)  # many ties
+    logits[::7, :5] = -np.inf
+    logits[1::5] -= 50.0  # all negative
+    top_ks = rng.choice([0, 1, 2, 5, 17, VOCAB_SIZE - 1], num_rows).astype(np.int32)
+    top_ps = rng.choice([1.0, 0.999, 0.9, 0.5, 0.1, 1e-6], num_rows).astype(np.float32)
+    # Neighbouring floats, one ulp apart: only an exact threshold splits them right.
+    logits[2:4] = np.float32(1.0) + np.arange(VOCAB_SIZE, dtype=np.float32) * np.spacing(np.float32(1.0))
+    top_ks[2:4], top_ps[2:4] = (5, 0), (1.0, 0.5)
+    filtered = np.asarray(_apply_top_k_top_p(logits, top_ks, top_ps))
+    for i in range(num_rows):
+        expected = _reference_top_k_top_p(logits[i], int(top_ks[i]), float(top_ps[i]))
+        np.testing.assert_array_equal(np.isfinite(filtered[i]), expected & np.isfinite(logits[i]),
+                                      err_msg=f"row {i}: top_k={top_ks[i]} top_p={top_ps[i]}")
+        np.testing.assert_array_equal(filtered[i][expected], logits[i][expected])
 
 
 def test_padded_rows_are_harmless():
@@ -244,6 +306,7 @@ def test_flags_pick_the_least_work_and_are_all_listed():
     cases = [([row(temperature=0.0)], SamplerFlags("greedy", False, False)),
              ([row(temperature=0.0, top_k=3)], SamplerFlags("greedy", False, False)),
              ([row(), row(temperature=0.0)], SamplerFlags("random", False, False)),
+             ([row(), row(temperature=0.0, top_p=0.5)], SamplerFlags("random", False, False)),
              ([row(min_p=0.2)], SamplerFlags("random", False, False)),
              ([row(top_k=3)] * NUM_ROWS, SamplerFlags("top_k_top_p", False, False)),
              ([row(top_p=0.5)], SamplerFlags("top_k_top_p", False, False)),
@@ -279,13 +342,12 @@ def test_new_parameter_values_do_not_recompile():
     assert sample._cache_size() == num_compiled
 
 
-def test_seed_to_key_data_matches_jax_keys_and_wraps_mod_2_64():
-    """Seeds below 2**32 give jax.random.key(seed)'s words; negative and huge seeds wrap modulo 2**64."""
-    for seed in (0, 1, 2**32 - 1):
-        assert seed_to_key_data(seed) == tuple(jax.random.key_data(jax.random.key(seed)).tolist())
-    assert seed_to_key_data(2**32 + 7) == (1, 7)
-    assert seed_to_key_data(-1) == (2**32 - 1, 2**32 - 1)
-    assert seed_to_key_data(2**64 + 3) == seed_to_key_data(3)
+def test_split_seed_takes_the_seed_modulo_2_64():
+    """Seeds become (high, low) 32-bit words; negative and huge seeds wrap modulo 2**64."""
+    assert split_seed(0) == (0, 0) and split_seed(2**32 - 1) == (0, 2**32 - 1)
+    assert split_seed(2**32 + 7) == (1, 7)
+    assert split_seed(-1) == (2**32 - 1, 2**32 - 1)
+    assert split_seed(2**64 + 3) == split_seed(3)
 
 
 @pytest.mark.parametrize("field,rows,num_rows_padded", [

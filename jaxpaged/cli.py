@@ -1,0 +1,106 @@
+"""The `jaxpaged` command: serve | generate | bench | convert."""
+
+import argparse
+import sys
+from typing import Optional
+
+from jaxpaged.cli_options import add_engine_arguments, engine_options_from_args
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from jaxpaged.engine import LLMEngine
+    from jaxpaged.sampling_params import SamplingParams
+
+    engine = LLMEngine.from_options(args.model, **engine_options_from_args(args))
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                            top_k=args.top_k, seed=args.seed_sample)
+    prompt = args.prompt
+    if args.chat:
+        prompt = {"prompt_token_ids": list(engine.tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], tokenize=True, add_generation_prompt=True, return_dict=False))}
+    engine.add_request("cli", prompt, params)
+    printed = 0
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            text = output.outputs[0].text
+            sys.stdout.write(text[printed:])
+            sys.stdout.flush()
+            printed = len(text)
+    sys.stdout.write("\n")
+    return 0
+
+
+def _convert(args: argparse.Namespace) -> int:
+    import pathlib
+
+    from transformers import PreTrainedTokenizerFast
+
+    from jaxpaged.weights.converted_store import save_converted
+    from jaxpaged.weights.loader import load_model
+
+    loaded = load_model(args.src)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(loaded.tokenizer_dir))
+    save_converted(pathlib.Path(args.dst), loaded.hf_config, loaded.params, tokenizer, loaded.name)
+    print(f"wrote {args.dst} ({loaded.name}, {sum(v.size for v in loaded.params.values()):,} parameters)")
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from jaxpaged.server.launcher import serve_main
+
+    return serve_main(args) or 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from jaxpaged.bench.sweep import bench_main
+
+    return bench_main(args) or 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    parser = argparse.ArgumentParser(prog="jaxpaged", description="JAX paged-attention LLM inference engine")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="run the OpenAI-compatible HTTP server")
+    add_engine_arguments(serve)
+    from jaxpaged.server.launcher import add_serve_arguments
+
+    add_serve_arguments(serve)
+    serve.set_defaults(handler=_serve)
+
+    gen = commands.add_parser("generate", help="generate text for one prompt, streamed to the terminal")
+    gen.add_argument("prompt", help="the prompt text")
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    gen.add_argument("--max-tokens", type=int, default=64, help="tokens to generate (default 64)")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
+    gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
+    gen.add_argument("--top-k", type=int, default=0, help="top-k sampling (0: off)")
+    gen.add_argument("--seed-sample", type=int, default=None, help="the request's sampling seed")
+    add_engine_arguments(gen)
+    gen.set_defaults(handler=_generate)
+
+    bench = commands.add_parser("bench", help="run a benchmark sweep described by a YAML config")
+    bench.add_argument("config", help="path of a configs/bench/*.yaml file")
+    bench.add_argument("--out", default="results", help="directory for JSON, markdown and PNG results")
+    bench.set_defaults(handler=_bench)
+
+    convert = commands.add_parser("convert", help="convert a model to jaxpaged's Orbax checkpoint")
+    convert.add_argument("src", help="HF checkpoint dir or .gguf file")
+    convert.add_argument("dst", help="output directory")
+    convert.set_defaults(handler=_convert)
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Entry point of the console script."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except (ValueError, FileNotFoundError) as error:
+        print(f"jaxpaged {args.command}: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

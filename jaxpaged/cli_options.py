@@ -1,0 +1,39 @@
+"""Engine options as command-line flags, shared by `serve`, `generate` and `bench`.
+
+Each flag maps to one EngineConfig field; flags left unset keep the config's default.
+"""
+
+import argparse
+
+# (flag, type, help). The dest is the EngineConfig field name.
+_ENGINE_FLAGS = [
+    ("--block-size", int, "tokens per KV block (default 16)"),
+    ("--max-model-len", int, "longest prompt + output in tokens (default 2048)"),
+    ("--max-num-seqs", int, "most requests running at once (default 64)"),
+    ("--max-num-batched-tokens", int, "token budget of one step (default 512)"),
+    ("--num-kv-blocks", int, "KV blocks in the pool (default: from --kv-cache-memory)"),
+    ("--kv-cache-memory", int, "KV pool size in bytes (default: 1 GiB on CPU, 60%% of free device memory)"),
+    ("--dtype", str, "auto | float32 | bfloat16 | float16 (auto: float32 on CPU, bfloat16 on TPU/GPU)"),
+    ("--attention-backend", str, "auto | xla | pallas_tpu | pallas_gpu"),
+    ("--scheduling-policy", str, "fcfs | priority"),
+    ("--long-prefill-token-threshold", int, "cap on one request's prompt tokens per step (0: off)"),
+    ("--seed", int, "base sampler seed for requests without one"),
+    ("--compilation-cache-dir", str, "JAX persistent compilation cache ('' turns it off)"),
+]
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add --model and every engine option flag to `parser`."""
+    parser.add_argument("--model", default=None,
+                        help="HF checkpoint dir, .gguf file or converted checkpoint (default: embedded SmolLM2-135M)")
+    group = parser.add_argument_group("engine options")
+    for flag, kind, help_text in _ENGINE_FLAGS:
+        group.add_argument(flag, type=kind, default=None, help=help_text)
+    group.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false", default=None,
+                       help="turn off prefix caching")
+
+
+def engine_options_from_args(args: argparse.Namespace) -> dict:
+    """The engine options the user set (unset flags are left out)."""
+    names = [flag[2:].replace("-", "_") for flag, _, _ in _ENGINE_FLAGS] + ["enable_prefix_caching"]
+    return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}

@@ -1,0 +1,101 @@
+"""The offline batch API, shaped like vLLM's: LLM(...).generate(prompts) and jaxpaged.generate(...)."""
+
+from collections.abc import Sequence
+from typing import Optional, Union
+
+from tqdm.auto import tqdm
+
+from jaxpaged.engine import LLMEngine, next_request_id
+from jaxpaged.inputs import PromptInput
+from jaxpaged.outputs import RequestOutput
+from jaxpaged.sampling_params import SamplingParams
+
+Prompts = Union[PromptInput, Sequence[PromptInput]]
+Conversation = list[dict]
+
+
+class LLM:
+    """A loaded model with its engine; model=None is the embedded SmolLM2-135M-Instruct."""
+
+    def __init__(self, model: Optional[str] = None, **engine_options):
+        self.engine = LLMEngine.from_options(model, **engine_options)
+
+    def get_tokenizer(self):
+        """The model's HF tokenizer."""
+        return self.engine.tokenizer
+
+    def generate(self, prompts: Prompts, sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """Run every prompt to completion; one RequestOutput per prompt, in input order.
+
+        Every prompt is validated before any is queued, so a bad one raises ValueError and runs nothing.
+        """
+        prompt_list = _as_prompt_list(prompts)
+        params_list = _as_params_list(sampling_params, len(prompt_list))
+        request_ids = [next_request_id() for _ in prompt_list]
+        added = []
+        try:
+            for request_id, prompt, params in zip(request_ids, prompt_list, params_list):
+                self.engine.add_request(request_id, prompt, params)
+                added.append(request_id)
+        except ValueError as error:
+            self.engine.abort_request(added)
+            raise ValueError(f"prompt {len(added)}: {error}") from error
+        return self._run_to_completion(request_ids, use_tqdm)
+
+    def chat(self, messages: Union[Conversation, Sequence[Conversation]],
+             sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+             use_tqdm: bool = True, add_generation_prompt: bool = True) -> list[RequestOutput]:
+        """Apply the model's chat template to one conversation or a list of them, then generate."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        tokenizer = self.engine.tokenizer
+        prompts = [{"prompt_token_ids": list(tokenizer.apply_chat_template(
+            conversation, tokenize=True, add_generation_prompt=add_generation_prompt, return_dict=False))}
+            for conversation in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def _run_to_completion(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        finished: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(request_ids), desc="Generating", unit="req", disable=not use_tqdm,
+                   dynamic_ncols=True)
+        num_output_tokens = 0
+        with bar:
+            while self.engine.has_unfinished_requests():
+                for output in self.engine.step():
+                    if output.finished:
+                        finished[output.request_id] = output
+                        num_output_tokens += sum(len(c.token_ids) for c in output.outputs)
+                        bar.update(1)
+                        elapsed = bar.format_dict["elapsed"] or 1e-9
+                        bar.set_postfix_str(f"{num_output_tokens / elapsed:.1f} out tok/s", refresh=False)
+        return [finished[request_id] for request_id in request_ids]
+
+
+def generate(prompts: Prompts, sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+             model: Optional[str] = None, **engine_options) -> list[RequestOutput]:
+    """One call: load the model, generate, return the outputs."""
+    use_tqdm = engine_options.pop("use_tqdm", True)
+    return LLM(model, **engine_options).generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+
+def _as_prompt_list(prompts: Prompts) -> list[PromptInput]:
+    if isinstance(prompts, (str, dict)):
+        return [prompts]
+    prompts = list(prompts)
+    if prompts and all(isinstance(p, int) and not isinstance(p, bool) for p in prompts):
+        return [prompts]  # one prompt given as token ids
+    if not prompts:
+        raise ValueError("prompts: at least one prompt is needed")
+    return prompts
+
+
+def _as_params_list(sampling_params, num_prompts: int) -> list[SamplingParams]:
+    if sampling_params is None or isinstance(sampling_params, SamplingParams):
+        return [sampling_params or SamplingParams()] * num_prompts
+    params_list = list(sampling_params)
+    if len(params_list) != num_prompts:
+        raise ValueError(f"sampling_params: got {len(params_list)} for {num_prompts} prompts")
+    for index, params in enumerate(params_list):
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params[{index}]: expected SamplingParams, got {type(params).__name__}")
+    return params_list

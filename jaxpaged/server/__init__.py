@@ -1,0 +1,7 @@
+"""The OpenAI-compatible HTTP server (FastAPI + uvicorn): build_app for embedding, serve_main for `jaxpaged serve`."""
+
+from jaxpaged.server.app import build_app
+from jaxpaged.server.context import ServerSettings
+from jaxpaged.server.launcher import add_serve_arguments, serve_main
+
+__all__ = ["build_app", "ServerSettings", "add_serve_arguments", "serve_main"]

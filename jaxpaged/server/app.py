@@ -1,0 +1,82 @@
+"""build_app: the FastAPI app of the OpenAI-compatible server around one AsyncLLMEngine.
+
+Routes parse their own bodies (validation.py) rather than through FastAPI's body parameters, so that size,
+encoding, NaN and schema errors all come back as OpenAI error bodies with status 400 / 413, never 422.
+"""
+
+import contextlib
+import time
+from typing import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+import jaxpaged
+from jaxpaged.async_engine import AsyncLLMEngine
+from jaxpaged.server.auth import BearerAuthMiddleware
+from jaxpaged.server.chat import create_chat_completion
+from jaxpaged.server.completions import create_completion
+from jaxpaged.server.context import ServerContext, ServerSettings
+from jaxpaged.server.errors import error_body, install_error_handlers
+from jaxpaged.server.metrics import ServerMetrics
+from jaxpaged.server.tokenization import detokenize, tokenize
+
+
+def build_app(engine: AsyncLLMEngine, settings: ServerSettings = ServerSettings(), *,
+              owns_engine: bool = False) -> FastAPI:
+    """The app; with owns_engine the app's shutdown (after uvicorn drained the requests) stops the engine loop."""
+    context = ServerContext(engine=engine, settings=settings, metrics=ServerMetrics(engine))
+    created = int(time.time())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        context.draining = True
+        if owns_engine:
+            engine.shutdown()
+
+    app = FastAPI(title="jaxpaged", version=jaxpaged.__version__, lifespan=lifespan)
+    app.state.context = context
+    install_error_handlers(app)
+    if settings.api_key is not None:
+        app.add_middleware(BearerAuthMiddleware, api_key=settings.api_key)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await create_completion(request, context)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await create_chat_completion(request, context)
+
+    @app.get("/v1/models")
+    async def models() -> JSONResponse:
+        card = {"id": engine.model_name, "object": "model", "created": created, "owned_by": "jaxpaged",
+                "max_model_len": engine.max_model_len}
+        return JSONResponse({"object": "list", "data": [card]})
+
+    @app.post("/tokenize")
+    async def tokenize_route(request: Request) -> JSONResponse:
+        return await tokenize(request, context)
+
+    @app.post("/detokenize")
+    async def detokenize_route(request: Request) -> JSONResponse:
+        return await detokenize(request, context)
+
+    @app.get("/health")
+    async def health() -> Response:
+        if context.ready:
+            return JSONResponse({"status": "ok"})
+        message = "the server is shutting down" if context.draining else "the engine loop is not running"
+        return JSONResponse(error_body(503, message, code="unavailable"), status_code=503)
+
+    @app.get("/version")
+    async def version() -> JSONResponse:
+        return JSONResponse({"version": jaxpaged.__version__})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(context.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    return app

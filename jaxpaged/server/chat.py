@@ -1,0 +1,104 @@
+"""POST /v1/chat/completions: the chat template renders the messages, then the engine runs one prompt, n choices."""
+
+import time
+import uuid
+from typing import AsyncIterator, Optional
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from jaxpaged.async_engine import EngineDeadError
+from jaxpaged.outputs import CompletionOutput, RequestOutput
+from jaxpaged.server.context import ServerContext
+from jaxpaged.server.errors import APIError, error_body
+from jaxpaged.server.generation import GenerationRun, ensure_ready
+from jaxpaged.server.prompts import chat_prompt
+from jaxpaged.server.protocol import ChatCompletionRequest
+from jaxpaged.server.responses import SampleProgress, chat_logprobs, usage
+from jaxpaged.server.streaming import (SSE_DONE, ClientDisconnected, EventStreamResponse, run_until_disconnect,
+                                       sse_event)
+from jaxpaged.server.validation import (build_sampling_params, check_model_name, parse_model, read_json_body,
+                                        resolve_max_tokens)
+
+
+async def create_chat_completion(request: Request, context: ServerContext) -> Response:
+    """Validates, admits and runs one chat completion request."""
+    ensure_ready(context)
+    engine = context.engine
+    body = parse_model(ChatCompletionRequest, await read_json_body(request, context.settings.max_request_body_bytes))
+    check_model_name(body.model, engine.model_name)
+    if body.top_logprobs is not None and not body.logprobs:
+        raise APIError(400, "top_logprobs: needs logprobs=true", param="top_logprobs", code="invalid_value")
+    prompt = await chat_prompt(engine.tokenizer, body.messages, body.add_generation_prompt)
+    field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+    requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    # NOTE: unset, the whole rest of the context is the limit (OpenAI's chat behaviour).
+    max_tokens = resolve_max_tokens(requested, None, len(prompt.token_ids), engine.max_model_len, field)
+    params = build_sampling_params(body, max_tokens=max_tokens, logprobs=(body.top_logprobs or 0) if body.logprobs
+                                   else None, vocab_size=engine.vocab_size, max_n=context.settings.max_n)
+    run = GenerationRun(context, f"chatcmpl-{uuid.uuid4().hex}", [prompt], [params], cache_salt=body.cache_salt,
+                        priority=body.priority)
+    try:
+        run.submit()
+        await run.wait_added()
+    except BaseException:
+        run.close()
+        raise
+    view = _ChatView(body, engine.tokenizer, engine.model_name, run.request_id)
+    if body.stream:
+        return EventStreamResponse(view.events(run), on_close=run.close)
+    try:
+        finals = await run_until_disconnect(request, run.collect())
+    except ClientDisconnected:
+        return Response(status_code=499)  # nobody reads it; the request was aborted by close()
+    except EngineDeadError:
+        raise APIError(503, "the engine stopped before the request finished", code="engine_unavailable") from None
+    finally:
+        run.close()
+    return JSONResponse(view.body(finals[0]))
+
+
+class _ChatView:
+    """Renders engine outputs as OpenAI chat completion objects (whole or chunked)."""
+
+    def __init__(self, request: ChatCompletionRequest, tokenizer, model_name: str, response_id: str) -> None:
+        self.request, self.tokenizer = request, tokenizer
+        self.num_top = request.top_logprobs or 0
+        self.header = {"id": response_id, "created": int(time.time()), "model": model_name}
+
+    def _logprobs(self, sample: CompletionOutput, start: int, end: int) -> Optional[dict]:
+        return chat_logprobs(self.tokenizer, sample, start, end, self.num_top) if self.request.logprobs else None
+
+    def body(self, final: RequestOutput) -> dict:
+        """The non-streaming response."""
+        choices = [{"index": sample.index, "message": {"role": "assistant", "content": sample.text},
+                    "logprobs": self._logprobs(sample, 0, len(sample.token_ids)),
+                    "finish_reason": sample.finish_reason, "stop_reason": sample.stop_reason}
+                   for sample in sorted(final.outputs, key=lambda sample: sample.index)]
+        return {**self.header, "object": "chat.completion", "choices": choices, "usage": usage([final])}
+
+    def _chunk(self, index: int, delta: dict, logprobs: Optional[dict], finish_reason: Optional[str]) -> str:
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+        return sse_event({**self.header, "object": "chat.completion.chunk", "choices": [choice]})
+
+    async def events(self, run: GenerationRun) -> AsyncIterator[str]:
+        """The streaming response: a role chunk per choice, content deltas, optional usage, then [DONE]."""
+        progress = [SampleProgress() for _ in range(self.request.n)]
+        try:
+            for index in range(self.request.n):
+                yield self._chunk(index, {"role": "assistant", "content": ""}, None, None)
+            async for _, output in run.outputs():
+                for sample in output.outputs:
+                    delta = progress[sample.index].advance(sample, with_logprobs=self.request.logprobs)
+                    if delta is None:
+                        continue
+                    yield self._chunk(sample.index, {"content": delta.text} if delta.text else {},
+                                      self._logprobs(sample, delta.start_token, delta.end_token),
+                                      delta.finish_reason)
+            if self.request.stream_options is not None and self.request.stream_options.include_usage:
+                yield sse_event({**self.header, "object": "chat.completion.chunk", "choices": [],
+                                 "usage": usage([final for final in run.finals if final is not None])})
+        except EngineDeadError:
+            yield sse_event(error_body(503, "the engine stopped before the request finished",
+                                       code="engine_unavailable"))
+        yield SSE_DONE

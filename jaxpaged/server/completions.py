@@ -1,0 +1,130 @@
+"""POST /v1/completions: OpenAI's completions API on the engine, as one JSON body or as server-sent events."""
+
+import time
+import uuid
+from typing import AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from jaxpaged.async_engine import EngineDeadError
+from jaxpaged.outputs import RequestOutput
+from jaxpaged.server.context import ServerContext
+from jaxpaged.server.errors import APIError, error_body
+from jaxpaged.server.generation import GenerationRun, ensure_ready
+from jaxpaged.server.prompts import PromptInput, completion_prompts
+from jaxpaged.server.protocol import CompletionRequest
+from jaxpaged.server.responses import SampleProgress, completion_logprobs, usage
+from jaxpaged.server.streaming import (SSE_DONE, ClientDisconnected, EventStreamResponse, run_until_disconnect,
+                                       sse_event)
+from jaxpaged.server.validation import (build_sampling_params, check_model_name, parse_model, read_json_body,
+                                        resolve_max_tokens)
+
+DEFAULT_MAX_TOKENS = 16
+"""OpenAI's default max_tokens for completions (clipped to what fits in max_model_len)."""
+
+
+async def create_completion(request: Request, context: ServerContext) -> Response:
+    """Validates, admits and runs one completion request."""
+    ensure_ready(context)
+    engine = context.engine
+    body = parse_model(CompletionRequest, await read_json_body(request, context.settings.max_request_body_bytes))
+    check_model_name(body.model, engine.model_name)
+    _reject_unsupported(body)
+    prompts = await completion_prompts(body, engine.tokenizer, engine.vocab_size)
+    params = [build_sampling_params(
+        body, max_tokens=resolve_max_tokens(body.max_tokens, DEFAULT_MAX_TOKENS, len(prompt.token_ids),
+                                            engine.max_model_len),
+        logprobs=body.logprobs, vocab_size=engine.vocab_size, max_n=context.settings.max_n) for prompt in prompts]
+    run = GenerationRun(context, f"cmpl-{uuid.uuid4().hex}", prompts, params, cache_salt=body.cache_salt,
+                        priority=body.priority)
+    try:
+        run.submit()
+        await run.wait_added()
+    except BaseException:
+        run.close()
+        raise
+    view = _CompletionView(body, prompts, engine.tokenizer, engine.model_name, run.request_id)
+    if body.stream:
+        return EventStreamResponse(view.events(run), on_close=run.close)
+    try:
+        finals = await run_until_disconnect(request, run.collect())
+    except ClientDisconnected:
+        return Response(status_code=499)  # nobody reads it; the requests were aborted by close()
+    except EngineDeadError:
+        raise APIError(503, "the engine stopped before the request finished", code="engine_unavailable") from None
+    finally:
+        run.close()
+    return JSONResponse(view.body(finals))
+
+
+def _reject_unsupported(body: CompletionRequest) -> None:
+    if body.suffix:
+        raise APIError(400, "suffix: is not supported", param="suffix", code="unsupported")
+    if body.best_of is not None and body.best_of != body.n:
+        raise APIError(400, "best_of: only best_of == n is supported", param="best_of", code="unsupported")
+    if body.echo and body.logprobs is not None:
+        raise APIError(400, "echo: prompt logprobs are not supported, so echo cannot be used with logprobs",
+                       param="echo", code="unsupported")
+
+
+class _CompletionView:
+    """Renders engine outputs as OpenAI completion objects (whole or chunked)."""
+
+    def __init__(self, body: CompletionRequest, prompts: list[PromptInput], tokenizer, model_name: str,
+                 response_id: str) -> None:
+        self.request, self.prompts, self.tokenizer = body, prompts, tokenizer
+        self.header = {"id": response_id, "object": "text_completion", "created": int(time.time()),
+                       "model": model_name}
+
+    def _echo_text(self, prompt_index: int) -> str:
+        prompt = self.prompts[prompt_index]
+        return prompt.text if prompt.text is not None else self.tokenizer.decode(prompt.token_ids)
+
+    def body(self, finals: list[RequestOutput]) -> dict:
+        """The non-streaming response."""
+        choices = []
+        for prompt_index, final in enumerate(finals):
+            prefix = self._echo_text(prompt_index) if self.request.echo else ""
+            for sample in final.outputs:
+                logprobs = None
+                if self.request.logprobs is not None:
+                    logprobs, _ = completion_logprobs(self.tokenizer, sample, 0, len(sample.token_ids),
+                                                      self.request.logprobs, 0)
+                choices.append({"index": prompt_index * self.request.n + sample.index, "text": prefix + sample.text,
+                                "logprobs": logprobs, "finish_reason": sample.finish_reason,
+                                "stop_reason": sample.stop_reason})
+        choices.sort(key=lambda choice: choice["index"])
+        return {**self.header, "choices": choices, "usage": usage(finals)}
+
+    def _chunk(self, index: int, text: str, logprobs, finish_reason) -> str:
+        choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+        return sse_event({**self.header, "choices": [choice]})
+
+    async def events(self, run: GenerationRun) -> AsyncIterator[str]:
+        """The streaming response: one chunk per choice delta, optional usage, then [DONE]."""
+        n, with_logprobs = self.request.n, self.request.logprobs is not None
+        progress = {(p, s): SampleProgress() for p in range(len(self.prompts)) for s in range(n)}
+        text_offsets = {key: 0 for key in progress}
+        try:
+            if self.request.echo:
+                for p in range(len(self.prompts)):
+                    for s in range(n):
+                        yield self._chunk(p * n + s, self._echo_text(p), None, None)
+            async for p, output in run.outputs():
+                for sample in output.outputs:
+                    delta = progress[(p, sample.index)].advance(sample, with_logprobs=with_logprobs)
+                    if delta is None:
+                        continue
+                    logprobs = None
+                    if with_logprobs:
+                        logprobs, text_offsets[(p, sample.index)] = completion_logprobs(
+                            self.tokenizer, sample, delta.start_token, delta.end_token, self.request.logprobs,
+                            text_offsets[(p, sample.index)])
+                    yield self._chunk(p * n + sample.index, delta.text, logprobs, delta.finish_reason)
+            if self.request.stream_options is not None and self.request.stream_options.include_usage:
+                yield sse_event({**self.header, "choices": [], "usage": usage([final for final in run.finals if final is not None])})
+        except EngineDeadError:
+            yield sse_event(error_body(503, "the engine stopped before the request finished",
+                                       code="engine_unavailable"))
+        yield SSE_DONE

@@ -1,0 +1,161 @@
+"""GenerationRun: the engine requests behind one HTTP request, from admission to the last output.
+
+One engine request per prompt (n choices each). Admission (503 while draining, 429 when too many sequences
+would wait) and the adds happen with no await between them, so the check holds on this event loop.
+Latency histograms are observed here, on the outputs as the HTTP side sees them.
+"""
+
+import asyncio
+import dataclasses
+import time
+from typing import AsyncIterator, Optional
+
+from jaxpaged.async_engine import EngineDeadError, RequestStream
+from jaxpaged.outputs import RequestOutput
+from jaxpaged.sampling_params import SamplingParams
+from jaxpaged.server.context import ServerContext
+from jaxpaged.server.errors import APIError, from_value_error
+from jaxpaged.server.prompts import PromptInput
+
+
+def ensure_ready(context: ServerContext) -> None:
+    """503 while the server drains (SIGTERM) or the engine loop is dead."""
+    if context.draining:
+        context.metrics.requests_rejected.labels("draining").inc()
+        raise APIError(503, "the server is shutting down", code="server_shutting_down")
+    if not context.engine.is_alive:
+        context.metrics.requests_rejected.labels("engine_dead").inc()
+        raise APIError(503, "the engine is not running", code="engine_unavailable")
+
+
+def check_capacity(context: ServerContext, num_new_seqs: int) -> None:
+    """429 with Retry-After when admitting num_new_seqs would leave more than max_queued_requests waiting."""
+    engine = context.engine
+    beyond_slots = engine.num_unfinished_seqs + num_new_seqs - engine.max_num_seqs
+    # Requests the scheduler left waiting (KV cache full, say): newcomers queue behind them.
+    left_waiting = engine.num_left_waiting + num_new_seqs if engine.num_left_waiting > 0 else 0
+    if max(beyond_slots, left_waiting) > context.settings.max_queued_requests:
+        context.metrics.requests_rejected.labels("overloaded").inc()
+        raise APIError(429, "the server is overloaded: too many requests are waiting; retry later",
+                       code="rate_limit_exceeded", headers={"Retry-After": str(context.settings.retry_after_s)})
+
+
+@dataclasses.dataclass
+class _Timing:
+    """Latency bookkeeping of one engine request."""
+
+    arrival: float
+    last_token: Optional[float] = None
+    num_tokens: int = 0
+
+
+class GenerationRun:
+    """The engine requests of one HTTP request; iterate outputs(), and always close() at the end."""
+
+    def __init__(self, context: ServerContext, request_id: str, prompts: list[PromptInput],
+                 params: list[SamplingParams], *, cache_salt: Optional[str], priority: int) -> None:
+        self._context = context
+        self.request_id = request_id
+        self.prompts = prompts
+        self._params = params
+        self._cache_salt = cache_salt
+        self._priority = priority
+        self._streams: list[RequestStream] = []
+        self._timings: list[_Timing] = []
+        self._closed = False
+        self.finals: list[Optional[RequestOutput]] = [None] * len(prompts)
+        """The last output of each prompt's engine request, once it finished."""
+
+    def submit(self) -> None:
+        """Admission checks, then every prompt handed to the engine loop (synchronously)."""
+        ensure_ready(self._context)
+        check_capacity(self._context, sum(params.n for params in self._params))
+        for index, (prompt, params) in enumerate(zip(self.prompts, self._params)):
+            engine_prompt: dict = {"prompt_token_ids": prompt.token_ids}
+            if self._cache_salt is not None:
+                engine_prompt["cache_salt"] = self._cache_salt
+            if self._priority:
+                engine_prompt["priority"] = self._priority
+            engine_request_id = self.request_id if len(self.prompts) == 1 else f"{self.request_id}-{index}"
+            try:
+                self._streams.append(self._context.engine.add_request(engine_request_id, engine_prompt, params))
+            except EngineDeadError:
+                raise APIError(503, "the engine is not running", code="engine_unavailable") from None
+            self._timings.append(_Timing(arrival=time.monotonic()))
+
+    async def wait_added(self) -> None:
+        """Waits for the engine to accept every request; 400 if it refused one (its ValueError), 503 if dead."""
+        for stream in self._streams:
+            try:
+                await stream.wait_added()
+            except ValueError as error:
+                raise from_value_error(error) from None
+            except EngineDeadError:
+                raise APIError(503, "the engine is not running", code="engine_unavailable") from None
+
+    async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """(prompt index, cumulative output) as the engine produces them, all prompts merged."""
+        if len(self._streams) == 1:
+            async for output in self._streams[0]:
+                self._observe(0, output)
+                yield 0, output
+            return
+        merged: asyncio.Queue = asyncio.Queue()
+        tasks = [asyncio.ensure_future(_pump(index, stream, merged)) for index, stream in enumerate(self._streams)]
+        try:
+            for _ in self._streams:  # until each pump said it is done
+                while True:
+                    index, item = await merged.get()
+                    if item is None:
+                        break
+                    if isinstance(item, BaseException):
+                        raise item
+                    self._observe(index, item)
+                    yield index, item
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    async def collect(self) -> list[RequestOutput]:
+        """Runs every request to the end and returns the final outputs, prompt order."""
+        async for _ in self.outputs():
+            pass
+        return [final for final in self.finals if final is not None]
+
+    def close(self) -> None:
+        """Aborts whatever has not finished (a client gone, an error); idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for stream, params in zip(self._streams, self._params):
+            if not stream.finished:
+                self._context.metrics.sequences_finished.labels("abort").inc(params.n)
+            stream.close()
+
+    def _observe(self, index: int, output: RequestOutput) -> None:
+        metrics, timing, now = self._context.metrics, self._timings[index], time.monotonic()
+        num_tokens = max((len(sample.token_ids) for sample in output.outputs), default=0)
+        num_new = num_tokens - timing.num_tokens
+        if num_new > 0:
+            if timing.last_token is None:
+                metrics.time_to_first_token.observe(now - timing.arrival)
+            else:
+                gap = (now - timing.last_token) / num_new  # tokens that arrived together share the gap
+                for _ in range(num_new):
+                    metrics.inter_token_latency.observe(gap)
+            timing.last_token, timing.num_tokens = now, num_tokens
+        if output.finished:
+            self.finals[index] = output
+            metrics.e2e_request_latency.observe(now - timing.arrival)
+            for sample in output.outputs:
+                metrics.sequences_finished.labels(sample.finish_reason or "abort").inc()
+
+
+async def _pump(index: int, stream: RequestStream, merged: asyncio.Queue) -> None:
+    try:
+        async for output in stream:
+            merged.put_nowait((index, output))
+    except Exception as error:
+        merged.put_nowait((index, error))
+    finally:
+        merged.put_nowait((index, None))

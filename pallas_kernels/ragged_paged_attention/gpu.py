@@ -1,0 +1,208 @@
+"""Ragged paged attention through Pallas' Triton lowering: prefill chunks and decodes in one launch.
+
+Grid: (q block, KV head, KV split). A q block is up to `block_rows // group_size` consecutive tokens
+of ONE sequence times the group_size q heads sharing a KV head, i.e. `block_rows` rows of one MXU /
+tensor-core operand; so each K/V tile is loaded once per block for the whole GQA group. A decode is
+a block of one token; a prefill chunk is as many blocks as it needs. The block list is built in the
+wrapper from cu_q_lens (traced), padded to a static upper bound; blocks past the real count exit.
+
+Each program walks only the KV chunks its own causal (and sliding) window reaches; with
+num_kv_splits > 1 that range is cut into splits whose partial results (normalised output + log-sum-
+exp) are merged afterwards — the decode case, where blocks alone cannot fill the GPU's SMs.
+
+On the GPU memory is linear, so K/V pages are read as a flat [slots, 2 * num_kv_heads * head_dim]
+matrix: K of head h is columns [2h * d, 2h * d + d), V the next d columns; a chunk's rows are
+gathered by slot (page_id * page_size + offset). Triton needs power-of-two tile sides (>= 16 for
+tl.dot), hence the checks in the wrapper.
+"""
+
+import functools
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+from jaxtyping import Array, Float, Int
+
+_MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
+DEFAULT_BLOCK_ROWS = 64
+DEFAULT_KV_CHUNK_TOKENS = 64
+_TARGET_PROGRAMS = 2 * 132  # two waves of an H100/H200's 132 SMs: enough to hide memory latency
+
+
+def _is_power_of_two(value: int) -> bool:
+    return value >= 1 and value & (value - 1) == 0
+
+
+def _kernel(num_blocks_ref, block_seqs_ref, block_starts_ref, kv_lens_ref, cu_q_lens_ref,
+            tables_ref, q_ref, kv_ref, out_ref, *lse_refs, sm_scale, sliding_window, soft_cap,
+            group_size, num_q_heads, head_dim, page_size, pages_per_seq, chunk_tokens, block_rows):
+    block, kv_head, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    num_splits = pl.num_programs(2)
+    tokens_per_block = block_rows // group_size
+
+    @pl.when(block < num_blocks_ref[0])
+    def _attend_block():
+        seq = block_seqs_ref[block]
+        first_token = block_starts_ref[block]
+        q_end, kv_len = cu_q_lens_ref[seq + 1], kv_lens_ref[seq]
+        rows = jnp.arange(block_rows, dtype=jnp.int32)
+        tokens = first_token + rows // group_size
+        row_is_real = (rows < tokens_per_block * group_size) & (tokens < q_end)
+        positions = kv_len - q_end + tokens
+        q_rows = tokens * num_q_heads + kv_head * group_size + rows % group_size
+        dims = jnp.arange(head_dim, dtype=jnp.int32)
+        q = plgpu.load(q_ref.at[q_rows[:, None], dims[None, :]], mask=row_is_real[:, None], other=0)
+
+        # This block's KV chunks, then this split's share of them.
+        last_position = kv_len - q_end + jnp.minimum(first_token + tokens_per_block, q_end) - 1
+        end_chunk = (last_position + chunk_tokens) // chunk_tokens
+        first_chunk = jnp.int32(0)
+        if sliding_window is not None:
+            first_position = kv_len - q_end + first_token
+            first_chunk = jnp.maximum(first_position - sliding_window + 1, 0) // chunk_tokens
+        chunks_per_split = (end_chunk - first_chunk + num_splits - 1) // num_splits
+        split_first = first_chunk + split * chunks_per_split
+        split_end = jnp.minimum(split_first + chunks_per_split, end_chunk)
+        offsets = jnp.arange(chunk_tokens, dtype=jnp.int32)
+        k_columns = 2 * kv_head * head_dim + dims
+
+        def attend_chunk(chunk, carry):
+            running_max, running_sum, acc = carry
+            kv_positions = chunk * chunk_tokens + offsets
+            page_columns = jnp.minimum(kv_positions // page_size, pages_per_seq - 1)
+            page_ids = tables_ref[seq * pages_per_seq + page_columns]
+            slots = page_ids * page_size + kv_positions % page_size
+            kv_is_real = (kv_positions < kv_len)[:, None]
+            keys = plgpu.load(kv_ref.at[slots[:, None], k_columns[None, :]], mask=kv_is_real,
+                              other=0)
+            values = plgpu.load(kv_ref.at[slots[:, None], head_dim + k_columns[None, :]],
+                                mask=kv_is_real, other=0)
+            logits = jax.lax.dot_general(q, keys, (((1,), (1,)), ((), ())),
+                                         preferred_element_type=jnp.float32) * sm_scale
+            if soft_cap is not None:
+                logits = soft_cap * jnp.tanh(logits / soft_cap)
+            mask = row_is_real[:, None] & (kv_positions[None, :] <= positions[:, None])
+            if sliding_window is not None:
+                mask &= kv_positions[None, :] > positions[:, None] - sliding_window
+            logits = jnp.where(mask, logits, _MASK_VALUE)
+            new_max = jnp.maximum(running_max, jnp.max(logits, axis=1))
+            probs = jnp.where(mask, jnp.exp(logits - new_max[:, None]), 0.0)
+            rescale = jnp.exp(running_max - new_max)
+            running_sum = running_sum * rescale + jnp.sum(probs, axis=1)
+            acc = acc * rescale[:, None] + jax.lax.dot_general(
+                probs.astype(values.dtype), values, (((1,), (0,)), ((), ())),
+                preferred_element_type=jnp.float32)
+            return new_max, running_sum, acc
+
+        init = (jnp.full((block_rows,), _MASK_VALUE, jnp.float32),
+                jnp.zeros((block_rows,), jnp.float32),
+                jnp.zeros((block_rows, head_dim), jnp.float32))
+        running_max, running_sum, acc = jax.lax.fori_loop(split_first, split_end, attend_chunk,
+                                                          init)
+        seen_kv = running_sum > 0
+        out = acc / jnp.where(seen_kv, running_sum, 1.0)[:, None]
+        plgpu.store(out_ref.at[split, q_rows[:, None], dims[None, :]], out.astype(out_ref.dtype),
+                    mask=row_is_real[:, None])
+        if lse_refs:  # partial results of a KV split: merged by log-sum-exp in the wrapper
+            lse = jnp.where(seen_kv, running_max + jnp.log(jnp.where(seen_kv, running_sum, 1.0)),
+                            _MASK_VALUE)
+            plgpu.store(lse_refs[0].at[split, q_rows], lse, mask=row_is_real)
+
+
+def _q_blocks(cu_q_lens, num_seqs, num_blocks_max: int, tokens_per_block: int):
+    """Per q block (static count, real ones first): its sequence and first token; the real count."""
+    max_num_seqs = cu_q_lens.shape[0] - 1
+    num_real_seqs = jnp.clip(num_seqs[0], 0, max_num_seqs)
+    q_lens = cu_q_lens[1:] - cu_q_lens[:-1]
+    blocks_per_seq = jnp.where(jnp.arange(max_num_seqs) < num_real_seqs,
+                               -(-q_lens // tokens_per_block), 0)
+    cu_blocks = jnp.cumsum(blocks_per_seq)
+    blocks = jnp.arange(num_blocks_max, dtype=jnp.int32)
+    block_seqs = jnp.minimum(jnp.searchsorted(cu_blocks, blocks, side="right"),
+                             max_num_seqs - 1).astype(jnp.int32)
+    block_in_seq = blocks - (cu_blocks[block_seqs] - blocks_per_seq[block_seqs])
+    block_starts = cu_q_lens[block_seqs] + block_in_seq * tokens_per_block
+    return cu_blocks[-1:].astype(jnp.int32), block_seqs, block_starts.astype(jnp.int32)
+
+
+def _merge_splits(out, lse):
+    """Combine per-split normalised outputs by their log-sum-exp weights."""
+    best = jnp.max(lse, axis=0)
+    weights = jnp.exp(lse - best)
+    total = jnp.sum(weights, axis=0)
+    return jnp.sum(out * weights[..., None], axis=0) / jnp.where(total > 0, total, 1.0)[..., None]
+
+
+@functools.partial(jax.jit, static_argnames=(
+    "sm_scale", "sliding_window", "soft_cap", "block_rows", "pages_per_chunk", "num_kv_splits",
+    "num_warps", "num_stages", "interpret"))
+def ragged_paged_attention_gpu(
+    q: Float[Array, "num_tokens num_q_heads head_dim"],
+    kv_pages: Float[Array, "num_pages page_size kv_heads_x2 head_dim"],
+    kv_lens: Int[Array, "max_num_seqs"],
+    block_tables: Int[Array, "max_num_seqs pages_per_seq"],
+    cu_q_lens: Int[Array, "max_num_seqs_plus_1"],
+    num_seqs: Int[Array, "1"],
+    *,
+    sm_scale: float,
+    sliding_window: Optional[int] = None,
+    soft_cap: Optional[float] = None,
+    block_rows: int = DEFAULT_BLOCK_ROWS,
+    pages_per_chunk: Optional[int] = None,
+    num_kv_splits: Optional[int] = None,
+    num_warps: int = 4,
+    num_stages: int = 2,
+    interpret: bool = False,
+) -> Float[Array, "num_tokens num_q_heads head_dim"]:
+    """The reference's contract on a GPU; interpret=True runs the kernel as plain jnp on the CPU."""
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_pages, page_size, kv_heads_x2, _ = kv_pages.shape
+    max_num_seqs, pages_per_seq = block_tables.shape
+    num_kv_heads = kv_heads_x2 // 2
+    group_size = num_q_heads // num_kv_heads
+    if pages_per_chunk is None:
+        pages_per_chunk = max(1, DEFAULT_KV_CHUNK_TOKENS // page_size)
+    chunk_tokens = pages_per_chunk * page_size
+    for name, value in (("head_dim", head_dim), ("block_rows", block_rows),
+                        ("pages_per_chunk * page_size", chunk_tokens)):
+        if not _is_power_of_two(value) or value < 16:
+            raise ValueError(f"{name}: must be a power of two >= 16 for Triton, got {value}")
+    if block_rows < group_size:
+        raise ValueError(f"block_rows: must hold one token's {group_size} q heads, got {block_rows}")
+
+    tokens_per_block = block_rows // group_size
+    num_blocks_max = num_tokens // tokens_per_block + min(max_num_seqs, num_tokens) + 1
+    if num_kv_splits is None:
+        wanted = -(-_TARGET_PROGRAMS // (num_blocks_max * num_kv_heads))
+        num_kv_splits = min(16, 1 << max(0, wanted - 1).bit_length())
+    num_blocks, block_seqs, block_starts = _q_blocks(cu_q_lens, num_seqs, num_blocks_max,
+                                                     tokens_per_block)
+    split_outputs = num_kv_splits > 1
+    out_shapes = [jax.ShapeDtypeStruct((num_kv_splits, num_tokens * num_q_heads, head_dim),
+                                       jnp.float32 if split_outputs else q.dtype)]
+    if split_outputs:
+        out_shapes.append(jax.ShapeDtypeStruct((num_kv_splits, num_tokens * num_q_heads),
+                                               jnp.float32))
+    kernel = functools.partial(
+        _kernel, sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap,
+        group_size=group_size, num_q_heads=num_q_heads, head_dim=head_dim, page_size=page_size,
+        pages_per_seq=pages_per_seq, chunk_tokens=chunk_tokens, block_rows=block_rows)
+    outputs = pl.pallas_call(
+        kernel,
+        grid=(num_blocks_max, num_kv_heads, num_kv_splits),
+        out_shape=out_shapes,
+        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="ragged_paged_attention_gpu",
+    )(num_blocks, block_seqs, block_starts, kv_lens, cu_q_lens, block_tables.reshape(-1),
+      q.reshape(num_tokens * num_q_heads, head_dim),
+      # Linear GPU memory: this reshape is free, and makes every slot one row of K/V columns.
+      kv_pages.reshape(num_pages * page_size, kv_heads_x2 * head_dim))
+    out = _merge_splits(*outputs) if split_outputs else outputs[0][0]
+    # Rows outside every sequence were never written (uninitialised memory): zero them.
+    num_real_tokens = cu_q_lens[jnp.clip(num_seqs[0], 0, max_num_seqs)]
+    row_is_real = jnp.repeat(jnp.arange(num_tokens) < num_real_tokens, num_q_heads)
+    out = jnp.where(row_is_real[:, None], out, 0).astype(q.dtype)
+    return out.reshape(num_tokens, num_q_heads, head_dim)

@@ -1,0 +1,38 @@
+"""Fixtures shared across test folders: a tiny random-weight model that uses the real SmolLM2 tokenizer."""
+
+import pathlib
+import shutil
+
+import pytest
+
+TINY_LLAMA = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, max_position_embeddings=1024, rms_norm_eps=1e-5,
+                  tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+
+# Small engine limits for tests: few buckets (fast compiles), small pool.
+TINY_ENGINE_OPTIONS = dict(max_model_len=256, max_num_seqs=16, max_num_batched_tokens=64, num_kv_blocks=48,
+                           dtype="float32", attention_backend="xla", compilation_cache_dir="")
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer_dir() -> pathlib.Path:
+    """HF tokenizer files of the embedded model (converted from its GGUF once, then cached)."""
+    from jaxpaged.weights.loader import load_model
+
+    return load_model(None).tokenizer_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, smollm2_tokenizer_dir) -> pathlib.Path:
+    """A seeded random 2-layer Llama with SmolLM2's vocabulary, saved as an HF checkpoint with its tokenizer."""
+    import torch
+    import transformers
+
+    directory = tmp_path_factory.mktemp("tiny-llama")
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**TINY_LLAMA))
+    model.save_pretrained(directory)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json"):
+        if (smollm2_tokenizer_dir / name).exists():
+            shutil.copy(smollm2_tokenizer_dir / name, directory / name)
+    return directory

@@ -1,0 +1,55 @@
+"""The `jaxpaged` console script: help on every command, generate streams text, convert round-trips a model."""
+
+import subprocess
+import sys
+
+import pytest
+
+from jaxpaged.cli import main
+from jaxpaged.config import EngineConfig
+from jaxpaged.engine import LLMEngine
+from jaxpaged.sampling_params import SamplingParams
+from jaxpaged.weights.loader import load_model
+from tests.conftest import TINY_ENGINE_OPTIONS
+
+JAXPAGED = [sys.executable, "-m", "jaxpaged.cli"]
+
+
+@pytest.mark.parametrize("command", [[], ["serve"], ["generate"], ["bench"], ["convert"]])
+def test_every_command_has_help(command):
+    result = subprocess.run(JAXPAGED + command + ["--help"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "usage: jaxpaged" in result.stdout
+
+
+def test_generate_streams_the_greedy_text(tiny_llm, tiny_model_dir):
+    expected = tiny_llm.generate("Hello", SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)[0]
+    result = subprocess.run(
+        JAXPAGED + ["generate", "Hello", "--model", str(tiny_model_dir), "--max-tokens", "8", "--max-model-len", "64",
+                    "--max-num-batched-tokens", "16", "--max-num-seqs", "4", "--num-kv-blocks", "16",
+                    "--compilation-cache-dir", ""],
+        capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout == expected.outputs[0].text + "\n"
+
+
+def test_generate_reports_bad_options_by_name(tiny_model_dir):
+    result = subprocess.run(JAXPAGED + ["generate", "Hi", "--model", str(tiny_model_dir), "--block-size", "0"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "block_size" in result.stderr
+
+
+def test_convert_round_trips_through_orbax(tiny_llm, tiny_model_dir, tmp_path):
+    destination = tmp_path / "converted"
+    assert main(["convert", str(tiny_model_dir), str(destination)]) == 0
+    converted = load_model(str(destination))
+    original = load_model(str(tiny_model_dir))
+    assert converted.config == original.config
+    for name, value in original.params.items():
+        assert (converted.params[name] == value).all(), name
+    engine = LLMEngine(converted, EngineConfig.from_options(**TINY_ENGINE_OPTIONS), warmup=False)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    engine.add_request("x", "Round trip", params)
+    while engine.has_unfinished_requests():
+        outputs = engine.step()
+    assert outputs[0].outputs[0].token_ids == tiny_llm.generate("Round trip", params, use_tqdm=False)[0].outputs[0].token_ids

@@ -1,0 +1,75 @@
+"""Greedy generation on the embedded SmolLM2-135M equals HF transformers generate on the same dequantized GGUF,
+also through chunked prefill, after a prefix-cache hit, and after preemption and recompute."""
+
+import pytest
+import torch
+import transformers
+
+from jaxpaged.config import EngineConfig
+from jaxpaged.engine import LLMEngine
+from jaxpaged.sampling_params import SamplingParams
+from jaxpaged.weights.default_model import default_model_path
+from jaxpaged.weights.loader import load_model
+
+NUM_NEW_TOKENS = 32
+PROMPTS = [
+    "The capital of France is",
+    "Write a short poem about the sea. The sea",
+    "def fibonacci(n):\n    ",
+    # Longer than the 32-token step budget below, so it is prefilled in several chunks.
+    "In the beginning of the twentieth century, the small town by the river had only one school, one church "
+    "and one bakery, and everybody knew the baker's daughter, who",
+]
+
+
+@pytest.fixture(scope="module")
+def hf_reference() -> list[list[int]]:
+    """HF transformers' own GGUF loader and greedy generate (float32; EOS suppressed by min_new_tokens)."""
+    path = default_model_path()
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                              dtype=torch.float32)
+    model.eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    continuations = []
+    for prompt in PROMPTS:
+        ids = torch.tensor([tokenizer.encode(prompt)])
+        with torch.no_grad():
+            out = model.generate(ids, max_new_tokens=NUM_NEW_TOKENS, min_new_tokens=NUM_NEW_TOKENS, do_sample=False)
+        continuations.append(out[0, ids.shape[1]:].tolist())
+    return continuations
+
+
+@pytest.fixture(scope="module")
+def engine() -> LLMEngine:
+    """A small pool (10 usable blocks of 16) that four requests outgrow, and a 32-token step budget."""
+    config = EngineConfig.from_options(max_model_len=256, max_num_seqs=8, max_num_batched_tokens=32,
+                                       num_kv_blocks=11, dtype="float32", attention_backend="xla",
+                                       compilation_cache_dir="")
+    return LLMEngine(load_model(None), config, warmup=False)
+
+
+def run(engine: LLMEngine, prefix: str) -> dict[str, list[int]]:
+    # min_tokens suppresses EOS exactly as HF's min_new_tokens does, so both run all 32 steps on equal terms.
+    params = SamplingParams(temperature=0.0, max_tokens=NUM_NEW_TOKENS, min_tokens=NUM_NEW_TOKENS)
+    for i, prompt in enumerate(PROMPTS):
+        engine.add_request(f"{prefix}{i}", prompt, params)
+    results = {}
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            if output.finished:
+                results[output.request_id] = output
+    return results
+
+
+def test_greedy_matches_hf_through_chunks_preemption_and_prefix_hits(engine, hf_reference):
+    first = run(engine, "a")
+    stats = engine.get_stats()
+    assert stats.num_preemptions > 0, "the pool was sized to force recompute preemption"
+    for i, expected in enumerate(hf_reference):
+        assert first[f"a{i}"].outputs[0].token_ids == expected, f"prompt {i}"
+
+    second = run(engine, "b")  # the same prompts again: their full blocks are still in the prefix cache
+    assert engine.get_stats().prefix_cache_hits > stats.prefix_cache_hits
+    assert sum(second[f"b{i}"].num_cached_tokens for i in range(len(PROMPTS))) > 0
+    for i, expected in enumerate(hf_reference):
+        assert second[f"b{i}"].outputs[0].token_ids == expected, f"prompt {i} after a prefix hit"

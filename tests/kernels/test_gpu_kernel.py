@@ -1,0 +1,87 @@
+"""The Triton-lowered GPU kernel in Pallas' interpret mode vs the reference, and its Triton lowering."""
+
+import functools
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels.ragged_paged_attention.gpu import ragged_paged_attention_gpu
+from pallas_kernels.ragged_paged_attention.reference import ragged_paged_attention_reference
+
+# (page_size, head_dim, num_q_heads, num_kv_heads, dtype, kernel options): every page size, head dim,
+# GQA ratio, dtype and the split / unsplit KV paths at least once; the full product is the slow sweep.
+CI_CONFIGS = [
+    (16, 64, 2, 2, jnp.float32, dict(block_rows=16, pages_per_chunk=1, num_kv_splits=1)),
+    (32, 128, 6, 2, jnp.bfloat16, dict(block_rows=32, num_kv_splits=1)),
+    (16, 128, 8, 2, jnp.float32, dict(block_rows=16, pages_per_chunk=2, num_kv_splits=4)),
+    (32, 64, 3, 1, jnp.float32, dict(block_rows=16, num_kv_splits=2, sliding_window=40,
+                                     soft_cap=5.0)),
+    (16, 64, 12, 4, jnp.bfloat16, dict()),  # the defaults
+]
+SWEEP_CONFIGS = [(page, dim, 4 * ratio, 4, dtype, dict(num_kv_splits=splits))
+                 for page, dim, ratio, dtype, splits in itertools.product(
+                     (16, 32), (64, 128), (1, 3, 4), (jnp.float32, jnp.bfloat16), (1, 3))]
+
+
+def _run(check_kernel, page_size, head_dim, num_q_heads, num_kv_heads, dtype, options):
+    attention = {k: options[k] for k in ("sliding_window", "soft_cap") if k in options}
+    blocks = {k: v for k, v in options.items() if k not in attention}
+    kernel = functools.partial(ragged_paged_attention_gpu, interpret=True, **blocks)
+    check_kernel(kernel, page_size, head_dim, num_q_heads, num_kv_heads, dtype,
+                 sm_scale=head_dim ** -0.5, **attention)
+
+
+@pytest.mark.parametrize("config", CI_CONFIGS, ids=lambda c: f"p{c[0]}-d{c[1]}-h{c[2]}x{c[3]}-"
+                         f"{jnp.dtype(c[4]).name}")
+def test_gpu_kernel_matches_reference(config, check_kernel):
+    """Decode, prefill, mixed, edge lengths and padding all match the reference."""
+    _run(check_kernel, *config)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", SWEEP_CONFIGS)
+def test_gpu_kernel_sweep(config, check_kernel):
+    """The full page size x head dim x GQA ratio x dtype x KV split product."""
+    _run(check_kernel, *config)
+
+
+def test_gpu_kernel_reads_stacked_layers(scenarios):
+    """Tables offset into a [layers * pages] stack read the right layer."""
+    (_, batch), = [s for s in scenarios(16, num_q_heads=4, num_kv_heads=2, head_dim=64,
+                                        dtype=jnp.float32) if s[0] == "mixed"]
+    other_layer = np.random.default_rng(7).standard_normal(batch.kv_pages.shape, np.float32)
+    stacked = jnp.concatenate([jnp.asarray(other_layer), jnp.asarray(batch.kv_pages)])
+    args = [jnp.asarray(a) for a in batch.attention_args()]
+    out = ragged_paged_attention_gpu(args[0], stacked, args[2], args[3] + batch.kv_pages.shape[0],
+                                     *args[4:], sm_scale=0.125, block_rows=16, interpret=True)
+    expected = ragged_paged_attention_reference(*args, sm_scale=0.125)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(expected), atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("dtype,num_kv_splits", [(jnp.float32, 1), (jnp.bfloat16, 4)])
+def test_gpu_kernel_lowers_to_triton(dtype, num_kv_splits):
+    """Pallas' Triton lowering accepts the kernel: the step holds one Triton custom call."""
+    q = jax.ShapeDtypeStruct((64, 9, 64), dtype)
+    kv_pages = jax.ShapeDtypeStruct((32, 16, 6, 64), dtype)
+    metadata = [jax.ShapeDtypeStruct(shape, jnp.int32) for shape in ((4,), (4, 8), (5,), (1,))]
+    attend = jax.jit(functools.partial(ragged_paged_attention_gpu, sm_scale=0.1, sliding_window=64,
+                                       soft_cap=30.0, num_kv_splits=num_kv_splits))
+    text = attend.trace(q, kv_pages, *metadata).lower(lowering_platforms=("cuda",)).as_text()
+    assert text.count("xla.gpu.triton") == 1
+
+
+@pytest.mark.parametrize("options,message", [
+    (dict(block_rows=24), "block_rows: must be a power of two"),
+    (dict(block_rows=16, pages_per_chunk=3), r"pages_per_chunk \* page_size: must be a power"),
+])
+def test_gpu_kernel_rejects_non_power_of_two_tiles(options, message):
+    """Tile sides Triton cannot use are refused with the field named."""
+    q = jnp.zeros((16, 2, 64), jnp.float32)
+    kv_pages = jnp.zeros((4, 16, 2, 64), jnp.float32)
+    metadata = (jnp.zeros(2, jnp.int32), jnp.zeros((2, 2), jnp.int32), jnp.zeros(3, jnp.int32),
+                jnp.zeros(1, jnp.int32))
+    with pytest.raises(ValueError, match=message):
+        ragged_paged_attention_gpu(q, kv_pages, *metadata, sm_scale=1.0, **options)

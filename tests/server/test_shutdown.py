@@ -1,0 +1,92 @@
+"""`python -m jaxpaged.server` in a child process: the banner, the env API key, and graceful SIGTERM (stop
+accepting, finish the stream in flight, exit 0). A tiny random model keeps the child's start-up short."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+
+API_KEY = "env-key-90b1d3c5"
+STARTUP_TIMEOUT_S = 300
+MAX_TOKENS = 40
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _wait_healthy(base_url: str, process: subprocess.Popen, log_path) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"server exited with {process.returncode}:\n{log_path.read_text()[-3000:]}")
+        try:
+            if httpx.get(base_url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    process.kill()
+    pytest.fail(f"server not healthy after {STARTUP_TIMEOUT_S}s:\n{log_path.read_text()[-3000:]}")
+
+
+def test_sigterm_drains_and_exits_0(tiny_model_dir, tmp_path):
+    """SIGTERM mid-stream: the stream still ends with all its tokens and [DONE], new requests are refused
+    (503 or connection refused), the process exits 0, and the key from the environment never shows."""
+    port = _free_port()
+    base_url = f"http://127.0.0.1:{port}"
+    log_path = tmp_path / "server.log"
+    command = [sys.executable, "-m", "jaxpaged.server", "--model", str(tiny_model_dir), "--port", str(port),
+               "--max-model-len", "128", "--max-num-seqs", "4", "--max-num-batched-tokens", "16",
+               "--dtype", "float32", "--attention-backend", "xla", "--compilation-cache-dir", ""]
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                   env={**os.environ, "JAXPAGED_API_KEY": API_KEY})
+    try:
+        _wait_healthy(base_url, process, log_path)
+        headers = {"Authorization": f"Bearer {API_KEY}"}
+        assert httpx.get(base_url + "/v1/models").status_code == 401
+        assert httpx.get(base_url + "/v1/models", headers=headers).status_code == 200
+
+        first_chunk, events = threading.Event(), []
+
+        def stream() -> None:
+            body = {"prompt": "hello", "max_tokens": MAX_TOKENS, "ignore_eos": True, "stream": True}
+            with httpx.stream("POST", base_url + "/v1/completions", json=body, headers=headers,
+                              timeout=120) as response:
+                for line in response.iter_lines():
+                    if line.startswith("data: "):
+                        events.append(line[len("data: "):])
+                        first_chunk.set()
+
+        reader = threading.Thread(target=stream)
+        reader.start()
+        assert first_chunk.wait(60)
+        process.send_signal(signal.SIGTERM)
+        time.sleep(0.05)
+        try:
+            late = httpx.get(base_url + "/health", timeout=5)
+            assert late.status_code == 503
+        except httpx.TransportError:
+            pass  # the listening socket is already closed: also a refusal
+        reader.join(120)
+        assert process.wait(120) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(event) for event in events[:-1]]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    log_text = log_path.read_text()
+    assert "curl http://127.0.0.1:" in log_text and "$JAXPAGED_API_KEY" in log_text
+    assert API_KEY not in log_text
