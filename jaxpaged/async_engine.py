@@ -11,7 +11,7 @@ import dataclasses
 import logging
 import queue
 import threading
-from typing import Any, AsyncIterator, Optional, Union
+from typing import Any, Optional, Union
 
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.sampling_params import SamplingParams
@@ -116,7 +116,8 @@ class AsyncLLMEngine:
         self._idle_wait_s = idle_wait_s
         self._commands: queue.Queue = queue.Queue()
         self._sinks: dict[str, _OutputSink] = {}  # touched only on the loop thread
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+        self._accepting = True
         self._num_unfinished_seqs = 0
         self._stats = None
         self._num_left_waiting = 0
@@ -155,13 +156,13 @@ class AsyncLLMEngine:
         Counting the request's sequences happens here, synchronously, so an admission check followed by
         add_request calls with no await between them is atomic on the caller's event loop.
         """
-        if not self.is_alive:
-            raise EngineDeadError("the engine loop is not running")
         sink = _OutputSink(asyncio.get_running_loop(), sampling_params.n)
         added: concurrent.futures.Future = concurrent.futures.Future()
-        with self._lock:
+        with self._lock:  # NOTE: the loop's final drain takes this lock too, so no add is ever left unanswered
+            if not self._accepting or not self.is_alive:
+                raise EngineDeadError("the engine loop is not running")
             self._num_unfinished_seqs += sink.num_seqs
-        self._commands.put(_AddCommand(request_id, prompt, sampling_params, sink, added))
+            self._commands.put(_AddCommand(request_id, prompt, sampling_params, sink, added))
         return RequestStream(self, request_id, sink, added)
 
     def abort(self, request_id: str) -> None:
@@ -262,19 +263,21 @@ class AsyncLLMEngine:
                 self._num_unfinished_seqs -= sink.num_seqs
 
     def _fail_all(self, error: EngineDeadError) -> None:
-        for request_id, sink in list(self._sinks.items()):
+        for sink in self._sinks.values():
             self._release(sink)
             sink.deliver(error)
         self._sinks.clear()
-        while True:  # adds that never reached the engine
-            try:
-                command = self._commands.get_nowait()
-            except queue.Empty:
-                return
-            if isinstance(command, _AddCommand):
-                self._release(command.sink)
-                if command.added.set_running_or_notify_cancel():
-                    command.added.set_exception(error)
+        with self._lock:
+            self._accepting = False
+            while True:  # adds that never reached the engine
+                try:
+                    command = self._commands.get_nowait()
+                except queue.Empty:
+                    return
+                if isinstance(command, _AddCommand):
+                    self._release(command.sink)
+                    if command.added.set_running_or_notify_cancel():
+                        command.added.set_exception(error)
 
 
 def _snapshot(output: RequestOutput) -> RequestOutput:

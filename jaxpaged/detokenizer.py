@@ -16,6 +16,9 @@ from typing import Optional
 _NUM_PROMPT_CONTEXT_TOKENS = 5
 """Prompt tokens decoded in front of the first output tokens, so the first delta gets its spacing right."""
 
+_MAX_UNUSED_TOKENS = 64
+"""Token ids before the window are dropped once this many pile up (amortizes the list shift)."""
+
 _REPLACEMENT_CHAR = "\ufffd"
 
 
@@ -35,8 +38,7 @@ class IncrementalDetokenizer:
         self._include_stop_str_in_output = include_stop_str_in_output
         # Window bookkeeping (vLLM/TGI style): the text of _token_ids[_prefix_offset:_read_offset] was
         # already emitted; tokens from _read_offset on are not yet turned into text.
-        self._token_ids = list(prompt_token_ids[len(prompt_token_ids) - _NUM_PROMPT_CONTEXT_TOKENS:]
-                               if len(prompt_token_ids) > _NUM_PROMPT_CONTEXT_TOKENS else prompt_token_ids)
+        self._token_ids = list(prompt_token_ids[-_NUM_PROMPT_CONTEXT_TOKENS:])
         self._prefix_offset = 0
         self._read_offset = len(self._token_ids)
         self._pending_text = ""
@@ -100,6 +102,11 @@ class IncrementalDetokenizer:
             return ""
         self._prefix_offset = self._read_offset
         self._read_offset = len(self._token_ids)
+        if self._prefix_offset >= _MAX_UNUSED_TOKENS:
+            # No window reaches back past _prefix_offset again: drop those ids, so memory stays O(window).
+            del self._token_ids[:self._prefix_offset]
+            self._read_offset -= self._prefix_offset
+            self._prefix_offset = 0
         return window_text[len(prefix_text):]
 
     def _take_text(self, new_text: str, *, final: bool) -> str:

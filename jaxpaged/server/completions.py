@@ -123,7 +123,8 @@ class _CompletionView:
                             text_offsets[(p, sample.index)])
                     yield self._chunk(p * n + sample.index, delta.text, logprobs, delta.finish_reason)
             if self.request.stream_options is not None and self.request.stream_options.include_usage:
-                yield sse_event({**self.header, "choices": [], "usage": usage([final for final in run.finals if final is not None])})
+                finals = [final for final in run.finals if final is not None]
+                yield sse_event({**self.header, "choices": [], "usage": usage(finals)})
         except EngineDeadError:
             yield sse_event(error_body(503, "the engine stopped before the request finished",
                                        code="engine_unavailable"))

@@ -5,9 +5,9 @@ the model or the server's flags (vocabulary, max_model_len, --max-n) are checked
 Unknown fields are ignored, as OpenAI clients send fields this server has no use for (user, metadata, ...).
 """
 
-from typing import Annotated, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 MAX_STOP_STRINGS = 16
 """Most stop strings one request may give."""
@@ -23,9 +23,15 @@ BiasValue = Annotated[float, Field(ge=-100.0, le=100.0)]
 
 
 class StrictModel(BaseModel):
-    """Base of every request schema: strict types, finite floats, unknown fields ignored."""
+    """Base of every request schema: strict types, finite floats, unknown fields ignored, null = not given."""
 
     model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="ignore")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_default(cls, data: Any) -> Any:
+        # OpenAI's parameters are nullable: clients send "n": null or "stop": null to mean "not set".
+        return {key: value for key, value in data.items() if value is not None} if isinstance(data, dict) else data
 
 
 class StreamOptions(StrictModel):

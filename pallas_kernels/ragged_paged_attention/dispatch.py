@@ -113,14 +113,17 @@ def write_kv(
     *,
     backend: str,
 ) -> Float[Array, "num_pages page_size kv_heads_x2 head_dim"]:
-    """Write the step's K/V into their slots before attention reads them (same on every backend)."""
-    resolve_attention_backend(backend)
+    """Write the step's K/V into their slots (slot = page_id * page_size + offset) for the backend."""
     _require(k.shape == v.shape and k.ndim == 3, "k", f"k and v must both be [num_tokens, "
              f"num_kv_heads, head_dim], got {k.shape} and {v.shape}")
     _require(kv_pages.ndim == 4 and kv_pages.shape[2:] == (2 * k.shape[1], k.shape[2]), "kv_pages",
              f"must be [num_pages, page_size, {2 * k.shape[1]}, {k.shape[2]}], got {kv_pages.shape}")
     _require(slot_mapping.shape == (k.shape[0],), "slot_mapping",
              f"must be [{k.shape[0]}], got {slot_mapping.shape}")
-    # NOTE: XLA's scatter updates the donated cache in place on every platform; a fused Pallas
-    # write would save one pass over the step's (small) new K/V only, not over the cache.
+    if resolve_attention_backend(backend) == "pallas_tpu":
+        # XLA's TPU scatter is a serial loop of row updates; the kernel DMAs every row at once.
+        from pallas_kernels.ragged_paged_attention.kv_write_tpu import write_kv_pages_tpu
+        return write_kv_pages_tpu(kv_pages, k, v, slot_mapping,
+                                  interpret=jax.default_backend() != "tpu")
+    # XLA's scatter on CPU and GPU: in place on the donated cache, one parallel pass over new rows.
     return write_kv_pages(kv_pages, k, v, slot_mapping)

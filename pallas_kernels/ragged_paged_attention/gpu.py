@@ -1,8 +1,8 @@
 """Ragged paged attention through Pallas' Triton lowering: prefill chunks and decodes in one launch.
 
 Grid: (q block, KV head, KV split). A q block is up to `block_rows // group_size` consecutive tokens
-of ONE sequence times the group_size q heads sharing a KV head, i.e. `block_rows` rows of one MXU /
-tensor-core operand; so each K/V tile is loaded once per block for the whole GQA group. A decode is
+of ONE sequence times the group_size q heads sharing a KV head, i.e. `block_rows` rows of one
+tensor-core (tl.dot) operand; so each K/V tile is loaded once per block for the whole GQA group. A decode is
 a block of one token; a prefill chunk is as many blocks as it needs. The block list is built in the
 wrapper from cu_q_lens (traced), padded to a static upper bound; blocks past the real count exit.
 
@@ -26,7 +26,7 @@ from jax.experimental.pallas import triton as plgpu
 from jaxtyping import Array, Float, Int
 
 _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
-DEFAULT_BLOCK_ROWS = 64
+PREFILL_BLOCK_ROWS = 64
 DEFAULT_KV_CHUNK_TOKENS = 64
 _TARGET_PROGRAMS = 2 * 132  # two waves of an H100/H200's 132 SMs: enough to hide memory latency
 
@@ -149,7 +149,7 @@ def ragged_paged_attention_gpu(
     sm_scale: float,
     sliding_window: Optional[int] = None,
     soft_cap: Optional[float] = None,
-    block_rows: int = DEFAULT_BLOCK_ROWS,
+    block_rows: Optional[int] = None,
     pages_per_chunk: Optional[int] = None,
     num_kv_splits: Optional[int] = None,
     num_warps: int = 4,
@@ -162,6 +162,11 @@ def ragged_paged_attention_gpu(
     max_num_seqs, pages_per_seq = block_tables.shape
     num_kv_heads = kv_heads_x2 // 2
     group_size = num_q_heads // num_kv_heads
+    if block_rows is None:
+        # A bucket with no more tokens than sequences is mostly decodes: one token's group of q
+        # heads per block, so small blocks waste less; otherwise prefill rows want reuse of K/V.
+        one_token = max(16, 1 << (group_size - 1).bit_length())
+        block_rows = one_token if num_tokens <= max_num_seqs else max(PREFILL_BLOCK_ROWS, one_token)
     if pages_per_chunk is None:
         pages_per_chunk = max(1, DEFAULT_KV_CHUNK_TOKENS // page_size)
     chunk_tokens = pages_per_chunk * page_size

@@ -1,0 +1,93 @@
+"""AsyncLLMEngine on a real (tiny, random-weight) LLMEngine: streaming, refusal, abort, and a failing step."""
+
+import asyncio
+import time
+
+import pytest
+
+from jaxpaged.async_engine import AsyncLLMEngine, EngineDeadError
+from jaxpaged.sampling_params import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tiny_model_dir):
+    """A 2-layer engine compiled lazily (only the buckets these tests touch)."""
+    from jaxpaged.config import EngineConfig
+    from jaxpaged.engine import LLMEngine
+    from jaxpaged.weights.loader import load_model
+
+    config = EngineConfig.from_options(max_model_len=128, max_num_seqs=4, max_num_batched_tokens=16,
+                                       dtype="float32", attention_backend="xla", compilation_cache_dir="")
+    return LLMEngine(load_model(str(tiny_model_dir)), config, warmup=False)
+
+
+@pytest.fixture
+def looped(tiny_engine):
+    """The tiny engine on a loop thread, shut down after the test."""
+    engine = AsyncLLMEngine(tiny_engine)
+    engine.start()
+    yield engine
+    engine.shutdown()
+
+
+def _params(max_tokens: int, n: int = 1) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, n=n, temperature=0.0, ignore_eos=True)
+
+
+def test_stream_refuse_and_abort(looped, tiny_engine):
+    """Outputs grow to max_tokens and finish; a duplicate id is refused with the engine's ValueError and
+    nothing else is disturbed; closing a stream early aborts it and frees its KV blocks."""
+
+    async def scenario():
+        kept = looped.add_request("kept", {"prompt_token_ids": [1, 2, 3]}, _params(12, n=2))
+        dropped = looped.add_request("dropped", {"prompt_token_ids": [4, 5, 6]}, _params(100))
+        duplicate = looped.add_request("kept", {"prompt_token_ids": [7]}, _params(4))
+        assert looped.num_unfinished_seqs == 4  # counted at once: 2 + 1 + 1
+        await kept.wait_added()
+        await dropped.wait_added()
+        with pytest.raises(ValueError, match="request_id"):
+            await duplicate.wait_added()
+        await dropped.__anext__()
+        dropped.close()
+        lengths = []
+        async for output in kept:
+            lengths.append([len(sample.token_ids) for sample in output.outputs])
+        return output, lengths
+
+    final, lengths = asyncio.run(scenario())
+    assert final.finished and [len(sample.token_ids) for sample in final.outputs] == [12, 12]
+    assert all(a <= b for earlier, later in zip(lengths, lengths[1:]) for a, b in zip(earlier, later))
+    for _ in range(200):
+        stats = looped.get_stats()
+        if looped.num_unfinished_seqs == 0 and stats.kv_cache_usage == 0.0 and stats.num_running == 0:
+            break
+        time.sleep(0.05)
+    assert looped.num_unfinished_seqs == 0 and looped.get_stats().kv_cache_usage == 0.0
+    assert not tiny_engine.has_unfinished_requests()
+    assert looped.get_stats().generation_tokens_total < 24 + 50  # "dropped" stopped far short of 100
+
+
+def test_failing_step_fails_every_stream(looped, tiny_engine, monkeypatch):
+    """An engine step that raises ends every stream with EngineDeadError and marks the loop dead."""
+
+    def broken_step():
+        raise RuntimeError("simulated device failure")
+
+    async def scenario():
+        monkeypatch.setattr(tiny_engine, "step", broken_step)
+        stream = looped.add_request("doomed", {"prompt_token_ids": [1, 2]}, _params(4))
+        with pytest.raises(EngineDeadError):
+            await stream.wait_added()
+            async for _ in stream:
+                pass
+
+    asyncio.run(scenario())
+    assert not looped.is_alive and looped.num_unfinished_seqs == 0
+    with pytest.raises(EngineDeadError):
+        asyncio.run(_add_one(looped))
+    monkeypatch.undo()
+    tiny_engine.abort_request("doomed")
+
+
+async def _add_one(engine: AsyncLLMEngine) -> None:
+    engine.add_request("late", {"prompt_token_ids": [1]}, _params(1))
