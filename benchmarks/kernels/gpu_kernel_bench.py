@@ -160,7 +160,7 @@ def run(flags) -> dict:
         expected = reference(*args).astype(jnp.float32)
         kv_bytes = kv_bytes_read(workload, shape["num_kv_heads"], shape["head_dim"], shape["dtype"])
         row = dict(name=workload.name, kv_bytes=kv_bytes, ours=[])
-        for options in sweep:
+        for options in sweep if workload.is_decode else [{}]:
             fn = our_kernel(platform, interpret, sm_scale=sm_scale, **options)
             error = float(jnp.max(jnp.abs(fn(*args).astype(jnp.float32) - expected)))
             seconds = seconds_per_call(fn, args, iters=iters)
@@ -194,7 +194,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes in interpret mode")
-    parser.add_argument("--sweep", action="store_true", help="also try a grid of block sizes")
+    parser.add_argument("--sweep", action="store_true",
+                        help="also try a grid of block sizes on the decode workloads")
     parser.add_argument("--iters", type=int, default=50, help="back-to-back calls per timing")
     parser.add_argument("--out", help="write the report as JSON here")
     flags = parser.parse_args()

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from jaxpaged.models.model_config import RopeScaling
-from pallas_kernels.ragged_paged_attention import ragged_paged_attention, write_kv_pages  # noqa: F401
+from pallas_kernels.ragged_paged_attention import ragged_paged_attention, write_kv
 
 
 def rms_norm(x: Float[Array, "... dim"], weight: Float[Array, "dim"], eps: float) -> Float[Array, "... dim"]:
@@ -77,7 +77,7 @@ def paged_attention(
     moves the step's slots and block tables onto this layer's part, so no per-layer copy is ever made.
     """
     page_size = kv_pages.shape[1]
-    kv_pages = write_kv_pages(kv_pages, k, v, slot_mapping + page_offset * page_size)
+    kv_pages = write_kv(kv_pages, k, v, slot_mapping + page_offset * page_size, backend=backend)
     out = ragged_paged_attention(
         q, kv_pages, kv_lens, block_tables + page_offset, cu_q_lens, num_seqs,
         backend=backend, sm_scale=1.0 / math.sqrt(q.shape[-1]), sliding_window=sliding_window)

@@ -96,6 +96,8 @@ def _kernel(kv_lens_ref, tables_ref, cu_q_lens_ref, tile_seqs_ref,  # scalar pre
         jnp.int32, (group_size, q_block_size, chunk_tokens), 1).reshape(num_rows, chunk_tokens)
     column_offsets = jax.lax.broadcasted_iota(jnp.int32, (num_rows, chunk_tokens), 1)
     value_offsets = jax.lax.broadcasted_iota(jnp.int32, (chunk_tokens, head_dim), 0)
+    # float32 caches ask the MXU for full float32 products (several bf16 passes), not one pass.
+    precision = jax.lax.Precision.HIGHEST if kv_buf.dtype == jnp.float32 else None
 
     def attend_chunk(seq, chunk, slot):
         q_start, q_end, kv_len = cu_q_lens_ref[seq], cu_q_lens_ref[seq + 1], kv_lens_ref[seq]
@@ -108,7 +110,7 @@ def _kernel(kv_lens_ref, tables_ref, cu_q_lens_ref, tile_seqs_ref,  # scalar pre
         for head in range(num_kv_heads):
             keys, values = kv_buf[slot, :, 2 * head, :], kv_buf[slot, :, 2 * head + 1, :]
             q = q_ref[head].reshape(num_rows, head_dim)
-            logits = jax.lax.dot_general(q, keys, (((1,), (1,)), ((), ())),
+            logits = jax.lax.dot_general(q, keys, (((1,), (1,)), ((), ())), precision=precision,
                                          preferred_element_type=jnp.float32) * sm_scale
             if soft_cap is not None:
                 logits = soft_cap * jnp.tanh(logits / soft_cap)
@@ -122,7 +124,7 @@ def _kernel(kv_lens_ref, tables_ref, cu_q_lens_ref, tile_seqs_ref,  # scalar pre
             values = jnp.where(value_is_real, values, jnp.zeros_like(values))
             acc_ref[head] = acc_ref[head] * rescale[:, :1] + jax.lax.dot_general(
                 probs.astype(values.dtype), values, (((1,), (0,)), ((), ())),
-                preferred_element_type=jnp.float32)
+                precision=precision, preferred_element_type=jnp.float32)
 
     def next_item(seq, chunk):
         _, end = chunk_range(seq)

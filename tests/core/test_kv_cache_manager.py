@@ -1,7 +1,7 @@
 """KVCacheManager: prefix lookups (vLLM V1 semantics), slot allocation, caching of computed blocks, free order."""
 
 import pytest
-from core_helpers import make_request
+from tests.core.core_helpers import make_request
 
 from jaxpaged.core import KVCacheManager, Request
 

@@ -1,7 +1,7 @@
 """Bad input is a ValueError naming the problem, raised when the request is made or added, and disturbs nothing."""
 
 import pytest
-from core_helpers import build_scheduler, make_request, run_step
+from tests.core.core_helpers import build_scheduler, make_request, run_step
 
 from jaxpaged.core import Request, RequestStatus
 

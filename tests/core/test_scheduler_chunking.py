@@ -1,7 +1,7 @@
 """The token-budget loop: chunk sizes, positions, block tables, sample flags, admission limits and prefix hits."""
 
 import pytest
-from core_helpers import build_scheduler, chunk_lens, make_request, run_step
+from tests.core.core_helpers import build_scheduler, chunk_lens, make_request, run_step
 
 from jaxpaged.core import Request
 

@@ -1,6 +1,6 @@
 """Recompute preemption (victim per policy, queue placement, no admission in that step) and priority order."""
 
-from core_helpers import build_scheduler, chunk_lens, make_request, run_step
+from tests.core.core_helpers import build_scheduler, chunk_lens, make_request, run_step
 
 from jaxpaged.core import RequestStatus
 

@@ -1,7 +1,7 @@
 """Every stop condition, aborts and engine-side finishes, and what update_from_output returns."""
 
 import pytest
-from core_helpers import build_scheduler, make_request
+from tests.core.core_helpers import build_scheduler, make_request
 
 from jaxpaged.core import RequestStatus
 

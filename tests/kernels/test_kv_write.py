@@ -1,7 +1,5 @@
 """Writing a step's K/V into the paged cache: every backend's write is bit-exact."""
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np

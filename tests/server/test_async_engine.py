@@ -1,12 +1,16 @@
-"""AsyncLLMEngine on a real (tiny, random-weight) LLMEngine: streaming, refusal, abort, and a failing step."""
+"""AsyncLLMEngine on a real (tiny, random-weight) LLMEngine: streaming, refusal, abort, and a failing step
+(after which /health and new requests get 503)."""
 
 import asyncio
 import time
 
+import httpx
 import pytest
 
 from jaxpaged.async_engine import AsyncLLMEngine, EngineDeadError
 from jaxpaged.sampling_params import SamplingParams
+from jaxpaged.server import ServerSettings, build_app
+from tests.server.server_helpers import ServerThread
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +89,10 @@ def test_failing_step_fails_every_stream(looped, tiny_engine, monkeypatch):
     assert not looped.is_alive and looped.num_unfinished_seqs == 0
     with pytest.raises(EngineDeadError):
         asyncio.run(_add_one(looped))
+    with ServerThread(build_app(looped, ServerSettings())) as running:  # the HTTP view of a dead engine
+        assert httpx.get(running.base_url + "/health").status_code == 503
+        refused = httpx.post(running.base_url + "/v1/completions", json={"prompt": "hi", "max_tokens": 1})
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "engine_unavailable"
     monkeypatch.undo()
     tiny_engine.abort_request("doomed")
 

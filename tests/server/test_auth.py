@@ -6,7 +6,7 @@ import logging
 import httpx
 import openai
 import pytest
-from server_helpers import API_KEY
+from tests.server.server_helpers import API_KEY
 
 from jaxpaged.server.auth import BearerAuthMiddleware
 from jaxpaged.server.context import ServerSettings

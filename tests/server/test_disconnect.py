@@ -8,7 +8,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from server_helpers import wait_until_idle
+from tests.server.server_helpers import wait_until_idle
 
 pytestmark = pytest.mark.xdist_group("server")
 

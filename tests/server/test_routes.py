@@ -2,7 +2,7 @@
 
 import httpx
 import pytest
-from server_helpers import ServerThread
+from tests.server.server_helpers import ServerThread
 
 import jaxpaged
 from jaxpaged.server import ServerSettings, build_app

@@ -1,0 +1,80 @@
+"""Offline mode: the workload through jaxpaged.LLM.generate, timed by a StepProbe.
+
+Every request of a round arrives when generate() is called; a multi-turn workload runs one generate() per round
+(turn), so a turn can reuse the blocks its previous turn left in the prefix cache.
+"""
+
+import time
+from typing import Optional
+
+from jaxpaged.bench.bench_config import ModeConfig, SamplingConfig
+from jaxpaged.bench.latency_stats import RequestTiming, run_metrics
+from jaxpaged.bench.step_probe import StepProbe
+from jaxpaged.bench.workloads import BenchRequest, group_by_turn
+
+
+def build_llm(model: Optional[str], engine_options: dict):
+    """Load the model and compile every bucket; returns (LLM, seconds the whole start took)."""
+    from jaxpaged.llm import LLM
+
+    start = time.perf_counter()
+    llm = LLM(model, **engine_options)
+    return llm, time.perf_counter() - start
+
+
+def _sampling_params(request: BenchRequest, sampling: SamplingConfig, max_tokens: Optional[int] = None):
+    from jaxpaged.sampling_params import SamplingParams
+
+    return SamplingParams(temperature=sampling.temperature, ignore_eos=sampling.ignore_eos,
+                          max_tokens=max_tokens or request.max_tokens)
+
+
+def _reset_prefix_cache(engine) -> None:
+    # NOTE: a repeat must not hit the blocks its previous repeat left behind, or run 2 of a workload is all hits.
+    if not engine.scheduler.reset_prefix_cache():
+        raise RuntimeError("the engine still holds KV blocks between runs; cannot reset the prefix cache")
+
+
+def warm_up_llm(llm, requests: list[BenchRequest], sampling: SamplingConfig, num_requests: int) -> None:
+    """A few short unmeasured requests, so the measured run starts on warm host paths."""
+    if num_requests > 0:
+        batch = requests[:num_requests]
+        llm.generate([{"prompt_token_ids": list(r.prompt_token_ids)} for r in batch],
+                     [_sampling_params(r, sampling, max_tokens=2) for r in batch], use_tqdm=False)
+    _reset_prefix_cache(llm.engine)
+
+
+def run_offline(llm, requests: list[BenchRequest], sampling: SamplingConfig, mode: ModeConfig) -> dict:
+    """One measured run of the workload; the metrics of the run."""
+    engine = llm.engine
+    _reset_prefix_cache(engine)
+    before = engine.get_stats()
+    timings: list[RequestTiming] = []
+    with StepProbe(engine, track_kv_utilization=mode.track_kv_utilization) as probe:
+        start = time.time()
+        for round_indices in group_by_turn(requests):
+            batch = [requests[i] for i in round_indices]
+            outputs = llm.generate([{"prompt_token_ids": list(r.prompt_token_ids)} for r in batch],
+                                   [_sampling_params(r, sampling) for r in batch], use_tqdm=False)
+            for request, output in zip(batch, outputs):
+                metrics = output.metrics
+                timings.append(RequestTiming(
+                    arrival=metrics.arrival_time, first_token=metrics.first_token_time, finish=metrics.finish_time,
+                    num_prompt_tokens=len(request.prompt_token_ids),
+                    num_output_tokens=sum(len(sample.token_ids) for sample in output.outputs),
+                    token_times=list(probe.token_times.get(output.request_id, []))))
+        duration_s = time.time() - start
+    after = engine.get_stats()
+    result = run_metrics(timings, duration_s)
+    result.update(probe.host_metrics())
+    queries = after.prefix_cache_queries - before.prefix_cache_queries
+    result.update({
+        "peak_kv_usage": probe.peak_kv_usage,
+        "prefix_cache_hit_rate": (after.prefix_cache_hits - before.prefix_cache_hits) / queries if queries else 0.0,
+        "num_preemptions": after.num_preemptions - before.num_preemptions,
+        "num_compilations_measured": after.num_compilations - before.num_compilations,
+        "warmup_s": engine.warmup_seconds,
+    })
+    if mode.track_kv_utilization:
+        result.update(probe.kv_metrics())
+    return result

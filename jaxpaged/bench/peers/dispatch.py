@@ -1,0 +1,58 @@
+"""One entry point for every peer: load (once per run), warm up, run the repeats, take the medians."""
+
+from typing import Optional
+
+from jaxpaged.bench.bench_config import PeerConfig, SamplingConfig
+from jaxpaged.bench.latency_stats import median_of_repeats
+from jaxpaged.bench.workloads import BenchRequest
+
+
+class PeerModels:
+    """Peer models loaded at most once per run (loading the dequantized GGUF into torch takes a while)."""
+
+    def __init__(self, model: Optional[str]):
+        self.model = model
+        self._hf = None
+        self._llama_cpp: dict = {}
+
+    def hf(self):
+        """The shared HF torch model."""
+        from jaxpaged.bench.peers.hf_model import HFPeerModel
+
+        if self._hf is None:
+            self._hf = HFPeerModel(self.model)
+        return self._hf
+
+    def llama_cpp(self, options: dict):
+        """A llama.cpp model per distinct option set."""
+        from jaxpaged.bench.peers.llama_cpp import LlamaCppPeer
+
+        key = tuple(sorted(options.items()))
+        if key not in self._llama_cpp:
+            self._llama_cpp[key] = LlamaCppPeer(self.model, options)
+        return self._llama_cpp[key]
+
+
+def measure_peer(peer: PeerConfig, models: PeerModels, requests: list[BenchRequest],
+                 sampling: SamplingConfig) -> tuple[dict, list[dict]]:
+    """(median metrics, per-repeat metrics) of `peer` on the workload; PeerUnavailable / PeerFailure propagate."""
+    if peer.kind == "hf_batched":
+        from jaxpaged.bench.peers.hf_batched import run_hf_batched, warm_up_hf_batched
+
+        hf = models.hf()
+        warm_up_hf_batched(hf, requests, sampling)
+        repeats = [run_hf_batched(hf, requests, sampling, peer.batch_size) for _ in range(peer.repeats)]
+    elif peer.kind == "hf_continuous":
+        from jaxpaged.bench.peers.hf_continuous import run_hf_continuous, warm_up_hf_continuous
+
+        hf = models.hf()
+        warm_up_hf_continuous(hf, requests, sampling)
+        repeats = [run_hf_continuous(hf, requests, sampling) for _ in range(peer.repeats)]
+    elif peer.kind == "llama_cpp":
+        from jaxpaged.bench.peers.llama_cpp import run_llama_cpp
+
+        llama = models.llama_cpp(peer.options)
+        repeats = [run_llama_cpp(llama, requests, sampling) for _ in range(peer.repeats)]
+    else:
+        raise ValueError(f"peers[].kind: unknown peer {peer.kind!r}")
+    return median_of_repeats(repeats), repeats
