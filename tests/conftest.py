@@ -36,3 +36,25 @@ def tiny_model_dir(tmp_path_factory, smollm2_tokenizer_dir) -> pathlib.Path:
         if (smollm2_tokenizer_dir / name).exists():
             shutil.copy(smollm2_tokenizer_dir / name, directory / name)
     return directory
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items) -> None:
+    """Makes `--dist loadgroup` keep each xdist_group on one worker under pytest 9 too.
+
+    pytest-xdist 3.8 tags grouped tests by assigning `item._nodeid`, which pytest 9 no longer reads (the id
+    lives in `item._id`), so the groups were spread over both workers and each built its own engine.
+    """
+    if not getattr(config.option, "loadgroup", False):  # set on xdist workers under --dist loadgroup
+        return
+    for item in items:
+        names = sorted({str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+                        for mark in item.iter_markers("xdist_group")})
+        suffix = "@" + "_".join(names)
+        if not names or item.nodeid.endswith(suffix):
+            continue
+        try:
+            from _pytest.nodeid import coerce_node_id
+        except ImportError:  # pytest < 9: xdist's own tag already works
+            return
+        item._id = coerce_node_id(item.nodeid + suffix)

@@ -12,6 +12,9 @@ from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.weights.loader import load_model
 from tests.conftest import TINY_ENGINE_OPTIONS
 
+# One worker builds the shared tiny engine (it compiles) for every test that uses it.
+pytestmark = pytest.mark.xdist_group("tiny_llm")
+
 JAXPAGED = [sys.executable, "-m", "jaxpaged.cli"]
 
 

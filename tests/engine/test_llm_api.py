@@ -7,6 +7,9 @@ import transformers
 
 from jaxpaged.sampling_params import SamplingParams
 
+# One worker builds the shared tiny engine (it compiles) for every test that uses it.
+pytestmark = pytest.mark.xdist_group("tiny_llm")
+
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
 

@@ -1,8 +1,12 @@
 """After warm-up the engine never compiles: a mixed workload leaves the XLA compilation counter where it was."""
 
 import numpy as np
+import pytest
 
 from jaxpaged.sampling_params import SamplingParams
+
+# One worker builds the shared tiny engine (it compiles) for every test that uses it.
+pytestmark = pytest.mark.xdist_group("tiny_llm")
 
 
 def test_mixed_workload_compiles_nothing_after_warmup(tiny_llm):

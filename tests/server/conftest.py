@@ -15,28 +15,6 @@ from jaxpaged.async_engine import AsyncLLMEngine
 from jaxpaged.server import ServerSettings, build_app
 
 
-@pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(config, items) -> None:
-    """Makes `--dist loadgroup` keep each xdist_group on one worker under pytest 9 too.
-
-    pytest-xdist 3.8 tags grouped tests by assigning `item._nodeid`, which pytest 9 no longer reads (the id
-    lives in `item._id`), so the groups were spread over both workers and each built its own engine.
-    """
-    if not getattr(config.option, "loadgroup", False):  # set on xdist workers under --dist loadgroup
-        return
-    for item in items:
-        names = sorted({str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
-                        for mark in item.iter_markers("xdist_group")})
-        suffix = "@" + "_".join(names)
-        if not names or item.nodeid.endswith(suffix):
-            continue
-        try:
-            from _pytest.nodeid import coerce_node_id
-        except ImportError:  # pytest < 9: xdist's own tag already works
-            return
-        item._id = coerce_node_id(item.nodeid + suffix)
-
-
 @pytest.fixture(scope="session")
 def async_engine() -> Iterator[AsyncLLMEngine]:
     """The embedded model's engine on its loop thread (start-up compiles every bucket, once)."""

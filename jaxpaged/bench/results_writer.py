@@ -1,0 +1,179 @@
+"""Writing a run: one JSON file with everything, and a markdown table of the figures that matter."""
+
+import json
+import math
+import pathlib
+from typing import Optional
+
+from jaxpaged.bench.machine_info import describe_machine
+
+NOISE_NOTE = ("Tokens/s on a shared machine are noisy: other jobs share the CPU cores (load averages above). "
+              "Ratios against a peer are measured in the same run; medians of repeats where repeats > 1.")
+
+
+def _json_safe(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # JSON has no inf/nan; "inf" reads back unambiguously
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def write_json(run: dict, path: pathlib.Path) -> pathlib.Path:
+    """The whole run (config, machine, versions, every row and repeat) as JSON."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(_json_safe(run), indent=1, sort_keys=False) + "\n")
+    return path
+
+
+def fmt(value, digits: int = 3) -> str:
+    """A table cell: '–' for missing, integers as is, floats to a few significant digits."""
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isinf(value):
+            return "inf"
+        if abs(value) >= 100:
+            return f"{value:.0f}"
+        return f"{value:.{digits}g}"
+    return str(value)
+
+
+def _pct(value) -> str:
+    return "–" if value is None else f"{100 * value:.1f}%"
+
+
+def _table(header: list[str], body: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(cells) + " |" for cells in body]
+    return lines + [""]
+
+
+def _axis_cells(row: dict, axes: list[str]) -> list[str]:
+    return [fmt(row["point"].get(axis)) if axis in row["point"] else "–" for axis in axes]
+
+
+def peer_ratios(row: dict, rows: list[dict], metric: str = "output_tokens_per_s") -> dict[str, Optional[float]]:
+    """jaxpaged's metric over each peer's, on the same workload."""
+    ratios = {}
+    mine = row["metrics"].get(metric)
+    for peer in rows:
+        if peer["kind"] == "jaxpaged" or peer["workload_key"] != row["workload_key"]:
+            continue
+        theirs = peer["metrics"].get(metric) if peer["status"] == "ok" else None
+        ratios[peer["system"]] = mine / theirs if mine and theirs else None
+    return ratios
+
+
+def _throughput_section(rows: list[dict], axes: list[str]) -> list[str]:
+    peers = sorted({row["system"] for row in rows if row["kind"] != "jaxpaged"})
+    header = ["system", *axes, "req/s", "input tok/s", "output tok/s", *[f"× {p}" for p in peers]]
+    body = []
+    for row in rows:
+        m = row["metrics"]
+        ratios = peer_ratios(row, rows) if row["kind"] == "jaxpaged" else {}
+        status = "" if row["status"] == "ok" else f" ({row['status']}: {row.get('error')})"
+        body.append([row["system"] + status, *_axis_cells(row, axes), fmt(m.get("requests_per_s")),
+                     fmt(m.get("input_tokens_per_s")), fmt(m.get("output_tokens_per_s")),
+                     *[fmt(ratios.get(p)) + ("×" if ratios.get(p) else "") for p in peers]])
+    return ["### Throughput", ""] + _table(header, body)
+
+
+def _latency_section(rows: list[dict], axes: list[str]) -> list[str]:
+    columns = [("TTFT p50", "ttft_ms_p50"), ("TTFT p90", "ttft_ms_p90"), ("TTFT p99", "ttft_ms_p99"),
+               ("TPOT p50", "tpot_ms_p50"), ("TPOT p99", "tpot_ms_p99"), ("ITL p50", "itl_ms_p50"),
+               ("ITL p90", "itl_ms_p90"), ("ITL p99", "itl_ms_p99"), ("E2E p50", "e2e_ms_p50"),
+               ("E2E p99", "e2e_ms_p99")]
+    body = [[row["system"], *_axis_cells(row, axes), *[fmt(row["metrics"].get(key)) for _, key in columns]]
+            for row in rows if row["status"] == "ok"]
+    return ["### Latency (ms)", ""] + _table(["system", *axes, *[name for name, _ in columns]], body)
+
+
+def _engine_section(rows: list[dict], axes: list[str]) -> list[str]:
+    header = ["system", *axes, "peak KV usage", "prefix-cache hits", "preemptions", "compilations (measured)",
+              "warm-up s", "step ms p50", "host ms/step p50", "scheduler ms/step p50"]
+    body = []
+    for row in rows:
+        if row["kind"] != "jaxpaged" or row["status"] != "ok":
+            continue
+        m = row["metrics"]
+        body.append([row["system"], *_axis_cells(row, axes), _pct(m.get("peak_kv_usage")),
+                     _pct(m.get("prefix_cache_hit_rate")), fmt(m.get("num_preemptions")),
+                     fmt(m.get("num_compilations_measured")), fmt(m.get("warmup_s")), fmt(m.get("step_ms_p50")),
+                     fmt(m.get("host_ms_per_step_p50")), fmt(m.get("scheduler_ms_per_step_p50"))])
+    return ["### Engine", ""] + _table(header, body) if body else []
+
+
+def _kv_section(rows: list[dict], axes: list[str]) -> list[str]:
+    body = []
+    for row in rows:
+        m = row["metrics"]
+        if row["kind"] != "jaxpaged" or m.get("kv_utilization_mean") is None:
+            continue
+        body.append([row["system"], *_axis_cells(row, axes), fmt(m.get("kv_capacity_tokens")),
+                     fmt(m.get("max_concurrent_requests")), _pct(m.get("kv_utilization_mean")),
+                     _pct(m.get("kv_utilization_at_peak")), fmt(m.get("contiguous_max_model_len_max_concurrent")),
+                     _pct(m.get("contiguous_max_model_len_kv_utilization")),
+                     fmt(m.get("contiguous_request_max_concurrent")),
+                     _pct(m.get("contiguous_request_kv_utilization"))])
+    header = ["system", *axes, "KV capacity (tokens)", "paged: max concurrent", "paged: KV utilization",
+              "paged: at peak", "contiguous max_model_len: max concurrent", "utilization",
+              "contiguous prompt+max_tokens: max concurrent", "utilization"]
+    return ["### KV utilization at a fixed KV memory", ""] + _table(header, body) if body else []
+
+
+def _warmup_section(probe: Optional[dict]) -> list[str]:
+    if not probe:
+        return []
+    if "error" in probe:
+        return ["### Warm-up (fresh processes)", "", f"failed: {probe['error']}", ""]
+    body = [[name, fmt(probe[name].get("startup_s")), fmt(probe[name].get("warmup_s")),
+             fmt(probe[name].get("num_compilations"))] for name in ("cold", "warm")]
+    return (["### Warm-up (fresh processes)", "",
+             "cold: empty persistent compilation cache; warm: a second process on the cache the first one filled.",
+             ""] + _table(["start", "load + compile s", "warm-up s", "compilations"], body))
+
+
+def _targets_section(targets: list[dict]) -> list[str]:
+    if not targets:
+        return []
+    lines = ["### Targets", ""]
+    for target in targets:
+        mark = {True: "met", False: "MISSED", None: "not measured"}[target["passed"]]
+        lines.append(f"- **{mark}** — {target['name']}: {fmt(target['value'])} (target {target['bound']}; "
+                     f"{target['detail']})")
+    return lines + [""]
+
+
+def render_markdown(run: dict) -> str:
+    """The run's tables: throughput (with ratios to peers), latency, engine, KV, warm-up, targets."""
+    rows = run["rows"]
+    axes = list(run["config"].get("sweep") or {})
+    machine = run["machine"]
+    lines = [f"## {run['config_name']}", ""]
+    if run.get("description"):
+        lines += [run["description"], ""]
+    lines += [f"Run {run['started_at']} on {describe_machine(machine)}; load average at start "
+              f"{machine.get('load_average')}, at end {run.get('load_average_end')}. "
+              f"Model: {run['model_name']}. {NOISE_NOTE}", ""]
+    for section in (_throughput_section(rows, axes), _latency_section(rows, axes), _engine_section(rows, axes),
+                    _kv_section(rows, axes), _warmup_section(run.get("warmup_probe")),
+                    _targets_section(run.get("targets", []))):
+        lines += section
+    if run.get("plots"):
+        lines += ["### Plots", ""] + [f"![{pathlib.Path(p).stem}]({pathlib.Path(p).name})" for p in run["plots"]]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_markdown(run: dict, path: pathlib.Path) -> pathlib.Path:
+    """The markdown tables next to the JSON."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render_markdown(run))
+    return path

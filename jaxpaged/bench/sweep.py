@@ -1,0 +1,221 @@
+"""`jaxpaged bench CONFIG`: run every sweep point and every peer, then write JSON, markdown and PNGs.
+
+Points that share engine options share one engine (offline) or one server (online), built once; between runs
+the prefix cache is reset (offline) or salted apart (online), so no run hits blocks a previous run left.
+Peers run once per distinct workload, after jaxpaged, on the same requests.
+"""
+
+import argparse
+import dataclasses
+import gc
+import json
+import pathlib
+import sys
+import time
+import traceback
+from datetime import datetime, timezone
+from typing import Optional
+
+from tqdm.auto import tqdm
+
+from jaxpaged.bench.bench_config import BenchConfig, SweepPoint, load_config
+from jaxpaged.bench.kv_baseline import RESERVATIONS, contiguous_baseline
+from jaxpaged.bench.latency_stats import median_of_repeats
+from jaxpaged.bench.machine_info import git_state, load_average, machine_info, package_versions
+from jaxpaged.bench.workloads import BenchRequest, generate_requests, workload_kind
+
+
+def workload_key(point: SweepPoint) -> str:
+    """Identifies the requests and sampling of a point (rows with equal keys ran the same work)."""
+    return json.dumps({"kind": workload_kind(point.workload), **dataclasses.asdict(point.workload),
+                       **dataclasses.asdict(point.sampling)}, sort_keys=True)
+
+
+def _row(system: str, kind: str, point_values: dict, key: str, metrics: dict, repeats: list[dict],
+         status: str = "ok", error: Optional[str] = None) -> dict:
+    return {"system": system, "kind": kind, "point": point_values, "workload_key": key, "status": status,
+            "error": error, "metrics": metrics, "repeats": repeats}
+
+
+def _failed_row(system: str, kind: str, point_values: dict, key: str, error: BaseException, status: str) -> dict:
+    message = f"{type(error).__name__}: {error}"
+    if status == "failed":
+        print(f"\n[bench] {system} at {point_values or 'the only point'} failed:\n{traceback.format_exc()}",
+              file=sys.stderr)
+    return _row(system, kind, point_values, key, {}, [], status, message)
+
+
+def _kv_baselines(engine, requests: list[BenchRequest]) -> dict:
+    """The contiguous-reservation figures on the same trace and the same token capacity as the paged pool."""
+    block_size = engine.config.cache.block_size
+    capacity = (engine.runner.num_kv_blocks - 1) * block_size  # block 0 is the null block
+    sched = engine.config.scheduler
+    prompt_lens = [len(r.prompt_token_ids) for r in requests]
+    output_lens = [r.max_tokens for r in requests]
+    figures = {"kv_capacity_tokens": capacity}
+    for reservation in RESERVATIONS:
+        result = contiguous_baseline(prompt_lens, output_lens, capacity, sched.max_model_len, sched.max_num_seqs,
+                                     reservation)
+        figures[f"contiguous_{reservation}_max_concurrent"] = result.max_concurrent_requests
+        figures[f"contiguous_{reservation}_kv_utilization"] = result.kv_utilization_mean
+    return figures
+
+
+def _offline_group(config: BenchConfig, points: list[SweepPoint], indices: list[int], rows: dict, bar,
+                   info: dict) -> None:
+    from jaxpaged.bench.offline_runner import build_llm, run_offline, warm_up_llm
+
+    llm, startup_s = build_llm(config.model, points[indices[0]].engine_options)
+    info.setdefault("model_name", llm.engine.model_name)
+    try:
+        first = points[indices[0]]
+        warm_up_llm(llm, generate_requests(first.workload), first.sampling, first.mode.warmup_requests)
+        for index in indices:
+            point = points[index]
+            requests = generate_requests(point.workload)
+            try:
+                repeats = [run_offline(llm, requests, point.sampling, point.mode) for _ in range(point.mode.repeats)]
+                metrics = {**median_of_repeats(repeats), "engine_startup_s": startup_s}
+                if point.mode.track_kv_utilization:
+                    metrics.update(_kv_baselines(llm.engine, requests))
+                rows[index] = _row("jaxpaged", "jaxpaged", point.values, workload_key(point), metrics, repeats)
+            except Exception as error:  # one broken point must not lose the rest of the sweep
+                rows[index] = _failed_row("jaxpaged", "jaxpaged", point.values, workload_key(point), error, "failed")
+            bar.update(1)
+    finally:
+        del llm
+        gc.collect()
+
+
+def _online_group(config: BenchConfig, points: list[SweepPoint], indices: list[int], rows: dict, bar, info: dict,
+                  out_dir: pathlib.Path) -> None:
+    from jaxpaged.bench.online_runner import run_online, warm_up_server
+    from jaxpaged.bench.server_process import ServerProcess
+
+    first = points[indices[0]]
+    log_path = out_dir / f"server-{indices[0]}.log"
+    with ServerProcess(config.model, first.engine_options, log_path, first.mode.server_start_timeout_s) as server:
+        warm_up_server(server, first.mode.warmup_requests, first.sampling)
+        for index in indices:
+            point = points[index]
+            requests = generate_requests(point.workload)
+            try:
+                repeats = [run_online(server, requests, point.sampling, point.mode, f"{config.name}-{index}-{r}")
+                           for r in range(point.mode.repeats)]
+                rows[index] = _row("jaxpaged", "jaxpaged", point.values, workload_key(point),
+                                   median_of_repeats(repeats), repeats)
+            except Exception as error:
+                rows[index] = _failed_row("jaxpaged", "jaxpaged", point.values, workload_key(point), error, "failed")
+            bar.update(1)
+
+
+def _engine_groups(points: list[SweepPoint]) -> list[list[int]]:
+    """Point indices sharing engine options (and mode kind), in order of first appearance."""
+    groups: dict[str, list[int]] = {}
+    for index, point in enumerate(points):
+        key = json.dumps([point.mode.kind, point.engine_options], sort_keys=True)
+        groups.setdefault(key, []).append(index)
+    return list(groups.values())
+
+
+def _run_jaxpaged(config: BenchConfig, points: list[SweepPoint], out_dir: pathlib.Path, bar, info: dict) -> list:
+    rows: dict[int, dict] = {}
+    for indices in _engine_groups(points):
+        try:
+            if points[indices[0]].mode.kind == "offline":
+                _offline_group(config, points, indices, rows, bar, info)
+            else:
+                _online_group(config, points, indices, rows, bar, info, out_dir)
+        except Exception as error:  # the engine or server did not start: every point of the group fails
+            for index in indices:
+                if index not in rows:
+                    rows[index] = _failed_row("jaxpaged", "jaxpaged", points[index].values,
+                                              workload_key(points[index]), error, "failed")
+                    bar.update(1)
+    return [rows[index] for index in range(len(points))]
+
+
+def _peer_workloads(config: BenchConfig, points: list[SweepPoint]) -> list[SweepPoint]:
+    """One point per distinct workload (peers do not depend on engine options)."""
+    seen: dict[str, SweepPoint] = {}
+    for point in points:
+        seen.setdefault(workload_key(point), point)
+    return list(seen.values()) if config.peers else []
+
+
+def _run_peers(config: BenchConfig, points: list[SweepPoint], bar) -> list[dict]:
+    from jaxpaged.bench.peers import PeerFailure, PeerUnavailable
+    from jaxpaged.bench.peers.dispatch import PeerModels, measure_peer
+
+    models = PeerModels(config.model)
+    rows = []
+    for point in _peer_workloads(config, points):
+        values = {k: v for k, v in point.values.items() if k.startswith(("workload.", "sampling."))}
+        requests = generate_requests(point.workload)
+        for peer in config.peers:
+            key = workload_key(point)
+            try:
+                metrics, repeats = measure_peer(peer, models, requests, point.sampling)
+                rows.append(_row(peer.name, peer.kind, values, key, metrics, repeats))
+            except PeerUnavailable as error:
+                rows.append(_failed_row(peer.name, peer.kind, values, key, error, "unavailable"))
+            except (PeerFailure, Exception) as error:  # the peer's failure is its result
+                rows.append(_failed_row(peer.name, peer.kind, values, key, error, "failed"))
+            bar.update(1)
+    return rows
+
+
+def run_sweep(config: BenchConfig, out_dir: pathlib.Path, *, progress: bool = True) -> dict:
+    """Run the whole sweep; the run as a JSON-ready dict (targets evaluated, nothing written yet)."""
+    from jaxpaged.bench.targets import evaluate_targets
+
+    started = datetime.now(timezone.utc)
+    start = time.perf_counter()
+    machine = machine_info()
+    points = config.points()
+    num_units = len(points) + len(_peer_workloads(config, points)) * len(config.peers) + int(config.warmup_probe)
+    info: dict = {}
+    with tqdm(total=num_units, desc=f"bench {config.name}", unit="run", dynamic_ncols=True,
+              disable=not progress) as bar:
+        rows = _run_jaxpaged(config, points, out_dir, bar, info)
+        rows += _run_peers(config, points, bar)
+        probe = None
+        if config.warmup_probe:
+            from jaxpaged.bench.warmup_probe import probe_cold_and_warm
+
+            try:
+                probe = probe_cold_and_warm(config.model, points[0].engine_options)
+            except Exception as error:
+                probe = {"error": f"{type(error).__name__}: {error}"}
+            bar.update(1)
+    return {"config_name": config.name, "description": config.description, "config": config.raw,
+            "started_at": started.isoformat(timespec="seconds"), "duration_s": time.perf_counter() - start,
+            "machine": machine, "load_average_end": load_average(), "packages": package_versions(),
+            "git": git_state(), "model_name": info.get("model_name", config.model or "SmolLM2-135M-Instruct"),
+            "rows": rows, "warmup_probe": probe, "targets": evaluate_targets(config.targets, rows)}
+
+
+def write_run(run: dict, config: BenchConfig, out_dir: pathlib.Path) -> dict[str, pathlib.Path]:
+    """JSON, PNGs and markdown of a run under out_dir; their paths."""
+    from jaxpaged.bench.plots import write_plots
+    from jaxpaged.bench.results_writer import write_json, write_markdown
+
+    x_axis = config.plot_x or next(iter(config.sweep), None)
+    plots = write_plots(run, out_dir, x_axis)
+    run["plots"] = [str(path) for path in plots]
+    paths = {"json": write_json(run, out_dir / f"{config.name}.json"),
+             "markdown": write_markdown(run, out_dir / f"{config.name}.md")}
+    paths.update({path.stem: path for path in plots})
+    return paths
+
+
+def bench_main(args: argparse.Namespace) -> int:
+    """The `jaxpaged bench` command: args.config (YAML path), args.out (results root, default "results")."""
+    config = load_config(args.config)
+    out_dir = pathlib.Path(getattr(args, "out", None) or "results") / config.name
+    run = run_sweep(config, out_dir)
+    paths = write_run(run, config, out_dir)
+    print((out_dir / f"{config.name}.md").read_text())
+    print("wrote " + ", ".join(str(path) for path in paths.values()))
+    broken = [row for row in run["rows"] if row["kind"] == "jaxpaged" and row["status"] != "ok"]
+    return 1 if broken else 0

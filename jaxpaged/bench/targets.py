@@ -1,0 +1,77 @@
+"""Targets a sweep must show, checked against its result rows. A miss is reported with its figure, never hidden.
+
+A selection is a mapping: "system" matches a row's system name or kind ("hf_batched" matches
+"hf_batched(bs=16)"); every other key is a sweep axis the row's point must have at that value.
+"""
+
+from typing import Optional
+
+from jaxpaged.bench.bench_config import TargetConfig
+
+
+def row_matches(row: dict, selection: dict) -> bool:
+    """Whether a result row is in the selection."""
+    for key, wanted in selection.items():
+        if key == "system":
+            if wanted not in (row["system"], row["kind"]):
+                return False
+        elif key not in row["point"] or row["point"][key] != wanted:
+            return False
+    return True
+
+
+def _metric(row: dict, metric: str) -> Optional[float]:
+    value = row.get("metrics", {}).get(metric)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _within(value: float, target: TargetConfig) -> bool:
+    return (target.min is None or value >= target.min) and (target.max is None or value <= target.max)
+
+
+def _bound_text(target: TargetConfig) -> str:
+    parts = []
+    if target.min is not None:
+        parts.append(f">= {target.min:g}")
+    if target.max is not None:
+        parts.append(f"<= {target.max:g}")
+    return " and ".join(parts)
+
+
+def _worst(values: list[float], target: TargetConfig) -> float:
+    # With a lower bound the smallest value is the least favourable; with only an upper bound, the largest.
+    return min(values) if target.min is not None else max(values)
+
+
+def evaluate_target(target: TargetConfig, rows: list[dict]) -> dict:
+    """{name, metric, value, bound, passed (None: not measured), detail}."""
+    ok_rows = [row for row in rows if row.get("status") == "ok"]
+    if target.is_ratio:
+        ratios = []
+        for top in (r for r in ok_rows if row_matches(r, target.numerator)):
+            for bottom in (r for r in ok_rows if row_matches(r, target.denominator)):
+                top_value, bottom_value = _metric(top, target.metric), _metric(bottom, target.metric)
+                if top["workload_key"] == bottom["workload_key"] and top_value is not None and bottom_value:
+                    ratios.append((top_value / bottom_value, top, bottom))
+        values = [ratio for ratio, _, _ in ratios]
+        detail = "ratio of " + target.metric
+        if ratios:
+            worst = _worst(values, target)
+            _, top, bottom = next(item for item in ratios if item[0] == worst)
+            detail = (f"{target.metric}: {_metric(top, target.metric):.4g} ({top['system']} {top['point']}) / "
+                      f"{_metric(bottom, target.metric):.4g} ({bottom['system']} {bottom['point']})")
+    else:
+        values = [v for v in (_metric(r, target.metric) for r in ok_rows if row_matches(r, target.select))
+                  if v is not None]
+        detail = f"{target.metric} over {len(values)} row(s)"
+    if not values:
+        return {"name": target.name, "metric": target.metric, "value": None, "bound": _bound_text(target),
+                "passed": None, "detail": "not measured (no matching rows)"}
+    value = _worst(values, target)
+    return {"name": target.name, "metric": target.metric, "value": value, "bound": _bound_text(target),
+            "passed": all(_within(v, target) for v in values), "detail": detail}
+
+
+def evaluate_targets(targets, rows: list[dict]) -> list[dict]:
+    """Every target of the config, in order."""
+    return [evaluate_target(target, rows) for target in targets]
