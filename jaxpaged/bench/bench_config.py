@@ -113,7 +113,7 @@ class PeerConfig:
     repeats: int = 1
     """Measured runs; the median is reported."""
     options: dict = dataclasses.field(default_factory=dict)
-    """Extra keyword arguments of the peer (llama_cpp: n_ctx, n_batch, n_threads)."""
+    """HF peers: num_threads (torch intra-op threads); llama_cpp: Llama() keyword arguments (n_ctx, n_threads)."""
 
     def __post_init__(self) -> None:
         _require(self.kind in PEER_KINDS, "peers[].kind", f"must be one of {PEER_KINDS}", self.kind)
@@ -122,11 +122,17 @@ class PeerConfig:
         _require(_is_int(self.repeats) and self.repeats >= 1, "peers[].repeats", "must be an int >= 1",
                  self.repeats)
         _require(isinstance(self.options, dict), "peers[].options", "must be a mapping", self.options)
+        if self.kind != "llama_cpp":
+            for key, value in self.options.items():
+                _require(key == "num_threads" and _is_int(value) and value >= 1, f"peers[].options.{key}",
+                         "HF peers take only num_threads (an int >= 1)", value)
 
     @property
     def name(self) -> str:
         """The system name in tables and plots."""
-        return f"hf_batched(bs={self.batch_size})" if self.kind == "hf_batched" else self.kind
+        settings = [f"bs={self.batch_size}"] if self.kind == "hf_batched" else []
+        settings += [f"{key}={value}" for key, value in sorted(self.options.items())]
+        return f"{self.kind}({', '.join(settings)})" if settings else self.kind
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,6 +16,10 @@ import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first
 from jaxpaged.bench.results_writer import fmt  # noqa: E402
 
 
+# Line style of an axis-independent reference line, per marker style of the plotted series.
+_REFERENCE_STYLES = {"-o": "--", "--s": "-.", ":^": ":"}
+
+
 def _series(rows: list[dict], x_axis: Optional[str]) -> dict[str, list[dict]]:
     """Rows grouped into lines: one per system and combination of the other axes' values."""
     lines: dict[str, list[dict]] = {}
@@ -34,20 +38,24 @@ def _x_values(run: dict, x_axis: str) -> list:
 
 
 def _plot_metric(ax, run: dict, x_axis: Optional[str], metric: str, label_suffix: str = "", style: str = "-o"):
+    """One line per series (same colour for a series in every panel); axis-independent peers as dashed lines."""
     if x_axis is None:
         rows = [r for r in run["rows"] if r["status"] == "ok" and r["metrics"].get(metric) is not None]
         ax.bar([r["system"] for r in rows], [r["metrics"][metric] for r in rows])
         ax.tick_params(axis="x", labelrotation=20)
         return
     xs = _x_values(run, x_axis)
-    for label, rows in _series(run["rows"], x_axis).items():
+    colors = plt.get_cmap("tab10")
+    for color_index, (label, rows) in enumerate(_series(run["rows"], x_axis).items()):
+        color = colors(color_index % 10)
         points = [(xs.index(r["point"][x_axis]), r["metrics"].get(metric)) for r in rows
                   if x_axis in r["point"] and r["point"][x_axis] in xs and r["metrics"].get(metric) is not None]
         if points:
             points.sort()
-            ax.plot([p[0] for p in points], [p[1] for p in points], style, label=label + label_suffix)
+            ax.plot([p[0] for p in points], [p[1] for p in points], style, color=color, label=label + label_suffix)
         elif rows and rows[0]["metrics"].get(metric) is not None:  # independent of the axis: a reference line
-            ax.axhline(rows[0]["metrics"][metric], linestyle="--", color="gray", label=label + label_suffix)
+            ax.axhline(rows[0]["metrics"][metric], linestyle=_REFERENCE_STYLES.get(style, "--"), color=color,
+                       label=label + label_suffix + " (any " + x_axis.split(".", 1)[1] + ")")
     ax.set_xticks(range(len(xs)), [fmt(x) for x in xs])
     ax.set_xlabel(x_axis)
 

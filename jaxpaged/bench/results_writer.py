@@ -97,7 +97,7 @@ def _latency_section(rows: list[dict], axes: list[str]) -> list[str]:
 
 def _engine_section(rows: list[dict], axes: list[str]) -> list[str]:
     header = ["system", *axes, "peak KV usage", "prefix-cache hits", "preemptions", "compilations (measured)",
-              "warm-up s", "step ms p50", "host ms/step p50", "scheduler ms/step p50"]
+              "warm-up s", "start-up s", "step ms p50", "host ms/step p50", "scheduler ms/step p50"]
     body = []
     for row in rows:
         if row["kind"] != "jaxpaged" or row["status"] != "ok":
@@ -105,9 +105,14 @@ def _engine_section(rows: list[dict], axes: list[str]) -> list[str]:
         m = row["metrics"]
         body.append([row["system"], *_axis_cells(row, axes), _pct(m.get("peak_kv_usage")),
                      _pct(m.get("prefix_cache_hit_rate")), fmt(m.get("num_preemptions")),
-                     fmt(m.get("num_compilations_measured")), fmt(m.get("warmup_s")), fmt(m.get("step_ms_p50")),
+                     fmt(m.get("num_compilations_measured")), fmt(m.get("warmup_s")),
+                     fmt(m.get("engine_startup_s", m.get("server_startup_s"))), fmt(m.get("step_ms_p50")),
                      fmt(m.get("host_ms_per_step_p50")), fmt(m.get("scheduler_ms_per_step_p50"))])
-    return ["### Engine", ""] + _table(header, body) if body else []
+    legend = ("warm-up: compiling every bucket in the engine's process; start-up: load + warm-up (offline) or "
+              "spawn to a healthy /health (online); compilations: XLA compilations during the measured runs; "
+              "host ms/step: schedule + batch padding + token update + output processing, beside the wall time "
+              "of a whole step; online rows have no per-step figures (the engine runs in the server process).")
+    return ["### Engine", ""] + _table(header, body) + [legend, ""] if body else []
 
 
 def _kv_section(rows: list[dict], axes: list[str]) -> list[str]:

@@ -138,13 +138,12 @@ class MultiTurnWorkload(_Common):
     output_len: int = 32
 
     def __post_init__(self) -> None:
-        # num_requests is derived, so it is not a parameter the YAML may set to something else.
-        object.__setattr__(self, "num_requests", self.num_conversations * self.num_turns
-                           if isinstance(self.num_conversations, int) and isinstance(self.num_turns, int) else 1)
-        super().__post_init__()
-        _check_int("system_prompt_len", self.system_prompt_len, 0)
         for name in ("num_conversations", "num_turns", "min_question_len", "max_question_len", "output_len"):
             _check_int(name, getattr(self, name), 1)
+        # num_requests is derived, so it is not a parameter the YAML may set to something else.
+        object.__setattr__(self, "num_requests", self.num_conversations * self.num_turns)
+        super().__post_init__()
+        _check_int("system_prompt_len", self.system_prompt_len, 0)
         _check_range("min_question_len", self.min_question_len, "max_question_len", self.max_question_len)
 
 

@@ -36,6 +36,26 @@ class PeerModels:
 def measure_peer(peer: PeerConfig, models: PeerModels, requests: list[BenchRequest],
                  sampling: SamplingConfig) -> tuple[dict, list[dict]]:
     """(median metrics, per-repeat metrics) of `peer` on the workload; PeerUnavailable / PeerFailure propagate."""
+    if peer.kind in ("hf_batched", "hf_continuous"):
+        return _with_torch_threads(peer.options.get("num_threads"), _measure, peer, models, requests, sampling)
+    return _measure(peer, models, requests, sampling)
+
+
+def _with_torch_threads(num_threads: Optional[int], run, *args):
+    """Run with torch's intra-op thread count set to num_threads (None: torch's default), then restore it."""
+    import torch
+
+    previous = torch.get_num_threads()
+    if num_threads is not None:
+        torch.set_num_threads(num_threads)
+    try:
+        return run(*args)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _measure(peer: PeerConfig, models: PeerModels, requests: list[BenchRequest],
+             sampling: SamplingConfig) -> tuple[dict, list[dict]]:
     if peer.kind == "hf_batched":
         from jaxpaged.bench.peers.hf_batched import run_hf_batched, warm_up_hf_batched
 

@@ -1,0 +1,57 @@
+"""Targets: bounds over selected rows, and ratios between selections on the same workload."""
+
+from jaxpaged.bench.bench_config import TargetConfig
+from jaxpaged.bench.targets import evaluate_target, row_matches
+
+
+def row(system, kind, point, metrics, key="w", status="ok"):
+    return {"system": system, "kind": kind, "point": point, "metrics": metrics, "workload_key": key,
+            "status": status}
+
+
+ROWS = [
+    row("jaxpaged", "jaxpaged", {"engine.enable_prefix_caching": True}, {"tps": 100.0, "ttft": 10.0, "c": 0}),
+    row("jaxpaged", "jaxpaged", {"engine.enable_prefix_caching": False}, {"tps": 99.0, "ttft": 80.0, "c": 0}),
+    row("hf_batched(bs=16)", "hf_batched", {}, {"tps": 20.0}),
+    row("hf_batched(bs=64)", "hf_batched", {}, {"tps": 30.0}),
+    row("hf_batched(bs=8)", "hf_batched", {}, {"tps": 1.0}, key="other workload"),
+    row("llama_cpp", "llama_cpp", {}, {}, status="unavailable"),
+]
+
+
+def test_row_matching_by_kind_name_and_axis():
+    assert row_matches(ROWS[2], {"system": "hf_batched"})
+    assert row_matches(ROWS[2], {"system": "hf_batched(bs=16)"})
+    assert not row_matches(ROWS[2], {"system": "hf_batched", "engine.block_size": 16})
+    assert row_matches(ROWS[0], {"engine.enable_prefix_caching": True})
+
+
+def test_ratio_uses_the_least_favourable_pair_on_the_same_workload():
+    """jaxpaged 100 and 99 tok/s against peers at 20 and 30 on its workload: the ratio that counts is 99/30."""
+    target = TargetConfig(name="4x", metric="tps", numerator={"system": "jaxpaged"},
+                          denominator={"system": "hf_batched"}, min=4.0)
+    result = evaluate_target(target, ROWS)
+    assert abs(result["value"] - 99 / 30) < 1e-9
+    assert result["passed"] is False  # a miss is reported with its figure
+    assert "hf_batched(bs=64)" in result["detail"]
+
+
+def test_ratio_between_sweep_points():
+    target = TargetConfig(name="ttft", metric="ttft", numerator={"engine.enable_prefix_caching": False},
+                          denominator={"engine.enable_prefix_caching": True}, min=5.0)
+    result = evaluate_target(target, ROWS)
+    assert result["value"] == 8.0 and result["passed"] is True
+
+
+def test_bound_over_rows_reports_the_worst():
+    target = TargetConfig(name="no compiles", metric="c", select={"system": "jaxpaged"}, max=0)
+    assert evaluate_target(target, ROWS)["passed"] is True
+    failing = ROWS + [row("jaxpaged", "jaxpaged", {"engine.enable_prefix_caching": None}, {"c": 3})]
+    result = evaluate_target(target, failing)
+    assert result["value"] == 3 and result["passed"] is False
+
+
+def test_unmeasured_target_is_neither_met_nor_missed():
+    target = TargetConfig(name="llama", metric="tps", select={"system": "llama_cpp"}, min=1.0)
+    result = evaluate_target(target, ROWS)
+    assert result["passed"] is None and result["value"] is None
