@@ -22,6 +22,8 @@ from jaxpaged.bench.server_process import ServerProcess, parse_metrics
 from jaxpaged.bench.workloads import BenchRequest
 
 _KV_POLL_INTERVAL_S = 0.5
+_ENGINE_METRICS = ("jaxpaged_prefix_cache_queries", "jaxpaged_prefix_cache_hits", "jaxpaged_num_preemptions",
+                   "jaxpaged_xla_compilations", "jaxpaged_kv_cache_usage_perc")
 
 
 def poisson_offsets(num_arrivals: int, request_rate: float, seed: int) -> list[float]:
@@ -128,6 +130,9 @@ def run_online(server: ServerProcess, requests: list[BenchRequest], sampling: Sa
                cache_salt: str) -> dict:
     """One measured run against a healthy server; the metrics of the run."""
     before = server.metrics()
+    missing = [name for name in _ENGINE_METRICS if name not in before]
+    if missing:  # a renamed metric would otherwise read as a silent 0
+        raise RuntimeError(f"the server's /metrics lacks {missing}")
     timings, duration_s, peak_kv_usage = asyncio.run(_drive(server.base_url, requests, sampling, mode, cache_salt))
     after = server.metrics()
 

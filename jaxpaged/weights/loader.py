@@ -4,6 +4,8 @@ import dataclasses
 import hashlib
 import os
 import pathlib
+import shutil
+import tempfile
 from typing import Optional
 
 import numpy as np
@@ -58,10 +60,31 @@ def _load_gguf_cached(path: pathlib.Path, name: str, cache_dir: pathlib.Path) ->
     key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
     cached = cache_dir / f"{path.stem}-{key}"
     if not is_converted_checkpoint(cached):
-        hf_config, params = load_gguf_checkpoint(path)
-        convert_gguf_tokenizer(path, cached)
-        from transformers import PreTrainedTokenizerFast  # no torch: loads the files just written
-
-        save_converted(cached, hf_config, params, PreTrainedTokenizerFast.from_pretrained(str(cached)), name)
+        _convert_gguf_into(path, name, cached)
     hf_config, params, name = load_converted(cached)
     return LoadedModel(name, hf_config, ModelConfig.from_hf(hf_config), params, cached)
+
+
+def _convert_gguf_into(path: pathlib.Path, name: str, cached: pathlib.Path) -> None:
+    """Convert into a private directory, then rename it into place.
+
+    NOTE: several processes may start cold at once (test workers, a server beside a bench); each converts
+    on its own and the first rename wins, so nobody ever reads a half-written checkpoint.
+    """
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    scratch = pathlib.Path(tempfile.mkdtemp(prefix=f".{cached.name}-", dir=cached.parent))
+    try:
+        hf_config, params = load_gguf_checkpoint(path)
+        convert_gguf_tokenizer(path, scratch)
+        from transformers import PreTrainedTokenizerFast  # no torch: loads the files just written
+
+        save_converted(scratch, hf_config, params, PreTrainedTokenizerFast.from_pretrained(str(scratch)), name)
+        if cached.exists() and not is_converted_checkpoint(cached):
+            shutil.rmtree(cached, ignore_errors=True)  # left over from an interrupted conversion
+        try:
+            os.rename(scratch, cached)
+        except OSError:
+            if not is_converted_checkpoint(cached):  # lost the race to a complete checkpoint: fine
+                raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)

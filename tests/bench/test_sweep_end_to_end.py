@@ -1,0 +1,115 @@
+"""`jaxpaged bench` end to end on the tiny random model: a couple of requests, offline with a peer, and online."""
+
+import importlib.util
+import json
+
+import pytest
+import yaml
+
+from jaxpaged.cli import main as cli_main
+from tests.conftest import TINY_ENGINE_OPTIONS
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def run_bench(tmp_path, raw: dict) -> dict:
+    config_path = tmp_path / f"{raw['name']}.yaml"
+    config_path.write_text(yaml.safe_dump(raw))
+    assert cli_main(["bench", str(config_path), "--out", str(tmp_path / "results")]) == 0
+    out_dir = tmp_path / "results" / raw["name"]
+    run = json.loads((out_dir / f"{raw['name']}.json").read_text())
+    run["out_dir"] = out_dir
+    return run
+
+
+@pytest.fixture(scope="module")
+def offline_run(tiny_model_dir, tmp_path_factory):
+    """Three shared-prefix requests at two output lengths, two repeats, KV tracking, HF batched and llama.cpp."""
+    return run_bench(tmp_path_factory.mktemp("bench-offline"), {
+        "name": "tiny_offline", "model": str(tiny_model_dir), "engine": dict(TINY_ENGINE_OPTIONS),
+        "workload": {"kind": "shared_prefix", "num_requests": 3, "prefix_len": 40, "min_question_len": 4,
+                     "max_question_len": 8, "output_len": 5},
+        "mode": {"kind": "offline", "repeats": 2, "track_kv_utilization": True, "warmup_requests": 1},
+        "sweep": {"workload.output_len": [3, 5]},
+        "peers": [{"kind": "hf_batched", "batch_size": 2}, {"kind": "llama_cpp"}],
+        "targets": [{"name": "no compiles", "metric": "num_compilations_measured",
+                     "select": {"system": "jaxpaged"}, "max": 0}]})
+
+
+def rows_of(run, kind):
+    return [row for row in run["rows"] if row["kind"] == kind]
+
+
+def test_every_request_makes_exactly_its_tokens(offline_run):
+    """EOS ignored: 3 requests x output_len tokens, for jaxpaged and the HF peer alike."""
+    for kind in ("jaxpaged", "hf_batched"):
+        rows = rows_of(offline_run, kind)
+        assert [row["status"] for row in rows] == ["ok", "ok"]
+        assert [row["metrics"]["total_output_tokens"] for row in rows] == [9, 15]
+        assert [row["point"] for row in rows] == [{"workload.output_len": 3}, {"workload.output_len": 5}]
+
+
+def test_one_engine_serves_points_with_equal_engine_options(offline_run):
+    startups = {row["metrics"]["engine_startup_s"] for row in rows_of(offline_run, "jaxpaged")}
+    assert len(startups) == 1
+
+
+def test_no_compilation_while_measuring(offline_run):
+    for row in rows_of(offline_run, "jaxpaged"):
+        assert [r["num_compilations_measured"] for r in row["repeats"]] == [0, 0]
+    assert offline_run["targets"][0]["passed"] is True
+
+
+def test_prefix_cache_is_reset_between_repeats(offline_run):
+    """The third request hits the shared prefix in every repeat, and no repeat hits more than the first did."""
+    for row in rows_of(offline_run, "jaxpaged"):
+        rates = [r["prefix_cache_hit_rate"] for r in row["repeats"]]
+        assert rates[0] > 0
+        assert rates[0] == rates[1]
+
+
+def test_engine_and_kv_figures(offline_run):
+    for row in rows_of(offline_run, "jaxpaged"):
+        m = row["metrics"]
+        assert 0 < m["host_ms_per_step_p50"] <= m["step_ms_p50"]
+        assert 0 < m["scheduler_ms_per_step_p50"] <= m["host_ms_per_step_p50"]
+        assert 0 < m["peak_kv_usage"] <= 1
+        assert 0 < m["kv_utilization_mean"] <= 1 and 1 <= m["max_concurrent_requests"] <= 3
+        assert m["kv_capacity_tokens"] == (TINY_ENGINE_OPTIONS["num_kv_blocks"] - 1) * 16
+        assert m["contiguous_max_model_len_max_concurrent"] == m["kv_capacity_tokens"] // 256
+        assert m["ttft_ms_p50"] <= m["e2e_ms_p50"]
+
+
+def test_llama_cpp_row_says_why_it_did_not_run(offline_run):
+    rows = rows_of(offline_run, "llama_cpp")
+    assert len(rows) == 2
+    if importlib.util.find_spec("llama_cpp") is None:
+        assert all(row["status"] == "unavailable" and "not installed" in row["error"] for row in rows)
+
+
+def test_result_files(offline_run):
+    out_dir = offline_run["out_dir"]
+    markdown = (out_dir / "tiny_offline.md").read_text()
+    assert "| jaxpaged | 3 |" in markdown and "× hf_batched(bs=2)" in markdown
+    for name in ("throughput", "latency", "kv"):
+        assert (out_dir / f"tiny_offline_{name}.png").read_bytes()[:8] == PNG_MAGIC
+    assert offline_run["packages"]["jax"] and offline_run["machine"]["num_cpus"] >= 1
+    assert offline_run["config"]["name"] == "tiny_offline"
+
+
+def test_online_multi_turn_against_a_served_engine(tiny_model_dir, tmp_path):
+    """A `jaxpaged serve` subprocess, two conversations of two turns: the second turn hits the first's blocks."""
+    run = run_bench(tmp_path, {
+        "name": "tiny_online", "model": str(tiny_model_dir), "engine": dict(TINY_ENGINE_OPTIONS),
+        "workload": {"kind": "multi_turn", "num_conversations": 2, "num_turns": 2, "system_prompt_len": 32,
+                     "min_question_len": 4, "max_question_len": 8, "output_len": 4},
+        "mode": {"kind": "online", "warmup_requests": 1, "server_start_timeout_s": 300},
+        "sweep": {"mode.max_concurrency": [1]}})
+    [row] = run["rows"]
+    assert row["status"] == "ok", row["error"]
+    m = row["metrics"]
+    assert m["num_requests"] == 4 and m["total_output_tokens"] == 16
+    assert m["num_compilations_measured"] == 0
+    assert m["prefix_cache_hit_rate"] > 0
+    assert m["ttft_ms_p50"] > 0 and m["server_startup_s"] > 0
+    assert (run["out_dir"] / "server-0.log").exists()
