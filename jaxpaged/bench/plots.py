@@ -67,7 +67,7 @@ def throughput_plot(run: dict, x_axis: Optional[str], path: pathlib.Path) -> pat
     ax.set_ylabel("output tokens/s")
     ax.set_ylim(bottom=0)
     ax.set_title(f"{run['config_name']}: throughput")
-    if x_axis is not None:
+    if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -90,7 +90,7 @@ def latency_plot(run: dict, x_axis: Optional[str], path: pathlib.Path) -> pathli
         ax.set_ylabel(f"{name.upper()} ms")
         ax.set_title(f"{name.upper()} percentiles")
         ax.grid(alpha=0.3, which="both")
-        if x_axis is not None:
+        if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
     fig.suptitle(f"{run['config_name']}: latency")
     fig.tight_layout()

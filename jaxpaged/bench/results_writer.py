@@ -109,7 +109,8 @@ def _engine_section(rows: list[dict], axes: list[str]) -> list[str]:
                      fmt(m.get("engine_startup_s", m.get("server_startup_s"))), fmt(m.get("step_ms_p50")),
                      fmt(m.get("host_ms_per_step_p50")), fmt(m.get("scheduler_ms_per_step_p50"))])
     legend = ("warm-up: compiling every bucket in the engine's process; start-up: load + warm-up (offline) or "
-              "spawn to a healthy /health (online); compilations: XLA compilations during the measured runs; "
+              "spawn to a healthy /health (online); compilations: XLA executables built during the measured runs "
+              "(persistent-cache loads count too); "
               "host ms/step: schedule + batch padding + token update + output processing, beside the wall time "
               "of a whole step; online rows have no per-step figures (the engine runs in the server process).")
     return ["### Engine", ""] + _table(header, body) + [legend, ""] if body else []

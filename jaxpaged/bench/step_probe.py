@@ -34,6 +34,7 @@ class StepProbe:
         self.peak_kv_usage = 0.0
         self.kv_samples: list[tuple[int, int, int]] = []
         """(live tokens, allocated block capacity in tokens, running requests) after each schedule()."""
+        # live tokens: distinct KV slots written (or being written this step) that a running request can read
         self._installed: list[tuple[object, str]] = []
 
     # ---- install / remove ------------------------------------------------------------------------------------
@@ -103,13 +104,18 @@ class StepProbe:
         return timed_step
 
     def _sample_kv(self, scheduler) -> None:
+        # NOTE: a block shared through the prefix cache is counted once, holding as many live tokens as its
+        # fullest holder has computed; a block allocated for tokens not computed yet holds none.
         kv = scheduler.kv_cache_manager
-        block_ids = set()
-        live_tokens = 0
+        block_size = kv.block_size
+        filled: dict[int, int] = {}
         for request in scheduler.running:
-            block_ids.update(kv.get_block_ids(request.request_id))
-            live_tokens += request.num_computed_tokens
-        self.kv_samples.append((live_tokens, len(block_ids) * kv.block_size, len(scheduler.running)))
+            num_computed = request.num_computed_tokens
+            for index, block_id in enumerate(kv.get_block_ids(request.request_id)):
+                in_block = min(block_size, max(0, num_computed - index * block_size))
+                if in_block > filled.get(block_id, -1):
+                    filled[block_id] = in_block
+        self.kv_samples.append((sum(filled.values()), len(filled) * block_size, len(scheduler.running)))
 
     # ---- results ---------------------------------------------------------------------------------------------
     def host_metrics(self) -> dict[str, Optional[float]]:

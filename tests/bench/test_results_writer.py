@@ -91,3 +91,16 @@ def test_parse_metrics_reads_counters_and_gauges():
     assert values["jaxpaged_xla_compilations"] == 3.0
     assert values["jaxpaged_kv_cache_usage_perc"] == 0.25
     assert "jaxpaged_sequences_finished" not in values  # labelled samples are not engine-wide numbers
+
+
+@pytest.mark.parametrize("with_axis", [True, False])
+def test_plots_are_written_with_and_without_a_sweep_axis(tmp_path, with_axis):
+    from jaxpaged.bench.plots import write_plots
+
+    run = fake_run()
+    if not with_axis:
+        run["config"]["sweep"] = {}
+        run["rows"][0]["point"] = {}
+    paths = write_plots(run, tmp_path, "mode.request_rate" if with_axis else None)
+    assert [p.name for p in paths] == ["demo_throughput.png", "demo_latency.png", "demo_kv.png"]
+    assert all(p.read_bytes()[:4] == b"\x89PNG" for p in paths)

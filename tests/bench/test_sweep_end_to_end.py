@@ -11,6 +11,9 @@ from tests.conftest import TINY_ENGINE_OPTIONS
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
+# One worker runs the whole module under `-n 2 --dist loadgroup`, so the offline sweep runs once.
+pytestmark = pytest.mark.xdist_group("bench_end_to_end")
+
 
 def run_bench(tmp_path, raw: dict) -> dict:
     config_path = tmp_path / f"{raw['name']}.yaml"
