@@ -5,18 +5,17 @@ import uuid
 from typing import AsyncIterator, Optional
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from jaxpaged.async_engine import EngineDeadError
 from jaxpaged.outputs import CompletionOutput, RequestOutput
 from jaxpaged.server.context import ServerContext
 from jaxpaged.server.errors import APIError, error_body
-from jaxpaged.server.generation import GenerationRun, ensure_ready
+from jaxpaged.server.generation import GenerationRun, ensure_ready, respond
 from jaxpaged.server.prompts import chat_prompt
 from jaxpaged.server.protocol import ChatCompletionRequest
 from jaxpaged.server.responses import SampleProgress, chat_logprobs, usage
-from jaxpaged.server.streaming import (SSE_DONE, ClientDisconnected, EventStreamResponse, run_until_disconnect,
-                                       sse_event)
+from jaxpaged.server.streaming import SSE_DONE, sse_event
 from jaxpaged.server.validation import (build_sampling_params, check_model_name, parse_model, read_json_body,
                                         resolve_max_tokens)
 
@@ -38,24 +37,8 @@ async def create_chat_completion(request: Request, context: ServerContext) -> Re
                                    else None, vocab_size=engine.vocab_size, max_n=context.settings.max_n)
     run = GenerationRun(context, f"chatcmpl-{uuid.uuid4().hex}", [prompt], [params], cache_salt=body.cache_salt,
                         priority=body.priority)
-    try:
-        run.submit()
-        await run.wait_added()
-    except BaseException:
-        run.close()
-        raise
     view = _ChatView(body, engine.tokenizer, engine.model_name, run.request_id)
-    if body.stream:
-        return EventStreamResponse(view.events(run), on_close=run.close)
-    try:
-        finals = await run_until_disconnect(request, run.collect())
-    except ClientDisconnected:
-        return Response(status_code=499)  # nobody reads it; the request was aborted by close()
-    except EngineDeadError:
-        raise APIError(503, "the engine stopped before the request finished", code="engine_unavailable") from None
-    finally:
-        run.close()
-    return JSONResponse(view.body(finals[0]))
+    return await respond(request, run, body.stream, view.events, lambda finals: view.body(finals[0]))
 
 
 class _ChatView:

@@ -8,7 +8,10 @@ Latency histograms are observed here, on the outputs as the HTTP side sees them.
 import asyncio
 import dataclasses
 import time
-from typing import AsyncIterator, Optional
+from typing import AsyncIterator, Callable, Optional
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
 
 from jaxpaged.async_engine import EngineDeadError, RequestStream
 from jaxpaged.outputs import RequestOutput
@@ -16,6 +19,7 @@ from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.server.context import ServerContext
 from jaxpaged.server.errors import APIError, from_value_error
 from jaxpaged.server.prompts import PromptInput
+from jaxpaged.server.streaming import ClientDisconnected, EventStreamResponse, run_until_disconnect
 
 
 def ensure_ready(context: ServerContext) -> None:
@@ -159,3 +163,29 @@ async def _pump(index: int, stream: RequestStream, merged: asyncio.Queue) -> Non
         merged.put_nowait((index, error))
     finally:
         merged.put_nowait((index, None))
+
+
+async def respond(request: Request, run: GenerationRun, stream: bool,
+                  events: Callable[[GenerationRun], AsyncIterator[str]],
+                  render: Callable[[list[RequestOutput]], dict]) -> Response:
+    """Admits the run, then either streams `events(run)` or waits for the end and returns `render(finals)`.
+
+    A client that goes away, before or during the stream, closes the run, which aborts its requests.
+    """
+    try:
+        run.submit()
+        await run.wait_added()
+    except BaseException:
+        run.close()
+        raise
+    if stream:
+        return EventStreamResponse(events(run), on_close=run.close)
+    try:
+        finals = await run_until_disconnect(request, run.collect())
+    except ClientDisconnected:
+        return Response(status_code=499)  # nobody reads it; the requests were aborted by close()
+    except EngineDeadError:
+        raise APIError(503, "the engine stopped before the request finished", code="engine_unavailable") from None
+    finally:
+        run.close()
+    return JSONResponse(render(finals))

