@@ -6,6 +6,8 @@ Every user-facing knob lives here once. A YAML preset or sweep is only data that
 import dataclasses
 from typing import Literal, Optional
 
+from jaxpaged.checks import is_int
+
 SchedulingPolicy = Literal["fcfs", "priority"]
 AttentionBackendName = Literal["auto", "xla", "pallas_tpu", "pallas_gpu"]
 _POLICIES = ("fcfs", "priority")
@@ -16,10 +18,6 @@ _DTYPES = ("auto", "float32", "bfloat16", "float16")
 def _require(ok: bool, field: str, message: str) -> None:
     if not ok:
         raise ValueError(f"{field}: {message}")
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,13 +34,13 @@ class CacheConfig:
     """Reuse computed full blocks across requests by their chain hash."""
 
     def __post_init__(self) -> None:
-        _require(_is_int(self.block_size) and self.block_size >= 1, "block_size",
+        _require(is_int(self.block_size) and self.block_size >= 1, "block_size",
                  f"must be a positive int, got {self.block_size!r}")
         if self.num_kv_blocks is not None:
-            _require(_is_int(self.num_kv_blocks) and self.num_kv_blocks >= 2, "num_kv_blocks",
+            _require(is_int(self.num_kv_blocks) and self.num_kv_blocks >= 2, "num_kv_blocks",
                      f"must be an int >= 2 (block 0 is the null block), got {self.num_kv_blocks!r}")
         if self.kv_cache_memory is not None:
-            _require(_is_int(self.kv_cache_memory) and self.kv_cache_memory > 0, "kv_cache_memory",
+            _require(is_int(self.kv_cache_memory) and self.kv_cache_memory > 0, "kv_cache_memory",
                      f"must be a positive number of bytes, got {self.kv_cache_memory!r}")
         _require(isinstance(self.enable_prefix_caching, bool), "enable_prefix_caching",
                  f"must be a bool, got {self.enable_prefix_caching!r}")
@@ -66,8 +64,8 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
             value = getattr(self, name)
-            _require(_is_int(value) and value >= 1, name, f"must be a positive int, got {value!r}")
-        _require(_is_int(self.long_prefill_token_threshold) and self.long_prefill_token_threshold >= 0,
+            _require(is_int(value) and value >= 1, name, f"must be a positive int, got {value!r}")
+        _require(is_int(self.long_prefill_token_threshold) and self.long_prefill_token_threshold >= 0,
                  "long_prefill_token_threshold",
                  f"must be an int >= 0, got {self.long_prefill_token_threshold!r}")
         _require(self.scheduling_policy in _POLICIES, "scheduling_policy",
@@ -95,7 +93,7 @@ class EngineConfig:
         _require(self.dtype in _DTYPES, "dtype", f"must be one of {_DTYPES}, got {self.dtype!r}")
         _require(self.attention_backend in _BACKENDS, "attention_backend",
                  f"must be one of {_BACKENDS}, got {self.attention_backend!r}")
-        _require(_is_int(self.seed), "seed", f"must be an int, got {self.seed!r}")
+        _require(is_int(self.seed), "seed", f"must be an int, got {self.seed!r}")
 
     @classmethod
     def from_options(cls, **options) -> "EngineConfig":

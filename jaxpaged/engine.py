@@ -48,6 +48,8 @@ class LLMEngine:
         self.scheduler = Scheduler(sched, config.cache, self.runner.num_kv_blocks)
         self._groups: dict[str, RequestGroup] = {}
         self._samples: dict[str, tuple[RequestGroup, Sample]] = {}
+        self._holding_back: dict[str, RequestGroup] = {}
+        """Groups (n > 1) whose later samples wait for the first one's prefill; the only ones step() checks."""
         self._seed_rng = random.Random(config.seed)
         self._prompt_tokens_total = 0
         self._generation_tokens_total = 0
@@ -80,6 +82,8 @@ class LLMEngine:
         self.scheduler.add_request(samples[0].request)  # validates against the pool before anything is kept
         group = RequestGroup(request_id, parsed, params, samples, arrival_time)
         self._groups[request_id] = group
+        if params.n > 1:
+            self._holding_back[request_id] = group
         for s in samples:
             self._samples[s.request.request_id] = (group, s)
         self._prompt_tokens_total += num_prompt * params.n
@@ -104,6 +108,7 @@ class LLMEngine:
             group = self._groups.pop(request_id, None)
             if group is None:
                 continue
+            self._holding_back.pop(request_id, None)
             sample_ids = [s.request.request_id for s in group.samples]
             self.scheduler.finish_requests(sample_ids, RequestStatus.FINISHED_ABORTED)
             for sample_id in sample_ids:
@@ -175,14 +180,16 @@ class LLMEngine:
         return outputs
 
     def _release_held_back_samples(self) -> None:
-        for group in self._groups.values():
-            if group.num_released < len(group.samples) and group.ready_to_release():
+        for request_id, group in list(self._holding_back.items()):
+            if group.ready_to_release():
                 for held in group.held_back():
                     self.scheduler.add_request(held.request)
                 group.num_released = len(group.samples)
+                del self._holding_back[request_id]
 
     def _forget(self, request_id: str) -> None:
         group = self._groups.pop(request_id)
+        self._holding_back.pop(request_id, None)
         for s in group.samples:
             self._samples.pop(s.request.request_id, None)
 

@@ -1,7 +1,9 @@
 """Turning what a user passes as a prompt into token ids, with the checks that must happen on the host."""
 
 import dataclasses
-from typing import Any, Optional, Union
+from typing import Optional, Union
+
+from jaxpaged.checks import is_int
 
 PromptInput = Union[str, list[int], dict]
 
@@ -19,10 +21,6 @@ class ParsedPrompt:
     """Lower runs first under the "priority" scheduling policy."""
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def parse_prompt(prompt: PromptInput, tokenizer, vocab_size: int) -> ParsedPrompt:
     """Tokenize or check a prompt; ValueError naming the field for anything the device must never see."""
     cache_salt, priority = None, 0
@@ -35,7 +33,7 @@ def parse_prompt(prompt: PromptInput, tokenizer, vocab_size: int) -> ParsedPromp
         cache_salt, priority = prompt.get("cache_salt"), prompt.get("priority", 0)
         if cache_salt is not None and not isinstance(cache_salt, str):
             raise ValueError(f"cache_salt: must be a string, got {type(cache_salt).__name__}")
-        if not _is_int(priority):
+        if not is_int(priority):
             raise ValueError(f"priority: must be an int, got {priority!r}")
         prompt = prompt.get("prompt", prompt.get("prompt_token_ids"))
     if isinstance(prompt, str):
@@ -48,7 +46,7 @@ def parse_prompt(prompt: PromptInput, tokenizer, vocab_size: int) -> ParsedPromp
             raise ValueError("prompt_token_ids: must not be empty")
         for token_id in token_ids:
             # NOTE: JAX clamps out-of-range gathers silently, so a bad id would embed the wrong token.
-            if not _is_int(token_id) or not 0 <= token_id < vocab_size:
+            if not is_int(token_id) or not 0 <= token_id < vocab_size:
                 raise ValueError(f"prompt_token_ids: every id must be an int in [0, {vocab_size}), got {token_id!r}")
         return ParsedPrompt(None, token_ids, cache_salt, priority)
     raise ValueError(f"prompt: expected a string, a list of token ids or a dict, got {type(prompt).__name__}")

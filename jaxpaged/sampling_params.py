@@ -9,6 +9,8 @@ import dataclasses
 import math
 from typing import Optional, Union
 
+from jaxpaged.checks import is_int
+
 MAX_LOGPROBS = 20
 """Most top logprobs one request may ask for per token (the OpenAI limit)."""
 
@@ -24,11 +26,6 @@ MAX_ABS_LOGIT_BIAS = 100.0
 
 def _fail(field: str, message: str, value) -> None:
     raise ValueError(f"{field}: {message}, got {value!r}")
-
-
-def _is_int(value) -> bool:
-    # NOTE: bool is a subclass of int; True as a token count or a seed is almost surely a bug.
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _check_float(field: str, value, low: float, high: float, *, low_open: bool = False) -> float:
@@ -70,7 +67,7 @@ def _normalize_stop_token_ids(stop_token_ids) -> list[int]:
     if not isinstance(stop_token_ids, (list, tuple)):
         _fail("stop_token_ids", "must be a list of int", stop_token_ids)
     for token_id in stop_token_ids:
-        if not _is_int(token_id) or token_id < 0:
+        if not is_int(token_id) or token_id < 0:
             _fail("stop_token_ids", "must hold only ints >= 0", token_id)
     return list(stop_token_ids)
 
@@ -84,7 +81,7 @@ def _normalize_logit_bias(logit_bias) -> Optional[dict[int, float]]:
     for key, bias in logit_bias.items():
         # JSON objects (the OpenAI API) only have string keys, so "42" is taken as token 42.
         token_id = int(key) if isinstance(key, str) and key.isdigit() else key
-        if not _is_int(token_id) or token_id < 0:
+        if not is_int(token_id) or token_id < 0:
             _fail("logit_bias", "keys must be token ids (ints >= 0)", key)
         normalized[token_id] = _check_float(f"logit_bias[{token_id}]", bias,
                                             -MAX_ABS_LOGIT_BIAS, MAX_ABS_LOGIT_BIAS)
@@ -133,14 +130,14 @@ class SamplingParams:
     """Leave special tokens out of the output text."""
 
     def __post_init__(self) -> None:
-        if not _is_int(self.n) or self.n < 1:
+        if not is_int(self.n) or self.n < 1:
             _fail("n", "must be an int >= 1", self.n)
         self.temperature = _check_float("temperature", self.temperature, 0.0, math.inf)
         self.top_p = _check_float("top_p", self.top_p, 0.0, 1.0, low_open=True)
-        if not _is_int(self.top_k) or (self.top_k < 1 and self.top_k not in (0, -1)):
+        if not is_int(self.top_k) or (self.top_k < 1 and self.top_k not in (0, -1)):
             _fail("top_k", "must be 0 or -1 (off) or an int >= 1", self.top_k)
         self.min_p = _check_float("min_p", self.min_p, 0.0, 1.0)
-        if self.seed is not None and not _is_int(self.seed):
+        if self.seed is not None and not is_int(self.seed):
             _fail("seed", "must be an int or None", self.seed)
         for name in ("presence_penalty", "frequency_penalty"):
             setattr(self, name, _check_float(name, getattr(self, name), -MAX_ABS_PENALTY, MAX_ABS_PENALTY))
@@ -149,13 +146,13 @@ class SamplingParams:
         self.logit_bias = _normalize_logit_bias(self.logit_bias)
         self.stop = _normalize_stop(self.stop)
         self.stop_token_ids = _normalize_stop_token_ids(self.stop_token_ids)
-        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+        if not is_int(self.max_tokens) or self.max_tokens < 1:
             _fail("max_tokens", "must be an int >= 1", self.max_tokens)
-        if not _is_int(self.min_tokens) or self.min_tokens < 0:
+        if not is_int(self.min_tokens) or self.min_tokens < 0:
             _fail("min_tokens", "must be an int >= 0", self.min_tokens)
         if self.min_tokens > self.max_tokens:
             _fail("min_tokens", f"must be <= max_tokens ({self.max_tokens})", self.min_tokens)
-        if self.logprobs is not None and (not _is_int(self.logprobs)
+        if self.logprobs is not None and (not is_int(self.logprobs)
                                           or not 0 <= self.logprobs <= MAX_LOGPROBS):
             _fail("logprobs", f"must be None or an int in [0, {MAX_LOGPROBS}]", self.logprobs)
         for name in ("include_stop_str_in_output", "ignore_eos", "skip_special_tokens"):

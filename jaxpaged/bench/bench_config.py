@@ -23,8 +23,9 @@ from typing import Any, Optional
 
 import yaml
 
-from jaxpaged.config import EngineConfig
 from jaxpaged.bench.workloads import make_workload_spec
+from jaxpaged.checks import is_int
+from jaxpaged.config import EngineConfig
 
 SECTIONS = ("engine", "workload", "sampling", "mode")
 """Sections whose parameters may be sweep axes, spelled "section.parameter"."""
@@ -37,10 +38,6 @@ _TOP_LEVEL = {"name", "description", "model", "engine", "workload", "sampling", 
 def _require(ok: bool, field: str, message: str, value: Any) -> None:
     if not ok:
         raise ValueError(f"{field}: {message}, got {value!r}")
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _is_number(value) -> bool:
@@ -85,19 +82,19 @@ class ModeConfig:
 
     def __post_init__(self) -> None:
         _require(self.kind in ("offline", "online"), "mode.kind", "must be 'offline' or 'online'", self.kind)
-        _require(_is_int(self.repeats) and self.repeats >= 1, "mode.repeats", "must be an int >= 1", self.repeats)
+        _require(is_int(self.repeats) and self.repeats >= 1, "mode.repeats", "must be an int >= 1", self.repeats)
         rate = self.request_rate
         if isinstance(rate, str) and rate.lower() in ("inf", "infinity"):
             object.__setattr__(self, "request_rate", math.inf)
         _require(_is_number(self.request_rate) and self.request_rate > 0, "mode.request_rate",
                  "must be a positive number or 'inf'", rate)
-        _require(self.max_concurrency is None or (_is_int(self.max_concurrency) and self.max_concurrency >= 1),
+        _require(self.max_concurrency is None or (is_int(self.max_concurrency) and self.max_concurrency >= 1),
                  "mode.max_concurrency", "must be null or an int >= 1", self.max_concurrency)
-        _require(_is_int(self.warmup_requests) and self.warmup_requests >= 0, "mode.warmup_requests",
+        _require(is_int(self.warmup_requests) and self.warmup_requests >= 0, "mode.warmup_requests",
                  "must be an int >= 0", self.warmup_requests)
         _require(isinstance(self.track_kv_utilization, bool), "mode.track_kv_utilization", "must be a bool",
                  self.track_kv_utilization)
-        _require(_is_int(self.arrival_seed), "mode.arrival_seed", "must be an int", self.arrival_seed)
+        _require(is_int(self.arrival_seed), "mode.arrival_seed", "must be an int", self.arrival_seed)
         _require(_is_number(self.server_start_timeout_s) and self.server_start_timeout_s > 0,
                  "mode.server_start_timeout_s", "must be a positive number", self.server_start_timeout_s)
 
@@ -117,14 +114,14 @@ class PeerConfig:
 
     def __post_init__(self) -> None:
         _require(self.kind in PEER_KINDS, "peers[].kind", f"must be one of {PEER_KINDS}", self.kind)
-        _require(_is_int(self.batch_size) and self.batch_size >= 1, "peers[].batch_size", "must be an int >= 1",
+        _require(is_int(self.batch_size) and self.batch_size >= 1, "peers[].batch_size", "must be an int >= 1",
                  self.batch_size)
-        _require(_is_int(self.repeats) and self.repeats >= 1, "peers[].repeats", "must be an int >= 1",
+        _require(is_int(self.repeats) and self.repeats >= 1, "peers[].repeats", "must be an int >= 1",
                  self.repeats)
         _require(isinstance(self.options, dict), "peers[].options", "must be a mapping", self.options)
         if self.kind != "llama_cpp":
             for key, value in self.options.items():
-                _require(key == "num_threads" and _is_int(value) and value >= 1, f"peers[].options.{key}",
+                _require(key == "num_threads" and is_int(value) and value >= 1, f"peers[].options.{key}",
                          "HF peers take only num_threads (an int >= 1)", value)
 
     @property

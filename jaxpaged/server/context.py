@@ -4,13 +4,10 @@ import dataclasses
 from typing import Optional
 
 from jaxpaged.async_engine import AsyncLLMEngine
+from jaxpaged.checks import is_int
 from jaxpaged.server.metrics import ServerMetrics
 
 DEFAULT_MAX_REQUEST_BODY_BYTES = 2 * 1024 * 1024
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,7 +31,7 @@ class ServerSettings:
         for name, minimum in (("max_queued_requests", 0), ("max_n", 1), ("max_request_body_bytes", 1),
                               ("retry_after_s", 0)):
             value = getattr(self, name)
-            if not _is_int(value) or value < minimum:
+            if not is_int(value) or value < minimum:
                 raise ValueError(f"{name}: must be an int >= {minimum}, got {value!r}")
 
     def __repr__(self) -> str:

@@ -108,6 +108,21 @@ def check_kernel_against_reference(kernel, page_size: int, head_dim: int, num_q_
     assert jitted_kernel._cache_size() == 1, "one compile must serve every scenario"
 
 
+def check_kernel_config(check_kernel, kernel_fn, page_size: int, head_dim: int, num_q_heads: int,
+                        num_kv_heads: int, dtype, options: dict, **fixed) -> None:
+    """Split a test config's options into attention options and the kernel's block options, then check it.
+
+    `fixed` (e.g. interpret=True) goes to kernel_fn with the block options.
+    """
+    import functools
+
+    attention = {k: options[k] for k in ("sliding_window", "soft_cap") if k in options}
+    blocks = {k: v for k, v in options.items() if k not in attention}
+    kernel = functools.partial(kernel_fn, **fixed, **blocks)
+    check_kernel(kernel, page_size, head_dim, num_q_heads, num_kv_heads, dtype, sm_scale=head_dim ** -0.5,
+                 **attention)
+
+
 @pytest.fixture(scope="session")
 def check_kernel():
     """check_kernel_against_reference, as a fixture for the kernel test files."""

@@ -10,6 +10,7 @@ import pytest
 
 from pallas_kernels.ragged_paged_attention.gpu import ragged_paged_attention_gpu
 from pallas_kernels.ragged_paged_attention.reference import ragged_paged_attention_reference
+from tests.kernels.conftest import check_kernel_config
 
 # (page_size, head_dim, num_q_heads, num_kv_heads, dtype, kernel options): every page size, head dim,
 # GQA ratio, dtype and the split / unsplit KV paths at least once; the full product is the slow sweep.
@@ -26,26 +27,18 @@ SWEEP_CONFIGS = [(page, dim, 4 * ratio, 4, dtype, dict(num_kv_splits=splits))
                      (16, 32), (64, 128), (1, 3, 4), (jnp.float32, jnp.bfloat16), (1, 3))]
 
 
-def _run(check_kernel, page_size, head_dim, num_q_heads, num_kv_heads, dtype, options):
-    attention = {k: options[k] for k in ("sliding_window", "soft_cap") if k in options}
-    blocks = {k: v for k, v in options.items() if k not in attention}
-    kernel = functools.partial(ragged_paged_attention_gpu, interpret=True, **blocks)
-    check_kernel(kernel, page_size, head_dim, num_q_heads, num_kv_heads, dtype,
-                 sm_scale=head_dim ** -0.5, **attention)
-
-
 @pytest.mark.parametrize("config", CI_CONFIGS, ids=lambda c: f"p{c[0]}-d{c[1]}-h{c[2]}x{c[3]}-"
                          f"{jnp.dtype(c[4]).name}")
 def test_gpu_kernel_matches_reference(config, check_kernel):
     """Decode, prefill, mixed, edge lengths and padding all match the reference."""
-    _run(check_kernel, *config)
+    check_kernel_config(check_kernel, ragged_paged_attention_gpu, *config, interpret=True)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("config", SWEEP_CONFIGS)
 def test_gpu_kernel_sweep(config, check_kernel):
     """The full page size x head dim x GQA ratio x dtype x KV split product."""
-    _run(check_kernel, *config)
+    check_kernel_config(check_kernel, ragged_paged_attention_gpu, *config, interpret=True)
 
 
 def test_gpu_kernel_reads_stacked_layers(scenarios):

@@ -11,6 +11,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from pallas_kernels.ragged_paged_attention.reference import ragged_paged_attention_reference
 from pallas_kernels.ragged_paged_attention.tpu import ragged_paged_attention_tpu
+from tests.kernels.conftest import check_kernel_config
 
 # (page_size, head_dim, num_q_heads, num_kv_heads, dtype, kernel options): every page size, head dim,
 # GQA ratio and dtype at least once; the full product is the slow sweep below.
@@ -25,27 +26,18 @@ SWEEP_CONFIGS = [(page, dim, 4 * ratio, 4, dtype, dict(q_block_size=16))
                      (16, 32), (64, 128), (1, 3, 4), (jnp.float32, jnp.bfloat16))]
 
 
-def _run(check_kernel, page_size, head_dim, num_q_heads, num_kv_heads, dtype, options,
-         interpret=True):
-    attention = {k: options[k] for k in ("sliding_window", "soft_cap") if k in options}
-    blocks = {k: v for k, v in options.items() if k not in attention}
-    kernel = functools.partial(ragged_paged_attention_tpu, interpret=interpret, **blocks)
-    check_kernel(kernel, page_size, head_dim, num_q_heads, num_kv_heads, dtype,
-                 sm_scale=head_dim ** -0.5, **attention)
-
-
 @pytest.mark.parametrize("config", CI_CONFIGS, ids=lambda c: f"p{c[0]}-d{c[1]}-h{c[2]}x{c[3]}-"
                          f"{jnp.dtype(c[4]).name}")
 def test_tpu_kernel_matches_reference(config, check_kernel):
     """Decode, prefill, mixed, edge lengths and padding all match the reference."""
-    _run(check_kernel, *config)
+    check_kernel_config(check_kernel, ragged_paged_attention_tpu, *config, interpret=True)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("config", SWEEP_CONFIGS)
 def test_tpu_kernel_sweep(config, check_kernel):
     """The full page size x head dim x GQA ratio x dtype product."""
-    _run(check_kernel, *config)
+    check_kernel_config(check_kernel, ragged_paged_attention_tpu, *config, interpret=True)
 
 
 def test_tpu_kernel_has_no_dma_races(check_kernel):
@@ -53,8 +45,8 @@ def test_tpu_kernel_has_no_dma_races(check_kernel):
     from jax._src.pallas.mosaic.interpret import interpret_pallas_call
 
     params = pltpu.InterpretParams(detect_races=True, dma_execution_mode="on_wait")
-    _run(check_kernel, 16, 64, 2, 1, jnp.float32, dict(q_block_size=16, pages_per_chunk=1),
-         interpret=params)
+    check_kernel_config(check_kernel, ragged_paged_attention_tpu, 16, 64, 2, 1, jnp.float32,
+                        dict(q_block_size=16, pages_per_chunk=1), interpret=params)
     assert not interpret_pallas_call.races.races_found
 
 

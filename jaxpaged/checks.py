@@ -1,0 +1,8 @@
+"""Small value checks shared by every layer that validates user input (host-only, no dependencies)."""
+
+from typing import Any
+
+
+def is_int(value: Any) -> bool:
+    """A real int: bool is a subclass of int, but True as a token count or a seed is almost surely a bug."""
+    return isinstance(value, int) and not isinstance(value, bool)
