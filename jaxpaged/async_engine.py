@@ -11,15 +11,15 @@ import dataclasses
 import logging
 import queue
 import threading
-from typing import Any, Optional, Union
+from typing import Optional, Union
 
+from jaxpaged.engine import LLMEngine
+from jaxpaged.engine_stats import EngineStats
+from jaxpaged.inputs import PromptInput
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
-
-Prompt = Union[str, list[int], dict]
-
 
 class EngineDeadError(RuntimeError):
     """The engine loop has stopped (shut down, or an engine step raised); no request can progress."""
@@ -28,7 +28,7 @@ class EngineDeadError(RuntimeError):
 @dataclasses.dataclass
 class _AddCommand:
     request_id: str
-    prompt: Prompt
+    prompt: PromptInput
     sampling_params: SamplingParams
     sink: "_OutputSink"
     added: concurrent.futures.Future
@@ -106,20 +106,20 @@ class RequestStream:
 class AsyncLLMEngine:
     """Runs an LLMEngine on its own thread and lets asyncio code add, stream and abort requests."""
 
-    def __init__(self, engine: Any, *, idle_wait_s: float = 0.5) -> None:
+    def __init__(self, engine: LLMEngine, *, idle_wait_s: float = 0.5) -> None:
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.model_name: str = engine.model_name
         self.vocab_size: int = engine.vocab_size
         self.max_model_len: int = engine.max_model_len
-        self.max_num_seqs: int = _max_num_seqs(engine)
+        self.max_num_seqs: int = engine.max_num_seqs
         self._idle_wait_s = idle_wait_s
         self._commands: queue.Queue = queue.Queue()
         self._sinks: dict[str, _OutputSink] = {}  # touched only on the loop thread
         self._lock = threading.RLock()
         self._accepting = True
         self._num_unfinished_seqs = 0
-        self._stats = None
+        self._stats: Optional[EngineStats] = None
         self._num_left_waiting = 0
         self._error: Optional[BaseException] = None
         self._stopping = threading.Event()
@@ -150,7 +150,7 @@ class AsyncLLMEngine:
 
     # ----------------------------------------------------------------------------------------------- requests
 
-    def add_request(self, request_id: str, prompt: Prompt, sampling_params: SamplingParams) -> RequestStream:
+    def add_request(self, request_id: str, prompt: PromptInput, sampling_params: SamplingParams) -> RequestStream:
         """Queues a request for the engine and returns its stream at once (await stream.wait_added() next).
 
         Counting the request's sequences happens here, synchronously, so an admission check followed by
@@ -174,7 +174,7 @@ class AsyncLLMEngine:
         """Sequences (n per request) added and not yet finished or aborted: exact, updated at once."""
         return self._num_unfinished_seqs
 
-    def get_stats(self) -> Any:
+    def get_stats(self) -> Optional[EngineStats]:
         """The engine's stats as of the loop's latest step or command (a snapshot; safe from any thread)."""
         return self._stats
 
@@ -286,15 +286,3 @@ def _snapshot(output: RequestOutput) -> RequestOutput:
                                    logprobs=None if sample.logprobs is None else list(sample.logprobs))
                for sample in output.outputs]
     return dataclasses.replace(output, outputs=samples)
-
-
-def _max_num_seqs(engine: Any) -> int:
-    """The engine's max_num_seqs (how many sequences run at once), wherever this engine keeps it."""
-    for path in (("max_num_seqs",), ("config", "scheduler", "max_num_seqs"),
-                 ("engine_config", "scheduler", "max_num_seqs")):
-        value: Any = engine
-        for name in path:
-            value = getattr(value, name, None)
-        if isinstance(value, int):
-            return value
-    raise ValueError("engine: has no max_num_seqs (looked at .max_num_seqs and .config.scheduler.max_num_seqs)")

@@ -6,3 +6,8 @@ from typing import Any
 def is_int(value: Any) -> bool:
     """A real int: bool is a subclass of int, but True as a token count or a seed is almost surely a bug."""
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    """An int or float that is not a bool (the same trap as is_int)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -7,7 +7,10 @@ held back rather than released:
   - a decode that ends in U+FFFD: a multi-byte UTF-8 character split across tokens is not complete yet;
   - a tail of the text that is the beginning of a stop string: it may still become that stop string,
     and text after a stop string's start must never reach the user (unless include_stop_str_in_output).
-Host-only; no jax.
+When the completion ends, held-back stop-string prefixes are released, but the trailing U+FFFD of bytes that
+never became a character are dropped (as vLLM's incremental detokenizer never releases them): the text never
+ends in half a character, and the streamed deltas always add up to the final text. The token ids still hold
+those bytes. Host-only; no jax.
 """
 
 from collections.abc import Sequence
@@ -79,7 +82,8 @@ class IncrementalDetokenizer:
         return released
 
     def finish(self) -> str:
-        """The completion ended for another reason (length, abort, stop token): release held-back text."""
+        """The completion ended for another reason (length, abort, stop token): release held-back text,
+        less the bytes of an incomplete last character. A stop string completed by that text still ends it."""
         if self._finished:
             return ""
         released = self._take_text(self._decode_new_text(final=True), final=True)
@@ -93,13 +97,18 @@ class IncrementalDetokenizer:
                                       clean_up_tokenization_spaces=False)
 
     def _decode_new_text(self, *, final: bool) -> str:
-        """Text of the tokens past _read_offset, or "" while it ends in an incomplete character."""
+        """Text of the tokens past _read_offset, or "" while it ends in an incomplete character; when final,
+        that text without its incomplete last character."""
         if self._read_offset == len(self._token_ids):
             return ""
         prefix_text = self._decode(self._token_ids[self._prefix_offset:self._read_offset])
         window_text = self._decode(self._token_ids[self._prefix_offset:])
-        if window_text.endswith(_REPLACEMENT_CHAR) and not final:
-            return ""
+        if window_text.endswith(_REPLACEMENT_CHAR):
+            if not final:
+                return ""
+            # NOTE: a decode cannot tell an incomplete character from a literal trailing U+FFFD, so both are
+            # dropped; one released mid-text (bytes that never became a character, then more text) is kept.
+            window_text = window_text.rstrip(_REPLACEMENT_CHAR)
         self._prefix_offset = self._read_offset
         self._read_offset = len(self._token_ids)
         if self._prefix_offset >= _MAX_UNUSED_TOKENS:

@@ -3,15 +3,12 @@
 Not thread-safe: the server's async engine owns it from a single loop thread.
 """
 
-import itertools
 import random
 import time
 from collections.abc import Iterable
 from typing import Optional, Union
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 from transformers import PreTrainedTokenizerFast
 
 from jaxpaged.config import EngineConfig
@@ -25,8 +22,7 @@ from jaxpaged.outputs import RequestOutput
 from jaxpaged.request_group import RequestGroup, Sample
 from jaxpaged.runner import compile_counter
 from jaxpaged.runner.model_runner import ModelRunner
-from jaxpaged.runner.sampler import (SamplingRow, all_sampler_flag_variants, build_sampling_batch,
-                                     min_tokens_suppress_ids, sample, sampler_static_flags, warmup_sampling_batch)
+from jaxpaged.runner.step_result import StepResult
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.weights.loader import LoadedModel, load_model
 
@@ -41,10 +37,11 @@ class LLMEngine:
         self.vocab_size = loaded.config.vocab_size
         sched = config.scheduler
         self.max_model_len = sched.max_model_len
+        self.max_num_seqs = sched.max_num_seqs
         self.tokenizer = PreTrainedTokenizerFast.from_pretrained(str(loaded.tokenizer_dir))
         self.eos_token_ids = list(loaded.config.eos_token_ids) or (
             [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else [])
-        self.runner = ModelRunner(loaded, config)
+        self.runner = ModelRunner(loaded, config, self.eos_token_ids)
         self.scheduler = Scheduler(sched, config.cache, self.runner.num_kv_blocks)
         self._groups: dict[str, RequestGroup] = {}
         self._samples: dict[str, tuple[RequestGroup, Sample]] = {}
@@ -54,7 +51,7 @@ class LLMEngine:
         self._prompt_tokens_total = 0
         self._generation_tokens_total = 0
         self._num_steps = 0
-        self.warmup_seconds = self._warmup() if warmup else 0.0
+        self.warmup_seconds = self.runner.warmup() if warmup else 0.0
 
     @classmethod
     def from_options(cls, model: Optional[str] = None, **engine_options) -> "LLMEngine":
@@ -96,11 +93,11 @@ class LLMEngine:
             eos_token_id=self.eos_token_ids[0] if self.eos_token_ids else None,
             stop_token_ids=list(params.stop_token_ids) + self.eos_token_ids[1:], ignore_eos=params.ignore_eos,
             arrival_time=arrival_time, priority=parsed.priority, cache_salt=parsed.cache_salt,
-            sampling_params=params)
+            sampling_params=params, sampling_seed=seed)
         detokenizer = IncrementalDetokenizer(
             self.tokenizer, parsed.token_ids, skip_special_tokens=params.skip_special_tokens,
             stop=params.stop, include_stop_str_in_output=params.include_stop_str_in_output)
-        return Sample(index, request, seed, detokenizer)
+        return Sample(index, request, detokenizer)
 
     def abort_request(self, request_ids: Union[str, Iterable[str]]) -> None:
         """Drop requests now and free their KV blocks; unknown ids are ignored."""
@@ -119,39 +116,17 @@ class LLMEngine:
 
     # ---- the step --------------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Schedule, run the model, update; returns the outputs of requests that progressed."""
+        """Schedule, run the model (and sample), update; returns the outputs of requests that progressed."""
         self._release_held_back_samples()
         output = self.scheduler.schedule()
-        token_ids, logprob_rows = self._run(output) if output.scheduled else ([], None)
-        updated = self.scheduler.update_from_output(output, token_ids)
+        result = self.runner.execute(output)
+        outputs = self.update(output, result)
         self._num_steps += 1
-        return self._process_updates(output, updated, token_ids, logprob_rows)
+        return outputs
 
-    def _run(self, output: SchedulerOutput):
-        logits = self.runner.execute(output)
-        rows = [self._sampling_row(item.request) for item in output.scheduled if item.sample]
-        if not rows:
-            return [], None
-        batch = build_sampling_batch(rows, logits.shape[0], self.vocab_size)
-        flags = sampler_static_flags(batch)
-        result = sample(logits, jax.device_put(batch), flags)
-        # Only the sampled ids (and logprobs when asked for) come back to the host.
-        token_ids = np.asarray(result.token_ids)[:len(rows)].tolist()
-        logprob_rows = None
-        if any(row.params.logprobs is not None for row in rows):
-            sampled = np.asarray(result.logprobs)
-            top_ids = np.asarray(result.top_logprob_ids) if result.top_logprob_ids is not None else None
-            top_values = np.asarray(result.top_logprobs) if result.top_logprobs is not None else None
-            logprob_rows = (sampled, top_ids, top_values)
-        return token_ids, logprob_rows
-
-    def _sampling_row(self, request: Request) -> SamplingRow:
-        params = request.sampling_params
-        _, sample_state = self._samples[request.request_id]
-        suppress = min_tokens_suppress_ids(params, self.eos_token_ids, request.num_output_tokens)
-        return SamplingRow(params, sample_state.seed, request.prompt_token_ids, request.output_token_ids, suppress)
-
-    def _process_updates(self, output, updated: list[Request], token_ids, logprob_rows) -> list[RequestOutput]:
+    def update(self, output: SchedulerOutput, result: StepResult) -> list[RequestOutput]:
+        """Apply a step's sampled tokens: scheduler state, stop checks, text and logprobs, RequestOutputs."""
+        updated = self.scheduler.update_from_output(output, result.token_ids)
         row_of = {item.request.request_id: row
                   for row, item in enumerate(i for i in output.scheduled if i.sample)}
         touched: dict[str, RequestGroup] = {}
@@ -159,14 +134,10 @@ class LLMEngine:
         for request in updated:
             group, sample_state = self._samples[request.request_id]
             row = row_of[request.request_id]
-            top, sampled_logprob = None, 0.0
-            if logprob_rows is not None:
-                sampled, top_ids, top_values = logprob_rows
-                sampled_logprob = float(sampled[row])
-                k = group.params.logprobs or 0
-                if top_ids is not None and k:
-                    top = list(zip(top_ids[row, :k].tolist(), top_values[row, :k].tolist()))
-            group.record_token(sample_state, token_ids[row], top, sampled_logprob, self.tokenizer)
+            sampled_logprob, top = 0.0, None
+            if result.logprobs is not None:
+                sampled_logprob, top = result.logprobs.row(row, group.params.logprobs or 0)
+            group.record_token(sample_state, result.token_ids[row], top, sampled_logprob, self.tokenizer)
             self._generation_tokens_total += 1
             if sample_state.finish_reason is not None and not request.is_finished():
                 stopped_by_string.append(request.request_id)
@@ -194,17 +165,6 @@ class LLMEngine:
             self._samples.pop(s.request.request_id, None)
 
     # ---- start-up and stats ----------------------------------------------------------------------------------
-    def _warmup(self) -> float:
-        """Compile every model bucket and every sampler variant for every row bucket."""
-        start = time.perf_counter()
-        self.runner.warmup()
-        for bucket in self.runner.ladder.buckets():
-            logits = jnp.zeros((bucket.num_seqs, self.vocab_size), jnp.float32)
-            for flags in all_sampler_flag_variants():
-                batch = warmup_sampling_batch(flags, bucket.num_seqs, self.vocab_size)
-                jax.block_until_ready(sample(logits, jax.device_put(batch), flags).token_ids)
-        return time.perf_counter() - start
-
     def get_stats(self) -> EngineStats:
         """Gauges and cumulative counters."""
         s = self.scheduler.stats()
@@ -214,14 +174,6 @@ class LLMEngine:
             num_preemptions=s.num_preemptions, num_compilations=compile_counter.num_compilations(),
             prompt_tokens_total=self._prompt_tokens_total, generation_tokens_total=self._generation_tokens_total,
             num_steps=self._num_steps, warmup_seconds=self.warmup_seconds)
-
-
-_request_counter = itertools.count()
-
-
-def next_request_id() -> str:
-    """A process-unique request id."""
-    return f"req-{next(_request_counter)}"
 
 
 def _enable_persistent_compilation_cache(directory: Optional[str]) -> None:

@@ -1,17 +1,25 @@
 """The offline batch API, shaped like vLLM's: LLM(...).generate(prompts) and jaxpaged.generate(...)."""
 
+import itertools
 from collections.abc import Sequence
 from typing import Optional, Union
 
 from tqdm.auto import tqdm
 
-from jaxpaged.engine import LLMEngine, next_request_id
+from jaxpaged.checks import is_int
+from jaxpaged.engine import LLMEngine
 from jaxpaged.inputs import PromptInput
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.sampling_params import SamplingParams
 
 Prompts = Union[PromptInput, Sequence[PromptInput]]
 Conversation = list[dict]
+_request_counter = itertools.count()
+
+
+def next_request_id() -> str:
+    """A process-unique id for the requests LLM.generate queues (the server names its own)."""
+    return f"req-{next(_request_counter)}"
 
 
 class LLM:
@@ -82,7 +90,7 @@ def _as_prompt_list(prompts: Prompts) -> list[PromptInput]:
     if isinstance(prompts, (str, dict)):
         return [prompts]
     prompts = list(prompts)
-    if prompts and all(isinstance(p, int) and not isinstance(p, bool) for p in prompts):
+    if prompts and all(is_int(p) for p in prompts):
         return [prompts]  # one prompt given as token ids
     if not prompts:
         raise ValueError("prompts: at least one prompt is needed")

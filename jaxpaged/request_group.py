@@ -17,8 +17,6 @@ class Sample:
 
     index: int
     request: Request
-    seed: int
-    """Resolved sampler seed (the user's, or one the engine drew)."""
     detokenizer: IncrementalDetokenizer
     logprobs: Optional[list[TokenLogprobs]] = None
     cumulative_logprob: Optional[float] = None
@@ -68,11 +66,15 @@ class RequestGroup:
             sample.cumulative_logprob = (sample.cumulative_logprob or 0.0) + sampled_logprob
         request = sample.request
         stopped_by_token = request.finish_reason == "stop"
-        sample.detokenizer.add_tokens([token_id], stop_terminated=stopped_by_token)
-        if sample.detokenizer.stop_string is not None:
-            sample.finish_reason, sample.stop_reason = "stop", sample.detokenizer.stop_string
+        detokenizer = sample.detokenizer
+        detokenizer.add_tokens([token_id], stop_terminated=stopped_by_token)
+        if request.is_finished():
+            # Before reading stop_string: text held back behind a partial character is only decided here,
+            # and a stop string inside it must still cut the text and name the stop.
+            detokenizer.finish()
+        if detokenizer.stop_string is not None:
+            sample.finish_reason, sample.stop_reason = "stop", detokenizer.stop_string
         elif request.is_finished():
-            sample.detokenizer.finish()
             sample.finish_reason, sample.stop_reason = request.finish_reason, request.stop_reason
         if self.finished() and self.metrics.finish_time is None:
             self.metrics.finish_time = time.time()

@@ -9,7 +9,7 @@ import dataclasses
 import math
 from typing import Optional, Union
 
-from jaxpaged.checks import is_int
+from jaxpaged.checks import is_int, is_number
 
 MAX_LOGPROBS = 20
 """Most top logprobs one request may ask for per token (the OpenAI limit)."""
@@ -30,7 +30,7 @@ def _fail(field: str, message: str, value) -> None:
 
 def _check_float(field: str, value, low: float, high: float, *, low_open: bool = False) -> float:
     """Checks a finite real number in [low, high] (or (low, high]) and returns it as a float."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not is_number(value):
         _fail(field, "must be a number", value)
     if not math.isfinite(value):
         _fail(field, "must be finite", value)

@@ -24,7 +24,7 @@ from typing import Any, Optional
 import yaml
 
 from jaxpaged.bench.workloads import make_workload_spec
-from jaxpaged.checks import is_int
+from jaxpaged.checks import is_int, is_number
 from jaxpaged.config import EngineConfig
 
 SECTIONS = ("engine", "workload", "sampling", "mode")
@@ -41,7 +41,7 @@ def _require(ok: bool, field: str, message: str, value: Any) -> None:
 
 
 def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return is_number(value)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,7 +13,7 @@ Utilization is live tokens over reserved slots, summed over steps: the same defi
 
 import collections
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 RESERVATIONS = ("max_model_len", "request")
 

@@ -10,9 +10,12 @@ Times are seconds on one clock; metrics are reported in milliseconds.
 
 import dataclasses
 import statistics
-from typing import Optional, Sequence
+from collections.abc import Sequence
+from typing import Optional
 
 import numpy as np
+
+from jaxpaged.checks import is_number
 
 PERCENTILES = (50, 90, 99)
 
@@ -80,7 +83,7 @@ def median_of_repeats(repeats: Sequence[dict]) -> dict:
     merged: dict = {}
     for key in repeats[0]:
         values = [run.get(key) for run in repeats]
-        numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        numbers = [v for v in values if is_number(v)]
         if len(numbers) != len(values):
             merged[key] = values[0] if all(v == values[0] for v in values) else None
         elif key in _WORST_OF:

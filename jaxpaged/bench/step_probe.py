@@ -1,8 +1,8 @@
 """StepProbe: times the host parts of every engine step and records token deliveries, without touching the engine.
 
-It shadows a few bound methods with instance attributes for the length of a `with` block (LLMEngine.step,
-Scheduler.schedule / update_from_output, ModelRunner.prepare, LLMEngine._process_updates), so LLM.generate runs
-unchanged while the probe watches. Host time per step is what is left of a step on the host: scheduling,
+It shadows a few public methods with instance attributes for the length of a `with` block (LLMEngine.step and
+LLMEngine.update, Scheduler.schedule / update_from_output, ModelRunner.prepare), so LLM.generate runs unchanged
+while the probe watches. Host time per step is what is left of a step on the host: scheduling,
 padding the batch, applying sampled tokens and detokenizing. The rest of the wall time of a step is the device
 (and the transfers), which cannot be timed apart on an asynchronous backend.
 """
@@ -25,7 +25,7 @@ class StepProbe:
         self.step_s: list[float] = []
         """Wall time of each engine.step()."""
         self.host_s: list[float] = []
-        """Host time of each step: schedule + prepare + update_from_output + output processing."""
+        """Host time of each step: schedule + prepare + engine.update (update_from_output and output processing)."""
         self.scheduler_s: list[float] = []
         """Scheduler time of each step: schedule + update_from_output."""
         self._current: dict[str, float] = dict.fromkeys(_HOST_PARTS, 0.0)
@@ -44,7 +44,7 @@ class StepProbe:
         self._shadow(engine.scheduler, "schedule", self._timed_schedule(engine.scheduler.schedule))
         self._shadow(engine.scheduler, "update_from_output", self._timed(engine.scheduler.update_from_output, "update"))
         self._shadow(engine.runner, "prepare", self._timed(engine.runner.prepare, "prepare"))
-        self._shadow(engine, "_process_updates", self._timed(engine._process_updates, "process"))
+        self._shadow(engine, "update", self._timed(engine.update, "process"))
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -93,7 +93,8 @@ class StepProbe:
             start = time.perf_counter()
             outputs = step()
             self.step_s.append(time.perf_counter() - start)
-            self.host_s.append(sum(current.values()))
+            # engine.update ("process") contains scheduler.update_from_output ("update"): count it once.
+            self.host_s.append(current["schedule"] + current["prepare"] + current["process"])
             self.scheduler_s.append(current["schedule"] + current["update"])
             now = time.time()
             for output in outputs:

@@ -13,7 +13,7 @@ import pathlib
 import sys
 import time
 import traceback
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Optional
 
 from tqdm.auto import tqdm
@@ -169,7 +169,7 @@ def run_sweep(config: BenchConfig, out_dir: pathlib.Path, *, progress: bool = Tr
     """Run the whole sweep; the run as a JSON-ready dict (targets evaluated, nothing written yet)."""
     from jaxpaged.bench.targets import evaluate_targets
 
-    started = datetime.now(timezone.utc)
+    started = datetime.now(UTC)
     start = time.perf_counter()
     machine = machine_info()
     points = config.points()

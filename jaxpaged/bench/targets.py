@@ -7,6 +7,7 @@ A selection is a mapping: "system" matches a row's system name or kind ("hf_batc
 from typing import Optional
 
 from jaxpaged.bench.bench_config import TargetConfig
+from jaxpaged.checks import is_number
 
 
 def row_matches(row: dict, selection: dict) -> bool:
@@ -22,7 +23,7 @@ def row_matches(row: dict, selection: dict) -> bool:
 
 def _metric(row: dict, metric: str) -> Optional[float]:
     value = row.get("metrics", {}).get(metric)
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    return float(value) if is_number(value) else None
 
 
 def _within(value: float, target: TargetConfig) -> bool:

@@ -11,6 +11,8 @@ from typing import Optional, Union
 
 import numpy as np
 
+from jaxpaged.checks import is_int, is_number
+
 
 @dataclasses.dataclass(frozen=True)
 class BenchRequest:
@@ -31,7 +33,7 @@ def _fail(field: str, message: str, value) -> None:
 
 
 def _check_int(field: str, value, minimum: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+    if not is_int(value) or value < minimum:
         _fail(field, f"must be an int >= {minimum}", value)
 
 
@@ -94,7 +96,7 @@ class ShareGPTWorkload(_Common):
         super().__post_init__()
         for name in ("prompt_len_median", "prompt_len_sigma", "output_len_median", "output_len_sigma"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            if not is_number(value) or not math.isfinite(value) \
                     or value <= 0:
                 _fail(name, "must be a positive number", value)
         for name in ("min_len", "max_prompt_len", "max_output_len"):

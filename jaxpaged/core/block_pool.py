@@ -5,7 +5,8 @@ requests (ref_cnt > 0, not in the free queue), or free (ref_cnt == 0, in the fre
 keeps its hash, and so stays hittable, until allocation takes it off the head of the queue.
 """
 
-from typing import Iterable, Optional
+from collections.abc import Iterable
+from typing import Optional
 
 from .free_block_queue import FreeBlockQueue, KVCacheBlock
 from .hashing import BlockHash

@@ -4,7 +4,8 @@ A plain Python list or deque cannot take a block out of the middle in O(1), and 
 freed block has to do exactly that (the block becomes in use again). The links live on the blocks.
 """
 
-from typing import Iterator, Optional
+from collections.abc import Iterator
+from typing import Optional
 
 
 class KVCacheBlock:
@@ -19,9 +20,9 @@ class KVCacheBlock:
         """How many requests hold the block in their block table."""
         self.block_hash: Optional[bytes] = None
         """Chain hash of the full block's contents while it is in the prefix cache, else None."""
-        self.prev_free: Optional["KVCacheBlock"] = None
+        self.prev_free: Optional[KVCacheBlock] = None
         """Neighbour towards the head of the free queue (None while not in the queue)."""
-        self.next_free: Optional["KVCacheBlock"] = None
+        self.next_free: Optional[KVCacheBlock] = None
         """Neighbour towards the tail of the free queue (None while not in the queue)."""
 
     def __repr__(self) -> str:

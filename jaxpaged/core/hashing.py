@@ -6,7 +6,8 @@ the parent) and everything else the K/V depends on (the extra keys).
 
 import array
 import hashlib
-from typing import Optional, Sequence
+from collections.abc import Sequence
+from typing import Optional
 
 from .request import Request
 

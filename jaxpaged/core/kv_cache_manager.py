@@ -3,7 +3,8 @@
 Block ids, not block objects, cross this class's boundary: the scheduler and the runner only need ids.
 """
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
+from typing import Optional
 
 from .block_pool import BlockPool
 from .hashing import request_block_hash

@@ -2,7 +2,10 @@
 
 import enum
 import time
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, Optional
+
+from ..checks import is_int
 
 
 class RequestStatus(enum.Enum):
@@ -28,7 +31,7 @@ _FINISH_REASONS = {
 
 
 def _require_int(value: Any, field: str, minimum: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+    if not is_int(value) or value < minimum:
         raise ValueError(f"{field}: must be an int >= {minimum}, got {value!r}")
 
 
@@ -42,12 +45,13 @@ class Request:
     __slots__ = ("request_id", "prompt_token_ids", "output_token_ids", "all_token_ids", "num_computed_tokens",
                  "num_cached_tokens", "status", "arrival_time", "priority", "cache_salt", "sampling_params",
                  "stop_reason", "max_tokens", "min_tokens", "eos_token_id", "stop_token_ids", "ignore_eos",
-                 "num_preemptions", "block_hashes")
+                 "num_preemptions", "block_hashes", "sampling_seed")
 
     def __init__(self, request_id: str, prompt_token_ids: Sequence[int], *, max_tokens: int = 16,
                  min_tokens: int = 0, eos_token_id: Optional[int] = None, stop_token_ids: Sequence[int] = (),
                  ignore_eos: bool = False, arrival_time: Optional[float] = None, priority: int = 0,
-                 cache_salt: Optional[str] = None, sampling_params: Any = None) -> None:
+                 cache_salt: Optional[str] = None, sampling_params: Any = None,
+                 sampling_seed: Optional[int] = None) -> None:
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id: must be a non-empty str, got {request_id!r}")
         if len(prompt_token_ids) == 0:
@@ -56,7 +60,7 @@ class Request:
         _require_int(min_tokens, "min_tokens", 0)
         if min_tokens > max_tokens:
             raise ValueError(f"min_tokens: must be <= max_tokens ({max_tokens}), got {min_tokens}")
-        if not isinstance(priority, int) or isinstance(priority, bool):
+        if not is_int(priority):
             raise ValueError(f"priority: must be an int, got {priority!r}")
         if cache_salt is not None and not isinstance(cache_salt, str):
             raise ValueError(f"cache_salt: must be a str or None, got {cache_salt!r}")
@@ -83,6 +87,8 @@ class Request:
         """Requests with different salts never share prefix-cache blocks."""
         self.sampling_params = sampling_params
         """Opaque to the core: carried for the runner and the sampler."""
+        self.sampling_seed = sampling_seed
+        """The sampler's seed for this request (the user's, or one the engine drew); opaque to the core."""
         self.stop_reason: Optional[int] = None
         """The stop token id (from stop_token_ids) that ended the request, else None."""
         self.max_tokens = max_tokens

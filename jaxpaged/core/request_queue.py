@@ -3,7 +3,7 @@
 import collections
 import heapq
 import itertools
-from typing import Iterator
+from collections.abc import Iterator
 
 from .request import Request
 

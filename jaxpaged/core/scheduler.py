@@ -8,8 +8,10 @@ as computed. update_from_output() then makes their full blocks hittable (the run
 by then) and appends the sampled tokens, whose K/V a later step computes.
 """
 
-from typing import Iterable, Optional
+from collections.abc import Iterable
+from typing import Optional
 
+from ..checks import is_int
 from ..config import CacheConfig, SchedulerConfig
 from .kv_cache_manager import KVCacheManager
 from .request import Request, RequestStatus
@@ -25,7 +27,7 @@ class Scheduler:
     """Decides, step by step, which tokens of which requests the model computes, and keeps their KV blocks."""
 
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, num_kv_blocks: int) -> None:
-        if not isinstance(num_kv_blocks, int) or isinstance(num_kv_blocks, bool) or num_kv_blocks < 2:
+        if not is_int(num_kv_blocks) or num_kv_blocks < 2:
             raise ValueError(f"num_kv_blocks: must be an int >= 2 (block 0 is the null block), got {num_kv_blocks!r}")
         self.scheduler_config = scheduler_config
         """Step and request limits."""

@@ -11,10 +11,10 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from jaxpaged.models.model_config import RopeScaling
-from pallas_kernels.ragged_paged_attention import ragged_paged_attention, write_kv
+from pallas_kernels.ragged_paged_attention import AttentionMetadata, ragged_paged_attention, write_kv
 
 
-def rms_norm(x: Float[Array, "... dim"], weight: Float[Array, "dim"], eps: float) -> Float[Array, "... dim"]:
+def rms_norm(x: Float[Array, "... dim"], weight: Float[Array, " dim"], eps: float) -> Float[Array, "... dim"]:
     """RMSNorm computed in float32, cast back to x's dtype (as HF does)."""
     x32 = x.astype(jnp.float32)
     normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
@@ -38,8 +38,8 @@ def rope_inverse_frequencies(head_dim: int, theta: float, scaling: Optional[Rope
     return jnp.where(is_medium, interpolated, scaled)
 
 
-def apply_rope(x: Float[Array, "tokens heads head_dim"], positions: Int[Array, "tokens"],
-               inv_freq: Float[Array, "half"]) -> Float[Array, "tokens heads head_dim"]:
+def apply_rope(x: Float[Array, "tokens heads head_dim"], positions: Int[Array, " tokens"],
+               inv_freq: Float[Array, " half"]) -> Float[Array, "tokens heads head_dim"]:
     """Rotate-half RoPE (HF layout: the first and second halves of a head form the pairs)."""
     angles = positions.astype(jnp.float32)[:, None] * inv_freq[None, :]
     cos = jnp.cos(angles)[:, None, :]
@@ -57,28 +57,23 @@ def gated_mlp(x: Float[Array, "tokens hidden"], gate: Float[Array, "hidden inter
 
 
 def paged_attention(
-    q: Float[Array, "tokens q_heads head_dim"],
-    k: Float[Array, "tokens kv_heads head_dim"],
-    v: Float[Array, "tokens kv_heads head_dim"],
-    kv_pages: Float[Array, "pages page_size kv_heads_x2 head_dim"],
-    page_offset: Int[Array, ""],
-    slot_mapping: Int[Array, "tokens"],
-    kv_lens: Int[Array, "seqs"],
-    block_tables: Int[Array, "seqs pages_per_seq"],
-    cu_q_lens: Int[Array, "seqs_plus_1"],
-    num_seqs: Int[Array, "1"],
+    q: Float[Array, "num_tokens num_q_heads head_dim"],
+    k: Float[Array, "num_tokens num_kv_heads head_dim"],
+    v: Float[Array, "num_tokens num_kv_heads head_dim"],
+    kv_pages: Float[Array, "num_pages page_size kv_heads_x2 head_dim"],
+    first_page: Int[Array, ""],
+    metadata: AttentionMetadata,
     *,
     backend: str,
     sliding_window: Optional[int] = None,
-):
+) -> tuple[Float[Array, "num_tokens num_q_heads head_dim"], Float[Array, "num_pages page_size kv_heads_x2 head_dim"]]:
     """Write this step's K/V into their slots, then attend over each sequence's pages.
 
-    kv_pages may hold every layer's pages stacked on the first axis; page_offset (layer * blocks per layer)
+    kv_pages may hold every layer's pages stacked on the first axis; first_page (layer * pages per layer)
     moves the step's slots and block tables onto this layer's part, so no per-layer copy is ever made.
     """
-    page_size = kv_pages.shape[1]
-    kv_pages = write_kv(kv_pages, k, v, slot_mapping + page_offset * page_size, backend=backend)
-    out = ragged_paged_attention(
-        q, kv_pages, kv_lens, block_tables + page_offset, cu_q_lens, num_seqs,
-        backend=backend, sm_scale=1.0 / math.sqrt(q.shape[-1]), sliding_window=sliding_window)
+    metadata = metadata.on_pages_from(first_page, kv_pages.shape[1])
+    kv_pages = write_kv(kv_pages, k, v, metadata, backend=backend)
+    out = ragged_paged_attention(q, kv_pages, metadata, backend=backend, sm_scale=1.0 / math.sqrt(q.shape[-1]),
+                                 sliding_window=sliding_window)
     return out, kv_pages

@@ -8,12 +8,12 @@ instead of num_layers copies. Every layer's KV pages live in one array [num_laye
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jaxtyping import Array, Float
+from jaxtyping import Array, Float, Int
 
 from jaxpaged.models.layers import apply_rope, gated_mlp, paged_attention, rms_norm, rope_inverse_frequencies
 from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.models.param_shapes import param_shapes
-from jaxpaged.runner.batch import StepInputs
+from pallas_kernels.ragged_paged_attention import AttentionMetadata
 
 
 class DecoderLayers(nnx.Module):
@@ -46,13 +46,16 @@ class LlamaForCausalLM(nnx.Module):
         prefix = "layers."
         self.layers = DecoderLayers({k[len(prefix):]: v for k, v in params.items() if k.startswith(prefix)})
 
-    def __call__(self, kv_cache: Float[Array, "layers blocks block_size kv_heads_x2 head_dim"], batch: StepInputs,
-                 *, backend: str):
-        """Run one ragged step; returns (logits [sampled rows, vocab] in float32, updated kv_cache)."""
+    def __call__(self, kv_cache: Float[Array, "layers blocks block_size kv_heads_x2 head_dim"],
+                 token_ids: Int[Array, " num_tokens"], positions: Int[Array, " num_tokens"],
+                 metadata: AttentionMetadata, sample_indices: Int[Array, " max_num_seqs"], *, backend: str,
+                 ) -> tuple[Float[Array, "max_num_seqs vocab"],
+                            Float[Array, "layers blocks block_size kv_heads_x2 head_dim"]]:
+        """Run one ragged step; returns (logits of the sampled rows in float32, the updated kv_cache)."""
         cfg = self.cfg
         num_layers, num_blocks = kv_cache.shape[:2]
         kv_pages = kv_cache.reshape(num_layers * num_blocks, *kv_cache.shape[2:])
-        x = self.embed[...][batch.token_ids]
+        x = self.embed[...][token_ids]
         inv_freq = rope_inverse_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
 
         def layer(carry, scanned):
@@ -69,12 +72,10 @@ class LlamaForCausalLM(nnx.Module):
             if cfg.qk_norm:
                 q = rms_norm(q, w["q_norm"], cfg.rms_norm_eps)
                 k = rms_norm(k, w["k_norm"], cfg.rms_norm_eps)
-            q = apply_rope(q, batch.positions, inv_freq)
-            k = apply_rope(k, batch.positions, inv_freq)
-            attn, kv_pages = paged_attention(
-                q, k, v, kv_pages, layer_index * num_blocks, batch.slot_mapping, batch.kv_lens,
-                batch.block_tables, batch.cu_q_lens, batch.num_seqs,
-                backend=backend, sliding_window=cfg.sliding_window)
+            q = apply_rope(q, positions, inv_freq)
+            k = apply_rope(k, positions, inv_freq)
+            attn, kv_pages = paged_attention(q, k, v, kv_pages, layer_index * num_blocks, metadata,
+                                             backend=backend, sliding_window=cfg.sliding_window)
             x = x + attn.reshape(num_tokens, -1) @ w["o_proj"]
             h = rms_norm(x, w["post_norm"], cfg.rms_norm_eps)
             x = x + gated_mlp(h, w["gate_proj"], w["up_proj"], w["down_proj"])
@@ -83,7 +84,7 @@ class LlamaForCausalLM(nnx.Module):
         layer_ids = jnp.arange(num_layers, dtype=jnp.int32)
         (x, kv_pages), _ = jax.lax.scan(layer, (x, kv_pages), (self.layers.stacked(), layer_ids))
         # NOTE: only the sampled rows reach the final norm and the vocabulary projection.
-        h = rms_norm(x[batch.sample_indices], self.final_norm[...], cfg.rms_norm_eps)
+        h = rms_norm(x[sample_indices], self.final_norm[...], cfg.rms_norm_eps)
         head = self.embed[...].T if self.lm_head is None else self.lm_head[...]
         logits = jnp.dot(h, head, preferred_element_type=jnp.float32)
         return logits, kv_pages.reshape(kv_cache.shape)

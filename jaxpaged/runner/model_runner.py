@@ -1,11 +1,12 @@
 """ModelRunner: SchedulerOutput -> padded numpy batch -> one transfer -> the compiled step -> sampled ids.
 
-It owns the parameters, the KV cache (donated to every step, so XLA updates it in place) and one compiled
-executable per bucket. Warm-up compiles them all; serving then only looks them up.
+It owns the parameters, the KV cache (donated to every step, so XLA updates it in place), one compiled
+executable per bucket and the token sampler. Warm-up compiles them all; serving then only looks them up.
 """
 
 import functools
 import time
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +20,8 @@ from jaxpaged.runner import compile_counter
 from jaxpaged.runner.batch import StepInputs, empty_step_inputs
 from jaxpaged.runner.buckets import Bucket, BucketLadder
 from jaxpaged.runner.kv_cache import allocate_kv_cache, num_kv_blocks_for
+from jaxpaged.runner.step_result import NOTHING_SAMPLED, StepResult
+from jaxpaged.runner.token_sampler import TokenSampler
 from jaxpaged.weights.loader import LoadedModel
 from pallas_kernels.ragged_paged_attention import resolve_attention_backend
 
@@ -30,15 +33,15 @@ def resolve_dtype(name: str):
     return jnp.dtype(name)
 
 
-def _forward(graphdef, backend, state, kv_cache, batch):
+def _forward(graphdef, backend, state, kv_cache, batch: StepInputs):
     model = nnx.merge(graphdef, state)
-    return model(kv_cache, batch, backend=backend)
+    return model(kv_cache, batch.token_ids, batch.positions, batch.attention, batch.sample_indices, backend=backend)
 
 
 class ModelRunner:
     """The device side of an engine step."""
 
-    def __init__(self, loaded: LoadedModel, config: EngineConfig):
+    def __init__(self, loaded: LoadedModel, config: EngineConfig, eos_token_ids: Sequence[int] = ()):
         compile_counter.install()
         self.model_config = loaded.config
         self.block_size = config.cache.block_size
@@ -53,14 +56,17 @@ class ModelRunner:
         self.ladder = BucketLadder(sched.max_num_batched_tokens, sched.max_num_seqs)
         self._jitted = jax.jit(functools.partial(_forward, graphdef, self.backend), donate_argnums=(1,))
         self._compiled: dict[Bucket, object] = {}
+        self.sampler = TokenSampler(loaded.config.vocab_size, eos_token_ids)
         self.warmup_seconds = 0.0
 
     # ---- compilation -------------------------------------------------------------------------------------------
     def warmup(self) -> float:
-        """Compile every bucket ahead of serving; returns the seconds it took."""
+        """Compile every bucket's step and every sampler variant ahead of serving; returns the seconds it took."""
         start = time.perf_counter()
-        for bucket in self.ladder.buckets():
+        buckets = self.ladder.buckets()
+        for bucket in buckets:
             self._executable(bucket)
+        self.sampler.warmup(bucket.num_seqs for bucket in buckets)
         self.warmup_seconds = time.perf_counter() - start
         return self.warmup_seconds
 
@@ -76,6 +82,7 @@ class ModelRunner:
         scheduled = output.scheduled
         bucket = self.ladder.pick(output.num_scheduled_tokens, len(scheduled))
         batch = empty_step_inputs(bucket.num_tokens, bucket.num_seqs, self.pages_per_seq)
+        attention = batch.attention
         block_size = self.block_size
         token_start = 0
         num_sampled = 0
@@ -88,26 +95,30 @@ class ModelRunner:
             if num_new == 1:  # decode: skip numpy's per-call overhead for the common case
                 position = item.start_position
                 batch.positions[token_start] = position
-                batch.slot_mapping[token_start] = block_ids[position // block_size] * block_size + position % block_size
+                block_id = block_ids[position // block_size]
+                attention.slot_mapping[token_start] = block_id * block_size + position % block_size
             else:
                 positions = np.arange(item.start_position, kv_len, dtype=np.int32)
                 blocks = np.asarray(block_ids, dtype=np.int32)[positions // block_size]
                 batch.positions[token_start:token_end] = positions
-                batch.slot_mapping[token_start:token_end] = blocks * block_size + positions % block_size
-            batch.block_tables[seq_index, :len(block_ids)] = block_ids
-            batch.kv_lens[seq_index] = kv_len
-            batch.cu_q_lens[seq_index + 1] = token_end
+                attention.slot_mapping[token_start:token_end] = blocks * block_size + positions % block_size
+            attention.block_tables[seq_index, :len(block_ids)] = block_ids
+            attention.kv_lens[seq_index] = kv_len
+            attention.cu_q_lens[seq_index + 1] = token_end
             if item.sample:
                 batch.sample_indices[num_sampled] = token_end - 1
                 num_sampled += 1
             token_start = token_end
-        batch.cu_q_lens[len(scheduled) + 1:] = token_start
-        batch.num_seqs[0] = len(scheduled)
+        attention.cu_q_lens[len(scheduled) + 1:] = token_start
+        attention.num_seqs[0] = len(scheduled)
         return bucket, batch
 
-    def execute(self, output: SchedulerOutput) -> jax.Array:
-        """Run the step; returns device logits [bucket.num_seqs, vocab] whose row j is the j-th sampled request."""
-        return self.compute_logits(*self.prepare(output))
+    def execute(self, output: SchedulerOutput) -> StepResult:
+        """Run the step and sample: one token per scheduled request that reached the end of its known tokens."""
+        if not output.scheduled:
+            return NOTHING_SAMPLED
+        logits = self.compute_logits(*self.prepare(output))  # row j: the j-th sampling request
+        return self.sampler.sample(logits, [item.request for item in output.scheduled if item.sample])
 
     def compute_logits(self, bucket: Bucket, host_batch: StepInputs) -> jax.Array:
         """Run the compiled step of `bucket` on a prepared batch, updating the KV cache in place."""

@@ -20,10 +20,18 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, UInt32
 
-from jaxpaged.runner.sampling_batch import (SAMPLING_MODES, SamplerFlags, SamplingBatch, SamplingRow,
-                                            all_sampler_flag_variants, build_sampling_batch,
-                                            min_tokens_suppress_ids, sampler_static_flags,
-                                            split_seed, warmup_sampling_batch)
+from jaxpaged.runner.sampling_batch import (
+    SAMPLING_MODES,
+    SamplerFlags,
+    SamplingBatch,
+    SamplingRow,
+    all_sampler_flag_variants,
+    build_sampling_batch,
+    min_tokens_suppress_ids,
+    sampler_static_flags,
+    split_seed,
+    warmup_sampling_batch,
+)
 from jaxpaged.sampling_params import MAX_LOGPROBS
 
 __all__ = [
@@ -39,9 +47,9 @@ __all__ = [
 class SamplerOutput:
     """What one sampler call returns, per padded row (padded rows hold meaningless values)."""
 
-    token_ids: Int[Array, "num_rows"]
+    token_ids: Int[Array, " num_rows"]
     """The sampled token id (int32)."""
-    logprobs: Float[Array, "num_rows"]
+    logprobs: Float[Array, " num_rows"]
     """log_softmax of the raw logits at the sampled id."""
     top_logprob_ids: Optional[Int[Array, "num_rows num_top_logprobs"]] = None
     """Ids of the min(20, vocab) most likely tokens under the raw logits, best first; None if not asked."""
@@ -67,7 +75,7 @@ def apply_logit_adjustments(logits: Float[Array, "num_rows vocab_size"],
 
 
 def _apply_min_p(scaled_logits: Float[Array, "num_rows vocab_size"],
-                 min_ps: Float[Array, "num_rows"]) -> Float[Array, "num_rows vocab_size"]:
+                 min_ps: Float[Array, " num_rows"]) -> Float[Array, "num_rows vocab_size"]:
     # p_i >= min_p * p_max  <=>  l_i - l_max >= log(min_p): no softmax needed, and log(0) = -inf keeps all.
     max_logits = jnp.max(scaled_logits, axis=-1, keepdims=True)
     keep = scaled_logits - max_logits >= jnp.log(min_ps)[:, None]
@@ -81,7 +89,7 @@ def _order_keys(logits: Float[Array, "num_rows vocab_size"]) -> Int[Array, "num_
     return jnp.where(bits < 0, bits ^ jnp.int32(0x7FFF_FFFF), bits)
 
 
-def _largest_key_where(keys: Int[Array, "num_rows vocab_size"], holds) -> Int[Array, "num_rows"]:
+def _largest_key_where(keys: Int[Array, "num_rows vocab_size"], holds) -> Int[Array, " num_rows"]:
     """Per row, the largest int32 t for which holds(keys >= t) is true, given it holds at t = INT32_MIN
     and only gets harder as t grows; 32 halvings of the int32 range make it exact."""
     num_rows = keys.shape[0]
@@ -98,8 +106,8 @@ def _largest_key_where(keys: Int[Array, "num_rows vocab_size"], holds) -> Int[Ar
     return low
 
 
-def _apply_top_k_top_p(scaled_logits: Float[Array, "num_rows vocab_size"], top_ks: Int[Array, "num_rows"],
-                       top_ps: Float[Array, "num_rows"]) -> Float[Array, "num_rows vocab_size"]:
+def _apply_top_k_top_p(scaled_logits: Float[Array, "num_rows vocab_size"], top_ks: Int[Array, " num_rows"],
+                       top_ps: Float[Array, " num_rows"]) -> Float[Array, "num_rows vocab_size"]:
     """Keeps the top_k best tokens, then the smallest head of them whose probability mass reaches top_p.
 
     Both filters keep everything at or above a per-row threshold, found by bisection on the logits' bit
@@ -133,7 +141,7 @@ def _mix32(x: UInt32[Array, "..."]) -> UInt32[Array, "..."]:
     return x ^ (x >> 16)
 
 
-def _gumbel_noise(seed_words: UInt32[Array, "num_rows 2"], num_output_tokens: Int[Array, "num_rows"],
+def _gumbel_noise(seed_words: UInt32[Array, "num_rows 2"], num_output_tokens: Int[Array, " num_rows"],
                   vocab_size: int) -> Float[Array, "num_rows vocab_size"]:
     """Gumbel(0, 1) noise per row and token from a counter-based hash of (seed, step, token id) alone.
 

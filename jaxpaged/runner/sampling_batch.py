@@ -14,6 +14,7 @@ import jax
 import numpy as np
 from jaxtyping import Bool, Float32, Int32, UInt32
 
+from jaxpaged.checks import is_int
 from jaxpaged.sampling_params import MAX_LOGPROBS, SamplingParams
 
 SamplingMode = Literal["greedy", "random", "top_k_top_p"]
@@ -54,25 +55,25 @@ class SamplerFlags:
 class SamplingBatch:
     """Padded per-row sampling inputs of one step; padded rows are greedy with every option off."""
 
-    temperatures: Float32[np.ndarray, "num_rows"]
+    temperatures: Float32[np.ndarray, " num_rows"]
     """Softmax temperature; 0 means greedy."""
-    top_ks: Int32[np.ndarray, "num_rows"]
+    top_ks: Int32[np.ndarray, " num_rows"]
     """Tokens kept by top-k, in [1, vocab_size); 0 when off (top_k off, or >= vocab_size)."""
-    top_ps: Float32[np.ndarray, "num_rows"]
+    top_ps: Float32[np.ndarray, " num_rows"]
     """Nucleus mass kept, in (0, 1]; 1 when off."""
-    min_ps: Float32[np.ndarray, "num_rows"]
+    min_ps: Float32[np.ndarray, " num_rows"]
     """Min-p threshold relative to the most likely token, in [0, 1]; 0 when off."""
-    presence_penalties: Float32[np.ndarray, "num_rows"]
+    presence_penalties: Float32[np.ndarray, " num_rows"]
     """Subtracted once from the logit of each token already in the output."""
-    frequency_penalties: Float32[np.ndarray, "num_rows"]
+    frequency_penalties: Float32[np.ndarray, " num_rows"]
     """Subtracted from a token's logit once per occurrence in the output."""
-    repetition_penalties: Float32[np.ndarray, "num_rows"]
+    repetition_penalties: Float32[np.ndarray, " num_rows"]
     """HF-style penalty on tokens of prompt or output; 1 when off."""
     seed_words: UInt32[np.ndarray, "num_rows 2"]
     """The row's seed as two 32-bit words [high, low], taken modulo 2**64."""
-    num_output_tokens: Int32[np.ndarray, "num_rows"]
+    num_output_tokens: Int32[np.ndarray, " num_rows"]
     """Tokens the row has generated so far; hashed with the seed so each step draws afresh."""
-    num_top_logprobs: Int32[np.ndarray, "num_rows"]
+    num_top_logprobs: Int32[np.ndarray, " num_rows"]
     """Top logprobs the row asked for (0 if none); the host slices the returned top-20 with it."""
     output_token_counts: Optional[Int32[np.ndarray, "num_rows vocab_size"]] = None
     """How often each token is in the row's output; None unless the penalties flag is on."""
@@ -153,7 +154,7 @@ def build_sampling_batch(rows: Sequence[SamplingRow], num_rows_padded: int,
     num_top_logprobs = np.zeros(num_rows_padded, np.int32)
     for i, row in enumerate(rows):
         params = row.params
-        if isinstance(row.seed, bool) or not isinstance(row.seed, int):
+        if not is_int(row.seed):
             raise ValueError(f"seed: row {i} needs a resolved int seed, got {row.seed!r}")
         temperatures[i] = 0.0 if params.is_greedy else params.temperature
         top_ks[i] = params.top_k if 0 < params.top_k < vocab_size else 0

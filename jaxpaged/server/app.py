@@ -6,7 +6,8 @@ encoding, NaN and schema errors all come back as OpenAI error bodies with status
 
 import contextlib
 import time
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Optional
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -23,9 +24,10 @@ from jaxpaged.server.metrics import ServerMetrics
 from jaxpaged.server.tokenization import detokenize, tokenize
 
 
-def build_app(engine: AsyncLLMEngine, settings: ServerSettings = ServerSettings(), *,
+def build_app(engine: AsyncLLMEngine, settings: Optional[ServerSettings] = None, *,
               owns_engine: bool = False) -> FastAPI:
     """The app; with owns_engine the app's shutdown (after uvicorn drained the requests) stops the engine loop."""
+    settings = settings or ServerSettings()
     context = ServerContext(engine=engine, settings=settings, metrics=ServerMetrics(engine))
     created = int(time.time())
 

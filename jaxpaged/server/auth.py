@@ -25,7 +25,7 @@ class BearerAuthMiddleware:
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
-        self._expected_digest = _digest(f"Bearer {api_key}".encode("utf-8"))
+        self._expected_digest = _digest(f"Bearer {api_key}".encode())
 
     def is_authorized(self, authorization: bytes) -> bool:
         """Constant-time check of an Authorization header value."""

@@ -2,7 +2,8 @@
 
 import time
 import uuid
-from typing import AsyncIterator, Optional
+from collections.abc import AsyncIterator
+from typing import Optional
 
 from fastapi import Request
 from fastapi.responses import Response
@@ -16,8 +17,13 @@ from jaxpaged.server.prompts import chat_prompt
 from jaxpaged.server.protocol import ChatCompletionRequest
 from jaxpaged.server.responses import SampleProgress, chat_logprobs, usage
 from jaxpaged.server.streaming import SSE_DONE, sse_event
-from jaxpaged.server.validation import (build_sampling_params, check_model_name, parse_model, read_json_body,
-                                        resolve_max_tokens)
+from jaxpaged.server.validation import (
+    build_sampling_params,
+    check_model_name,
+    parse_model,
+    read_json_body,
+    resolve_max_tokens,
+)
 
 
 async def create_chat_completion(request: Request, context: ServerContext) -> Response:
@@ -28,15 +34,15 @@ async def create_chat_completion(request: Request, context: ServerContext) -> Re
     check_model_name(body.model, engine.model_name)
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs: needs logprobs=true", param="top_logprobs", code="invalid_value")
-    prompt = await chat_prompt(engine.tokenizer, body.messages, body.add_generation_prompt)
+    prompt = await chat_prompt(engine.tokenizer, engine.vocab_size, body.messages, body.add_generation_prompt,
+                               cache_salt=body.cache_salt, priority=body.priority)
     field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     # NOTE: unset, the whole rest of the context is the limit (OpenAI's chat behaviour).
     max_tokens = resolve_max_tokens(requested, None, len(prompt.token_ids), engine.max_model_len, field)
     params = build_sampling_params(body, max_tokens=max_tokens, logprobs=(body.top_logprobs or 0) if body.logprobs
                                    else None, vocab_size=engine.vocab_size, max_n=context.settings.max_n)
-    run = GenerationRun(context, f"chatcmpl-{uuid.uuid4().hex}", [prompt], [params], cache_salt=body.cache_salt,
-                        priority=body.priority)
+    run = GenerationRun(context, f"chatcmpl-{uuid.uuid4().hex}", [prompt], [params])
     view = _ChatView(body, engine.tokenizer, engine.model_name, run.request_id)
     return await respond(request, run, body.stream, view.events, lambda finals: view.body(finals[0]))
 

@@ -2,22 +2,28 @@
 
 import time
 import uuid
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 from fastapi import Request
 from fastapi.responses import Response
 
 from jaxpaged.async_engine import EngineDeadError
+from jaxpaged.inputs import ParsedPrompt
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.server.context import ServerContext
 from jaxpaged.server.errors import APIError, error_body
 from jaxpaged.server.generation import GenerationRun, ensure_ready, respond
-from jaxpaged.server.prompts import PromptInput, completion_prompts
+from jaxpaged.server.prompts import completion_prompts
 from jaxpaged.server.protocol import CompletionRequest
 from jaxpaged.server.responses import SampleProgress, completion_logprobs, usage
 from jaxpaged.server.streaming import SSE_DONE, sse_event
-from jaxpaged.server.validation import (build_sampling_params, check_model_name, parse_model, read_json_body,
-                                        resolve_max_tokens)
+from jaxpaged.server.validation import (
+    build_sampling_params,
+    check_model_name,
+    parse_model,
+    read_json_body,
+    resolve_max_tokens,
+)
 
 DEFAULT_MAX_TOKENS = 16
 """OpenAI's default max_tokens for completions (clipped to what fits in max_model_len)."""
@@ -35,8 +41,7 @@ async def create_completion(request: Request, context: ServerContext) -> Respons
         body, max_tokens=resolve_max_tokens(body.max_tokens, DEFAULT_MAX_TOKENS, len(prompt.token_ids),
                                             engine.max_model_len),
         logprobs=body.logprobs, vocab_size=engine.vocab_size, max_n=context.settings.max_n) for prompt in prompts]
-    run = GenerationRun(context, f"cmpl-{uuid.uuid4().hex}", prompts, params, cache_salt=body.cache_salt,
-                        priority=body.priority)
+    run = GenerationRun(context, f"cmpl-{uuid.uuid4().hex}", prompts, params)
     view = _CompletionView(body, prompts, engine.tokenizer, engine.model_name, run.request_id)
     return await respond(request, run, body.stream, view.events, view.body)
 
@@ -54,7 +59,7 @@ def _reject_unsupported(body: CompletionRequest) -> None:
 class _CompletionView:
     """Renders engine outputs as OpenAI completion objects (whole or chunked)."""
 
-    def __init__(self, body: CompletionRequest, prompts: list[PromptInput], tokenizer, model_name: str,
+    def __init__(self, body: CompletionRequest, prompts: list[ParsedPrompt], tokenizer, model_name: str,
                  response_id: str) -> None:
         self.request, self.prompts, self.tokenizer = body, prompts, tokenizer
         self.header = {"id": response_id, "object": "text_completion", "created": int(time.time()),

@@ -8,17 +8,18 @@ Latency histograms are observed here, on the outputs as the HTTP side sees them.
 import asyncio
 import dataclasses
 import time
-from typing import AsyncIterator, Callable, Optional
+from collections.abc import AsyncIterator, Callable
+from typing import Optional
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from jaxpaged.async_engine import EngineDeadError, RequestStream
+from jaxpaged.inputs import ParsedPrompt
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.server.context import ServerContext
 from jaxpaged.server.errors import APIError, from_value_error
-from jaxpaged.server.prompts import PromptInput
 from jaxpaged.server.streaming import ClientDisconnected, EventStreamResponse, run_until_disconnect
 
 
@@ -56,14 +57,12 @@ class _Timing:
 class GenerationRun:
     """The engine requests of one HTTP request; iterate outputs(), and always close() at the end."""
 
-    def __init__(self, context: ServerContext, request_id: str, prompts: list[PromptInput],
-                 params: list[SamplingParams], *, cache_salt: Optional[str], priority: int) -> None:
+    def __init__(self, context: ServerContext, request_id: str, prompts: list[ParsedPrompt],
+                 params: list[SamplingParams]) -> None:
         self._context = context
         self.request_id = request_id
         self.prompts = prompts
         self._params = params
-        self._cache_salt = cache_salt
-        self._priority = priority
         self._streams: list[RequestStream] = []
         self._timings: list[_Timing] = []
         self._closed = False
@@ -75,14 +74,9 @@ class GenerationRun:
         ensure_ready(self._context)
         check_capacity(self._context, sum(params.n for params in self._params))
         for index, (prompt, params) in enumerate(zip(self.prompts, self._params)):
-            engine_prompt: dict = {"prompt_token_ids": prompt.token_ids}
-            if self._cache_salt is not None:
-                engine_prompt["cache_salt"] = self._cache_salt
-            if self._priority:
-                engine_prompt["priority"] = self._priority
             engine_request_id = self.request_id if len(self.prompts) == 1 else f"{self.request_id}-{index}"
             try:
-                self._streams.append(self._context.engine.add_request(engine_request_id, engine_prompt, params))
+                self._streams.append(self._context.engine.add_request(engine_request_id, prompt, params))
             except EngineDeadError:
                 raise APIError(503, "the engine is not running", code="engine_unavailable") from None
             self._timings.append(_Timing(arrival=time.monotonic()))

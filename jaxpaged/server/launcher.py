@@ -5,6 +5,7 @@ finish, stops the engine loop and exits 0.
 """
 
 import argparse
+import json
 import logging
 import os
 import shlex
@@ -74,8 +75,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
 
 def _curl_example(host: str, port: int, model_name: str, needs_key: bool) -> str:
     shown_host = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
-    body = ('{"model": "%s", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 32}'
-            % model_name)
+    body = json.dumps({"model": model_name, "messages": [{"role": "user", "content": "Say hello."}],
+                       "max_tokens": 32})
     auth = f' -H "Authorization: Bearer ${API_KEY_ENV}"' if needs_key else ""  # never the key itself
     return (f"curl http://{shown_host}:{port}/v1/chat/completions -H 'Content-Type: application/json'{auth} "
             f"-d {shlex.quote(body)}")

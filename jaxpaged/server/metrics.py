@@ -4,7 +4,7 @@ Engine-wide numbers (running, waiting, KV usage, prefix cache, preemptions, toke
 the engine loop's latest stats snapshot at scrape time; latency histograms are observed by the request handlers.
 """
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric

@@ -4,24 +4,22 @@ The server tokenizes, so every length and vocabulary check happens here, before 
 Tokenizing runs in a worker thread: a 2 MiB prompt must not stall the event loop that streams other requests.
 """
 
-import dataclasses
 from typing import Any, Optional
 
 from starlette.concurrency import run_in_threadpool
 
-from jaxpaged.server.errors import APIError
+from jaxpaged.inputs import ParsedPrompt
+from jaxpaged.server.errors import APIError, from_value_error
 from jaxpaged.server.protocol import ChatMessage, CompletionRequest
-from jaxpaged.server.validation import check_token_ids
 
 
-@dataclasses.dataclass
-class PromptInput:
-    """One prompt, tokenized and checked."""
-
-    token_ids: list[int]
-    """What the engine runs."""
-    text: Optional[str]
-    """The prompt's text when it came as text (echo uses it)."""
+def _engine_prompt(token_ids: list[int], vocab_size: int, text: Optional[str], cache_salt: Optional[str],
+                   priority: int) -> ParsedPrompt:
+    try:
+        return ParsedPrompt.from_token_ids(token_ids, vocab_size, text=text, cache_salt=cache_salt,
+                                           priority=priority, field="prompt")
+    except ValueError as error:
+        raise from_value_error(error) from None
 
 
 def _encode(tokenizer: Any, text: str, add_special_tokens: bool) -> list[int]:
@@ -33,8 +31,8 @@ async def tokenize_text(tokenizer: Any, text: str, *, add_special_tokens: bool =
     return await run_in_threadpool(_encode, tokenizer, text, add_special_tokens)
 
 
-async def completion_prompts(request: CompletionRequest, tokenizer: Any, vocab_size: int) -> list[PromptInput]:
-    """The prompts of a completion request (one, or a batch); 400 for an empty one or out-of-vocabulary ids."""
+async def completion_prompts(request: CompletionRequest, tokenizer: Any, vocab_size: int) -> list[ParsedPrompt]:
+    """The engine prompts of a completion request (one, or a batch); 400 for an empty one or out-of-vocabulary ids."""
     prompt = request.prompt
     if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
         items = [prompt]
@@ -47,12 +45,12 @@ async def completion_prompts(request: CompletionRequest, tokenizer: Any, vocab_s
         if isinstance(item, str):
             if not item:
                 raise APIError(400, "prompt: must not be empty", param="prompt", code="invalid_value")
-            prompts.append(PromptInput(await tokenize_text(tokenizer, item), item))
+            token_ids, text = await tokenize_text(tokenizer, item), item
         else:
             if not item:
                 raise APIError(400, "prompt: must not be empty", param="prompt", code="invalid_value")
-            check_token_ids(item, vocab_size, "prompt")
-            prompts.append(PromptInput(list(item), None))
+            token_ids, text = list(item), None
+        prompts.append(_engine_prompt(token_ids, vocab_size, text, request.cache_salt, request.priority))
     return prompts
 
 
@@ -82,7 +80,15 @@ def render_chat(tokenizer: Any, messages: list[ChatMessage], add_generation_prom
                        param="messages", code="invalid_value") from None
 
 
-async def chat_prompt(tokenizer: Any, messages: list[ChatMessage], add_generation_prompt: bool) -> PromptInput:
-    """Rendered and tokenized chat prompt (the template already holds the special tokens)."""
+async def chat_prompt(tokenizer: Any, vocab_size: int, messages: list[ChatMessage], add_generation_prompt: bool, *,
+                      cache_salt: Optional[str], priority: int) -> ParsedPrompt:
+    """The engine prompt of a chat: rendered and tokenized (the template already holds the special tokens)."""
+    text, token_ids = await tokenize_chat(tokenizer, messages, add_generation_prompt)
+    return _engine_prompt(token_ids, vocab_size, text, cache_salt, priority)
+
+
+async def tokenize_chat(tokenizer: Any, messages: list[ChatMessage],
+                        add_generation_prompt: bool) -> tuple[str, list[int]]:
+    """The chat rendered by its template, and its token ids."""
     text = await run_in_threadpool(render_chat, tokenizer, messages, add_generation_prompt)
-    return PromptInput(await tokenize_text(tokenizer, text, add_special_tokens=False), text)
+    return text, await tokenize_text(tokenizer, text, add_special_tokens=False)

@@ -5,7 +5,8 @@ each streamed chunk carries only the difference.
 """
 
 import dataclasses
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, Optional
 
 from jaxpaged.outputs import CompletionOutput, Logprob, RequestOutput
 

@@ -2,7 +2,8 @@
 
 import asyncio
 import json
-from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 from fastapi import Request
 from starlette.responses import StreamingResponse

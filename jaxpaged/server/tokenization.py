@@ -7,7 +7,7 @@ from starlette.concurrency import run_in_threadpool
 from jaxpaged.server.context import ServerContext
 from jaxpaged.server.errors import APIError
 from jaxpaged.server.generation import ensure_ready
-from jaxpaged.server.prompts import chat_prompt, tokenize_text
+from jaxpaged.server.prompts import tokenize_chat, tokenize_text
 from jaxpaged.server.protocol import DetokenizeRequest, TokenizeRequest
 from jaxpaged.server.validation import check_model_name, check_token_ids, parse_model, read_json_body
 
@@ -23,7 +23,7 @@ async def tokenize(request: Request, context: ServerContext) -> JSONResponse:
     if body.prompt is not None:
         token_ids = await tokenize_text(engine.tokenizer, body.prompt, add_special_tokens=body.add_special_tokens)
     else:
-        token_ids = (await chat_prompt(engine.tokenizer, body.messages, body.add_generation_prompt)).token_ids
+        _, token_ids = await tokenize_chat(engine.tokenizer, body.messages, body.add_generation_prompt)
     return JSONResponse({"count": len(token_ids), "max_model_len": engine.max_model_len, "tokens": token_ids})
 
 

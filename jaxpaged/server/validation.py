@@ -6,11 +6,13 @@ field and the rule, never the value sent.
 
 import json
 import math
-from typing import Any, Optional, Sequence, TypeVar
+from collections.abc import Sequence
+from typing import Any, Optional, TypeVar
 
 import pydantic
 from fastapi import Request
 
+from jaxpaged import inputs
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.server.errors import APIError, from_validation_errors, from_value_error
 from jaxpaged.server.protocol import MAX_STOP_STRINGS, SamplingRequest
@@ -61,9 +63,11 @@ def check_model_name(requested: Optional[str], served: str) -> None:
 
 
 def check_token_ids(token_ids: Sequence[int], vocab_size: int, field: str) -> None:
-    """400 unless every id lies in [0, vocab_size)."""
-    if any(token_id < 0 or token_id >= vocab_size for token_id in token_ids):
-        raise APIError(400, f"{field}: token ids must lie in [0, {vocab_size})", param=field, code="invalid_value")
+    """400 unless every id lies in [0, vocab_size) (the engine's own check, as an API error)."""
+    try:
+        inputs.check_token_ids(token_ids, vocab_size, field)
+    except ValueError as error:
+        raise from_value_error(error) from None
 
 
 def resolve_max_tokens(requested: Optional[int], default: Optional[int], num_prompt_tokens: int,

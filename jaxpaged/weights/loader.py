@@ -1,4 +1,5 @@
-"""One entry point for every model source: the embedded default, a GGUF file, an HF directory, a converted checkpoint."""
+"""One entry point for every model source: the embedded default, a GGUF file, an HF directory, a converted
+checkpoint."""
 
 import dataclasses
 import hashlib
@@ -41,7 +42,8 @@ def load_model(model: Optional[str] = None, *, cache_dir: Optional[pathlib.Path]
     """Load `model` (None: the embedded SmolLM2-135M-Instruct); ValueError naming `model` when it is unusable."""
     path = default_model_path() if model is None else pathlib.Path(model).expanduser()
     if not path.exists():
-        raise ValueError(f"model: {model!r} does not exist (give an HF directory, a .gguf file or a converted checkpoint)")
+        raise ValueError(f"model: {model!r} does not exist "
+                         "(give an HF directory, a .gguf file or a converted checkpoint)")
     if is_converted_checkpoint(path):
         hf_config, params, name = load_converted(path)
         return LoadedModel(name, hf_config, ModelConfig.from_hf(hf_config), params, path)
@@ -51,7 +53,8 @@ def load_model(model: Optional[str] = None, *, cache_dir: Optional[pathlib.Path]
     if path.is_file() and path.suffix == ".gguf":
         name = DEFAULT_MODEL_NAME if model is None else path.stem
         return _load_gguf_cached(path, name, cache_dir or cache_root() / "converted")
-    raise ValueError(f"model: {str(path)!r} is neither an HF checkpoint directory, a .gguf file nor a jaxpaged checkpoint")
+    raise ValueError(f"model: {str(path)!r} is neither an HF checkpoint directory, a .gguf file "
+                     "nor a jaxpaged checkpoint")
 
 
 def _load_gguf_cached(path: pathlib.Path, name: str, cache_dir: pathlib.Path) -> LoadedModel:

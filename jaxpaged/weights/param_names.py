@@ -1,11 +1,12 @@
 """Turning per-layer checkpoint tensors into jaxpaged's stacked parameter dict."""
 
-from typing import Callable, Optional
+from collections.abc import Callable
+from typing import Optional
 
 import numpy as np
 
-from jaxpaged.models.param_shapes import param_shapes
 from jaxpaged.models.model_config import ModelConfig
+from jaxpaged.models.param_shapes import param_shapes
 
 
 def stack_layers(cfg: ModelConfig, fetch: Callable[[str, Optional[int]], np.ndarray]) -> dict[str, np.ndarray]:

@@ -1,9 +1,13 @@
 """Random ragged batches in the runner's layout, for kernel tests and benchmarks (host-side numpy)."""
 
 import dataclasses
-from typing import Optional, Sequence
+from collections.abc import Sequence
+from typing import Optional
 
+import jax
 import numpy as np
+
+from pallas_kernels.ragged_paged_attention.metadata import AttentionMetadata
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,10 +29,16 @@ class RaggedBatch:
     slot_mapping: np.ndarray
     """[num_tokens] int32 KV slot of each q row (page_id * page_size + offset); null page for padding."""
 
+    @property
+    def metadata(self) -> AttentionMetadata:
+        """The batch's AttentionMetadata (host numpy arrays)."""
+        return AttentionMetadata(slot_mapping=self.slot_mapping, kv_lens=self.kv_lens,
+                                 block_tables=self.block_tables, cu_q_lens=self.cu_q_lens,
+                                 num_seqs=self.num_seqs)
+
     def attention_args(self) -> tuple:
-        """Positional arguments of ragged_paged_attention, in order."""
-        return (self.q, self.kv_pages, self.kv_lens, self.block_tables, self.cu_q_lens,
-                self.num_seqs)
+        """(q, kv_pages, metadata) on the default device: the positional arguments of every backend."""
+        return jax.device_put((self.q, self.kv_pages, self.metadata))
 
 
 def make_ragged_batch(

@@ -23,9 +23,10 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Float
 
-_MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
+from pallas_kernels.ragged_paged_attention.metadata import MASK_VALUE, AttentionMetadata
+
 PREFILL_BLOCK_ROWS = 64
 DEFAULT_KV_CHUNK_TOKENS = 64
 _TARGET_PROGRAMS = 2 * 132  # two waves of an H100/H200's 132 SMs: enough to hide memory latency
@@ -86,7 +87,7 @@ def _kernel(num_blocks_ref, block_seqs_ref, block_starts_ref, kv_lens_ref, cu_q_
             mask = row_is_real[:, None] & (kv_positions[None, :] <= positions[:, None])
             if sliding_window is not None:
                 mask &= kv_positions[None, :] > positions[:, None] - sliding_window
-            logits = jnp.where(mask, logits, _MASK_VALUE)
+            logits = jnp.where(mask, logits, MASK_VALUE)
             new_max = jnp.maximum(running_max, jnp.max(logits, axis=1))
             probs = jnp.where(mask, jnp.exp(logits - new_max[:, None]), 0.0)
             rescale = jnp.exp(running_max - new_max)
@@ -96,7 +97,7 @@ def _kernel(num_blocks_ref, block_seqs_ref, block_starts_ref, kv_lens_ref, cu_q_
                 preferred_element_type=jnp.float32)
             return new_max, running_sum, acc
 
-        init = (jnp.full((block_rows,), _MASK_VALUE, jnp.float32),
+        init = (jnp.full((block_rows,), MASK_VALUE, jnp.float32),
                 jnp.zeros((block_rows,), jnp.float32),
                 jnp.zeros((block_rows, head_dim), jnp.float32))
         running_max, running_sum, acc = jax.lax.fori_loop(split_first, split_end, attend_chunk,
@@ -107,7 +108,7 @@ def _kernel(num_blocks_ref, block_seqs_ref, block_starts_ref, kv_lens_ref, cu_q_
                     mask=row_is_real[:, None])
         if lse_refs:  # partial results of a KV split: merged by log-sum-exp in the wrapper
             lse = jnp.where(seen_kv, running_max + jnp.log(jnp.where(seen_kv, running_sum, 1.0)),
-                            _MASK_VALUE)
+                            MASK_VALUE)
             plgpu.store(lse_refs[0].at[split, q_rows], lse, mask=row_is_real)
 
 
@@ -141,10 +142,7 @@ def _merge_splits(out, lse):
 def ragged_paged_attention_gpu(
     q: Float[Array, "num_tokens num_q_heads head_dim"],
     kv_pages: Float[Array, "num_pages page_size kv_heads_x2 head_dim"],
-    kv_lens: Int[Array, "max_num_seqs"],
-    block_tables: Int[Array, "max_num_seqs pages_per_seq"],
-    cu_q_lens: Int[Array, "max_num_seqs_plus_1"],
-    num_seqs: Int[Array, "1"],
+    metadata: AttentionMetadata,
     *,
     sm_scale: float,
     sliding_window: Optional[int] = None,
@@ -156,8 +154,10 @@ def ragged_paged_attention_gpu(
     num_stages: int = 2,
     interpret: bool = False,
 ) -> Float[Array, "num_tokens num_q_heads head_dim"]:
-    """The reference's contract on a GPU; interpret=True runs the kernel as plain jnp on the CPU."""
+    """The spec's contract on a GPU; interpret=True runs the kernel as plain jnp on the CPU."""
     num_tokens, num_q_heads, head_dim = q.shape
+    kv_lens, block_tables, cu_q_lens, num_seqs = (metadata.kv_lens, metadata.block_tables, metadata.cu_q_lens,
+                                                   metadata.num_seqs.reshape(1))
     num_pages, page_size, kv_heads_x2, _ = kv_pages.shape
     max_num_seqs, pages_per_seq = block_tables.shape
     num_kv_heads = kv_heads_x2 // 2

@@ -43,7 +43,7 @@ def write_kv_pages_tpu(
     kv_pages: Float[Array, "num_pages page_size kv_heads_x2 head_dim"],
     k: Float[Array, "num_tokens num_kv_heads head_dim"],
     v: Float[Array, "num_tokens num_kv_heads head_dim"],
-    slot_mapping: Int[Array, "num_tokens"],
+    slot_mapping: Int[Array, " num_tokens"],
     *,
     tokens_per_tile: int = DEFAULT_TOKENS_PER_TILE,
     interpret: Union[bool, pltpu.InterpretParams] = False,

@@ -29,9 +29,10 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Float
 
-_MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
+from pallas_kernels.ragged_paged_attention.metadata import MASK_VALUE, AttentionMetadata
+
 _LANES = 128
 DEFAULT_Q_BLOCK_SIZE = 32
 DEFAULT_KV_CHUNK_TOKENS = 128  # one lane-width of logits per chunk
@@ -88,7 +89,7 @@ def _kernel(kv_lens_ref, tables_ref, cu_q_lens_ref, tile_seqs_ref,  # scalar pre
         for needed, copy in page_copies(seq, chunk, slot):
             pl.when(needed)(copy.wait)
 
-    max_ref[...] = jnp.full(max_ref.shape, _MASK_VALUE, jnp.float32)
+    max_ref[...] = jnp.full(max_ref.shape, MASK_VALUE, jnp.float32)
     sum_ref[...] = jnp.zeros(sum_ref.shape, jnp.float32)
     acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
     # Row r of a [group_size * q_block_size, ...] operand is token r % q_block_size of the tile.
@@ -114,7 +115,7 @@ def _kernel(kv_lens_ref, tables_ref, cu_q_lens_ref, tile_seqs_ref,  # scalar pre
                                          preferred_element_type=jnp.float32) * sm_scale
             if soft_cap is not None:
                 logits = soft_cap * jnp.tanh(logits / soft_cap)
-            logits = jnp.where(mask, logits, _MASK_VALUE)
+            logits = jnp.where(mask, logits, MASK_VALUE)
             old_max = max_ref[head]
             new_max = jnp.maximum(old_max, jnp.max(logits, axis=1, keepdims=True))
             probs = jnp.where(mask, jnp.exp(logits - new_max[:, :1]), 0.0)
@@ -195,10 +196,7 @@ def vmem_bytes(num_q_heads, kv_heads_x2, head_dim, dtype, *, q_block_size, chunk
 def ragged_paged_attention_tpu(
     q: Float[Array, "num_tokens num_q_heads head_dim"],
     kv_pages: Float[Array, "num_pages page_size kv_heads_x2 head_dim"],
-    kv_lens: Int[Array, "max_num_seqs"],
-    block_tables: Int[Array, "max_num_seqs pages_per_seq"],
-    cu_q_lens: Int[Array, "max_num_seqs_plus_1"],
-    num_seqs: Int[Array, "1"],
+    metadata: AttentionMetadata,
     *,
     sm_scale: float,
     sliding_window: Optional[int] = None,
@@ -208,8 +206,10 @@ def ragged_paged_attention_tpu(
     interpret: Union[bool, pltpu.InterpretParams] = False,
     vmem_limit_bytes: int = DEFAULT_VMEM_LIMIT_BYTES,
 ) -> Float[Array, "num_tokens num_q_heads head_dim"]:
-    """The reference's contract on TPU; interpret=True (or InterpretParams) simulates a TPU on CPU."""
+    """The spec's contract on TPU; interpret=True (or InterpretParams) simulates a TPU on CPU."""
     num_tokens, num_q_heads, head_dim = q.shape
+    kv_lens, block_tables, cu_q_lens, num_seqs = (metadata.kv_lens, metadata.block_tables, metadata.cu_q_lens,
+                                                   metadata.num_seqs.reshape(1))
     _, page_size, kv_heads_x2, _ = kv_pages.shape
     max_num_seqs, pages_per_seq = block_tables.shape
     num_kv_heads = kv_heads_x2 // 2

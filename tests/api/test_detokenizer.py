@@ -42,15 +42,24 @@ def test_a_character_split_over_three_tokens_comes_out_whole(smollm2_tokenizer):
     assert stream(detokenizer, ids) == ["Part", "y", "", "", " 🎉", " time", ""]
 
 
-def test_an_incomplete_character_at_the_end_is_released_by_finish(smollm2_tokenizer):
-    """A lone UTF-8 continuation byte is held while it might complete, and released as U+FFFD at the end."""
+def test_undecodable_bytes_at_the_end_are_dropped_by_finish(smollm2_tokenizer):
+    """A lone UTF-8 continuation byte is held while it might complete; at the end it is dropped, not U+FFFD."""
     tok = smollm2_tokenizer
     lone_byte = tok.convert_tokens_to_ids("ĸ")  # byte 0xB8: can only continue a character
     detokenizer = IncrementalDetokenizer(tok, [])
     assert detokenizer.add_tokens(tok.encode("Hello")) == "Hello"
     assert detokenizer.add_tokens([lone_byte]) == ""
-    assert detokenizer.finish() == "\ufffd"
-    assert detokenizer.output_text == "Hello\ufffd"
+    assert detokenizer.finish() == ""
+    assert detokenizer.output_text == "Hello"
+
+
+def test_undecodable_bytes_followed_by_text_stay_as_u_fffd(smollm2_tokenizer):
+    """Only the end is trimmed: bytes that never became a character, then more text, read as U+FFFD (vLLM too)."""
+    tok = smollm2_tokenizer
+    lone_byte = tok.convert_tokens_to_ids("ĸ")
+    detokenizer = IncrementalDetokenizer(tok, [])
+    deltas = stream(detokenizer, tok.encode("Hello") + [lone_byte] + tok.encode(" world"))
+    assert "".join(deltas) == detokenizer.output_text == "Hello\ufffd world"
 
 
 def test_prompt_text_never_leaks_into_the_output(smollm2_tokenizer):

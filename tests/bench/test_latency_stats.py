@@ -2,8 +2,13 @@
 
 import pytest
 
-from jaxpaged.bench.latency_stats import (RequestTiming, latency_metrics, median_of_repeats, percentile_summary,
-                                          throughput_metrics)
+from jaxpaged.bench.latency_stats import (
+    RequestTiming,
+    latency_metrics,
+    median_of_repeats,
+    percentile_summary,
+    throughput_metrics,
+)
 
 
 def two_requests():

@@ -44,10 +44,10 @@ class FakeEngine:
     def step(self):
         output = self.scheduler.schedule()
         self.runner.prepare(output)
-        self.scheduler.update_from_output(output, [])
-        return self._process_updates()
+        return self.update(output, [])
 
-    def _process_updates(self):
+    def update(self, output, token_ids):
+        self.scheduler.update_from_output(output, token_ids)
         self.num_tokens += 1
         sample = types.SimpleNamespace(token_ids=list(range(self.num_tokens)))
         return [types.SimpleNamespace(request_id="a", outputs=[sample])]

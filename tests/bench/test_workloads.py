@@ -5,9 +5,17 @@ import math
 import numpy as np
 import pytest
 
-from jaxpaged.bench.workloads import (BenchRequest, MultiTurnWorkload, RandomWorkload, ShareGPTWorkload,
-                                      SharedPrefixWorkload, generate_requests, group_by_turn, lognormal_lens,
-                                      make_workload_spec)
+from jaxpaged.bench.workloads import (
+    BenchRequest,
+    MultiTurnWorkload,
+    RandomWorkload,
+    SharedPrefixWorkload,
+    ShareGPTWorkload,
+    generate_requests,
+    group_by_turn,
+    lognormal_lens,
+    make_workload_spec,
+)
 
 
 def test_random_lengths_cover_the_closed_range_and_tokens_stay_in_range():

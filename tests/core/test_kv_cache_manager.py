@@ -1,9 +1,9 @@
 """KVCacheManager: prefix lookups (vLLM V1 semantics), slot allocation, caching of computed blocks, free order."""
 
 import pytest
-from tests.core.core_helpers import make_request
 
 from jaxpaged.core import KVCacheManager, Request
+from tests.core.core_helpers import make_request
 
 
 def compute(manager: KVCacheManager, request: Request, num_new_tokens: int, hit_block_ids=(), num_hit_tokens=0):

@@ -1,9 +1,9 @@
 """Bad input is a ValueError naming the problem, raised when the request is made or added, and disturbs nothing."""
 
 import pytest
-from tests.core.core_helpers import build_scheduler, make_request, run_step
 
 from jaxpaged.core import Request, RequestStatus
+from tests.core.core_helpers import build_scheduler, make_request, run_step
 
 
 @pytest.mark.parametrize("options, field", [

@@ -1,9 +1,9 @@
 """The token-budget loop: chunk sizes, positions, block tables, sample flags, admission limits and prefix hits."""
 
 import pytest
-from tests.core.core_helpers import build_scheduler, chunk_lens, make_request, run_step
 
 from jaxpaged.core import Request
+from tests.core.core_helpers import build_scheduler, chunk_lens, make_request, run_step
 
 
 def prefill_chunks(scheduler, request_id):

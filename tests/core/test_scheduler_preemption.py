@@ -1,8 +1,7 @@
 """Recompute preemption (victim per policy, queue placement, no admission in that step) and priority order."""
 
-from tests.core.core_helpers import build_scheduler, chunk_lens, make_request, run_step
-
 from jaxpaged.core import RequestStatus
+from tests.core.core_helpers import build_scheduler, chunk_lens, make_request, run_step
 
 
 def test_fcfs_preempts_the_latest_admitted_and_admits_nobody_that_step():

@@ -1,9 +1,9 @@
 """Every stop condition, aborts and engine-side finishes, and what update_from_output returns."""
 
 import pytest
-from tests.core.core_helpers import build_scheduler, make_request
 
 from jaxpaged.core import RequestStatus
+from tests.core.core_helpers import build_scheduler, make_request
 
 
 def generate(scheduler, request, sampled_token_ids):

@@ -55,4 +55,5 @@ def test_convert_round_trips_through_orbax(tiny_llm, tiny_model_dir, tmp_path):
     engine.add_request("x", "Round trip", params)
     while engine.has_unfinished_requests():
         outputs = engine.step()
-    assert outputs[0].outputs[0].token_ids == tiny_llm.generate("Round trip", params, use_tqdm=False)[0].outputs[0].token_ids
+    direct = tiny_llm.generate("Round trip", params, use_tqdm=False)
+    assert outputs[0].outputs[0].token_ids == direct[0].outputs[0].token_ids

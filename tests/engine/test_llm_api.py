@@ -44,10 +44,11 @@ def test_seeded_sampling_is_the_same_alone_and_in_a_batch(tiny_llm):
     alone = tiny_llm.generate("Tell me a story", params, use_tqdm=False)[0].outputs[0].token_ids
     others = [f"unrelated prompt number {i} " * (1 + i % 4) for i in range(16)]
     other_params = [SamplingParams(temperature=0.9, max_tokens=8 + i, ignore_eos=True) for i in range(16)]
-    batch = tiny_llm.generate(others[:7] + ["Tell me a story"] + others[7:], other_params[:7] + [params] + other_params[7:],
-                              use_tqdm=False)
+    batch = tiny_llm.generate(others[:7] + ["Tell me a story"] + others[7:],
+                              other_params[:7] + [params] + other_params[7:], use_tqdm=False)
     assert batch[7].outputs[0].token_ids == alone
-    unseeded = tiny_llm.generate(["Tell me a story"] * 2, SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True),
+    unseeded = tiny_llm.generate(["Tell me a story"] * 2,
+                                 SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True),
                                  use_tqdm=False)
     assert unseeded[0].outputs[0].token_ids != unseeded[1].outputs[0].token_ids
 

@@ -1,47 +1,10 @@
-"""Shared pieces of the kernel tests: a dumb per-sequence numpy attention loop to check against."""
+"""Shared pieces of the kernel tests: named ragged batches and a kernel-vs-spec checker."""
 
 import dataclasses
 from typing import Optional
 
 import numpy as np
 import pytest
-
-
-def naive_ragged_paged_attention(q, kv_pages, kv_lens, block_tables, cu_q_lens, num_seqs, *,
-                                 sm_scale: float, sliding_window: Optional[int] = None,
-                                 soft_cap: Optional[float] = None) -> np.ndarray:
-    """Float64 loop over sequences, tokens and heads; rows of no real sequence come out as zeros."""
-    q = np.asarray(q, np.float64)
-    kv_pages = np.asarray(kv_pages, np.float64)
-    num_tokens, num_q_heads, head_dim = q.shape
-    page_size = kv_pages.shape[1]
-    num_kv_heads = kv_pages.shape[2] // 2
-    group_size = num_q_heads // num_kv_heads
-    out = np.zeros_like(q)
-    for s in range(int(np.asarray(num_seqs).reshape(-1)[0])):
-        start, end = int(cu_q_lens[s]), int(cu_q_lens[s + 1])
-        kv_len = int(kv_lens[s])
-        pages = [int(block_tables[s, p // page_size]) for p in range(kv_len)]
-        keys = np.stack([kv_pages[pages[p], p % page_size, 0::2] for p in range(kv_len)])
-        values = np.stack([kv_pages[pages[p], p % page_size, 1::2] for p in range(kv_len)])
-        for i in range(end - start):
-            position = kv_len - (end - start) + i
-            lo = 0 if sliding_window is None else max(0, position - sliding_window + 1)
-            for head in range(num_q_heads):
-                kv_head = head // group_size
-                logits = keys[lo:position + 1, kv_head] @ q[start + i, head] * sm_scale
-                if soft_cap is not None:
-                    logits = soft_cap * np.tanh(logits / soft_cap)
-                weights = np.exp(logits - logits.max())
-                weights /= weights.sum()
-                out[start + i, head] = weights @ values[lo:position + 1, kv_head]
-    return out
-
-
-@pytest.fixture(scope="session")
-def naive_attention():
-    """The naive per-sequence loop, as a fixture so every kernel test file can use it."""
-    return naive_ragged_paged_attention
 
 
 def ragged_scenarios(page_size: int, **shape) -> list:
@@ -77,31 +40,30 @@ def scenarios():
 TOLERANCE = {"float32": 2e-5, "bfloat16": 3e-2}
 
 
-def check_kernel_against_reference(kernel, page_size: int, head_dim: int, num_q_heads: int,
+def check_kernel_against_spec(kernel, page_size: int, head_dim: int, num_q_heads: int,
                                    num_kv_heads: int, dtype, *, sm_scale: float,
                                    sliding_window: Optional[int] = None,
                                    soft_cap: Optional[float] = None) -> None:
-    """Every ragged scenario: kernel == reference within the dtype's tolerance, zeros on padding.
+    """Every ragged scenario: kernel == spec within the dtype's tolerance, zeros on padding.
 
-    `kernel` takes the six attention arrays and the attention options; it is jitted here once and
+    `kernel` takes (q, kv_pages, metadata) and the attention options; it is jitted here once and
     must compile once for all scenarios (they share one padded shape).
     """
     import jax
     import jax.numpy as jnp
 
-    from pallas_kernels.ragged_paged_attention.reference import ragged_paged_attention_reference
+    from pallas_kernels.ragged_paged_attention.spec import ragged_paged_attention_spec
 
     options = dict(sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap)
     jitted_kernel = jax.jit(lambda *args: kernel(*args, **options))
-    reference = jax.jit(lambda *args: ragged_paged_attention_reference(*args, **options))
     tolerance = TOLERANCE[jnp.dtype(dtype).name]
     for name, batch in ragged_scenarios(page_size, num_q_heads=num_q_heads,
                                         num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype):
-        args = [jnp.asarray(a) for a in batch.attention_args()]
+        args = batch.attention_args()
         out = jitted_kernel(*args)
         assert out.dtype == jnp.dtype(dtype) and out.shape == batch.q.shape, name
         out = np.asarray(out.astype(jnp.float32))
-        expected = np.asarray(reference(*args).astype(jnp.float32))
+        expected = ragged_paged_attention_spec(*args, **options)
         np.testing.assert_allclose(out, expected, atol=tolerance, rtol=tolerance, err_msg=name)
         num_real_tokens = batch.cu_q_lens[batch.num_seqs[0]]
         assert np.all(out[num_real_tokens:] == 0), f"{name}: padding rows must be zeros"
@@ -125,5 +87,5 @@ def check_kernel_config(check_kernel, kernel_fn, page_size: int, head_dim: int, 
 
 @pytest.fixture(scope="session")
 def check_kernel():
-    """check_kernel_against_reference, as a fixture for the kernel test files."""
-    return check_kernel_against_reference
+    """check_kernel_against_spec, as a fixture for the kernel test files."""
+    return check_kernel_against_spec

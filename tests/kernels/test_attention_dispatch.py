@@ -1,4 +1,4 @@
-"""The backend switch: name resolution, input validation, and that "xla" runs the reference."""
+"""The backend switch: name resolution, input validation, and that "xla" runs xla.py."""
 
 import jax
 import jax.numpy as jnp
@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from pallas_kernels.ragged_paged_attention import (
+    AttentionMetadata,
     ragged_paged_attention,
-    ragged_paged_attention_reference,
+    ragged_paged_attention_xla,
     resolve_attention_backend,
     write_kv,
 )
@@ -34,19 +35,19 @@ def test_unknown_backend_names_the_field():
         resolve_attention_backend("flash")
 
 
-def test_xla_backend_is_the_reference(batch):
-    """backend="xla" gives exactly the reference's output."""
-    args = [jnp.asarray(a) for a in batch.attention_args()]
+def test_xla_backend_is_xla_py(batch):
+    """backend="xla" gives exactly ragged_paged_attention_xla's output."""
+    args = batch.attention_args()
     out = ragged_paged_attention(*args, backend="xla", sm_scale=0.2, soft_cap=5.0)
-    expected = ragged_paged_attention_reference(*args, sm_scale=0.2, soft_cap=5.0)
+    expected = ragged_paged_attention_xla(*args, sm_scale=0.2, soft_cap=5.0)
     np.testing.assert_array_equal(np.asarray(out), np.asarray(expected))
 
 
 def _with(batch, **changes):
-    args = dict(q=batch.q, kv_pages=batch.kv_pages, kv_lens=batch.kv_lens,
-                block_tables=batch.block_tables, cu_q_lens=batch.cu_q_lens, num_seqs=batch.num_seqs)
-    args.update(changes)
-    return [jnp.asarray(a) for a in args.values()]
+    """(q, kv_pages, metadata) with some arrays replaced, wherever they live."""
+    arrays = dict(q=batch.q, kv_pages=batch.kv_pages, **vars(batch.metadata)) | changes
+    q, kv_pages = jnp.asarray(arrays.pop("q")), jnp.asarray(arrays.pop("kv_pages"))
+    return q, kv_pages, AttentionMetadata(**{name: jnp.asarray(a) for name, a in arrays.items()})
 
 
 @pytest.mark.parametrize("changes,message", [
@@ -60,6 +61,7 @@ def _with(batch, **changes):
     (lambda b: dict(block_tables=b.block_tables[:2]), r"block_tables: must have 3 rows"),
     (lambda b: dict(cu_q_lens=b.cu_q_lens[:3]), r"cu_q_lens: must have max_num_seqs \+ 1 = 4"),
     (lambda b: dict(num_seqs=np.array([1, 2], np.int32)), r"num_seqs: must have shape \(1,\)"),
+    (lambda b: dict(slot_mapping=b.slot_mapping[:3]), r"slot_mapping: must have one slot per q row \(8\)"),
 ])
 def test_bad_inputs_raise_with_what_they_got(batch, changes, message):
     """Each malformed input raises a ValueError naming the input and the offending value."""
@@ -79,7 +81,8 @@ def test_bad_options_raise(batch, option, message):
 
 def test_validation_happens_at_trace_time(batch):
     """Under jit the checks fire while tracing, on shapes alone."""
-    attend = jax.jit(lambda q, *rest: ragged_paged_attention(q, *rest, backend="xla", sm_scale=1.0))
+    attend = jax.jit(lambda q, kv_pages, metadata: ragged_paged_attention(q, kv_pages, metadata, backend="xla",
+                                                                          sm_scale=1.0))
     with pytest.raises(ValueError, match="head_dim"):
         attend(*_with(batch, kv_pages=batch.kv_pages[..., :16]))
 
@@ -88,13 +91,13 @@ def test_write_kv_rejects_mismatched_pages(batch):
     """write_kv checks that k/v fit the page layout."""
     k = jnp.zeros((8, 2, 16), jnp.float32)
     with pytest.raises(ValueError, match=r"kv_pages: must be \[num_pages, page_size, 4, 16\]"):
-        write_kv(jnp.asarray(batch.kv_pages), k, k, jnp.zeros(8, jnp.int32), backend="xla")
+        write_kv(jnp.asarray(batch.kv_pages), k, k, batch.metadata, backend="xla")
 
 
 @pytest.mark.parametrize("backend", ["pallas_gpu", "pallas_tpu"])
 def test_pallas_backends_run_interpreted_off_their_hardware(batch, backend):
-    """On a CPU a Pallas backend runs its kernel in interpret mode and matches the reference."""
-    args = [jnp.asarray(a) for a in batch.attention_args()]
+    """On a CPU a Pallas backend runs its kernel in interpret mode and matches the xla path."""
+    args = batch.attention_args()
     out = ragged_paged_attention(*args, backend=backend, sm_scale=0.2)
-    expected = ragged_paged_attention_reference(*args, sm_scale=0.2)
+    expected = ragged_paged_attention_xla(*args, sm_scale=0.2)
     np.testing.assert_allclose(np.asarray(out), np.asarray(expected), atol=2e-5, rtol=2e-5)

@@ -1,4 +1,4 @@
-"""The Triton-lowered GPU kernel in Pallas' interpret mode vs the reference, and its Triton lowering."""
+"""The Triton-lowered GPU kernel in Pallas' interpret mode vs the spec, and its Triton lowering."""
 
 import functools
 import itertools
@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from pallas_kernels.ragged_paged_attention.gpu import ragged_paged_attention_gpu
-from pallas_kernels.ragged_paged_attention.reference import ragged_paged_attention_reference
+from pallas_kernels.ragged_paged_attention.metadata import AttentionMetadata
+from pallas_kernels.ragged_paged_attention.xla import ragged_paged_attention_xla
 from tests.kernels.conftest import check_kernel_config
 
 # (page_size, head_dim, num_q_heads, num_kv_heads, dtype, kernel options): every page size, head dim,
@@ -30,7 +31,7 @@ SWEEP_CONFIGS = [(page, dim, 4 * ratio, 4, dtype, dict(num_kv_splits=splits))
 @pytest.mark.parametrize("config", CI_CONFIGS, ids=lambda c: f"p{c[0]}-d{c[1]}-h{c[2]}x{c[3]}-"
                          f"{jnp.dtype(c[4]).name}")
 def test_gpu_kernel_matches_reference(config, check_kernel):
-    """Decode, prefill, mixed, edge lengths and padding all match the reference."""
+    """Decode, prefill, mixed, edge lengths and padding all match the spec."""
     check_kernel_config(check_kernel, ragged_paged_attention_gpu, *config, interpret=True)
 
 
@@ -47,10 +48,10 @@ def test_gpu_kernel_reads_stacked_layers(scenarios):
                                         dtype=jnp.float32) if s[0] == "mixed"]
     other_layer = np.random.default_rng(7).standard_normal(batch.kv_pages.shape, np.float32)
     stacked = jnp.concatenate([jnp.asarray(other_layer), jnp.asarray(batch.kv_pages)])
-    args = [jnp.asarray(a) for a in batch.attention_args()]
-    out = ragged_paged_attention_gpu(args[0], stacked, args[2], args[3] + batch.kv_pages.shape[0],
-                                     *args[4:], sm_scale=0.125, block_rows=16, interpret=True)
-    expected = ragged_paged_attention_reference(*args, sm_scale=0.125)
+    q, kv_pages, metadata = batch.attention_args()
+    on_second_layer = metadata.on_pages_from(jnp.int32(batch.kv_pages.shape[0]), page_size=16)
+    out = ragged_paged_attention_gpu(q, stacked, on_second_layer, sm_scale=0.125, block_rows=16, interpret=True)
+    expected = ragged_paged_attention_xla(q, kv_pages, metadata, sm_scale=0.125)
     np.testing.assert_allclose(np.asarray(out), np.asarray(expected), atol=2e-5, rtol=2e-5)
 
 
@@ -59,10 +60,11 @@ def test_gpu_kernel_lowers_to_triton(dtype, num_kv_splits):
     """Pallas' Triton lowering accepts the kernel: the step holds one Triton custom call."""
     q = jax.ShapeDtypeStruct((64, 9, 64), dtype)
     kv_pages = jax.ShapeDtypeStruct((32, 16, 6, 64), dtype)
-    metadata = [jax.ShapeDtypeStruct(shape, jnp.int32) for shape in ((4,), (4, 8), (5,), (1,))]
+    metadata = AttentionMetadata(*[jax.ShapeDtypeStruct(shape, jnp.int32)
+                                   for shape in ((64,), (4,), (4, 8), (5,), (1,))])
     attend = jax.jit(functools.partial(ragged_paged_attention_gpu, sm_scale=0.1, sliding_window=64,
                                        soft_cap=30.0, num_kv_splits=num_kv_splits))
-    text = attend.trace(q, kv_pages, *metadata).lower(lowering_platforms=("cuda",)).as_text()
+    text = attend.trace(q, kv_pages, metadata).lower(lowering_platforms=("cuda",)).as_text()
     assert text.count("xla.gpu.triton") == 1
 
 
@@ -74,7 +76,7 @@ def test_gpu_kernel_rejects_non_power_of_two_tiles(options, message):
     """Tile sides Triton cannot use are refused with the field named."""
     q = jnp.zeros((16, 2, 64), jnp.float32)
     kv_pages = jnp.zeros((4, 16, 2, 64), jnp.float32)
-    metadata = (jnp.zeros(2, jnp.int32), jnp.zeros((2, 2), jnp.int32), jnp.zeros(3, jnp.int32),
-                jnp.zeros(1, jnp.int32))
+    metadata = AttentionMetadata(jnp.zeros(16, jnp.int32), jnp.zeros(2, jnp.int32), jnp.zeros((2, 2), jnp.int32),
+                                 jnp.zeros(3, jnp.int32), jnp.zeros(1, jnp.int32))
     with pytest.raises(ValueError, match=message):
-        ragged_paged_attention_gpu(q, kv_pages, *metadata, sm_scale=1.0, **options)
+        ragged_paged_attention_gpu(q, kv_pages, metadata, sm_scale=1.0, **options)

@@ -1,12 +1,15 @@
 """Writing a step's K/V into the paged cache: every backend's write is bit-exact."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels.ragged_paged_attention import write_kv, write_kv_pages
+from pallas_kernels.ragged_paged_attention import empty_attention_metadata, write_kv, write_kv_pages
 from pallas_kernels.ragged_paged_attention.kv_write_tpu import write_kv_pages_tpu
+from pallas_kernels.ragged_paged_attention.spec import write_kv_spec
 
 
 def _step(dtype, num_tokens=40, num_padding=5, seed=0):
@@ -19,14 +22,6 @@ def _step(dtype, num_tokens=40, num_padding=5, seed=0):
     return [jnp.asarray(a) for a in (kv_pages, k, v, slots)]
 
 
-def _loop_write(kv_pages, k, v, slots):
-    expected = np.array(kv_pages)
-    for token, slot in enumerate(np.asarray(slots)):
-        expected[slot // 16, slot % 16, 0::2] = k[token]
-        expected[slot // 16, slot % 16, 1::2] = v[token]
-    return expected
-
-
 @pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16])
 @pytest.mark.parametrize("tokens_per_tile", [16, 128])
 def test_tpu_kv_write_is_bit_exact(dtype, tokens_per_tile):
@@ -34,14 +29,16 @@ def test_tpu_kv_write_is_bit_exact(dtype, tokens_per_tile):
     args = _step(dtype)
     out = write_kv_pages_tpu(*args, tokens_per_tile=tokens_per_tile, interpret=True)
     assert out.dtype == args[0].dtype
-    np.testing.assert_array_equal(np.asarray(out), _loop_write(*args))
+    np.testing.assert_array_equal(np.asarray(out), write_kv_spec(*args))
 
 
 @pytest.mark.parametrize("backend", ["xla", "pallas_gpu", "pallas_tpu", "auto"])
 def test_write_kv_every_backend_matches_scatter(backend):
     """The backend switch's write equals XLA's scatter bit for bit (outside the garbage null page)."""
     args = _step(np.float32, seed=1)
-    out = np.asarray(write_kv(*args, backend=backend))
+    kv_pages, k, v, slots = args
+    metadata = dataclasses.replace(empty_attention_metadata(len(slots), 1, 1), slot_mapping=slots)
+    out = np.asarray(write_kv(kv_pages, k, v, metadata, backend=backend))
     expected = np.asarray(write_kv_pages(*args))
     np.testing.assert_array_equal(out[1:], expected[1:])
 

@@ -1,4 +1,4 @@
-"""The Mosaic TPU kernel under the TPU interpreter (simulated DMAs and semaphores) vs the reference."""
+"""The Mosaic TPU kernel under the TPU interpreter (simulated DMAs and semaphores) vs the spec."""
 
 import functools
 import itertools
@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from jax.experimental.pallas import tpu as pltpu
 
-from pallas_kernels.ragged_paged_attention.reference import ragged_paged_attention_reference
+from pallas_kernels.ragged_paged_attention.metadata import AttentionMetadata
 from pallas_kernels.ragged_paged_attention.tpu import ragged_paged_attention_tpu
+from pallas_kernels.ragged_paged_attention.xla import ragged_paged_attention_xla
 from tests.kernels.conftest import check_kernel_config
 
 # (page_size, head_dim, num_q_heads, num_kv_heads, dtype, kernel options): every page size, head dim,
@@ -29,7 +30,7 @@ SWEEP_CONFIGS = [(page, dim, 4 * ratio, 4, dtype, dict(q_block_size=16))
 @pytest.mark.parametrize("config", CI_CONFIGS, ids=lambda c: f"p{c[0]}-d{c[1]}-h{c[2]}x{c[3]}-"
                          f"{jnp.dtype(c[4]).name}")
 def test_tpu_kernel_matches_reference(config, check_kernel):
-    """Decode, prefill, mixed, edge lengths and padding all match the reference."""
+    """Decode, prefill, mixed, edge lengths and padding all match the spec."""
     check_kernel_config(check_kernel, ragged_paged_attention_tpu, *config, interpret=True)
 
 
@@ -56,10 +57,10 @@ def test_tpu_kernel_reads_stacked_layers(scenarios):
                                         dtype=jnp.float32) if s[0] == "mixed"]
     other_layer = np.random.default_rng(7).standard_normal(batch.kv_pages.shape, np.float32)
     stacked = jnp.concatenate([jnp.asarray(other_layer), jnp.asarray(batch.kv_pages)])
-    args = [jnp.asarray(a) for a in batch.attention_args()]
-    out = ragged_paged_attention_tpu(args[0], stacked, args[2], args[3] + batch.kv_pages.shape[0],
-                                     *args[4:], sm_scale=0.125, q_block_size=16, interpret=True)
-    expected = ragged_paged_attention_reference(*args, sm_scale=0.125)
+    q, kv_pages, metadata = batch.attention_args()
+    on_second_layer = metadata.on_pages_from(jnp.int32(batch.kv_pages.shape[0]), page_size=16)
+    out = ragged_paged_attention_tpu(q, stacked, on_second_layer, sm_scale=0.125, q_block_size=16, interpret=True)
+    expected = ragged_paged_attention_xla(q, kv_pages, metadata, sm_scale=0.125)
     np.testing.assert_allclose(np.asarray(out), np.asarray(expected), atol=2e-5, rtol=2e-5)
 
 
@@ -72,10 +73,11 @@ def test_tpu_kernel_lowers_to_mosaic(dtype, monkeypatch):
         tpu_info.get_tpu_info_for_chip(tpu_info.ChipVersion.TPU_V5E, 1)))
     q = jax.ShapeDtypeStruct((64, 8, 128), dtype)
     kv_pages = jax.ShapeDtypeStruct((32, 16, 4, 128), dtype)
-    metadata = [jax.ShapeDtypeStruct(shape, jnp.int32) for shape in ((4,), (4, 8), (5,), (1,))]
+    metadata = AttentionMetadata(*[jax.ShapeDtypeStruct(shape, jnp.int32)
+                                   for shape in ((64,), (4,), (4, 8), (5,), (1,))])
     attend = jax.jit(functools.partial(ragged_paged_attention_tpu, sm_scale=0.1,
                                        sliding_window=64, soft_cap=30.0))
-    lowered = attend.trace(q, kv_pages, *metadata).lower(lowering_platforms=("tpu",))
+    lowered = attend.trace(q, kv_pages, metadata).lower(lowering_platforms=("tpu",))
     assert "tpu_custom_call" in lowered.as_text()
 
 
@@ -83,7 +85,7 @@ def test_tpu_kernel_rejects_misaligned_blocks():
     """Block sizes that break the (8, 128) tiling are refused with the field named."""
     q = jnp.zeros((16, 2, 64), jnp.bfloat16)
     kv_pages = jnp.zeros((4, 16, 2, 64), jnp.bfloat16)
-    metadata = (jnp.zeros(2, jnp.int32), jnp.zeros((2, 2), jnp.int32), jnp.zeros(3, jnp.int32),
-                jnp.zeros(1, jnp.int32))
+    metadata = AttentionMetadata(jnp.zeros(16, jnp.int32), jnp.zeros(2, jnp.int32), jnp.zeros((2, 2), jnp.int32),
+                                 jnp.zeros(3, jnp.int32), jnp.zeros(1, jnp.int32))
     with pytest.raises(ValueError, match="q_block_size: must be a multiple of 16"):
-        ragged_paged_attention_tpu(q, kv_pages, *metadata, sm_scale=1.0, q_block_size=8)
+        ragged_paged_attention_tpu(q, kv_pages, metadata, sm_scale=1.0, q_block_size=8)

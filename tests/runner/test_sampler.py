@@ -4,10 +4,18 @@ import jax
 import numpy as np
 import pytest
 
-from jaxpaged.runner.sampler import (SamplerFlags, SamplingRow, all_sampler_flag_variants,
-                                     apply_logit_adjustments, build_sampling_batch,
-                                     min_tokens_suppress_ids, sample, sampler_static_flags,
-                                     split_seed, warmup_sampling_batch)
+from jaxpaged.runner.sampler import (
+    SamplerFlags,
+    SamplingRow,
+    all_sampler_flag_variants,
+    apply_logit_adjustments,
+    build_sampling_batch,
+    min_tokens_suppress_ids,
+    sample,
+    sampler_static_flags,
+    split_seed,
+    warmup_sampling_batch,
+)
 from jaxpaged.sampling_params import SamplingParams
 
 VOCAB_SIZE = 64

@@ -4,15 +4,15 @@ One engine, compiled once per session, serves several apps on their own ports: a
 an API key, and one that queues nothing (max_queued_requests=0). Every test must leave the engine idle.
 """
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import httpx
 import openai
 import pytest
-from tests.server.server_helpers import API_KEY, SERVER_ENGINE_OPTIONS, ServerThread, wait_until_idle
 
 from jaxpaged.async_engine import AsyncLLMEngine
 from jaxpaged.server import ServerSettings, build_app
+from tests.server.server_helpers import API_KEY, SERVER_ENGINE_OPTIONS, ServerThread, wait_until_idle
 
 
 @pytest.fixture(scope="session")

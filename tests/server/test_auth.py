@@ -6,10 +6,10 @@ import logging
 import httpx
 import openai
 import pytest
-from tests.server.server_helpers import API_KEY
 
 from jaxpaged.server.auth import BearerAuthMiddleware
 from jaxpaged.server.context import ServerSettings
+from tests.server.server_helpers import API_KEY
 
 pytestmark = pytest.mark.xdist_group("server")
 

@@ -33,7 +33,7 @@ def test_429_when_queue_would_overflow(overload_server, model_name):
     assert len(accepted) + len(refused) == NUM_REQUESTS
     assert 1 <= len(accepted) <= 32
     assert len(refused) >= NUM_REQUESTS - 32
-    for response, seconds in refused:
+    for response, _seconds in refused:
         assert response.headers["retry-after"] == "1"
         error = response.json()["error"]
         assert error["type"] == "rate_limit_error" and error["code"] == "rate_limit_exceeded"

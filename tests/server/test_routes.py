@@ -2,10 +2,10 @@
 
 import httpx
 import pytest
-from tests.server.server_helpers import ServerThread
 
 import jaxpaged
 from jaxpaged.server import ServerSettings, build_app
+from tests.server.server_helpers import ServerThread
 
 pytestmark = pytest.mark.xdist_group("server")
 

@@ -4,7 +4,7 @@ import pytest
 
 from jaxpaged.outputs import CompletionOutput, Logprob
 from jaxpaged.server.context import ServerSettings
-from jaxpaged.server.errors import from_validation_errors, from_value_error, sanitize_message
+from jaxpaged.server.errors import APIError, from_validation_errors, from_value_error, sanitize_message
 from jaxpaged.server.protocol import ChatCompletionRequest, CompletionRequest
 from jaxpaged.server.responses import SampleProgress, chat_logprobs, completion_logprobs, usage
 from jaxpaged.server.validation import parse_model, resolve_max_tokens
@@ -44,7 +44,7 @@ def test_validation_error_names_nested_field_without_input():
 def test_strict_schema():
     """No coercion: "5" is not an int, 1 is not a bool; unknown fields are ignored."""
     for bad in ({"prompt": "x", "max_tokens": "5"}, {"prompt": "x", "echo": 1}, {"prompt": "x", "n": 1.0}):
-        with pytest.raises(Exception):
+        with pytest.raises(APIError):
             parse_model(CompletionRequest, bad)
     assert parse_model(CompletionRequest, {"prompt": "x", "user": "u", "temperature": 1}).temperature == 1.0
 

@@ -47,7 +47,7 @@ def _run_request(peer: LlamaCppPeer, request: BenchRequest, sampling: SamplingCo
     greedy = sampling.temperature == 0
     token_times = []
     num_tokens = 0
-    for chunk in peer.llm.create_completion(
+    for _chunk in peer.llm.create_completion(
             prompt=list(request.prompt_token_ids), max_tokens=request.max_tokens, stream=True,
             temperature=sampling.temperature, top_k=1 if greedy else 0, top_p=1.0, logits_processor=processors):
         token_times.append(time.time())

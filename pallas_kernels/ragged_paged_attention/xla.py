@@ -1,8 +1,4 @@
-"""Pure-jnp ragged paged attention: the spec of the kernels and the "xla" (CPU) backend itself.
-
-One step mixes prefill chunks and decodes on one token axis. Sequence s owns q rows
-cu_q_lens[s]:cu_q_lens[s+1]; its token i sits at absolute position kv_lens[s] - q_len_s + i and
-attends causally to KV positions 0..position (the last `sliding_window` of them when set).
+"""The "xla" backend: ragged paged attention in jnp, the engine's CPU path (spec.py says what it computes).
 
 This is the production CPU path, so its cost grows with the KV actually attended, never with the
 block table's width: loops with *traced* trip counts walk KV chunks of a few pages, in two passes.
@@ -19,13 +15,13 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
+from pallas_kernels.ragged_paged_attention.metadata import MASK_VALUE, AttentionMetadata
+
 # Pages gathered per loop step. 4 pages of 16 tokens = 64 KV tokens: big enough that the loop
 # overhead is small, small enough that decode rows waste little past their kv_len.
 DEFAULT_PAGES_PER_CHUNK = 4
 # Prefill rows handled together: one KV gather serves them all; rows past a sequence's end are waste.
 DEFAULT_Q_BLOCK_SIZE = 32
-# Finite "minus infinity" for the running max: exp(MASK - MASK) stays 1, never NaN.
-_MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 
 
 def _online_softmax_update(carry, logits, mask, v, pv_spec: str, soft_cap: Optional[float]):
@@ -33,7 +29,7 @@ def _online_softmax_update(carry, logits, mask, v, pv_spec: str, soft_cap: Optio
     running_max, running_sum, acc = carry
     if soft_cap is not None:
         logits = soft_cap * jnp.tanh(logits / soft_cap)
-    logits = jnp.where(mask, logits, _MASK_VALUE)
+    logits = jnp.where(mask, logits, MASK_VALUE)
     new_max = jnp.maximum(running_max, logits.max(axis=-1))
     probs = jnp.where(mask, jnp.exp(logits - new_max[..., None]), 0.0)
     rescale = jnp.exp(running_max - new_max)
@@ -43,7 +39,7 @@ def _online_softmax_update(carry, logits, mask, v, pv_spec: str, soft_cap: Optio
 
 
 def _init_carry(stats_shape: tuple, head_dim: int):
-    return (jnp.full(stats_shape, _MASK_VALUE, jnp.float32), jnp.zeros(stats_shape, jnp.float32),
+    return (jnp.full(stats_shape, MASK_VALUE, jnp.float32), jnp.zeros(stats_shape, jnp.float32),
             jnp.zeros(stats_shape + (head_dim,), jnp.float32))
 
 
@@ -161,13 +157,10 @@ def _prefill_pass(out, q_grouped, kv_pages, kv_lens, block_tables, cu_q_lens, nu
 
 @functools.partial(jax.jit, static_argnames=("sm_scale", "sliding_window", "soft_cap",
                                              "pages_per_chunk", "q_block_size"))
-def ragged_paged_attention_reference(
+def ragged_paged_attention_xla(
     q: Float[Array, "num_tokens num_q_heads head_dim"],
     kv_pages: Float[Array, "num_pages page_size kv_heads_x2 head_dim"],
-    kv_lens: Int[Array, "max_num_seqs"],
-    block_tables: Int[Array, "max_num_seqs pages_per_seq"],
-    cu_q_lens: Int[Array, "max_num_seqs_plus_1"],
-    num_seqs: Int[Array, "1"],
+    metadata: AttentionMetadata,
     *,
     sm_scale: float,
     sliding_window: Optional[int] = None,
@@ -178,10 +171,11 @@ def ragged_paged_attention_reference(
     """Attention of every q row over its sequence's paged KV; padding rows come out as zeros."""
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = kv_pages.shape[2] // 2
+    kv_lens, block_tables, cu_q_lens = metadata.kv_lens, metadata.block_tables, metadata.cu_q_lens
     max_num_seqs, pages_per_seq = block_tables.shape
     pages_per_chunk = max(1, min(pages_per_chunk, pages_per_seq))
     q_block_size = max(1, min(q_block_size, num_tokens))
-    num_real_seqs = jnp.clip(num_seqs.reshape(-1)[0], 0, max_num_seqs)
+    num_real_seqs = jnp.clip(metadata.num_seqs.reshape(-1)[0], 0, max_num_seqs)
     # Pad the table to whole chunks (null page 0) so a dynamic slice never gets clamped backwards.
     padded_width = -(-pages_per_seq // pages_per_chunk) * pages_per_chunk
     block_tables = jnp.pad(block_tables, ((0, 0), (0, padded_width - pages_per_seq)))
@@ -204,7 +198,7 @@ def write_kv_pages(
     kv_pages: Float[Array, "num_pages page_size kv_heads_x2 head_dim"],
     k: Float[Array, "num_tokens num_kv_heads head_dim"],
     v: Float[Array, "num_tokens num_kv_heads head_dim"],
-    slot_mapping: Int[Array, "num_tokens"],
+    slot_mapping: Int[Array, " num_tokens"],
 ) -> Float[Array, "num_pages page_size kv_heads_x2 head_dim"]:
     """Scatter each token's K/V into slot page_id * page_size + offset (K at head 2h, V at 2h+1)."""
     num_pages, page_size, kv_heads_x2, head_dim = kv_pages.shape

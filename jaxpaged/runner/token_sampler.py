@@ -1,0 +1,67 @@
+"""TokenSampler: the host side of sampling. Sampling rows in, the compiled sampler, ids and logprobs out.
+
+The model runner calls it with the step's logits (still on the device) and the requests that sample; only the
+sampled ids, and logprobs when a request asked for them, cross back to the host.
+"""
+
+import time
+from collections.abc import Iterable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float
+
+from jaxpaged.core.request import Request
+from jaxpaged.runner.sampler import (
+    SamplingRow,
+    all_sampler_flag_variants,
+    build_sampling_batch,
+    min_tokens_suppress_ids,
+    sample,
+    sampler_static_flags,
+    warmup_sampling_batch,
+)
+from jaxpaged.runner.step_result import NOTHING_SAMPLED, SampledLogprobs, StepResult
+
+
+class TokenSampler:
+    """Samples one token per sampling request with the jitted sampler; compiles every variant at warm-up."""
+
+    def __init__(self, vocab_size: int, eos_token_ids: Sequence[int]):
+        self.vocab_size = vocab_size
+        self.eos_token_ids = list(eos_token_ids)
+        """The model's EOS ids: held back while a request is below its min_tokens."""
+
+    def warmup(self, row_buckets: Iterable[int]) -> float:
+        """Compile every sampler variant for every row bucket; returns the seconds it took."""
+        start = time.perf_counter()
+        for num_rows in row_buckets:
+            logits = jnp.zeros((num_rows, self.vocab_size), jnp.float32)
+            for flags in all_sampler_flag_variants():
+                batch = warmup_sampling_batch(flags, num_rows, self.vocab_size)
+                jax.block_until_ready(sample(logits, jax.device_put(batch), flags).token_ids)
+        return time.perf_counter() - start
+
+    def sample(self, logits: Float[Array, "num_rows_padded vocab"], requests: Sequence[Request]) -> StepResult:
+        """Row j of logits belongs to requests[j]; each request carries its params and resolved seed."""
+        if not requests:
+            return NOTHING_SAMPLED
+        rows = [self._row(request) for request in requests]
+        batch = build_sampling_batch(rows, logits.shape[0], self.vocab_size)
+        flags = sampler_static_flags(batch)
+        result = sample(logits, jax.device_put(batch), flags)
+        token_ids = np.asarray(result.token_ids)[:len(rows)].tolist()
+        if all(row.params.logprobs is None for row in rows):
+            return StepResult(token_ids)
+        top_ids = None if result.top_logprob_ids is None else np.asarray(result.top_logprob_ids)
+        top_values = None if result.top_logprobs is None else np.asarray(result.top_logprobs)
+        return StepResult(token_ids, SampledLogprobs(np.asarray(result.logprobs), top_ids, top_values))
+
+    def _row(self, request: Request) -> SamplingRow:
+        params = request.sampling_params
+        if request.sampling_seed is None:
+            raise ValueError(f"sampling_seed: request {request.request_id!r} has no resolved seed")
+        suppress = min_tokens_suppress_ids(params, self.eos_token_ids, request.num_output_tokens)
+        return SamplingRow(params, request.sampling_seed, request.prompt_token_ids, request.output_token_ids,
+                           suppress)

@@ -1,0 +1,150 @@
+"""Greedy outputs in CJK, Hangul, emoji and accented Latin that end in the middle of a character (max_tokens, a
+stop string): the text never ends in U+FFFD, and streamed deltas, the non-streamed response and the engine's
+own output (what LLM.generate returns) hold the same text and the same logprob token strings."""
+
+import asyncio
+import itertools
+from typing import Optional
+
+import pytest
+
+from jaxpaged.outputs import CompletionOutput
+from jaxpaged.sampling_params import SamplingParams
+
+pytestmark = pytest.mark.xdist_group("server")
+
+REPLACEMENT = "\ufffd"
+JA = "日本の首都は東京です。中国の首都は"  # greedy: 'アネットアップ…', two byte tokens per katakana
+KO = "한국의 수도는 서울입니다. 일본의 수도는"  # greedy: ' 서울입니다.', ' 서' begins with the token b' \xec'
+PL = "Łódź jest miastem w Polsce. Kraków jest"  # greedy: ' więcą,', 'ą' is two byte tokens
+EMOJI = "Send me three emoji that show you are happy."  # chat, greedy: '👌🏰👌🏰', three byte tokens each
+ZH = "用中文回答：中国的首都是哪里？"  # chat, greedy: '中国的首都是哪', '首' is three byte tokens
+
+_request_ids = itertools.count()
+
+
+def engine_output(async_engine, prompt_ids: list[int], params: SamplingParams) -> list[CompletionOutput]:
+    """The engine's final outputs for the prompt: token ids and the text LLM.generate would return."""
+    async def run():
+        final = None
+        async for output in async_engine.add_request(f"multibyte-ref-{next(_request_ids)}",
+                                                     {"prompt_token_ids": prompt_ids}, params):
+            final = output
+        return sorted(final.outputs, key=lambda sample: sample.index)
+    return asyncio.run(run())
+
+
+def check_against_the_engine(async_engine, prompt_ids: list[int], params: SamplingParams, texts: list[str],
+                             cut_mid_character: bool) -> list[CompletionOutput]:
+    """The server's texts equal the engine's, which are the decoded ids less an incomplete last character."""
+    samples = engine_output(async_engine, prompt_ids, params)
+    assert [sample.text for sample in samples] == texts
+    for sample in samples:
+        assert len(sample.token_ids) <= params.max_tokens
+        decoded = async_engine.tokenizer.decode(sample.token_ids, skip_special_tokens=True)
+        assert decoded.endswith(REPLACEMENT) == cut_mid_character, decoded  # the case really cuts (or not)
+        assert REPLACEMENT not in sample.text
+        if sample.stop_reason is None:
+            assert sample.text == decoded.rstrip(REPLACEMENT)
+    return samples
+
+
+def completion_both_ways(client, model_name, prompt: str, **kwargs) -> tuple[list, dict[int, str], dict[int, list]]:
+    """Non-streamed choices, and per index the streamed text and logprob token strings."""
+    kwargs = {"model": model_name, "prompt": prompt, "temperature": 0.0, "logprobs": 1, **kwargs}
+    whole = sorted(client.completions.create(**kwargs).choices, key=lambda choice: choice.index)
+    texts, tokens, finishes = {}, {}, {}
+    for chunk in client.completions.create(stream=True, **kwargs):
+        choice = chunk.choices[0]
+        texts[choice.index] = texts.get(choice.index, "") + choice.text
+        tokens.setdefault(choice.index, []).extend(choice.logprobs.tokens if choice.logprobs else [])
+        finishes[choice.index] = choice.finish_reason or finishes.get(choice.index)
+    assert finishes == {choice.index: choice.finish_reason for choice in whole}
+    return whole, texts, tokens
+
+
+@pytest.mark.parametrize("prompt,max_tokens,expected", [
+    (JA, 5, "アネ"), (KO, 5, " 서"), (PL, 5, " więc"), (KO, 1, " ")])
+def test_completion_cut_mid_character_by_max_tokens(client, http, async_engine, model_name, prompt, max_tokens,
+                                                    expected):
+    """max_tokens ends inside a character: its bytes are dropped alike streamed and not; every token counts."""
+    whole, texts, tokens = completion_both_ways(client, model_name, prompt, max_tokens=max_tokens)
+    choice = whole[0]
+    assert choice.text == texts[0] == expected
+    assert choice.finish_reason == "length"
+    assert choice.logprobs.tokens == tokens[0] and len(tokens[0]) == max_tokens
+    prompt_ids = http.post("/tokenize", json={"prompt": prompt}).json()["tokens"]
+    check_against_the_engine(async_engine, prompt_ids, SamplingParams(temperature=0.0, max_tokens=max_tokens),
+                             [choice.text], cut_mid_character=True)
+
+
+@pytest.mark.parametrize("include", [False, True])
+@pytest.mark.parametrize("prompt,stop,max_tokens,finish_reason,expected,expected_with_stop", [
+    # Cut inside the stop string's own last character: no stop yet, the whole characters before it show.
+    (JA, "ット", 7, "length", "アネッ", "アネッ"),
+    # Stopped with a later character's bytes not yet sampled; then with them sampled after the stop.
+    (JA, "ット", 14, "stop", "アネ", "アネット"),
+    (JA, "ネ", 14, "stop", "ア", "アネ"),
+    # ' ' arrives in one token with the first byte of '서': it waits for '서', which max_tokens cuts off.
+    (KO, " ", 2, "stop", "", " "),
+])
+def test_completion_with_a_stop_string_and_a_partial_character(client, http, async_engine, model_name, prompt,
+                                                               stop, max_tokens, finish_reason, expected,
+                                                               expected_with_stop, include):
+    """Stop strings (with and without include_stop_str_in_output) next to a cut character: same text both ways."""
+    whole, texts, tokens = completion_both_ways(client, model_name, prompt, max_tokens=max_tokens, stop=[stop],
+                                                extra_body={"include_stop_str_in_output": include})
+    choice = whole[0]
+    assert choice.text == texts[0] == (expected_with_stop if include else expected)
+    assert choice.finish_reason == finish_reason
+    assert choice.model_extra["stop_reason"] == (stop if finish_reason == "stop" else None)
+    assert choice.logprobs.tokens == tokens[0]
+    prompt_ids = http.post("/tokenize", json={"prompt": prompt}).json()["tokens"]
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, stop=[stop], include_stop_str_in_output=include)
+    samples = check_against_the_engine(async_engine, prompt_ids, params, [choice.text],
+                                       cut_mid_character=max_tokens in (2, 7))
+    assert samples[0].finish_reason == finish_reason
+
+
+@pytest.mark.parametrize("seed,temperature", [(None, 0.0), (11, 0.8)])
+def test_completion_n3_each_choice_the_same_both_ways(client, http, async_engine, model_name, seed, temperature):
+    """n=3 (greedy, and seeded sampling): each choice's streamed text and tokens equal its non-streamed ones."""
+    whole, texts, tokens = completion_both_ways(client, model_name, JA, max_tokens=5, n=3, seed=seed,
+                                                temperature=temperature)
+    assert [choice.index for choice in whole] == [0, 1, 2]
+    assert [choice.text for choice in whole] == [texts[i] for i in range(3)]
+    assert [choice.logprobs.tokens for choice in whole] == [tokens[i] for i in range(3)]
+    assert not any(REPLACEMENT in choice.text for choice in whole)
+    if seed is None:
+        assert [choice.text for choice in whole] == ["アネ"] * 3
+
+
+def chat_both_ways(client, model_name, content: str, **kwargs) -> tuple[object, str, list[str], Optional[str]]:
+    """The non-streamed choice, and the streamed content, logprob token strings and finish reason."""
+    kwargs = {"model": model_name, "messages": [{"role": "user", "content": content}], "temperature": 0.0,
+              "logprobs": True, "top_logprobs": 1, **kwargs}
+    whole = client.chat.completions.create(**kwargs).choices[0]
+    text, tokens, finish_reason = "", [], None
+    for chunk in client.chat.completions.create(stream=True, **kwargs):
+        choice = chunk.choices[0]
+        text += choice.delta.content or ""
+        tokens += [item.token for item in choice.logprobs.content] if choice.logprobs else []
+        finish_reason = choice.finish_reason or finish_reason
+    assert finish_reason == whole.finish_reason
+    return whole, text, tokens, finish_reason
+
+
+@pytest.mark.parametrize("content,max_tokens,stop,expected", [
+    (EMOJI, 5, None, "👌"), (ZH, 6, None, "中国的"), (EMOJI, 14, ["🏰👌"], "👌"), (ZH, 14, ["首都"], "中国的")])
+def test_chat_cut_mid_character(client, http, async_engine, model_name, content, max_tokens, stop, expected):
+    """Chat, by max_tokens and by an emoji or CJK stop string: the content and logprob tokens agree both ways."""
+    whole, text, tokens, finish_reason = chat_both_ways(client, model_name, content, max_tokens=max_tokens,
+                                                        stop=stop)
+    assert whole.message.content == text == expected
+    assert [item.token for item in whole.logprobs.content] == tokens
+    assert finish_reason == ("length" if stop is None else "stop")
+    if stop is None:
+        assert len(tokens) == max_tokens and tokens[-1] == REPLACEMENT  # that token is part of a character
+        prompt_ids = http.post("/tokenize", json={"messages": [{"role": "user", "content": content}]}).json()["tokens"]
+        check_against_the_engine(async_engine, prompt_ids, SamplingParams(temperature=0.0, max_tokens=max_tokens),
+                                 [text], cut_mid_character=True)
