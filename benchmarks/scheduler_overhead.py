@@ -65,6 +65,7 @@ def measure(scheduler: Scheduler, num_steps: int, seed: int) -> list[float]:
 
 
 def main() -> None:
+    assert __doc__ is not None  # the module docstring
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-requests", type=int, default=256)
     parser.add_argument("--num-steps", type=int, default=2000)

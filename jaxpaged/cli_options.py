@@ -19,7 +19,11 @@ _ENGINE_FLAGS = [
     ("--long-prefill-token-threshold", int, "cap on one request's prompt tokens per step (0: off)"),
     ("--seed", int, "base sampler seed for requests without one"),
     ("--compilation-cache-dir", str, "JAX persistent compilation cache ('' turns it off)"),
+    ("--tensor-parallel-size", int, "devices each model replica is split over (default 1); alias -tp"),
+    ("--data-parallel-size", int, "model replicas, each with its own KV pool and scheduler (default 1); alias -dp"),
 ]
+# vLLM's short forms.
+_ALIASES = {"--tensor-parallel-size": "-tp", "--data-parallel-size": "-dp"}
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,7 +32,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                         help="HF checkpoint dir, .gguf file or converted checkpoint (default: embedded SmolLM2-135M)")
     group = parser.add_argument_group("engine options")
     for flag, kind, help_text in _ENGINE_FLAGS:
-        group.add_argument(flag, type=kind, default=None, help=help_text)
+        flags = [flag, _ALIASES[flag]] if flag in _ALIASES else [flag]
+        group.add_argument(*flags, type=kind, default=None, help=help_text)
     group.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false", default=None,
                        help="turn off prefix caching")
 

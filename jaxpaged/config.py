@@ -88,12 +88,19 @@ class EngineConfig:
     """Base seed of the sampler for requests that set none."""
     compilation_cache_dir: Optional[str] = None
     """JAX persistent compilation cache; None: ~/.cache/jaxpaged/xla. "" turns it off."""
+    tensor_parallel_size: int = 1
+    """Devices each model replica is split over (the mesh's "model" axis; vLLM's name)."""
+    data_parallel_size: int = 1
+    """Model replicas, each with its own page pool and scheduler (the "data" axis; vLLM's name)."""
 
     def __post_init__(self) -> None:
         _require(self.dtype in _DTYPES, "dtype", f"must be one of {_DTYPES}, got {self.dtype!r}")
         _require(self.attention_backend in _BACKENDS, "attention_backend",
                  f"must be one of {_BACKENDS}, got {self.attention_backend!r}")
         _require(is_int(self.seed), "seed", f"must be an int, got {self.seed!r}")
+        for name in ("tensor_parallel_size", "data_parallel_size"):
+            value = getattr(self, name)
+            _require(is_int(value) and value >= 1, name, f"must be a positive int, got {value!r}")
 
     @classmethod
     def from_options(cls, **options) -> "EngineConfig":

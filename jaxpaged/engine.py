@@ -13,6 +13,7 @@ from transformers import PreTrainedTokenizerFast
 
 from jaxpaged.config import EngineConfig
 from jaxpaged.core.request import Request, RequestStatus
+from jaxpaged.core.router import PrefixAwareRouter
 from jaxpaged.core.scheduler import Scheduler
 from jaxpaged.core.scheduler_output import SchedulerOutput
 from jaxpaged.detokenizer import IncrementalDetokenizer
@@ -21,6 +22,7 @@ from jaxpaged.inputs import PromptInput, parse_prompt
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.request_group import RequestGroup, Sample
 from jaxpaged.runner import compile_counter
+from jaxpaged.runner.mesh import check_parallel_layout, rank_meshes
 from jaxpaged.runner.model_runner import ModelRunner
 from jaxpaged.runner.step_result import StepResult
 from jaxpaged.sampling_params import SamplingParams
@@ -41,8 +43,16 @@ class LLMEngine:
         self.tokenizer = PreTrainedTokenizerFast.from_pretrained(str(loaded.tokenizer_dir))
         self.eos_token_ids = list(loaded.config.eos_token_ids) or (
             [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else [])
-        self.runner = ModelRunner(loaded, config, self.eos_token_ids)
-        self.scheduler = Scheduler(sched, config.cache, self.runner.num_kv_blocks)
+        tp, dp = config.tensor_parallel_size, config.data_parallel_size
+        check_parallel_layout(loaded.config, tp, dp, len(jax.devices()))
+        # Data parallel: one runner (device group, page pool) and one scheduler per rank; tp splits each runner.
+        self.runners = [ModelRunner(loaded, config, self.eos_token_ids, mesh) for mesh in rank_meshes(tp, dp)]
+        self.schedulers = [Scheduler(sched, config.cache, runner.num_kv_blocks) for runner in self.runners]
+        self.runner, self.scheduler = self.runners[0], self.schedulers[0]
+        """Rank 0's runner and scheduler: the only ones unless data_parallel_size > 1."""
+        self._router = PrefixAwareRouter(dp, config.cache.block_size)
+        self._rank_of: dict[str, int] = {}
+        """Request id -> the data-parallel rank all its samples run on."""
         self._groups: dict[str, RequestGroup] = {}
         self._samples: dict[str, tuple[RequestGroup, Sample]] = {}
         self._holding_back: dict[str, RequestGroup] = {}
@@ -51,7 +61,7 @@ class LLMEngine:
         self._prompt_tokens_total = 0
         self._generation_tokens_total = 0
         self._num_steps = 0
-        self.warmup_seconds = self.runner.warmup() if warmup else 0.0
+        self.warmup_seconds = sum(runner.warmup() for runner in self.runners) if warmup else 0.0
 
     @classmethod
     def from_options(cls, model: Optional[str] = None, **engine_options) -> "LLMEngine":
@@ -76,7 +86,9 @@ class LLMEngine:
                              f"exceeds max_model_len ({self.max_model_len})")
         arrival_time = time.time() if arrival_time is None else arrival_time
         samples = [self._make_sample(request_id, index, parsed, params, arrival_time) for index in range(params.n)]
-        self.scheduler.add_request(samples[0].request)  # validates against the pool before anything is kept
+        rank = self._route(samples[0].request)
+        self.schedulers[rank].add_request(samples[0].request)  # validates against the pool before anything is kept
+        self._rank_of[request_id] = rank
         group = RequestGroup(request_id, parsed, params, samples, arrival_time)
         self._groups[request_id] = group
         if params.n > 1:
@@ -91,12 +103,12 @@ class LLMEngine:
         request = Request(
             sample_id, parsed.token_ids, max_tokens=params.max_tokens, min_tokens=params.min_tokens,
             eos_token_id=self.eos_token_ids[0] if self.eos_token_ids else None,
-            stop_token_ids=list(params.stop_token_ids) + self.eos_token_ids[1:], ignore_eos=params.ignore_eos,
+            stop_token_ids=list(params.stop_token_ids or ()) + self.eos_token_ids[1:], ignore_eos=params.ignore_eos,
             arrival_time=arrival_time, priority=parsed.priority, cache_salt=parsed.cache_salt,
             sampling_params=params, sampling_seed=seed)
         detokenizer = IncrementalDetokenizer(
             self.tokenizer, parsed.token_ids, skip_special_tokens=params.skip_special_tokens,
-            stop=params.stop, include_stop_str_in_output=params.include_stop_str_in_output)
+            stop=params.stop or (), include_stop_str_in_output=params.include_stop_str_in_output)
         return Sample(index, request, detokenizer)
 
     def abort_request(self, request_ids: Union[str, Iterable[str]]) -> None:
@@ -107,7 +119,7 @@ class LLMEngine:
                 continue
             self._holding_back.pop(request_id, None)
             sample_ids = [s.request.request_id for s in group.samples]
-            self.scheduler.finish_requests(sample_ids, RequestStatus.FINISHED_ABORTED)
+            self.schedulers[self._rank_of.pop(request_id)].finish_requests(sample_ids, RequestStatus.FINISHED_ABORTED)
             for sample_id in sample_ids:
                 self._samples.pop(sample_id, None)
 
@@ -118,15 +130,18 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Schedule, run the model (and sample), update; returns the outputs of requests that progressed."""
         self._release_held_back_samples()
-        output = self.scheduler.schedule()
-        result = self.runner.execute(output)
-        outputs = self.update(output, result)
+        outputs = []
+        for rank, (scheduler, runner) in enumerate(zip(self.schedulers, self.runners)):
+            output = scheduler.schedule()
+            result = runner.execute(output)
+            outputs += self.update(output, result, rank)
         self._num_steps += 1
         return outputs
 
-    def update(self, output: SchedulerOutput, result: StepResult) -> list[RequestOutput]:
-        """Apply a step's sampled tokens: scheduler state, stop checks, text and logprobs, RequestOutputs."""
-        updated = self.scheduler.update_from_output(output, result.token_ids)
+    def update(self, output: SchedulerOutput, result: StepResult, rank: int = 0) -> list[RequestOutput]:
+        """Apply a rank's step: scheduler state, stop checks, text and logprobs; the RequestOutputs."""
+        scheduler = self.schedulers[rank]
+        updated = scheduler.update_from_output(output, result.token_ids)
         row_of = {item.request.request_id: row
                   for row, item in enumerate(i for i in output.scheduled if i.sample)}
         touched: dict[str, RequestGroup] = {}
@@ -143,7 +158,7 @@ class LLMEngine:
                 stopped_by_string.append(request.request_id)
             touched[group.request_id] = group
         if stopped_by_string:
-            self.scheduler.finish_requests(stopped_by_string, RequestStatus.FINISHED_STOPPED)
+            scheduler.finish_requests(stopped_by_string, RequestStatus.FINISHED_STOPPED)
         outputs = [group.to_output() for group in touched.values()]
         for out in outputs:
             if out.finished:
@@ -154,11 +169,18 @@ class LLMEngine:
         for request_id, group in list(self._holding_back.items()):
             if group.ready_to_release():
                 for held in group.held_back():
-                    self.scheduler.add_request(held.request)
+                    self.schedulers[self._rank_of[request_id]].add_request(held.request)
                 group.num_released = len(group.samples)
                 del self._holding_back[request_id]
 
+    def _route(self, request: Request) -> int:
+        """The data-parallel rank with the longest prefix for the request, then the least loaded."""
+        loads = [scheduler.num_running + scheduler.num_waiting for scheduler in self.schedulers]
+        return self._router.route(
+            request, lambda rank, r: self.schedulers[rank].kv_cache_manager.get_computed_blocks(r)[1], loads)
+
     def _forget(self, request_id: str) -> None:
+        self._rank_of.pop(request_id, None)
         group = self._groups.pop(request_id)
         self._holding_back.pop(request_id, None)
         for s in group.samples:
@@ -167,11 +189,13 @@ class LLMEngine:
     # ---- start-up and stats ----------------------------------------------------------------------------------
     def get_stats(self) -> EngineStats:
         """Gauges and cumulative counters."""
-        s = self.scheduler.stats()
+        ranks = [scheduler.stats() for scheduler in self.schedulers]
+        total = lambda field: sum(getattr(stats, field) for stats in ranks)
         return EngineStats(
-            num_running=s.num_running, num_waiting=s.num_waiting, kv_cache_usage=s.kv_cache_usage,
-            prefix_cache_queries=s.prefix_cache_queries, prefix_cache_hits=s.prefix_cache_hits,
-            num_preemptions=s.num_preemptions, num_compilations=compile_counter.num_compilations(),
+            num_running=total("num_running"), num_waiting=total("num_waiting"),
+            kv_cache_usage=total("kv_cache_usage") / len(ranks),
+            prefix_cache_queries=total("prefix_cache_queries"), prefix_cache_hits=total("prefix_cache_hits"),
+            num_preemptions=total("num_preemptions"), num_compilations=compile_counter.num_compilations(),
             prompt_tokens_total=self._prompt_tokens_total, generation_tokens_total=self._generation_tokens_total,
             num_steps=self._num_steps, warmup_seconds=self.warmup_seconds)
 

@@ -12,7 +12,7 @@ class EngineStats:
     num_waiting: int
     """Requests (samples) waiting or preempted."""
     kv_cache_usage: float
-    """Fraction of KV blocks (null block excluded) referenced by requests, 0..1."""
+    """Fraction of KV blocks (null block excluded) referenced by requests, 0..1 (mean over data-parallel ranks)."""
     prefix_cache_queries: int
     """Prompt tokens looked up in the prefix cache (cumulative)."""
     prefix_cache_hits: int

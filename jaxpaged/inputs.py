@@ -64,7 +64,7 @@ def parse_prompt(prompt: PromptInput, tokenizer: Any, vocab_size: int) -> Parsed
         if ("prompt" in prompt) == ("prompt_token_ids" in prompt):
             raise ValueError("prompt: give exactly one of 'prompt' and 'prompt_token_ids'")
         cache_salt, priority = prompt.get("cache_salt"), prompt.get("priority", 0)
-        prompt = prompt.get("prompt", prompt.get("prompt_token_ids"))
+        prompt = prompt["prompt"] if "prompt" in prompt else prompt["prompt_token_ids"]  # exactly one is there
     if isinstance(prompt, str):
         if not prompt:
             raise ValueError("prompt: must not be empty")

@@ -2,13 +2,13 @@
 
 import itertools
 from collections.abc import Sequence
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 from tqdm.auto import tqdm
 
 from jaxpaged.checks import is_int
 from jaxpaged.engine import LLMEngine
-from jaxpaged.inputs import PromptInput
+from jaxpaged.inputs import ParsedPrompt, PromptInput
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.sampling_params import SamplingParams
 
@@ -87,14 +87,14 @@ def generate(prompts: Prompts, sampling_params: Union[SamplingParams, Sequence[S
 
 
 def _as_prompt_list(prompts: Prompts) -> list[PromptInput]:
-    if isinstance(prompts, (str, dict)):
+    if isinstance(prompts, (str, dict, ParsedPrompt)):
         return [prompts]
-    prompts = list(prompts)
-    if prompts and all(is_int(p) for p in prompts):
-        return [prompts]  # one prompt given as token ids
-    if not prompts:
+    items: list[Any] = list(prompts)  # token ids of one prompt, or prompts
+    if items and all(is_int(p) for p in items):
+        return [items]  # one prompt given as token ids
+    if not items:
         raise ValueError("prompts: at least one prompt is needed")
-    return prompts
+    return items
 
 
 def _as_params_list(sampling_params, num_prompts: int) -> list[SamplingParams]:

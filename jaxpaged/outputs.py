@@ -3,7 +3,7 @@
 import dataclasses
 from typing import Literal, Optional, Union
 
-FinishReason = Literal["stop", "length", "abort"]
+FinishReason = Literal["stop", "length", "abort"]  # the same values as core.request.FinishReason
 
 
 @dataclasses.dataclass

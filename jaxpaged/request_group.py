@@ -2,12 +2,12 @@
 
 import dataclasses
 import time
-from typing import Optional
+from typing import Optional, Union
 
 from jaxpaged.core.request import Request
 from jaxpaged.detokenizer import IncrementalDetokenizer
 from jaxpaged.inputs import ParsedPrompt
-from jaxpaged.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput, TokenLogprobs
+from jaxpaged.outputs import CompletionOutput, FinishReason, Logprob, RequestMetrics, RequestOutput, TokenLogprobs
 from jaxpaged.sampling_params import SamplingParams
 
 
@@ -20,8 +20,8 @@ class Sample:
     detokenizer: IncrementalDetokenizer
     logprobs: Optional[list[TokenLogprobs]] = None
     cumulative_logprob: Optional[float] = None
-    finish_reason: Optional[str] = None
-    stop_reason: object = None
+    finish_reason: Optional[FinishReason] = None
+    stop_reason: Union[int, str, None] = None
 
 
 class RequestGroup:

@@ -165,7 +165,7 @@ class SamplingParams:
 
     def validate_token_ids(self, vocab_size: int) -> None:
         """Checks stop_token_ids and logit_bias keys lie in [0, vocab_size); ValueError naming the field."""
-        for token_id in self.stop_token_ids:
+        for token_id in self.stop_token_ids or ():  # a list once __post_init__ has normalized it
             if token_id >= vocab_size:
                 _fail("stop_token_ids", f"must be < vocab_size ({vocab_size})", token_id)
         for token_id in self.logit_bias or {}:

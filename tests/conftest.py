@@ -1,17 +1,37 @@
-"""Fixtures shared across test folders: a tiny random-weight model that uses the real SmolLM2 tokenizer."""
+"""Fixtures shared across test folders: a tiny random-weight model that uses the real SmolLM2 tokenizer.
+
+Also turns on run-time jaxtyping checks (shapes, dtypes, dim names consistent within one call) for the model, runner
+and kernel code: the import hook decorates every function and dataclass of those packages with
+`@jaxtyped(typechecker=beartype)`. It must be installed before any of them is imported, so it sits at the top of the
+root conftest, which pytest imports (after the empty `tests/__init__.py`) before any test module. Jitted functions are
+checked when they are traced.
+"""
 
 import pathlib
 import shutil
+import sys
+from typing import Any
 
+import jaxtyping
 import pytest
 
-TINY_LLAMA = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, head_dim=16, max_position_embeddings=1024, rms_norm_eps=1e-5,
-                  tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+_TYPE_CHECKED_PACKAGES = ("jaxpaged.models", "jaxpaged.runner", "pallas_kernels")
+_already_imported = sorted(name for name in sys.modules
+                           if any(name == p or name.startswith(p + ".") for p in _TYPE_CHECKED_PACKAGES))
+if _already_imported:  # the hook only instruments modules imported after it is installed
+    raise RuntimeError(f"jaxtyping run-time checks cannot cover modules imported before tests/conftest.py: "
+                       f"{_already_imported}")
+jaxtyping.install_import_hook(list(_TYPE_CHECKED_PACKAGES), "beartype.beartype")
+
+TINY_LLAMA: dict[str, Any] = dict(
+    vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=16, max_position_embeddings=1024, rms_norm_eps=1e-5, tie_word_embeddings=True,
+    bos_token_id=1, eos_token_id=2)
 
 # Small engine limits for tests: few buckets (fast compiles), small pool.
-TINY_ENGINE_OPTIONS = dict(max_model_len=256, max_num_seqs=16, max_num_batched_tokens=64, num_kv_blocks=48,
-                           dtype="float32", attention_backend="xla", compilation_cache_dir="")
+TINY_ENGINE_OPTIONS: dict[str, Any] = dict(
+    max_model_len=256, max_num_seqs=16, max_num_batched_tokens=64, num_kv_blocks=48, dtype="float32",
+    attention_backend="xla", compilation_cache_dir="")
 
 
 @pytest.fixture(scope="session")
@@ -25,16 +45,20 @@ def smollm2_tokenizer_dir() -> pathlib.Path:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, smollm2_tokenizer_dir) -> pathlib.Path:
     """A seeded random 2-layer Llama with SmolLM2's vocabulary, saved as an HF checkpoint with its tokenizer."""
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), smollm2_tokenizer_dir, TINY_LLAMA)
+
+
+def save_tiny_llama(directory: pathlib.Path, tokenizer_dir: pathlib.Path, config: dict[str, Any]) -> pathlib.Path:
+    """A seeded random Llama of `config` saved as an HF checkpoint beside a copy of the tokenizer files."""
     import torch
     import transformers
 
-    directory = tmp_path_factory.mktemp("tiny-llama")
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**TINY_LLAMA))
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config))
     model.save_pretrained(directory)
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json"):
-        if (smollm2_tokenizer_dir / name).exists():
-            shutil.copy(smollm2_tokenizer_dir / name, directory / name)
+        if (tokenizer_dir / name).exists():
+            shutil.copy(tokenizer_dir / name, directory / name)
     return directory
 
 

@@ -9,11 +9,10 @@ import functools
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from pallas_kernels.ragged_paged_attention.example_batch import make_ragged_batch
-from pallas_kernels.ragged_paged_attention.reference import ragged_paged_attention_reference
+from pallas_kernels.ragged_paged_attention.xla import ragged_paged_attention_xla
 
 # (name, q_lens, kv_lens, num_tokens bucket, max_num_seqs bucket)
 WORKLOADS = [
@@ -29,9 +28,9 @@ def time_workload(q_lens, kv_lens, num_tokens, max_num_seqs, *, num_layers, page
     batch = make_ragged_batch(q_lens, kv_lens, num_q_heads=9, num_kv_heads=3, head_dim=64,
                               page_size=16, num_tokens=num_tokens, max_num_seqs=max_num_seqs,
                               pages_per_seq=128, num_pages=2048)
-    attend = jax.jit(functools.partial(ragged_paged_attention_reference, sm_scale=0.125,
+    attend = jax.jit(functools.partial(ragged_paged_attention_xla, sm_scale=0.125,
                                        pages_per_chunk=pages_per_chunk))
-    args = [jnp.asarray(a) for a in batch.attention_args()]
+    args = batch.attention_args()
     attend(*args).block_until_ready()
     timings = []
     for _ in range(repeats):

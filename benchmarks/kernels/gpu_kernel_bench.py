@@ -1,20 +1,25 @@
-"""Ragged paged attention on real hardware: correctness at real sizes, then decode bandwidth.
+"""One-shot GPU check of the Triton-lowered kernel: correctness, decode bandwidth, layers, prefill, a sweep.
 
-On a GPU: our Triton-lowered kernel vs the pure-jnp reference (max error), then achieved decode
-bandwidth (K/V bytes read / time) next to jax's shipped jax.experimental.pallas.ops.gpu
-.paged_attention on the same inputs, and next to the device's measured HBM bandwidth (a big copy).
-On a TPU: the same with our Mosaic kernel and jax's shipped ops.tpu.ragged_paged_attention.
-Anywhere else (or with --smoke): tiny sizes in interpret mode, to check the script itself runs.
+    PYTHONPATH=. python3 benchmarks/kernels/gpu_kernel_bench.py --out results/gpu.json [--smoke]
 
-    python benchmarks/kernels/gpu_kernel_bench.py [--sweep] [--out results.json]
-
-Targets (issue 4): decode >= 70% of measured HBM bandwidth, and not slower than jax's kernel.
+Sections (each one's result, or its error, is written to the JSON as soon as it ends; a section is
+skipped once the time budget, default 330 s, is spent, so the script stays under 6 minutes):
+  correctness  max |error| vs the xla backend (float32 math) at real shapes, float32 and bfloat16,
+               decode / prefill / mixed, head_dim 64, 128 and 80 (padded path).
+  decode       us and KV GB/s at (9 q, 3 kv, d64) and (32, 8, d128), KV 512 / 2k / 8k, bfloat16, next
+               to jax.experimental.pallas.ops.gpu.paged_attention on the same pages, and a big copy.
+  layers_scan  a decode step through a jitted lax.scan over 8 layers of one stacked cache (page ids
+               shifted per layer, as the model does), per layer, vs one call.
+  prefill      a 1k-token causal prefill and a 512-token chunk + 32 decodes: ours (default tiles and
+               128 rows x 8 warps) vs jax.nn.dot_product_attention(implementation="cudnn") on dense K/V.
+  sweep        num_kv_splits x num_stages on the (32, 8, d128) decodes.
+--smoke: tiny sizes in interpret mode on any machine, to check the script itself (no cudnn).
 """
 
 import argparse
-import dataclasses
 import functools
 import json
+import math
 import statistics
 import time
 
@@ -24,65 +29,45 @@ import numpy as np
 
 from pallas_kernels.ragged_paged_attention.example_batch import make_ragged_batch
 from pallas_kernels.ragged_paged_attention.gpu import ragged_paged_attention_gpu
-from pallas_kernels.ragged_paged_attention.reference import ragged_paged_attention_reference
-from pallas_kernels.ragged_paged_attention.tpu import ragged_paged_attention_tpu
+from pallas_kernels.ragged_paged_attention.metadata import AttentionMetadata
+from pallas_kernels.ragged_paged_attention.xla import ragged_paged_attention_xla
+
+SHAPES = {"smollm_9x3_d64": (9, 3, 64), "llama8b_32x8_d128": (32, 8, 128)}
 
 
-@dataclasses.dataclass(frozen=True)
-class Workload:
-    """One step's shape: per-sequence new tokens and KV lengths, padded like the runner pads."""
+class Context:
+    """Flags, the clock and the sizes every section uses."""
 
-    name: str
-    q_lens: list
-    kv_lens: list
-    num_tokens: int
-    pages_per_seq: int
+    def __init__(self, flags):
+        self.smoke = flags.smoke or jax.default_backend() != "gpu"
+        self.interpret = self.smoke
+        self.deadline = time.monotonic() + flags.budget_s
+        self.iters = 1 if self.smoke else flags.iters
+        self.page_size = 16
+        self.kv_lens = (40, 100) if self.smoke else (512, 2048, 8192)
 
-    @property
-    def is_decode(self) -> bool:
-        """Every sequence brings exactly one new token."""
-        return all(q_len == 1 for q_len in self.q_lens)
+    def seqs_for(self, kv_len: int) -> int:
+        """Decode batch size: big enough to fill the GPU, small enough that 8k stays in memory."""
+        return 3 if self.smoke else (64 if kv_len <= 2048 else 32)
 
-
-def real_workloads() -> list:
-    """Llama-3-8B-like decode and mixed steps (ragged KV lengths, page_size 16)."""
-    rng = np.random.default_rng(0)
-
-    def ragged(num_seqs: int, mean: int) -> list:
-        return [int(x) for x in rng.integers(mean * 3 // 4, mean * 5 // 4, num_seqs)]
-
-    return [
-        Workload("decode 64 x ~2k", [1] * 64, ragged(64, 2048), 64, 256),
-        Workload("decode 128 x ~4k", [1] * 128, ragged(128, 4096), 128, 512),
-        Workload("decode 8 x ~16k", [1] * 8, ragged(8, 16384), 16, 1536),
-        Workload("mixed 1k prefill + 63 decodes", [1024] + [1] * 63,
-                 [3072] + ragged(63, 2048), 1088, 256),
-        Workload("prefill 4 x 512", [512] * 4, [512] * 4, 2048, 256),
-    ]
+    def out_of_time(self) -> bool:
+        return time.monotonic() > self.deadline
 
 
-def smoke_workloads() -> list:
-    """Tiny shapes for interpret mode on a CPU."""
-    return [Workload("decode 4 x ~100", [1] * 4, [90, 100, 110, 33], 16, 16),
-            Workload("mixed 20 prefill + 3 decodes", [20, 1, 1, 1], [40, 70, 17, 100], 32, 16)]
-
-
-def make_inputs(workload: Workload, *, num_q_heads, num_kv_heads, head_dim, page_size, dtype, seed=0):
-    """Metadata from make_ragged_batch (host), random q and pages generated on the device."""
-    meta = make_ragged_batch(workload.q_lens, workload.kv_lens, num_q_heads=1, num_kv_heads=1,
-                             head_dim=1, page_size=page_size, num_tokens=workload.num_tokens,
-                             max_num_seqs=len(workload.q_lens), pages_per_seq=workload.pages_per_seq,
+def make_step(q_lens, kv_lens, num_q_heads, num_kv_heads, head_dim, dtype, page_size, *, seed=0):
+    """(q, kv_pages, metadata) on the device: host metadata, device-random q and pages (no host copies)."""
+    meta = make_ragged_batch(q_lens, kv_lens, num_q_heads=1, num_kv_heads=1, head_dim=1, page_size=page_size,
                              seed=seed)
-    num_pages = meta.kv_pages.shape[0]
     q_key, kv_key = jax.random.split(jax.random.key(seed))
-    q = jax.random.normal(q_key, (workload.num_tokens, num_q_heads, head_dim), dtype)
-    kv_pages = jax.random.normal(kv_key, (num_pages, page_size, 2 * num_kv_heads, head_dim), dtype)
-    return [q, kv_pages] + [jnp.asarray(a) for a in (meta.kv_lens, meta.block_tables,
-                                                     meta.cu_q_lens, meta.num_seqs)]
+    q = jax.random.normal(q_key, (sum(q_lens), num_q_heads, head_dim), dtype)
+    kv_pages = jax.random.normal(kv_key, (meta.kv_pages.shape[0], page_size, 2 * num_kv_heads, head_dim), dtype)
+    metadata = AttentionMetadata(*[jnp.asarray(getattr(meta, f)) for f in (
+        "slot_mapping", "kv_lens", "block_tables", "cu_q_lens", "num_seqs")])
+    return q, kv_pages, metadata
 
 
-def seconds_per_call(fn, args, *, iters: int, repeats: int = 5) -> float:
-    """Median over repeats of (time for `iters` back-to-back calls) / iters; compiles first."""
+def seconds_per_call(fn, args, iters: int, repeats: int = 3) -> float:
+    """Median over repeats of (time of `iters` back-to-back calls) / iters, after a compiling call."""
     jax.block_until_ready(fn(*args))
     timings = []
     for _ in range(repeats):
@@ -94,113 +79,205 @@ def seconds_per_call(fn, args, *, iters: int, repeats: int = 5) -> float:
     return statistics.median(timings)
 
 
-def measure_hbm_bandwidth(num_bytes: int) -> float:
-    """Bytes/s of a large device copy (read + write), the ceiling decode attention is judged by."""
-    x = jnp.ones((num_bytes // 4,), jnp.float32)
-    copy = jax.jit(lambda x: x + 1.0)
-    return 2 * num_bytes / seconds_per_call(copy, (x,), iters=20)
+def ours(ctx: Context, sm_scale: float, **options):
+    return jax.jit(functools.partial(ragged_paged_attention_gpu, sm_scale=sm_scale, interpret=ctx.interpret,
+                                     **options))
 
 
-def kv_bytes_read(workload: Workload, num_kv_heads, head_dim, dtype) -> int:
-    """K and V bytes a step must read at least: every sequence's KV once."""
-    return sum(workload.kv_lens) * 2 * num_kv_heads * head_dim * jnp.dtype(dtype).itemsize
+def max_error(out, expected) -> float:
+    return float(jnp.max(jnp.abs(out.astype(jnp.float32) - expected.astype(jnp.float32))))
 
 
-def shipped_gpu_decode(args, *, sm_scale, interpret):
-    """jax's ops.gpu.paged_attention on the same decode step (its layout prepared outside timing)."""
+def reference(q, kv_pages, metadata, sm_scale):
+    """The xla backend in float32: what every kernel is checked against."""
+    return jax.jit(functools.partial(ragged_paged_attention_xla, sm_scale=sm_scale))(
+        q.astype(jnp.float32), kv_pages.astype(jnp.float32), metadata)
+
+
+def section_correctness(ctx: Context) -> dict:
+    rows = []
+    shapes = list(SHAPES.values()) + [(16, 2, 128), (8, 2, 80)]
+    steps = {"decode": ([1] * 3, [700, 1, 2048]), "prefill": ([300], [300]),
+             "mixed": ([200, 1, 1], [1500, 33, 900])}
+    if ctx.smoke:
+        steps = {"mixed": ([20, 1, 1], [60, 17, 33])}
+    for (num_q_heads, num_kv_heads, head_dim) in shapes[:2] if ctx.smoke else shapes:
+        for dtype in (jnp.float32, jnp.bfloat16):
+            for name, (q_lens, kv_lens) in steps.items():
+                q, kv_pages, metadata = make_step(q_lens, kv_lens, num_q_heads, num_kv_heads, head_dim, dtype,
+                                                  ctx.page_size)
+                sm_scale = head_dim ** -0.5
+                error = max_error(ours(ctx, sm_scale)(q, kv_pages, metadata),
+                                  reference(q, kv_pages, metadata, sm_scale))
+                rows.append(dict(shape=[num_q_heads, num_kv_heads, head_dim], dtype=jnp.dtype(dtype).name,
+                                 step=name, max_abs_error=error))
+                print(f"  correctness {rows[-1]}", flush=True)
+    return dict(rows=rows, tolerance=dict(float32=2e-5, bfloat16=3e-2))
+
+
+def copy_bandwidth(ctx: Context) -> float:
+    """Bytes/s of a large device copy (read + write): the ceiling decode attention is judged by."""
+    x = jnp.ones(((2 ** 18) if ctx.smoke else (2 ** 29),), jnp.float32)
+    return 2 * x.nbytes / seconds_per_call(jax.jit(lambda x: x + 1.0), (x,), ctx.iters)
+
+
+def shipped_decode(q, kv_pages, metadata, sm_scale, interpret):
+    """jax's ops.gpu.paged_attention on the same pages (split K / V layout built outside the timing)."""
     from jax.experimental.pallas.ops.gpu.paged_attention import paged_attention
 
-    q, kv_pages, kv_lens, block_tables, _, _ = args
-    k_pages = jnp.moveaxis(kv_pages[:, :, 0::2, :], 2, 0)  # [kv_heads, pages, page_size, d]
-    v_pages = jnp.moveaxis(kv_pages[:, :, 1::2, :], 2, 0)
-    num_seqs = kv_lens.shape[0]
-    fn = jax.jit(functools.partial(paged_attention, interpret=interpret))
-    # It has no sm_scale: q comes pre-scaled.
-    scaled_q = (q[:num_seqs].astype(jnp.float32) * sm_scale).astype(q.dtype)
-    return fn, (scaled_q, k_pages, v_pages, block_tables, kv_lens)
+    k_pages = jnp.moveaxis(kv_pages[:, :, 0::2], 2, 0)  # [kv_heads, pages, page_size, d]
+    v_pages = jnp.moveaxis(kv_pages[:, :, 1::2], 2, 0)
+    scaled_q = (q.astype(jnp.float32) * sm_scale).astype(q.dtype)  # it has no sm_scale argument
+    # Its asserts: the table width divisible by k_splits, a partition by pages_per_compute_block.
+    pages_per_seq = metadata.block_tables.shape[1]
+    k_splits = math.gcd(16, pages_per_seq)
+    fn = jax.jit(functools.partial(paged_attention, k_splits=k_splits,
+                                   pages_per_compute_block=math.gcd(8, pages_per_seq // k_splits), interpret=interpret))
+    return fn, (scaled_q, k_pages, v_pages, metadata.block_tables, metadata.kv_lens)
 
 
-def shipped_tpu(args, *, sm_scale):
-    """jax's ops.tpu.ragged_paged_attention: same layout and contract as ours."""
-    from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ragged_paged_attention
+def section_decode(ctx: Context) -> dict:
+    hbm = copy_bandwidth(ctx)
+    rows = []
+    for shape_name, (num_q_heads, num_kv_heads, head_dim) in SHAPES.items():
+        for kv_len in ctx.kv_lens:
+            if ctx.out_of_time():
+                rows.append(dict(shape=shape_name, kv_len=kv_len, skipped="time budget"))
+                continue
+            num_seqs = ctx.seqs_for(kv_len)
+            q, kv_pages, metadata = make_step([1] * num_seqs, [kv_len] * num_seqs, num_q_heads, num_kv_heads,
+                                              head_dim, jnp.bfloat16, ctx.page_size)
+            sm_scale = head_dim ** -0.5
+            kv_bytes = num_seqs * kv_len * 2 * num_kv_heads * head_dim * 2
+            expected = reference(q, kv_pages, metadata, sm_scale)
+            fn = ours(ctx, sm_scale)
+            row = dict(shape=shape_name, kv_len=kv_len, num_seqs=num_seqs, kv_bytes=kv_bytes,
+                       ours_error=max_error(fn(q, kv_pages, metadata), expected))
+            row["ours_us"] = 1e6 * seconds_per_call(fn, (q, kv_pages, metadata), ctx.iters)
+            row["ours_fraction_of_copy"] = kv_bytes / (row["ours_us"] * 1e-6) / hbm
+            try:
+                shipped, args = shipped_decode(q, kv_pages, metadata, sm_scale, ctx.interpret)
+                row["jax_error"] = max_error(shipped(*args), expected)
+                row["jax_us"] = 1e6 * seconds_per_call(shipped, args, ctx.iters)
+            except Exception as error:  # e.g. a GQA group its block_h cannot take: record, go on
+                row["jax_error"] = f"{type(error).__name__}: {str(error)[:300]}"
+            rows.append(row)
+            print(f"  decode {row}", flush=True)
+    return dict(copy_bytes_per_s=hbm, rows=rows)
 
-    return jax.jit(functools.partial(ragged_paged_attention, sm_scale=sm_scale)), tuple(args)
+
+def section_layers_scan(ctx: Context) -> dict:
+    num_layers, kv_len = 8, ctx.kv_lens[1]
+    num_q_heads, num_kv_heads, head_dim = SHAPES["llama8b_32x8_d128"] if not ctx.smoke else (4, 2, 64)
+    num_seqs = ctx.seqs_for(kv_len)
+    q, kv_pages, metadata = make_step([1] * num_seqs, [kv_len] * num_seqs, num_q_heads, num_kv_heads, head_dim,
+                                      jnp.bfloat16, ctx.page_size)
+    pages_per_layer = kv_pages.shape[0]
+    stacked = jnp.concatenate([kv_pages] * num_layers)  # the runner's all-layers cache
+    attend = functools.partial(ragged_paged_attention_gpu, sm_scale=head_dim ** -0.5, interpret=ctx.interpret)
+
+    @jax.jit
+    def step(q, stacked, metadata):
+        def layer(x, index):
+            # Feeding each layer's output on as the next q keeps the layers sequential, like the model.
+            out = attend(x, stacked, metadata.on_pages_from(index * pages_per_layer, ctx.page_size))
+            return out.astype(x.dtype), None
+        return jax.lax.scan(layer, q, jnp.arange(num_layers, dtype=jnp.int32))[0]
+
+    scan_us = 1e6 * seconds_per_call(step, (q, stacked, metadata), ctx.iters)
+    single_us = 1e6 * seconds_per_call(jax.jit(attend), (q, kv_pages, metadata), ctx.iters)
+    return dict(num_layers=num_layers, kv_len=kv_len, num_seqs=num_seqs, scan_us_per_layer=scan_us / num_layers,
+                single_call_us=single_us)
 
 
-def our_kernel(platform: str, interpret: bool, **options):
-    """Our kernel for the platform, jitted with the given block options."""
-    kernel = ragged_paged_attention_tpu if platform == "tpu" else ragged_paged_attention_gpu
-    return jax.jit(functools.partial(kernel, interpret=interpret, **options))
+def cudnn_prefill(q, kv_pages, metadata, page_size):
+    """jax.nn.dot_product_attention(cudnn) on the one sequence's K/V gathered dense (outside the timing)."""
+    kv_len = int(metadata.kv_lens[0])
+    slots = (np.asarray(metadata.block_tables[0])[:, None] * page_size + np.arange(page_size)).reshape(-1)[:kv_len]
+    rows = kv_pages.reshape(-1, *kv_pages.shape[2:])[jnp.asarray(slots)]
+    keys, values = rows[None, :, 0::2], rows[None, :, 1::2]
+    fn = jax.jit(functools.partial(jax.nn.dot_product_attention, is_causal=True, implementation="cudnn",
+                                   scale=q.shape[-1] ** -0.5))
+    return fn, (q[None], keys, values)
 
 
-GPU_SWEEP = [dict(block_rows=rows, pages_per_chunk=pages, num_kv_splits=splits, num_warps=warps)
-             for rows in (16, 64) for pages in (4, 8) for splits in (None, 4, 16) for warps in (4, 8)]
-TPU_SWEEP = [dict(q_block_size=q, pages_per_chunk=pages) for q in (16, 32, 64) for pages in (4, 8, 16)]
+def section_prefill(ctx: Context) -> dict:
+    rows = []
+    steps = {"prefill 1k": ([1024], [1024]), "512 chunk + 32 decodes": ([512] + [1] * 32, [1536] + [2048] * 32)}
+    if ctx.smoke:
+        steps = {"prefill 48": ([48], [48])}
+    tiles = {"default": {}, "128 rows x 8 warps": dict(block_rows=128, num_warps=8)}
+    for shape_name, (num_q_heads, num_kv_heads, head_dim) in SHAPES.items():
+        for step_name, (q_lens, kv_lens) in steps.items():
+            if ctx.out_of_time():
+                rows.append(dict(shape=shape_name, step=step_name, skipped="time budget"))
+                continue
+            q, kv_pages, metadata = make_step(q_lens, kv_lens, num_q_heads, num_kv_heads, head_dim, jnp.bfloat16,
+                                              ctx.page_size)
+            sm_scale = head_dim ** -0.5
+            expected = reference(q, kv_pages, metadata, sm_scale)
+            row = dict(shape=shape_name, step=step_name)
+            for tile_name, options in tiles.items():
+                fn = ours(ctx, sm_scale, **options)
+                row[f"ours_{tile_name}_error"] = max_error(fn(q, kv_pages, metadata), expected)
+                row[f"ours_{tile_name}_us"] = 1e6 * seconds_per_call(fn, (q, kv_pages, metadata), ctx.iters)
+            if len(q_lens) == 1 and not ctx.smoke:
+                try:
+                    fn, args = cudnn_prefill(q, kv_pages, metadata, ctx.page_size)
+                    row["cudnn_error"] = max_error(fn(*args)[0], expected)
+                    row["cudnn_us"] = 1e6 * seconds_per_call(fn, args, ctx.iters)
+                except Exception as error:
+                    row["cudnn_error"] = f"{type(error).__name__}: {str(error)[:300]}"
+            rows.append(row)
+            print(f"  prefill {row}", flush=True)
+    return dict(rows=rows)
 
 
-def run(flags) -> dict:
-    """Every workload: correctness, our time, the shipped kernel's time; returns the report."""
-    platform = jax.default_backend()
-    smoke = flags.smoke or platform not in ("gpu", "tpu")
-    interpret = smoke
-    shape = (dict(num_q_heads=4, num_kv_heads=2, head_dim=64, page_size=16, dtype=jnp.float32)
-             if smoke else dict(num_q_heads=32, num_kv_heads=8, head_dim=128, page_size=16,
-                                dtype=jnp.bfloat16))
-    sm_scale = shape["head_dim"] ** -0.5
-    iters = 2 if smoke else flags.iters
-    hbm = measure_hbm_bandwidth(2 ** 20 if smoke else 2 ** 31)
-    report = dict(platform=platform, device=str(jax.devices()[0].device_kind), smoke=smoke,
-                  shape={k: str(v) for k, v in shape.items()}, hbm_bytes_per_s=hbm, workloads=[])
-    print(f"{report['device']}: measured copy bandwidth {hbm / 1e9:.0f} GB/s"
-          f"{'  (SMOKE: interpret mode, tiny sizes)' if smoke else ''}")
-    reference = jax.jit(functools.partial(ragged_paged_attention_reference, sm_scale=sm_scale))
-    sweep = (TPU_SWEEP if platform == "tpu" else GPU_SWEEP) if flags.sweep and not smoke else [{}]
-    for workload in smoke_workloads() if smoke else real_workloads():
-        args = make_inputs(workload, **shape)
-        expected = reference(*args).astype(jnp.float32)
-        kv_bytes = kv_bytes_read(workload, shape["num_kv_heads"], shape["head_dim"], shape["dtype"])
-        row = dict(name=workload.name, kv_bytes=kv_bytes, ours=[])
-        for options in sweep if workload.is_decode else [{}]:
-            fn = our_kernel(platform, interpret, sm_scale=sm_scale, **options)
-            error = float(jnp.max(jnp.abs(fn(*args).astype(jnp.float32) - expected)))
-            seconds = seconds_per_call(fn, args, iters=iters)
-            row["ours"].append(dict(options=options, max_abs_error=error, seconds=seconds,
-                                    bytes_per_s=kv_bytes / seconds))
-        best = min(row["ours"], key=lambda r: r["seconds"])
-        line = (f"{workload.name:32s} ours {best['seconds'] * 1e6:9.1f} us "
-                f"{best['bytes_per_s'] / 1e9:7.0f} GB/s ({100 * best['bytes_per_s'] / hbm:4.0f}% of "
-                f"copy)  max|err| {best['max_abs_error']:.2e} {best['options'] or 'defaults'}")
-        shipped = None
-        if platform == "tpu" and not smoke:
-            shipped = shipped_tpu(args, sm_scale=sm_scale)
-        elif workload.is_decode and platform != "tpu":
-            shipped = shipped_gpu_decode(args, sm_scale=sm_scale, interpret=interpret)
-        if shipped is not None:
-            fn, shipped_args = shipped
-            shipped_out = fn(*shipped_args).astype(jnp.float32)
-            error = float(jnp.max(jnp.abs(shipped_out - expected[:shipped_out.shape[0]])))
-            seconds = seconds_per_call(fn, shipped_args, iters=iters)
-            row["jax_shipped"] = dict(seconds=seconds, bytes_per_s=kv_bytes / seconds,
-                                      max_abs_error=error)
-            line += (f" | jax {seconds * 1e6:9.1f} us {kv_bytes / seconds / 1e9:7.0f} GB/s "
-                     f"max|err| {error:.2e}")
-        report["workloads"].append(row)
-        print(line, flush=True)
-    return report
+def section_sweep(ctx: Context) -> dict:
+    num_q_heads, num_kv_heads, head_dim = SHAPES["llama8b_32x8_d128"] if not ctx.smoke else (4, 2, 64)
+    rows = []
+    for kv_len in ctx.kv_lens[1:]:
+        num_seqs = ctx.seqs_for(kv_len)
+        q, kv_pages, metadata = make_step([1] * num_seqs, [kv_len] * num_seqs, num_q_heads, num_kv_heads, head_dim,
+                                          jnp.bfloat16, ctx.page_size)
+        for splits in ((None, 2) if ctx.smoke else (None, 1, 2, 4, 8, 16)):
+            for stages in ((2,) if ctx.smoke else (2, 3, 4)):
+                if ctx.out_of_time():
+                    return dict(rows=rows, stopped="time budget")
+                fn = ours(ctx, head_dim ** -0.5, num_kv_splits=splits, num_stages=stages)
+                us = 1e6 * seconds_per_call(fn, (q, kv_pages, metadata), ctx.iters)
+                rows.append(dict(kv_len=kv_len, num_kv_splits=splits, num_stages=stages, us=us))
+                print(f"  sweep {rows[-1]}", flush=True)
+    return dict(rows=rows)
+
+
+SECTIONS = [("correctness", section_correctness), ("decode", section_decode), ("layers_scan", section_layers_scan),
+            ("prefill", section_prefill), ("sweep", section_sweep)]
 
 
 def main() -> None:
-    """Parse flags, run, optionally write the JSON report."""
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes in interpret mode")
-    parser.add_argument("--sweep", action="store_true",
-                        help="also try a grid of block sizes on the decode workloads")
-    parser.add_argument("--iters", type=int, default=50, help="back-to-back calls per timing")
-    parser.add_argument("--out", help="write the report as JSON here")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="gpu_kernel_bench.json", help="JSON report, rewritten after each section")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes in interpret mode (any machine)")
+    parser.add_argument("--budget-s", type=float, default=330.0, help="stop starting sections after this")
+    parser.add_argument("--iters", type=int, default=20, help="back-to-back calls per timing")
     flags = parser.parse_args()
-    report = run(flags)
-    if flags.out:
+    ctx = Context(flags)
+    report = dict(jax_version=jax.__version__, backend=jax.default_backend(),
+                  device=str(jax.devices()[0].device_kind), smoke=ctx.smoke, sections={})
+    print(f"jax {jax.__version__} on {report['device']}{' (SMOKE: interpret mode)' if ctx.smoke else ''}",
+          flush=True)
+    for name, section in SECTIONS:
+        start = time.monotonic()
+        if ctx.out_of_time():
+            report["sections"][name] = dict(skipped="time budget")
+        else:
+            try:
+                report["sections"][name] = section(ctx)
+            except Exception as error:  # one broken section must not lose the others' numbers
+                report["sections"][name] = dict(error=f"{type(error).__name__}: {str(error)[:2000]}")
+        report["sections"][name]["seconds"] = time.monotonic() - start
+        print(f"[{name}] done in {report['sections'][name]['seconds']:.0f} s", flush=True)
         with open(flags.out, "w") as f:
             json.dump(report, f, indent=1, default=str)
 

@@ -19,7 +19,7 @@ is the one that applies.
 import dataclasses
 import math
 import pathlib
-from typing import Any, Optional
+from typing import Any, NoReturn, Optional
 
 import yaml
 
@@ -35,9 +35,14 @@ _TOP_LEVEL = {"name", "description", "model", "engine", "workload", "sampling", 
               "targets", "warmup_probe", "plot_x"}
 
 
-def _require(ok: bool, field: str, message: str, value: Any) -> None:
+def _fail(field: str, message: str, value: Any) -> NoReturn:
+    raise ValueError(f"{field}: {message}, got {value!r}")
+
+
+def _require(ok: object, field: str, message: str, value: Any) -> None:
+    """Raises ValueError naming the field unless `ok` is truthy."""
     if not ok:
-        raise ValueError(f"{field}: {message}, got {value!r}")
+        _fail(field, message, value)
 
 
 def _is_number(value) -> bool:
@@ -266,17 +271,17 @@ def parse_config(raw: dict) -> BenchConfig:
     for key in raw:
         _require(key in _TOP_LEVEL, str(key), f"unknown section (known: {sorted(_TOP_LEVEL)})", key)
     name = raw.get("name")
-    _require(isinstance(name, str) and name.replace("_", "").replace("-", "").isalnum(), "name",
-             "must be a file-name-safe string", name)
+    if not (isinstance(name, str) and name.replace("_", "").replace("-", "").isalnum()):
+        _fail("name", "must be a file-name-safe string", name)
     model = raw.get("model")
     _require(model is None or isinstance(model, str), "model", "must be null or a path", model)
     sweep = _parse_sweep(_mapping(raw, "sweep"))
     peers = tuple(_build(PeerConfig, dict(peer), "peers[]") if isinstance(peer, dict) else
-                  _require(False, "peers[]", "must be a mapping", peer) for peer in raw.get("peers") or [])
+                  _fail("peers[]", "must be a mapping", peer) for peer in raw.get("peers") or [])
     _require(len({peer.name for peer in peers}) == len(peers), "peers", "names must be distinct",
              [peer.name for peer in peers])
     targets = tuple(_build(TargetConfig, dict(target), "targets[]") if isinstance(target, dict) else
-                    _require(False, "targets[]", "must be a mapping", target) for target in raw.get("targets") or [])
+                    _fail("targets[]", "must be a mapping", target) for target in raw.get("targets") or [])
     plot_x = raw.get("plot_x")
     _require(plot_x is None or plot_x in sweep, "plot_x", f"must be one of the sweep axes {list(sweep)}", plot_x)
     warmup_probe = raw.get("warmup_probe", False)

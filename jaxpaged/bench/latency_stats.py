@@ -38,7 +38,8 @@ def percentile_summary(name: str, values_s: Sequence[float]) -> dict[str, Option
     if len(values_s) == 0:
         return {**{f"{name}_ms_p{p}": None for p in PERCENTILES}, f"{name}_ms_mean": None}
     values_ms = np.asarray(values_s, dtype=np.float64) * 1000.0
-    summary = {f"{name}_ms_p{p}": float(np.percentile(values_ms, p)) for p in PERCENTILES}
+    summary: dict[str, Optional[float]] = {f"{name}_ms_p{p}": float(np.percentile(values_ms, p))
+                                           for p in PERCENTILES}
     summary[f"{name}_ms_mean"] = float(values_ms.mean())
     return summary
 

@@ -4,7 +4,7 @@ import importlib.metadata
 import os
 import platform
 import subprocess
-from typing import Optional
+from typing import Optional, Union
 
 _PACKAGES = ("jaxpaged", "jax", "jaxlib", "flax", "numpy", "transformers", "tokenizers", "torch",
              "llama_cpp_python", "httpx", "uvicorn", "fastapi", "matplotlib")
@@ -61,7 +61,7 @@ def package_versions() -> dict[str, Optional[str]]:
     return versions
 
 
-def git_state() -> dict[str, Optional[str]]:
+def git_state() -> dict[str, Union[str, bool, None]]:
     """The commit of the working tree and whether it has local changes."""
     def git(*args: str) -> Optional[str]:
         try:

@@ -10,7 +10,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Optional
+from typing import Optional, TextIO
 
 import httpx
 
@@ -66,7 +66,7 @@ class ServerProcess:
         self.startup_s: Optional[float] = None
         """Seconds from spawn to the first healthy /health (load + compile)."""
         self._process: Optional[subprocess.Popen] = None
-        self._log = None
+        self._log: Optional[TextIO] = None
 
     def __enter__(self) -> "ServerProcess":
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -82,9 +82,11 @@ class ServerProcess:
         return self
 
     def _wait_healthy(self, start: float) -> None:
+        process = self._process
+        assert process is not None  # spawned by __enter__
         while time.perf_counter() - start < self.start_timeout_s:
-            if self._process.poll() is not None:
-                raise RuntimeError(f"jaxpaged serve exited with {self._process.returncode} before it was ready; "
+            if process.poll() is not None:
+                raise RuntimeError(f"jaxpaged serve exited with {process.returncode} before it was ready; "
                                    f"log {self.log_path}:\n{self._log_tail()}")
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(self.base_url + "/health", timeout=2.0).status_code == 200:
@@ -93,7 +95,8 @@ class ServerProcess:
         raise RuntimeError(f"jaxpaged serve was not healthy after {self.start_timeout_s:.0f} s; log {self.log_path}")
 
     def _log_tail(self, num_lines: int = 20) -> str:
-        self._log.flush()
+        if self._log is not None:
+            self._log.flush()
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-num_lines:])
 
     def metrics(self) -> dict[str, float]:

@@ -48,6 +48,7 @@ def evaluate_target(target: TargetConfig, rows: list[dict]) -> dict:
     """{name, metric, value, bound, passed (None: not measured), detail}."""
     ok_rows = [row for row in rows if row.get("status") == "ok"]
     if target.is_ratio:
+        assert target.numerator is not None and target.denominator is not None  # is_ratio; checked together
         ratios = []
         for top in (r for r in ok_rows if row_matches(r, target.numerator)):
             for bottom in (r for r in ok_rows if row_matches(r, target.denominator)):

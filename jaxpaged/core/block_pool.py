@@ -106,5 +106,6 @@ class BlockPool:
         return [block.block_id for block in self._free_queue]
 
     def _evict(self, block: KVCacheBlock) -> None:
+        assert block.block_hash is not None  # only called on cached blocks
         del self._cached_blocks[block.block_hash]
         block.block_hash = None

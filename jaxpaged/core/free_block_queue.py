@@ -47,13 +47,15 @@ class FreeBlockQueue:
         """Take the num_blocks least recently freed blocks off the head."""
         if num_blocks > self.num_free_blocks:
             raise ValueError(f"num_blocks: only {self.num_free_blocks} blocks are free, asked for {num_blocks}")
-        popped = []
+        popped: list[KVCacheBlock] = []
         block = self._head.next_free
         for _ in range(num_blocks):
+            assert block is not None  # num_blocks <= num_free_blocks: stops at the tail sentinel at the latest
             popped.append(block)
             following = block.next_free
             block.prev_free = block.next_free = None
             block = following
+        assert block is not None
         self._head.next_free = block
         block.prev_free = self._head
         self.num_free_blocks -= num_blocks
@@ -63,14 +65,17 @@ class FreeBlockQueue:
         """Unlink a block from anywhere in the queue (a prefix-cache hit on a free block)."""
         if block.prev_free is None:
             raise ValueError(f"block: {block.block_id} is not in the free queue")
-        block.prev_free.next_free = block.next_free
-        block.next_free.prev_free = block.prev_free
+        following = block.next_free
+        assert following is not None  # a queued block has both neighbours (the sentinels at the ends)
+        block.prev_free.next_free = following
+        following.prev_free = block.prev_free
         block.prev_free = block.next_free = None
         self.num_free_blocks -= 1
 
     def append(self, block: KVCacheBlock) -> None:
         """Put a block at the tail (evicted last)."""
         last = self._tail.prev_free
+        assert last is not None  # the tail sentinel always has a predecessor (the head sentinel at least)
         last.next_free = block
         block.prev_free = last
         block.next_free = self._tail
@@ -80,6 +85,7 @@ class FreeBlockQueue:
     def __iter__(self) -> Iterator[KVCacheBlock]:
         block = self._head.next_free
         while block is not self._tail:
+            assert block is not None  # the chain from the head sentinel always reaches the tail sentinel
             yield block
             block = block.next_free
 

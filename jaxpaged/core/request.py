@@ -3,7 +3,7 @@
 import enum
 import time
 from collections.abc import Sequence
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 from ..checks import is_int
 
@@ -23,7 +23,8 @@ class RequestStatus(enum.Enum):
         return self in _FINISH_REASONS
 
 
-_FINISH_REASONS = {
+FinishReason = Literal["stop", "length", "abort"]
+_FINISH_REASONS: dict[RequestStatus, FinishReason] = {
     RequestStatus.FINISHED_STOPPED: "stop",
     RequestStatus.FINISHED_LENGTH: "length",
     RequestStatus.FINISHED_ABORTED: "abort",
@@ -126,7 +127,7 @@ class Request:
         return self.status in _FINISH_REASONS
 
     @property
-    def finish_reason(self) -> Optional[str]:
+    def finish_reason(self) -> Optional[FinishReason]:
         """"stop", "length", "abort", or None while unfinished (the OpenAI finish_reason)."""
         return _FINISH_REASONS.get(self.status)
 

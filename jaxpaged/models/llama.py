@@ -5,12 +5,14 @@ instead of num_layers copies. Every layer's KV pages live in one array [num_laye
 2 * num_kv_heads, head_dim] that the scan carries and updates in place.
 """
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Float, Int
 
-from jaxpaged.models.layers import apply_rope, gated_mlp, paged_attention, rms_norm, rope_inverse_frequencies
+from jaxpaged.models.layers import apply_rope, gated_mlp, rms_norm, rope_inverse_frequencies
 from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.models.param_shapes import param_shapes
 from pallas_kernels.ragged_paged_attention import AttentionMetadata
@@ -48,10 +50,14 @@ class LlamaForCausalLM(nnx.Module):
 
     def __call__(self, kv_cache: Float[Array, "layers blocks block_size kv_heads_x2 head_dim"],
                  token_ids: Int[Array, " num_tokens"], positions: Int[Array, " num_tokens"],
-                 metadata: AttentionMetadata, sample_indices: Int[Array, " max_num_seqs"], *, backend: str,
+                 metadata: AttentionMetadata, sample_indices: Int[Array, " max_num_seqs"], *, attend: Callable,
                  ) -> tuple[Float[Array, "max_num_seqs vocab"],
                             Float[Array, "layers blocks block_size kv_heads_x2 head_dim"]]:
-        """Run one ragged step; returns (logits of the sampled rows in float32, the updated kv_cache)."""
+        """Run one ragged step; returns (logits of the sampled rows in float32, the updated kv_cache).
+
+        `attend(q, k, v, kv_pages, first_page, metadata, sliding_window=...)` writes the step's K/V and attends:
+        layers.paged_attention bound to a backend, wrapped per shard by the runner under tensor parallelism.
+        """
         cfg = self.cfg
         num_layers, num_blocks = kv_cache.shape[:2]
         kv_pages = kv_cache.reshape(num_layers * num_blocks, *kv_cache.shape[2:])
@@ -74,8 +80,8 @@ class LlamaForCausalLM(nnx.Module):
                 k = rms_norm(k, w["k_norm"], cfg.rms_norm_eps)
             q = apply_rope(q, positions, inv_freq)
             k = apply_rope(k, positions, inv_freq)
-            attn, kv_pages = paged_attention(q, k, v, kv_pages, layer_index * num_blocks, metadata,
-                                             backend=backend, sliding_window=cfg.sliding_window)
+            attn, kv_pages = attend(q, k, v, kv_pages, layer_index * num_blocks, metadata,
+                                    sliding_window=cfg.sliding_window)
             x = x + attn.reshape(num_tokens, -1) @ w["o_proj"]
             h = rms_norm(x, w["post_norm"], cfg.rms_norm_eps)
             x = x + gated_mlp(h, w["gate_proj"], w["up_proj"], w["down_proj"])

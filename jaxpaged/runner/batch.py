@@ -6,25 +6,25 @@ so a new mix of prompts, positions or block tables never triggers a compile.
 
 import dataclasses
 
-import jax
 import numpy as np
-from jaxtyping import Array, Int
+from jaxtyping import Int
 
 from pallas_kernels.ragged_paged_attention import AttentionMetadata, empty_attention_metadata
+from pallas_kernels.ragged_paged_attention.metadata import HostOrDeviceArray, register_pytree_dataclass
 
 
-@jax.tree_util.register_dataclass
+@register_pytree_dataclass
 @dataclasses.dataclass
 class StepInputs:
     """One step's tokens, where their K/V goes and which rows are sampled; padded rows are harmless."""
 
-    token_ids: Int[Array, " num_tokens"]
+    token_ids: Int[HostOrDeviceArray, " num_tokens"]
     """All scheduled tokens of all sequences, concatenated; padding is token 0."""
-    positions: Int[Array, " num_tokens"]
+    positions: Int[HostOrDeviceArray, " num_tokens"]
     """Absolute position of each token in its sequence."""
     attention: AttentionMetadata
     """Slots, KV lengths, block tables, query offsets and the real sequence count."""
-    sample_indices: Int[Array, " max_num_seqs"]
+    sample_indices: Int[HostOrDeviceArray, " max_num_seqs"]
     """Token row of the last token of the j-th sampled sequence; padded entries point at row 0."""
 
 

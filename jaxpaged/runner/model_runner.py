@@ -5,8 +5,10 @@ executable per bucket and the token sampler. Warm-up compiles them all; serving 
 """
 
 import functools
+import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -15,15 +17,19 @@ from flax import nnx
 
 from jaxpaged.config import EngineConfig
 from jaxpaged.core.scheduler_output import SchedulerOutput
+from jaxpaged.models.layers import paged_attention
 from jaxpaged.models.llama import LlamaForCausalLM
 from jaxpaged.runner import compile_counter
+from jaxpaged.runner import mesh as mesh_lib
 from jaxpaged.runner.batch import StepInputs, empty_step_inputs
 from jaxpaged.runner.buckets import Bucket, BucketLadder
-from jaxpaged.runner.kv_cache import allocate_kv_cache, num_kv_blocks_for
+from jaxpaged.runner.kv_cache import allocate_kv_cache, bytes_per_block, num_kv_blocks_for
 from jaxpaged.runner.step_result import NOTHING_SAMPLED, StepResult
 from jaxpaged.runner.token_sampler import TokenSampler
 from jaxpaged.weights.loader import LoadedModel
 from pallas_kernels.ragged_paged_attention import resolve_attention_backend
+
+logger = logging.getLogger(__name__)
 
 
 def resolve_dtype(name: str):
@@ -33,31 +39,53 @@ def resolve_dtype(name: str):
     return jnp.dtype(name)
 
 
-def _forward(graphdef, backend, state, kv_cache, batch: StepInputs):
+def _forward(graphdef, attend: Callable, state, kv_cache, batch: StepInputs):
     model = nnx.merge(graphdef, state)
-    return model(kv_cache, batch.token_ids, batch.positions, batch.attention, batch.sample_indices, backend=backend)
+    return model(kv_cache, batch.token_ids, batch.positions, batch.attention, batch.sample_indices, attend=attend)
 
 
 class ModelRunner:
     """The device side of an engine step."""
 
-    def __init__(self, loaded: LoadedModel, config: EngineConfig, eos_token_ids: Sequence[int] = ()):
+    def __init__(self, loaded: LoadedModel, config: EngineConfig, eos_token_ids: Sequence[int] = (),
+                 mesh: Optional[jax.sharding.Mesh] = None):
+        """`mesh`: this rank's ("data", "model") mesh; None is a (1, 1) mesh on the first device."""
         compile_counter.install()
-        self.model_config = loaded.config
+        self.mesh = mesh or mesh_lib.rank_meshes(1, 1)[0]
+        tp = self.mesh.shape[mesh_lib.MODEL_AXIS]
+        params, self.model_config = mesh_lib.replicate_kv_heads(loaded.params, loaded.config, tp)
         self.block_size = config.cache.block_size
         self.dtype = resolve_dtype(config.dtype)
         self.backend = resolve_attention_backend(config.attention_backend)
-        params = {name: jnp.asarray(value, self.dtype) for name, value in loaded.params.items()}
-        graphdef, self.state = nnx.split(LlamaForCausalLM(loaded.config, params))
-        self.num_kv_blocks = num_kv_blocks_for(loaded.config, config.cache, self.dtype)
-        self.kv_cache = allocate_kv_cache(loaded.config, self.num_kv_blocks, self.block_size, self.dtype)
+        placed = mesh_lib.place_params(params, self.model_config, self.mesh, self.dtype)
+        graphdef, self.state = nnx.split(LlamaForCausalLM(self.model_config, placed))
+        kv_sharding = jax.sharding.NamedSharding(self.mesh, mesh_lib.kv_cache_spec())
+        self.num_kv_blocks = num_kv_blocks_for(self.model_config, config.cache, self.dtype, num_shards=tp)
+        self.kv_cache = allocate_kv_cache(self.model_config, self.num_kv_blocks, self.block_size, self.dtype,
+                                          sharding=kv_sharding)
         sched = config.scheduler
         self.pages_per_seq = -(-sched.max_model_len // self.block_size)
         self.ladder = BucketLadder(sched.max_num_batched_tokens, sched.max_num_seqs)
-        self._jitted = jax.jit(functools.partial(_forward, graphdef, self.backend), donate_argnums=(1,))
-        self._compiled: dict[Bucket, object] = {}
-        self.sampler = TokenSampler(loaded.config.vocab_size, eos_token_ids)
+        self._replicated = mesh_lib.replicated(self.mesh)
+        attend = functools.partial(paged_attention, backend=self.backend)
+        if tp > 1:
+            attend = mesh_lib.shard_attention(attend, self.mesh)
+        state_shardings = jax.tree.map(lambda x: x.sharding, self.state)
+        # Explicit shardings: the executables compiled at warm-up are exactly the ones serving calls.
+        self._jitted = jax.jit(functools.partial(_forward, graphdef, attend), donate_argnums=(1,),
+                               in_shardings=(state_shardings, kv_sharding, self._replicated),
+                               out_shardings=(self._replicated, kv_sharding))
+        self._compiled: dict[Bucket, jax.stages.Compiled] = {}
+        self.sampler = TokenSampler(loaded.config.vocab_size, eos_token_ids, self._replicated)
         self.warmup_seconds = 0.0
+        self._log_memory_plan(params, tp)
+
+    def _log_memory_plan(self, params: dict, tp: int) -> None:
+        weight_bytes = sum(int(np.prod(p.shape)) for p in params.values()) * np.dtype(self.dtype).itemsize
+        kv_bytes = self.num_kv_blocks * bytes_per_block(self.model_config, self.block_size, self.dtype)
+        devices = ", ".join(str(d.id) for d in self.mesh.devices.flat)
+        logger.info("rank on devices [%s] (tp=%d): weights %.1f MiB per device, KV cache %d blocks = %.1f MiB "
+                    "per device", devices, tp, weight_bytes / tp / 2**20, self.num_kv_blocks, kv_bytes / tp / 2**20)
 
     # ---- compilation -------------------------------------------------------------------------------------------
     def warmup(self) -> float:
@@ -72,7 +100,8 @@ class ModelRunner:
 
     def _executable(self, bucket: Bucket):
         if bucket not in self._compiled:
-            example = empty_step_inputs(bucket.num_tokens, bucket.num_seqs, self.pages_per_seq)
+            example = jax.device_put(empty_step_inputs(bucket.num_tokens, bucket.num_seqs, self.pages_per_seq),
+                                     self._replicated)
             self._compiled[bucket] = self._jitted.lower(self.state, self.kv_cache, example).compile()
         return self._compiled[bucket]
 
@@ -122,6 +151,6 @@ class ModelRunner:
 
     def compute_logits(self, bucket: Bucket, host_batch: StepInputs) -> jax.Array:
         """Run the compiled step of `bucket` on a prepared batch, updating the KV cache in place."""
-        device_batch = jax.device_put(host_batch)  # one host-to-device transfer of the whole pytree
+        device_batch = jax.device_put(host_batch, self._replicated)  # one transfer of the whole pytree
         logits, self.kv_cache = self._executable(bucket)(self.state, self.kv_cache, device_batch)
         return logits

@@ -33,6 +33,7 @@ from jaxpaged.runner.sampling_batch import (
     warmup_sampling_batch,
 )
 from jaxpaged.sampling_params import MAX_LOGPROBS
+from pallas_kernels.ragged_paged_attention.metadata import HostOrDeviceArray, register_pytree_dataclass
 
 __all__ = [
     "SAMPLING_MODES", "SamplerFlags", "SamplerOutput", "SamplingBatch", "SamplingRow",
@@ -42,22 +43,25 @@ __all__ = [
 ]
 
 
-@jax.tree_util.register_dataclass
+@register_pytree_dataclass
 @dataclasses.dataclass(frozen=True)
 class SamplerOutput:
-    """What one sampler call returns, per padded row (padded rows hold meaningless values)."""
+    """What one sampler call returns, per padded row (padded rows hold meaningless values).
 
-    token_ids: Int[Array, " num_rows"]
+    jax.Arrays as `sample` returns them; numpy arrays once the runner has fetched them (`jax.device_get`).
+    """
+
+    token_ids: Int[HostOrDeviceArray, " num_rows"]
     """The sampled token id (int32)."""
-    logprobs: Float[Array, " num_rows"]
+    logprobs: Float[HostOrDeviceArray, " num_rows"]
     """log_softmax of the raw logits at the sampled id."""
-    top_logprob_ids: Optional[Int[Array, "num_rows num_top_logprobs"]] = None
+    top_logprob_ids: Optional[Int[HostOrDeviceArray, "num_rows num_top_logprobs"]] = None
     """Ids of the min(20, vocab) most likely tokens under the raw logits, best first; None if not asked."""
-    top_logprobs: Optional[Float[Array, "num_rows num_top_logprobs"]] = None
+    top_logprobs: Optional[Float[HostOrDeviceArray, "num_rows num_top_logprobs"]] = None
     """Their raw logprobs, best first; None if not asked."""
 
 
-def apply_logit_adjustments(logits: Float[Array, "num_rows vocab_size"],
+def apply_logit_adjustments(logits: Float[HostOrDeviceArray, "num_rows vocab_size"],
                             batch: SamplingBatch) -> Float[Array, "num_rows vocab_size"]:
     """logit_bias (with -inf on suppressed ids), then repetition, frequency and presence penalties."""
     if batch.output_token_counts is None or batch.prompt_token_mask is None or batch.logit_bias is None:
@@ -75,14 +79,14 @@ def apply_logit_adjustments(logits: Float[Array, "num_rows vocab_size"],
 
 
 def _apply_min_p(scaled_logits: Float[Array, "num_rows vocab_size"],
-                 min_ps: Float[Array, " num_rows"]) -> Float[Array, "num_rows vocab_size"]:
+                 min_ps: Float[HostOrDeviceArray, " num_rows"]) -> Float[Array, "num_rows vocab_size"]:
     # p_i >= min_p * p_max  <=>  l_i - l_max >= log(min_p): no softmax needed, and log(0) = -inf keeps all.
     max_logits = jnp.max(scaled_logits, axis=-1, keepdims=True)
     keep = scaled_logits - max_logits >= jnp.log(min_ps)[:, None]
     return jnp.where(keep, scaled_logits, -jnp.inf)
 
 
-def _order_keys(logits: Float[Array, "num_rows vocab_size"]) -> Int[Array, "num_rows vocab_size"]:
+def _order_keys(logits: Float[HostOrDeviceArray, "num_rows vocab_size"]) -> Int[Array, "num_rows vocab_size"]:
     """int32 keys that order exactly like the float32 logits (-inf lowest), for an exact integer bisection."""
     bits = jax.lax.bitcast_convert_type(logits, jnp.int32)
     # Negative floats order backwards as signed ints: flipping their magnitude bits fixes it.
@@ -106,8 +110,9 @@ def _largest_key_where(keys: Int[Array, "num_rows vocab_size"], holds) -> Int[Ar
     return low
 
 
-def _apply_top_k_top_p(scaled_logits: Float[Array, "num_rows vocab_size"], top_ks: Int[Array, " num_rows"],
-                       top_ps: Float[Array, " num_rows"]) -> Float[Array, "num_rows vocab_size"]:
+def _apply_top_k_top_p(scaled_logits: Float[HostOrDeviceArray, "num_rows vocab_size"],
+                       top_ks: Int[HostOrDeviceArray, " num_rows"],
+                       top_ps: Float[HostOrDeviceArray, " num_rows"]) -> Float[Array, "num_rows vocab_size"]:
     """Keeps the top_k best tokens, then the smallest head of them whose probability mass reaches top_p.
 
     Both filters keep everything at or above a per-row threshold, found by bisection on the logits' bit
@@ -141,7 +146,8 @@ def _mix32(x: UInt32[Array, "..."]) -> UInt32[Array, "..."]:
     return x ^ (x >> 16)
 
 
-def _gumbel_noise(seed_words: UInt32[Array, "num_rows 2"], num_output_tokens: Int[Array, " num_rows"],
+def _gumbel_noise(seed_words: UInt32[HostOrDeviceArray, "num_rows 2"],
+                  num_output_tokens: Int[HostOrDeviceArray, " num_rows"],
                   vocab_size: int) -> Float[Array, "num_rows vocab_size"]:
     """Gumbel(0, 1) noise per row and token from a counter-based hash of (seed, step, token id) alone.
 
@@ -158,7 +164,7 @@ def _gumbel_noise(seed_words: UInt32[Array, "num_rows 2"], num_output_tokens: In
     return -jnp.log(-jnp.log(uniform))
 
 
-def _uniform_from_bits(bits: UInt32[Array, "..."]) -> Float[Array, "..."]:
+def _uniform_from_bits(bits: UInt32[HostOrDeviceArray, "..."]) -> Float[HostOrDeviceArray, "..."]:
     """The top 23 bits as a float32 strictly inside (0, 1), so -log(-log(u)) stays finite."""
     # NOTE: 23 bits, not 24: (2**24 - 0.5) / 2**24 rounds to exactly 1.0 in float32, which would make
     # one token's noise +inf (and NaN on a filtered token).

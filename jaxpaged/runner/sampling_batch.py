@@ -10,12 +10,12 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Literal, Optional
 
-import jax
 import numpy as np
 from jaxtyping import Bool, Float32, Int32, UInt32
 
 from jaxpaged.checks import is_int
 from jaxpaged.sampling_params import MAX_LOGPROBS, SamplingParams
+from pallas_kernels.ragged_paged_attention.metadata import HostOrDeviceArray, register_pytree_dataclass
 
 SamplingMode = Literal["greedy", "random", "top_k_top_p"]
 SAMPLING_MODES: tuple[SamplingMode, ...] = ("greedy", "random", "top_k_top_p")
@@ -50,36 +50,39 @@ class SamplerFlags:
     """Some row asked for top logprobs: return the top min(20, vocab) of every row."""
 
 
-@jax.tree_util.register_dataclass
+@register_pytree_dataclass
 @dataclasses.dataclass(frozen=True)
 class SamplingBatch:
-    """Padded per-row sampling inputs of one step; padded rows are greedy with every option off."""
+    """Padded per-row sampling inputs of one step; padded rows are greedy with every option off.
 
-    temperatures: Float32[np.ndarray, " num_rows"]
+    Built on the host as numpy arrays; jax.Arrays (tracers) inside the jitted sampler.
+    """
+
+    temperatures: Float32[HostOrDeviceArray, " num_rows"]
     """Softmax temperature; 0 means greedy."""
-    top_ks: Int32[np.ndarray, " num_rows"]
+    top_ks: Int32[HostOrDeviceArray, " num_rows"]
     """Tokens kept by top-k, in [1, vocab_size); 0 when off (top_k off, or >= vocab_size)."""
-    top_ps: Float32[np.ndarray, " num_rows"]
+    top_ps: Float32[HostOrDeviceArray, " num_rows"]
     """Nucleus mass kept, in (0, 1]; 1 when off."""
-    min_ps: Float32[np.ndarray, " num_rows"]
+    min_ps: Float32[HostOrDeviceArray, " num_rows"]
     """Min-p threshold relative to the most likely token, in [0, 1]; 0 when off."""
-    presence_penalties: Float32[np.ndarray, " num_rows"]
+    presence_penalties: Float32[HostOrDeviceArray, " num_rows"]
     """Subtracted once from the logit of each token already in the output."""
-    frequency_penalties: Float32[np.ndarray, " num_rows"]
+    frequency_penalties: Float32[HostOrDeviceArray, " num_rows"]
     """Subtracted from a token's logit once per occurrence in the output."""
-    repetition_penalties: Float32[np.ndarray, " num_rows"]
+    repetition_penalties: Float32[HostOrDeviceArray, " num_rows"]
     """HF-style penalty on tokens of prompt or output; 1 when off."""
-    seed_words: UInt32[np.ndarray, "num_rows 2"]
+    seed_words: UInt32[HostOrDeviceArray, "num_rows 2"]
     """The row's seed as two 32-bit words [high, low], taken modulo 2**64."""
-    num_output_tokens: Int32[np.ndarray, " num_rows"]
+    num_output_tokens: Int32[HostOrDeviceArray, " num_rows"]
     """Tokens the row has generated so far; hashed with the seed so each step draws afresh."""
-    num_top_logprobs: Int32[np.ndarray, " num_rows"]
+    num_top_logprobs: Int32[HostOrDeviceArray, " num_rows"]
     """Top logprobs the row asked for (0 if none); the host slices the returned top-20 with it."""
-    output_token_counts: Optional[Int32[np.ndarray, "num_rows vocab_size"]] = None
+    output_token_counts: Optional[Int32[HostOrDeviceArray, "num_rows vocab_size"]] = None
     """How often each token is in the row's output; None unless the penalties flag is on."""
-    prompt_token_mask: Optional[Bool[np.ndarray, "num_rows vocab_size"]] = None
+    prompt_token_mask: Optional[Bool[HostOrDeviceArray, "num_rows vocab_size"]] = None
     """Whether each token is in the row's prompt; None unless the penalties flag is on."""
-    logit_bias: Optional[Float32[np.ndarray, "num_rows vocab_size"]] = None
+    logit_bias: Optional[Float32[HostOrDeviceArray, "num_rows vocab_size"]] = None
     """Added to the logits: logit_bias values, -inf on suppressed ids; None unless the penalties flag is on."""
 
 
@@ -93,7 +96,7 @@ def min_tokens_suppress_ids(params: SamplingParams, eos_token_ids: Sequence[int]
     """The ids to put in SamplingRow.suppress_token_ids: stop ids and EOS while min_tokens is not reached."""
     if num_output_tokens >= params.min_tokens:
         return []
-    ids = list(params.stop_token_ids)
+    ids = list(params.stop_token_ids or ())  # a list once SamplingParams.__post_init__ has normalized it
     if not params.ignore_eos:
         ids.extend(eos_token_ids)
     return ids

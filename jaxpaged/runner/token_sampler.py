@@ -8,7 +8,6 @@ import time
 from collections.abc import Iterable, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
@@ -28,19 +27,21 @@ from jaxpaged.runner.step_result import NOTHING_SAMPLED, SampledLogprobs, StepRe
 class TokenSampler:
     """Samples one token per sampling request with the jitted sampler; compiles every variant at warm-up."""
 
-    def __init__(self, vocab_size: int, eos_token_ids: Sequence[int]):
+    def __init__(self, vocab_size: int, eos_token_ids: Sequence[int], placement: jax.sharding.Sharding):
         self.vocab_size = vocab_size
         self.eos_token_ids = list(eos_token_ids)
         """The model's EOS ids: held back while a request is below its min_tokens."""
+        self.placement = placement
+        """Where the logits live (replicated over the rank's devices); the sampling batch goes there too."""
 
     def warmup(self, row_buckets: Iterable[int]) -> float:
         """Compile every sampler variant for every row bucket; returns the seconds it took."""
         start = time.perf_counter()
         for num_rows in row_buckets:
-            logits = jnp.zeros((num_rows, self.vocab_size), jnp.float32)
+            logits = jax.device_put(np.zeros((num_rows, self.vocab_size), np.float32), self.placement)
             for flags in all_sampler_flag_variants():
                 batch = warmup_sampling_batch(flags, num_rows, self.vocab_size)
-                jax.block_until_ready(sample(logits, jax.device_put(batch), flags).token_ids)
+                jax.block_until_ready(sample(logits, jax.device_put(batch, self.placement), flags).token_ids)
         return time.perf_counter() - start
 
     def sample(self, logits: Float[Array, "num_rows_padded vocab"], requests: Sequence[Request]) -> StepResult:
@@ -50,7 +51,7 @@ class TokenSampler:
         rows = [self._row(request) for request in requests]
         batch = build_sampling_batch(rows, logits.shape[0], self.vocab_size)
         flags = sampler_static_flags(batch)
-        result = sample(logits, jax.device_put(batch), flags)
+        result = sample(logits, jax.device_put(batch, self.placement), flags)
         token_ids = np.asarray(result.token_ids)[:len(rows)].tolist()
         if all(row.params.logprobs is None for row in rows):
             return StepResult(token_ids)

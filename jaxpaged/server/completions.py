@@ -91,7 +91,8 @@ class _CompletionView:
 
     async def events(self, run: GenerationRun) -> AsyncIterator[str]:
         """The streaming response: one chunk per choice delta, optional usage, then [DONE]."""
-        n, with_logprobs = self.request.n, self.request.logprobs is not None
+        n, num_logprobs = self.request.n, self.request.logprobs
+        with_logprobs = num_logprobs is not None
         progress = {(p, s): SampleProgress() for p in range(len(self.prompts)) for s in range(n)}
         text_offsets = {key: 0 for key in progress}
         try:
@@ -105,9 +106,9 @@ class _CompletionView:
                     if delta is None:
                         continue
                     logprobs = None
-                    if with_logprobs:
+                    if num_logprobs is not None:
                         logprobs, text_offsets[(p, sample.index)] = completion_logprobs(
-                            self.tokenizer, sample, delta.start_token, delta.end_token, self.request.logprobs,
+                            self.tokenizer, sample, delta.start_token, delta.end_token, num_logprobs,
                             text_offsets[(p, sample.index)])
                     yield self._chunk(p * n + sample.index, delta.text, logprobs, delta.finish_reason)
             if self.request.stream_options is not None and self.request.stream_options.include_usage:

@@ -3,7 +3,8 @@
 import http
 import logging
 import re
-from typing import Optional
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -80,7 +81,7 @@ def _loc_to_param(loc: tuple) -> str:
     return "".join(parts)
 
 
-def from_validation_errors(errors: list[dict]) -> APIError:
+def from_validation_errors(errors: Sequence[Mapping[str, Any]]) -> APIError:
     """A 400 naming the first invalid field; pydantic's message only, never its `input`."""
     if not errors:
         return APIError(400, "invalid request", code="invalid_value")

@@ -4,13 +4,13 @@ The server tokenizes, so every length and vocabulary check happens here, before 
 Tokenizing runs in a worker thread: a 2 MiB prompt must not stall the event loop that streams other requests.
 """
 
-from typing import Any, Optional
+from typing import Any, Optional, Union, cast
 
 from starlette.concurrency import run_in_threadpool
 
 from jaxpaged.inputs import ParsedPrompt
 from jaxpaged.server.errors import APIError, from_value_error
-from jaxpaged.server.protocol import ChatMessage, CompletionRequest
+from jaxpaged.server.protocol import ChatMessage, CompletionRequest, TokenId
 
 
 def _engine_prompt(token_ids: list[int], vocab_size: int, text: Optional[str], cache_salt: Optional[str],
@@ -34,10 +34,10 @@ async def tokenize_text(tokenizer: Any, text: str, *, add_special_tokens: bool =
 async def completion_prompts(request: CompletionRequest, tokenizer: Any, vocab_size: int) -> list[ParsedPrompt]:
     """The engine prompts of a completion request (one, or a batch); 400 for an empty one or out-of-vocabulary ids."""
     prompt = request.prompt
-    if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
-        items = [prompt]
-    else:
-        items = list(prompt)
+    # One text, one prompt's token ids, or a batch of either: pydantic has checked the shape, but the element
+    # type cannot be narrowed from prompt[0].
+    items = cast(list[Union[str, list[TokenId]]],
+                 [prompt] if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)) else list(prompt))
     if not items:
         raise APIError(400, "prompt: must not be empty", param="prompt", code="invalid_value")
     prompts = []

@@ -23,6 +23,7 @@ async def tokenize(request: Request, context: ServerContext) -> JSONResponse:
     if body.prompt is not None:
         token_ids = await tokenize_text(engine.tokenizer, body.prompt, add_special_tokens=body.add_special_tokens)
     else:
+        assert body.messages is not None  # exactly one of prompt and messages, checked above
         _, token_ids = await tokenize_chat(engine.tokenizer, body.messages, body.add_generation_prompt)
     return JSONResponse({"count": len(token_ids), "max_model_len": engine.max_model_len, "tokens": token_ids})
 

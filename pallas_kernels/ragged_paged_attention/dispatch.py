@@ -4,18 +4,40 @@ Backends: "xla" (xla.py, the jnp CPU path), "pallas_tpu" (Mosaic), "pallas_gpu" 
 "auto" picks by `jax.default_backend()`. A Pallas backend asked for on a platform it was not written for
 runs in its interpret mode, so the whole engine can be checked on a CPU. Every backend computes what
 spec.py spells out.
+
+KV layouts (kv_layout.py): every backend reads the interleaved [num_pages, page_size, 2 * num_kv_heads,
+head_dim] cache; "pallas_tpu" also reads and writes the packed uint32 [num_pages, page_size * rows, 128]
+cache (no TPU tile padding), which needs num_kv_heads passed along since the shape no longer says it.
 """
 
-from typing import Optional
+from typing import Optional, Union
 
 import jax
-from jaxtyping import Array, Float
+import jax.numpy as jnp
+from jaxtyping import Array, Float, UInt32
 
 from pallas_kernels.ragged_paged_attention.metadata import AttentionMetadata, validate_attention_inputs
 from pallas_kernels.ragged_paged_attention.xla import ragged_paged_attention_xla, write_kv_pages
 
 ATTENTION_BACKENDS = ("auto", "xla", "pallas_tpu", "pallas_gpu")
 _AUTO_BY_PLATFORM = {"tpu": "pallas_tpu", "gpu": "pallas_gpu", "cuda": "pallas_gpu", "rocm": "pallas_gpu"}
+
+
+def _rows(num_kv_heads: int, head_dim: int, dtype) -> int:
+    from pallas_kernels.ragged_paged_attention.kv_layout import packed_layout_for
+    return packed_layout_for(num_kv_heads, head_dim, dtype).rows_per_token
+
+
+def _require_packed(kv_pages, backend: str, num_kv_heads: Optional[int], head_dim: int, dtype) -> None:
+    """A rank-3 cache must be the packed layout of these heads, for the one backend that reads it."""
+    if backend != "pallas_tpu":
+        raise ValueError(f"kv_pages: the packed layout {kv_pages.shape} is read by pallas_tpu only, not {backend}")
+    if num_kv_heads is None:
+        raise ValueError("num_kv_heads: required with the packed KV layout")
+    rows = _rows(num_kv_heads, head_dim, dtype)
+    if kv_pages.dtype != jnp.uint32 or kv_pages.shape[1] % rows or kv_pages.shape[2] != 128:
+        raise ValueError(f"kv_pages: packed layout must be uint32 [num_pages, page_size * {rows}, 128], "
+                         f"got {kv_pages.dtype} {kv_pages.shape}")
 
 
 def resolve_attention_backend(name: str) -> str:
@@ -29,20 +51,32 @@ def resolve_attention_backend(name: str) -> str:
 
 def ragged_paged_attention(
     q: Float[Array, "num_tokens num_q_heads head_dim"],
-    kv_pages: Float[Array, "num_pages page_size kv_heads_x2 head_dim"],
+    kv_pages: Union[Float[Array, "num_pages page_size kv_heads_x2 head_dim"], UInt32[Array, "num_pages rows lanes"]],
     metadata: AttentionMetadata,
     *,
     backend: str,
     sm_scale: float,
     sliding_window: Optional[int] = None,
     soft_cap: Optional[float] = None,
+    num_kv_heads: Optional[int] = None,
 ) -> Float[Array, "num_tokens num_q_heads head_dim"]:
-    """Ragged paged attention through the chosen backend (spec.py gives the semantics)."""
+    """Ragged paged attention through the chosen backend (spec.py gives the semantics).
+
+    kv_pages may be the packed layout (backend "pallas_tpu" only; num_kv_heads required).
+    """
     backend = resolve_attention_backend(backend)
-    validate_attention_inputs(q, kv_pages, metadata, sm_scale=sm_scale, sliding_window=sliding_window,
-                              soft_cap=soft_cap)
     options = dict(sm_scale=float(sm_scale), sliding_window=sliding_window,
                    soft_cap=None if soft_cap is None else float(soft_cap))
+    if kv_pages.ndim == 3:
+        _require_packed(kv_pages, backend, num_kv_heads, q.shape[2], q.dtype)
+        # The interleaved twin of the packed shape carries the same checks (shapes only, nothing is read).
+        page_size = kv_pages.shape[1] // _rows(num_kv_heads, q.shape[2], q.dtype)
+        validate_attention_inputs(q, jnp.zeros((0, page_size, 2 * num_kv_heads, q.shape[2]), q.dtype), metadata,
+                                  **options)
+        from pallas_kernels.ragged_paged_attention.tpu import ragged_paged_attention_tpu
+        return ragged_paged_attention_tpu(q, kv_pages, metadata, num_kv_heads=num_kv_heads,
+                                          interpret=jax.default_backend() != "tpu", **options)
+    validate_attention_inputs(q, kv_pages, metadata, **options)
     if backend == "xla":
         return ragged_paged_attention_xla(q, kv_pages, metadata, **options)
     if backend == "pallas_tpu":
@@ -55,23 +89,25 @@ def ragged_paged_attention(
 
 
 def write_kv(
-    kv_pages: Float[Array, "num_pages page_size kv_heads_x2 head_dim"],
+    kv_pages: Union[Float[Array, "num_pages page_size kv_heads_x2 head_dim"], UInt32[Array, "num_pages rows lanes"]],
     k: Float[Array, "num_tokens num_kv_heads head_dim"],
     v: Float[Array, "num_tokens num_kv_heads head_dim"],
     metadata: AttentionMetadata,
     *,
     backend: str,
-) -> Float[Array, "num_pages page_size kv_heads_x2 head_dim"]:
+) -> Union[Float[Array, "num_pages page_size kv_heads_x2 head_dim"], UInt32[Array, "num_pages rows lanes"]]:
     """Write the step's K/V into their slots (metadata.slot_mapping) with the backend's write."""
     if k.shape != v.shape or k.ndim != 3:
         raise ValueError(f"k: k and v must both be [num_tokens, num_kv_heads, head_dim], got {k.shape} and {v.shape}")
-    if kv_pages.ndim != 4 or kv_pages.shape[2:] != (2 * k.shape[1], k.shape[2]):
+    if kv_pages.ndim == 3:
+        _require_packed(kv_pages, resolve_attention_backend(backend), k.shape[1], k.shape[2], k.dtype)
+    elif kv_pages.ndim != 4 or kv_pages.shape[2:] != (2 * k.shape[1], k.shape[2]):
         raise ValueError(f"kv_pages: must be [num_pages, page_size, {2 * k.shape[1]}, {k.shape[2]}], "
                          f"got {kv_pages.shape}")
     slot_mapping = metadata.slot_mapping
     if slot_mapping.shape != (k.shape[0],):
         raise ValueError(f"slot_mapping: must be [{k.shape[0]}], got {slot_mapping.shape}")
-    if resolve_attention_backend(backend) == "pallas_tpu":
+    if resolve_attention_backend(backend) == "pallas_tpu" or kv_pages.ndim == 3:
         # XLA's TPU scatter is a serial loop of row updates; the kernel DMAs the rows instead.
         from pallas_kernels.ragged_paged_attention.kv_write_tpu import write_kv_pages_tpu
         return write_kv_pages_tpu(kv_pages, k, v, slot_mapping, interpret=jax.default_backend() != "tpu")

@@ -6,6 +6,7 @@ from typing import Optional
 
 import jax
 import numpy as np
+from numpy.typing import DTypeLike
 
 from pallas_kernels.ragged_paged_attention.metadata import AttentionMetadata
 
@@ -49,7 +50,7 @@ def make_ragged_batch(
     num_kv_heads: int,
     head_dim: int,
     page_size: int,
-    dtype=np.float32,
+    dtype: DTypeLike = np.float32,
     num_tokens: Optional[int] = None,
     max_num_seqs: Optional[int] = None,
     pages_per_seq: Optional[int] = None,

@@ -13,7 +13,16 @@ exp) are merged afterwards — the decode case, where blocks alone cannot fill t
 On the GPU memory is linear, so K/V pages are read as a flat [slots, 2 * num_kv_heads * head_dim]
 matrix: K of head h is columns [2h * d, 2h * d + d), V the next d columns; a chunk's rows are
 gathered by slot (page_id * page_size + offset). Triton needs power-of-two tile sides (>= 16 for
-tl.dot), hence the checks in the wrapper.
+tl.dot): a head_dim that is not one (80, 96) is read as the next power of two with the extra
+columns masked to zero, which changes no dot product; block sizes must be powers of two.
+
+float32 inputs ask for Precision.HIGHEST, which Triton lowers to IEEE float32 dots; the default
+would be TF32 (10-bit mantissa), far outside the float32 tolerance the spec tests hold.
+
+KV splits: the grid's split axis is a static upper bound sized from the GPU's resident-program
+capacity (SMs x programs an SM holds at once); each step then uses only as many splits as its
+real blocks and each block's actual KV length need (split programs past that exit at once), so a
+short decode does not pay for merging 16 nearly empty splits.
 """
 
 import functools
@@ -23,13 +32,20 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
-from jaxtyping import Array, Float
+from jaxtyping import Array, Float, Int
 
 from pallas_kernels.ragged_paged_attention.metadata import MASK_VALUE, AttentionMetadata
 
 PREFILL_BLOCK_ROWS = 64
 DEFAULT_KV_CHUNK_TOKENS = 64
-_TARGET_PROGRAMS = 2 * 132  # two waves of an H100/H200's 132 SMs: enough to hide memory latency
+MAX_KV_SPLITS = 16
+MAX_HEAD_DIM = 256
+# A split shorter than this many KV chunks costs more in its merge than it saves in parallelism.
+DEFAULT_MIN_CHUNKS_PER_SPLIT = 4
+_DEFAULT_SM_COUNT = 132  # H100 / H200, when the device does not say (CPU tracing, interpret mode)
+_MAX_WARPS_PER_SM = 64
+_MAX_PROGRAMS_PER_SM = 32
+_SHARED_MEMORY_PER_SM = 228 * 1024
 
 
 def _is_power_of_two(value: int) -> bool:
@@ -38,10 +54,13 @@ def _is_power_of_two(value: int) -> bool:
 
 def _kernel(num_blocks_ref, block_seqs_ref, block_starts_ref, kv_lens_ref, cu_q_lens_ref,
             tables_ref, q_ref, kv_ref, out_ref, *lse_refs, sm_scale, sliding_window, soft_cap,
-            group_size, num_q_heads, head_dim, page_size, pages_per_seq, chunk_tokens, block_rows):
+            group_size, num_q_heads, head_dim, padded_head_dim, page_size, pages_per_seq,
+            chunk_tokens, block_rows, min_chunks_per_split):
     block, kv_head, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-    num_splits = pl.num_programs(2)
+    # num_blocks_ref = [real blocks, splits this step uses]; splits past it only write "empty".
+    step_splits = num_blocks_ref[1]
     tokens_per_block = block_rows // group_size
+    precision = jax.lax.Precision.HIGHEST if q_ref.dtype == jnp.float32 else None
 
     @pl.when(block < num_blocks_ref[0])
     def _attend_block():
@@ -53,8 +72,13 @@ def _kernel(num_blocks_ref, block_seqs_ref, block_starts_ref, kv_lens_ref, cu_q_
         row_is_real = (rows < tokens_per_block * group_size) & (tokens < q_end)
         positions = kv_len - q_end + tokens
         q_rows = tokens * num_q_heads + kv_head * group_size + rows % group_size
-        dims = jnp.arange(head_dim, dtype=jnp.int32)
-        q = plgpu.load(q_ref.at[q_rows[:, None], dims[None, :]], mask=row_is_real[:, None], other=0)
+        # Columns past head_dim (padding to a power of two) re-read column head_dim - 1 (never out
+        # of bounds) and are masked to zero, so they add nothing to q.k and are never stored.
+        padded_dims = jnp.arange(padded_head_dim, dtype=jnp.int32)
+        dim_is_real = padded_dims < head_dim
+        dims = jnp.minimum(padded_dims, head_dim - 1)
+        q = plgpu.load(q_ref.at[q_rows[:, None], dims[None, :]],
+                       mask=row_is_real[:, None] & dim_is_real[None, :], other=0)
 
         # This block's KV chunks, then this split's share of them.
         last_position = kv_len - q_end + jnp.minimum(first_token + tokens_per_block, q_end) - 1
@@ -63,9 +87,14 @@ def _kernel(num_blocks_ref, block_seqs_ref, block_starts_ref, kv_lens_ref, cu_q_
         if sliding_window is not None:
             first_position = kv_len - q_end + first_token
             first_chunk = jnp.maximum(first_position - sliding_window + 1, 0) // chunk_tokens
-        chunks_per_split = (end_chunk - first_chunk + num_splits - 1) // num_splits
+        # Splits from this block's own KV length: at least min_chunks_per_split chunks each.
+        num_chunks = end_chunk - first_chunk
+        num_splits = jnp.clip((num_chunks + min_chunks_per_split - 1) // min_chunks_per_split, 1,
+                              step_splits)
+        chunks_per_split = (num_chunks + num_splits - 1) // num_splits
         split_first = first_chunk + split * chunks_per_split
-        split_end = jnp.minimum(split_first + chunks_per_split, end_chunk)
+        split_end = jnp.where(split < num_splits,
+                              jnp.minimum(split_first + chunks_per_split, end_chunk), split_first)
         offsets = jnp.arange(chunk_tokens, dtype=jnp.int32)
         k_columns = 2 * kv_head * head_dim + dims
 
@@ -75,12 +104,12 @@ def _kernel(num_blocks_ref, block_seqs_ref, block_starts_ref, kv_lens_ref, cu_q_
             page_columns = jnp.minimum(kv_positions // page_size, pages_per_seq - 1)
             page_ids = tables_ref[seq * pages_per_seq + page_columns]
             slots = page_ids * page_size + kv_positions % page_size
-            kv_is_real = (kv_positions < kv_len)[:, None]
+            kv_is_real = (kv_positions < kv_len)[:, None] & dim_is_real[None, :]
             keys = plgpu.load(kv_ref.at[slots[:, None], k_columns[None, :]], mask=kv_is_real,
                               other=0)
             values = plgpu.load(kv_ref.at[slots[:, None], head_dim + k_columns[None, :]],
                                 mask=kv_is_real, other=0)
-            logits = jax.lax.dot_general(q, keys, (((1,), (1,)), ((), ())),
+            logits = jax.lax.dot_general(q, keys, (((1,), (1,)), ((), ())), precision=precision,
                                          preferred_element_type=jnp.float32) * sm_scale
             if soft_cap is not None:
                 logits = soft_cap * jnp.tanh(logits / soft_cap)
@@ -93,19 +122,20 @@ def _kernel(num_blocks_ref, block_seqs_ref, block_starts_ref, kv_lens_ref, cu_q_
             rescale = jnp.exp(running_max - new_max)
             running_sum = running_sum * rescale + jnp.sum(probs, axis=1)
             acc = acc * rescale[:, None] + jax.lax.dot_general(
-                probs.astype(values.dtype), values, (((1,), (0,)), ((), ())),
+                probs.astype(values.dtype), values, (((1,), (0,)), ((), ())), precision=precision,
                 preferred_element_type=jnp.float32)
             return new_max, running_sum, acc
 
         init = (jnp.full((block_rows,), MASK_VALUE, jnp.float32),
                 jnp.zeros((block_rows,), jnp.float32),
-                jnp.zeros((block_rows, head_dim), jnp.float32))
+                jnp.zeros((block_rows, padded_head_dim), jnp.float32))
         running_max, running_sum, acc = jax.lax.fori_loop(split_first, split_end, attend_chunk,
                                                           init)
         seen_kv = running_sum > 0
         out = acc / jnp.where(seen_kv, running_sum, 1.0)[:, None]
-        plgpu.store(out_ref.at[split, q_rows[:, None], dims[None, :]], out.astype(out_ref.dtype),
-                    mask=row_is_real[:, None])
+        # Stores take the unclamped columns: clamped ones would repeat column head_dim - 1.
+        plgpu.store(out_ref.at[split, q_rows[:, None], padded_dims[None, :]], out.astype(out_ref.dtype),
+                    mask=row_is_real[:, None] & dim_is_real[None, :])
         if lse_refs:  # partial results of a KV split: merged by log-sum-exp in the wrapper
             lse = jnp.where(seen_kv, running_max + jnp.log(jnp.where(seen_kv, running_sum, 1.0)),
                             MASK_VALUE)
@@ -128,6 +158,27 @@ def _q_blocks(cu_q_lens, num_seqs, num_blocks_max: int, tokens_per_block: int):
     return cu_blocks[-1:].astype(jnp.int32), block_seqs, block_starts.astype(jnp.int32)
 
 
+def resident_programs(*, num_warps: int, num_stages: int, chunk_tokens: int, block_rows: int,
+                      padded_head_dim: int, itemsize: int) -> int:
+    """Programs the GPU keeps resident at once: SMs x min(warp, program and shared-memory limits).
+
+    Shared memory per program is an estimate of what Triton allocates: num_stages buffered K and V
+    chunks plus the q block. The SM count is the device's when it reports one (a GPU), else H100's.
+    """
+    device = jax.devices()[0]
+    sm_count = getattr(device, "core_count", None) if device.platform == "gpu" else None
+    shared = (2 * num_stages * chunk_tokens + block_rows) * padded_head_dim * itemsize
+    per_sm = min(_MAX_PROGRAMS_PER_SM, _MAX_WARPS_PER_SM // num_warps, _SHARED_MEMORY_PER_SM // shared)
+    return (sm_count or _DEFAULT_SM_COUNT) * max(1, per_sm)
+
+
+def step_kv_splits(num_real_blocks: Int[Array, " 1"], *, capacity: int, num_kv_heads: int,
+                   max_splits: int) -> Int[Array, " 1"]:
+    """Splits this step uses: enough programs to fill `capacity`, given its real q blocks."""
+    programs = jnp.maximum(num_real_blocks, 1) * num_kv_heads
+    return jnp.clip(-(-capacity // programs), 1, max_splits).astype(jnp.int32)
+
+
 def _merge_splits(out, lse):
     """Combine per-split normalised outputs by their log-sum-exp weights."""
     best = jnp.max(lse, axis=0)
@@ -138,7 +189,7 @@ def _merge_splits(out, lse):
 
 @functools.partial(jax.jit, static_argnames=(
     "sm_scale", "sliding_window", "soft_cap", "block_rows", "pages_per_chunk", "num_kv_splits",
-    "num_warps", "num_stages", "interpret"))
+    "min_chunks_per_split", "num_warps", "num_stages", "interpret"))
 def ragged_paged_attention_gpu(
     q: Float[Array, "num_tokens num_q_heads head_dim"],
     kv_pages: Float[Array, "num_pages page_size kv_heads_x2 head_dim"],
@@ -150,6 +201,7 @@ def ragged_paged_attention_gpu(
     block_rows: Optional[int] = None,
     pages_per_chunk: Optional[int] = None,
     num_kv_splits: Optional[int] = None,
+    min_chunks_per_split: int = DEFAULT_MIN_CHUNKS_PER_SPLIT,
     num_warps: int = 4,
     num_stages: int = 2,
     interpret: bool = False,
@@ -170,8 +222,12 @@ def ragged_paged_attention_gpu(
     if pages_per_chunk is None:
         pages_per_chunk = max(1, DEFAULT_KV_CHUNK_TOKENS // page_size)
     chunk_tokens = pages_per_chunk * page_size
-    for name, value in (("head_dim", head_dim), ("block_rows", block_rows),
-                        ("pages_per_chunk * page_size", chunk_tokens)):
+    if head_dim > MAX_HEAD_DIM:
+        raise ValueError(f"head_dim: at most {MAX_HEAD_DIM} on the GPU kernel (a q block and a K/V chunk "
+                         f"must fit in registers), got {head_dim}")
+    # Triton's tile sides are powers of two >= 16: other head_dims are read padded and masked.
+    padded_head_dim = max(16, 1 << (head_dim - 1).bit_length())
+    for name, value in (("block_rows", block_rows), ("pages_per_chunk * page_size", chunk_tokens)):
         if not _is_power_of_two(value) or value < 16:
             raise ValueError(f"{name}: must be a power of two >= 16 for Triton, got {value}")
     if block_rows < group_size:
@@ -179,11 +235,19 @@ def ragged_paged_attention_gpu(
 
     tokens_per_block = block_rows // group_size
     num_blocks_max = num_tokens // tokens_per_block + min(max_num_seqs, num_tokens) + 1
+    capacity = resident_programs(num_warps=num_warps, num_stages=num_stages, chunk_tokens=chunk_tokens,
+                                 block_rows=block_rows, padded_head_dim=padded_head_dim,
+                                 itemsize=jnp.dtype(q.dtype).itemsize)
     if num_kv_splits is None:
-        wanted = -(-_TARGET_PROGRAMS // (num_blocks_max * num_kv_heads))
-        num_kv_splits = min(16, 1 << max(0, wanted - 1).bit_length())
+        # The static bound assumes the step fills at least half its token bucket (the runner's
+        # buckets double); emptier steps get fewer splits than ideal, never wrong results.
+        min_real_blocks = max(1, num_tokens // (2 * tokens_per_block))
+        wanted = -(-capacity // (min_real_blocks * num_kv_heads))
+        num_kv_splits = min(MAX_KV_SPLITS, 1 << max(0, wanted - 1).bit_length())
     num_blocks, block_seqs, block_starts = _q_blocks(cu_q_lens, num_seqs, num_blocks_max,
                                                      tokens_per_block)
+    splits = step_kv_splits(num_blocks, capacity=capacity, num_kv_heads=num_kv_heads,
+                            max_splits=num_kv_splits)
     split_outputs = num_kv_splits > 1
     out_shapes = [jax.ShapeDtypeStruct((num_kv_splits, num_tokens * num_q_heads, head_dim),
                                        jnp.float32 if split_outputs else q.dtype)]
@@ -192,8 +256,10 @@ def ragged_paged_attention_gpu(
                                                jnp.float32))
     kernel = functools.partial(
         _kernel, sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap,
-        group_size=group_size, num_q_heads=num_q_heads, head_dim=head_dim, page_size=page_size,
-        pages_per_seq=pages_per_seq, chunk_tokens=chunk_tokens, block_rows=block_rows)
+        group_size=group_size, num_q_heads=num_q_heads, head_dim=head_dim,
+        padded_head_dim=padded_head_dim, page_size=page_size,
+        pages_per_seq=pages_per_seq, chunk_tokens=chunk_tokens, block_rows=block_rows,
+        min_chunks_per_split=min_chunks_per_split)
     outputs = pl.pallas_call(
         kernel,
         grid=(num_blocks_max, num_kv_heads, num_kv_splits),
@@ -201,7 +267,7 @@ def ragged_paged_attention_gpu(
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="ragged_paged_attention_gpu",
-    )(num_blocks, block_seqs, block_starts, kv_lens, cu_q_lens, block_tables.reshape(-1),
+    )(jnp.concatenate([num_blocks, splits]), block_seqs, block_starts, kv_lens, cu_q_lens, block_tables.reshape(-1),
       q.reshape(num_tokens * num_q_heads, head_dim),
       # Linear GPU memory: this reshape is free, and makes every slot one row of K/V columns.
       kv_pages.reshape(num_pages * page_size, kv_heads_x2 * head_dim))

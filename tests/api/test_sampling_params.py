@@ -96,7 +96,8 @@ def test_min_tokens_may_equal_but_not_exceed_max_tokens():
 
 def test_normalizes_stop_token_ids_logit_bias_and_floats():
     """stop becomes a list, JSON-style string keys of logit_bias become ints, int floats become floats."""
-    params = SamplingParams(stop="END", stop_token_ids=(5, 6), logit_bias={"12": 3, 4: -1.5},
+    params = SamplingParams(stop="END", stop_token_ids=(5, 6),  # pyright: ignore[reportArgumentType]  (on purpose)
+                            logit_bias={"12": 3, 4: -1.5},  # pyright: ignore[reportArgumentType]  (JSON-style keys)
                             temperature=0, top_p=1)
     assert params.stop == ["END"] and params.stop_token_ids == [5, 6]
     assert params.logit_bias == {12: 3.0, 4: -1.5}

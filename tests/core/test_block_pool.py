@@ -64,7 +64,7 @@ def test_touching_a_free_cached_block_takes_it_out_of_the_middle_of_the_queue():
     pool.free_blocks(blocks)
     assert pool.free_block_ids() == [1, 2, 3, 4]
     hit = pool.get_cached_block(b"h2")
-    assert hit is blocks[1]
+    assert hit is not None and hit is blocks[1]
     pool.touch([hit])
     assert hit.ref_cnt == 1 and pool.free_block_ids() == [1, 3, 4]
     assert ids(pool.get_new_blocks(3)) == [1, 3, 4]

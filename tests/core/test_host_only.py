@@ -14,6 +14,7 @@ def imported_packages(path: pathlib.Path) -> set[str]:
         if isinstance(node, ast.Import):
             packages.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            assert node.module is not None  # only relative imports have no module
             packages.add(node.module.split(".")[0])
     return packages
 
@@ -34,6 +35,7 @@ def test_core_imports_only_itself_the_config_and_checks_from_jaxpaged():
                 continue
             if node.level == 0:
                 module = node.module
+                assert module is not None  # only relative imports have no module
             else:  # relative: one dot is jaxpaged.core, two dots jaxpaged
                 package = "jaxpaged.core" if node.level == 1 else "jaxpaged"
                 module = package + (f".{node.module}" if node.module else "")

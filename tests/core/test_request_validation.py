@@ -55,7 +55,8 @@ def test_add_request_rejects_and_leaves_the_scheduler_as_it_was(make_bad_request
     with pytest.raises(ValueError, match=field):
         scheduler.add_request(make_bad_request())
     assert snapshot(scheduler) == before
-    assert scheduler.get_request("running").status is RequestStatus.RUNNING
+    running = scheduler.get_request("running")
+    assert running is not None and running.status is RequestStatus.RUNNING
 
 
 def test_max_tokens_lowered_after_construction_is_caught_at_add_time():

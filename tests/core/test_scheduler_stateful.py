@@ -1,6 +1,8 @@
 """Random add / step / abort / finish sequences against a tiny pool, with the block and request invariants
 checked after every rule, and a fake runner that proves every block table reads back the request's own tokens."""
 
+from typing import Any
+
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -76,6 +78,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             return
         request_id = live_ids[index % len(live_ids)]
         request = self.scheduler.get_request(request_id)
+        assert request is not None  # a live id
         self.scheduler.finish_requests([request_id], status)
         assert request.status is status and self.scheduler.get_request(request_id) is None
         assert self.scheduler.kv_cache_manager.get_block_ids(request_id) == []
@@ -96,6 +99,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert decodes_before <= set(scheduled_ids), "a decode was starved"
         for request_id in output.preempted_request_ids:
             request = scheduler.get_request(request_id)
+            assert request is not None
             assert request.status is RequestStatus.PREEMPTED and request.num_computed_tokens == 0
         for scheduled in output.scheduled:
             self._run_fake_attention(scheduled)
@@ -177,7 +181,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert self.scheduler.reset_prefix_cache() is True
 
 
-_SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+_SETTINGS: dict[str, Any] = dict(deadline=None,
+                                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 TestSchedulerStateMachine = SchedulerMachine.TestCase
 TestSchedulerStateMachine.settings = settings(max_examples=150, stateful_step_count=40, **_SETTINGS)
 

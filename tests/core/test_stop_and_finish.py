@@ -93,7 +93,8 @@ def test_update_rejects_a_wrong_number_of_sampled_tokens():
     output = scheduler.schedule()
     with pytest.raises(ValueError, match="sampled_token_ids"):
         scheduler.update_from_output(output, [1, 2])
-    assert scheduler.get_request("a").output_token_ids == []
+    request = scheduler.get_request("a")
+    assert request is not None and request.output_token_ids == []
 
 
 def test_abort_frees_at_once_and_is_reported_by_the_next_step():
@@ -127,7 +128,8 @@ def test_finish_requests_needs_a_finished_status():
     scheduler.add_request(make_request("a", 3))
     with pytest.raises(ValueError, match="status"):
         scheduler.finish_requests(["a"], RequestStatus.RUNNING)
-    assert scheduler.get_request("a").status is RequestStatus.WAITING
+    request = scheduler.get_request("a")
+    assert request is not None and request.status is RequestStatus.WAITING
 
 
 def test_a_finished_id_can_be_reused():

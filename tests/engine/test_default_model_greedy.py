@@ -7,6 +7,7 @@ import transformers
 
 from jaxpaged.config import EngineConfig
 from jaxpaged.engine import LLMEngine
+from jaxpaged.outputs import RequestOutput
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.weights.default_model import default_model_path
 from jaxpaged.weights.loader import load_model
@@ -34,7 +35,9 @@ def hf_reference() -> list[list[int]]:
     for prompt in PROMPTS:
         ids = torch.tensor([tokenizer.encode(prompt)])
         with torch.no_grad():
-            out = model.generate(ids, max_new_tokens=NUM_NEW_TOKENS, min_new_tokens=NUM_NEW_TOKENS, do_sample=False)
+            # transformers' stub: its GenerativePreTrainedModel protocol rejects what from_pretrained returns
+            out = model.generate(  # pyright: ignore[reportAttributeAccessIssue]
+                ids, max_new_tokens=NUM_NEW_TOKENS, min_new_tokens=NUM_NEW_TOKENS, do_sample=False)
         continuations.append(out[0, ids.shape[1]:].tolist())
     return continuations
 
@@ -48,7 +51,7 @@ def engine() -> LLMEngine:
     return LLMEngine(load_model(None), config, warmup=False)
 
 
-def run(engine: LLMEngine, prefix: str) -> dict[str, list[int]]:
+def run(engine: LLMEngine, prefix: str) -> dict[str, RequestOutput]:
     # min_tokens suppresses EOS exactly as HF's min_new_tokens does, so both run all 32 steps on equal terms.
     params = SamplingParams(temperature=0.0, max_tokens=NUM_NEW_TOKENS, min_tokens=NUM_NEW_TOKENS)
     for i, prompt in enumerate(PROMPTS):

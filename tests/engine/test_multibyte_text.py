@@ -7,7 +7,7 @@ logit_bias puts the word's k tokens far above the rest, falling by BIAS_STEP in 
 penalty divides a used token's logit by REPETITION (its bias/REPETITION still beats every unbiased token), so
 unused word tokens come first, in order; the frequency penalty (2 per use) then makes the least used, earliest
 token win, so the word repeats. The spacing (BIAS_STEP / REPETITION) * (k - 1) < 2 keeps that order, and
-BIAS_STEP is far above the tiny model's own logits (about +-0.5)."""
+BIAS_STEP is far above the gaps between the tiny model's own (near-zero, random-init) logits."""
 
 import itertools
 
@@ -63,6 +63,7 @@ def generate_both_ways(llm, params: SamplingParams) -> list[CompletionOutput]:
         assert (sample.finish_reason, sample.stop_reason) == (other.finish_reason, other.stop_reason)
         assert REPLACEMENT not in sample.text
         if params.logprobs is not None:
+            assert sample.logprobs is not None and other.logprobs is not None
             assert [{i: lp.decoded_token for i, lp in entry.items()} for entry in sample.logprobs] \
                 == [{i: lp.decoded_token for i, lp in entry.items()} for entry in other.logprobs]
     return generated
@@ -78,6 +79,7 @@ def test_cut_by_max_tokens(tiny_llm, word):
         assert sample.token_ids == (word_ids * 3)[:7]  # the spelling worked
         assert tokenizer.decode(sample.token_ids).endswith(REPLACEMENT)
         assert sample.text == word * 2 and sample.finish_reason == "length"
+        assert sample.logprobs is not None  # logprobs=1
         assert [entry[token_id].decoded_token for entry, token_id in zip(sample.logprobs, sample.token_ids)] \
             == [tokenizer.decode([token_id]) for token_id in sample.token_ids]
 
@@ -88,7 +90,7 @@ def test_cut_by_max_tokens(tiny_llm, word):
     ("本日", 4, "length", "日本", "日本"),
     ("本日", 8, "stop", "日", "日本日"),
     ("日本日本", 4, "length", "日本", "日本"),  # the stop string's start is held, then released whole
-])
+], ids=["cut-in-stop", "stop", "held-stop-start"])
 def test_cut_at_a_stop_string(tiny_llm, stop, max_tokens, finish_reason, expected, expected_included, include):
     """A CJK stop string, with and without include_stop_str_in_output, cut mid-character or matched."""
     params, _ = spelling(tiny_llm.get_tokenizer(), WORDS["cjk"], max_tokens=max_tokens, stop=[stop],

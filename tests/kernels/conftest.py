@@ -89,3 +89,26 @@ def check_kernel_config(check_kernel, kernel_fn, page_size: int, head_dim: int, 
 def check_kernel():
     """check_kernel_against_spec, as a fixture for the kernel test files."""
     return check_kernel_against_spec
+
+
+def abstract_step(kernel, num_tokens: int, num_q_heads: int, head_dim: int, num_pages: int, page_size: int,
+                  kv_heads_x2: int, max_num_seqs: int, pages_per_seq: int, dtype):
+    """(jitted fn, abstract args) for tracing/lowering `kernel(q, kv_pages, metadata)` without data.
+
+    The metadata is rebuilt from abstract int32 fields inside the traced function: the fields are then
+    tracers (jax.Array), which the run-time jaxtyping checks accept, unlike ShapeDtypeStructs.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    from pallas_kernels.ragged_paged_attention.metadata import AttentionMetadata
+
+    fields = [jax.ShapeDtypeStruct(shape, jnp.int32) for shape in (
+        (num_tokens,), (max_num_seqs,), (max_num_seqs, pages_per_seq), (max_num_seqs + 1,), (1,))]
+    args = (jax.ShapeDtypeStruct((num_tokens, num_q_heads, head_dim), dtype),
+            jax.ShapeDtypeStruct((num_pages, page_size, kv_heads_x2, head_dim), dtype), *fields)
+    return jax.jit(lambda q, kv_pages, *fields: kernel(q, kv_pages, AttentionMetadata(*fields))), args
+
+
+# (num_q_heads, num_kv_heads, head_dim) of real models: SmolLM2-135M, Llama-3-8B, a 16/2 GQA-8 model.
+REAL_SHAPES = [(9, 3, 64), (32, 8, 128), (16, 2, 128)]

@@ -15,6 +15,17 @@ from pallas_kernels.ragged_paged_attention import (
 from pallas_kernels.ragged_paged_attention.example_batch import make_ragged_batch
 
 
+@pytest.fixture
+def without_jaxtyping_checks():
+    """The test suite checks array annotations at run time; these tests feed malformed arrays on purpose to see
+    the ValueError users get (production runs without the annotation checks)."""
+    import jaxtyping
+
+    jaxtyping.config.update("jaxtyping_disable", True)
+    yield
+    jaxtyping.config.update("jaxtyping_disable", False)
+
+
 @pytest.fixture(scope="module")
 def batch():
     return make_ragged_batch([1, 4], [9, 20], num_q_heads=4, num_kv_heads=2, head_dim=32,
@@ -63,7 +74,7 @@ def _with(batch, **changes):
     (lambda b: dict(num_seqs=np.array([1, 2], np.int32)), r"num_seqs: must have shape \(1,\)"),
     (lambda b: dict(slot_mapping=b.slot_mapping[:3]), r"slot_mapping: must have one slot per q row \(8\)"),
 ])
-def test_bad_inputs_raise_with_what_they_got(batch, changes, message):
+def test_bad_inputs_raise_with_what_they_got(without_jaxtyping_checks, batch, changes, message):
     """Each malformed input raises a ValueError naming the input and the offending value."""
     with pytest.raises(ValueError, match=message):
         ragged_paged_attention(*_with(batch, **changes(batch)), backend="xla", sm_scale=0.2)
@@ -79,7 +90,7 @@ def test_bad_options_raise(batch, option, message):
         ragged_paged_attention(*_with(batch), backend="xla", **options)
 
 
-def test_validation_happens_at_trace_time(batch):
+def test_validation_happens_at_trace_time(without_jaxtyping_checks, batch):
     """Under jit the checks fire while tracing, on shapes alone."""
     attend = jax.jit(lambda q, kv_pages, metadata: ragged_paged_attention(q, kv_pages, metadata, backend="xla",
                                                                           sm_scale=1.0))
@@ -87,7 +98,7 @@ def test_validation_happens_at_trace_time(batch):
         attend(*_with(batch, kv_pages=batch.kv_pages[..., :16]))
 
 
-def test_write_kv_rejects_mismatched_pages(batch):
+def test_write_kv_rejects_mismatched_pages(without_jaxtyping_checks, batch):
     """write_kv checks that k/v fit the page layout."""
     k = jnp.zeros((8, 2, 16), jnp.float32)
     with pytest.raises(ValueError, match=r"kv_pages: must be \[num_pages, page_size, 4, 16\]"):

@@ -8,20 +8,28 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels.ragged_paged_attention.gpu import ragged_paged_attention_gpu
+from pallas_kernels.ragged_paged_attention.gpu import (
+    ragged_paged_attention_gpu,
+    resident_programs,
+    step_kv_splits,
+)
 from pallas_kernels.ragged_paged_attention.metadata import AttentionMetadata
 from pallas_kernels.ragged_paged_attention.xla import ragged_paged_attention_xla
-from tests.kernels.conftest import check_kernel_config
+from tests.kernels.conftest import REAL_SHAPES, abstract_step, check_kernel_config
 
 # (page_size, head_dim, num_q_heads, num_kv_heads, dtype, kernel options): every page size, head dim,
 # GQA ratio, dtype and the split / unsplit KV paths at least once; the full product is the slow sweep.
 CI_CONFIGS = [
     (16, 64, 2, 2, jnp.float32, dict(block_rows=16, pages_per_chunk=1, num_kv_splits=1)),
     (32, 128, 6, 2, jnp.bfloat16, dict(block_rows=32, num_kv_splits=1)),
-    (16, 128, 8, 2, jnp.float32, dict(block_rows=16, pages_per_chunk=2, num_kv_splits=4)),
-    (32, 64, 3, 1, jnp.float32, dict(block_rows=16, num_kv_splits=2, sliding_window=40,
-                                     soft_cap=5.0)),
+    (16, 128, 8, 2, jnp.float32, dict(block_rows=16, pages_per_chunk=2, num_kv_splits=4,
+                                      min_chunks_per_split=1)),
+    (32, 64, 3, 1, jnp.float32, dict(block_rows=16, num_kv_splits=2, min_chunks_per_split=1,
+                                     sliding_window=40, soft_cap=5.0)),
     (16, 64, 12, 4, jnp.bfloat16, dict()),  # the defaults
+    # head_dim not a power of two: read as 128 / 128 columns with the tail masked.
+    (16, 80, 4, 2, jnp.float32, dict(block_rows=16, num_kv_splits=2, min_chunks_per_split=1)),
+    (16, 96, 6, 2, jnp.bfloat16, dict(block_rows=16)),
 ]
 SWEEP_CONFIGS = [(page, dim, 4 * ratio, 4, dtype, dict(num_kv_splits=splits))
                  for page, dim, ratio, dtype, splits in itertools.product(
@@ -55,27 +63,49 @@ def test_gpu_kernel_reads_stacked_layers(scenarios):
     np.testing.assert_allclose(np.asarray(out), np.asarray(expected), atol=2e-5, rtol=2e-5)
 
 
-@pytest.mark.parametrize("dtype,num_kv_splits", [(jnp.float32, 1), (jnp.bfloat16, 4)])
-def test_gpu_kernel_lowers_to_triton(dtype, num_kv_splits):
-    """Pallas' Triton lowering accepts the kernel: the step holds one Triton custom call."""
-    q = jax.ShapeDtypeStruct((64, 9, 64), dtype)
-    kv_pages = jax.ShapeDtypeStruct((32, 16, 6, 64), dtype)
-    metadata = AttentionMetadata(*[jax.ShapeDtypeStruct(shape, jnp.int32)
-                                   for shape in ((64,), (4,), (4, 8), (5,), (1,))])
-    attend = jax.jit(functools.partial(ragged_paged_attention_gpu, sm_scale=0.1, sliding_window=64,
-                                       soft_cap=30.0, num_kv_splits=num_kv_splits))
-    text = attend.trace(q, kv_pages, metadata).lower(lowering_platforms=("cuda",)).as_text()
+@pytest.mark.parametrize("num_q_heads,num_kv_heads,head_dim", REAL_SHAPES)
+@pytest.mark.parametrize("dtype,num_kv_splits", [(jnp.float32, 1), (jnp.bfloat16, None)])
+def test_gpu_kernel_lowers_to_triton(num_q_heads, num_kv_heads, head_dim, dtype, num_kv_splits):
+    """Pallas' Triton lowering accepts the kernel at real model shapes: one Triton custom call."""
+    attend, args = abstract_step(
+        functools.partial(ragged_paged_attention_gpu, sm_scale=0.1, sliding_window=64, soft_cap=30.0,
+                          num_kv_splits=num_kv_splits),
+        num_tokens=64, num_q_heads=num_q_heads, head_dim=head_dim, num_pages=64, page_size=16,
+        kv_heads_x2=2 * num_kv_heads, max_num_seqs=8, pages_per_seq=16, dtype=dtype)
+    text = attend.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
     assert text.count("xla.gpu.triton") == 1
+
+
+def test_gpu_kernel_float32_dots_are_ieee():
+    """float32 dots ask for Precision.HIGHEST (Triton: IEEE), never the TF32 default."""
+    attend, args = abstract_step(functools.partial(ragged_paged_attention_gpu, sm_scale=0.1), num_tokens=16,
+                                 num_q_heads=4, head_dim=64, num_pages=8, page_size=16, kv_heads_x2=4,
+                                 max_num_seqs=2, pages_per_seq=4, dtype=jnp.float32)
+    jaxpr = str(jax.make_jaxpr(attend)(*args))
+    assert jaxpr.count("dot_general") == 2
+    assert jaxpr.count("precision=(Precision.HIGHEST, Precision.HIGHEST)") == 2
+
+
+def test_gpu_kernel_splits_follow_capacity_and_real_blocks():
+    """A step's split count fills the resident programs for its real blocks, within the bound."""
+    capacity = resident_programs(num_warps=4, num_stages=2, chunk_tokens=64, block_rows=16,
+                                 padded_head_dim=128, itemsize=2)
+    assert capacity == 132 * 3  # (2 * 2 * 64 + 16) rows of 256 bytes: 3 programs' shared memory per SM
+    splits = lambda blocks: int(step_kv_splits(jnp.array([blocks]), capacity=capacity,  # noqa: E731
+                                               num_kv_heads=8, max_splits=16)[0])
+    assert [splits(b) for b in (0, 1, 4, 32, 64, 1000)] == [16, 16, 13, 2, 1, 1]
 
 
 @pytest.mark.parametrize("options,message", [
     (dict(block_rows=24), "block_rows: must be a power of two"),
     (dict(block_rows=16, pages_per_chunk=3), r"pages_per_chunk \* page_size: must be a power"),
+    (dict(head_dim=320), "head_dim: at most 256"),
 ])
 def test_gpu_kernel_rejects_non_power_of_two_tiles(options, message):
     """Tile sides Triton cannot use are refused with the field named."""
-    q = jnp.zeros((16, 2, 64), jnp.float32)
-    kv_pages = jnp.zeros((4, 16, 2, 64), jnp.float32)
+    head_dim = options.pop("head_dim", 64)
+    q = jnp.zeros((16, 2, head_dim), jnp.float32)
+    kv_pages = jnp.zeros((4, 16, 2, head_dim), jnp.float32)
     metadata = AttentionMetadata(jnp.zeros(16, jnp.int32), jnp.zeros(2, jnp.int32), jnp.zeros((2, 2), jnp.int32),
                                  jnp.zeros(3, jnp.int32), jnp.zeros(1, jnp.int32))
     with pytest.raises(ValueError, match=message):

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental.pallas import tpu as pltpu
 
 from pallas_kernels.ragged_paged_attention import empty_attention_metadata, write_kv, write_kv_pages
 from pallas_kernels.ragged_paged_attention.kv_write_tpu import write_kv_pages_tpu
@@ -57,3 +58,44 @@ def test_tpu_kv_write_lowers_to_mosaic_in_place(monkeypatch):
     assert "tpu_custom_call" in text
     # The kernel's output IS its cache operand: XLA must not allocate (or copy) a second cache.
     assert "output_operand_aliases = [#stablehlo.output_operand_alias<" in text
+
+
+def test_tpu_kv_write_batches_runs_of_slots():
+    """A prefill chunk is one DMA per page it touches, a decode one DMA; tile edges cut runs too."""
+    from pallas_kernels.ragged_paged_attention.kv_write_tpu import slot_runs
+
+    # 20-token chunk from slot 40 (pages 2, 3, 4 of 16), two decodes, three padding tokens.
+    slots = np.concatenate([np.arange(40, 60), [95, 130], [0, 0, 0]]).astype(np.int32)
+    firsts, lens, tile_runs = (np.asarray(a) for a in slot_runs(jnp.asarray(slots), 16, 16))
+    num_runs = int(tile_runs[-1])
+    assert list(zip(firsts[:num_runs], lens[:num_runs])) == [(0, 8), (8, 8), (16, 4), (20, 1), (21, 1),
+                                                             (22, 1), (23, 1), (24, 1)]
+    assert list(tile_runs) == [0, 2, num_runs]  # tile 0: tokens 0-15; tile 1: 16-24
+
+
+@pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16])
+def test_tpu_kv_write_contiguous_chunks_are_bit_exact(dtype):
+    """Runs crossing pages and tiles, next to decodes and null-page padding: the scatter's result."""
+    rng = np.random.default_rng(3)
+    kv_pages = jnp.asarray(rng.standard_normal((12, 16, 4, 64)).astype(dtype))
+    k, v = (jnp.asarray(a) for a in rng.standard_normal((2, 48, 2, 64)).astype(dtype))
+    slots = jnp.asarray(np.concatenate([np.arange(21, 58), [70, 130, 160], [0] * 8]).astype(np.int32))
+    out = write_kv_pages_tpu(kv_pages, k, v, slots, tokens_per_tile=16,
+                             interpret=pltpu.InterpretParams(detect_races=True, dma_execution_mode="on_wait"))
+    np.testing.assert_array_equal(np.asarray(out)[1:], write_kv_spec(kv_pages, k, v, slots)[1:])
+
+
+@pytest.mark.parametrize("num_kv_heads,head_dim,dtype", [(3, 64, jnp.bfloat16), (2, 128, jnp.bfloat16),
+                                                         (3, 64, np.float32)])
+def test_tpu_kv_write_packed_layout_is_bit_exact(num_kv_heads, head_dim, dtype):
+    """Into the packed uint32 layout: the packed image of the interleaved scatter's result."""
+    from pallas_kernels.ragged_paged_attention.kv_layout import pack_kv_pages
+
+    rng = np.random.default_rng(4)
+    kv_pages = jnp.asarray(rng.standard_normal((12, 16, 2 * num_kv_heads, head_dim)).astype(dtype))
+    k, v = (jnp.asarray(a) for a in rng.standard_normal((2, 40, num_kv_heads, head_dim)).astype(dtype))
+    slots = jnp.asarray(np.concatenate([np.arange(21, 50), [70, 130, 160], [0] * 8]).astype(np.int32))
+    out = write_kv_pages_tpu(pack_kv_pages(kv_pages), k, v, slots, tokens_per_tile=16,
+                             interpret=pltpu.InterpretParams(detect_races=True, dma_execution_mode="on_wait"))
+    expected = pack_kv_pages(jnp.asarray(write_kv_spec(kv_pages, k, v, slots)))
+    np.testing.assert_array_equal(np.asarray(out)[1:], np.asarray(expected)[1:])

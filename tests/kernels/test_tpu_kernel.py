@@ -12,7 +12,7 @@ from jax.experimental.pallas import tpu as pltpu
 from pallas_kernels.ragged_paged_attention.metadata import AttentionMetadata
 from pallas_kernels.ragged_paged_attention.tpu import ragged_paged_attention_tpu
 from pallas_kernels.ragged_paged_attention.xla import ragged_paged_attention_xla
-from tests.kernels.conftest import check_kernel_config
+from tests.kernels.conftest import abstract_step, check_kernel_config
 
 # (page_size, head_dim, num_q_heads, num_kv_heads, dtype, kernel options): every page size, head dim,
 # GQA ratio and dtype at least once; the full product is the slow sweep below.
@@ -66,19 +66,17 @@ def test_tpu_kernel_reads_stacked_layers(scenarios):
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_tpu_kernel_lowers_to_mosaic(dtype, monkeypatch):
-    """Pallas' Mosaic lowering accepts the kernel (TPU v5e rules); only libtpu's passes remain."""
+    """Pallas' Mosaic lowering accepts both kernels (TPU v5e rules); only libtpu's passes remain."""
     from jax._src.pallas.mosaic import tpu_info
 
     monkeypatch.setitem(tpu_info.registry, jax.devices()[0].device_kind, lambda: (
         tpu_info.get_tpu_info_for_chip(tpu_info.ChipVersion.TPU_V5E, 1)))
-    q = jax.ShapeDtypeStruct((64, 8, 128), dtype)
-    kv_pages = jax.ShapeDtypeStruct((32, 16, 4, 128), dtype)
-    metadata = AttentionMetadata(*[jax.ShapeDtypeStruct(shape, jnp.int32)
-                                   for shape in ((64,), (4,), (4, 8), (5,), (1,))])
-    attend = jax.jit(functools.partial(ragged_paged_attention_tpu, sm_scale=0.1,
-                                       sliding_window=64, soft_cap=30.0))
-    lowered = attend.trace(q, kv_pages, metadata).lower(lowering_platforms=("tpu",))
-    assert "tpu_custom_call" in lowered.as_text()
+    attend, args = abstract_step(functools.partial(ragged_paged_attention_tpu, sm_scale=0.1, sliding_window=64,
+                                                   soft_cap=30.0),
+                                 num_tokens=64, num_q_heads=8, head_dim=128, num_pages=32, page_size=16,
+                                 kv_heads_x2=4, max_num_seqs=4, pages_per_seq=8, dtype=dtype)
+    lowered = attend.trace(*args).lower(lowering_platforms=("tpu",))
+    assert lowered.as_text().count("tpu_custom_call") == 2  # decode and tile kernel, one lax.cond
 
 
 def test_tpu_kernel_rejects_misaligned_blocks():

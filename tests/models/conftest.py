@@ -1,17 +1,20 @@
 """Tiny random-weight HF checkpoints of each supported family, written with save_pretrained."""
 
+from typing import Any
+
 import pytest
 import torch
 import transformers
 
-TINY = dict(vocab_size=160, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16, max_position_embeddings=256, rms_norm_eps=1e-5)
+TINY: dict[str, Any] = dict(vocab_size=160, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+                            rms_norm_eps=1e-5)
 
 FAMILIES = {
     "llama": lambda: transformers.LlamaConfig(
-        **TINY, tie_word_embeddings=False,
-        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                      "original_max_position_embeddings": 32, "rope_theta": 10000.0}),
+        **TINY, tie_word_embeddings=False,  # rope_parameters: transformers 5's name of the deprecated rope_scaling
+        rope_parameters={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 32, "rope_theta": 10000.0}),
     "mistral": lambda: transformers.MistralConfig(**TINY, tie_word_embeddings=False, sliding_window=None),
     "qwen2": lambda: transformers.Qwen2Config(**TINY, tie_word_embeddings=True),
     "qwen3": lambda: transformers.Qwen3Config(**TINY, tie_word_embeddings=True),

@@ -30,6 +30,14 @@ def row(seed: int = 0, prompt=(1, 2, 3), output=(), suppress=(), **params) -> Sa
     return SamplingRow(SamplingParams(**params), seed, list(prompt), list(output), list(suppress))
 
 
+def row_with_unchecked_seed(seed: object) -> SamplingRow:
+    """A row whose seed is not an int: set after construction, past the dataclass's own (run-time) type check,
+    so the builder's validation is what rejects it."""
+    bad = row()
+    object.__setattr__(bad, "seed", seed)  # frozen dataclass
+    return bad
+
+
 def run(rows, logits, num_rows_padded: int = NUM_ROWS):
     """Builds the batch, picks its flags and samples; returns numpy outputs and the flags."""
     batch = build_sampling_batch(rows, num_rows_padded, logits.shape[1])
@@ -299,6 +307,7 @@ def test_padded_rows_are_harmless():
     assert np.all(batch.temperatures[3:] == 0) and np.all(batch.top_ks[3:] == 0)
     assert np.all(batch.top_ps[3:] == 1) and np.all(batch.min_ps[3:] == 0)
     assert np.all(batch.repetition_penalties[3:] == 1) and np.all(batch.num_top_logprobs[3:] == 0)
+    assert batch.output_token_counts is not None and batch.logit_bias is not None  # a row has penalties
     assert not batch.output_token_counts[3:].any() and not batch.logit_bias[3:].any()
     logits = random_logits(NUM_ROWS, seed=8)
     clean, _ = run(rows, logits)
@@ -345,9 +354,9 @@ def test_new_parameter_values_do_not_recompile():
     """Only the row bucket, vocabulary size and flags are static: new values reuse the compiled sampler."""
     logits = random_logits(NUM_ROWS, seed=10)
     run([row(seed=1, top_p=0.5, temperature=0.3)], logits)
-    num_compiled = sample._cache_size()
+    num_compiled = sample._cache_size()  # pyright: ignore[reportAttributeAccessIssue]  (private jax API)
     run([row(seed=2**40 + 5, top_k=7, temperature=2.0, min_p=0.1, output=[1, 2])] * 5, logits)
-    assert sample._cache_size() == num_compiled
+    assert sample._cache_size() == num_compiled  # pyright: ignore[reportAttributeAccessIssue]
 
 
 def test_split_seed_takes_the_seed_modulo_2_64():
@@ -360,8 +369,8 @@ def test_split_seed_takes_the_seed_modulo_2_64():
 
 @pytest.mark.parametrize("field,rows,num_rows_padded", [
     ("num_rows_padded", [row()] * 3, 2),
-    ("seed", [SamplingRow(SamplingParams(), None, [1], [])], 4),
-    ("seed", [SamplingRow(SamplingParams(), True, [1], [])], 4),
+    ("seed", [row_with_unchecked_seed(None)], 4),
+    ("seed", [row_with_unchecked_seed(True)], 4),
     ("prompt_token_ids", [row(prompt=[1, VOCAB_SIZE], repetition_penalty=1.2)], 4),
     ("output_token_ids", [row(output=[-1], frequency_penalty=0.1)], 4),
     ("logit_bias", [row(logit_bias={VOCAB_SIZE: 1.0})], 4),

@@ -44,7 +44,7 @@ def wait_until_idle(engine: AsyncLLMEngine, timeout_s: float = IDLE_TIMEOUT_S) -
     deadline = time.monotonic() + timeout_s
     while True:
         stats = engine.get_stats()
-        if (engine.num_unfinished_seqs == 0 and stats.num_running == 0 and stats.num_waiting == 0
+        if (stats is not None and engine.num_unfinished_seqs == 0 and stats.num_running == 0 and stats.num_waiting == 0
                 and stats.kv_cache_usage == 0.0):
             return
         if time.monotonic() > deadline:

@@ -39,7 +39,7 @@ def test_right_key_works_and_probes_stay_open(auth_server, model_name, caplog):
     client = openai.OpenAI(base_url=auth_server.base_url + "/v1", api_key=API_KEY, max_retries=0, timeout=60)
     assert [model.id for model in client.models.list()] == [model_name]
     result = client.completions.create(model=model_name, prompt="hi", max_tokens=2)
-    assert result.usage.completion_tokens >= 1
+    assert result.usage is not None and result.usage.completion_tokens >= 1
     chat = client.chat.completions.create(model=model_name, messages=[{"role": "user", "content": "hi"}],
                                           max_tokens=2)
     assert chat.choices[0].message.role == "assistant"
@@ -58,7 +58,7 @@ def test_key_hidden_from_repr_and_compared_by_digest():
     """ServerSettings' repr hides the key; the check accepts only the exact header value."""
     settings = ServerSettings(api_key=API_KEY)
     assert API_KEY not in repr(settings) and "<set>" in repr(settings)
-    middleware = BearerAuthMiddleware(app=None, api_key=API_KEY)
+    middleware = BearerAuthMiddleware(app=None, api_key=API_KEY)  # pyright: ignore[reportArgumentType]  (no app needed)
     assert middleware.is_authorized(f"Bearer {API_KEY}".encode())
     assert not middleware.is_authorized(f"Bearer {API_KEY[:-1]}".encode())
     assert not middleware.is_authorized(b"")

@@ -52,4 +52,5 @@ def test_overloaded_openai_client_sees_rate_limit(overload_server, async_engine,
     # 33 prompts alone need more sequence slots than the engine has: one would have to wait.
     with pytest.raises(openai.RateLimitError):
         client.completions.create(model=model_name, prompt=["hi"] * 33, max_tokens=1)
-    assert client.completions.create(model=model_name, prompt="hi", max_tokens=1).usage.completion_tokens == 1
+    usage = client.completions.create(model=model_name, prompt="hi", max_tokens=1).usage
+    assert usage is not None and usage.completion_tokens == 1

@@ -33,7 +33,7 @@ def test_value_error_message_loses_the_echoed_value():
 
 def test_validation_error_names_nested_field_without_input():
     """Pydantic's first error becomes "messages[0].role: ..." with no trace of the input."""
-    with pytest.raises(Exception) as caught:
+    with pytest.raises(APIError) as caught:
         parse_model(ChatCompletionRequest, {"messages": [{"role": "wizard-SECRET", "content": "x"}]})
     error = caught.value
     assert error.status_code == 400 and error.param == "messages[0].role"
@@ -59,7 +59,7 @@ def test_resolve_max_tokens_fits(num_prompt, requested, default, expected):
 @pytest.mark.parametrize("num_prompt, requested", [(512, None), (600, 1), (10, 503), (0, 1)])
 def test_resolve_max_tokens_rejects(num_prompt, requested):
     """No room, a prompt over the limit, prompt + max_tokens over it, or an empty prompt: 400."""
-    with pytest.raises(Exception) as caught:
+    with pytest.raises(APIError) as caught:
         resolve_max_tokens(requested, 16, num_prompt, 512)
     assert caught.value.status_code == 400
 
@@ -68,11 +68,14 @@ def test_sample_progress_sends_differences():
     """Deltas of cumulative outputs: held-back text waits, tokens are counted once, the finish is sent once."""
     progress = SampleProgress()
     first = progress.advance(_sample("Hel", [1]), with_logprobs=False)
+    assert first is not None
     assert (first.text, first.start_token, first.end_token, first.finish_reason) == ("Hel", 0, 1, None)
     assert progress.advance(_sample("Hel", [1, 2]), with_logprobs=False) is None  # text held back
     second = progress.advance(_sample("Hello", [1, 2, 3]), with_logprobs=False)
+    assert second is not None
     assert (second.text, second.start_token, second.end_token) == ("lo", 1, 3)
     last = progress.advance(_sample("Hello", [1, 2, 3, 4], "stop"), with_logprobs=False)
+    assert last is not None
     assert (last.text, last.finish_reason) == ("", "stop")
     assert progress.advance(_sample("Hello", [1, 2, 3, 4], "stop"), with_logprobs=False) is None
 

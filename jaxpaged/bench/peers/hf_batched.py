@@ -63,7 +63,8 @@ def _run_batch(peer: HFPeerModel, batch: list[BenchRequest], sampling: SamplingC
     input_ids, attention_mask = left_pad([r.prompt_token_ids for r in batch], peer.pad_token_id)
     clock = _StepClock()
     with torch.inference_mode():
-        sequences = peer.model.generate(
+        # transformers' stub: its own GenerativePreTrainedModel protocol rejects what from_pretrained returns
+        sequences = peer.model.generate(  # pyright: ignore[reportAttributeAccessIssue]
             input_ids=input_ids, attention_mask=attention_mask, logits_processor=LogitsProcessorList([clock]),
             **_generation_kwargs(peer, sampling, max(r.max_tokens for r in batch)))
     new_tokens = sequences[:, input_ids.shape[1]:].tolist()

@@ -28,7 +28,8 @@ class LlamaCppPeer:
     def __init__(self, model: Optional[str], options: dict):
         if not llama_cpp_available():
             raise PeerUnavailable("llama-cpp-python is not installed")
-        from llama_cpp import Llama
+        # optional package, not installed here: pyright resolves the name to this very module (same file name)
+        from llama_cpp import Llama  # pyright: ignore[reportAttributeAccessIssue]
 
         settings = {"n_ctx": 2048, "n_batch": 512, "verbose": False, **options}
         self.llm = Llama(model_path=str(gguf_path(model)), **settings)
@@ -37,7 +38,7 @@ class LlamaCppPeer:
 
 def _run_request(peer: LlamaCppPeer, request: BenchRequest, sampling: SamplingConfig, arrival: float,
                  timings: list[RequestTiming]) -> None:
-    from llama_cpp import LogitsProcessorList
+    from llama_cpp import LogitsProcessorList  # pyright: ignore[reportAttributeAccessIssue]  (as in __init__)
 
     def mask_eos(input_ids, scores):
         scores[peer.eos_token_id] = -math.inf

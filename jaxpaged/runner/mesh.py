@@ -1,0 +1,133 @@
+"""The device mesh of one engine rank, and where every array of the step lives on it.
+
+The only module that knows the axis names. A rank's mesh has axes ("data", "model") with shape (1, tp): data
+parallelism is one rank per device group (each with its own page pool and scheduler, see engine.py), tensor
+parallelism is the "model" axis, Megatron style:
+  - q/k/v and gate/up are column-parallel (their output axis sharded), o and down row-parallel (input axis
+    sharded), so each layer needs one all-reduce after attention and one after the MLP; XLA's SPMD partitioner
+    inserts them from these parameter shardings.
+  - The embedding and the vocabulary projection are sharded on the vocabulary; only the sampled rows' logits
+    are gathered (the step's output is those rows).
+  - The paged KV cache is sharded on its kv-head axis. K/V of head h sit at 2h and 2h+1, so a contiguous shard
+    of the 2 * kv_heads axis holds whole (K, V) pairs. With fewer KV heads than tp, each KV head is repeated at
+    load time (never per step) so every shard owns exactly one.
+  - Attention runs per shard inside shard_map: every backend (Pallas kernels included) sees only its heads.
+"""
+
+import dataclasses
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any, Optional
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jaxpaged.models.model_config import ModelConfig
+
+DATA_AXIS, MODEL_AXIS = "data", "model"
+
+# Parameter name (after "layers.") -> which axis of the unstacked weight is split over MODEL_AXIS.
+_COLUMN_PARALLEL = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")  # [hidden, out]: out is split
+_ROW_PARALLEL = ("o_proj", "down_proj")                                     # [in, hidden]: in is split
+_HEAD_BIASES = ("q_bias", "k_bias", "v_bias")                               # [heads * head_dim]: split
+
+
+def check_parallel_layout(model: ModelConfig, tensor_parallel_size: int, data_parallel_size: int,
+                          num_devices: int) -> None:
+    """ValueError naming the option, the model's head counts and the device count when a layout cannot work."""
+    heads = f"(model: {model.num_q_heads} q heads, {model.num_kv_heads} kv heads; {num_devices} devices)"
+    tp, dp = tensor_parallel_size, data_parallel_size
+    if tp * dp > num_devices:
+        raise ValueError(f"tensor_parallel_size: tensor_parallel_size ({tp}) x data_parallel_size ({dp}) = "
+                         f"{tp * dp} devices are needed, but only {num_devices} exist {heads}")
+    if model.num_q_heads % tp:
+        raise ValueError(f"tensor_parallel_size: {tp} must divide the number of q heads {heads}")
+    if model.num_kv_heads % tp and tp % model.num_kv_heads:
+        raise ValueError(f"tensor_parallel_size: {tp} must divide the number of kv heads, or be a multiple of it "
+                         f"so each kv head is replicated evenly {heads}")
+    if model.intermediate_size % tp:
+        raise ValueError(f"tensor_parallel_size: {tp} must divide the MLP's intermediate size "
+                         f"{model.intermediate_size} {heads}")
+
+
+def rank_meshes(tensor_parallel_size: int, data_parallel_size: int,
+                devices: Optional[Sequence[Any]] = None) -> list[Mesh]:
+    """One (1, tp) mesh per data-parallel rank, over the first dp * tp devices in order."""
+    devices = list(jax.devices() if devices is None else devices)
+    tp = tensor_parallel_size
+    return [Mesh(np.array(devices[rank * tp:(rank + 1) * tp]).reshape(1, tp), (DATA_AXIS, MODEL_AXIS))
+            for rank in range(data_parallel_size)]
+
+
+def replicate_kv_heads(params: dict[str, np.ndarray], model: ModelConfig,
+                       tensor_parallel_size: int) -> tuple[dict[str, np.ndarray], ModelConfig]:
+    """Repeat each KV head tp / kv_heads times (in k/v projections and biases) when tp exceeds the kv heads.
+
+    New kv head j is old head j // repeats, and q head i reads new kv head i // (group / repeats), which is old
+    head i // group: attention is unchanged, and every model shard now owns one whole KV head.
+    """
+    if model.num_kv_heads >= tensor_parallel_size:
+        return params, model
+    repeats = tensor_parallel_size // model.num_kv_heads
+    head_dim = model.head_dim
+    out = dict(params)
+    for name in ("layers.k_proj", "layers.v_proj", "layers.k_bias", "layers.v_bias"):
+        if name in params:
+            weight = params[name]
+            heads = weight.reshape(*weight.shape[:-1], model.num_kv_heads, head_dim)
+            out[name] = np.repeat(heads, repeats, axis=-2).reshape(*weight.shape[:-1], -1)
+    return out, dataclasses.replace(model, num_kv_heads=model.num_kv_heads * repeats)
+
+
+def param_partition_spec(name: str, shape: tuple[int, ...], model: ModelConfig, tp: int) -> P:
+    """The PartitionSpec of one parameter (stacked layer weights have a leading, unsplit layer axis)."""
+    if name.startswith("layers."):
+        base = name[len("layers."):]
+        if base in _COLUMN_PARALLEL or base in _HEAD_BIASES:
+            return P(*([None] * (len(shape) - 1)), MODEL_AXIS)
+        if base in _ROW_PARALLEL:
+            return P(None, MODEL_AXIS, None)
+        return P()  # norms: tiny, every shard needs them whole
+    if name == "embed" and model.vocab_size % tp == 0:
+        return P(MODEL_AXIS, None)
+    if name == "lm_head" and model.vocab_size % tp == 0:
+        return P(None, MODEL_AXIS)
+    return P()  # a vocabulary tp does not divide: replicated (small models only)
+
+
+def kv_cache_spec() -> P:
+    """[layers, blocks, block_size, 2 * kv_heads, head_dim]: split on the kv-head axis."""
+    return P(None, None, None, MODEL_AXIS, None)
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    """Every device of the rank holds the whole array (step inputs, logits, sampler batches)."""
+    return NamedSharding(mesh, P())
+
+
+def place_params(params: dict[str, np.ndarray], model: ModelConfig, mesh: Mesh, dtype) -> dict[str, jax.Array]:
+    """Each device receives only its shard, converted to `dtype` slice by slice (no whole-model copy)."""
+    tp = mesh.shape[MODEL_AXIS]
+    placed = {}
+    for name, value in params.items():
+        sharding = NamedSharding(mesh, param_partition_spec(name, value.shape, model, tp))
+        placed[name] = jax.make_array_from_callback(
+            value.shape, sharding, lambda index, value=value: np.asarray(value[index], dtype=dtype))
+    return placed
+
+
+def shard_attention(attend: Callable, mesh: Mesh) -> Callable:
+    """Run `attend(q, k, v, kv_pages, first_page, metadata, **static)` per model shard: each sees its heads."""
+    heads = P(None, MODEL_AXIS, None)
+    pages = P(None, None, MODEL_AXIS, None)
+
+    def per_shard(q, k, v, kv_pages, first_page, metadata, **static):
+        body = functools.partial(attend, **static)
+        # NOTE: check_vma=False because Pallas kernels in interpret mode carry no varying-axes annotations.
+        mapped = jax.shard_map(body, mesh=mesh, in_specs=(heads, heads, heads, pages, P(), P()),
+                               out_specs=(heads, pages), check_vma=False)
+        return mapped(q, k, v, kv_pages, first_page, metadata)
+
+    return per_shard

@@ -1,0 +1,193 @@
+"""Per-backend KV cache layouts: the shape a backend wants, its physical bytes, and how kernels read it.
+
+"interleaved" (every backend accepts it; xla.py, gpu.py and spec.py use only it):
+  per layer [num_pages, page_size, 2 * num_kv_heads, head_dim], K of head h at 2h, V at 2h + 1.
+  On TPU HBM/VMEM the last two dims are tiled (8 * packing sublanes, 128 lanes): 6 heads of head_dim
+  64 in bfloat16 occupy a 16 x 128 tile, 5.3x their logical bytes.
+
+"packed" (TPU only): per layer uint32 words [num_pages, page_size * rows_per_token, 128]. A token is
+  a list of 128-lane *vectors* of the cache dtype: for head_dim 64, vector h = [K_h | V_h] side by
+  side; for head_dim a multiple of 128, K_h's lane tiles then V_h's. Consecutive vectors share 32-bit
+  words: bfloat16 packs vector 2j in the low and 2j+1 in the high 16 bits (so with head_dim 128, K_h
+  and V_h share word row h); float32 has one vector per row. Rows are whole tiles, so no padding:
+  physical bytes == logical bytes (up to an odd head count in bfloat16). Kernels load a vector with
+  one sublane-strided uint32 load (stride rows_per_token) and split halves with shifts and bitcasts.
+
+The runner should allocate cache_shape(...) of the chosen backend and size the pool by
+physical_bytes(...); pack_kv_pages / unpack_kv_pages convert between the two layouts (tests, tools).
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, UInt32
+
+LANES = 128
+LAYOUTS = ("interleaved", "packed")
+
+
+@dataclasses.dataclass(frozen=True)
+class PackedLayout:
+    """Where each head's K and V sit in a token's uint32 rows (static; hashable)."""
+
+    num_kv_heads: int
+    head_dim: int
+    dtype_name: str
+
+    def __post_init__(self):
+        if self.head_dim != 64 and self.head_dim % LANES:
+            raise ValueError(f"head_dim: the packed TPU layout needs 64 or a multiple of 128, got {self.head_dim}")
+        if self.dtype_name not in ("float32", "bfloat16"):
+            raise ValueError(f"dtype: the packed TPU layout holds float32 or bfloat16, got {self.dtype_name}")
+
+    @property
+    def dtype(self):
+        return jnp.dtype(self.dtype_name)
+
+    @property
+    def packing(self) -> int:
+        """Vectors per 32-bit word row."""
+        return 4 // self.dtype.itemsize
+
+    @property
+    def combined(self) -> bool:
+        """head_dim 64: K_h and V_h side by side in one vector (q is zero-padded to 128 lanes)."""
+        return self.head_dim == 64
+
+    @property
+    def lane_tiles(self) -> int:
+        return 1 if self.combined else self.head_dim // LANES
+
+    @property
+    def vectors_per_token(self) -> int:
+        return self.num_kv_heads * (1 if self.combined else 2 * self.lane_tiles)
+
+    @property
+    def rows_per_token(self) -> int:
+        return -(-self.vectors_per_token // self.packing)
+
+    def key_vectors(self, head: int) -> list[int]:
+        """Vector indices holding K of `head` (for combined: its [K | V] vector)."""
+        if self.combined:
+            return [head]
+        return [2 * head * self.lane_tiles + t for t in range(self.lane_tiles)]
+
+    def value_vectors(self, head: int) -> list[int]:
+        if self.combined:
+            return [head]
+        return [(2 * head + 1) * self.lane_tiles + t for t in range(self.lane_tiles)]
+
+
+def packed_layout_for(num_kv_heads: int, head_dim: int, dtype) -> PackedLayout:
+    return PackedLayout(num_kv_heads, head_dim, jnp.dtype(dtype).name)
+
+
+def cache_shape(num_pages: int, page_size: int, num_kv_heads: int, head_dim: int, dtype, layout: str):
+    """(shape, dtype) of one layer's cache in `layout`; the runner stacks layers on a new axis 0."""
+    if layout == "interleaved":
+        return (num_pages, page_size, 2 * num_kv_heads, head_dim), jnp.dtype(dtype)
+    if layout == "packed":
+        rows = packed_layout_for(num_kv_heads, head_dim, dtype).rows_per_token
+        return (num_pages, page_size * rows, LANES), jnp.dtype(jnp.uint32)
+    raise ValueError(f"layout: must be one of {LAYOUTS}, got {layout!r}")
+
+
+def physical_bytes(shape, dtype, platform: str) -> int:
+    """Bytes an array occupies on `platform`: TPU pads its last two dims to (8 * packing, 128) tiles."""
+    itemsize = jnp.dtype(dtype).itemsize
+    if platform != "tpu" or len(shape) < 2:
+        return int(np.prod(shape)) * itemsize
+    sublanes = 8 * max(1, 4 // itemsize)
+    *lead, rows, lanes = shape
+    return int(np.prod(lead)) * (-(-rows // sublanes) * sublanes) * (-(-lanes // LANES) * LANES) * itemsize
+
+
+def _vectors(kv_pages: Float[Array, "num_pages page_size kv_heads_x2 head_dim"], layout: PackedLayout):
+    """[num_pages, page_size, vectors_per_token, 128] of the cache dtype, in the packed order."""
+    num_pages, page_size, kv_heads_x2, head_dim = kv_pages.shape
+    keys, values = kv_pages[:, :, 0::2], kv_pages[:, :, 1::2]
+    if layout.combined:
+        return jnp.concatenate([keys, values], axis=-1)
+    split = lambda x: x.reshape(num_pages, page_size, kv_heads_x2 // 2, 1, layout.lane_tiles, LANES)  # noqa: E731
+    return jnp.concatenate([split(keys), split(values)], axis=3).reshape(num_pages, page_size, -1, LANES)
+
+
+def pack_kv_pages(kv_pages: Float[Array, "num_pages page_size kv_heads_x2 head_dim"]
+                  ) -> UInt32[Array, "num_pages rows lanes"]:
+    """The interleaved cache in the packed layout (a full copy: for tests, tools and migration)."""
+    num_pages, page_size, kv_heads_x2, head_dim = kv_pages.shape
+    layout = packed_layout_for(kv_heads_x2 // 2, head_dim, kv_pages.dtype)
+    vectors = _vectors(kv_pages, layout)
+    padded = layout.rows_per_token * layout.packing
+    vectors = jnp.pad(vectors, ((0, 0), (0, 0), (0, padded - vectors.shape[2]), (0, 0)))
+    if layout.packing == 1:
+        words = jax.lax.bitcast_convert_type(vectors, jnp.uint32)
+    else:
+        halves = jax.lax.bitcast_convert_type(vectors, jnp.uint16).astype(jnp.uint32)
+        halves = halves.reshape(num_pages, page_size, layout.rows_per_token, 2, LANES)
+        words = halves[:, :, :, 0] | (halves[:, :, :, 1] << 16)
+    return words.reshape(num_pages, page_size * layout.rows_per_token, LANES)
+
+
+def unpack_kv_pages(words: UInt32[Array, "num_pages rows lanes"], num_kv_heads: int, head_dim: int,
+                    dtype) -> Float[Array, "num_pages page_size kv_heads_x2 head_dim"]:
+    """Inverse of pack_kv_pages."""
+    layout = packed_layout_for(num_kv_heads, head_dim, dtype)
+    num_pages = words.shape[0]
+    page_size = words.shape[1] // layout.rows_per_token
+    words = words.reshape(num_pages, page_size, layout.rows_per_token, 1, LANES)
+    if layout.packing == 1:
+        vectors = jax.lax.bitcast_convert_type(words[:, :, :, 0], layout.dtype)
+    else:
+        halves = jnp.concatenate([words & 0xFFFF, words >> 16], axis=3).astype(jnp.uint16)
+        vectors = jax.lax.bitcast_convert_type(halves, layout.dtype).reshape(num_pages, page_size, -1, LANES)
+    vectors = vectors[:, :, :layout.vectors_per_token]
+    if layout.combined:
+        keys, values = vectors[..., :head_dim], vectors[..., head_dim:]
+    else:
+        per_head = vectors.reshape(num_pages, page_size, num_kv_heads, 2, head_dim)
+        keys, values = per_head[:, :, :, 0], per_head[:, :, :, 1]
+    return jnp.stack([keys, values], axis=3).reshape(num_pages, page_size, 2 * num_kv_heads, head_dim)
+
+
+# --- In-kernel access (Mosaic): both TPU kernels read pages through these. -------------------------------
+
+def rows_per_token(layout) -> int:
+    """Rows along the VMEM buffer's axis 1 per token: 1 for interleaved ([tokens, 2kv, d] buffers)."""
+    return 1 if layout is None else layout.rows_per_token
+
+
+def kv_scratch_shape(layout, block_tokens: int, kv_heads_x2: int, head_dim: int, dtype):
+    """(shape, dtype) of the double-buffered VMEM block both kernels DMA pages into."""
+    if layout is None:
+        return (2, block_tokens, kv_heads_x2, head_dim), dtype
+    return (2, block_tokens * layout.rows_per_token, LANES), jnp.uint32
+
+
+def load_vector(buf_ref, slot, index: int, layout: PackedLayout, num_tokens: int):
+    """Vector `index` of every token in the slot: one sublane-strided uint32 load, then its half."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    rows = buf_ref[slot, pl.ds(index // layout.packing, num_tokens, stride=layout.rows_per_token), :]
+    if layout.packing == 1:
+        return pltpu.bitcast(rows, jnp.float32)
+    half = rows >> 16 if index % 2 else rows & jnp.uint32(0xFFFF)
+    return pltpu.bitcast(half.astype(jnp.uint16), jnp.bfloat16)
+
+
+def load_head(buf_ref, slot, head: int, layout, num_tokens: int):
+    """(keys, values) of one KV head for every token of the slot, [num_tokens, lanes] each.
+
+    Interleaved: sublane 2h / 2h + 1 of the [tokens, 2kv, d] buffer. Packed with head_dim 64: keys and
+    values are the same [K | V] vector (q is zero-padded past lane 64, the output read from lane 64).
+    """
+    if layout is None:
+        return buf_ref[slot, :, 2 * head, :], buf_ref[slot, :, 2 * head + 1, :]
+    vectors = {i: load_vector(buf_ref, slot, i, layout, num_tokens)
+               for i in sorted(set(layout.key_vectors(head) + layout.value_vectors(head)))}
+    join = lambda indices: (vectors[indices[0]] if len(indices) == 1  # noqa: E731
+                            else jnp.concatenate([vectors[i] for i in indices], axis=1))
+    return join(layout.key_vectors(head)), join(layout.value_vectors(head))

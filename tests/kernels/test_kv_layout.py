@@ -1,0 +1,70 @@
+"""The packed TPU KV layout: exact round trip, physical bytes, and the dispatch path that reads and writes it."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels.ragged_paged_attention import ragged_paged_attention, write_kv
+from pallas_kernels.ragged_paged_attention.example_batch import make_ragged_batch
+from pallas_kernels.ragged_paged_attention.kv_layout import (
+    cache_shape,
+    pack_kv_pages,
+    physical_bytes,
+    unpack_kv_pages,
+)
+
+
+@pytest.mark.parametrize("num_kv_heads,head_dim,dtype", [(3, 64, jnp.float32), (3, 64, jnp.bfloat16),
+                                                         (8, 128, jnp.bfloat16), (2, 256, jnp.float32)])
+def test_pack_round_trips_exactly(num_kv_heads, head_dim, dtype):
+    """unpack(pack(cache)) == cache bit for bit, and pack gives cache_shape's shape and dtype."""
+    kv_pages = jax.random.normal(jax.random.key(0), (3, 16, 2 * num_kv_heads, head_dim), dtype)
+    words = pack_kv_pages(kv_pages)
+    assert (words.shape, words.dtype) == cache_shape(3, 16, num_kv_heads, head_dim, dtype, "packed")
+    assert jnp.array_equal(unpack_kv_pages(words, num_kv_heads, head_dim, dtype), kv_pages)
+
+
+def test_bfloat16_head_dim_128_shares_words_between_k_and_v():
+    """Word row h of a token holds K_h in its low and V_h in its high 16 bits."""
+    kv_pages = jax.random.normal(jax.random.key(1), (1, 16, 4, 128), jnp.bfloat16)
+    words = pack_kv_pages(kv_pages).reshape(1, 16, 2, 128)
+    half = lambda w: jax.lax.bitcast_convert_type(w.astype(jnp.uint16), jnp.bfloat16)  # noqa: E731
+    assert jnp.array_equal(half(words[:, :, 1] & 0xFFFF), kv_pages[:, :, 2])
+    assert jnp.array_equal(half(words[:, :, 1] >> 16), kv_pages[:, :, 3])
+
+
+@pytest.mark.parametrize("num_kv_heads,head_dim,dtype,interleaved_ratio", [
+    (3, 64, jnp.bfloat16, 16 * 128 / (6 * 64)),  # 6 heads x 64 lanes padded to a 16 x 128 tile
+    (8, 128, jnp.bfloat16, 1.0), (3, 64, jnp.float32, 8 * 128 / (6 * 64))])
+def test_physical_bytes_count_tpu_tile_padding(num_kv_heads, head_dim, dtype, interleaved_ratio):
+    """TPU pads (sublanes, lanes) to tiles; the packed layout's physical bytes are its logical bytes."""
+    logical = 1024 * 16 * 2 * num_kv_heads * head_dim * jnp.dtype(dtype).itemsize
+    shape, kv_dtype = cache_shape(1024, 16, num_kv_heads, head_dim, dtype, "interleaved")
+    assert physical_bytes(shape, kv_dtype, "cpu") == logical
+    assert physical_bytes(shape, kv_dtype, "tpu") == logical * interleaved_ratio
+    packed = physical_bytes(*cache_shape(1024, 16, num_kv_heads, head_dim, dtype, "packed"), "tpu")
+    assert packed <= logical * (4 / 3)  # an odd bfloat16 head count leaves one half-word row per token
+
+
+@pytest.mark.parametrize("head_dim,dtype", [(64, jnp.bfloat16)])
+def test_dispatch_packed_write_then_attend_matches_xla(head_dim, dtype):
+    """The model's two calls on a packed cache (pallas_tpu, interpreter) equal xla on the interleaved one."""
+    batch = make_ragged_batch([5, 1, 1], [40, 20, 33], num_q_heads=6, num_kv_heads=3 if head_dim == 64 else 2,
+                              head_dim=head_dim, page_size=16, dtype=dtype, num_tokens=8, max_num_seqs=3, seed=2)
+    q, kv_pages, metadata = batch.attention_args()
+    num_kv_heads = kv_pages.shape[2] // 2
+    rng = np.random.default_rng(0)
+    k, v = (jnp.asarray(a.astype(dtype)) for a in rng.standard_normal((2, 8, num_kv_heads, head_dim)))
+    metadata = dataclasses.replace(metadata, slot_mapping=jnp.asarray(batch.slot_mapping))
+    expected_pages = write_kv(kv_pages, k, v, metadata, backend="xla")
+    expected = ragged_paged_attention(q, expected_pages, metadata, backend="xla", sm_scale=0.1)
+    packed = write_kv(pack_kv_pages(kv_pages), k, v, metadata, backend="pallas_tpu")
+    out = ragged_paged_attention(q, packed, metadata, backend="pallas_tpu", sm_scale=0.1, num_kv_heads=num_kv_heads)
+    tolerance = 2e-5 if dtype == jnp.float32 else 3e-2
+    np.testing.assert_allclose(np.asarray(out.astype(jnp.float32)), np.asarray(expected.astype(jnp.float32)),
+                               atol=tolerance, rtol=tolerance)
+    with pytest.raises(ValueError, match="pallas_tpu only"):
+        ragged_paged_attention(q, packed, metadata, backend="xla", sm_scale=0.1, num_kv_heads=num_kv_heads)

@@ -1,0 +1,87 @@
+"""Tensor and data parallel on forced CPU devices give the single-device engine's logits and tokens.
+
+The device count must be set before JAX starts, so each case runs parallel_worker.py in a subprocess with
+JAX_NUM_CPU_DEVICES=4 and its own timeout. Models: tiny random Llamas with (q heads, kv heads) = (8, 2) at tp 2 and
+tp 4 (each kv head replicated twice), (4, 4) at dp 2 x tp 2, and the embedded SmolLM2-135M (9, 3) at tp 3.
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import TINY_LLAMA, save_tiny_llama
+
+WORKER_TIMEOUT_S = 240
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def run_worker(model: str, layouts: list[tuple[int, int]]) -> list[dict]:
+    env = dict(os.environ, JAX_NUM_CPU_DEVICES="4", JAX_PLATFORMS="cpu")
+    # subprocess.run kills the child when the timeout expires, so no worker outlives its test.
+    done = subprocess.run([sys.executable, "-m", "tests.parallel.parallel_worker", model, json.dumps(layouts)],
+                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=WORKER_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def assert_matches_single_device(results: list[dict]) -> None:
+    for result in results:
+        layout = f"dp={result['dp']} tp={result['tp']}"
+        assert result["logits_rel_error"] < 1e-4, layout
+        assert result["greedy_identical"], layout
+        assert result["kv_shards"] == result["tp"], layout  # the KV cache really is split over the model axis
+        assert result["preemptions"] > 0, layout  # the small pool forced recompute preemption
+        assert result["compilations_while_serving"] == 0, layout
+
+
+def test_gqa_model_at_tp2_and_tp4_with_kv_head_replication(tmp_path, smollm2_tokenizer_dir):
+    model_dir = save_tiny_llama(tmp_path / "gqa", smollm2_tokenizer_dir,
+                                TINY_LLAMA | dict(hidden_size=128, num_attention_heads=8, num_key_value_heads=2))
+    assert_matches_single_device(run_worker(str(model_dir), [(1, 2), (1, 4)]))
+
+
+def test_data_parallel_routes_shared_prefixes_to_one_rank(tmp_path, smollm2_tokenizer_dir):
+    model_dir = save_tiny_llama(tmp_path / "mha", smollm2_tokenizer_dir,
+                                TINY_LLAMA | dict(num_attention_heads=4, num_key_value_heads=4))
+    (dp2, dp2_tp2) = run_worker(str(model_dir), [(2, 1), (2, 2)])
+    assert_matches_single_device([dp2_tp2])
+    for result in (dp2, dp2_tp2):
+        assert result["logits_rel_error"] == 0.0 or result["tp"] > 1
+        assert result["greedy_identical"]
+        # Three prompts share a 20-token prefix: they all run on one rank, so only that rank reports hits.
+        assert sorted(hits > 0 for hits in result["hits_per_rank"]) == [False, True], result["hits_per_rank"]
+
+
+def test_embedded_smollm2_at_tp3():
+    assert_matches_single_device(run_worker("default", [(1, 3)]))
+
+
+def test_layout_options_and_their_errors():
+    """-tp/-dp parse to vLLM's option names; impossible layouts name the option, head counts and devices."""
+    import argparse
+    import dataclasses
+
+    from jaxpaged.cli_options import add_engine_arguments, engine_options_from_args
+    from jaxpaged.config import EngineConfig
+    from jaxpaged.models.model_config import ModelConfig
+    from jaxpaged.runner.mesh import check_parallel_layout
+
+    parser = argparse.ArgumentParser()
+    add_engine_arguments(parser)
+    assert engine_options_from_args(parser.parse_args(["-tp", "2", "--data-parallel-size", "3"])) == dict(
+        tensor_parallel_size=2, data_parallel_size=3)
+    with pytest.raises(ValueError, match="tensor_parallel_size: must be a positive int"):
+        EngineConfig.from_options(tensor_parallel_size=0)
+    model = ModelConfig.from_hf(dict(TINY_LLAMA, architectures=["LlamaForCausalLM"]))  # 4 q heads, 2 kv heads
+    with pytest.raises(ValueError, match=r"tensor_parallel_size: .* 8 devices are needed, but only 4 exist "
+                                         r"\(model: 4 q heads, 2 kv heads; 4 devices\)"):
+        check_parallel_layout(model, 4, 2, num_devices=4)
+    with pytest.raises(ValueError, match="tensor_parallel_size: 3 must divide the number of q heads"):
+        check_parallel_layout(model, 3, 1, num_devices=4)
+    with pytest.raises(ValueError, match="kv heads, or be a multiple of it"):
+        check_parallel_layout(dataclasses.replace(model, num_q_heads=12, num_kv_heads=3), 2, 1, num_devices=4)
+    check_parallel_layout(model, 4, 1, num_devices=4)  # 2 kv heads at tp 4: each replicated twice
