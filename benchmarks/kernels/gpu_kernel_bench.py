@@ -22,6 +22,7 @@ import json
 import math
 import statistics
 import time
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -216,7 +217,7 @@ def section_prefill(ctx: Context) -> dict:
                                               ctx.page_size)
             sm_scale = head_dim ** -0.5
             expected = reference(q, kv_pages, metadata, sm_scale)
-            row = dict(shape=shape_name, step=step_name)
+            row: dict[str, Any] = dict(shape=shape_name, step=step_name)
             for tile_name, options in tiles.items():
                 fn = ours(ctx, sm_scale, **options)
                 row[f"ours_{tile_name}_error"] = max_error(fn(q, kv_pages, metadata), expected)
@@ -263,7 +264,7 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=20, help="back-to-back calls per timing")
     flags = parser.parse_args()
     ctx = Context(flags)
-    report = dict(jax_version=jax.__version__, backend=jax.default_backend(),
+    report: dict[str, Any] = dict(jax_version=jax.__version__, backend=jax.default_backend(),
                   device=str(jax.devices()[0].device_kind), smoke=ctx.smoke, sections={})
     print(f"jax {jax.__version__} on {report['device']}{' (SMOKE: interpret mode)' if ctx.smoke else ''}",
           flush=True)

@@ -65,18 +65,21 @@ def ragged_paged_attention(
     kv_pages may be the packed layout (backend "pallas_tpu" only; num_kv_heads required).
     """
     backend = resolve_attention_backend(backend)
-    options = dict(sm_scale=float(sm_scale), sliding_window=sliding_window,
-                   soft_cap=None if soft_cap is None else float(soft_cap))
+    sm_scale = float(sm_scale)
+    soft_cap = None if soft_cap is None else float(soft_cap)
+    options = dict(sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap)
     if kv_pages.ndim == 3:
         _require_packed(kv_pages, backend, num_kv_heads, q.shape[2], q.dtype)
+        assert num_kv_heads is not None  # _require_packed refused None
         # The interleaved twin of the packed shape carries the same checks (shapes only, nothing is read).
         page_size = kv_pages.shape[1] // _rows(num_kv_heads, q.shape[2], q.dtype)
         validate_attention_inputs(q, jnp.zeros((0, page_size, 2 * num_kv_heads, q.shape[2]), q.dtype), metadata,
-                                  **options)
+                                  sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap)
         from pallas_kernels.ragged_paged_attention.tpu import ragged_paged_attention_tpu
         return ragged_paged_attention_tpu(q, kv_pages, metadata, num_kv_heads=num_kv_heads,
                                           interpret=jax.default_backend() != "tpu", **options)
-    validate_attention_inputs(q, kv_pages, metadata, **options)
+    validate_attention_inputs(q, kv_pages, metadata, sm_scale=sm_scale, sliding_window=sliding_window,
+                              soft_cap=soft_cap)
     if backend == "xla":
         return ragged_paged_attention_xla(q, kv_pages, metadata, **options)
     if backend == "pallas_tpu":

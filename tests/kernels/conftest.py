@@ -67,7 +67,7 @@ def check_kernel_against_spec(kernel, page_size: int, head_dim: int, num_q_heads
         np.testing.assert_allclose(out, expected, atol=tolerance, rtol=tolerance, err_msg=name)
         num_real_tokens = batch.cu_q_lens[batch.num_seqs[0]]
         assert np.all(out[num_real_tokens:] == 0), f"{name}: padding rows must be zeros"
-    assert jitted_kernel._cache_size() == 1, "one compile must serve every scenario"
+    assert jitted_kernel._cache_size() == 1, "one compile must serve every scenario"  # pyright: ignore[reportAttributeAccessIssue]
 
 
 def check_kernel_config(check_kernel, kernel_fn, page_size: int, head_dim: int, num_q_heads: int,

@@ -38,7 +38,8 @@ def _check(batch, dtype, layout="interleaved", **options):
     expected = ragged_paged_attention_spec(*args, sm_scale=sm_scale)
     tolerance = TOLERANCE[jnp.dtype(dtype).name]
     np.testing.assert_allclose(np.asarray(out.astype(jnp.float32)), expected, atol=tolerance, rtol=tolerance)
-    assert not interpret_pallas_call.races.races_found
+    races = interpret_pallas_call.races
+    assert races is not None and not races.races_found
 
 
 # (shape, dtype, page_size, layout): every real shape, both dtypes and layouts, page 16 and a bigger page.

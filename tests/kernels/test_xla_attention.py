@@ -2,6 +2,7 @@
 
 import dataclasses
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -36,7 +37,7 @@ def test_xla_matches_spec_loop(num_q_heads, num_kv_heads, scenarios):
         out = np.asarray(attend(*batch.attention_args()))
         np.testing.assert_allclose(out, expected, atol=2e-5, rtol=2e-5, err_msg=name)
         assert np.all(out[batch.cu_q_lens[batch.num_seqs[0]]:] == 0), name
-    assert attend._cache_size() == 1
+    assert attend._cache_size() == 1  # pyright: ignore[reportAttributeAccessIssue]
 
 
 @pytest.mark.parametrize("page_size,head_dim", [(32, 128), (16, 32)])
@@ -124,12 +125,12 @@ def test_stacked_layers_with_offset_block_tables():
 def test_traced_metadata_compiles_once():
     """kv_lens, tables, cu_q_lens and num_seqs are traced: new values of one shape reuse the program."""
     attend = jax.jit(functools.partial(ragged_paged_attention_xla, sm_scale=0.2))
-    options = dict(num_q_heads=2, num_kv_heads=1, head_dim=32, page_size=16, num_tokens=16,
-                   max_num_seqs=4, pages_per_seq=4, num_pages=12)
+    options: dict[str, Any] = dict(num_q_heads=2, num_kv_heads=1, head_dim=32, page_size=16, num_tokens=16,
+                                   max_num_seqs=4, pages_per_seq=4, num_pages=12)
     for q_lens, kv_lens in [([1, 1], [3, 40]), ([5, 1, 2], [20, 17, 33]), ([9], [60])]:
         batch = make_ragged_batch(q_lens, kv_lens, **options)
         attend(*batch.attention_args())
-    assert attend._cache_size() == 1
+    assert attend._cache_size() == 1  # pyright: ignore[reportAttributeAccessIssue]
 
 
 @pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16])
