@@ -142,6 +142,19 @@ class AsyncLLMEngine:
         if self._thread is not None:
             self._thread.join(timeout_s)
 
+    def abandon(self, error: BaseException) -> None:
+        """Ends every request in flight with `error`, from another thread, when the loop thread is stuck for good
+        (a collective waiting on a hung host). The engine must not be used again; the caller exits soon."""
+        # NOTE: _fail_all touches state the loop thread owns; it is safe here only because that thread is
+        # blocked inside the engine and the process exits before it could return.
+        self._error = error
+        self._fail_all(EngineDeadError(str(error)))
+
+    @property
+    def error(self) -> Optional[BaseException]:
+        """What stopped the loop (None while it runs, and after a clean shutdown)."""
+        return self._error
+
     @property
     def is_alive(self) -> bool:
         """True while the loop thread runs and no engine step has failed."""
@@ -199,6 +212,9 @@ class AsyncLLMEngine:
                     self._stats = self.engine.get_stats()
                     self._num_left_waiting = self._stats.num_waiting
                     self._dispatch(outputs)
+                else:
+                    self.engine.heartbeat()
+            self.engine.close()
         except BaseException as error:  # an engine failure must not hang the clients: fail them all
             logger.exception("engine loop failed; failing every request in flight")
             self._error = error

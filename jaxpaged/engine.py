@@ -3,6 +3,8 @@
 Not thread-safe: the server's async engine owns it from a single loop thread.
 """
 
+import contextlib
+import functools
 import random
 import time
 from collections.abc import Iterable
@@ -19,11 +21,12 @@ from jaxpaged.core.scheduler_output import SchedulerOutput
 from jaxpaged.detokenizer import IncrementalDetokenizer
 from jaxpaged.engine_stats import EngineStats
 from jaxpaged.inputs import PromptInput, parse_prompt
+from jaxpaged.multihost.leader import FollowerLink
+from jaxpaged.multihost.runtime import DEFAULT_TIMEOUT_S, is_multi_process
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.request_group import RequestGroup, Sample
 from jaxpaged.runner import compile_counter
-from jaxpaged.runner.mesh import check_parallel_layout, rank_meshes
-from jaxpaged.runner.model_runner import ModelRunner
+from jaxpaged.runner.model_runner import build_rank_runners
 from jaxpaged.runner.step_result import StepResult
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.weights.loader import LoadedModel, load_model
@@ -32,7 +35,9 @@ from jaxpaged.weights.loader import LoadedModel, load_model
 class LLMEngine:
     """Requests in, RequestOutputs out, one step at a time."""
 
-    def __init__(self, loaded: LoadedModel, config: EngineConfig, *, warmup: bool = True):
+    def __init__(self, loaded: LoadedModel, config: EngineConfig, *, warmup: bool = True,
+                 distributed_timeout_s: float = DEFAULT_TIMEOUT_S):
+        """`distributed_timeout_s`: multi-host only, the longest wait for a follower process (multihost/)."""
         self.config = config
         self.model_name = loaded.name
         self.model_config = loaded.config
@@ -43,14 +48,12 @@ class LLMEngine:
         self.tokenizer = PreTrainedTokenizerFast.from_pretrained(str(loaded.tokenizer_dir))
         self.eos_token_ids = list(loaded.config.eos_token_ids) or (
             [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else [])
-        tp, dp = config.tensor_parallel_size, config.data_parallel_size
-        check_parallel_layout(loaded.config, tp, dp, len(jax.devices()))
         # Data parallel: one runner (device group, page pool) and one scheduler per rank; tp splits each runner.
-        self.runners = [ModelRunner(loaded, config, self.eos_token_ids, mesh) for mesh in rank_meshes(tp, dp)]
+        self.runners = build_rank_runners(loaded, config, self.eos_token_ids)
         self.schedulers = [Scheduler(sched, config.cache, runner.num_kv_blocks) for runner in self.runners]
         self.runner, self.scheduler = self.runners[0], self.schedulers[0]
         """Rank 0's runner and scheduler: the only ones unless data_parallel_size > 1."""
-        self._router = PrefixAwareRouter(dp, config.cache.block_size)
+        self._router = PrefixAwareRouter(config.data_parallel_size, config.cache.block_size)
         self._rank_of: dict[str, int] = {}
         """Request id -> the data-parallel rank all its samples run on."""
         self._groups: dict[str, RequestGroup] = {}
@@ -61,15 +64,25 @@ class LLMEngine:
         self._prompt_tokens_total = 0
         self._generation_tokens_total = 0
         self._num_steps = 0
+        self.followers: Optional[FollowerLink] = None
+        """Multi-host only (this is process 0): the other processes, which run every step this one plans."""
+        if is_multi_process():
+            self.followers = FollowerLink(self.runner.ladder.buckets(), self.runner.pages_per_seq,
+                                          distributed_timeout_s)
+            for rank, runner in enumerate(self.runners):
+                runner.before_step = functools.partial(self.followers.publish_step, rank)
         self.warmup_seconds = sum(runner.warmup() for runner in self.runners) if warmup else 0.0
+        if self.followers is not None:
+            self.followers.warm_up()  # the followers warm up in the same order (multihost/follower.py)
 
     @classmethod
-    def from_options(cls, model: Optional[str] = None, **engine_options) -> "LLMEngine":
+    def from_options(cls, model: Optional[str] = None, *, distributed_timeout_s: float = DEFAULT_TIMEOUT_S,
+                     **engine_options) -> "LLMEngine":
         """Load `model` (None: the embedded SmolLM2-135M-Instruct) with flat engine options, and warm up."""
         config = EngineConfig.from_options(**engine_options)
         if config.compilation_cache_dir != "":
-            _enable_persistent_compilation_cache(config.compilation_cache_dir)
-        return cls(load_model(model), config)
+            enable_persistent_compilation_cache(config.compilation_cache_dir)
+        return cls(load_model(model), config, distributed_timeout_s=distributed_timeout_s)
 
     # ---- requests --------------------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: PromptInput, sampling_params: Optional[SamplingParams] = None,
@@ -131,12 +144,23 @@ class LLMEngine:
         """Schedule, run the model (and sample), update; returns the outputs of requests that progressed."""
         self._release_held_back_samples()
         outputs = []
-        for rank, (scheduler, runner) in enumerate(zip(self.schedulers, self.runners)):
-            output = scheduler.schedule()
-            result = runner.execute(output)
-            outputs += self.update(output, result, rank)
+        with self.followers.guard("an engine step") if self.followers else contextlib.nullcontext():
+            for rank, (scheduler, runner) in enumerate(zip(self.schedulers, self.runners)):
+                output = scheduler.schedule()
+                result = runner.execute(output)
+                outputs += self.update(output, result, rank)
         self._num_steps += 1
         return outputs
+
+    def heartbeat(self) -> None:
+        """Called while idle: multi-host, checks the followers are alive every so often; otherwise nothing."""
+        if self.followers is not None:
+            self.followers.heartbeat_if_due()
+
+    def close(self) -> None:
+        """Multi-host: tells the followers to exit. Call once no step will run again."""
+        if self.followers is not None:
+            self.followers.shutdown_followers()
 
     def update(self, output: SchedulerOutput, result: StepResult, rank: int = 0) -> list[RequestOutput]:
         """Apply a rank's step: scheduler state, stop checks, text and logprobs; the RequestOutputs."""
@@ -200,7 +224,7 @@ class LLMEngine:
             num_steps=self._num_steps, warmup_seconds=self.warmup_seconds)
 
 
-def _enable_persistent_compilation_cache(directory: Optional[str]) -> None:
+def enable_persistent_compilation_cache(directory: Optional[str]) -> None:
     """JAX's on-disk executable cache, so a restart loads instead of compiling."""
     from jaxpaged.weights.loader import cache_root
 

@@ -53,11 +53,16 @@ def num_kv_blocks_for(model: ModelConfig, cache: CacheConfig, dtype, num_shards:
     if num_blocks < 2:
         raise ValueError(f"kv_cache_memory: {budget} bytes hold fewer than 2 blocks of "
                          f"{bytes_per_block(model, cache.block_size, dtype)} bytes")
+    if jax.process_count() > 1:
+        # Every process must allocate the same pool (the step's shapes); the tightest host decides.
+        from jax.experimental import multihost_utils
+
+        num_blocks = np.min(multihost_utils.process_allgather(np.int64(num_blocks)))
     return int(num_blocks)
 
 
 def _default_budget_bytes() -> int:
-    device = jax.devices()[0]
+    device = jax.local_devices()[0]
     if device.platform == "cpu":
         return CPU_DEFAULT_KV_CACHE_BYTES
     stats = device.memory_stats() or {}

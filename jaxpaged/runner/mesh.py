@@ -35,13 +35,18 @@ _HEAD_BIASES = ("q_bias", "k_bias", "v_bias")                               # [h
 
 
 def check_parallel_layout(model: ModelConfig, tensor_parallel_size: int, data_parallel_size: int,
-                          num_devices: int) -> None:
+                          num_devices: int, num_processes: int = 1) -> None:
     """ValueError naming the option, the model's head counts and the device count when a layout cannot work."""
     heads = f"(model: {model.num_q_heads} q heads, {model.num_kv_heads} kv heads; {num_devices} devices)"
     tp, dp = tensor_parallel_size, data_parallel_size
     if tp * dp > num_devices:
         raise ValueError(f"tensor_parallel_size: tensor_parallel_size ({tp}) x data_parallel_size ({dp}) = "
                          f"{tp * dp} devices are needed, but only {num_devices} exist {heads}")
+    if tp % num_processes:
+        # Process 0 schedules every rank and samples from its own copy of each rank's logits, so every rank's
+        # devices must include devices of every process.
+        raise ValueError(f"tensor_parallel_size: {tp} must be a multiple of the number of processes "
+                         f"({num_processes}) so each data-parallel rank spans every host {heads}")
     if model.num_q_heads % tp:
         raise ValueError(f"tensor_parallel_size: {tp} must divide the number of q heads {heads}")
     if model.num_kv_heads % tp and tp % model.num_kv_heads:
@@ -54,11 +59,24 @@ def check_parallel_layout(model: ModelConfig, tensor_parallel_size: int, data_pa
 
 def rank_meshes(tensor_parallel_size: int, data_parallel_size: int,
                 devices: Optional[Sequence[Any]] = None) -> list[Mesh]:
-    """One (1, tp) mesh per data-parallel rank, over the first dp * tp devices in order."""
+    """One (1, tp) mesh per data-parallel rank, over the first dp * tp devices in order.
+
+    Across several processes (hosts), rank r takes the r-th tp / num_processes local devices of every process,
+    so each rank spans every host (see check_parallel_layout).
+    """
     devices = list(jax.devices() if devices is None else devices)
-    tp = tensor_parallel_size
-    return [Mesh(np.array(devices[rank * tp:(rank + 1) * tp]).reshape(1, tp), (DATA_AXIS, MODEL_AXIS))
-            for rank in range(data_parallel_size)]
+    by_process: dict[int, list] = {}
+    for device in devices:
+        by_process.setdefault(device.process_index, []).append(device)
+    if tensor_parallel_size % len(by_process):  # only one process's devices can be used: the first ones
+        by_process = {0: devices}
+    per_process = tensor_parallel_size // len(by_process)
+    meshes = []
+    for rank in range(data_parallel_size):
+        group = [device for local in by_process.values()
+                 for device in local[rank * per_process:(rank + 1) * per_process]]
+        meshes.append(Mesh(np.array(group).reshape(1, tensor_parallel_size), (DATA_AXIS, MODEL_AXIS)))
+    return meshes
 
 
 def replicate_kv_heads(params: dict[str, np.ndarray], model: ModelConfig,

@@ -76,7 +76,14 @@ class ModelRunner:
                                in_shardings=(state_shardings, kv_sharding, self._replicated),
                                out_shardings=(self._replicated, kv_sharding))
         self._compiled: dict[Bucket, jax.stages.Compiled] = {}
-        self.sampler = TokenSampler(loaded.config.vocab_size, eos_token_ids, self._replicated)
+        # Multi-host: the logits are replicated over the rank's devices, so process 0 holds a whole copy and
+        # samples it on its own first device; no other process samples.
+        local = [d for d in self.mesh.devices.flat if d.process_index == jax.process_index()]
+        self._samples_locally = len(local) < self.mesh.devices.size
+        placement = jax.sharding.SingleDeviceSharding(local[0]) if self._samples_locally else self._replicated
+        self.sampler = TokenSampler(loaded.config.vocab_size, eos_token_ids, placement)
+        self.before_step: Optional[Callable[[Bucket, StepInputs], None]] = None
+        """Called with each step's padded plan before it runs (multi-host: broadcasts it to the followers)."""
         self.warmup_seconds = 0.0
         self._log_memory_plan(params, tp)
 
@@ -88,13 +95,15 @@ class ModelRunner:
                     "per device", devices, tp, weight_bytes / tp / 2**20, self.num_kv_blocks, kv_bytes / tp / 2**20)
 
     # ---- compilation -------------------------------------------------------------------------------------------
-    def warmup(self) -> float:
-        """Compile every bucket's step and every sampler variant ahead of serving; returns the seconds it took."""
+    def warmup(self, sampler: bool = True) -> float:
+        """Compile every bucket's step (and every sampler variant, unless a follower that never samples) ahead
+        of serving; returns the seconds it took."""
         start = time.perf_counter()
         buckets = self.ladder.buckets()
         for bucket in buckets:
             self._executable(bucket)
-        self.sampler.warmup(bucket.num_seqs for bucket in buckets)
+        if sampler:
+            self.sampler.warmup(bucket.num_seqs for bucket in buckets)
         self.warmup_seconds = time.perf_counter() - start
         return self.warmup_seconds
 
@@ -146,7 +155,12 @@ class ModelRunner:
         """Run the step and sample: one token per scheduled request that reached the end of its known tokens."""
         if not output.scheduled:
             return NOTHING_SAMPLED
-        logits = self.compute_logits(*self.prepare(output))  # row j: the j-th sampling request
+        bucket, batch = self.prepare(output)
+        if self.before_step is not None:
+            self.before_step(bucket, batch)
+        logits = self.compute_logits(bucket, batch)  # row j: the j-th sampling request
+        if self._samples_locally:
+            logits = logits.addressable_data(0)
         return self.sampler.sample(logits, [item.request for item in output.scheduled if item.sample])
 
     def compute_logits(self, bucket: Bucket, host_batch: StepInputs) -> jax.Array:
@@ -154,3 +168,11 @@ class ModelRunner:
         device_batch = jax.device_put(host_batch, self._replicated)  # one transfer of the whole pytree
         logits, self.kv_cache = self._executable(bucket)(self.state, self.kv_cache, device_batch)
         return logits
+
+
+def build_rank_runners(loaded: LoadedModel, config: EngineConfig,
+                       eos_token_ids: Sequence[int] = ()) -> list[ModelRunner]:
+    """One runner per data-parallel rank, each over its (1, tp) mesh; ValueError when the layout cannot work."""
+    tp, dp = config.tensor_parallel_size, config.data_parallel_size
+    mesh_lib.check_parallel_layout(loaded.config, tp, dp, jax.device_count(), jax.process_count())
+    return [ModelRunner(loaded, config, eos_token_ids, mesh) for mesh in mesh_lib.rank_meshes(tp, dp)]

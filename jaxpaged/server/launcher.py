@@ -16,6 +16,8 @@ from typing import Any
 import uvicorn
 
 from jaxpaged.async_engine import AsyncLLMEngine
+from jaxpaged.multihost.runtime import add_distributed_arguments, is_leader, options_from_args
+from jaxpaged.server import multihost
 from jaxpaged.server.app import build_app
 from jaxpaged.server.context import DEFAULT_MAX_REQUEST_BODY_BYTES, ServerContext, ServerSettings
 
@@ -52,6 +54,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                    help="answer 413 to larger request bodies (default 2 MiB)")
     _add_if_absent(parser, "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn log level")
+    if "--coordinator-address" not in parser._option_string_actions:
+        add_distributed_arguments(parser)
 
 
 class _GracefulServer(uvicorn.Server):
@@ -83,17 +87,30 @@ def _curl_example(host: str, port: int, model_name: str, needs_key: bool) -> str
 
 
 def serve_main(args: argparse.Namespace) -> int:
-    """Builds the engine, serves until SIGTERM/SIGINT, drains, and returns the exit code (0)."""
+    """Builds the engine, serves until SIGTERM/SIGINT, drains, and returns the exit code (0).
+
+    Multi-host: every process runs this; process 0 serves, the others follow it (server/multihost.py).
+    """
     from jaxpaged.cli_options import engine_options_from_args
     from jaxpaged.engine import LLMEngine
 
     try:
         settings = settings_from_args(args)
-        engine = LLMEngine.from_options(model=args.model, **engine_options_from_args(args))
+        distributed = options_from_args(args)
+        multihost.join_job(distributed)
+        if not is_leader():
+            code = multihost.follow(args, distributed)
+            if code:
+                multihost.exit_at_once(code)
+            return code
+        engine = LLMEngine.from_options(model=args.model, distributed_timeout_s=distributed.timeout_s,
+                                        **engine_options_from_args(args))
     except (ValueError, FileNotFoundError) as error:
         print(f"jaxpaged serve: {error}", file=sys.stderr)
         return 2
     async_engine = AsyncLLMEngine(engine)
+    if engine.followers is not None:
+        multihost.fail_stop_on_lost_follower(async_engine, engine.followers)
     async_engine.start()
     app = build_app(async_engine, settings, owns_engine=True)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,

@@ -3,13 +3,15 @@
 import socket
 import threading
 import time
+from typing import Any
 
 import uvicorn
 
 from jaxpaged.async_engine import AsyncLLMEngine
 
-SERVER_ENGINE_OPTIONS = dict(max_model_len=512, max_num_seqs=32, max_num_batched_tokens=256, dtype="float32",
-                             attention_backend="xla", compilation_cache_dir="")
+SERVER_ENGINE_OPTIONS: dict[str, Any] = dict(
+    max_model_len=512, max_num_seqs=32, max_num_batched_tokens=256, dtype="float32", attention_backend="xla",
+    compilation_cache_dir="")
 API_KEY = "test-key-2c9d41f7e3"
 IDLE_TIMEOUT_S = 60.0
 

@@ -1,0 +1,68 @@
+"""The step plan process 0 broadcasts before every step, over JAX's collectives (no transport of our own).
+
+A plan is two broadcasts: a fixed 3-int header (what to do, which data-parallel rank, which bucket), then, for
+a step, that bucket's StepInputs. Both have shapes fixed by the bucket ladder, so each broadcast is one of a
+few compiled programs; warm_up() compiles them all on every process, in the same order, before serving.
+"""
+
+import dataclasses
+import enum
+from collections.abc import Sequence
+from typing import Optional
+
+import numpy as np
+from jax.experimental import multihost_utils
+
+from jaxpaged.runner.batch import StepInputs, empty_step_inputs
+from jaxpaged.runner.buckets import Bucket
+
+
+class PlanKind(enum.IntEnum):
+    STEP = 1
+    """Run rank `rank`'s compiled step of bucket `bucket_index` on the StepInputs that follow."""
+    HEARTBEAT = 2
+    """Nothing to run: process 0 is idle and shows it is alive (and checks that the followers are)."""
+    SHUTDOWN = 3
+    """Process 0 is exiting: followers exit 0."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StepPlan:
+    kind: PlanKind
+    rank: int = 0
+    bucket: Optional[Bucket] = None
+    inputs: Optional[StepInputs] = None
+
+
+class StepPlanChannel:
+    """Process 0 publishes plans; every other process receives them, in the same order."""
+
+    def __init__(self, buckets: Sequence[Bucket], pages_per_seq: int) -> None:
+        self.buckets = list(buckets)
+        self._bucket_index = {bucket: index for index, bucket in enumerate(self.buckets)}
+        self.pages_per_seq = pages_per_seq
+
+    def publish(self, plan: StepPlan) -> None:
+        """Process 0: broadcast one plan (returns once every process has it)."""
+        bucket_index = -1 if plan.bucket is None else self._bucket_index[plan.bucket]
+        multihost_utils.broadcast_one_to_all(np.array([plan.kind, plan.rank, bucket_index], np.int32))
+        if plan.kind == PlanKind.STEP:
+            multihost_utils.broadcast_one_to_all(plan.inputs)
+
+    def receive(self) -> StepPlan:
+        """A follower: wait for the next plan."""
+        kind, rank, bucket_index = (int(v) for v in multihost_utils.broadcast_one_to_all(np.zeros(3, np.int32)))
+        if kind != PlanKind.STEP:
+            return StepPlan(PlanKind(kind))
+        bucket = self.buckets[bucket_index]
+        inputs = multihost_utils.broadcast_one_to_all(self._empty(bucket))
+        return StepPlan(PlanKind.STEP, rank, bucket, inputs)
+
+    def warm_up(self) -> None:
+        """Every process: compile the header broadcast and each bucket's input broadcast (same calls everywhere)."""
+        multihost_utils.broadcast_one_to_all(np.zeros(3, np.int32))
+        for bucket in self.buckets:
+            multihost_utils.broadcast_one_to_all(self._empty(bucket))
+
+    def _empty(self, bucket: Bucket) -> StepInputs:
+        return empty_step_inputs(bucket.num_tokens, bucket.num_seqs, self.pages_per_seq)

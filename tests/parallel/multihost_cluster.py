@@ -1,0 +1,76 @@
+"""Launches `jaxpaged serve` as a multi-process job on 127.0.0.1 (one CPU device per process, gloo collectives),
+and always takes it down again."""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import httpx
+
+STARTUP_TIMEOUT_S = 240
+DISTRIBUTED_TIMEOUT_S = 8.0
+"""--distributed-timeout of the test jobs: how long process 0 waits for a hung follower."""
+ENGINE_FLAGS = ["--max-model-len", "256", "--max-num-seqs", "4", "--max-num-batched-tokens", "32",
+                "--block-size", "4", "--dtype", "float32", "--attention-backend", "xla",
+                "--compilation-cache-dir", ""]
+"""Small limits: 32-token steps chunk the longer prompts, 4-token blocks give prefix hits early."""
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class Cluster:
+    """num_processes `jaxpaged serve` processes of one job; process 0 serves HTTP on `base_url`."""
+
+    def __init__(self, model_dir: Path, num_processes: int, log_dir: Path) -> None:
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        coordinator = f"127.0.0.1:{free_port()}"
+        env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="1")
+        self.logs = [log_dir / f"process{i}.log" for i in range(num_processes)]
+        self.processes: list[subprocess.Popen] = []
+        for process_id in range(num_processes):
+            command = [sys.executable, "-m", "jaxpaged.server", "--model", str(model_dir), "--port", str(self.port),
+                       *ENGINE_FLAGS, "-tp", str(num_processes), "--coordinator-address", coordinator,
+                       "--num-processes", str(num_processes), "--process-id", str(process_id),
+                       "--distributed-timeout", str(DISTRIBUTED_TIMEOUT_S)]
+            with open(self.logs[process_id], "w") as log:
+                self.processes.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env))
+
+    def wait_healthy(self) -> None:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            for index, process in enumerate(self.processes):
+                if process.poll() is not None:
+                    raise AssertionError(f"process {index} exited with {process.returncode}:\n{self.log_tail(index)}")
+            try:
+                if httpx.get(self.base_url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        raise AssertionError(f"job not healthy after {STARTUP_TIMEOUT_S}s:\n{self.log_tail(0)}")
+
+    def wait_exit(self, index: int, timeout_s: float) -> Optional[int]:
+        """The process's exit code, or None if it is still running after timeout_s."""
+        try:
+            return self.processes[index].wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def log_tail(self, index: int) -> str:
+        return self.logs[index].read_text()[-3000:]
+
+    def close(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                process.kill()
+        for process in self.processes:
+            process.wait(30)
