@@ -11,7 +11,7 @@ def _generate(args: argparse.Namespace) -> int:
     from jaxpaged.engine import LLMEngine
     from jaxpaged.sampling_params import SamplingParams
 
-    engine = LLMEngine.from_options(args.model, **engine_options_from_args(args))
+    engine = LLMEngine.from_options(args.model, revision=args.revision, **engine_options_from_args(args))
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, seed=args.seed_sample)
     prompt = args.prompt

@@ -27,9 +27,13 @@ _ALIASES = {"--tensor-parallel-size": "-tp", "--data-parallel-size": "-dp"}
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add --model and every engine option flag to `parser`."""
+    """Add --model, --revision and every engine option flag to `parser`."""
     parser.add_argument("--model", default=None,
-                        help="HF checkpoint dir, .gguf file or converted checkpoint (default: embedded SmolLM2-135M)")
+                        help="HF checkpoint dir, .gguf file, converted checkpoint or Hugging Face repo id "
+                             "(org/name; fetched through the HF cache) (default: embedded SmolLM2-135M)")
+    # Not an engine option: it selects what load_model reads, so engine_options_from_args leaves it out.
+    parser.add_argument("--revision", default=None,
+                        help="branch, tag or commit of a Hugging Face --model (default: the repo's default branch)")
     group = parser.add_argument_group("engine options")
     for flag, kind, help_text in _ENGINE_FLAGS:
         flags = [flag, _ALIASES[flag]] if flag in _ALIASES else [flag]

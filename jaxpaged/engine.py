@@ -76,13 +76,14 @@ class LLMEngine:
             self.followers.warm_up()  # the followers warm up in the same order (multihost/follower.py)
 
     @classmethod
-    def from_options(cls, model: Optional[str] = None, *, distributed_timeout_s: float = DEFAULT_TIMEOUT_S,
-                     **engine_options) -> "LLMEngine":
-        """Load `model` (None: the embedded SmolLM2-135M-Instruct) with flat engine options, and warm up."""
+    def from_options(cls, model: Optional[str] = None, *, revision: Optional[str] = None,
+                     distributed_timeout_s: float = DEFAULT_TIMEOUT_S, **engine_options) -> "LLMEngine":
+        """Load `model` (None: the embedded SmolLM2-135M-Instruct; `revision`: of a Hugging Face repo id) with flat
+        engine options, and warm up."""
         config = EngineConfig.from_options(**engine_options)
         if config.compilation_cache_dir != "":
             enable_persistent_compilation_cache(config.compilation_cache_dir)
-        return cls(load_model(model), config, distributed_timeout_s=distributed_timeout_s)
+        return cls(load_model(model, revision=revision), config, distributed_timeout_s=distributed_timeout_s)
 
     # ---- requests --------------------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: PromptInput, sampling_params: Optional[SamplingParams] = None,
@@ -139,16 +140,26 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return bool(self._groups)
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block on every data-parallel rank; False (nothing changed) while requests run."""
+        if self.has_unfinished_requests():
+            return False
+        return all([scheduler.reset_prefix_cache() for scheduler in self.schedulers])
+
     # ---- the step --------------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Schedule, run the model (and sample), update; returns the outputs of requests that progressed."""
         self._release_held_back_samples()
         outputs = []
         with self.followers.guard("an engine step") if self.followers else contextlib.nullcontext():
-            for rank, (scheduler, runner) in enumerate(zip(self.schedulers, self.runners)):
+            # Every data-parallel rank's step is dispatched before any result is awaited, so the ranks' device
+            # groups run at the same time; with one rank this is schedule -> execute -> update.
+            launched = []
+            for scheduler, runner in zip(self.schedulers, self.runners):
                 output = scheduler.schedule()
-                result = runner.execute(output)
-                outputs += self.update(output, result, rank)
+                launched.append((output, runner.launch(output)))
+            for rank, (output, pending) in enumerate(launched):
+                outputs += self.update(output, pending.result(), rank)
         self._num_steps += 1
         return outputs
 

@@ -26,7 +26,13 @@ class LLM:
     """A loaded model with its engine; model=None is the embedded SmolLM2-135M-Instruct."""
 
     def __init__(self, model: Optional[str] = None, **engine_options):
+        """`model`: a local path or a Hugging Face repo id; `revision=` (a branch, tag or commit of the repo) and the
+        engine options go to LLMEngine.from_options."""
         self.engine = LLMEngine.from_options(model, **engine_options)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix block (vLLM's name); False while requests are still running."""
+        return self.engine.reset_prefix_cache()
 
     def get_tokenizer(self):
         """The model's HF tokenizer."""

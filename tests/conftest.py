@@ -48,13 +48,15 @@ def tiny_model_dir(tmp_path_factory, smollm2_tokenizer_dir) -> pathlib.Path:
     return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), smollm2_tokenizer_dir, TINY_LLAMA)
 
 
-def save_tiny_llama(directory: pathlib.Path, tokenizer_dir: pathlib.Path, config: dict[str, Any]) -> pathlib.Path:
-    """A seeded random Llama of `config` saved as an HF checkpoint beside a copy of the tokenizer files."""
+def save_tiny_llama(directory: pathlib.Path, tokenizer_dir: pathlib.Path, config: dict[str, Any],
+                    config_class: str = "LlamaConfig") -> pathlib.Path:
+    """A seeded random model of `config` (a Llama unless config_class names another transformers config) saved as
+    an HF checkpoint beside a copy of the tokenizer files."""
     import torch
     import transformers
 
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config))
+    model = transformers.AutoModelForCausalLM.from_config(getattr(transformers, config_class)(**config))
     model.save_pretrained(directory)
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json"):
         if (tokenizer_dir / name).exists():

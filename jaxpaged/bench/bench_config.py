@@ -7,6 +7,8 @@
     sampling: {temperature: 0.0, ignore_eos: true}
     mode: {kind: offline, repeats: 3}
     sweep: {engine.block_size: [16, 32]}        # cartesian product of every axis
+    sweep: {engine.(data_parallel_size, tensor_parallel_size): [[1, 1], [1, 2], [2, 1]]}  # a joint axis
+    cpu_devices: 2                  # forced CPU devices (set before JAX starts), for layouts on one CPU
     peers: [{kind: hf_batched, batch_size: 16}, {kind: hf_continuous}, {kind: llama_cpp}]
     targets: [{name: ..., metric: output_tokens_per_s, numerator: {system: jaxpaged},
                denominator: {system: hf_batched}, min: 4.0}]
@@ -32,7 +34,7 @@ SECTIONS = ("engine", "workload", "sampling", "mode")
 
 PEER_KINDS = ("hf_batched", "hf_continuous", "llama_cpp")
 _TOP_LEVEL = {"name", "description", "model", "engine", "workload", "sampling", "mode", "sweep", "peers",
-              "targets", "warmup_probe", "plot_x"}
+              "targets", "warmup_probe", "plot_x", "cpu_devices"}
 
 
 def _fail(field: str, message: str, value: Any) -> NoReturn:
@@ -202,6 +204,8 @@ class BenchConfig:
     warmup_probe: bool
     plot_x: Optional[str]
     """The axis on the x of the plots (default: the first sweep axis)."""
+    cpu_devices: Optional[int]
+    """Forced host devices on CPU (JAX_NUM_CPU_DEVICES) for sweeps over parallel layouts; None: JAX's default."""
     raw: dict
     """The YAML as read, for the results file."""
 
@@ -213,8 +217,9 @@ class BenchConfig:
             values = dict(zip(axes, combo))
             sections = {name: dict(getattr(self, name)) for name in SECTIONS}
             for axis, value in values.items():
-                section, key = axis.split(".", 1)
-                sections[section][key] = value
+                section, keys = _axis_parameters(axis)
+                for key, item in zip(keys, value if len(keys) > 1 else [value]):
+                    sections[section][key] = item
             points.append(_make_point(values, sections))
         return points
 
@@ -252,15 +257,28 @@ def _mapping(raw: dict, key: str) -> dict:
     return dict(value)
 
 
+def _axis_parameters(axis: str) -> tuple[str, list[str]]:
+    """"engine.block_size" -> ("engine", ["block_size"]); "engine.(a, b)" (a joint axis) -> ("engine", ["a", "b"])."""
+    section, rest = axis.split(".", 1)
+    if rest.startswith("(") and rest.endswith(")"):
+        return section, [name.strip() for name in rest[1:-1].split(",")]
+    return section, [rest]
+
+
 def _parse_sweep(raw_sweep: dict) -> dict:
     sweep = {}
     for axis, values in raw_sweep.items():
         section = axis.split(".", 1)[0] if isinstance(axis, str) and "." in axis else None
         _require(section in SECTIONS, f"sweep.{axis}", f"an axis is 'section.parameter' with section in {SECTIONS}",
                  axis)
-        _require(axis != "workload.kind" and axis != "mode.kind", f"sweep.{axis}",
+        keys = _axis_parameters(axis)[1]
+        _require("kind" not in keys or section not in ("workload", "mode"), f"sweep.{axis}",
                  "the workload and mode kinds are fixed per config", axis)
         _require(isinstance(values, list) and len(values) >= 1, f"sweep.{axis}", "must be a non-empty list", values)
+        if len(keys) > 1:  # a joint axis: every value sets all its parameters together
+            for value in values:
+                _require(isinstance(value, list) and len(value) == len(keys), f"sweep.{axis}",
+                         f"each value must be a list of {len(keys)} items, one per parameter", value)
         sweep[axis] = list(values)
     return sweep
 
@@ -286,12 +304,16 @@ def parse_config(raw: dict) -> BenchConfig:
     _require(plot_x is None or plot_x in sweep, "plot_x", f"must be one of the sweep axes {list(sweep)}", plot_x)
     warmup_probe = raw.get("warmup_probe", False)
     _require(isinstance(warmup_probe, bool), "warmup_probe", "must be a bool", warmup_probe)
+    cpu_devices = raw.get("cpu_devices")
+    _require(cpu_devices is None or (is_int(cpu_devices) and cpu_devices >= 1), "cpu_devices",
+             "must be a positive int or absent", cpu_devices)
     description = raw.get("description", "")
     _require(isinstance(description, str), "description", "must be a string", description)
     config = BenchConfig(name=name, description=description.strip(), model=model,
                          engine=_mapping(raw, "engine"), workload=_mapping(raw, "workload"),
                          sampling=_mapping(raw, "sampling"), mode=_mapping(raw, "mode"), sweep=sweep, peers=peers,
-                         targets=targets, warmup_probe=warmup_probe, plot_x=plot_x, raw=raw)
+                         targets=targets, warmup_probe=warmup_probe, plot_x=plot_x, cpu_devices=cpu_devices,
+                         raw=raw)
     points = config.points()  # validates every point before anything runs
     if peers and any(point.mode.kind == "online" for point in points):
         raise ValueError("peers: peers run offline only; give them in an offline config")

@@ -31,7 +31,7 @@ def _sampling_params(request: BenchRequest, sampling: SamplingConfig, max_tokens
 
 def _reset_prefix_cache(engine) -> None:
     # NOTE: a repeat must not hit the blocks its previous repeat left behind, or run 2 of a workload is all hits.
-    if not engine.scheduler.reset_prefix_cache():
+    if not engine.reset_prefix_cache():
         raise RuntimeError("the engine still holds KV blocks between runs; cannot reset the prefix cache")
 
 

@@ -1,10 +1,10 @@
 """StepProbe: times the host parts of every engine step and records token deliveries, without touching the engine.
 
 It shadows a few public methods with instance attributes for the length of a `with` block (LLMEngine.step and
-LLMEngine.update, Scheduler.schedule / update_from_output, ModelRunner.prepare), so LLM.generate runs unchanged
-while the probe watches. Host time per step is what is left of a step on the host: scheduling,
-padding the batch, applying sampled tokens and detokenizing. The rest of the wall time of a step is the device
-(and the transfers), which cannot be timed apart on an asynchronous backend.
+LLMEngine.update, and every rank's Scheduler.schedule / update_from_output and ModelRunner.prepare), so
+LLM.generate runs unchanged while the probe watches. Host time per step is what is left of a step on the host:
+scheduling, padding the batch, applying sampled tokens and detokenizing. The rest of the wall time of a step is
+the device (and the transfers), which cannot be timed apart on an asynchronous backend.
 """
 
 import collections
@@ -41,9 +41,10 @@ class StepProbe:
     def __enter__(self) -> "StepProbe":
         engine = self.engine
         self._shadow(engine, "step", self._timed_step(engine.step))
-        self._shadow(engine.scheduler, "schedule", self._timed_schedule(engine.scheduler.schedule))
-        self._shadow(engine.scheduler, "update_from_output", self._timed(engine.scheduler.update_from_output, "update"))
-        self._shadow(engine.runner, "prepare", self._timed(engine.runner.prepare, "prepare"))
+        for scheduler, runner in zip(engine.schedulers, engine.runners):  # every data-parallel rank
+            self._shadow(scheduler, "schedule", self._timed_schedule(scheduler))
+            self._shadow(scheduler, "update_from_output", self._timed(scheduler.update_from_output, "update"))
+            self._shadow(runner, "prepare", self._timed(runner.prepare, "prepare"))
         self._shadow(engine, "update", self._timed(engine.update, "process"))
         return self
 
@@ -67,9 +68,9 @@ class StepProbe:
             return result
         return timed
 
-    def _timed_schedule(self, schedule):
+    def _timed_schedule(self, scheduler):
         current = self._current
-        scheduler = self.engine.scheduler
+        schedule = scheduler.schedule
 
         def timed_schedule():
             start = time.perf_counter()

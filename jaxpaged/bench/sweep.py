@@ -9,6 +9,7 @@ import argparse
 import dataclasses
 import gc
 import json
+import os
 import pathlib
 import sys
 import time
@@ -209,9 +210,19 @@ def write_run(run: dict, config: BenchConfig, out_dir: pathlib.Path) -> dict[str
     return paths
 
 
+def use_cpu_devices(count: int) -> None:
+    """Forces `count` CPU devices here and in the server processes the sweep starts (before JAX starts)."""
+    import jax
+
+    os.environ["JAX_NUM_CPU_DEVICES"] = str(count)
+    jax.config.update("jax_num_cpu_devices", count)
+
+
 def bench_main(args: argparse.Namespace) -> int:
     """The `jaxpaged bench` command: args.config (YAML path), args.out (results root, default "results")."""
     config = load_config(args.config)
+    if config.cpu_devices is not None:
+        use_cpu_devices(config.cpu_devices)
     out_dir = pathlib.Path(getattr(args, "out", None) or "results") / config.name
     run = run_sweep(config, out_dir)
     paths = write_run(run, config, out_dir)

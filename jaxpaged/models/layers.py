@@ -8,17 +8,19 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Bool, Float, Int
 
 from jaxpaged.models.model_config import RopeScaling
-from pallas_kernels.ragged_paged_attention import AttentionMetadata, ragged_paged_attention, write_kv
+from pallas_kernels.ragged_paged_attention import AttentionMetadata, KVPages, ragged_paged_attention, write_kv
 
 
-def rms_norm(x: Float[Array, "... dim"], weight: Float[Array, " dim"], eps: float) -> Float[Array, "... dim"]:
-    """RMSNorm computed in float32, cast back to x's dtype (as HF does)."""
+def rms_norm(x: Float[Array, "... dim"], weight: Float[Array, " dim"], eps: float,
+             offset: float = 0.0) -> Float[Array, "... dim"]:
+    """RMSNorm computed in float32, cast back to x's dtype (as HF does); scales by (offset + weight), Gemma's
+    norms storing weight - 1."""
     x32 = x.astype(jnp.float32)
     normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-    return (weight.astype(jnp.float32) * normed).astype(x.dtype)
+    return ((offset + weight.astype(jnp.float32)) * normed).astype(x.dtype)
 
 
 def rope_inverse_frequencies(head_dim: int, theta: float, scaling: Optional[RopeScaling]) -> jnp.ndarray:
@@ -51,29 +53,44 @@ def apply_rope(x: Float[Array, "tokens heads head_dim"], positions: Int[Array, "
 
 
 def gated_mlp(x: Float[Array, "tokens hidden"], gate: Float[Array, "hidden inter"], up: Float[Array, "hidden inter"],
-              down: Float[Array, "inter hidden"]) -> Float[Array, "tokens hidden"]:
-    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
-    return (jax.nn.silu(x @ gate) * (x @ up)) @ down
+              down: Float[Array, "inter hidden"], activation: str = "silu") -> Float[Array, "tokens hidden"]:
+    """Gated feed-forward down(act(gate(x)) * up(x)): SwiGLU ("silu"), or GeGLU with tanh GELU ("gelu_tanh")."""
+    gated = x @ gate
+    gated = jax.nn.silu(gated) if activation == "silu" else jax.nn.gelu(gated, approximate=True)
+    return (gated * (x @ up)) @ down
 
 
 def paged_attention(
     q: Float[Array, "num_tokens num_q_heads head_dim"],
     k: Float[Array, "num_tokens num_kv_heads head_dim"],
     v: Float[Array, "num_tokens num_kv_heads head_dim"],
-    kv_pages: Float[Array, "num_pages page_size kv_heads_x2 head_dim"],
+    kv_pages: KVPages,
     first_page: Int[Array, ""],
     metadata: AttentionMetadata,
+    layer_is_sliding: Optional[Bool[Array, ""]] = None,
     *,
     backend: str,
     sliding_window: Optional[int] = None,
-) -> tuple[Float[Array, "num_tokens num_q_heads head_dim"], Float[Array, "num_pages page_size kv_heads_x2 head_dim"]]:
+    sm_scale: Optional[float] = None,
+    soft_cap: Optional[float] = None,
+) -> tuple[Float[Array, "num_tokens num_q_heads head_dim"], KVPages]:
     """Write this step's K/V into their slots, then attend over each sequence's pages.
 
     kv_pages may hold every layer's pages stacked on the first axis; first_page (layer * pages per layer)
-    moves the step's slots and block tables onto this layer's part, so no per-layer copy is ever made.
+    moves the step's slots and block tables onto this layer's part, so no per-layer copy is ever made. It is
+    either layout of kv_layout.py (the packed one for pallas_tpu only). `layer_is_sliding` (traced, per layer)
+    picks between sliding_window and full attention in models that alternate them (Gemma).
     """
     metadata = metadata.on_pages_from(first_page, kv_pages.shape[1])
     kv_pages = write_kv(kv_pages, k, v, metadata, backend=backend)
-    out = ragged_paged_attention(q, kv_pages, metadata, backend=backend, sm_scale=1.0 / math.sqrt(q.shape[-1]),
-                                 sliding_window=sliding_window)
-    return out, kv_pages
+    scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
+
+    def attend(window: Optional[int]):
+        return ragged_paged_attention(q, kv_pages, metadata, backend=backend, sm_scale=scale, soft_cap=soft_cap,
+                                      sliding_window=window, num_kv_heads=k.shape[1])
+
+    if layer_is_sliding is None or sliding_window is None:
+        return attend(sliding_window), kv_pages
+    # Local and global layers share one scanned body: both attention variants are compiled once, each layer
+    # runs one. The KV write stays outside the cond, so the cache is only read inside it (no copy).
+    return jax.lax.cond(layer_is_sliding, lambda: attend(sliding_window), lambda: attend(None)), kv_pages

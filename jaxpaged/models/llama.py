@@ -1,4 +1,5 @@
-"""The Llama family (Llama, Mistral, Qwen2, Qwen3) as one Flax NNX model over a ragged batch and a paged KV cache.
+"""The Llama family (Llama, Mistral, Qwen2, Qwen3) and Gemma 2 / 3 (text) as one Flax NNX model over a ragged
+batch and a paged KV cache; ModelConfig's fields switch the Gemma parts on.
 
 Layer weights are stacked on a leading axis and the layers run under `lax.scan`, so XLA compiles one layer body
 instead of num_layers copies. Every layer's KV pages live in one array [num_layers * num_blocks, block_size,
@@ -6,16 +7,21 @@ instead of num_layers copies. Every layer's KV pages live in one array [num_laye
 """
 
 from collections.abc import Callable
+from typing import Union
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Float, Int, UInt32
 
 from jaxpaged.models.layers import apply_rope, gated_mlp, rms_norm, rope_inverse_frequencies
 from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.models.param_shapes import param_shapes
 from pallas_kernels.ragged_paged_attention import AttentionMetadata
+
+KVCache = Union[Float[Array, "layers blocks block_size kv_heads_x2 head_dim"],
+                UInt32[Array, "layers blocks rows lanes"]]
+"""Every layer's pages stacked on axis 0, in the runner's layout (kv_layout.py)."""
 
 
 class DecoderLayers(nnx.Module):
@@ -48,27 +54,37 @@ class LlamaForCausalLM(nnx.Module):
         prefix = "layers."
         self.layers = DecoderLayers({k[len(prefix):]: v for k, v in params.items() if k.startswith(prefix)})
 
-    def __call__(self, kv_cache: Float[Array, "layers blocks block_size kv_heads_x2 head_dim"],
+    def __call__(self, kv_cache: KVCache,
                  token_ids: Int[Array, " num_tokens"], positions: Int[Array, " num_tokens"],
                  metadata: AttentionMetadata, sample_indices: Int[Array, " max_num_seqs"], *, attend: Callable,
-                 ) -> tuple[Float[Array, "max_num_seqs vocab"],
-                            Float[Array, "layers blocks block_size kv_heads_x2 head_dim"]]:
+                 ) -> tuple[Float[Array, "max_num_seqs vocab"], KVCache]:
         """Run one ragged step; returns (logits of the sampled rows in float32, the updated kv_cache).
 
-        `attend(q, k, v, kv_pages, first_page, metadata, sliding_window=...)` writes the step's K/V and attends:
+        `attend(q, k, v, kv_pages, first_page, metadata, layer_is_sliding, sliding_window=..., sm_scale=...,
+        soft_cap=...)` writes the step's K/V and attends:
         layers.paged_attention bound to a backend, wrapped per shard by the runner under tensor parallelism.
         """
         cfg = self.cfg
+        eps, offset = cfg.rms_norm_eps, cfg.norm_offset
         num_layers, num_blocks = kv_cache.shape[:2]
         kv_pages = kv_cache.reshape(num_layers * num_blocks, *kv_cache.shape[2:])
         x = self.embed[...][token_ids]
-        inv_freq = rope_inverse_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        if cfg.embed_scale is not None:
+            x = x * jnp.asarray(cfg.embed_scale, x.dtype)  # rounded to the activation dtype first, as HF does
+        # Per-layer facts ride along the scan: whether the layer slides its window, and its RoPE frequencies
+        # (Gemma 3's local layers use another base), so one layer body serves every layer.
+        global_freq = rope_inverse_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling) / cfg.rope_linear_factor
+        local_freq = (global_freq if cfg.local_rope_theta is None
+                      else rope_inverse_frequencies(cfg.head_dim, cfg.local_rope_theta, None))
+        alternating = bool(cfg.layer_is_sliding) and cfg.sliding_window is not None
+        is_sliding = jnp.asarray(cfg.layer_is_sliding if alternating else (False,) * num_layers)
+        inv_freqs = jnp.where(is_sliding[:, None], local_freq[None, :], global_freq[None, :])
 
         def layer(carry, scanned):
             x, kv_pages = carry
-            w, layer_index = scanned
+            w, layer_index, layer_is_sliding, inv_freq = scanned
             num_tokens = x.shape[0]
-            h = rms_norm(x, w["input_norm"], cfg.rms_norm_eps)
+            h = rms_norm(x, w["input_norm"], eps, offset)
             q, k, v = h @ w["q_proj"], h @ w["k_proj"], h @ w["v_proj"]
             if cfg.qkv_bias:
                 q, k, v = q + w["q_bias"], k + w["k_bias"], v + w["v_bias"]
@@ -76,21 +92,30 @@ class LlamaForCausalLM(nnx.Module):
             k = k.reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
             v = v.reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
             if cfg.qk_norm:
-                q = rms_norm(q, w["q_norm"], cfg.rms_norm_eps)
-                k = rms_norm(k, w["k_norm"], cfg.rms_norm_eps)
+                q = rms_norm(q, w["q_norm"], eps, offset)
+                k = rms_norm(k, w["k_norm"], eps, offset)
             q = apply_rope(q, positions, inv_freq)
             k = apply_rope(k, positions, inv_freq)
             attn, kv_pages = attend(q, k, v, kv_pages, layer_index * num_blocks, metadata,
-                                    sliding_window=cfg.sliding_window)
-            x = x + attn.reshape(num_tokens, -1) @ w["o_proj"]
-            h = rms_norm(x, w["post_norm"], cfg.rms_norm_eps)
-            x = x + gated_mlp(h, w["gate_proj"], w["up_proj"], w["down_proj"])
-            return (x, kv_pages), None
+                                    layer_is_sliding if alternating else None, sliding_window=cfg.sliding_window,
+                                    sm_scale=cfg.attn_scale, soft_cap=cfg.attn_soft_cap)
+            attn = attn.reshape(num_tokens, -1) @ w["o_proj"]
+            if cfg.sandwich_norms:
+                attn = rms_norm(attn, w["attn_out_norm"], eps, offset)
+            x = x + attn
+            h = rms_norm(x, w["post_norm"], eps, offset)
+            mlp = gated_mlp(h, w["gate_proj"], w["up_proj"], w["down_proj"], cfg.hidden_activation)
+            if cfg.sandwich_norms:
+                mlp = rms_norm(mlp, w["mlp_out_norm"], eps, offset)
+            return (x + mlp, kv_pages), None
 
         layer_ids = jnp.arange(num_layers, dtype=jnp.int32)
-        (x, kv_pages), _ = jax.lax.scan(layer, (x, kv_pages), (self.layers.stacked(), layer_ids))
+        (x, kv_pages), _ = jax.lax.scan(layer, (x, kv_pages),
+                                        (self.layers.stacked(), layer_ids, is_sliding, inv_freqs))
         # NOTE: only the sampled rows reach the final norm and the vocabulary projection.
-        h = rms_norm(x[sample_indices], self.final_norm[...], cfg.rms_norm_eps)
+        h = rms_norm(x[sample_indices], self.final_norm[...], eps, offset)
         head = self.embed[...].T if self.lm_head is None else self.lm_head[...]
         logits = jnp.dot(h, head, preferred_element_type=jnp.float32)
+        if cfg.final_soft_cap is not None:
+            logits = cfg.final_soft_cap * jnp.tanh(logits / cfg.final_soft_cap)
         return logits, kv_pages.reshape(kv_cache.shape)

@@ -3,13 +3,17 @@
 import dataclasses
 from typing import Any, Optional
 
-# HF architecture name -> (qkv bias, q/k RMSNorm). The four supported members of the Llama family.
+# HF architecture name -> (qkv bias, q/k RMSNorm). The Llama family, and Gemma 2 / 3 (text), whose other
+# differences (GELU, (1 + w) norms, sandwich norms, soft-capping, alternating windows) are read in _gemma().
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": (False, False),
     "MistralForCausalLM": (False, False),
     "Qwen2ForCausalLM": (True, False),
     "Qwen3ForCausalLM": (False, True),
+    "Gemma2ForCausalLM": (False, False),
+    "Gemma3ForCausalLM": (False, True),
 }
+_GEMMA = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,9 +48,30 @@ class ModelConfig:
     """Qwen3 RMS-normalises each head of q and k before RoPE."""
     rope_scaling: Optional[RopeScaling] = None
     sliding_window: Optional[int] = None
-    """Mistral's attention window, if the checkpoint enables one."""
+    """Attention window (Mistral; Gemma's local layers), if the checkpoint enables one."""
     bos_token_id: Optional[int] = None
     eos_token_ids: tuple[int, ...] = ()
+    # ---- Gemma 2 / 3 (the defaults are Llama's) ----
+    layer_is_sliding: tuple[bool, ...] = ()
+    """Per layer: whether it uses sliding_window. Empty: every layer does (when sliding_window is set)."""
+    local_rope_theta: Optional[float] = None
+    """RoPE base of the sliding-window layers when it differs from rope_theta (Gemma 3)."""
+    rope_linear_factor: float = 1.0
+    """Linear RoPE scaling of the global layers (positions divided by it; Gemma 3's larger models)."""
+    norm_offset: float = 0.0
+    """RMSNorm scales by (norm_offset + w): Gemma stores w - 1."""
+    sandwich_norms: bool = False
+    """Gemma: the attention and MLP outputs are normalised again before the residual add."""
+    hidden_activation: str = "silu"
+    """The gated MLP's activation: "silu" or "gelu_tanh"."""
+    embed_scale: Optional[float] = None
+    """Gemma multiplies the token embeddings by sqrt(hidden_size)."""
+    attn_scale: Optional[float] = None
+    """Softmax scale of q.k; None is head_dim ** -0.5 (Gemma: query_pre_attn_scalar ** -0.5)."""
+    attn_soft_cap: Optional[float] = None
+    """Gemma 2 caps attention logits at soft_cap * tanh(logits / soft_cap)."""
+    final_soft_cap: Optional[float] = None
+    """Gemma 2 caps the output logits the same way."""
 
     @property
     def group_size(self) -> int:
@@ -65,13 +90,15 @@ class ModelConfig:
         num_q_heads = raw["num_attention_heads"]
         head_dim = raw.get("head_dim") or raw["hidden_size"] // num_q_heads
         rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
-        rope_theta = rope.get("rope_theta", raw.get("rope_theta", 10000.0))
+        rope = rope.get("full_attention", rope)  # Gemma 3: one set per layer type; the global layers' here
+        rope_theta = rope.get("rope_theta", raw.get("rope_theta")) or 10000.0
         eos = raw.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (eos,))
         window = raw.get("sliding_window")
-        if architecture != "MistralForCausalLM" and not raw.get("use_sliding_window", False):
+        if architecture not in ("MistralForCausalLM", *_GEMMA) and not raw.get("use_sliding_window", False):
             window = None  # Qwen configs carry a window they do not use unless use_sliding_window is set.
-        return cls(
+        gemma = _gemma(raw, head_dim) if architecture in _GEMMA else {}
+        return cls(**gemma,
             architecture=architecture,
             vocab_size=raw["vocab_size"],
             hidden_size=raw["hidden_size"],
@@ -86,16 +113,40 @@ class ModelConfig:
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             qkv_bias=qkv_bias or bool(raw.get("attention_bias", False)),
             qk_norm=qk_norm,
-            rope_scaling=_rope_scaling(rope),
+            rope_scaling=_rope_scaling(rope) if rope.get("rope_type", rope.get("type")) != "linear" else None,
             sliding_window=window,
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=eos_ids,
         )
 
 
+def _gemma(raw: dict, head_dim: int) -> dict:
+    """The Gemma-only fields of ModelConfig, as transformers' Gemma2/Gemma3 text models define them."""
+    num_layers = raw["num_hidden_layers"]
+    layer_types = raw.get("layer_types")
+    if not layer_types:  # older configs: Gemma 2 alternates from layer 0; Gemma 3 has one global layer per pattern
+        pattern = raw.get("sliding_window_pattern") or 2
+        layer_types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(num_layers)]
+    rope = raw.get("rope_parameters") or {}
+    local = rope.get("sliding_attention", {}) if "sliding_attention" in rope else {}
+    global_rope = rope.get("full_attention", rope)
+    scalar = raw.get("query_pre_attn_scalar") or head_dim
+    activation = raw.get("hidden_activation") or raw.get("hidden_act") or "gelu_pytorch_tanh"
+    if activation not in ("gelu_pytorch_tanh", "gelu_tanh"):
+        raise ValueError(f"hidden_activation: {activation!r} is not supported for Gemma (only gelu_pytorch_tanh)")
+    return dict(
+        layer_is_sliding=tuple(kind == "sliding_attention" for kind in layer_types),
+        local_rope_theta=local.get("rope_theta") or raw.get("rope_local_base_freq"),
+        rope_linear_factor=float(global_rope.get("factor", 1.0)) if global_rope.get("rope_type") == "linear" else 1.0,
+        norm_offset=1.0, sandwich_norms=True, hidden_activation="gelu_tanh",
+        embed_scale=float(raw["hidden_size"]) ** 0.5, attn_scale=float(scalar) ** -0.5,
+        attn_soft_cap=raw.get("attn_logit_softcapping"), final_soft_cap=raw.get("final_logit_softcapping"))
+
+
 def _architecture_from_type(model_type: Optional[str]) -> str:
     by_type = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-               "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+               "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+               "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
     return by_type.get(model_type or "", f"<model_type {model_type!r}>")
 
 

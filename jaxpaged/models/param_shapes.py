@@ -1,4 +1,8 @@
-"""Names and shapes of a Llama-family model's parameters (stacked over layers)."""
+"""Names and shapes of a decoder's parameters (stacked over layers).
+
+"post_norm" is the norm before the MLP in every family (HF's post_attention_layernorm for Llama, its
+pre_feedforward_layernorm for Gemma); Gemma's extra post-attention / post-MLP norms are attn_out_norm / mlp_out_norm.
+"""
 
 from jaxpaged.models.model_config import ModelConfig
 
@@ -15,6 +19,8 @@ def layer_param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes.update(q_bias=(q_dim,), k_bias=(kv_dim,), v_bias=(kv_dim,))
     if cfg.qk_norm:
         shapes.update(q_norm=(cfg.head_dim,), k_norm=(cfg.head_dim,))
+    if cfg.sandwich_norms:  # Gemma: the attention and MLP outputs are normalised before the residual add
+        shapes.update(attn_out_norm=(hidden,), mlp_out_norm=(hidden,))
     return shapes
 
 

@@ -8,12 +8,26 @@ import numpy as np
 
 from jaxpaged.config import CacheConfig
 from jaxpaged.models.model_config import ModelConfig
-from pallas_kernels.ragged_paged_attention.kv_layout import cache_shape, physical_bytes
+from pallas_kernels.ragged_paged_attention.kv_layout import cache_shape, packed_layout_for, physical_bytes
 
 # On CPU the KV pool shares a 24 GiB machine with the weights, XLA's buffers and the rest of the box.
 CPU_DEFAULT_KV_CACHE_BYTES = 1 << 30
 # On an accelerator, the share of free device memory the pool takes when no size is given.
 ACCELERATOR_KV_CACHE_FRACTION = 0.6
+
+
+def choose_kv_layout(model: ModelConfig, backend: str, dtype, tensor_parallel_size: int = 1) -> str:
+    """"packed" for the TPU kernel when it can hold these heads (tile-exact: no HBM padding), else "interleaved".
+
+    Under tensor parallelism the cache is split on its kv-head axis, which only the interleaved layout has.
+    """
+    if backend != "pallas_tpu" or tensor_parallel_size > 1:
+        return "interleaved"
+    try:
+        packed_layout_for(model.num_kv_heads, model.head_dim, dtype)
+    except ValueError:  # a head_dim or dtype the packed layout does not cover
+        return "interleaved"
+    return "packed"
 
 
 def bytes_per_block(model: ModelConfig, block_size: int, dtype, platform: Optional[str] = None,
@@ -41,7 +55,8 @@ def describe_kv_bytes(model: ModelConfig, num_blocks: int, block_size: int, dtyp
             f"on {jax.default_backend()} ({layout} layout, x{physical / logical:.2f})")
 
 
-def num_kv_blocks_for(model: ModelConfig, cache: CacheConfig, dtype, num_shards: int = 1) -> int:
+def num_kv_blocks_for(model: ModelConfig, cache: CacheConfig, dtype, num_shards: int = 1,
+                      layout: str = "interleaved") -> int:
     """Blocks in the pool (the null block included) from num_kv_blocks, kv_cache_memory or the device default.
 
     The budget is per device: with the cache split over num_shards devices, each holds 1/num_shards of a block.
@@ -49,10 +64,10 @@ def num_kv_blocks_for(model: ModelConfig, cache: CacheConfig, dtype, num_shards:
     if cache.num_kv_blocks is not None:
         return cache.num_kv_blocks
     budget = cache.kv_cache_memory or _default_budget_bytes()
-    num_blocks = budget * num_shards // bytes_per_block(model, cache.block_size, dtype)
+    block_bytes = bytes_per_block(model, cache.block_size, dtype, layout=layout)
+    num_blocks = budget * num_shards // block_bytes
     if num_blocks < 2:
-        raise ValueError(f"kv_cache_memory: {budget} bytes hold fewer than 2 blocks of "
-                         f"{bytes_per_block(model, cache.block_size, dtype)} bytes")
+        raise ValueError(f"kv_cache_memory: {budget} bytes hold fewer than 2 blocks of {block_bytes} bytes")
     if jax.process_count() > 1:
         # Every process must allocate the same pool (the step's shapes); the tightest host decides.
         from jax.experimental import multihost_utils
@@ -71,8 +86,9 @@ def _default_budget_bytes() -> int:
 
 
 def allocate_kv_cache(model: ModelConfig, num_blocks: int, block_size: int, dtype,
-                      sharding: Optional[jax.sharding.Sharding] = None) -> jax.Array:
-    """A zeroed pool, created in place on its devices (each shard allocates only its part); block 0 is the
-    null block that padding writes to."""
-    shape = (model.num_layers, num_blocks, block_size, 2 * model.num_kv_heads, model.head_dim)
-    return jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=sharding)()
+                      sharding: Optional[jax.sharding.Sharding] = None, layout: str = "interleaved") -> jax.Array:
+    """A zeroed pool of every layer's pages in `layout`, stacked on axis 0 and created in place on its devices
+    (each shard allocates only its part); block 0 is the null block that padding writes to."""
+    layer_shape, layer_dtype = cache_shape(num_blocks, block_size, model.num_kv_heads, model.head_dim, dtype, layout)
+    shape = (model.num_layers, *layer_shape)
+    return jax.jit(lambda: jnp.zeros(shape, layer_dtype), out_shardings=sharding)()

@@ -115,9 +115,10 @@ def param_partition_spec(name: str, shape: tuple[int, ...], model: ModelConfig, 
     return P()  # a vocabulary tp does not divide: replicated (small models only)
 
 
-def kv_cache_spec() -> P:
-    """[layers, blocks, block_size, 2 * kv_heads, head_dim]: split on the kv-head axis."""
-    return P(None, None, None, MODEL_AXIS, None)
+def kv_cache_spec(layout: str = "interleaved") -> P:
+    """Interleaved [layers, blocks, block_size, 2 * kv_heads, head_dim]: split on the kv-head axis. The packed
+    TPU layout mixes heads within a row, so it is only used unsplit (tp = 1; see kv_cache.choose_kv_layout)."""
+    return P(None, None, None, MODEL_AXIS, None) if layout == "interleaved" else P()
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
@@ -137,15 +138,19 @@ def place_params(params: dict[str, np.ndarray], model: ModelConfig, mesh: Mesh, 
 
 
 def shard_attention(attend: Callable, mesh: Mesh) -> Callable:
-    """Run `attend(q, k, v, kv_pages, first_page, metadata, **static)` per model shard: each sees its heads."""
+    """Run `attend(q, k, v, kv_pages, first_page, metadata, layer_is_sliding, **static)` per model shard: each
+    sees its heads."""
     heads = P(None, MODEL_AXIS, None)
     pages = P(None, None, MODEL_AXIS, None)
 
-    def per_shard(q, k, v, kv_pages, first_page, metadata, **static):
+    def per_shard(q, k, v, kv_pages, first_page, metadata, layer_is_sliding=None, **static):
+        args = (q, k, v, kv_pages, first_page, metadata)
+        if layer_is_sliding is not None:
+            args += (layer_is_sliding,)
         body = functools.partial(attend, **static)
         # NOTE: check_vma=False because Pallas kernels in interpret mode carry no varying-axes annotations.
-        mapped = jax.shard_map(body, mesh=mesh, in_specs=(heads, heads, heads, pages, P(), P()),
+        mapped = jax.shard_map(body, mesh=mesh, in_specs=(heads, heads, heads, pages) + (P(),) * (len(args) - 4),
                                out_specs=(heads, pages), check_vma=False)
-        return mapped(q, k, v, kv_pages, first_page, metadata)
+        return mapped(*args)
 
     return per_shard

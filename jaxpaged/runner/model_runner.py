@@ -23,9 +23,15 @@ from jaxpaged.runner import compile_counter
 from jaxpaged.runner import mesh as mesh_lib
 from jaxpaged.runner.batch import StepInputs, empty_step_inputs
 from jaxpaged.runner.buckets import Bucket, BucketLadder
-from jaxpaged.runner.kv_cache import allocate_kv_cache, bytes_per_block, num_kv_blocks_for
-from jaxpaged.runner.step_result import NOTHING_SAMPLED, StepResult
-from jaxpaged.runner.token_sampler import TokenSampler
+from jaxpaged.runner.kv_cache import (
+    allocate_kv_cache,
+    choose_kv_layout,
+    describe_kv_bytes,
+    num_kv_blocks_for,
+)
+from jaxpaged.runner.memory_plan import check_weights_fit, device_memory_bytes, plan_memory, weight_bytes_per_device
+from jaxpaged.runner.step_result import StepResult
+from jaxpaged.runner.token_sampler import PendingSample, TokenSampler
 from jaxpaged.weights.loader import LoadedModel
 from pallas_kernels.ragged_paged_attention import resolve_attention_backend
 
@@ -57,13 +63,20 @@ class ModelRunner:
         self.block_size = config.cache.block_size
         self.dtype = resolve_dtype(config.dtype)
         self.backend = resolve_attention_backend(config.attention_backend)
+        weight_bytes = weight_bytes_per_device(params, self.model_config, tp, self.dtype)
+        check_weights_fit(weight_bytes, device_memory_bytes(self.mesh.devices.flat[0]), tp, self.dtype)
         placed = mesh_lib.place_params(params, self.model_config, self.mesh, self.dtype)
         graphdef, self.state = nnx.split(LlamaForCausalLM(self.model_config, placed))
-        kv_sharding = jax.sharding.NamedSharding(self.mesh, mesh_lib.kv_cache_spec())
-        self.num_kv_blocks = num_kv_blocks_for(self.model_config, config.cache, self.dtype, num_shards=tp)
-        self.kv_cache = allocate_kv_cache(self.model_config, self.num_kv_blocks, self.block_size, self.dtype,
-                                          sharding=kv_sharding)
+        self.kv_layout = choose_kv_layout(self.model_config, self.backend, self.dtype, tp)
+        kv_sharding = jax.sharding.NamedSharding(self.mesh, mesh_lib.kv_cache_spec(self.kv_layout))
+        self.num_kv_blocks = num_kv_blocks_for(self.model_config, config.cache, self.dtype, num_shards=tp,
+                                               layout=self.kv_layout)
         sched = config.scheduler
+        self.memory_plan = plan_memory(self.model_config, weight_bytes, self.num_kv_blocks, self.block_size,
+                                       sched.max_model_len, self.dtype, tp, self.kv_layout)
+        self.memory_plan.check()
+        self.kv_cache = allocate_kv_cache(self.model_config, self.num_kv_blocks, self.block_size, self.dtype,
+                                          sharding=kv_sharding, layout=self.kv_layout)
         self.pages_per_seq = -(-sched.max_model_len // self.block_size)
         self.ladder = BucketLadder(sched.max_num_batched_tokens, sched.max_num_seqs)
         self._replicated = mesh_lib.replicated(self.mesh)
@@ -85,14 +98,10 @@ class ModelRunner:
         self.before_step: Optional[Callable[[Bucket, StepInputs], None]] = None
         """Called with each step's padded plan before it runs (multi-host: broadcasts it to the followers)."""
         self.warmup_seconds = 0.0
-        self._log_memory_plan(params, tp)
-
-    def _log_memory_plan(self, params: dict, tp: int) -> None:
-        weight_bytes = sum(int(np.prod(p.shape)) for p in params.values()) * np.dtype(self.dtype).itemsize
-        kv_bytes = self.num_kv_blocks * bytes_per_block(self.model_config, self.block_size, self.dtype)
         devices = ", ".join(str(d.id) for d in self.mesh.devices.flat)
-        logger.info("rank on devices [%s] (tp=%d): weights %.1f MiB per device, KV cache %d blocks = %.1f MiB "
-                    "per device", devices, tp, weight_bytes / tp / 2**20, self.num_kv_blocks, kv_bytes / tp / 2**20)
+        logger.info("rank on devices [%s] (tp=%d): %s", devices, tp, self.memory_plan.describe())
+        logger.info("%s", describe_kv_bytes(self.model_config, self.num_kv_blocks, self.block_size, self.dtype,
+                                            self.kv_layout))
 
     # ---- compilation -------------------------------------------------------------------------------------------
     def warmup(self, sampler: bool = True) -> float:
@@ -153,15 +162,20 @@ class ModelRunner:
 
     def execute(self, output: SchedulerOutput) -> StepResult:
         """Run the step and sample: one token per scheduled request that reached the end of its known tokens."""
+        return self.launch(output).result()
+
+    def launch(self, output: SchedulerOutput) -> PendingSample:
+        """execute() without the wait: the step and the sampler are dispatched, their results stay on the device
+        until PendingSample.result(). The engine launches every data-parallel rank before waiting on any."""
         if not output.scheduled:
-            return NOTHING_SAMPLED
+            return PendingSample(None, 0, wants_logprobs=False)
         bucket, batch = self.prepare(output)
         if self.before_step is not None:
             self.before_step(bucket, batch)
         logits = self.compute_logits(bucket, batch)  # row j: the j-th sampling request
         if self._samples_locally:
             logits = logits.addressable_data(0)
-        return self.sampler.sample(logits, [item.request for item in output.scheduled if item.sample])
+        return self.sampler.launch(logits, [item.request for item in output.scheduled if item.sample])
 
     def compute_logits(self, bucket: Bucket, host_batch: StepInputs) -> jax.Array:
         """Run the compiled step of `bucket` on a prepared batch, updating the KV cache in place."""

@@ -6,6 +6,7 @@ sampled ids, and logprobs when a request asked for them, cross back to the host.
 
 import time
 from collections.abc import Iterable, Sequence
+from typing import Optional
 
 import jax
 import numpy as np
@@ -13,6 +14,7 @@ from jaxtyping import Array, Float
 
 from jaxpaged.core.request import Request
 from jaxpaged.runner.sampler import (
+    SamplerOutput,
     SamplingRow,
     all_sampler_flag_variants,
     build_sampling_batch,
@@ -46,18 +48,17 @@ class TokenSampler:
 
     def sample(self, logits: Float[Array, "num_rows_padded vocab"], requests: Sequence[Request]) -> StepResult:
         """Row j of logits belongs to requests[j]; each request carries its params and resolved seed."""
+        return self.launch(logits, requests).result()
+
+    def launch(self, logits: Float[Array, "num_rows_padded vocab"], requests: Sequence[Request]) -> "PendingSample":
+        """Like sample(), but returns at once: the device works while the host goes on (other ranks' steps)."""
         if not requests:
-            return NOTHING_SAMPLED
+            return PendingSample(None, 0, wants_logprobs=False)
         rows = [self._row(request) for request in requests]
         batch = build_sampling_batch(rows, logits.shape[0], self.vocab_size)
         flags = sampler_static_flags(batch)
         result = sample(logits, jax.device_put(batch, self.placement), flags)
-        token_ids = np.asarray(result.token_ids)[:len(rows)].tolist()
-        if all(row.params.logprobs is None for row in rows):
-            return StepResult(token_ids)
-        top_ids = None if result.top_logprob_ids is None else np.asarray(result.top_logprob_ids)
-        top_values = None if result.top_logprobs is None else np.asarray(result.top_logprobs)
-        return StepResult(token_ids, SampledLogprobs(np.asarray(result.logprobs), top_ids, top_values))
+        return PendingSample(result, len(rows), wants_logprobs=any(row.params.logprobs is not None for row in rows))
 
     def _row(self, request: Request) -> SamplingRow:
         params = request.sampling_params
@@ -66,3 +67,23 @@ class TokenSampler:
         suppress = min_tokens_suppress_ids(params, self.eos_token_ids, request.num_output_tokens)
         return SamplingRow(params, request.sampling_seed, request.prompt_token_ids, request.output_token_ids,
                            suppress)
+
+
+class PendingSample:
+    """A step's sampled ids (and logprobs) still on the device; result() waits for them and pulls them over."""
+
+    def __init__(self, output: Optional[SamplerOutput], num_rows: int, wants_logprobs: bool) -> None:
+        self._output = output
+        self._num_rows = num_rows
+        self._wants_logprobs = wants_logprobs
+
+    def result(self) -> StepResult:
+        output = self._output
+        if output is None:
+            return NOTHING_SAMPLED
+        token_ids = np.asarray(output.token_ids)[:self._num_rows].tolist()
+        if not self._wants_logprobs:
+            return StepResult(token_ids)
+        top_ids = None if output.top_logprob_ids is None else np.asarray(output.top_logprob_ids)
+        top_values = None if output.top_logprobs is None else np.asarray(output.top_logprobs)
+        return StepResult(token_ids, SampledLogprobs(np.asarray(output.logprobs), top_ids, top_values))

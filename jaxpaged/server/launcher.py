@@ -103,8 +103,8 @@ def serve_main(args: argparse.Namespace) -> int:
             if code:
                 multihost.exit_at_once(code)
             return code
-        engine = LLMEngine.from_options(model=args.model, distributed_timeout_s=distributed.timeout_s,
-                                        **engine_options_from_args(args))
+        engine = LLMEngine.from_options(model=args.model, revision=getattr(args, "revision", None),
+                                        distributed_timeout_s=distributed.timeout_s, **engine_options_from_args(args))
     except (ValueError, FileNotFoundError) as error:
         print(f"jaxpaged serve: {error}", file=sys.stderr)
         return 2

@@ -1,14 +1,17 @@
-"""Load an HF transformers checkpoint directory (config.json + one or many .safetensors) without torch."""
+"""Load an HF transformers checkpoint directory (config.json + one or many .safetensors) without torch, lazily and
+in the checkpoint's own dtype."""
 
 import json
 import pathlib
 from typing import Optional
 
 import numpy as np
-from safetensors import safe_open
 
 from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.weights.param_names import stack_layers
+from jaxpaged.weights.safetensors_file import TensorEntry, open_tensor, read_header
+
+_INDEX_FILE = "model.safetensors.index.json"
 
 # jaxpaged layer weight -> (HF name inside model.layers.N, transpose?)
 _LAYER_NAMES = {
@@ -27,6 +30,13 @@ _LAYER_NAMES = {
     "up_proj": ("mlp.up_proj.weight", True),
     "down_proj": ("mlp.down_proj.weight", True),
 }
+# Gemma's four norms per layer: HF's post_attention_layernorm normalises the attention output, and its
+# pre_feedforward_layernorm is the pre-MLP norm every other family calls post_attention_layernorm.
+_SANDWICH_NAMES = {
+    "post_norm": ("pre_feedforward_layernorm.weight", False),
+    "attn_out_norm": ("post_attention_layernorm.weight", False),
+    "mlp_out_norm": ("post_feedforward_layernorm.weight", False),
+}
 _GLOBAL_NAMES = {"embed": ("model.embed_tokens.weight", False), "final_norm": ("model.norm.weight", False),
                  "lm_head": ("lm_head.weight", True)}
 
@@ -36,24 +46,45 @@ def is_hf_checkpoint(path: pathlib.Path) -> bool:
     return path.is_dir() and (path / "config.json").is_file() and any(path.glob("*.safetensors"))
 
 
+def checkpoint_files(path: pathlib.Path) -> list[pathlib.Path]:
+    """The weight files: the ones model.safetensors.index.json names, else every top-level .safetensors file.
+
+    The index matters where a directory holds more than one copy of the weights (Mistral repos ship
+    consolidated.safetensors beside the HF shards, under other tensor names); it also turns a missing shard into
+    a clear error rather than a "tensor is missing" one.
+    """
+    index = path / _INDEX_FILE
+    if not index.is_file():
+        return sorted(path.glob("*.safetensors"))
+    names = sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))
+    missing = [name for name in names if not (path / name).is_file()]
+    if missing:
+        raise ValueError(f"checkpoint {path}: {_INDEX_FILE} lists {', '.join(missing)}, which "
+                         f"{'is' if len(missing) == 1 else 'are'} not there (an incomplete download?)")
+    return [path / name for name in names]
+
+
 def load_hf_checkpoint(path: pathlib.Path) -> tuple[dict, dict[str, np.ndarray]]:
-    """Return (HF config dict, jaxpaged params as float32 numpy arrays)."""
+    """Return (HF config dict, jaxpaged params in the checkpoint's own dtype).
+
+    Tensors are memory-mapped: each layer's is copied once into its stacked parameter, and global weights
+    (embedding, final norm, lm_head) stay mapped views of the file until the runner places them.
+    """
     hf_config = json.loads((path / "config.json").read_text())
     cfg = ModelConfig.from_hf(hf_config)
-    tensors: dict[str, np.ndarray] = {}
-    for file in sorted(path.glob("*.safetensors")):
-        # "flax" keeps bfloat16 checkpoints readable (plain numpy has no bfloat16).
-        with safe_open(str(file), framework="flax") as f:
-            for key in f.keys():
-                tensors[key] = np.asarray(f.get_tensor(key), dtype=np.float32)
+    entries: dict[str, TensorEntry] = {}
+    for file in checkpoint_files(path):
+        entries.update(read_header(file))
+
+    layer_names = _LAYER_NAMES | _SANDWICH_NAMES if cfg.sandwich_norms else _LAYER_NAMES
 
     def fetch(name: str, layer: Optional[int]) -> np.ndarray:
-        hf_name, transpose = _LAYER_NAMES[name] if layer is not None else _GLOBAL_NAMES[name]
+        hf_name, transpose = layer_names[name] if layer is not None else _GLOBAL_NAMES[name]
         if layer is not None:
             hf_name = f"model.layers.{layer}.{hf_name}"
-        if hf_name not in tensors:
+        if hf_name not in entries:
             raise ValueError(f"checkpoint {path}: tensor {hf_name!r} is missing")
-        value = tensors[hf_name]
+        value = open_tensor(entries[hf_name])
         return value.T if transpose else value
 
     return hf_config, stack_layers(cfg, fetch)

@@ -1,5 +1,5 @@
 """One entry point for every model source: the embedded default, a GGUF file, an HF directory, a converted
-checkpoint."""
+checkpoint, a Hugging Face Hub repo id."""
 
 import dataclasses
 import hashlib
@@ -14,8 +14,10 @@ import numpy as np
 from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.weights.converted_store import is_converted_checkpoint, load_converted, save_converted
 from jaxpaged.weights.default_model import DEFAULT_MODEL_NAME, default_model_path
+from jaxpaged.weights.generation_config import read_generation_config, sampling_defaults, with_generation_eos
 from jaxpaged.weights.gguf_checkpoint import convert_gguf_tokenizer, load_gguf_checkpoint
 from jaxpaged.weights.hf_checkpoint import is_hf_checkpoint, load_hf_checkpoint
+from jaxpaged.weights.hub import download_snapshot, looks_like_repo_id
 
 
 @dataclasses.dataclass
@@ -23,13 +25,19 @@ class LoadedModel:
     """Everything read from a model source, before it goes to the device."""
 
     name: str
-    """The id the server reports."""
+    """The id the server reports (a Hub model's repo id)."""
     hf_config: dict
+    """config.json, with eos_token_id taken from generation_config.json when that file sets one."""
     config: ModelConfig
     params: dict[str, np.ndarray]
-    """float32 host arrays under jaxpaged's parameter names."""
+    """Host arrays under jaxpaged's parameter names, in the checkpoint's own dtype (bfloat16 as ml_dtypes.bfloat16;
+    a GGUF is dequantized to float32). Some may be read-only views of memory-mapped files: the runner converts
+    each shard to the engine dtype as it places it, so the host never holds a converted copy of the model."""
     tokenizer_dir: pathlib.Path
     """Where HF tokenizer files for this model live."""
+    generation_defaults: dict = dataclasses.field(default_factory=dict)
+    """Sampling settings from generation_config.json (temperature, top_p, top_k, repetition_penalty, do_sample ...:
+    only the keys the file sets); not applied by the loader."""
 
 
 def cache_root() -> pathlib.Path:
@@ -38,23 +46,49 @@ def cache_root() -> pathlib.Path:
     return pathlib.Path(base) / "jaxpaged"
 
 
-def load_model(model: Optional[str] = None, *, cache_dir: Optional[pathlib.Path] = None) -> LoadedModel:
-    """Load `model` (None: the embedded SmolLM2-135M-Instruct); ValueError naming `model` when it is unusable."""
+def load_model(model: Optional[str] = None, *, revision: Optional[str] = None,
+               cache_dir: Optional[pathlib.Path] = None) -> LoadedModel:
+    """Load `model`: None (the embedded SmolLM2-135M-Instruct), a local path, or a Hugging Face Hub repo id
+    ("org/name") fetched through the HF cache at `revision` (a branch, tag or commit; None: the default branch).
+
+    An existing path wins over a repo id of the same spelling. Raises ValueError starting with "model: " when
+    `model` is unusable.
+    """
     path = default_model_path() if model is None else pathlib.Path(model).expanduser()
-    if not path.exists():
-        raise ValueError(f"model: {model!r} does not exist "
-                         "(give an HF directory, a .gguf file or a converted checkpoint)")
+    if path.exists():
+        if revision is not None:
+            raise ValueError(f"model: a revision ({revision!r}) only applies to Hugging Face Hub ids, "
+                             f"and {str(path)!r} is a local path")
+        return _load_local(path, model, cache_dir)
+    if model is not None and looks_like_repo_id(model):
+        snapshot = download_snapshot(model, revision)
+        hf_config, params = load_hf_checkpoint(snapshot)
+        return _with_generation_config(model, hf_config, params, snapshot)
+    raise ValueError(f"model: {model!r} does not exist "
+                     "(give an HF directory, a .gguf file, a converted checkpoint or a Hugging Face repo id)")
+
+
+def _load_local(path: pathlib.Path, model: Optional[str], cache_dir: Optional[pathlib.Path]) -> LoadedModel:
     if is_converted_checkpoint(path):
         hf_config, params, name = load_converted(path)
-        return LoadedModel(name, hf_config, ModelConfig.from_hf(hf_config), params, path)
+        return _with_generation_config(name, hf_config, params, path)
     if is_hf_checkpoint(path):
         hf_config, params = load_hf_checkpoint(path)
-        return LoadedModel(path.name, hf_config, ModelConfig.from_hf(hf_config), params, path)
+        return _with_generation_config(path.name, hf_config, params, path)
     if path.is_file() and path.suffix == ".gguf":
         name = DEFAULT_MODEL_NAME if model is None else path.stem
         return _load_gguf_cached(path, name, cache_dir or cache_root() / "converted")
     raise ValueError(f"model: {str(path)!r} is neither an HF checkpoint directory, a .gguf file "
                      "nor a jaxpaged checkpoint")
+
+
+def _with_generation_config(name: str, hf_config: dict, params: dict[str, np.ndarray],
+                            directory: pathlib.Path) -> LoadedModel:
+    """A directory's model, with its generation_config.json's EOS ids and sampling defaults."""
+    generation_config = read_generation_config(directory)
+    hf_config = with_generation_eos(hf_config, generation_config)
+    return LoadedModel(name, hf_config, ModelConfig.from_hf(hf_config), params, directory,
+                       sampling_defaults(generation_config))
 
 
 def _load_gguf_cached(path: pathlib.Path, name: str, cache_dir: pathlib.Path) -> LoadedModel:

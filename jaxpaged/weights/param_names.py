@@ -8,19 +8,50 @@ import numpy as np
 from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.models.param_shapes import param_shapes
 
+_COPY_BLOCK = 256
+"""Columns per block when copying a transposed view: each block reads a contiguous run of the source rows."""
+
 
 def stack_layers(cfg: ModelConfig, fetch: Callable[[str, Optional[int]], np.ndarray]) -> dict[str, np.ndarray]:
     """Build every parameter by calling fetch(name, layer) per layer (layer None for global weights).
 
-    fetch returns arrays already in jaxpaged's orientation ([in, out] for projections).
+    fetch returns arrays already in jaxpaged's orientation ([in, out] for projections), in any dtype; a stacked
+    parameter takes the dtype of its first layer. Layers are copied one at a time into the stacked array, so a
+    memory-mapped source is only ever resident one tensor at a time; global weights are kept as fetch returns
+    them (still lazy when fetch maps a file).
     """
     params = {}
     for name, shape in param_shapes(cfg).items():
-        if name.startswith("layers."):
-            short = name[len("layers."):]
-            params[name] = np.stack([fetch(short, layer) for layer in range(cfg.num_layers)])
-        else:
-            params[name] = fetch(name, None)
-        if params[name].shape != shape:
-            raise ValueError(f"checkpoint tensor {name}: expected shape {shape}, got {params[name].shape}")
+        if not name.startswith("layers."):
+            params[name] = _checked(fetch(name, None), shape, name)
+            continue
+        short = name[len("layers."):]
+        stacked: Optional[np.ndarray] = None
+        for layer in range(cfg.num_layers):
+            value = _checked(fetch(short, layer), shape[1:], f"{name}[{layer}]")
+            if stacked is None:
+                stacked = np.empty(shape, dtype=value.dtype)
+            _copy_into(stacked[layer], value)
+            del value  # unmaps this layer's tensor before the next one is read
+        params[name] = stacked if stacked is not None else np.empty(shape, dtype=np.float32)
     return params
+
+
+def _checked(value: np.ndarray, shape: tuple[int, ...], name: str) -> np.ndarray:
+    if value.shape != shape:
+        raise ValueError(f"checkpoint tensor {name}: expected shape {shape}, got {value.shape}")
+    return value
+
+
+def _copy_into(target: np.ndarray, value: np.ndarray) -> None:
+    """target[...] = value, in column blocks when value is a transposed view.
+
+    A whole-matrix copy from a transposed view walks the source a column at a time, striding across every row
+    (and, for a mapped file, every page) per output row; copying blocks of columns reads the source in contiguous
+    row runs, which is several times faster for the large projection matrices.
+    """
+    if value.ndim != 2 or value.flags.c_contiguous:
+        target[...] = value
+        return
+    for start in range(0, value.shape[1], _COPY_BLOCK):
+        target[:, start:start + _COPY_BLOCK] = value[:, start:start + _COPY_BLOCK]

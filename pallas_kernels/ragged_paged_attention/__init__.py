@@ -1,4 +1,5 @@
-"""Ragged paged attention over the runner's interleaved-K/V page layout, and the KV page write.
+"""Ragged paged attention over the runner's paged KV cache (kv_layout.py: interleaved, or packed for TPU), and
+the KV page write.
 
 metadata.py: the AttentionMetadata pytree and the shared vocabulary; spec.py: the plain reference;
 xla.py: the CPU path; tpu.py / gpu.py: the Pallas kernels; dispatch.py: the switch the model calls.
@@ -10,8 +11,9 @@ from pallas_kernels.ragged_paged_attention.dispatch import (
     resolve_attention_backend,
     write_kv,
 )
+from pallas_kernels.ragged_paged_attention.kv_layout import KVPages
 from pallas_kernels.ragged_paged_attention.metadata import AttentionMetadata, empty_attention_metadata
 from pallas_kernels.ragged_paged_attention.xla import ragged_paged_attention_xla, write_kv_pages
 
-__all__ = ["ATTENTION_BACKENDS", "AttentionMetadata", "empty_attention_metadata", "ragged_paged_attention",
+__all__ = ["ATTENTION_BACKENDS", "AttentionMetadata", "KVPages", "empty_attention_metadata", "ragged_paged_attention",
            "ragged_paged_attention_xla", "resolve_attention_backend", "write_kv", "write_kv_pages"]

@@ -10,12 +10,13 @@ head_dim] cache; "pallas_tpu" also reads and writes the packed uint32 [num_pages
 cache (no TPU tile padding), which needs num_kv_heads passed along since the shape no longer says it.
 """
 
-from typing import Optional, Union
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, UInt32
+from jaxtyping import Array, Float
 
+from pallas_kernels.ragged_paged_attention.kv_layout import KVPages
 from pallas_kernels.ragged_paged_attention.metadata import AttentionMetadata, validate_attention_inputs
 from pallas_kernels.ragged_paged_attention.xla import ragged_paged_attention_xla, write_kv_pages
 
@@ -51,7 +52,7 @@ def resolve_attention_backend(name: str) -> str:
 
 def ragged_paged_attention(
     q: Float[Array, "num_tokens num_q_heads head_dim"],
-    kv_pages: Union[Float[Array, "num_pages page_size kv_heads_x2 head_dim"], UInt32[Array, "num_pages rows lanes"]],
+    kv_pages: KVPages,
     metadata: AttentionMetadata,
     *,
     backend: str,
@@ -92,13 +93,13 @@ def ragged_paged_attention(
 
 
 def write_kv(
-    kv_pages: Union[Float[Array, "num_pages page_size kv_heads_x2 head_dim"], UInt32[Array, "num_pages rows lanes"]],
+    kv_pages: KVPages,
     k: Float[Array, "num_tokens num_kv_heads head_dim"],
     v: Float[Array, "num_tokens num_kv_heads head_dim"],
     metadata: AttentionMetadata,
     *,
     backend: str,
-) -> Union[Float[Array, "num_pages page_size kv_heads_x2 head_dim"], UInt32[Array, "num_pages rows lanes"]]:
+) -> KVPages:
     """Write the step's K/V into their slots (metadata.slot_mapping) with the backend's write."""
     if k.shape != v.shape or k.ndim != 3:
         raise ValueError(f"k: k and v must both be [num_tokens, num_kv_heads, head_dim], got {k.shape} and {v.shape}")

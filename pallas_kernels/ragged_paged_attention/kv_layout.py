@@ -18,6 +18,7 @@ physical_bytes(...); pack_kv_pages / unpack_kv_pages convert between the two lay
 """
 
 import dataclasses
+from typing import Union
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +27,9 @@ from jaxtyping import Array, Float, UInt32
 
 LANES = 128
 LAYOUTS = ("interleaved", "packed")
+
+KVPages = Union[Float[Array, "num_pages page_size kv_heads_x2 head_dim"], UInt32[Array, "num_pages rows lanes"]]
+"""A (layer's) page pool in either layout: interleaved [pages, page_size, 2 * kv_heads, head_dim] or packed."""
 
 
 @dataclasses.dataclass(frozen=True)

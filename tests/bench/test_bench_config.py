@@ -2,6 +2,7 @@
 
 import math
 import pathlib
+import re
 
 import pytest
 
@@ -45,6 +46,15 @@ def test_sweep_axis_overrides_base_value_without_touching_other_points():
     assert config.engine == {"block_size": 32, "max_num_seqs": 4}
 
 
+def test_joint_axis_sets_its_parameters_together():
+    """(dp, tp) layouts are pairs, not a grid: (2, 2) would need 4 devices."""
+    axis = "engine.(data_parallel_size, tensor_parallel_size)"
+    config = parse_config(minimal(sweep={axis: [[1, 1], [1, 2], [2, 1]]}, cpu_devices=2))
+    assert [(p.engine_options["data_parallel_size"], p.engine_options["tensor_parallel_size"])
+            for p in config.points()] == [(1, 1), (1, 2), (2, 1)]
+    assert config.cpu_devices == 2
+
+
 @pytest.mark.parametrize("rate", ["inf", ".inf", math.inf])
 def test_request_rate_inf_spellings(rate):
     raw = minimal(mode={"kind": "online", "request_rate": rate})
@@ -77,9 +87,13 @@ def test_request_rate_inf_spellings(rate):
     (minimal(targets=[{"name": "x", "metric": "m"}]), "targets[].min"),
     (minimal(targets=[{"name": "x", "metric": "m", "numerator": {}, "min": 1}]), "targets[].denominator"),
     (minimal(plot_x="engine.block_size"), "plot_x"),
+    (minimal(sweep={"engine.(data_parallel_size, tensor_parallel_size)": [[1, 1], [2]]}),
+     "sweep.engine.(data_parallel_size"),
+    (minimal(sweep={"engine.(data_parallel_size, tensor_parallel_size)": [[0, 1]]}), "data_parallel_size"),
+    (minimal(cpu_devices=0), "cpu_devices"),
 ])
 def test_bad_config_names_the_field(raw, field):
-    with pytest.raises(ValueError, match=field.replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(ValueError, match=re.escape(field)):
         parse_config(raw)
 
 

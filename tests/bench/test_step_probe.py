@@ -39,6 +39,7 @@ class FakeEngine:
     def __init__(self, scheduler):
         self.scheduler = scheduler
         self.runner = FakeRunner()
+        self.schedulers, self.runners = [scheduler], [self.runner]  # one data-parallel rank
         self.num_tokens = 0
 
     def step(self):

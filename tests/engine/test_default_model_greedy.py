@@ -45,7 +45,7 @@ def hf_reference() -> list[list[int]]:
 @pytest.fixture(scope="module")
 def engine() -> LLMEngine:
     """A small pool (10 usable blocks of 16) that four requests outgrow, and a 32-token step budget."""
-    config = EngineConfig.from_options(max_model_len=256, max_num_seqs=8, max_num_batched_tokens=32,
+    config = EngineConfig.from_options(max_model_len=160, max_num_seqs=8, max_num_batched_tokens=32,
                                        num_kv_blocks=11, dtype="float32", attention_backend="xla",
                                        compilation_cache_dir="")
     return LLMEngine(load_model(None), config, warmup=False)

@@ -34,3 +34,20 @@ def test_greedy_generation_matches_xla_backend(backend, tiny_model_dir, xla_toke
     """Chunked prefill + decode through the kernel gives the xla backend's tokens exactly."""
     assert all(len(ids) == 6 for ids in xla_token_ids)
     assert _greedy_token_ids(tiny_model_dir, backend) == xla_token_ids
+
+
+def test_packed_tpu_cache_layout_matches_xla_backend(tmp_path, smollm2_tokenizer_dir):
+    """head_dim 64: pallas_tpu gets the packed uint32 cache (K and V of a head side by side in one 128-lane row)
+    and still reproduces the xla backend's greedy tokens through chunked prefill and decode."""
+    from tests.conftest import TINY_LLAMA, save_tiny_llama
+
+    model_dir = save_tiny_llama(tmp_path / "hd64", smollm2_tokenizer_dir,
+                                TINY_LLAMA | dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=1,
+                                                  head_dim=64))
+    expected = _greedy_token_ids(model_dir, "xla")
+    llm = LLM(str(model_dir), **(ENGINE_OPTIONS | dict(attention_backend="pallas_tpu")))
+    runner = llm.engine.runner
+    assert runner.kv_layout == "packed"
+    assert runner.kv_cache.dtype == "uint32" and runner.kv_cache.shape[2:] == (16, 128)  # 16-token pages, 1 row each
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    assert [list(out.outputs[0].token_ids) for out in llm.generate(PROMPTS, params, use_tqdm=False)] == expected

@@ -10,6 +10,8 @@ TINY: dict[str, Any] = dict(vocab_size=160, hidden_size=64, intermediate_size=96
                             num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
                             rms_norm_eps=1e-5)
 
+THREE_LAYERS: dict[str, Any] = TINY | {"num_hidden_layers": 3}
+
 FAMILIES = {
     "llama": lambda: transformers.LlamaConfig(
         **TINY, tie_word_embeddings=False,  # rope_parameters: transformers 5's name of the deprecated rope_scaling
@@ -18,6 +20,15 @@ FAMILIES = {
     "mistral": lambda: transformers.MistralConfig(**TINY, tie_word_embeddings=False, sliding_window=None),
     "qwen2": lambda: transformers.Qwen2Config(**TINY, tie_word_embeddings=True),
     "qwen3": lambda: transformers.Qwen3Config(**TINY, tie_word_embeddings=True),
+    # Windows of 8 tokens, so the longer prompts outgrow them; caps small enough to bite on random weights.
+    "gemma2": lambda: transformers.Gemma2Config(
+        **TINY, tie_word_embeddings=True, sliding_window=8, query_pre_attn_scalar=12, attn_logit_softcapping=3.0,
+        final_logit_softcapping=2.0),
+    "gemma3": lambda: transformers.Gemma3TextConfig(
+        **THREE_LAYERS, tie_word_embeddings=True, sliding_window=8,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"], query_pre_attn_scalar=12,
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0}}),
 }
 
 

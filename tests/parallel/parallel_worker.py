@@ -17,7 +17,7 @@ from jaxpaged.runner import compile_counter
 from jaxpaged.sampling_params import SamplingParams
 
 # Small limits force chunked prefill (16-token steps), preemption (a 14-block pool) and prefix hits.
-ENGINE_OPTIONS = dict(max_model_len=128, max_num_seqs=4, max_num_batched_tokens=16, num_kv_blocks=14, block_size=4,
+ENGINE_OPTIONS = dict(max_model_len=48, max_num_seqs=4, max_num_batched_tokens=16, num_kv_blocks=14, block_size=4,
                       dtype="float32", attention_backend="xla", compilation_cache_dir="")
 SHARED_PREFIX = "You are a helpful assistant. Answer briefly and politely, in English. Question: "
 PROMPTS = [SHARED_PREFIX + "what is two plus two?", "def fibonacci(n):", SHARED_PREFIX + "name a colour.",
@@ -53,7 +53,12 @@ def main() -> None:
         logits = step_logits(llm)
         tokens = greedy(llm)
         engine = llm.engine
+        # After a reset no rank remembers a prompt it served: asking it again finds no cached block.
+        hits_before = engine.get_stats().prefix_cache_hits
+        reset = llm.reset_prefix_cache()
+        llm.generate(PROMPTS[0], SamplingParams(max_tokens=1), use_tqdm=False)
         results.append(dict(
+            reset=reset, hits_after_reset=engine.get_stats().prefix_cache_hits - hits_before,
             dp=dp, tp=tp,
             logits_rel_error=float(np.max(np.abs(logits - expected_logits)) / np.max(np.abs(expected_logits))),
             greedy_identical=tokens == expected_tokens,

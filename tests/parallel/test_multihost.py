@@ -1,7 +1,8 @@
 """Multi-host serving on one machine: `jaxpaged serve` as 2 processes (one CPU device each, gloo collectives,
 tp=2 across them). Process 0's HTTP answers equal the single-process engine's; a follower that dies or hangs
 makes process 0 fail the request in flight, answer 503 and exit with code 3 within the documented bound; a
-follower whose leader is gone exits with code 4. Each job is killed at the end of its test, whatever happened.
+follower whose leader is gone exits (code 4, or SIGABRT from JAX's coordination client). Each job is killed at
+the end of its test, whatever happened.
 """
 
 import json
@@ -134,6 +135,8 @@ def test_hung_follower_is_given_up_on_within_the_timeout(cluster):
     assert seconds >= DISTRIBUTED_TIMEOUT_S - 1  # it did wait for the hung process, as documented
     assert 503 in codes, codes
     assert any(event.startswith("{\"error\"") for event in events), events[-3:]
-    # Woken up, the follower finds its leader gone and exits with its own code.
+    # Woken up, the follower finds its leader gone and exits: with its own code when its next collective fails
+    # first, or aborted by JAX's coordination client when that notices the lost service first. Never a hang.
     cluster.processes[1].send_signal(signal.SIGCONT)
-    assert cluster.wait_exit(1, 2 * DISTRIBUTED_TIMEOUT_S + SLACK_S) == EXIT_LEADER_LOST, cluster.log_tail(1)
+    exit_code = cluster.wait_exit(1, 2 * DISTRIBUTED_TIMEOUT_S + SLACK_S)
+    assert exit_code in (EXIT_LEADER_LOST, -signal.SIGABRT), (exit_code, cluster.log_tail(1))

@@ -36,6 +36,7 @@ def assert_matches_single_device(results: list[dict]) -> None:
         assert result["kv_shards"] == result["tp"], layout  # the KV cache really is split over the model axis
         assert result["preemptions"] > 0, layout  # the small pool forced recompute preemption
         assert result["compilations_while_serving"] == 0, layout
+        assert result["reset"] and result["hits_after_reset"] == 0, layout
 
 
 def test_gqa_model_at_tp2_and_tp4_with_kv_head_replication(tmp_path, smollm2_tokenizer_dir):
@@ -54,6 +55,15 @@ def test_data_parallel_routes_shared_prefixes_to_one_rank(tmp_path, smollm2_toke
         assert result["greedy_identical"]
         # Three prompts share a 20-token prefix: they all run on one rank, so only that rank reports hits.
         assert sorted(hits > 0 for hits in result["hits_per_rank"]) == [False, True], result["hits_per_rank"]
+
+
+def test_gemma2_alternating_windows_and_soft_caps_at_tp2(tmp_path, smollm2_tokenizer_dir):
+    """Gemma 2's per-layer window choice (a cond in the scanned body) and soft-capping, per shard."""
+    gemma = {k: v for k, v in TINY_LLAMA.items() if k != "tie_word_embeddings"} | dict(
+        num_attention_heads=4, num_key_value_heads=2, sliding_window=8, query_pre_attn_scalar=16,
+        attn_logit_softcapping=3.0, final_logit_softcapping=5.0)
+    model_dir = save_tiny_llama(tmp_path / "gemma2", smollm2_tokenizer_dir, gemma, config_class="Gemma2Config")
+    assert_matches_single_device(run_worker(str(model_dir), [(1, 2)]))
 
 
 def test_embedded_smollm2_at_tp3():

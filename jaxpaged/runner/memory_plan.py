@@ -1,0 +1,102 @@
+"""The start-up memory plan of one rank: weights and KV cache per device, checked before anything is placed or
+compiled, so a configuration that cannot work fails naming the option to change instead of with an XLA
+out-of-memory error half-way through warm-up."""
+
+import dataclasses
+import logging
+from typing import Any, Optional
+
+import numpy as np
+
+from jaxpaged.models.model_config import ModelConfig
+from jaxpaged.runner import mesh as mesh_lib
+from jaxpaged.runner.kv_cache import bytes_per_block, logical_bytes_per_block
+
+logger = logging.getLogger(__name__)
+
+WEIGHT_SHARE_LIMIT = 0.9
+"""Weights may take at most this share of a device's memory: the KV cache and XLA's buffers need the rest."""
+
+
+def weight_bytes_per_device(params: dict[str, np.ndarray], model: ModelConfig, tp: int, dtype) -> int:
+    """Bytes of the weights on each device of a rank, in the engine dtype, after tensor-parallel sharding."""
+    itemsize = np.dtype(dtype).itemsize
+    total = 0
+    for name, value in params.items():
+        spec = mesh_lib.param_partition_spec(name, value.shape, model, tp)
+        shards = tp if mesh_lib.MODEL_AXIS in tuple(spec) else 1
+        total += int(np.prod(value.shape)) // shards * itemsize
+    return total
+
+
+def device_memory_bytes(device: Any) -> Optional[int]:
+    """The memory one accelerator offers (its allocator's limit); None on CPU, where the host's RAM is the limit."""
+    if device.platform == "cpu":
+        return None
+    stats = device.memory_stats() or {}
+    return stats.get("bytes_limit") or None
+
+
+def check_weights_fit(weight_bytes: int, device_bytes: Optional[int], tp: int, dtype) -> None:
+    """ValueError naming tensor_parallel_size / dtype when the weights alone would not fit one device."""
+    if device_bytes is None or weight_bytes <= WEIGHT_SHARE_LIMIT * device_bytes:
+        return
+    needed_tp = tp
+    while weight_bytes * tp / needed_tp > WEIGHT_SHARE_LIMIT * device_bytes:
+        needed_tp *= 2
+    raise ValueError(f"tensor_parallel_size: the weights take {weight_bytes / 2**30:.2f} GiB per device at "
+                     f"tensor_parallel_size={tp} in {np.dtype(dtype).name}, over {WEIGHT_SHARE_LIMIT:.0%} of a "
+                     f"device's {device_bytes / 2**30:.2f} GiB; use tensor_parallel_size >= {needed_tp} (or a "
+                     f"smaller dtype)")
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPlan:
+    """What one rank will hold per device, and how many full-length sequences its KV pool can carry."""
+
+    weight_bytes_per_device: int
+    kv_bytes_per_token: int
+    """Logical K and V bytes of one token over all layers and kv heads (the whole model, before any split)."""
+    kv_bytes_per_block_per_device: int
+    """Physical bytes of one block on one device (TPU tile padding included)."""
+    num_kv_blocks: int
+    """Blocks in the pool, the null block included."""
+    block_size: int
+    max_model_len: int
+
+    @property
+    def blocks_per_max_len_sequence(self) -> int:
+        return -(-self.max_model_len // self.block_size)
+
+    @property
+    def max_sequences_at_max_model_len(self) -> int:
+        """How many sequences of max_model_len tokens fit the pool at once (block 0 is never handed out)."""
+        return (self.num_kv_blocks - 1) // self.blocks_per_max_len_sequence
+
+    def describe(self) -> str:
+        kv_per_device = self.num_kv_blocks * self.kv_bytes_per_block_per_device
+        return (f"memory plan per device: weights {self.weight_bytes_per_device / 2**20:.1f} MiB; KV "
+                f"{self.kv_bytes_per_token / 2**10:.1f} KiB per token (all devices), "
+                f"{self.kv_bytes_per_block_per_device / 2**10:.1f} KiB per {self.block_size}-token block, "
+                f"{self.num_kv_blocks} blocks = {kv_per_device / 2**20:.1f} MiB; "
+                f"{self.max_sequences_at_max_model_len} sequences of max_model_len={self.max_model_len} fit at once")
+
+    def check(self) -> None:
+        """ValueError naming the options when not even one max_model_len sequence fits the pool (as vLLM does)."""
+        if self.max_sequences_at_max_model_len >= 1:
+            return
+        usable_tokens = (self.num_kv_blocks - 1) * self.block_size
+        needed_blocks = self.blocks_per_max_len_sequence + 1
+        raise ValueError(
+            f"max_model_len: {self.max_model_len} tokens need {self.blocks_per_max_len_sequence} KV blocks but the "
+            f"pool has {self.num_kv_blocks - 1} usable ({usable_tokens} tokens); lower max_model_len to "
+            f"<= {usable_tokens}, or raise num_kv_blocks to >= {needed_blocks} (kv_cache_memory to >= "
+            f"{needed_blocks * self.kv_bytes_per_block_per_device} bytes per device)")
+
+
+def plan_memory(model: ModelConfig, weight_bytes: int, num_kv_blocks: int, block_size: int, max_model_len: int,
+                dtype, tp: int, layout: str) -> MemoryPlan:
+    """The plan of a rank whose KV cache is split over tp devices on its kv-head axis."""
+    logical_per_token = logical_bytes_per_block(model, 1, dtype)
+    per_block = bytes_per_block(model, block_size, dtype, layout=layout) // tp
+    return MemoryPlan(weight_bytes, logical_per_token, per_block, num_kv_blocks, block_size, max_model_len)
