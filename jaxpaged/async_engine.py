@@ -113,6 +113,7 @@ class AsyncLLMEngine:
         self.vocab_size: int = engine.vocab_size
         self.max_model_len: int = engine.max_model_len
         self.max_num_seqs: int = engine.max_num_seqs
+        self.sampling_defaults: dict = engine.sampling_defaults
         self._idle_wait_s = idle_wait_s
         self._commands: queue.Queue = queue.Queue()
         self._sinks: dict[str, _OutputSink] = {}  # touched only on the loop thread

@@ -29,6 +29,7 @@ from jaxpaged.runner import compile_counter
 from jaxpaged.runner.model_runner import build_rank_runners
 from jaxpaged.runner.step_result import StepResult
 from jaxpaged.sampling_params import SamplingParams
+from jaxpaged.weights.generation_config import request_defaults
 from jaxpaged.weights.loader import LoadedModel, load_model
 
 
@@ -46,6 +47,8 @@ class LLMEngine:
         self.max_model_len = sched.max_model_len
         self.max_num_seqs = sched.max_num_seqs
         self.tokenizer = PreTrainedTokenizerFast.from_pretrained(str(loaded.tokenizer_dir))
+        self.sampling_defaults = request_defaults(loaded.generation_defaults)
+        """Sampling fields from the model's generation_config.json, for requests that leave them unset."""
         self.eos_token_ids = list(loaded.config.eos_token_ids) or (
             [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else [])
         # Data parallel: one runner (device group, page pool) and one scheduler per rank; tp splits each runner.
@@ -89,7 +92,7 @@ class LLMEngine:
     def add_request(self, request_id: str, prompt: PromptInput, sampling_params: Optional[SamplingParams] = None,
                     *, arrival_time: Optional[float] = None) -> None:
         """Queue a request; ValueError naming the problem (and nothing changed) on bad input."""
-        params = sampling_params or SamplingParams()
+        params = sampling_params or self.default_sampling_params()
         if request_id in self._groups:
             raise ValueError(f"request_id: {request_id!r} is already in use")
         parsed = parse_prompt(prompt, self.tokenizer, self.vocab_size)
@@ -124,6 +127,10 @@ class LLMEngine:
             self.tokenizer, parsed.token_ids, skip_special_tokens=params.skip_special_tokens,
             stop=params.stop or (), include_stop_str_in_output=params.include_stop_str_in_output)
         return Sample(index, request, detokenizer)
+
+    def default_sampling_params(self) -> SamplingParams:
+        """SamplingParams() with the model's recommended settings (generation_config.json), as vLLM does."""
+        return SamplingParams(**self.sampling_defaults)
 
     def abort_request(self, request_ids: Union[str, Iterable[str]]) -> None:
         """Drop requests now and free their KV blocks; unknown ids are ignored."""

@@ -42,10 +42,11 @@ class LLM:
                  use_tqdm: bool = True) -> list[RequestOutput]:
         """Run every prompt to completion; one RequestOutput per prompt, in input order.
 
-        Every prompt is validated before any is queued, so a bad one raises ValueError and runs nothing.
+        Every prompt is validated before any is queued, so a bad one raises ValueError and runs nothing. Without
+        sampling_params, the model's generation_config.json settings apply (LLMEngine.default_sampling_params).
         """
         prompt_list = _as_prompt_list(prompts)
-        params_list = _as_params_list(sampling_params, len(prompt_list))
+        params_list = _as_params_list(sampling_params, len(prompt_list), self.engine.default_sampling_params())
         request_ids = [next_request_id() for _ in prompt_list]
         added = []
         try:
@@ -103,9 +104,9 @@ def _as_prompt_list(prompts: Prompts) -> list[PromptInput]:
     return items
 
 
-def _as_params_list(sampling_params, num_prompts: int) -> list[SamplingParams]:
+def _as_params_list(sampling_params, num_prompts: int, default: SamplingParams) -> list[SamplingParams]:
     if sampling_params is None or isinstance(sampling_params, SamplingParams):
-        return [sampling_params or SamplingParams()] * num_prompts
+        return [sampling_params or default] * num_prompts
     params_list = list(sampling_params)
     if len(params_list) != num_prompts:
         raise ValueError(f"sampling_params: got {len(params_list)} for {num_prompts} prompts")

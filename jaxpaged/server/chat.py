@@ -41,7 +41,8 @@ async def create_chat_completion(request: Request, context: ServerContext) -> Re
     # NOTE: unset, the whole rest of the context is the limit (OpenAI's chat behaviour).
     max_tokens = resolve_max_tokens(requested, None, len(prompt.token_ids), engine.max_model_len, field)
     params = build_sampling_params(body, max_tokens=max_tokens, logprobs=(body.top_logprobs or 0) if body.logprobs
-                                   else None, vocab_size=engine.vocab_size, max_n=context.settings.max_n)
+                                   else None, vocab_size=engine.vocab_size, max_n=context.settings.max_n,
+                                   model_defaults=engine.sampling_defaults)
     run = GenerationRun(context, f"chatcmpl-{uuid.uuid4().hex}", [prompt], [params])
     view = _ChatView(body, engine.tokenizer, engine.model_name, run.request_id)
     return await respond(request, run, body.stream, view.events, lambda finals: view.body(finals[0]))

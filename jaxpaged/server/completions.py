@@ -40,7 +40,8 @@ async def create_completion(request: Request, context: ServerContext) -> Respons
     params = [build_sampling_params(
         body, max_tokens=resolve_max_tokens(body.max_tokens, DEFAULT_MAX_TOKENS, len(prompt.token_ids),
                                             engine.max_model_len),
-        logprobs=body.logprobs, vocab_size=engine.vocab_size, max_n=context.settings.max_n) for prompt in prompts]
+        logprobs=body.logprobs, vocab_size=engine.vocab_size, max_n=context.settings.max_n,
+        model_defaults=engine.sampling_defaults) for prompt in prompts]
     run = GenerationRun(context, f"cmpl-{uuid.uuid4().hex}", prompts, params)
     view = _CompletionView(body, prompts, engine.tokenizer, engine.model_name, run.request_id)
     return await respond(request, run, body.stream, view.events, view.body)

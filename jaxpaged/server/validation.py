@@ -88,8 +88,14 @@ def resolve_max_tokens(requested: Optional[int], default: Optional[int], num_pro
 
 
 def build_sampling_params(request: SamplingRequest, *, max_tokens: int, logprobs: Optional[int],
-                          vocab_size: int, max_n: int) -> SamplingParams:
-    """SamplingParams from a validated request; 400 for n over max_n or token ids outside the vocabulary."""
+                          vocab_size: int, max_n: int, model_defaults: Optional[dict] = None) -> SamplingParams:
+    """SamplingParams from a validated request; 400 for n over max_n or token ids outside the vocabulary.
+
+    `model_defaults` (the model's generation_config.json settings) fill the fields the request left unset.
+    """
+    unset = {key: value for key, value in (model_defaults or {}).items() if key not in request.model_fields_set}
+    sampled = {key: unset.get(key, getattr(request, key))
+               for key in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")}
     if request.n > max_n:
         raise APIError(400, f"n: must be <= {max_n} (the server's --max-n)", param="n", code="invalid_value")
     stop = [request.stop] if isinstance(request.stop, str) else request.stop or []
@@ -108,9 +114,8 @@ def build_sampling_params(request: SamplingRequest, *, max_tokens: int, logprobs
         check_token_ids(list(logit_bias), vocab_size, "logit_bias")
     try:
         params = SamplingParams(
-            n=request.n, temperature=request.temperature, top_p=request.top_p, top_k=request.top_k,
-            min_p=request.min_p, seed=request.seed, presence_penalty=request.presence_penalty,
-            frequency_penalty=request.frequency_penalty, repetition_penalty=request.repetition_penalty,
+            n=request.n, **sampled, seed=request.seed, presence_penalty=request.presence_penalty,
+            frequency_penalty=request.frequency_penalty,
             logit_bias=logit_bias, stop=stop, stop_token_ids=request.stop_token_ids,
             include_stop_str_in_output=request.include_stop_str_in_output, max_tokens=max_tokens,
             min_tokens=request.min_tokens, ignore_eos=request.ignore_eos, logprobs=logprobs,

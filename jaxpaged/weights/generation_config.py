@@ -37,6 +37,16 @@ def with_generation_eos(hf_config: dict, generation_config: dict[str, Any]) -> d
     return {**hf_config, "eos_token_id": eos}
 
 
+OVERRIDABLE_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+"""The generation-config keys that become defaults of requests that leave them unset (vLLM's choice; do_sample and
+max_new_tokens are not used)."""
+
+
+def request_defaults(generation_defaults: dict[str, Any]) -> dict[str, Any]:
+    """The SamplingParams fields a request inherits from the model when it does not set them."""
+    return {key: generation_defaults[key] for key in OVERRIDABLE_SAMPLING_FIELDS if key in generation_defaults}
+
+
 def sampling_defaults(generation_config: dict[str, Any]) -> dict[str, Any]:
     """The sampling settings the model's authors recommend, as set in the file."""
     return {key: generation_config[key] for key in SAMPLING_KEYS if generation_config.get(key) is not None}

@@ -33,7 +33,8 @@ FAMILIES = {
 
 
 def make_hf_checkpoint(family: str, directory) -> transformers.PreTrainedModel:
-    """Build a seeded random model of `family`, save it to `directory` (safetensors), return it in float32 eval mode."""
+    """Build a seeded random model of `family`, save it to `directory` (bfloat16 safetensors), return it in float32
+    eval mode with those bfloat16-rounded weights."""
     torch.manual_seed(0)
     config = FAMILIES[family]()
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -42,8 +43,10 @@ def make_hf_checkpoint(family: str, directory) -> transformers.PreTrainedModel:
             if name.endswith("bias") or "norm" in name:
                 param.add_(0.1 * torch.randn_like(param))
     model.eval()
-    model.save_pretrained(directory)
-    return model
+    # Saved in bfloat16, as hub checkpoints are; the reference runs in float32 on the same rounded weights, which
+    # is what the engine loads (read as bfloat16, computed in float32).
+    model.to(torch.bfloat16).save_pretrained(directory)
+    return model.to(torch.float32)
 
 
 @pytest.fixture(scope="session", params=sorted(FAMILIES))

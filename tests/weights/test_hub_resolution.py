@@ -103,6 +103,26 @@ def test_llm_generates_from_a_repo_id(cached_repo):
     assert llm.engine.eos_token_ids == [2, 7]
     output = llm.generate("Hello", SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False)
     assert len(output[0].outputs[0].token_ids) == 4
+    # Requests without sampling settings get the model's (generation_config.json), as vLLM does.
+    defaults = llm.engine.default_sampling_params()
+    assert (defaults.temperature, defaults.top_p, defaults.top_k) == (0.6, 0.9, SamplingParams().top_k)
+
+
+def test_server_fills_only_unset_sampling_fields_from_the_model():
+    from jaxpaged.server.protocol import CompletionRequest
+    from jaxpaged.server.validation import build_sampling_params
+
+    model_defaults = {"temperature": 0.6, "top_p": 0.9, "top_k": 20}
+    unset = CompletionRequest(prompt="x")
+    params = build_sampling_params(unset, max_tokens=4, logprobs=None, vocab_size=100, max_n=4,
+                                   model_defaults=model_defaults)
+    assert (params.temperature, params.top_p, params.top_k) == (0.6, 0.9, 20)
+    explicit = CompletionRequest(prompt="x", temperature=0.0, top_k=0)  # set, even to the API defaults: kept
+    params = build_sampling_params(explicit, max_tokens=4, logprobs=None, vocab_size=100, max_n=4,
+                                   model_defaults=model_defaults)
+    assert (params.temperature, params.top_p, params.top_k) == (0.0, 0.9, 0)
+    plain = build_sampling_params(unset, max_tokens=4, logprobs=None, vocab_size=100, max_n=4)
+    assert (plain.temperature, plain.top_p, plain.top_k) == (1.0, 1.0, 0)
 
 
 def test_uncached_repo_offline_says_so(hub_cache):
