@@ -191,10 +191,11 @@ class LLMEngine:
         for request in updated:
             group, sample_state = self._samples[request.request_id]
             row = row_of[request.request_id]
-            sampled_logprob, top = 0.0, None
+            sampled_logprob, top, sampled_rank = 0.0, None, None
             if result.logprobs is not None:
-                sampled_logprob, top = result.logprobs.row(row, group.params.logprobs or 0)
-            group.record_token(sample_state, result.token_ids[row], top, sampled_logprob, self.tokenizer)
+                sampled_logprob, top, sampled_rank = result.logprobs.row(row, group.params.logprobs or 0)
+            group.record_token(sample_state, result.token_ids[row], top, sampled_logprob, self.tokenizer,
+                               sampled_rank)
             self._generation_tokens_total += 1
             if sample_state.finish_reason is not None and not request.is_finished():
                 stopped_by_string.append(request.request_id)

@@ -51,17 +51,18 @@ class RequestGroup:
         return all(sample.finish_reason is not None for sample in self.samples)
 
     def record_token(self, sample: Sample, token_id: int, top: Optional[list[tuple[int, float]]],
-                     sampled_logprob: float, tokenizer) -> None:
-        """Account one sampled token: logprobs, detokenized text, finish state."""
+                     sampled_logprob: float, tokenizer, sampled_rank: Optional[int] = None) -> None:
+        """Account one sampled token: logprobs (with the sampled token's exact rank), detokenized text, finish
+        state."""
         if self.metrics.first_token_time is None:
             self.metrics.first_token_time = time.time()
         if self.params.logprobs is not None:
             entry = {}
             for rank, (top_id, top_logprob) in enumerate(top or [], start=1):
                 entry[top_id] = Logprob(top_logprob, rank, tokenizer.decode([top_id]))
-            if token_id not in entry:
-                # Outside the top-k asked for: its exact rank is not computed, only that it is below them.
-                entry[token_id] = Logprob(sampled_logprob, len(entry) + 1, tokenizer.decode([token_id]))
+            if token_id not in entry:  # outside the top-k asked for: the sampler counted its exact rank
+                rank = sampled_rank if sampled_rank is not None else len(entry) + 1
+                entry[token_id] = Logprob(sampled_logprob, rank, tokenizer.decode([token_id]))
             sample.logprobs = (sample.logprobs or []) + [entry]
             sample.cumulative_logprob = (sample.cumulative_logprob or 0.0) + sampled_logprob
         request = sample.request

@@ -59,6 +59,8 @@ class SamplerOutput:
     """Ids of the min(20, vocab) most likely tokens under the raw logits, best first; None if not asked."""
     top_logprobs: Optional[Float[HostOrDeviceArray, "num_rows num_top_logprobs"]] = None
     """Their raw logprobs, best first; None if not asked."""
+    sampled_ranks: Optional[Int[HostOrDeviceArray, " num_rows"]] = None
+    """1-based rank of the sampled id under the raw logprobs (vLLM's: how many tokens are at least as likely)."""
 
 
 def apply_logit_adjustments(logits: Float[HostOrDeviceArray, "num_rows vocab_size"],
@@ -194,7 +196,9 @@ def sample(logits: Float[Array, "num_rows vocab_size"], batch: SamplingBatch,
         token_ids = jnp.where(is_greedy, token_ids, jnp.argmax(noisy, axis=-1))
     token_ids = token_ids.astype(jnp.int32)
     logprobs = jnp.take_along_axis(raw_logprobs, token_ids[:, None], axis=-1)[:, 0]
+    # Exact even when the sampled id is outside the top-k returned: one comparison pass over the vocabulary.
+    ranks = jnp.sum(raw_logprobs >= logprobs[:, None], axis=-1, dtype=jnp.int32)
     if not flags.return_top_logprobs:
-        return SamplerOutput(token_ids, logprobs)
+        return SamplerOutput(token_ids, logprobs, sampled_ranks=ranks)
     top_logprobs, top_logprob_ids = jax.lax.top_k(raw_logprobs, min(MAX_LOGPROBS, vocab_size))
-    return SamplerOutput(token_ids, logprobs, top_logprob_ids.astype(jnp.int32), top_logprobs)
+    return SamplerOutput(token_ids, logprobs, top_logprob_ids.astype(jnp.int32), top_logprobs, ranks)

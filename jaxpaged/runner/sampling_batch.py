@@ -93,13 +93,11 @@ def split_seed(seed: int) -> tuple[int, int]:
 
 def min_tokens_suppress_ids(params: SamplingParams, eos_token_ids: Sequence[int],
                             num_output_tokens: int) -> list[int]:
-    """The ids to put in SamplingRow.suppress_token_ids: stop ids and EOS while min_tokens is not reached."""
+    """The ids to put in SamplingRow.suppress_token_ids: stop ids and the model's EOS ids while min_tokens is not
+    reached. EOS is held back even with ignore_eos, as vLLM does (it always adds the model's EOS to these ids)."""
     if num_output_tokens >= params.min_tokens:
         return []
-    ids = list(params.stop_token_ids or ())  # a list once SamplingParams.__post_init__ has normalized it
-    if not params.ignore_eos:
-        ids.extend(eos_token_ids)
-    return ids
+    return list(params.stop_token_ids or ()) + list(eos_token_ids)
 
 
 def _needs_penalties(row: SamplingRow) -> bool:

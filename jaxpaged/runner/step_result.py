@@ -17,13 +17,16 @@ class SampledLogprobs:
     """Ids of each row's most likely tokens, best first; None when no row asked for top logprobs."""
     top_values: Optional[Float32[np.ndarray, "num_rows num_top"]] = None
     """Their logprobs, best first."""
+    sampled_ranks: Optional[Int32[np.ndarray, " num_rows"]] = None
+    """Exact 1-based rank of each row's sampled token (vLLM's: tokens at least as likely, itself included)."""
 
-    def row(self, row: int, num_top: int) -> tuple[float, list[tuple[int, float]]]:
-        """(the sampled token's logprob, the row's top num_top (id, logprob) pairs)."""
+    def row(self, row: int, num_top: int) -> tuple[float, list[tuple[int, float]], Optional[int]]:
+        """(the sampled token's logprob, the row's top num_top (id, logprob) pairs, the sampled token's rank)."""
         top: list[tuple[int, float]] = []
         if self.top_ids is not None and self.top_values is not None and num_top:
             top = list(zip(self.top_ids[row, :num_top].tolist(), self.top_values[row, :num_top].tolist()))
-        return float(self.sampled[row]), top
+        rank = None if self.sampled_ranks is None else int(self.sampled_ranks[row])
+        return float(self.sampled[row]), top, rank
 
 
 @dataclasses.dataclass(frozen=True)

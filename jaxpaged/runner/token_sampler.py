@@ -86,4 +86,5 @@ class PendingSample:
             return StepResult(token_ids)
         top_ids = None if output.top_logprob_ids is None else np.asarray(output.top_logprob_ids)
         top_values = None if output.top_logprobs is None else np.asarray(output.top_logprobs)
-        return StepResult(token_ids, SampledLogprobs(np.asarray(output.logprobs), top_ids, top_values))
+        ranks = None if output.sampled_ranks is None else np.asarray(output.sampled_ranks)
+        return StepResult(token_ids, SampledLogprobs(np.asarray(output.logprobs), top_ids, top_values, ranks))

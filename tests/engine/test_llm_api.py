@@ -83,6 +83,26 @@ def test_stop_string_across_token_boundaries(tiny_llm):
     assert kept.text == free.text[:free.text.index(stop) + len(stop)]
 
 
+def test_sampled_token_rank_is_exact_against_the_reference(tiny_llm, tiny_model_dir):
+    """A hot sample with logprobs=1 lands outside the top-1 on most steps; its rank is its exact position in
+    HF's distribution (vLLM's rule), not 2."""
+    prompt = tiny_llm.get_tokenizer().encode("Ranks of a hot sample")
+    params = SamplingParams(temperature=3.0, seed=5, max_tokens=8, logprobs=1, ignore_eos=True)
+    out = tiny_llm.generate({"prompt_token_ids": prompt}, params, use_tqdm=False)[0].outputs[0]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = hf(torch.tensor([prompt + out.token_ids])).logits[0]
+    reference = torch.log_softmax(logits, dim=-1).numpy()[len(prompt) - 1:-1]
+    assert out.logprobs is not None
+    ranks = [entry[token_id].rank for token_id, entry in zip(out.token_ids, out.logprobs)]
+    for step, (token_id, rank) in enumerate(zip(out.token_ids, ranks)):
+        # Two float32 implementations may order near-ties differently: the rank must fall inside the band of
+        # tokens within 1e-5 of the sampled one.
+        distances = reference[step] - reference[step, token_id]
+        assert int((distances > 1e-5).sum()) + 1 <= rank <= int((distances >= -1e-5).sum()), step
+    assert max(ranks) > 2
+
+
 def test_logprobs_equal_log_softmax_of_reference_logits(tiny_llm, tiny_model_dir):
     prompt = tiny_llm.get_tokenizer().encode("Logprobs of a greedy continuation")
     out = tiny_llm.generate({"prompt_token_ids": prompt}, SamplingParams(temperature=0, max_tokens=6, logprobs=3,

@@ -182,13 +182,13 @@ def test_suppressed_ids_are_never_sampled():
 
 
 def test_min_tokens_suppress_ids():
-    """Stop ids and EOS are suppressed until min_tokens; EOS is not when ignore_eos (it cannot stop)."""
+    """Stop ids and EOS are suppressed until min_tokens, EOS even with ignore_eos (vLLM's rule)."""
     params = SamplingParams(min_tokens=2, stop_token_ids=[7])
     assert sorted(min_tokens_suppress_ids(params, [2], 0)) == [2, 7]
     assert sorted(min_tokens_suppress_ids(params, [2], 1)) == [2, 7]
     assert min_tokens_suppress_ids(params, [2], 2) == []
     ignoring_eos = SamplingParams(min_tokens=2, stop_token_ids=[7], ignore_eos=True)
-    assert min_tokens_suppress_ids(ignoring_eos, [2], 0) == [7]
+    assert sorted(min_tokens_suppress_ids(ignoring_eos, [2], 0)) == [2, 7]
     assert min_tokens_suppress_ids(SamplingParams(), [2], 0) == []
 
 
@@ -206,6 +206,20 @@ def test_logprobs_are_log_softmax_of_the_raw_logits():
     np.testing.assert_array_equal(output.top_logprob_ids, expected_ids)
     np.testing.assert_allclose(output.top_logprobs, np.take_along_axis(reference, expected_ids, axis=1),
                                rtol=1e-6, atol=1e-6)
+
+
+def test_sampled_rank_is_exact_outside_the_top_k():
+    """A temperature-2 draw often lands far down the vocabulary; its rank is counted over the whole vocabulary
+    (tokens at least as likely, itself included), with or without top logprobs in the same call."""
+    logits = random_logits(NUM_ROWS, seed=8)
+    reference = np.asarray(jax.nn.log_softmax(logits, axis=-1))
+    for logprobs in (0, 2):
+        rows = [row(seed=100 + i, temperature=2.0, logprobs=logprobs) for i in range(NUM_ROWS)]
+        output, _ = run(rows, logits)
+        sampled = reference[np.arange(NUM_ROWS), output.token_ids]
+        expected = (reference >= sampled[:, None]).sum(axis=1)
+        np.testing.assert_array_equal(output.sampled_ranks, expected)
+        assert expected.max() > 20  # some draws really are outside any returned top-k
 
 
 def test_top_logprobs_are_absent_unless_asked_and_capped_by_a_small_vocabulary():

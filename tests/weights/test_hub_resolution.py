@@ -113,11 +113,11 @@ def test_server_fills_only_unset_sampling_fields_from_the_model():
     from jaxpaged.server.validation import build_sampling_params
 
     model_defaults = {"temperature": 0.6, "top_p": 0.9, "top_k": 20}
-    unset = CompletionRequest(prompt="x")
+    unset = CompletionRequest.model_validate({"prompt": "x"})
     params = build_sampling_params(unset, max_tokens=4, logprobs=None, vocab_size=100, max_n=4,
                                    model_defaults=model_defaults)
     assert (params.temperature, params.top_p, params.top_k) == (0.6, 0.9, 20)
-    explicit = CompletionRequest(prompt="x", temperature=0.0, top_k=0)  # set, even to the API defaults: kept
+    explicit = CompletionRequest.model_validate({"prompt": "x", "temperature": 0.0, "top_k": 0})  # set: kept
     params = build_sampling_params(explicit, max_tokens=4, logprobs=None, vocab_size=100, max_n=4,
                                    model_defaults=model_defaults)
     assert (params.temperature, params.top_p, params.top_k) == (0.0, 0.9, 0)
