@@ -42,11 +42,15 @@ def make_hf_checkpoint(family: str, directory) -> transformers.PreTrainedModel:
         for name, param in model.named_parameters():
             if name.endswith("bias") or "norm" in name:
                 param.add_(0.1 * torch.randn_like(param))
+        # Saved in bfloat16, as hub checkpoints are; the reference runs in float32 on the same rounded weights,
+        # which is what the engine loads (read as bfloat16, computed in float32). Only the parameters are rounded:
+        # model.to(bfloat16) would also round buffers such as RoPE's inverse frequencies.
+        for param in model.parameters():
+            param.copy_(param.to(torch.bfloat16).to(torch.float32))
     model.eval()
-    # Saved in bfloat16, as hub checkpoints are; the reference runs in float32 on the same rounded weights, which
-    # is what the engine loads (read as bfloat16, computed in float32).
-    model.to(torch.bfloat16).save_pretrained(directory)
-    return model.to(torch.float32)
+    model.save_pretrained(directory, state_dict={name: value.to(torch.bfloat16)
+                                                 for name, value in model.state_dict().items()})
+    return model
 
 
 @pytest.fixture(scope="session", params=sorted(FAMILIES))
