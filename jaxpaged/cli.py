@@ -1,4 +1,4 @@
-"""The `jaxpaged` command: serve | generate | bench | convert."""
+"""The `jaxpaged` command: serve | generate | bench | convert | advise."""
 
 import argparse
 import sys
@@ -57,6 +57,12 @@ def _bench(args: argparse.Namespace) -> int:
     return bench_main(args) or 0
 
 
+def _advise(args: argparse.Namespace) -> int:
+    from jaxpaged.advise import advise_main
+
+    return advise_main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(prog="jaxpaged", description="JAX paged-attention LLM inference engine")
@@ -89,6 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("src", help="HF checkpoint dir or .gguf file")
     convert.add_argument("dst", help="output directory")
     convert.set_defaults(handler=_convert)
+
+    advise = commands.add_parser("advise", help="find prompt content the prefix cache misses and what to reorder")
+    from jaxpaged.advise import add_advise_arguments
+
+    add_advise_arguments(advise)
+    advise.set_defaults(handler=_advise)
     return parser
 
 

@@ -92,6 +92,8 @@ class EngineConfig:
     """Devices each model replica is split over (the mesh's "model" axis; vLLM's name)."""
     data_parallel_size: int = 1
     """Model replicas, each with its own page pool and scheduler (the "data" axis; vLLM's name)."""
+    advisor_log_text: bool = False
+    """Let the prefix-cache advisor's log line quote a few decoded prompt tokens (off: prompts can be private)."""
 
     def __post_init__(self) -> None:
         _require(self.dtype in _DTYPES, "dtype", f"must be one of {_DTYPES}, got {self.dtype!r}")
@@ -101,6 +103,8 @@ class EngineConfig:
         for name in ("tensor_parallel_size", "data_parallel_size"):
             value = getattr(self, name)
             _require(is_int(value) and value >= 1, name, f"must be a positive int, got {value!r}")
+        _require(isinstance(self.advisor_log_text, bool), "advisor_log_text",
+                 f"must be a bool, got {self.advisor_log_text!r}")
 
     @classmethod
     def from_options(cls, **options) -> "EngineConfig":

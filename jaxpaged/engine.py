@@ -14,6 +14,7 @@ import jax
 from transformers import PreTrainedTokenizerFast
 
 from jaxpaged.config import EngineConfig
+from jaxpaged.core.prefix_advisor import PrefixAdvisor
 from jaxpaged.core.request import Request, RequestStatus
 from jaxpaged.core.router import PrefixAwareRouter
 from jaxpaged.core.scheduler import Scheduler
@@ -67,6 +68,8 @@ class LLMEngine:
         self._prompt_tokens_total = 0
         self._generation_tokens_total = 0
         self._num_steps = 0
+        self.advisor = PrefixAdvisor() if config.cache.enable_prefix_caching else None
+        """Counts prompt tokens the prefix cache missed only because the prompt diverged earlier."""
         self.followers: Optional[FollowerLink] = None
         """Multi-host only (this is process 0): the other processes, which run every step this one plans."""
         if is_multi_process():
@@ -106,6 +109,10 @@ class LLMEngine:
         rank = self._route(samples[0].request)
         self.schedulers[rank].add_request(samples[0].request)  # validates against the pool before anything is kept
         self._rank_of[request_id] = rank
+        if self.advisor is not None:
+            hit_tokens = self.schedulers[rank].kv_cache_manager.get_computed_blocks(samples[0].request)[1]
+            self.advisor.admit(parsed.token_ids, parsed.cache_salt, hit_tokens,
+                               self.tokenizer.decode if self.config.advisor_log_text else None)
         group = RequestGroup(request_id, parsed, params, samples, arrival_time)
         self._groups[request_id] = group
         if params.n > 1:
@@ -240,7 +247,8 @@ class LLMEngine:
             prefix_cache_queries=total("prefix_cache_queries"), prefix_cache_hits=total("prefix_cache_hits"),
             num_preemptions=total("num_preemptions"), num_compilations=compile_counter.num_compilations(),
             prompt_tokens_total=self._prompt_tokens_total, generation_tokens_total=self._generation_tokens_total,
-            num_steps=self._num_steps, warmup_seconds=self.warmup_seconds)
+            num_steps=self._num_steps, warmup_seconds=self.warmup_seconds,
+            prefix_cache_missed_reusable_tokens=self.advisor.missed_reusable_tokens if self.advisor else 0)
 
 
 def enable_persistent_compilation_cache(directory: Optional[str]) -> None:

@@ -29,3 +29,6 @@ class EngineStats:
     """Engine steps run (cumulative)."""
     warmup_seconds: float
     """Time the start-up compilation of every bucket took."""
+    prefix_cache_missed_reusable_tokens: int = 0
+    """Prompt tokens recomputed although their content was seen before, after the prompt diverged (cumulative;
+    core/prefix_advisor.py)."""

@@ -27,6 +27,8 @@ _GAUGES = (
 _COUNTERS = (
     ("prefix_cache_queries", "prefix_cache_queries", "Prompt tokens looked up in the prefix cache."),
     ("prefix_cache_hits", "prefix_cache_hits", "Prompt tokens found in the prefix cache."),
+    ("prefix_cache_missed_reusable_tokens", "prefix_cache_missed_reusable_tokens",
+     "Prompt tokens recomputed although seen before, because the prompt diverged earlier (reorder to reuse)."),
     ("num_preemptions", "num_preemptions", "Requests preempted (their KV freed, to be recomputed)."),
     ("prompt_tokens_total", "prompt_tokens", "Prompt tokens processed (prefill)."),
     ("generation_tokens_total", "generation_tokens", "Tokens generated (decode)."),
