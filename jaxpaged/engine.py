@@ -171,7 +171,12 @@ class LLMEngine:
             launched = []
             for scheduler, runner in zip(self.schedulers, self.runners):
                 output = scheduler.schedule()
-                launched.append((output, runner.launch(output)))
+                pending = runner.launch(output)
+                if self.followers is not None:
+                    # Multi-host: every process must issue its collectives in the same order, and the followers
+                    # finish a rank's step before they join the next plan's broadcast; so does process 0.
+                    pending.wait()
+                launched.append((output, pending))
             for rank, (output, pending) in enumerate(launched):
                 outputs += self.update(output, pending.result(), rank)
         self._num_steps += 1

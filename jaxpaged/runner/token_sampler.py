@@ -77,6 +77,11 @@ class PendingSample:
         self._num_rows = num_rows
         self._wants_logprobs = wants_logprobs
 
+    def wait(self) -> None:
+        """Blocks until the step and the sampler have run (their results stay on the device)."""
+        if self._output is not None:
+            jax.block_until_ready(self._output)
+
     def result(self) -> StepResult:
         output = self._output
         if output is None:

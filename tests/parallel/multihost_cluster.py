@@ -29,16 +29,20 @@ def free_port() -> int:
 class Cluster:
     """num_processes `jaxpaged serve` processes of one job; process 0 serves HTTP on `base_url`."""
 
-    def __init__(self, model_dir: Path, num_processes: int, log_dir: Path) -> None:
+    def __init__(self, model_dir: Path, num_processes: int, log_dir: Path, devices_per_process: int = 1,
+                 data_parallel_size: int = 1) -> None:
+        """tp = every device of every process / data_parallel_size."""
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         coordinator = f"127.0.0.1:{free_port()}"
-        env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="1")
+        env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES=str(devices_per_process))
+        tp = num_processes * devices_per_process // data_parallel_size
         self.logs = [log_dir / f"process{i}.log" for i in range(num_processes)]
         self.processes: list[subprocess.Popen] = []
         for process_id in range(num_processes):
             command = [sys.executable, "-m", "jaxpaged.server", "--model", str(model_dir), "--port", str(self.port),
-                       *ENGINE_FLAGS, "-tp", str(num_processes), "--coordinator-address", coordinator,
+                       *ENGINE_FLAGS, "-tp", str(tp), "-dp", str(data_parallel_size),
+                       "--coordinator-address", coordinator,
                        "--num-processes", str(num_processes), "--process-id", str(process_id),
                        "--distributed-timeout", str(DISTRIBUTED_TIMEOUT_S)]
             with open(self.logs[process_id], "w") as log:

@@ -110,6 +110,21 @@ def test_tp2_over_two_processes_serves_what_one_process_serves(cluster, tiny_mod
     assert hits and float(hits[0].split()[-1]) > 0, hits
 
 
+def test_dp2_x_tp2_over_two_processes_serves_what_one_process_serves(tiny_model_dir, tmp_path):
+    """Two processes of two devices each, dp=2 x tp=2: each data-parallel rank spans both processes (one device
+    of each), process 0 plans both ranks' steps; the answers are the single-device engine's."""
+    job = Cluster(tiny_model_dir, 2, tmp_path, devices_per_process=2, data_parallel_size=2)
+    try:
+        job.wait_healthy()
+        body = {"prompt": PROMPTS, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}
+        response = httpx.post(job.base_url + "/v1/completions", json=body, timeout=120)
+        assert response.status_code == 200, response.text
+        served = [choice["text"] for choice in sorted(response.json()["choices"], key=lambda c: c["index"])]
+        assert served == [choice["text"] for choice in reference_choices(tiny_model_dir)]
+    finally:
+        job.close()
+
+
 def test_killed_follower_fails_the_stream_then_process_0_exits_3(cluster):
     events: list[str] = []
     reader = start_stream(cluster.base_url, events, threading.Event())
