@@ -225,13 +225,12 @@ def advise_main(args: argparse.Namespace) -> int:
     """Tokenize, analyse and print; loads only the model's tokenizer files (compiles nothing)."""
     from transformers import PreTrainedTokenizerFast
 
-    from jaxpaged.weights.loader import load_model
+    from jaxpaged.weights.loader import locate_model
 
     for name in ("block_size", "min_shared", "prefill_tokens_per_s"):
         if getattr(args, name) <= 0:
             raise ValueError(f"--{name.replace('_', '-')}: must be positive, got {getattr(args, name)}")
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(
-        str(load_model(args.model, revision=args.revision).tokenizer_dir))
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(locate_model(args.model, revision=args.revision)[0]))
     prompts = read_prompts(pathlib.Path(args.prompts), tokenizer)
     reports = analyse(prompts, block_size=args.block_size, min_shared=args.min_shared)
     print(render(reports, prompts, tokenizer, args.prefill_tokens_per_s))

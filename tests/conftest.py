@@ -37,9 +37,9 @@ TINY_ENGINE_OPTIONS: dict[str, Any] = dict(
 @pytest.fixture(scope="session")
 def smollm2_tokenizer_dir() -> pathlib.Path:
     """HF tokenizer files of the embedded model (converted from its GGUF once, then cached)."""
-    from jaxpaged.weights.loader import load_model
+    from jaxpaged.weights.loader import locate_model
 
-    return load_model(None).tokenizer_dir
+    return locate_model(None)[0]
 
 
 @pytest.fixture(scope="session")
@@ -84,3 +84,16 @@ def pytest_collection_modifyitems(config, items) -> None:
         except ImportError:  # pytest < 9: xdist's own tag already works
             return
         item._id = coerce_node_id(item.nodeid + suffix)
+
+
+def hf_greedy_continuations(model, tokenizer, prompts: list[str], num_new_tokens: int) -> list[list[int]]:
+    """HF transformers' greedy generate of exactly num_new_tokens per prompt (EOS held off by min_new_tokens)."""
+    import torch
+
+    continuations = []
+    for prompt in prompts:
+        ids = torch.tensor([tokenizer.encode(prompt)])
+        with torch.no_grad():
+            out = model.generate(ids, max_new_tokens=num_new_tokens, min_new_tokens=num_new_tokens, do_sample=False)
+        continuations.append(out[0, ids.shape[1]:].tolist())
+    return continuations

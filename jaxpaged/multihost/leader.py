@@ -12,7 +12,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 from jaxpaged.multihost.runtime import EXIT_FOLLOWER_LOST
 from jaxpaged.multihost.step_plan import PlanKind, StepPlan, StepPlanChannel
@@ -44,11 +44,9 @@ class FollowerLink:
         """What to do when a follower stops answering (called from the watchdog thread, once)."""
         self.watchdog.on_expire = on_lost
 
-    @contextlib.contextmanager
-    def guard(self, what: str) -> Iterator[None]:
+    def guard(self, what: str) -> contextlib.AbstractContextManager[None]:
         """Bounds a stretch of work that waits on the followers (an engine step)."""
-        with self.watchdog.guard(what):
-            yield
+        return self.watchdog.guard(what)
 
     def warm_up(self) -> None:
         with self.guard("the followers' warm-up"):

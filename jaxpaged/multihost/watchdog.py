@@ -25,7 +25,6 @@ class CollectiveWatchdog:
         self._condition = threading.Condition()
         self._deadline: Optional[float] = None
         self._what = ""
-        self._fired = False
         self._thread = threading.Thread(target=self._watch, name="jaxpaged-collective-watchdog", daemon=True)
         self._thread.start()
 
@@ -33,8 +32,9 @@ class CollectiveWatchdog:
     def guard(self, what: str, timeout_s: Optional[float] = None) -> Iterator[None]:
         """Bounds the body's run time (default: this watchdog's timeout); `what` names it in the error."""
         with self._condition:
-            self._deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
-            self._what = what
+            limit = self.timeout_s if timeout_s is None else timeout_s
+            self._deadline = time.monotonic() + limit
+            self._what = f"{what} (after {limit:.1f} s)"
             self._condition.notify()
         try:
             yield
@@ -54,10 +54,5 @@ class CollectiveWatchdog:
                     continue
                 what, self._deadline = self._what, None
                 break
-        self._fired = True
-        logger.critical("gave up waiting for %s after %.1f s", what, self.timeout_s)
+        logger.critical("gave up waiting for %s", what)
         self.on_expire(what)
-
-    @property
-    def fired(self) -> bool:
-        return self._fired

@@ -47,14 +47,6 @@ def logical_bytes_per_block(model: ModelConfig, block_size: int, dtype) -> int:
     return model.num_layers * block_size * 2 * model.num_kv_heads * model.head_dim * np.dtype(dtype).itemsize
 
 
-def describe_kv_bytes(model: ModelConfig, num_blocks: int, block_size: int, dtype, layout: str = "interleaved") -> str:
-    """A start-up log line: the pool's logical and physical bytes on this platform."""
-    logical = num_blocks * logical_bytes_per_block(model, block_size, dtype)
-    physical = num_blocks * bytes_per_block(model, block_size, dtype, layout=layout)
-    return (f"KV cache: {num_blocks} blocks, {logical / 2**30:.2f} GiB logical, {physical / 2**30:.2f} GiB physical "
-            f"on {jax.default_backend()} ({layout} layout, x{physical / logical:.2f})")
-
-
 def num_kv_blocks_for(model: ModelConfig, cache: CacheConfig, dtype, num_shards: int = 1,
                       layout: str = "interleaved") -> int:
     """Blocks in the pool (the null block included) from num_kv_blocks, kv_cache_memory or the device default.

@@ -63,6 +63,10 @@ class MemoryPlan:
     """Blocks in the pool, the null block included."""
     block_size: int
     max_model_len: int
+    layout: str = "interleaved"
+    """The KV cache layout (kv_layout.py)."""
+    physical_over_logical: float = 1.0
+    """Bytes a block occupies over the bytes of its values: TPU tile padding of the layout (1.0 elsewhere)."""
 
     @property
     def blocks_per_max_len_sequence(self) -> int:
@@ -78,7 +82,8 @@ class MemoryPlan:
         return (f"memory plan per device: weights {self.weight_bytes_per_device / 2**20:.1f} MiB; KV "
                 f"{self.kv_bytes_per_token / 2**10:.1f} KiB per token (all devices), "
                 f"{self.kv_bytes_per_block_per_device / 2**10:.1f} KiB per {self.block_size}-token block, "
-                f"{self.num_kv_blocks} blocks = {kv_per_device / 2**20:.1f} MiB; "
+                f"{self.num_kv_blocks} blocks = {kv_per_device / 2**20:.1f} MiB ({self.layout} layout, physical "
+                f"x{self.physical_over_logical:.2f} of logical); "
                 f"{self.max_sequences_at_max_model_len} sequences of max_model_len={self.max_model_len} fit at once")
 
     def check(self) -> None:
@@ -98,5 +103,6 @@ def plan_memory(model: ModelConfig, weight_bytes: int, num_kv_blocks: int, block
                 dtype, tp: int, layout: str) -> MemoryPlan:
     """The plan of a rank whose KV cache is split over tp devices on its kv-head axis."""
     logical_per_token = logical_bytes_per_block(model, 1, dtype)
-    per_block = bytes_per_block(model, block_size, dtype, layout=layout) // tp
-    return MemoryPlan(weight_bytes, logical_per_token, per_block, num_kv_blocks, block_size, max_model_len)
+    physical_per_block = bytes_per_block(model, block_size, dtype, layout=layout)
+    return MemoryPlan(weight_bytes, logical_per_token, physical_per_block // tp, num_kv_blocks, block_size,
+                      max_model_len, layout, physical_per_block / (logical_per_token * block_size))

@@ -26,7 +26,6 @@ from jaxpaged.runner.buckets import Bucket, BucketLadder
 from jaxpaged.runner.kv_cache import (
     allocate_kv_cache,
     choose_kv_layout,
-    describe_kv_bytes,
     num_kv_blocks_for,
 )
 from jaxpaged.runner.memory_plan import check_weights_fit, device_memory_bytes, plan_memory, weight_bytes_per_device
@@ -100,8 +99,6 @@ class ModelRunner:
         self.warmup_seconds = 0.0
         devices = ", ".join(str(d.id) for d in self.mesh.devices.flat)
         logger.info("rank on devices [%s] (tp=%d): %s", devices, tp, self.memory_plan.describe())
-        logger.info("%s", describe_kv_bytes(self.model_config, self.num_kv_blocks, self.block_size, self.dtype,
-                                            self.kv_layout))
 
     # ---- compilation -------------------------------------------------------------------------------------------
     def warmup(self, sampler: bool = True) -> float:

@@ -46,10 +46,12 @@ def cache_root() -> pathlib.Path:
     return pathlib.Path(base) / "jaxpaged"
 
 
-def load_model(model: Optional[str] = None, *, revision: Optional[str] = None,
-               cache_dir: Optional[pathlib.Path] = None) -> LoadedModel:
-    """Load `model`: None (the embedded SmolLM2-135M-Instruct), a local path, or a Hugging Face Hub repo id
+def locate_model(model: Optional[str] = None, *, revision: Optional[str] = None,
+                 cache_dir: Optional[pathlib.Path] = None) -> tuple[pathlib.Path, str]:
+    """(the directory holding `model`'s config, weights and tokenizer files, the name it is served as), reading no
+    weights: None is the embedded SmolLM2-135M-Instruct, else a local path or a Hugging Face Hub repo id
     ("org/name") fetched through the HF cache at `revision` (a branch, tag or commit; None: the default branch).
+    A GGUF file is converted into a cached checkpoint once.
 
     An existing path wins over a repo id of the same spelling. Raises ValueError starting with "model: " when
     `model` is unusable.
@@ -59,47 +61,41 @@ def load_model(model: Optional[str] = None, *, revision: Optional[str] = None,
         if revision is not None:
             raise ValueError(f"model: a revision ({revision!r}) only applies to Hugging Face Hub ids, "
                              f"and {str(path)!r} is a local path")
-        return _load_local(path, model, cache_dir)
+        if is_converted_checkpoint(path) or is_hf_checkpoint(path):
+            return path, path.name
+        if path.is_file() and path.suffix == ".gguf":
+            name = DEFAULT_MODEL_NAME if model is None else path.stem
+            return _gguf_converted_dir(path, name, cache_dir or cache_root() / "converted"), name
+        raise ValueError(f"model: {str(path)!r} is neither an HF checkpoint directory, a .gguf file "
+                         "nor a jaxpaged checkpoint")
     if model is not None and looks_like_repo_id(model):
-        snapshot = download_snapshot(model, revision)
-        hf_config, params = load_hf_checkpoint(snapshot)
-        return _with_generation_config(model, hf_config, params, snapshot)
+        return download_snapshot(model, revision), model
     raise ValueError(f"model: {model!r} does not exist "
                      "(give an HF directory, a .gguf file, a converted checkpoint or a Hugging Face repo id)")
 
 
-def _load_local(path: pathlib.Path, model: Optional[str], cache_dir: Optional[pathlib.Path]) -> LoadedModel:
-    if is_converted_checkpoint(path):
-        hf_config, params, name = load_converted(path)
-        return _with_generation_config(name, hf_config, params, path)
-    if is_hf_checkpoint(path):
-        hf_config, params = load_hf_checkpoint(path)
-        return _with_generation_config(path.name, hf_config, params, path)
-    if path.is_file() and path.suffix == ".gguf":
-        name = DEFAULT_MODEL_NAME if model is None else path.stem
-        return _load_gguf_cached(path, name, cache_dir or cache_root() / "converted")
-    raise ValueError(f"model: {str(path)!r} is neither an HF checkpoint directory, a .gguf file "
-                     "nor a jaxpaged checkpoint")
-
-
-def _with_generation_config(name: str, hf_config: dict, params: dict[str, np.ndarray],
-                            directory: pathlib.Path) -> LoadedModel:
-    """A directory's model, with its generation_config.json's EOS ids and sampling defaults."""
+def load_model(model: Optional[str] = None, *, revision: Optional[str] = None,
+               cache_dir: Optional[pathlib.Path] = None) -> LoadedModel:
+    """Load `model` (see locate_model), with its generation_config.json's EOS ids and sampling defaults."""
+    directory, name = locate_model(model, revision=revision, cache_dir=cache_dir)
+    if is_converted_checkpoint(directory):
+        hf_config, params, name = load_converted(directory)
+    else:
+        hf_config, params = load_hf_checkpoint(directory)
     generation_config = read_generation_config(directory)
     hf_config = with_generation_eos(hf_config, generation_config)
     return LoadedModel(name, hf_config, ModelConfig.from_hf(hf_config), params, directory,
                        sampling_defaults(generation_config))
 
 
-def _load_gguf_cached(path: pathlib.Path, name: str, cache_dir: pathlib.Path) -> LoadedModel:
-    """Dequantize once, then keep the result as a converted checkpoint keyed by the file's identity."""
+def _gguf_converted_dir(path: pathlib.Path, name: str, cache_dir: pathlib.Path) -> pathlib.Path:
+    """Dequantize once into a converted checkpoint keyed by the file's identity; its directory."""
     stat = path.stat()
     key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
     cached = cache_dir / f"{path.stem}-{key}"
     if not is_converted_checkpoint(cached):
         _convert_gguf_into(path, name, cached)
-    hf_config, params, name = load_converted(cached)
-    return LoadedModel(name, hf_config, ModelConfig.from_hf(hf_config), params, cached)
+    return cached
 
 
 def _convert_gguf_into(path: pathlib.Path, name: str, cached: pathlib.Path) -> None:

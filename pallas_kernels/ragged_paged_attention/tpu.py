@@ -47,6 +47,7 @@ from pallas_kernels.ragged_paged_attention.kv_layout import (
 )
 from pallas_kernels.ragged_paged_attention.metadata import MASK_VALUE, AttentionMetadata
 from pallas_kernels.ragged_paged_attention.tpu_decode import decode_pages_per_block, ragged_paged_attention_tpu_decode
+from pallas_kernels.ragged_paged_attention.tpu_online_softmax import accumulate_head
 
 _LANES = 128
 DEFAULT_Q_BLOCK_SIZE = 32
@@ -128,22 +129,8 @@ def _kernel(kv_lens_ref, tables_ref, cu_q_lens_ref, tile_seqs_ref,  # scalar pre
         value_is_real = chunk * chunk_tokens + value_offsets < kv_len
         for head in range(num_kv_heads):
             keys, values = load_head(kv_buf, slot, head, layout, chunk_tokens)
-            q = q_ref[head].reshape(num_rows, head_dim)
-            logits = jax.lax.dot_general(q, keys, (((1,), (1,)), ((), ())), precision=precision,
-                                         preferred_element_type=jnp.float32) * sm_scale
-            if soft_cap is not None:
-                logits = soft_cap * jnp.tanh(logits / soft_cap)
-            logits = jnp.where(mask, logits, MASK_VALUE)
-            old_max = max_ref[head]
-            new_max = jnp.maximum(old_max, jnp.max(logits, axis=1, keepdims=True))
-            probs = jnp.where(mask, jnp.exp(logits - new_max[:, :1]), 0.0)
-            rescale = jnp.exp(old_max - new_max)
-            sum_ref[head] = rescale * sum_ref[head] + jnp.sum(probs, axis=1, keepdims=True)
-            max_ref[head] = new_max
-            values = jnp.where(value_is_real, values, jnp.zeros_like(values))
-            acc_ref[head] = acc_ref[head] * rescale[:, :1] + jax.lax.dot_general(
-                probs.astype(values.dtype), values, (((1,), (0,)), ((), ())),
-                precision=precision, preferred_element_type=jnp.float32)
+            accumulate_head(q_ref[head].reshape(num_rows, head_dim), keys, values, mask, value_is_real, head,
+                            max_ref, sum_ref, acc_ref, sm_scale=sm_scale, soft_cap=soft_cap, precision=precision)
 
     def next_item(seq, chunk):
         _, end = chunk_range(seq)

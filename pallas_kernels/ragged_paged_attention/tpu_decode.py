@@ -26,6 +26,7 @@ from jaxtyping import Array, Float, Int, UInt32
 
 from pallas_kernels.ragged_paged_attention.kv_layout import PackedLayout, kv_scratch_shape, load_head, rows_per_token
 from pallas_kernels.ragged_paged_attention.metadata import MASK_VALUE
+from pallas_kernels.ragged_paged_attention.tpu_online_softmax import accumulate_head
 
 _LANES = 128
 DEFAULT_BLOCK_BYTES = 4 * 1024 * 1024  # per buffer; two buffers stay far below the VMEM limit
@@ -105,21 +106,8 @@ def _kernel(num_seqs_ref, kv_lens_ref, tables_ref, cu_q_lens_ref,  # scalar pref
         value_is_real = block * block_tokens + value_offsets < kv_len  # stale VMEM may hold NaNs
         for head in range(num_kv_heads):
             keys, values = load_head(kv_buf, slot, head, layout, block_tokens)
-            logits = jax.lax.dot_general(q_ref[0, head], keys, (((1,), (1,)), ((), ())), precision=precision,
-                                         preferred_element_type=jnp.float32) * sm_scale
-            if soft_cap is not None:
-                logits = soft_cap * jnp.tanh(logits / soft_cap)
-            logits = jnp.where(mask, logits, MASK_VALUE)
-            old_max = max_ref[head]
-            new_max = jnp.maximum(old_max, jnp.max(logits, axis=1, keepdims=True))
-            probs = jnp.where(mask, jnp.exp(logits - new_max[:, :1]), 0.0)
-            rescale = jnp.exp(old_max - new_max)
-            sum_ref[head] = rescale * sum_ref[head] + jnp.sum(probs, axis=1, keepdims=True)
-            max_ref[head] = new_max
-            values = jnp.where(value_is_real, values, jnp.zeros_like(values))
-            acc_ref[head] = acc_ref[head] * rescale[:, :1] + jax.lax.dot_general(
-                probs.astype(values.dtype), values, (((1,), (0,)), ((), ())), precision=precision,
-                preferred_element_type=jnp.float32)
+            accumulate_head(q_ref[0, head], keys, values, mask, value_is_real, head, max_ref, sum_ref, acc_ref,
+                            sm_scale=sm_scale, soft_cap=soft_cap, precision=precision)
 
     @pl.when(seq < num_seqs)
     def _attend_sequence():

@@ -11,6 +11,7 @@ from jaxpaged.outputs import RequestOutput
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.weights.default_model import default_model_path
 from jaxpaged.weights.loader import load_model
+from tests.conftest import hf_greedy_continuations
 
 NUM_NEW_TOKENS = 32
 PROMPTS = [
@@ -31,15 +32,7 @@ def hf_reference() -> list[list[int]]:
                                                               dtype=torch.float32)
     model.eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    continuations = []
-    for prompt in PROMPTS:
-        ids = torch.tensor([tokenizer.encode(prompt)])
-        with torch.no_grad():
-            # transformers' stub: its GenerativePreTrainedModel protocol rejects what from_pretrained returns
-            out = model.generate(  # pyright: ignore[reportAttributeAccessIssue]
-                ids, max_new_tokens=NUM_NEW_TOKENS, min_new_tokens=NUM_NEW_TOKENS, do_sample=False)
-        continuations.append(out[0, ids.shape[1]:].tolist())
-    return continuations
+    return hf_greedy_continuations(model, tokenizer, PROMPTS, NUM_NEW_TOKENS)
 
 
 @pytest.fixture(scope="module")

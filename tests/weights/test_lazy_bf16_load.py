@@ -16,7 +16,7 @@ from jaxpaged.llm import LLM
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.weights.converted_store import save_converted
 from jaxpaged.weights.loader import load_model
-from tests.conftest import TINY_LLAMA, save_tiny_llama
+from tests.conftest import TINY_LLAMA, hf_greedy_continuations, save_tiny_llama
 
 # ~51M parameters, nearly all in the stacked layers (~100 MB in bf16): a small vocabulary keeps the lazily mapped
 # embedding and lm_head from hiding a regression in the layer stacking.
@@ -108,15 +108,7 @@ def hf_greedy(tiny_bf16_dir) -> list[list[int]]:
     """HF transformers' greedy generate on the bf16 checkpoint upcast to float32 (EOS held off by min_new_tokens)."""
     model = transformers.AutoModelForCausalLM.from_pretrained(tiny_bf16_dir, dtype=torch.float32).eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_bf16_dir)
-    continuations = []
-    for prompt in GREEDY_PROMPTS:
-        ids = torch.tensor([tokenizer.encode(prompt)])
-        with torch.no_grad():
-            # transformers' stub: its GenerativePreTrainedModel protocol rejects what from_pretrained returns
-            out = model.generate(  # pyright: ignore[reportAttributeAccessIssue]
-                ids, max_new_tokens=NUM_NEW_TOKENS, min_new_tokens=NUM_NEW_TOKENS, do_sample=False)
-        continuations.append(out[0, ids.shape[1]:].tolist())
-    return continuations
+    return hf_greedy_continuations(model, tokenizer, GREEDY_PROMPTS, NUM_NEW_TOKENS)
 
 
 def test_float32_engine_on_bf16_checkpoint_matches_hf_greedy(tiny_bf16_dir, hf_greedy):
