@@ -17,6 +17,8 @@ _ENGINE_FLAGS = [
     ("--attention-backend", str, "auto | xla | pallas_tpu | pallas_gpu"),
     ("--scheduling-policy", str, "fcfs | priority"),
     ("--long-prefill-token-threshold", int, "cap on one request's prompt tokens per step (0: off)"),
+    ("--prefix-caching-granularity", str, "token | block: after full-block prefix hits, also reuse a partly "
+                                          "matching block's tokens (token, default) or not (block, as vLLM)"),
     ("--seed", int, "base sampler seed for requests without one"),
     ("--compilation-cache-dir", str, "JAX persistent compilation cache ('' turns it off)"),
     ("--tensor-parallel-size", int, "devices each model replica is split over (default 1); alias -tp"),

@@ -10,7 +10,9 @@ from jaxpaged.checks import is_int
 
 SchedulingPolicy = Literal["fcfs", "priority"]
 AttentionBackendName = Literal["auto", "xla", "pallas_tpu", "pallas_gpu"]
+PrefixCachingGranularity = Literal["token", "block"]
 _POLICIES = ("fcfs", "priority")
+_GRANULARITIES = ("token", "block")
 _BACKENDS = ("auto", "xla", "pallas_tpu", "pallas_gpu")
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -32,6 +34,9 @@ class CacheConfig:
     """KV pool size in bytes. None: a fraction of free device memory (a fixed default on CPU)."""
     enable_prefix_caching: bool = True
     """Reuse computed full blocks across requests by their chain hash."""
+    prefix_caching_granularity: PrefixCachingGranularity = "token"
+    """"token": after the full-block hits, also reuse the longest matching run of a partly matching cached block
+    (copied on device); "block": full blocks only, as vLLM."""
 
     def __post_init__(self) -> None:
         _require(is_int(self.block_size) and self.block_size >= 1, "block_size",
@@ -44,6 +49,8 @@ class CacheConfig:
                      f"must be a positive number of bytes, got {self.kv_cache_memory!r}")
         _require(isinstance(self.enable_prefix_caching, bool), "enable_prefix_caching",
                  f"must be a bool, got {self.enable_prefix_caching!r}")
+        _require(self.prefix_caching_granularity in _GRANULARITIES, "prefix_caching_granularity",
+                 f"must be one of {_GRANULARITIES}, got {self.prefix_caching_granularity!r}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -77,6 +77,7 @@ class LLMEngine:
                                           distributed_timeout_s)
             for rank, runner in enumerate(self.runners):
                 runner.before_step = functools.partial(self.followers.publish_step, rank)
+                runner.before_copy = functools.partial(self.followers.publish_copies, rank)
         self.warmup_seconds = sum(runner.warmup() for runner in self.runners) if warmup else 0.0
         if self.followers is not None:
             self.followers.warm_up()  # the followers warm up in the same order (multihost/follower.py)
@@ -110,7 +111,7 @@ class LLMEngine:
         self.schedulers[rank].add_request(samples[0].request)  # validates against the pool before anything is kept
         self._rank_of[request_id] = rank
         if self.advisor is not None:
-            hit_tokens = self.schedulers[rank].kv_cache_manager.get_computed_blocks(samples[0].request)[1]
+            hit_tokens = self.schedulers[rank].kv_cache_manager.find_prefix_hit(samples[0].request).num_tokens
             self.advisor.admit(parsed.token_ids, parsed.cache_salt, hit_tokens,
                                self.tokenizer.decode if self.config.advisor_log_text else None)
         group = RequestGroup(request_id, parsed, params, samples, arrival_time)
@@ -158,6 +159,8 @@ class LLMEngine:
         """Forget every cached block on every data-parallel rank; False (nothing changed) while requests run."""
         if self.has_unfinished_requests():
             return False
+        if self.advisor is not None:
+            self.advisor.forget()  # what it remembers is what the cache held
         return all([scheduler.reset_prefix_cache() for scheduler in self.schedulers])
 
     # ---- the step --------------------------------------------------------------------------------------------
@@ -232,7 +235,7 @@ class LLMEngine:
         """The data-parallel rank with the longest prefix for the request, then the least loaded."""
         loads = [scheduler.num_running + scheduler.num_waiting for scheduler in self.schedulers]
         return self._router.route(
-            request, lambda rank, r: self.schedulers[rank].kv_cache_manager.get_computed_blocks(r)[1], loads)
+            request, lambda rank, r: self.schedulers[rank].kv_cache_manager.find_prefix_hit(r).num_tokens, loads)
 
     def _forget(self, request_id: str) -> None:
         self._rank_of.pop(request_id, None)

@@ -217,7 +217,7 @@ class BenchConfig:
             values = dict(zip(axes, combo))
             sections = {name: dict(getattr(self, name)) for name in SECTIONS}
             for axis, value in values.items():
-                section, keys = _axis_parameters(axis)
+                section, keys = axis_parameters(axis)
                 for key, item in zip(keys, value if len(keys) > 1 else [value]):
                     sections[section][key] = item
             points.append(_make_point(values, sections))
@@ -257,7 +257,7 @@ def _mapping(raw: dict, key: str) -> dict:
     return dict(value)
 
 
-def _axis_parameters(axis: str) -> tuple[str, list[str]]:
+def axis_parameters(axis: str) -> tuple[str, list[str]]:
     """"engine.block_size" -> ("engine", ["block_size"]); "engine.(a, b)" (a joint axis) -> ("engine", ["a", "b"])."""
     section, rest = axis.split(".", 1)
     if rest.startswith("(") and rest.endswith(")"):
@@ -271,7 +271,7 @@ def _parse_sweep(raw_sweep: dict) -> dict:
         section = axis.split(".", 1)[0] if isinstance(axis, str) and "." in axis else None
         _require(section in SECTIONS, f"sweep.{axis}", f"an axis is 'section.parameter' with section in {SECTIONS}",
                  axis)
-        keys = _axis_parameters(axis)[1]
+        keys = axis_parameters(axis)[1]
         _require("kind" not in keys or section not in ("workload", "mode"), f"sweep.{axis}",
                  "the workload and mode kinds are fixed per config", axis)
         _require(isinstance(values, list) and len(values) >= 1, f"sweep.{axis}", "must be a non-empty list", values)

@@ -71,6 +71,9 @@ def run_offline(llm, requests: list[BenchRequest], sampling: SamplingConfig, mod
     result.update({
         "peak_kv_usage": probe.peak_kv_usage,
         "prefix_cache_hit_rate": (after.prefix_cache_hits - before.prefix_cache_hits) / queries if queries else 0.0,
+        "prefix_cache_missed_reusable_rate": ((after.prefix_cache_missed_reusable_tokens
+                                               - before.prefix_cache_missed_reusable_tokens) / queries
+                                              if queries else 0.0),
         "num_preemptions": after.num_preemptions - before.num_preemptions,
         "num_compilations_measured": after.num_compilations - before.num_compilations,
         "warmup_s": engine.warmup_seconds,

@@ -22,7 +22,8 @@ from jaxpaged.bench.server_process import ServerProcess, parse_metrics
 from jaxpaged.bench.workloads import BenchRequest
 
 _KV_POLL_INTERVAL_S = 0.5
-_ENGINE_METRICS = ("jaxpaged_prefix_cache_queries", "jaxpaged_prefix_cache_hits", "jaxpaged_num_preemptions",
+_ENGINE_METRICS = ("jaxpaged_prefix_cache_queries", "jaxpaged_prefix_cache_hits",
+                   "jaxpaged_prefix_cache_missed_reusable_tokens", "jaxpaged_num_preemptions",
                    "jaxpaged_xla_compilations", "jaxpaged_kv_cache_usage_perc")
 
 
@@ -144,6 +145,8 @@ def run_online(server: ServerProcess, requests: list[BenchRequest], sampling: Sa
     result.update({
         "peak_kv_usage": peak_kv_usage,
         "prefix_cache_hit_rate": delta("jaxpaged_prefix_cache_hits") / queries if queries else 0.0,
+        "prefix_cache_missed_reusable_rate": (delta("jaxpaged_prefix_cache_missed_reusable_tokens") / queries
+                                              if queries else 0.0),
         "num_preemptions": int(delta("jaxpaged_num_preemptions")),
         "num_compilations_measured": int(delta("jaxpaged_xla_compilations")),
         "server_startup_s": server.startup_s,

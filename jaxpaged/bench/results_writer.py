@@ -96,7 +96,8 @@ def _latency_section(rows: list[dict], axes: list[str]) -> list[str]:
 
 
 def _engine_section(rows: list[dict], axes: list[str]) -> list[str]:
-    header = ["system", *axes, "peak KV usage", "prefix-cache hits", "preemptions", "compilations (measured)",
+    header = ["system", *axes, "peak KV usage", "prefix-cache hits", "missed reusable", "preemptions",
+              "compilations (measured)",
               "warm-up s", "start-up s", "step ms p50", "host ms/step p50", "scheduler ms/step p50"]
     body = []
     for row in rows:
@@ -104,11 +105,15 @@ def _engine_section(rows: list[dict], axes: list[str]) -> list[str]:
             continue
         m = row["metrics"]
         body.append([row["system"], *_axis_cells(row, axes), _pct(m.get("peak_kv_usage")),
-                     _pct(m.get("prefix_cache_hit_rate")), fmt(m.get("num_preemptions")),
+                     _pct(m.get("prefix_cache_hit_rate")), _pct(m.get("prefix_cache_missed_reusable_rate")),
+                     fmt(m.get("num_preemptions")),
                      fmt(m.get("num_compilations_measured")), fmt(m.get("warmup_s")),
                      fmt(m.get("engine_startup_s", m.get("server_startup_s"))), fmt(m.get("step_ms_p50")),
                      fmt(m.get("host_ms_per_step_p50")), fmt(m.get("scheduler_ms_per_step_p50"))])
-    legend = ("warm-up: compiling every bucket in the engine's process; start-up: load + warm-up (offline) or "
+    legend = ("prefix-cache hits and missed reusable: shares of the prompt tokens looked up that the cache served, "
+              "and that it had seen but could not serve because the prompt diverged earlier (the advisor's "
+              "counter); "
+              "warm-up: compiling every bucket in the engine's process; start-up: load + warm-up (offline) or "
               "spawn to a healthy /health (online); compilations: XLA executables built during the measured runs "
               "(persistent-cache loads count too); "
               "host ms/step: schedule + batch padding + token update + output processing, beside the wall time "

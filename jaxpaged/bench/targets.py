@@ -1,13 +1,30 @@
 """Targets a sweep must show, checked against its result rows. A miss is reported with its figure, never hidden.
 
 A selection is a mapping: "system" matches a row's system name or kind ("hf_batched" matches
-"hf_batched(bs=16)"); every other key is a sweep axis the row's point must have at that value.
+"hf_batched(bs=16)"); every other key is a sweep parameter the row's point must have at that value, either an
+axis of its own ("engine.block_size") or one parameter of a joint axis ("engine.enable_prefix_caching" of
+"engine.(enable_prefix_caching, prefix_caching_granularity)").
 """
 
-from typing import Optional
+from typing import Any, Optional
 
-from jaxpaged.bench.bench_config import TargetConfig
+from jaxpaged.bench.bench_config import TargetConfig, axis_parameters
 from jaxpaged.checks import is_number
+
+_ABSENT = object()
+
+
+def _point_value(point: dict, key: str) -> Any:
+    """The value of sweep parameter `key` at a row's point, looking inside joint axes; _ABSENT if none sets it."""
+    if key in point:
+        return point[key]
+    section, name = key.split(".", 1) if "." in key else ("", key)
+    for axis, values in point.items():
+        if "(" in axis:
+            axis_section, names = axis_parameters(axis)
+            if axis_section == section and name in names:
+                return values[names.index(name)]
+    return _ABSENT
 
 
 def row_matches(row: dict, selection: dict) -> bool:
@@ -16,7 +33,7 @@ def row_matches(row: dict, selection: dict) -> bool:
         if key == "system":
             if wanted not in (row["system"], row["kind"]):
                 return False
-        elif key not in row["point"] or row["point"][key] != wanted:
+        elif _point_value(row["point"], key) != wanted:
             return False
     return True
 

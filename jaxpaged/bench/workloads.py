@@ -112,6 +112,8 @@ class SharedPrefixWorkload(_Common):
     prefix_len: int = 1000
     num_prefixes: int = 1
     """Distinct system prompts; request i uses prefix i % num_prefixes."""
+    head_len: int = 0
+    """Varying tokens before the system prompt (a timestamp first: the trap no prefix cache can serve)."""
     min_question_len: int = 16
     max_question_len: int = 64
     output_len: int = 32
@@ -119,6 +121,7 @@ class SharedPrefixWorkload(_Common):
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_int("prefix_len", self.prefix_len, 0)
+        _check_int("head_len", self.head_len, 0)
         for name in ("num_prefixes", "min_question_len", "max_question_len", "output_len"):
             _check_int(name, getattr(self, name), 1)
         _check_range("min_question_len", self.min_question_len, "max_question_len", self.max_question_len)
@@ -219,8 +222,11 @@ def _sharegpt_requests(spec: ShareGPTWorkload, rng: np.random.Generator) -> list
 def _shared_prefix_requests(spec: SharedPrefixWorkload, rng: np.random.Generator) -> list[BenchRequest]:
     prefixes = [_tokens(spec, rng, spec.prefix_len) for _ in range(spec.num_prefixes)]
     question_lens = rng.integers(spec.min_question_len, spec.max_question_len + 1, size=spec.num_requests)
-    return [BenchRequest(prefixes[index % spec.num_prefixes] + _tokens(spec, rng, int(q)), spec.output_len)
-            for index, q in enumerate(question_lens)]
+    # The questions are drawn first, so head_len changes nothing else: the variants share prefix and questions.
+    questions = [_tokens(spec, rng, int(q)) for q in question_lens]
+    heads = [_tokens(spec, rng, spec.head_len) for _ in range(spec.num_requests)]
+    return [BenchRequest(heads[index] + prefixes[index % spec.num_prefixes] + question, spec.output_len)
+            for index, question in enumerate(questions)]
 
 
 def _multi_turn_requests(spec: MultiTurnWorkload, rng: np.random.Generator) -> list[BenchRequest]:

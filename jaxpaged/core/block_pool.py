@@ -3,13 +3,21 @@
 A block is in exactly one of three places: the null block 0 (padding only, never handed out), held by
 requests (ref_cnt > 0, not in the free queue), or free (ref_cnt == 0, in the free queue). A free block
 keeps its hash, and so stays hittable, until allocation takes it off the head of the queue.
+
+Besides the hash map, cached blocks and the computed tails of finished requests are listed under their parent
+key (the chain hash of the block before them), with their tokens: after the chain of full-block hits, a
+token-granular lookup copies the longest matching run of tokens out of one of them (see KVCacheManager).
 """
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Optional
 
 from .free_block_queue import FreeBlockQueue, KVCacheBlock
 from .hashing import BlockHash
+
+MAX_PARTIAL_CANDIDATES = 16
+"""Token-granular lookups compare against at most this many blocks under one parent, newest first: the cost
+per admitted request stays bounded however many questions follow one shared prefix."""
 
 NULL_BLOCK_ID = 0
 """Padding rows of block tables and padded tokens' K/V writes point here."""
@@ -31,6 +39,8 @@ class BlockPool:
         """Block 0: never allocated, never freed, never cached."""
         self._free_queue = FreeBlockQueue(self.blocks[NULL_BLOCK_ID + 1:])
         self._cached_blocks: dict[BlockHash, KVCacheBlock] = {}
+        # parent key -> {block_id: block} of the blocks token-granular lookups may copy from, oldest first.
+        self._children: dict[BlockHash, dict[int, KVCacheBlock]] = {}
 
     @property
     def num_free_blocks(self) -> int:
@@ -53,6 +63,8 @@ class BlockPool:
         for block in blocks:
             if block.block_hash is not None:
                 self._evict(block)
+            if block.parent_key is not None:
+                self._unlist(block)
             block.ref_cnt = 1
         return blocks
 
@@ -76,8 +88,10 @@ class BlockPool:
         """The block holding the K/V of this chain hash, if it is still cached."""
         return self._cached_blocks.get(block_hash)
 
-    def cache_block(self, block: KVCacheBlock, block_hash: BlockHash) -> None:
-        """Make a full, computed block hittable under block_hash.
+    def cache_block(self, block: KVCacheBlock, block_hash: BlockHash, parent_key: Optional[BlockHash] = None,
+                    token_ids: tuple[int, ...] = ()) -> None:
+        """Make a full, computed block hittable under block_hash (and, given its parent key and tokens, a source
+        for token-granular lookups).
 
         A block that is already cached keeps its hash; if another block already holds this hash (two
         requests computed the same prefix at once), the first one stays the cached copy.
@@ -86,6 +100,34 @@ class BlockPool:
             return
         block.block_hash = block_hash
         self._cached_blocks[block_hash] = block
+        if parent_key is not None:
+            self._list(block, parent_key, token_ids)
+
+    def cache_partial_block(self, block: KVCacheBlock, parent_key: BlockHash, token_ids: tuple[int, ...]) -> None:
+        """List a finished request's last, partly filled block (its K/V of token_ids computed) as a source for
+        token-granular lookups; it stays listed until allocation takes it."""
+        if self.enable_caching and block.block_hash is None and block.parent_key is None and token_ids:
+            self._list(block, parent_key, token_ids)
+
+    def longest_partial_match(self, parent_key: BlockHash,
+                              token_ids: Sequence[int]) -> tuple[Optional[KVCacheBlock], int]:
+        """The listed block under parent_key whose tokens share the longest leading run with token_ids, and
+        that run's length ((None, 0) when none shares a token). Scans the newest MAX_PARTIAL_CANDIDATES."""
+        children = self._children.get(parent_key)
+        if not children:
+            return None, 0
+        best_block, best_run = None, 0
+        for scanned, block in enumerate(reversed(children.values())):
+            if scanned == MAX_PARTIAL_CANDIDATES:
+                break
+            run = 0
+            for cached, wanted in zip(block.token_ids, token_ids):
+                if cached != wanted:
+                    break
+                run += 1
+            if run > best_run:
+                best_block, best_run = block, run
+        return best_block, best_run
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash; refused (False) while any request holds a block."""
@@ -94,6 +136,10 @@ class BlockPool:
         for block in self._cached_blocks.values():
             block.block_hash = None
         self._cached_blocks.clear()
+        for children in self._children.values():
+            for block in children.values():
+                block.parent_key, block.token_ids = None, ()
+        self._children.clear()
         return True
 
     @property
@@ -104,6 +150,18 @@ class BlockPool:
     def free_block_ids(self) -> list[int]:
         """Free block ids in eviction order (head first); O(num_blocks), for tests and debugging."""
         return [block.block_id for block in self._free_queue]
+
+    def _list(self, block: KVCacheBlock, parent_key: BlockHash, token_ids: tuple[int, ...]) -> None:
+        block.parent_key, block.token_ids = parent_key, token_ids
+        self._children.setdefault(parent_key, {})[block.block_id] = block
+
+    def _unlist(self, block: KVCacheBlock) -> None:
+        assert block.parent_key is not None  # only called on listed blocks
+        children = self._children[block.parent_key]
+        del children[block.block_id]
+        if not children:
+            del self._children[block.parent_key]
+        block.parent_key, block.token_ids = None, ()
 
     def _evict(self, block: KVCacheBlock) -> None:
         assert block.block_hash is not None  # only called on cached blocks

@@ -11,7 +11,7 @@ from typing import Optional
 class KVCacheBlock:
     """One page of the KV cache: its id, how many requests hold it, and its chain hash while cached."""
 
-    __slots__ = ("block_id", "ref_cnt", "block_hash", "prev_free", "next_free")
+    __slots__ = ("block_id", "ref_cnt", "block_hash", "parent_key", "token_ids", "prev_free", "next_free")
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
@@ -20,6 +20,11 @@ class KVCacheBlock:
         """How many requests hold the block in their block table."""
         self.block_hash: Optional[bytes] = None
         """Chain hash of the full block's contents while it is in the prefix cache, else None."""
+        self.parent_key: Optional[bytes] = None
+        """While a token-granular lookup may copy from this block: the chain key of what precedes it."""
+        self.token_ids: tuple[int, ...] = ()
+        """While parent_key is set: the tokens whose K/V the block holds (block_size of them if full, fewer if
+        it is the finished tail of a request)."""
         self.prev_free: Optional[KVCacheBlock] = None
         """Neighbour towards the head of the free queue (None while not in the queue)."""
         self.next_free: Optional[KVCacheBlock] = None

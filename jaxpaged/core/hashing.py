@@ -56,3 +56,13 @@ def request_block_hash(request: Request, block_index: int, block_size: int) -> B
         parent = hashes[index - 1] if index else None
         hashes.append(hash_block_tokens(parent, tokens[start:start + block_size], block_extra_keys(request, index)))
     return hashes[block_index]
+
+
+def request_parent_key(request: Request, block_index: int, block_size: int) -> BlockHash:
+    """What precedes block `block_index` of the request, as a key: the previous block's chain hash, or for the
+    first block a root key of the request's cache salt (so token-granular lookups never cross salts)."""
+    if block_index > 0:
+        return request_block_hash(request, block_index - 1, block_size)
+    if request.cache_salt is None:
+        return ROOT_PARENT_HASH
+    return hashlib.sha256(b"cache_salt\0" + request.cache_salt.encode()).digest()

@@ -1,26 +1,54 @@
 """KVCacheManager: each request's block table on top of the BlockPool, and the prefix cache lookups into it.
 
 Block ids, not block objects, cross this class's boundary: the scheduler and the runner only need ids.
+
+Token-granular hits: after the chain of full-block hits, the next block of the request usually misses (its
+tokens diverge part-way). The lookup then finds, among the cached blocks and finished requests' tails that
+follow the same chain, the one sharing the longest leading run of tokens; the request's first new block starts
+as a device copy of it (copy-on-write: the source stays shared and unchanged) and the request computes only
+after the run. A 1,000-token shared prefix on 16-token blocks so reuses 1,000 tokens, not 992.
 """
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Optional
 
 from .block_pool import BlockPool
-from .hashing import request_block_hash
+from .free_block_queue import KVCacheBlock
+from .hashing import request_block_hash, request_parent_key
 from .request import Request
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PrefixHit:
+    """What the prefix cache holds of a request: whole blocks to share, then a run of tokens to copy."""
+
+    block_ids: list[int]
+    """Full blocks the request shares (its block table starts with them)."""
+    num_tokens: int
+    """Hit tokens in all: len(block_ids) * block_size + num_copied_tokens."""
+    copy_source: Optional[int] = None
+    """The block whose first num_copied_tokens slots the request's next block copies, if any."""
+    num_copied_tokens: int = 0
+    """Tokens the copy brings (0 < n < block_size when copy_source is set)."""
+
+
+NO_HIT = PrefixHit([], 0)
 
 
 class KVCacheManager:
     """Allocates, caches and frees the blocks of requests; answers prefix-cache lookups."""
 
-    def __init__(self, num_kv_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(self, num_kv_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 token_granular: bool = True) -> None:
         if not isinstance(block_size, int) or block_size < 1:
             raise ValueError(f"block_size: must be a positive int, got {block_size!r}")
         self.block_size = block_size
         """Tokens per block."""
         self.enable_prefix_caching = enable_prefix_caching
         """Whether computed full blocks are shared across requests."""
+        self.token_granular = token_granular and enable_prefix_caching
+        """Whether hits extend past the last full block by copying a partly matching block."""
         self.block_pool = BlockPool(num_kv_blocks, enable_caching=enable_prefix_caching)
         """The blocks themselves."""
         self.prefix_cache_queries = 0
@@ -30,6 +58,9 @@ class KVCacheManager:
         self._block_ids: dict[str, list[int]] = {}
         # How many leading blocks of each request are already registered in the prefix cache.
         self._num_cached_blocks: dict[str, int] = {}
+        # Copies (source, destination) the next step must make before it runs, and the sources held until then.
+        self._block_copies: list[tuple[int, int]] = []
+        self._held_copy_sources: list[KVCacheBlock] = []
 
     @property
     def usage(self) -> float:
@@ -63,43 +94,79 @@ class KVCacheManager:
             hit_block_ids.append(block.block_id)
         return hit_block_ids, len(hit_block_ids) * block_size
 
+    def find_prefix_hit(self, request: Request) -> PrefixHit:
+        """get_computed_blocks() plus, when token-granular, the longest run of the next tokens that a cached
+        block (or a finished request's tail) after the same chain holds. Still never the whole request."""
+        hit_block_ids, num_hit_tokens = self.get_computed_blocks(request)
+        if not self.token_granular:
+            return PrefixHit(hit_block_ids, num_hit_tokens) if hit_block_ids else NO_HIT
+        block_size = self.block_size
+        num_wanted = min(block_size, request.num_tokens - 1 - num_hit_tokens)
+        if num_wanted <= 0:
+            return PrefixHit(hit_block_ids, num_hit_tokens)
+        parent_key = request_parent_key(request, len(hit_block_ids), block_size)
+        tokens = request.all_token_ids
+        source, run = self.block_pool.longest_partial_match(parent_key,
+                                                            tokens[num_hit_tokens:num_hit_tokens + num_wanted])
+        if source is None:
+            return PrefixHit(hit_block_ids, num_hit_tokens) if hit_block_ids else NO_HIT
+        return PrefixHit(hit_block_ids, num_hit_tokens + run, source.block_id, run)
+
     def record_prefix_lookup(self, num_query_tokens: int, num_hit_tokens: int) -> None:
         """Count one admitted request's lookup in the prefix-cache counters."""
         if self.enable_prefix_caching:
             self.prefix_cache_queries += num_query_tokens
             self.prefix_cache_hits += num_hit_tokens
 
-    def allocate_slots(self, request: Request, num_new_tokens: int,
-                       computed_block_ids: Sequence[int] = ()) -> Optional[list[int]]:
+    def allocate_slots(self, request: Request, num_new_tokens: int, computed_block_ids: Sequence[int] = (),
+                       copy_source: Optional[int] = None, num_copied_tokens: int = 0) -> Optional[list[int]]:
         """Grow the request's block table to hold num_new_tokens more tokens; the newly allocated block ids.
 
-        computed_block_ids are prefix-cache hits (from get_computed_blocks) that join the table first; the
-        new tokens follow them. Returns None, changing nothing, when the free blocks do not suffice.
+        computed_block_ids are prefix-cache hits (from find_prefix_hit) that join the table first; then, with a
+        copy_source, num_copied_tokens hit tokens that the first new block copies from it (queued for
+        take_block_copies()); the new tokens follow. Returns None, changing nothing, when the free blocks do
+        not suffice.
         """
         block_size = self.block_size
         block_ids = self._block_ids.get(request.request_id)
         num_held_blocks = len(block_ids) if block_ids is not None else 0
-        num_tokens_after = (request.num_computed_tokens + len(computed_block_ids) * block_size + num_new_tokens)
+        num_tokens_after = (request.num_computed_tokens + len(computed_block_ids) * block_size + num_copied_tokens
+                            + num_new_tokens)
         num_new_blocks = -(-num_tokens_after // block_size) - num_held_blocks - len(computed_block_ids)
-        if num_new_blocks <= 0 and not computed_block_ids:
+        if num_new_blocks <= 0 and not computed_block_ids and copy_source is None:
             return []  # the common decode step: the last block still has room
         pool = self.block_pool
-        computed_blocks = [pool.blocks[block_id] for block_id in computed_block_ids]
+        held_blocks = [pool.blocks[block_id] for block_id in computed_block_ids]
+        if copy_source is not None:
+            held_blocks.append(pool.blocks[copy_source])
         # Hit blocks nobody holds sit in the free queue: taking them shrinks what is left to allocate from.
-        num_free_hit_blocks = sum(1 for block in computed_blocks if block.ref_cnt == 0)
+        num_free_hit_blocks = sum(1 for block in held_blocks if block.ref_cnt == 0)
         if num_new_blocks > pool.num_free_blocks - num_free_hit_blocks:
             return None
         if block_ids is None:
             block_ids = self._block_ids[request.request_id] = []
             self._num_cached_blocks[request.request_id] = 0
-        if computed_blocks:
-            # Touch before allocating, so allocation cannot evict the hit blocks.
-            pool.touch(computed_blocks)
+        if held_blocks:
+            # Touch before allocating, so allocation cannot evict the hit blocks (nor the copy's source).
+            pool.touch(held_blocks)
             block_ids.extend(computed_block_ids)
             self._num_cached_blocks[request.request_id] = len(block_ids)
         new_block_ids = [block.block_id for block in pool.get_new_blocks(max(num_new_blocks, 0))]
+        if copy_source is not None:
+            self._block_copies.append((copy_source, new_block_ids[0]))
+            self._held_copy_sources.append(held_blocks[-1])
         block_ids.extend(new_block_ids)
         return new_block_ids
+
+    def take_block_copies(self) -> list[tuple[int, int]]:
+        """The (source, destination) block copies queued since the last call, which the step about to run must
+        make before anything else; the sources are released (the step's copies read them before any later
+        allocation can reuse them)."""
+        copies, self._block_copies = self._block_copies, []
+        if self._held_copy_sources:
+            self.block_pool.free_blocks(self._held_copy_sources)
+            self._held_copy_sources = []
+        return copies
 
     def cache_full_blocks(self, request: Request) -> None:
         """Make every full block of the request's computed tokens hittable (call once their K/V is written)."""
@@ -112,18 +179,39 @@ class KVCacheManager:
             return
         blocks = self.block_pool.blocks
         block_ids = self._block_ids[request_id]
+        block_size = self.block_size
+        tokens = request.all_token_ids
         for block_index in range(num_cached_blocks, num_full_blocks):
-            block_hash = request_block_hash(request, block_index, self.block_size)
-            self.block_pool.cache_block(blocks[block_ids[block_index]], block_hash)
+            block_hash = request_block_hash(request, block_index, block_size)
+            if self.token_granular:
+                start = block_index * block_size
+                self.block_pool.cache_block(blocks[block_ids[block_index]], block_hash,
+                                            request_parent_key(request, block_index, block_size),
+                                            tuple(tokens[start:start + block_size]))
+            else:
+                self.block_pool.cache_block(blocks[block_ids[block_index]], block_hash)
         self._num_cached_blocks[request_id] = num_full_blocks
 
-    def free(self, request: Request) -> None:
-        """Release all of the request's blocks, tail first, so a chain is evicted from its end."""
+    def free(self, request: Request, tail_is_computed: bool = True) -> None:
+        """Release all of the request's blocks, tail first, so a chain is evicted from its end.
+
+        tail_is_computed: every one of the request's num_computed_tokens has its K/V written (not so for a
+        request preempted after being scheduled in the step being planned). Then, token-granular, a partly
+        filled last block stays listed as a copy source (a finished turn of a chat, say) until reallocated.
+        """
         block_ids = self._block_ids.pop(request.request_id, None)
         self._num_cached_blocks.pop(request.request_id, None)
-        if block_ids:
-            blocks = self.block_pool.blocks
-            self.block_pool.free_blocks(blocks[block_id] for block_id in reversed(block_ids))
+        if not block_ids:
+            return
+        blocks = self.block_pool.blocks
+        num_computed = request.num_computed_tokens
+        tail_index, num_tail_tokens = divmod(num_computed, self.block_size)
+        if self.token_granular and tail_is_computed and num_tail_tokens and tail_index < len(block_ids):
+            start = tail_index * self.block_size
+            self.block_pool.cache_partial_block(blocks[block_ids[tail_index]],
+                                                request_parent_key(request, tail_index, self.block_size),
+                                                tuple(request.all_token_ids[start:num_computed]))
+        self.block_pool.free_blocks(blocks[block_id] for block_id in reversed(block_ids))
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block; refused (False) while any request holds a block."""

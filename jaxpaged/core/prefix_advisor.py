@@ -118,6 +118,11 @@ class PrefixAdvisor:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def forget(self) -> None:
+        """Drop the remembered content (the prefix cache was reset: nothing seen is reusable any more); the
+        cumulative counter stays."""
+        self._entries.clear()
+
     def _split(self, token_ids: Sequence[int], cache_salt: Optional[str]) -> _Split:
         """Chunk a prompt and hash each chunk once (tuples do not cache their hash)."""
         tokens = tuple(token_ids)

@@ -39,7 +39,8 @@ class Scheduler:
         self.long_prefill_token_threshold = scheduler_config.long_prefill_token_threshold
         self.block_size = cache_config.block_size
         self.kv_cache_manager = KVCacheManager(num_kv_blocks, cache_config.block_size,
-                                               cache_config.enable_prefix_caching)
+                                               cache_config.enable_prefix_caching,
+                                               token_granular=cache_config.prefix_caching_granularity == "token")
         """Block tables and the prefix cache (num_kv_blocks counts the null block 0)."""
         self.requests: dict[str, Request] = {}
         """Every unfinished request, by id."""
@@ -121,7 +122,8 @@ class Scheduler:
         finished_request_ids, self._finished_request_ids = self._finished_request_ids, set()
         return SchedulerOutput(scheduled=scheduled, num_scheduled_tokens=self.max_num_batched_tokens - budget,
                                finished_request_ids=finished_request_ids,
-                               preempted_request_ids=preempted_request_ids)
+                               preempted_request_ids=preempted_request_ids,
+                               block_copies=self.kv_cache_manager.take_block_copies())
 
     def update_from_output(self, output: SchedulerOutput, sampled_token_ids: list[int]) -> list[Request]:
         """Cache the step's full blocks, append sampled tokens, apply stop criteria and free finished requests.
@@ -211,10 +213,12 @@ class Scheduler:
         waiting = self.waiting
         while len(waiting) > 0 and budget > 0 and len(self.running) < self.max_num_seqs:
             request = waiting.peek()
-            hit_block_ids, num_hit_tokens = kv.get_computed_blocks(request)
+            hit = kv.find_prefix_hit(request)
+            num_hit_tokens = hit.num_tokens
             tokens = request.all_token_ids
             num_new_tokens = min(len(tokens) - num_hit_tokens, threshold or budget, budget)
-            if kv.allocate_slots(request, num_new_tokens, hit_block_ids) is None:
+            if kv.allocate_slots(request, num_new_tokens, hit.block_ids, hit.copy_source,
+                                 hit.num_copied_tokens) is None:
                 break  # the head of the queue waits for blocks; nobody overtakes it
             waiting.pop()
             kv.record_prefix_lookup(len(tokens), num_hit_tokens)
@@ -255,7 +259,8 @@ class Scheduler:
                 if scheduled_request.request is victim:
                     num_returned_tokens = len(scheduled.pop(position).token_ids)
                     break
-        self.kv_cache_manager.free(victim)
+        # Tokens scheduled in this very step were counted as computed but never ran.
+        self.kv_cache_manager.free(victim, tail_is_computed=num_returned_tokens == 0)
         victim.status = RequestStatus.PREEMPTED
         victim.num_computed_tokens = 0
         victim.num_preemptions += 1

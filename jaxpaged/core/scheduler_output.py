@@ -34,6 +34,9 @@ class SchedulerOutput:
     """Requests finished or aborted since the previous schedule(): the runner may drop their state."""
     preempted_request_ids: set[str]
     """Requests preempted by this schedule(): their blocks are gone, they restart from position 0 later."""
+    block_copies: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+    """(source, destination) blocks to copy, every layer's K/V, before the step runs: token-granular prefix hits
+    (copy-on-write of a partly matching block)."""
 
     @property
     def num_sampled_requests(self) -> int:

@@ -49,6 +49,11 @@ def run_follower(loaded: LoadedModel, config: EngineConfig, timeout_s: float) ->
                 with watchdog.guard("a step"):
                     jax.block_until_ready(runners[plan.rank].compute_logits(plan.bucket, plan.inputs))
                 num_steps += 1
+            elif plan.kind == PlanKind.COPY_BLOCKS:
+                assert plan.copies is not None
+                with watchdog.guard("a block copy"):
+                    runners[plan.rank].copy_blocks(plan.copies)
+                    jax.block_until_ready(runners[plan.rank].kv_cache)
     except Exception:  # a collective failed: process 0 (or another follower) is gone
         logger.exception("process %d: lost the job after %d steps", jax.process_index(), num_steps)
         return EXIT_LEADER_LOST

@@ -14,6 +14,8 @@ import os
 import time
 from collections.abc import Callable, Sequence
 
+import numpy as np
+
 from jaxpaged.multihost.runtime import EXIT_FOLLOWER_LOST
 from jaxpaged.multihost.step_plan import PlanKind, StepPlan, StepPlanChannel
 from jaxpaged.multihost.watchdog import CollectiveWatchdog
@@ -56,6 +58,11 @@ class FollowerLink:
     def publish_step(self, rank: int, bucket: Bucket, inputs: StepInputs) -> None:
         """Sends a step's plan; the caller then runs the same step (inside its own guard)."""
         self.channel.publish(StepPlan(PlanKind.STEP, rank, bucket, inputs))
+        self._last_publish = time.monotonic()
+
+    def publish_copies(self, rank: int, pairs: np.ndarray) -> None:
+        """Sends a batch of block copies (before the step that reads them); the caller then applies it too."""
+        self.channel.publish(StepPlan(PlanKind.COPY_BLOCKS, rank, copies=pairs))
         self._last_publish = time.monotonic()
 
     def heartbeat_if_due(self) -> None:

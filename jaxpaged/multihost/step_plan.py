@@ -1,8 +1,9 @@
 """The step plan process 0 broadcasts before every step, over JAX's collectives (no transport of our own).
 
 A plan is two broadcasts: a fixed 3-int header (what to do, which data-parallel rank, which bucket), then, for
-a step, that bucket's StepInputs. Both have shapes fixed by the bucket ladder, so each broadcast is one of a
-few compiled programs; warm_up() compiles them all on every process, in the same order, before serving.
+a step, that bucket's StepInputs (for a block copy, its fixed batch of pairs). Both have shapes fixed by the
+bucket ladder, so each broadcast is one of a few compiled programs; warm_up() compiles them all on every
+process, in the same order, before serving.
 """
 
 import dataclasses
@@ -14,6 +15,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from jaxpaged.runner.batch import StepInputs, empty_step_inputs
+from jaxpaged.runner.block_copy import empty_copy_batch
 from jaxpaged.runner.buckets import Bucket
 
 
@@ -24,6 +26,8 @@ class PlanKind(enum.IntEnum):
     """Nothing to run: process 0 is idle and shows it is alive (and checks that the followers are)."""
     SHUTDOWN = 3
     """Process 0 is exiting: followers exit 0."""
+    COPY_BLOCKS = 4
+    """Apply rank `rank`'s batch of KV block copies (runner/block_copy.py) that follows; a step follows later."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +36,7 @@ class StepPlan:
     rank: int = 0
     bucket: Optional[Bucket] = None
     inputs: Optional[StepInputs] = None
+    copies: Optional[np.ndarray] = None
 
 
 class StepPlanChannel:
@@ -48,10 +53,14 @@ class StepPlanChannel:
         multihost_utils.broadcast_one_to_all(np.array([plan.kind, plan.rank, bucket_index], np.int32))
         if plan.kind == PlanKind.STEP:
             multihost_utils.broadcast_one_to_all(plan.inputs)
+        elif plan.kind == PlanKind.COPY_BLOCKS:
+            multihost_utils.broadcast_one_to_all(plan.copies)
 
     def receive(self) -> StepPlan:
         """A follower: wait for the next plan."""
         kind, rank, bucket_index = (int(v) for v in multihost_utils.broadcast_one_to_all(np.zeros(3, np.int32)))
+        if kind == PlanKind.COPY_BLOCKS:
+            return StepPlan(PlanKind.COPY_BLOCKS, rank, copies=multihost_utils.broadcast_one_to_all(empty_copy_batch()))
         if kind != PlanKind.STEP:
             return StepPlan(PlanKind(kind))
         bucket = self.buckets[bucket_index]
@@ -61,6 +70,7 @@ class StepPlanChannel:
     def warm_up(self) -> None:
         """Every process: compile the header broadcast and each bucket's input broadcast (same calls everywhere)."""
         multihost_utils.broadcast_one_to_all(np.zeros(3, np.int32))
+        multihost_utils.broadcast_one_to_all(empty_copy_batch())
         for bucket in self.buckets:
             multihost_utils.broadcast_one_to_all(self._empty(bucket))
 

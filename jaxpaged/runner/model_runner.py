@@ -22,6 +22,7 @@ from jaxpaged.models.llama import LlamaForCausalLM
 from jaxpaged.runner import compile_counter
 from jaxpaged.runner import mesh as mesh_lib
 from jaxpaged.runner.batch import StepInputs, empty_step_inputs
+from jaxpaged.runner.block_copy import copy_blocks, empty_copy_batch, padded_copy_batches
 from jaxpaged.runner.buckets import Bucket, BucketLadder
 from jaxpaged.runner.kv_cache import (
     allocate_kv_cache,
@@ -88,6 +89,9 @@ class ModelRunner:
                                in_shardings=(state_shardings, kv_sharding, self._replicated),
                                out_shardings=(self._replicated, kv_sharding))
         self._compiled: dict[Bucket, jax.stages.Compiled] = {}
+        self._copy_jitted = jax.jit(copy_blocks, donate_argnums=(0,), in_shardings=(kv_sharding, self._replicated),
+                                    out_shardings=kv_sharding)
+        self._copy_compiled: Optional[jax.stages.Compiled] = None
         # Multi-host: the logits are replicated over the rank's devices, so process 0 holds a whole copy and
         # samples it on its own first device; no other process samples.
         local = [d for d in self.mesh.devices.flat if d.process_index == jax.process_index()]
@@ -96,6 +100,8 @@ class ModelRunner:
         self.sampler = TokenSampler(loaded.config.vocab_size, eos_token_ids, placement)
         self.before_step: Optional[Callable[[Bucket, StepInputs], None]] = None
         """Called with each step's padded plan before it runs (multi-host: broadcasts it to the followers)."""
+        self.before_copy: Optional[Callable[[np.ndarray], None]] = None
+        """Called with each batch of block copies before it runs (multi-host: broadcasts it too)."""
         self.warmup_seconds = 0.0
         devices = ", ".join(str(d.id) for d in self.mesh.devices.flat)
         logger.info("rank on devices [%s] (tp=%d): %s", devices, tp, self.memory_plan.describe())
@@ -108,6 +114,7 @@ class ModelRunner:
         buckets = self.ladder.buckets()
         for bucket in buckets:
             self._executable(bucket)
+        self._copy_executable()
         if sampler:
             self.sampler.warmup(bucket.num_seqs for bucket in buckets)
         self.warmup_seconds = time.perf_counter() - start
@@ -119,6 +126,12 @@ class ModelRunner:
                                      self._replicated)
             self._compiled[bucket] = self._jitted.lower(self.state, self.kv_cache, example).compile()
         return self._compiled[bucket]
+
+    def _copy_executable(self):
+        if self._copy_compiled is None:
+            example = jax.device_put(empty_copy_batch(), self._replicated)
+            self._copy_compiled = self._copy_jitted.lower(self.kv_cache, example).compile()
+        return self._copy_compiled
 
     # ---- one step --------------------------------------------------------------------------------------------
     def prepare(self, output: SchedulerOutput) -> tuple[Bucket, StepInputs]:
@@ -166,6 +179,10 @@ class ModelRunner:
         until PendingSample.result(). The engine launches every data-parallel rank before waiting on any."""
         if not output.scheduled:
             return PendingSample(None, 0, wants_logprobs=False)
+        for pairs in padded_copy_batches(output.block_copies):
+            if self.before_copy is not None:
+                self.before_copy(pairs)
+            self.copy_blocks(pairs)
         bucket, batch = self.prepare(output)
         if self.before_step is not None:
             self.before_step(bucket, batch)
@@ -173,6 +190,10 @@ class ModelRunner:
         if self._samples_locally:
             logits = logits.addressable_data(0)
         return self.sampler.launch(logits, [item.request for item in output.scheduled if item.sample])
+
+    def copy_blocks(self, pairs: np.ndarray) -> None:
+        """Apply one padded batch of (source, destination) block copies to the KV cache, in place."""
+        self.kv_cache = self._copy_executable()(self.kv_cache, jax.device_put(pairs, self._replicated))
 
     def compute_logits(self, bucket: Bucket, host_batch: StepInputs) -> jax.Array:
         """Run the compiled step of `bucket` on a prepared batch, updating the KV cache in place."""

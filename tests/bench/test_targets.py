@@ -26,6 +26,16 @@ def test_row_matching_by_kind_name_and_axis():
     assert row_matches(ROWS[0], {"engine.enable_prefix_caching": True})
 
 
+def test_a_selection_names_one_parameter_of_a_joint_axis():
+    point = {"engine.(enable_prefix_caching, prefix_caching_granularity)": [True, "token"], "workload.head_len": 8}
+    joint = row("jaxpaged", "jaxpaged", point, {})
+    assert row_matches(joint, {"engine.enable_prefix_caching": True, "workload.head_len": 8})
+    assert row_matches(joint, {"engine.prefix_caching_granularity": "token"})
+    assert not row_matches(joint, {"engine.prefix_caching_granularity": "block"})
+    assert not row_matches(joint, {"workload.enable_prefix_caching": True})  # another section's parameter
+    assert not row_matches(joint, {"engine.block_size": 16})
+
+
 def test_ratio_uses_the_least_favourable_pair_on_the_same_workload():
     """jaxpaged 100 and 99 tok/s against peers at 20 and 30 on its workload: the ratio that counts is 99/30."""
     target = TargetConfig(name="4x", metric="tps", numerator={"system": "jaxpaged"},

@@ -72,6 +72,15 @@ def test_shared_prefix_requests_share_their_prefix(num_prefixes):
     assert all(43 <= len(r.prompt_token_ids) <= 45 and r.max_tokens == 7 for r in requests)
 
 
+def test_timestamp_first_variant_only_adds_a_varying_head():
+    """head_len puts distinct tokens before the same system prompt and questions (the timestamp-first trap)."""
+    options = dict(num_requests=5, prefix_len=40, min_question_len=3, max_question_len=5)
+    plain = generate_requests(SharedPrefixWorkload(**options))
+    stamped = generate_requests(SharedPrefixWorkload(head_len=6, **options))
+    assert [r.prompt_token_ids[6:] for r in stamped] == [r.prompt_token_ids for r in plain]
+    assert len({r.prompt_token_ids[:6] for r in stamped}) == 5
+
+
 def test_shared_prefix_of_length_zero():
     requests = generate_requests(SharedPrefixWorkload(num_requests=3, prefix_len=0, min_question_len=1,
                                                       max_question_len=1))

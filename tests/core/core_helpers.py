@@ -9,13 +9,15 @@ from jaxpaged.core import Request, Scheduler, SchedulerOutput
 
 
 def build_scheduler(*, num_kv_blocks: int = 64, block_size: int = 4, enable_prefix_caching: bool = True,
-                    **scheduler_options) -> Scheduler:
+                    prefix_caching_granularity: str = "token", **scheduler_options) -> Scheduler:
     """A scheduler with tiny blocks (4 tokens) unless told otherwise."""
     scheduler_options.setdefault("max_num_seqs", 8)
     scheduler_options.setdefault("max_num_batched_tokens", 64)
     scheduler_options.setdefault("max_model_len", 128)
     return Scheduler(SchedulerConfig(**scheduler_options),
-                     CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching), num_kv_blocks)
+                     CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching,
+                                 prefix_caching_granularity=prefix_caching_granularity),  # type: ignore[arg-type]
+                     num_kv_blocks)
 
 
 def run_step(scheduler: Scheduler, sampled_token_id: int = 7) -> SchedulerOutput:

@@ -121,7 +121,11 @@ def test_requests_admitted_in_the_same_step_do_not_hit_each_other():
     output = run_step(scheduler)
     assert [s.start_position for s in output.scheduled] == [0, 0]
     scheduler.add_request(Request("c", list(range(12))))
-    assert [s.start_position for s in run_step(scheduler).scheduled] == [12, 12, 8]
+    output = run_step(scheduler)
+    # c shares a's blocks 0-1 and copies tokens 8-10 of a's block 2 (token-granular; its last token is computed).
+    assert [s.start_position for s in output.scheduled] == [12, 12, 11]
+    a_blocks, c_blocks = (scheduler.kv_cache_manager.get_block_ids(r) for r in ("a", "c"))
+    assert c_blocks[:2] == a_blocks[:2] and output.block_copies == [(a_blocks[2], c_blocks[2])]
 
 
 def test_prefix_caching_disabled_computes_everything():
@@ -134,8 +138,12 @@ def test_prefix_caching_disabled_computes_everything():
 
 
 
-def test_second_request_with_a_shared_1000_token_prefix_reports_992_cached_tokens():
-    scheduler = build_scheduler(block_size=16, num_kv_blocks=200, max_num_batched_tokens=512, max_model_len=2048)
+@pytest.mark.parametrize("granularity, expected_hit", [("block", 992), ("token", 1000)])
+def test_second_request_with_a_shared_1000_token_prefix(granularity, expected_hit):
+    """vLLM's 992 of 1,000 on 16-token blocks; token-granular, the finished first request's last, partly filled
+    block supplies the other 8 tokens by a copy."""
+    scheduler = build_scheduler(block_size=16, num_kv_blocks=200, max_num_batched_tokens=512, max_model_len=2048,
+                                prefix_caching_granularity=granularity)
     prefix = list(range(1000))
     first = Request("first", prefix + [5001, 5002], max_tokens=1)
     scheduler.add_request(first)
@@ -144,7 +152,8 @@ def test_second_request_with_a_shared_1000_token_prefix_reports_992_cached_token
     second = Request("second", prefix + [6001, 6002, 6003])
     scheduler.add_request(second)
     output = run_step(scheduler)
-    assert second.num_cached_tokens == 992 and output.scheduled[0].start_position == 992
+    assert second.num_cached_tokens == expected_hit and output.scheduled[0].start_position == expected_hit
     assert first.num_cached_tokens == 0
+    assert len(output.block_copies) == (expected_hit % 16 > 0)
     stats = scheduler.stats()
-    assert (stats.prefix_cache_queries, stats.prefix_cache_hits) == (1002 + 1003, 992)
+    assert (stats.prefix_cache_queries, stats.prefix_cache_hits) == (1002 + 1003, expected_hit)

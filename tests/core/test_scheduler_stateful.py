@@ -21,13 +21,15 @@ class SchedulerMachine(RuleBasedStateMachine):
     @initialize(block_size=st.sampled_from([1, 2, 4]), num_kv_blocks=st.integers(2, 14),
                 max_num_seqs=st.integers(1, 4), extra_budget=st.integers(0, 12), max_model_len=st.integers(2, 24),
                 threshold=st.sampled_from([0, 0, 1, 3, 5]), policy=st.sampled_from(["fcfs", "priority"]),
-                caching=st.sampled_from([True, True, False]))
-    def build(self, block_size, num_kv_blocks, max_num_seqs, extra_budget, max_model_len, threshold, policy, caching):
+                caching=st.sampled_from([True, True, False]), granularity=st.sampled_from(["token", "token", "block"]))
+    def build(self, block_size, num_kv_blocks, max_num_seqs, extra_budget, max_model_len, threshold, policy, caching,
+              granularity):
         self.config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_seqs + extra_budget,
                                       max_model_len=max_model_len, long_prefill_token_threshold=threshold,
                                       scheduling_policy=policy)
         self.block_size = block_size
-        self.scheduler = Scheduler(self.config, CacheConfig(block_size=block_size, enable_prefix_caching=caching),
+        self.scheduler = Scheduler(self.config, CacheConfig(block_size=block_size, enable_prefix_caching=caching,
+                                                               prefix_caching_granularity=granularity),
                                    num_kv_blocks)
         self.all_requests: dict[str, Request] = {}
         self.fake_kv: dict[tuple[int, int], tuple[int, object]] = {}  # (block, offset) -> (token, cache salt)
@@ -101,6 +103,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             request = scheduler.get_request(request_id)
             assert request is not None
             assert request.status is RequestStatus.PREEMPTED and request.num_computed_tokens == 0
+        self._copy_fake_blocks(output.block_copies)
         for scheduled in output.scheduled:
             self._run_fake_attention(scheduled)
         if abort_in_flight is not None:
@@ -109,6 +112,15 @@ class SchedulerMachine(RuleBasedStateMachine):
         samples = sampled[:output.num_sampled_requests] + [0] * max(0, output.num_sampled_requests - len(sampled))
         updated = scheduler.update_from_output(output, samples)
         assert all(request.output_token_ids for request in updated)
+
+    def _copy_fake_blocks(self, block_copies):
+        """What the runner does before the step: copy every slot of each source block into its destination."""
+        for source, destination in block_copies:
+            assert source != destination and NULL_BLOCK_ID not in (source, destination)
+            for offset in range(self.block_size):
+                self.fake_kv.pop((destination, offset), None)
+                if (source, offset) in self.fake_kv:
+                    self.fake_kv[(destination, offset)] = self.fake_kv[(source, offset)]
 
     def _run_fake_attention(self, scheduled):
         """Write the step's tokens into their slots, then read the whole prefix back through the block table."""

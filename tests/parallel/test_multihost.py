@@ -102,9 +102,16 @@ def test_tp2_over_two_processes_serves_what_one_process_serves(cluster, tiny_mod
             assert got.keys() == want.keys(), (prompt, step)
             for token, logprob in want.items():
                 assert got[token] == pytest.approx(logprob, rel=1e-4, abs=1e-5), (prompt, step, token)
-    # Asked again, a long prompt reuses its cached blocks and still gives the same answer.
-    again = httpx.post(cluster.base_url + "/v1/completions", json=body | {"prompt": PROMPTS[2]}, timeout=120)
-    assert again.json()["choices"][0]["text"] == expected[2]["text"]
+    # Asked again, a long prompt reuses all but its last token (whole blocks, then a block copy that process 0
+    # broadcasts: each process copies its own heads' K/V) and still gives the same answer and logprobs.
+    again = httpx.post(cluster.base_url + "/v1/completions", json=body | {"prompt": PROMPTS[2]}, timeout=120).json()
+    usage = again["usage"]
+    assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"] - 1
+    assert usage["prompt_tokens"] % 16 != 1, "the prompt must end mid-block for the hit to need a copy"
+    assert again["choices"][0]["text"] == expected[2]["text"]
+    for got, want in zip(again["choices"][0]["logprobs"]["top_logprobs"], expected[2]["top"]):
+        for token, logprob in want.items():
+            assert got[token] == pytest.approx(logprob, rel=1e-4, abs=1e-5)
     metrics = httpx.get(cluster.base_url + "/metrics").text
     hits = [line for line in metrics.splitlines() if line.startswith("jaxpaged_prefix_cache_hits")]
     assert hits and float(hits[0].split()[-1]) > 0, hits
