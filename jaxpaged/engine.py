@@ -30,6 +30,7 @@ from jaxpaged.runner import compile_counter
 from jaxpaged.runner.model_runner import build_rank_runners
 from jaxpaged.runner.step_result import StepResult
 from jaxpaged.sampling_params import SamplingParams
+from jaxpaged.structured_output import GrammarCompiler
 from jaxpaged.weights.generation_config import request_defaults
 from jaxpaged.weights.loader import LoadedModel, load_model
 
@@ -68,6 +69,8 @@ class LLMEngine:
         self._prompt_tokens_total = 0
         self._generation_tokens_total = 0
         self._num_steps = 0
+        self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
+        """Structured outputs: compiles each constrained request's grammar when it is added."""
         self.advisor = PrefixAdvisor() if config.cache.enable_prefix_caching else None
         """Counts prompt tokens the prefix cache missed only because the prompt diverged earlier."""
         self.followers: Optional[FollowerLink] = None
@@ -106,7 +109,12 @@ class LLMEngine:
             raise ValueError(f"max_tokens: prompt ({num_prompt} tokens) + max_tokens ({params.max_tokens}) "
                              f"exceeds max_model_len ({self.max_model_len})")
         arrival_time = time.time() if arrival_time is None else arrival_time
+        # A bad schema, regex or grammar is refused here, before anything is queued (never mid-stream).
+        grammar = self.grammars.compile(params.structured_outputs) if params.structured_outputs else None
         samples = [self._make_sample(request_id, index, parsed, params, arrival_time) for index in range(params.n)]
+        if grammar is not None:
+            for s in samples:
+                s.request.grammar = self.grammars.new_request_grammar(grammar)
         rank = self._route(samples[0].request)
         self.schedulers[rank].add_request(samples[0].request)  # validates against the pool before anything is kept
         self._rank_of[request_id] = rank
@@ -209,11 +217,16 @@ class LLMEngine:
             sampled_logprob, top, sampled_rank = 0.0, None, None
             if result.logprobs is not None:
                 sampled_logprob, top, sampled_rank = result.logprobs.row(row, group.params.logprobs or 0)
-            group.record_token(sample_state, result.token_ids[row], top, sampled_logprob, self.tokenizer,
-                               sampled_rank)
+            token_id = result.token_ids[row]
+            grammar_complete = False
+            if request.grammar is not None and not request.is_finished():
+                request.grammar.accept(token_id)
+                grammar_complete = request.grammar.is_finished
+            group.record_token(sample_state, token_id, top, sampled_logprob, self.tokenizer, sampled_rank,
+                               grammar_complete)
             self._generation_tokens_total += 1
             if sample_state.finish_reason is not None and not request.is_finished():
-                stopped_by_string.append(request.request_id)
+                stopped_by_string.append(request.request_id)  # a stop string, or its grammar completed
             touched[group.request_id] = group
         if stopped_by_string:
             scheduler.finish_requests(stopped_by_string, RequestStatus.FINISHED_STOPPED)

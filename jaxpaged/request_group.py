@@ -51,9 +51,10 @@ class RequestGroup:
         return all(sample.finish_reason is not None for sample in self.samples)
 
     def record_token(self, sample: Sample, token_id: int, top: Optional[list[tuple[int, float]]],
-                     sampled_logprob: float, tokenizer, sampled_rank: Optional[int] = None) -> None:
+                     sampled_logprob: float, tokenizer, sampled_rank: Optional[int] = None,
+                     grammar_complete: bool = False) -> None:
         """Account one sampled token: logprobs (with the sampled token's exact rank), detokenized text, finish
-        state."""
+        state. `grammar_complete`: the token completed the sample's structured output (it stops, token kept)."""
         if self.metrics.first_token_time is None:
             self.metrics.first_token_time = time.time()
         if self.params.logprobs is not None:
@@ -69,7 +70,7 @@ class RequestGroup:
         stopped_by_token = request.finish_reason == "stop"
         detokenizer = sample.detokenizer
         detokenizer.add_tokens([token_id], stop_terminated=stopped_by_token)
-        if request.is_finished():
+        if request.is_finished() or grammar_complete:
             # Before reading stop_string: text held back behind a partial character is only decided here,
             # and a stop string inside it must still cut the text and name the stop.
             detokenizer.finish()
@@ -77,6 +78,8 @@ class RequestGroup:
             sample.finish_reason, sample.stop_reason = "stop", detokenizer.stop_string
         elif request.is_finished():
             sample.finish_reason, sample.stop_reason = request.finish_reason, request.stop_reason
+        elif grammar_complete:
+            sample.finish_reason, sample.stop_reason = "stop", None
         if self.finished() and self.metrics.finish_time is None:
             self.metrics.finish_time = time.time()
 

@@ -24,6 +24,57 @@ MAX_ABS_LOGIT_BIAS = 100.0
 """A logit_bias value lies in [-MAX_ABS_LOGIT_BIAS, MAX_ABS_LOGIT_BIAS]."""
 
 
+_CONSTRAINT_FIELDS = ("json", "regex", "choice", "grammar", "json_object")
+
+
+@dataclasses.dataclass(frozen=True)
+class StructuredOutputsParams:
+    """One constraint on the output's text, as vLLM's StructuredOutputsParams: exactly one field is set.
+
+    The engine compiles it with llguidance when the request is added; an invalid schema, regex or grammar is a
+    ValueError naming `field` (so the server's 400 names the field the client actually sent).
+    """
+
+    json: Union[dict, str, bool, None] = None
+    """A JSON schema (a dict, or its JSON text): the output is one JSON value that validates against it."""
+    regex: Optional[str] = None
+    """The whole output matches this regular expression (Rust regex syntax)."""
+    choice: Optional[list[str]] = None
+    """The output is exactly one of these strings."""
+    grammar: Optional[str] = None
+    """A Lark grammar (llguidance's dialect; `start` is the output)."""
+    json_object: bool = False
+    """The output is any JSON object (OpenAI's response_format {"type": "json_object"})."""
+    origin: Optional[str] = None
+    """The request field this came from (e.g. "response_format", "guided_json"), for error messages."""
+
+    def __post_init__(self) -> None:
+        set_fields = [name for name in _CONSTRAINT_FIELDS
+                      if (getattr(self, name) is not None and name != "json_object") or (name == "json_object"
+                                                                                         and self.json_object)]
+        if len(set_fields) != 1:
+            _fail("structured_outputs", f"must set exactly one of {list(_CONSTRAINT_FIELDS)}", set_fields)
+        if self.regex is not None and not isinstance(self.regex, str):
+            _fail(self.field, "must be a str", self.regex)
+        if self.grammar is not None and not isinstance(self.grammar, str):
+            _fail(self.field, "must be a str", self.grammar)
+        if self.choice is not None and (not isinstance(self.choice, (list, tuple)) or not self.choice
+                                        or not all(isinstance(c, str) for c in self.choice)):
+            _fail(self.field, "must be a non-empty list of str", self.choice)
+        if self.json is not None and not isinstance(self.json, (dict, str, bool)):
+            _fail(self.field, "must be a JSON schema (a dict or its JSON text)", self.json)
+        _check_bool("json_object", self.json_object)
+
+    @property
+    def field(self) -> str:
+        """The field errors name: `origin` when given, else structured_outputs.<the constraint>."""
+        if self.origin:
+            return self.origin
+        kind = next(name for name in _CONSTRAINT_FIELDS if name != "json_object" and getattr(self, name) is not None) \
+            if not self.json_object else "json_object"
+        return f"structured_outputs.{kind}"
+
+
 def _fail(field: str, message: str, value) -> None:
     raise ValueError(f"{field}: {message}, got {value!r}")
 
@@ -128,6 +179,8 @@ class SamplingParams:
     """Return this many top logprobs per token (0..20) besides the sampled token's; None returns none."""
     skip_special_tokens: bool = True
     """Leave special tokens out of the output text."""
+    structured_outputs: Optional[StructuredOutputsParams] = None
+    """Constrain the output to a JSON schema, regex, choice or grammar (None: unconstrained)."""
 
     def __post_init__(self) -> None:
         if not is_int(self.n) or self.n < 1:
@@ -157,6 +210,8 @@ class SamplingParams:
             _fail("logprobs", f"must be None or an int in [0, {MAX_LOGPROBS}]", self.logprobs)
         for name in ("include_stop_str_in_output", "ignore_eos", "skip_special_tokens"):
             _check_bool(name, getattr(self, name))
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            _fail("structured_outputs", "must be a StructuredOutputsParams or None", self.structured_outputs)
 
     @property
     def is_greedy(self) -> bool:

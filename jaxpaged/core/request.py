@@ -46,7 +46,7 @@ class Request:
     __slots__ = ("request_id", "prompt_token_ids", "output_token_ids", "all_token_ids", "num_computed_tokens",
                  "num_cached_tokens", "status", "arrival_time", "priority", "cache_salt", "sampling_params",
                  "stop_reason", "max_tokens", "min_tokens", "eos_token_id", "stop_token_ids", "ignore_eos",
-                 "num_preemptions", "block_hashes", "sampling_seed")
+                 "num_preemptions", "block_hashes", "sampling_seed", "grammar")
 
     def __init__(self, request_id: str, prompt_token_ids: Sequence[int], *, max_tokens: int = 16,
                  min_tokens: int = 0, eos_token_id: Optional[int] = None, stop_token_ids: Sequence[int] = (),
@@ -106,6 +106,8 @@ class Request:
         """How many times the request was preempted (and its K/V recomputed)."""
         self.block_hashes: list[bytes] = []
         """Chain hashes of this request's full blocks, filled lazily by the KV cache manager."""
+        self.grammar: Any = None
+        """Structured outputs: the sample's grammar state (a RequestGrammar; opaque to the core), else None."""
 
     @property
     def num_tokens(self) -> int:

@@ -24,6 +24,7 @@ from jaxpaged.runner.sampler import (
     warmup_sampling_batch,
 )
 from jaxpaged.runner.step_result import NOTHING_SAMPLED, SampledLogprobs, StepResult
+from jaxpaged.runner.token_bitmask import apply_token_bitmask, bitmask_words, fill_step_bitmask
 
 
 class TokenSampler:
@@ -44,6 +45,8 @@ class TokenSampler:
             for flags in all_sampler_flag_variants():
                 batch = warmup_sampling_batch(flags, num_rows, self.vocab_size)
                 jax.block_until_ready(sample(logits, jax.device_put(batch, self.placement), flags).token_ids)
+            all_allowed = np.full((num_rows, bitmask_words(self.vocab_size)), -1, np.int32)
+            jax.block_until_ready(apply_token_bitmask(logits, jax.device_put(all_allowed, self.placement)))
         return time.perf_counter() - start
 
     def sample(self, logits: Float[Array, "num_rows_padded vocab"], requests: Sequence[Request]) -> StepResult:
@@ -55,6 +58,10 @@ class TokenSampler:
         if not requests:
             return PendingSample(None, 0, wants_logprobs=False)
         rows = [self._row(request) for request in requests]
+        # Structured outputs: the grammars fill their rows on the host while the device still runs the step.
+        bitmask = fill_step_bitmask(requests, logits.shape[0], self.vocab_size)
+        if bitmask is not None:
+            logits = apply_token_bitmask(logits, jax.device_put(bitmask, self.placement))
         batch = build_sampling_batch(rows, logits.shape[0], self.vocab_size)
         flags = sampler_static_flags(batch)
         result = sample(logits, jax.device_put(batch, self.placement), flags)

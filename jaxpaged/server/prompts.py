@@ -61,34 +61,40 @@ def _message_dict(message: ChatMessage) -> dict:
         content = message.content
     else:
         content = "\n".join(part.text for part in message.content)
-    rendered = {"role": message.role, "content": content}
+    rendered: dict[str, Any] = {"role": message.role, "content": content}
     if message.name is not None:
         rendered["name"] = message.name
+    if message.tool_calls:
+        rendered["tool_calls"] = [call.model_dump() for call in message.tool_calls]
+    if message.tool_call_id is not None:
+        rendered["tool_call_id"] = message.tool_call_id
     return rendered
 
 
-def render_chat(tokenizer: Any, messages: list[ChatMessage], add_generation_prompt: bool) -> str:
+def render_chat(tokenizer: Any, messages: list[ChatMessage], add_generation_prompt: bool,
+                tools: Optional[list[dict]] = None) -> str:
     """The conversation rendered by the model's chat template; 400 if the template rejects it."""
     if getattr(tokenizer, "chat_template", None) is None:
         raise APIError(400, "messages: this model has no chat template; use /v1/completions", param="messages",
                        code="invalid_value")
     try:
         return tokenizer.apply_chat_template([_message_dict(m) for m in messages], tokenize=False,
-                                             add_generation_prompt=add_generation_prompt)
+                                             add_generation_prompt=add_generation_prompt, tools=tools)
     except Exception as error:  # jinja TemplateError and friends: the template refused these messages
         raise APIError(400, f"messages: the chat template rejected them ({type(error).__name__})",
                        param="messages", code="invalid_value") from None
 
 
 async def chat_prompt(tokenizer: Any, vocab_size: int, messages: list[ChatMessage], add_generation_prompt: bool, *,
-                      cache_salt: Optional[str], priority: int) -> ParsedPrompt:
-    """The engine prompt of a chat: rendered and tokenized (the template already holds the special tokens)."""
-    text, token_ids = await tokenize_chat(tokenizer, messages, add_generation_prompt)
+                      cache_salt: Optional[str], priority: int, tools: Optional[list[dict]] = None) -> ParsedPrompt:
+    """The engine prompt of a chat: rendered (with the tools, for templates that show them) and tokenized (the
+    template already holds the special tokens)."""
+    text, token_ids = await tokenize_chat(tokenizer, messages, add_generation_prompt, tools)
     return _engine_prompt(token_ids, vocab_size, text, cache_salt, priority)
 
 
-async def tokenize_chat(tokenizer: Any, messages: list[ChatMessage],
-                        add_generation_prompt: bool) -> tuple[str, list[int]]:
+async def tokenize_chat(tokenizer: Any, messages: list[ChatMessage], add_generation_prompt: bool,
+                        tools: Optional[list[dict]] = None) -> tuple[str, list[int]]:
     """The chat rendered by its template, and its token ids."""
-    text = await run_in_threadpool(render_chat, tokenizer, messages, add_generation_prompt)
+    text = await run_in_threadpool(render_chat, tokenizer, messages, add_generation_prompt, tools)
     return text, await tokenize_text(tokenizer, text, add_special_tokens=False)

@@ -41,6 +41,24 @@ class StreamOptions(StrictModel):
     """Send a last chunk (with no choices) that carries the usage."""
 
 
+class JsonSchemaFormat(StrictModel):
+    """OpenAI's response_format.json_schema."""
+
+    name: str = "response"
+    description: Optional[str] = None
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    """The JSON schema the output must validate against ({} allows any JSON value)."""
+    strict: Optional[bool] = None
+    """Accepted; outputs always follow the schema exactly."""
+
+
+class ResponseFormat(StrictModel):
+    """OpenAI's response_format: plain text, any JSON object, or JSON following a schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[JsonSchemaFormat] = None
+
+
 class SamplingRequest(StrictModel):
     """Fields shared by completions and chat completions: model, sampling, stopping, streaming."""
 
@@ -88,6 +106,16 @@ class SamplingRequest(StrictModel):
     """Isolates this request's prefix-cache entries from requests with another salt."""
     priority: int = Field(0, ge=_INT64_MIN, le=2**63 - 1)
     """Lower runs first under the priority scheduling policy."""
+    response_format: Optional[ResponseFormat] = None
+    """Structured output, OpenAI's way ("json_object" or "json_schema")."""
+    guided_json: Union[dict[str, Any], str, None] = None
+    """vLLM's extra body: the output follows this JSON schema."""
+    guided_regex: Optional[str] = None
+    """vLLM's extra body: the output matches this regular expression."""
+    guided_choice: Optional[list[str]] = Field(None, min_length=1)
+    """vLLM's extra body: the output is one of these strings."""
+    guided_grammar: Optional[str] = None
+    """vLLM's extra body: the output follows this Lark grammar (llguidance's dialect)."""
 
 
 class CompletionRequest(SamplingRequest):
@@ -112,12 +140,60 @@ class TextPart(StrictModel):
     text: str
 
 
+class FunctionCall(StrictModel):
+    """A function call an assistant message made earlier in the conversation."""
+
+    name: str
+    arguments: str
+    """The arguments as JSON text."""
+
+
+class ToolCall(StrictModel):
+    """One entry of an assistant message's tool_calls."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(StrictModel):
     """One message of a conversation."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, list[TextPart], None] = None
     name: Optional[str] = None
+    tool_calls: Optional[list[ToolCall]] = None
+    """An assistant message's calls (passed to the chat template)."""
+    tool_call_id: Optional[str] = None
+    """A tool message: the call it answers."""
+
+
+class FunctionDefinition(StrictModel):
+    """A function the model may call."""
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: Optional[str] = None
+    parameters: Optional[dict[str, Any]] = None
+    """The arguments' JSON schema (None: any object)."""
+    strict: Optional[bool] = None
+
+
+class Tool(StrictModel):
+    """One entry of tools."""
+
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(StrictModel):
+    name: str
+
+
+class NamedToolChoice(StrictModel):
+    """tool_choice naming one function: the model must call exactly it."""
+
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ChatCompletionRequest(SamplingRequest):
@@ -133,6 +209,10 @@ class ChatCompletionRequest(SamplingRequest):
     """Alternatives per token (needs logprobs=true)."""
     add_generation_prompt: bool = True
     """End the rendered prompt with the assistant header."""
+    tools: Optional[list[Tool]] = None
+    """Functions the model may call."""
+    tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None
+    """"none", "auto" (the default with tools), "required", or {"type": "function", "function": {"name": ...}}."""
 
 
 class TokenizeRequest(StrictModel):

@@ -13,7 +13,7 @@ import pydantic
 from fastapi import Request
 
 from jaxpaged import inputs
-from jaxpaged.sampling_params import SamplingParams
+from jaxpaged.sampling_params import SamplingParams, StructuredOutputsParams
 from jaxpaged.server.errors import APIError, from_validation_errors, from_value_error
 from jaxpaged.server.protocol import MAX_STOP_STRINGS, SamplingRequest
 
@@ -88,10 +88,12 @@ def resolve_max_tokens(requested: Optional[int], default: Optional[int], num_pro
 
 
 def build_sampling_params(request: SamplingRequest, *, max_tokens: int, logprobs: Optional[int],
-                          vocab_size: int, max_n: int, model_defaults: Optional[dict] = None) -> SamplingParams:
+                          vocab_size: int, max_n: int, model_defaults: Optional[dict] = None,
+                          tool_constraint: Optional[StructuredOutputsParams] = None) -> SamplingParams:
     """SamplingParams from a validated request; 400 for n over max_n or token ids outside the vocabulary.
 
-    `model_defaults` (the model's generation_config.json settings) fill the fields the request left unset.
+    `model_defaults` (the model's generation_config.json settings) fill the fields the request left unset;
+    `tool_constraint` is the grammar of a tool_choice that calls tools (tool_calls.py).
     """
     unset = {key: value for key, value in (model_defaults or {}).items() if key not in request.model_fields_set}
     sampled = {key: unset.get(key, getattr(request, key))
@@ -112,6 +114,12 @@ def build_sampling_params(request: SamplingRequest, *, max_tokens: int, logprobs
                            param="logit_bias", code="invalid_value")
         logit_bias = {int(key): bias for key, bias in request.logit_bias.items()}
         check_token_ids(list(logit_bias), vocab_size, "logit_bias")
+    structured = structured_outputs_of(request)
+    if tool_constraint is not None:
+        if structured is not None:
+            raise APIError(400, f"{structured.field}: cannot be combined with a tool_choice that calls tools",
+                           param=structured.field, code="invalid_value")
+        structured = tool_constraint
     try:
         params = SamplingParams(
             n=request.n, **sampled, seed=request.seed, presence_penalty=request.presence_penalty,
@@ -119,11 +127,42 @@ def build_sampling_params(request: SamplingRequest, *, max_tokens: int, logprobs
             logit_bias=logit_bias, stop=stop, stop_token_ids=request.stop_token_ids,
             include_stop_str_in_output=request.include_stop_str_in_output, max_tokens=max_tokens,
             min_tokens=request.min_tokens, ignore_eos=request.ignore_eos, logprobs=logprobs,
-            skip_special_tokens=request.skip_special_tokens)
+            skip_special_tokens=request.skip_special_tokens, structured_outputs=structured)
         params.validate_token_ids(vocab_size)
     except ValueError as error:
         raise from_value_error(error) from None
     return params
+
+
+_GUIDED_FIELDS = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
+                  "guided_grammar": "grammar"}
+
+
+def structured_outputs_of(request: SamplingRequest) -> Optional[StructuredOutputsParams]:
+    """The request's one output constraint (response_format or a guided_* field); 400 if it sets several."""
+    given = [name for name in ("response_format", *_GUIDED_FIELDS) if getattr(request, name) is not None]
+    fmt = request.response_format
+    if fmt is not None and fmt.type == "text":
+        given.remove("response_format")
+    if len(given) > 1:
+        raise APIError(400, f"{given[1]}: only one of response_format, guided_json, guided_regex, guided_choice "
+                       f"and guided_grammar may be set (got {', '.join(given)})", param=given[1],
+                       code="invalid_value")
+    if not given:
+        return None
+    name = given[0]
+    if name == "response_format":
+        assert fmt is not None
+        if fmt.type == "json_object":
+            return StructuredOutputsParams(json_object=True, origin="response_format")
+        if fmt.json_schema is None:
+            raise APIError(400, "response_format.json_schema: required when type is \"json_schema\"",
+                           param="response_format.json_schema", code="invalid_value")
+        return StructuredOutputsParams(json=fmt.json_schema.schema_, origin="response_format.json_schema.schema")
+    try:
+        return StructuredOutputsParams(**{_GUIDED_FIELDS[name]: getattr(request, name)}, origin=name)
+    except ValueError as error:
+        raise from_value_error(error) from None
 
 
 class _NonFiniteNumber(ValueError):

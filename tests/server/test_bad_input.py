@@ -69,6 +69,17 @@ CASES = [
     ("unknown-model-chat", CHAT, json.dumps({"model": MARK, "messages": USER}).encode(), 404, "model", MARK),
     ("body-over-2MiB", COMPLETIONS, _body(prompt="a" * (2 * 1024 * 1024)), 413, None, None),
     ("suffix-unsupported", COMPLETIONS, _body(suffix=MARK), 400, "suffix", MARK),
+    ("invalid-json-schema", CHAT, json.dumps({"messages": USER, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objekt"}}}}).encode(), 400,
+     "response_format.json_schema.schema", None),
+    ("json-schema-missing", CHAT, json.dumps({"messages": USER, "response_format": {"type": "json_schema"}}).encode(),
+     400, "response_format.json_schema", None),
+    ("invalid-guided-regex", COMPLETIONS, _body(guided_regex="a(b"), 400, "guided_regex", None),
+    ("invalid-guided-grammar", COMPLETIONS, _body(guided_grammar="start: nowhere"), 400, "guided_grammar", None),
+    ("unsatisfiable-guided-json", COMPLETIONS, _body(guided_json={"type": "integer", "minimum": 5, "maximum": 2}),
+     400, "guided_json", None),
+    ("empty-guided-choice", COMPLETIONS, _body(guided_choice=[]), 400, "guided_choice", None),
+    ("two-constraints", COMPLETIONS, _body(guided_regex="a", guided_choice=["a"]), 400, "guided_choice", None),
     ("tokenize-neither", "/tokenize", b"{}", 400, None, None),
     ("detokenize-oov", "/detokenize", json.dumps({"tokens": [5, 49152]}).encode(), 400, "tokens", None),
 ]

@@ -1,0 +1,92 @@
+"""Tool calls on /v1/chat/completions: tool_choice "required" or a named function constrains the output (a grammar
+from the functions' JSON schemas) and returns it as OpenAI tool_calls; "none" leaves tools out of the prompt.
+
+  - a named function: the output is that function's arguments object, so they can stream as they are sampled;
+  - "required": the output is a JSON array of {"name": ..., "parameters": {...}} (one item per call, any of the
+    tools, vLLM's layout), parsed into tool_calls when it is complete;
+  - "auto" needs a parser for the model's own tool-call syntax; none is implemented yet, so it is refused (400).
+"""
+
+import dataclasses
+import json
+import uuid
+from typing import Optional
+
+from jaxpaged.sampling_params import StructuredOutputsParams
+from jaxpaged.server.errors import APIError
+from jaxpaged.server.protocol import ChatCompletionRequest, NamedToolChoice
+
+
+def _call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+@dataclasses.dataclass
+class ToolCalling:
+    """How one chat request calls tools."""
+
+    tools: list[dict]
+    """The request's tools as the chat template takes them ({"type": "function", "function": {...}})."""
+    forced_name: Optional[str]
+    """tool_choice named this function: the whole output is its arguments."""
+
+    def constraint(self) -> StructuredOutputsParams:
+        """The grammar the output must follow."""
+        if self.forced_name is not None:
+            function = next(t["function"] for t in self.tools if t["function"]["name"] == self.forced_name)
+            return StructuredOutputsParams(json=function.get("parameters") or {"type": "object"},
+                                           origin="tools.function.parameters")
+        calls = [{"type": "object", "properties": {"name": {"const": t["function"]["name"]},
+                                                   "parameters": t["function"].get("parameters") or
+                                                   {"type": "object"}},
+                  "required": ["name", "parameters"], "additionalProperties": False} for t in self.tools]
+        return StructuredOutputsParams(json={"type": "array", "minItems": 1, "items": {"anyOf": calls}},
+                                       origin="tools.function.parameters")
+
+    @property
+    def streams_arguments(self) -> bool:
+        """A named function's arguments stream as they are sampled; "required" calls come whole at the end."""
+        return self.forced_name is not None
+
+    def calls(self, text: str) -> list[dict]:
+        """The OpenAI tool_calls of a finished output (arguments as JSON text)."""
+        if self.forced_name is not None:
+            return [self.call(self.forced_name, text)]
+        try:
+            items = json.loads(text)
+        except ValueError:  # cut off by max_tokens before the grammar closed the array
+            return []
+        return [self.call(item["name"], json.dumps(item["parameters"], ensure_ascii=False)) for item in items]
+
+    @staticmethod
+    def call(name: str, arguments: str) -> dict:
+        return {"id": _call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def tool_calling(request: ChatCompletionRequest) -> Optional[ToolCalling]:
+    """The request's tool calling, or None when its output is plain text (no tools, or tool_choice "none");
+    400 for what cannot work."""
+    if not request.tools:
+        if request.tool_choice not in (None, "none", "auto"):
+            raise APIError(400, "tool_choice: needs tools", param="tool_choice", code="invalid_value")
+        return None
+    choice = request.tool_choice or "auto"
+    if choice == "none":
+        return None
+    tools = [tool.model_dump(exclude_none=True) for tool in request.tools]
+    names = [tool["function"]["name"] for tool in tools]
+    if len(set(names)) != len(names):
+        raise APIError(400, "tools: function names must be unique", param="tools", code="invalid_value")
+    if choice == "auto":
+        raise APIError(400, 'tool_choice: "auto" needs a parser for this model\'s tool-call syntax, and this server '
+                       'has none yet; use "required" or name the function', param="tool_choice",
+                       code="invalid_value")
+    if request.response_format is not None and request.response_format.type != "text":
+        raise APIError(400, "response_format: cannot be combined with a tool_choice that calls tools",
+                       param="response_format", code="invalid_value")
+    if isinstance(choice, NamedToolChoice):
+        if choice.function.name not in names:
+            raise APIError(400, f"tool_choice: names no function in tools (have {names})", param="tool_choice",
+                           code="invalid_value")
+        return ToolCalling(tools, choice.function.name)
+    return ToolCalling(tools, None)

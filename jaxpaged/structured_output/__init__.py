@@ -1,0 +1,6 @@
+"""Structured outputs: JSON schemas, regexes, choice lists and grammars as per-request token masks (llguidance)."""
+
+from .grammar_compiler import GrammarCompiler
+from .request_grammar import RequestGrammar
+
+__all__ = ["GrammarCompiler", "RequestGrammar"]

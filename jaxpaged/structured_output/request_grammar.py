@@ -1,0 +1,36 @@
+"""RequestGrammar: one sample's position in its grammar; fills its row of the step's token bitmask and consumes
+the sampled token.
+
+Bitmask layout (llguidance's): row r, token t is allowed when bit t % 32 of int32 word t // 32 is set.
+"""
+
+from typing import Any
+
+import numpy as np
+from llguidance.numpy import fill_next_token_bitmask
+
+
+class RequestGrammar:
+    """Wraps an llguidance matcher that has consumed the sample's output so far."""
+
+    __slots__ = ("_matcher",)
+
+    def __init__(self, matcher: Any) -> None:
+        if matcher.is_error():
+            raise ValueError(f"structured_outputs: {matcher.get_error()}")
+        self._matcher = matcher
+
+    def fill_bitmask(self, bitmask: np.ndarray, row: int) -> None:
+        """Writes the tokens allowed next into bitmask[row] (int32 words)."""
+        fill_next_token_bitmask(self._matcher, bitmask, row)
+
+    def accept(self, token_id: int) -> None:
+        """Advances past the sampled token. A token the mask allowed is always accepted; one it could not have
+        allowed (an EOS after the grammar already stopped) changes nothing."""
+        if not self._matcher.is_stopped():
+            self._matcher.consume_token(token_id)
+
+    @property
+    def is_finished(self) -> bool:
+        """The output is complete and nothing may follow it (a closed JSON value, a whole choice): stop here."""
+        return self._matcher.is_stopped() or self._matcher.is_error()

@@ -1,0 +1,145 @@
+"""Structured outputs through LLM on the embedded model: JSON schemas, json_object, regex, choice and grammars,
+greedy and sampled, mixed in one batch with unconstrained requests; every output validates, nothing recompiles."""
+
+import json
+import re
+
+import jsonschema
+import pytest
+
+from jaxpaged.sampling_params import SamplingParams, StructuredOutputsParams
+
+# One worker builds the engine (it compiles) for every test here.
+pytestmark = pytest.mark.xdist_group("structured_outputs")
+
+OPTIONS = dict(max_model_len=512, max_num_seqs=32, max_num_batched_tokens=256, dtype="float32",
+               attention_backend="xla", compilation_cache_dir="", num_kv_blocks=400)
+
+NAME = {"type": "string", "minLength": 1, "maxLength": 12}
+SCHEMAS = [
+    {"type": "object", "properties": {"name": NAME}, "required": ["name"], "additionalProperties": False},
+    {"type": "object", "properties": {"age": {"type": "integer", "minimum": 0, "maximum": 120}},
+     "required": ["age"], "additionalProperties": False},
+    {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False},
+    {"type": "object", "properties": {"colour": {"enum": ["red", "green", "blue"]}}, "required": ["colour"],
+     "additionalProperties": False},
+    {"type": "object", "properties": {"city": NAME, "zip": {"type": "string", "pattern": "^[0-9]{5}$"}},
+     "required": ["city", "zip"], "additionalProperties": False},
+    {"type": "object", "properties": {"tags": {"type": "array", "items": NAME, "minItems": 1, "maxItems": 3}},
+     "required": ["tags"], "additionalProperties": False},
+    {"type": "object", "properties": {"point": {"type": "object", "properties": {
+        "x": {"type": "integer", "minimum": -10, "maximum": 10}, "y": {"type": "integer", "minimum": -10,
+                                                                        "maximum": 10}},
+        "required": ["x", "y"], "additionalProperties": False}}, "required": ["point"], "additionalProperties": False},
+    {"type": "object", "properties": {"name": NAME, "nickname": NAME}, "required": ["name"],
+     "additionalProperties": False},
+    {"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": 9}, "minItems": 2, "maxItems": 4},
+    {"enum": ["yes", "no", "maybe"]},
+    {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{2}$"},
+    {"type": "integer", "minimum": 100, "maximum": 999},
+    {"type": "boolean"},
+    {"type": "object", "properties": {"user": {"type": "object", "properties": {
+        "name": NAME, "admin": {"type": "boolean"}}, "required": ["name", "admin"], "additionalProperties": False},
+        "level": {"enum": [1, 2, 3]}}, "required": ["user", "level"], "additionalProperties": False},
+    {"type": "object", "properties": {"items": {"type": "array", "maxItems": 2, "items": {
+        "type": "object", "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 99}},
+        "required": ["id"], "additionalProperties": False}}}, "required": ["items"], "additionalProperties": False},
+    {"type": "object", "properties": {"status": {"const": "done"}, "code": {"type": "integer", "minimum": 0,
+                                                                           "maximum": 9}},
+     "required": ["status", "code"], "additionalProperties": False},
+    {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 9}, {"type": "boolean"}]},
+    {"type": "object", "properties": {"first": NAME, "last": NAME, "email": {
+        "type": "string", "pattern": "^[a-z]{1,8}@[a-z]{1,8}\\.com$"}}, "required": ["first", "last", "email"],
+     "additionalProperties": False},
+    {"type": "object", "properties": {"temperature": {"type": "number", "minimum": -50, "maximum": 50}},
+     "required": ["temperature"], "additionalProperties": False},
+    {"type": "object", "properties": {"matrix": {"type": "array", "maxItems": 2, "minItems": 1, "items": {
+        "type": "array", "minItems": 1, "maxItems": 2, "items": {"type": "integer", "minimum": 0, "maximum": 9}}}},
+     "required": ["matrix"], "additionalProperties": False},
+    {"type": "object", "properties": {"title": {"type": "string", "maxLength": 20},
+                                      "year": {"type": "integer", "minimum": 1900, "maximum": 2030},
+                                      "genres": {"type": "array", "items": {"enum": ["drama", "comedy", "sci-fi"]},
+                                                 "maxItems": 2}},
+     "required": ["title", "year"], "additionalProperties": False},
+    {"type": "null"},
+]
+
+
+@pytest.fixture(scope="module")
+def llm():
+    from jaxpaged.llm import LLM
+
+    return LLM(None, **OPTIONS)
+
+
+def constrained(schema, *, temperature=0.0, seed=None, max_tokens=160):
+    return SamplingParams(temperature=temperature, seed=seed, max_tokens=max_tokens,
+                          structured_outputs=StructuredOutputsParams(json=schema))
+
+
+def chat_prompt(llm, text: str) -> str:
+    return llm.get_tokenizer().apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                                   add_generation_prompt=True)
+
+
+def test_json_schemas_greedy_and_sampled_mixed_with_unconstrained(llm):
+    before = llm.engine.get_stats().num_compilations
+    prompts, params = [], []
+    for index, schema in enumerate(SCHEMAS):
+        prompt = chat_prompt(llm, f"Reply in JSON following this schema: {json.dumps(schema)}")
+        prompts += [prompt, prompt]
+        params += [constrained(schema), constrained(schema, temperature=0.9, seed=index)]
+    free_prompt = chat_prompt(llm, "Tell me about the sea.")
+    prompts += [free_prompt, free_prompt]
+    free = [SamplingParams(temperature=0.0, max_tokens=24), SamplingParams(temperature=0.9, seed=5, max_tokens=24)]
+    params += free
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    for index, schema in enumerate(SCHEMAS):
+        for out in outputs[2 * index:2 * index + 2]:
+            completion = out.outputs[0]
+            assert completion.finish_reason == "stop", (schema, completion.text)
+            jsonschema.validate(json.loads(completion.text), schema)
+    # The unconstrained rows are exactly what they are alone: the masks of their neighbours never touch them.
+    alone = llm.generate([free_prompt, free_prompt], free, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outputs[-2:]] == [o.outputs[0].token_ids for o in alone]
+    assert llm.engine.get_stats().num_compilations == before
+
+
+@pytest.mark.parametrize("constraint, check", [
+    (StructuredOutputsParams(json_object=True), lambda text: isinstance(json.loads(text), dict)),
+    (StructuredOutputsParams(regex=r"[0-9]{3}-[a-z]{2,4}"), lambda text: re.fullmatch(r"[0-9]{3}-[a-z]{2,4}", text)),
+    (StructuredOutputsParams(choice=["Paris", "London", "Berlin"]), lambda text: text in ("Paris", "London",
+                                                                                           "Berlin")),
+    (StructuredOutputsParams(grammar='start: "The answer is " NUM "."\nNUM: /[0-9]{1,3}/'),
+     lambda text: re.fullmatch(r"The answer is [0-9]{1,3}\.", text)),
+])
+def test_other_constraint_kinds(llm, constraint, check):
+    params = SamplingParams(temperature=0.0, max_tokens=64, structured_outputs=constraint)
+    out = llm.generate(chat_prompt(llm, "What is the capital of France? Answer in JSON."), params,
+                       use_tqdm=False)[0].outputs[0]
+    assert out.finish_reason == "stop" and check(out.text), out.text
+
+
+@pytest.mark.parametrize("constraint, field", [
+    (StructuredOutputsParams(json={"type": "objekt"}), "structured_outputs.json"),
+    (StructuredOutputsParams(json="{not json"), "structured_outputs.json"),
+    (StructuredOutputsParams(regex="a(b"), "structured_outputs.regex"),
+    (StructuredOutputsParams(grammar="start: foo"), "structured_outputs.grammar"),
+    (StructuredOutputsParams(json={"type": "integer", "minimum": 5, "maximum": 2}, origin="guided_json"),
+     "guided_json"),
+])
+def test_an_invalid_constraint_is_refused_at_admission_and_the_engine_keeps_serving(llm, constraint, field):
+    params = SamplingParams(max_tokens=4, structured_outputs=constraint)
+    with pytest.raises(ValueError, match=rf"^{re.escape(field)}: "):
+        llm.engine.add_request("bad-grammar", "Hello", params)
+    assert not llm.engine.has_unfinished_requests()
+    assert llm.generate("Hello", SamplingParams(max_tokens=2), use_tqdm=False)[0].outputs[0].token_ids
+
+
+def test_structured_outputs_params_need_exactly_one_constraint():
+    with pytest.raises(ValueError, match="^structured_outputs: must set exactly one"):
+        StructuredOutputsParams()
+    with pytest.raises(ValueError, match="^structured_outputs: must set exactly one"):
+        StructuredOutputsParams(regex="a", choice=["a"])
+    with pytest.raises(ValueError, match="^structured_outputs.choice: must be a non-empty list"):
+        StructuredOutputsParams(choice=[])

@@ -1,0 +1,92 @@
+"""Tool calls through the official openai client: a named function and tool_choice "required", streamed and not;
+the arguments follow each function's JSON schema."""
+
+import json
+from typing import Any, Optional
+
+import jsonschema
+import openai
+import pytest
+
+pytestmark = pytest.mark.xdist_group("server")
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "minLength": 1, "maxLength": 20},
+                                            "unit": {"enum": ["celsius", "fahrenheit"]}},
+           "required": ["city", "unit"], "additionalProperties": False}
+TIME = {"type": "object", "properties": {"timezone": {"enum": ["UTC", "CET", "PST"]}}, "required": ["timezone"],
+        "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
+                                           "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "get_time", "description": "Current time in a timezone",
+                                           "parameters": TIME}}]
+SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
+ASK = [{"role": "user", "content": "What is the weather like in Paris?"}]
+
+
+def collect_stream(chunks) -> tuple[list[dict], Optional[str]]:
+    """Tool calls accumulated from streamed deltas (OpenAI's rules: by index, arguments concatenated)."""
+    calls: dict[int, dict] = {}
+    finish = None
+    for chunk in chunks:
+        if not chunk.choices:
+            continue
+        choice = chunk.choices[0]
+        for delta in choice.delta.tool_calls or []:
+            call = calls.setdefault(delta.index, {"name": None, "arguments": ""})
+            if delta.function.name:
+                call["name"] = delta.function.name
+            call["arguments"] += delta.function.arguments or ""
+        finish = choice.finish_reason or finish
+    return [calls[i] for i in sorted(calls)], finish
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_named_function_is_called_with_valid_arguments(client, model_name, stream):
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    kwargs = dict(model=model_name, messages=ASK, tools=TOOLS, tool_choice=choice, max_completion_tokens=60,
+                  temperature=0.0)
+    if stream:
+        calls, finish = collect_stream(client.chat.completions.create(**kwargs, stream=True))
+    else:
+        message = client.chat.completions.create(**kwargs).choices[0]
+        assert message.message.content is None
+        calls = [{"name": c.function.name, "arguments": c.function.arguments} for c in message.message.tool_calls]
+        finish = message.finish_reason
+    assert finish == "stop" and [call["name"] for call in calls] == ["get_weather"]
+    jsonschema.validate(json.loads(calls[0]["arguments"]), WEATHER)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_required_tool_choice_returns_tool_calls(client, model_name, stream):
+    kwargs = dict(model=model_name, messages=ASK, tools=TOOLS, tool_choice="required", max_completion_tokens=120,
+                  temperature=0.0)
+    if stream:
+        calls, finish = collect_stream(client.chat.completions.create(**kwargs, stream=True))
+    else:
+        choice = client.chat.completions.create(**kwargs).choices[0]
+        calls = [{"name": c.function.name, "arguments": c.function.arguments} for c in choice.message.tool_calls]
+        assert all(c.id.startswith("call_") and c.type == "function" for c in choice.message.tool_calls)
+        finish = choice.finish_reason
+    assert finish == "tool_calls" and calls
+    for call in calls:
+        jsonschema.validate(json.loads(call["arguments"]), SCHEMAS[call["name"]])
+
+
+def test_tool_choice_none_answers_in_text(client, model_name):
+    choice = client.chat.completions.create(model=model_name, messages=ASK, tools=TOOLS, tool_choice="none",
+                                            max_completion_tokens=8, temperature=0.0).choices[0]
+    assert choice.message.content and not choice.message.tool_calls
+
+
+@pytest.mark.parametrize("tool_choice, tools, param", [
+    ({"type": "function", "function": {"name": "nope"}}, TOOLS, "tool_choice"),
+    ("auto", TOOLS, "tool_choice"),
+    ("required", None, "tool_choice"),
+])
+def test_tool_choice_that_cannot_work_is_a_400(client, model_name, tool_choice, tools, param):
+    kwargs = {"tools": tools} if tools else {}
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.chat.completions.create(model=model_name, messages=ASK, tool_choice=tool_choice,
+                                       max_completion_tokens=8, **kwargs)
+    body: Any = raised.value.body
+    assert body["param"] == param
