@@ -138,7 +138,8 @@ class LLMEngine:
             eos_token_id=self.eos_token_ids[0] if self.eos_token_ids else None,
             stop_token_ids=list(params.stop_token_ids or ()) + self.eos_token_ids[1:], ignore_eos=params.ignore_eos,
             arrival_time=arrival_time, priority=parsed.priority, cache_salt=parsed.cache_salt,
-            sampling_params=params, sampling_seed=seed)
+            sampling_params=params, sampling_seed=seed,
+            computes_whole_prompt=params.prompt_logprobs is not None and index == 0)
         detokenizer = IncrementalDetokenizer(
             self.tokenizer, parsed.token_ids, skip_special_tokens=params.skip_special_tokens,
             stop=params.stop or (), include_stop_str_in_output=params.include_stop_str_in_output)
@@ -207,9 +208,13 @@ class LLMEngine:
         """Apply a rank's step: scheduler state, stop checks, text and logprobs; the RequestOutputs."""
         scheduler = self.schedulers[rank]
         updated = scheduler.update_from_output(output, result.token_ids)
+        touched: dict[str, RequestGroup] = {}
+        for entry in result.prompt_logprobs:
+            owner = self._samples.get(entry.request_id)
+            if owner is not None:
+                owner[0].record_prompt_logprob(entry.position, entry.logprob, entry.rank, entry.top, self.tokenizer)
         row_of = {item.request.request_id: row
                   for row, item in enumerate(i for i in output.scheduled if i.sample)}
-        touched: dict[str, RequestGroup] = {}
         stopped_by_string = []
         for request in updated:
             group, sample_state = self._samples[request.request_id]

@@ -76,3 +76,6 @@ class RequestOutput:
     """True once every sample is done."""
     metrics: RequestMetrics
     """Arrival, first-token and finish times."""
+    prompt_logprobs: Optional[list[Optional[dict[int, Logprob]]]] = None
+    """With SamplingParams.prompt_logprobs: per prompt token, its logprob and the top alternatives (token id ->
+    Logprob); None for the first token (nothing precedes it). None when not asked for."""

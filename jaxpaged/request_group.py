@@ -36,6 +36,10 @@ class RequestGroup:
         self.samples = samples
         self.num_released = 1
         """Samples handed to the scheduler so far; the rest are held back."""
+        self.prompt_logprobs: Optional[list[Optional[dict[int, Logprob]]]] = None
+        if params.prompt_logprobs is not None:
+            self.prompt_logprobs = [None for _ in prompt.token_ids]
+        """Filled position by position as the first sample's prefill scores the prompt (position 0 stays None)."""
         self.metrics = RequestMetrics(arrival_time=arrival_time)
 
     def held_back(self) -> list[Sample]:
@@ -83,6 +87,17 @@ class RequestGroup:
         if self.finished() and self.metrics.finish_time is None:
             self.metrics.finish_time = time.time()
 
+    def record_prompt_logprob(self, position: int, logprob: float, rank: int, top: list[tuple[int, float]],
+                              tokenizer) -> None:
+        """One prompt token's logprob; a recomputed position (after preemption) keeps its first value."""
+        if self.prompt_logprobs is None or self.prompt_logprobs[position] is not None:
+            return
+        token_id = self.prompt.token_ids[position]
+        entry = {top_id: Logprob(top_logprob, k, tokenizer.decode([top_id]))
+                 for k, (top_id, top_logprob) in enumerate(top[:self.params.prompt_logprobs or 0], start=1)}
+        entry[token_id] = Logprob(logprob, rank, tokenizer.decode([token_id]))
+        self.prompt_logprobs[position] = entry
+
     def to_output(self) -> RequestOutput:
         """The cumulative RequestOutput of every sample."""
         completions = [
@@ -93,4 +108,6 @@ class RequestGroup:
         return RequestOutput(request_id=self.request_id, prompt=self.prompt.text,
                              prompt_token_ids=self.prompt.token_ids,
                              num_cached_tokens=self.samples[0].request.num_cached_tokens,
-                             outputs=completions, finished=self.finished(), metrics=self.metrics)
+                             outputs=completions, finished=self.finished(), metrics=self.metrics,
+                             # A copy: outputs cross to the server's thread while later steps fill the list.
+                             prompt_logprobs=None if self.prompt_logprobs is None else list(self.prompt_logprobs))

@@ -181,6 +181,9 @@ class SamplingParams:
     """Leave special tokens out of the output text."""
     structured_outputs: Optional[StructuredOutputsParams] = None
     """Constrain the output to a JSON schema, regex, choice or grammar (None: unconstrained)."""
+    prompt_logprobs: Optional[int] = None
+    """Return each prompt token's logprob and this many top alternatives (0..20; the first token has none).
+    Such a request computes its whole prompt (no prefix-cache hits), in the same compiled step."""
 
     def __post_init__(self) -> None:
         if not is_int(self.n) or self.n < 1:
@@ -205,9 +208,10 @@ class SamplingParams:
             _fail("min_tokens", "must be an int >= 0", self.min_tokens)
         if self.min_tokens > self.max_tokens:
             _fail("min_tokens", f"must be <= max_tokens ({self.max_tokens})", self.min_tokens)
-        if self.logprobs is not None and (not is_int(self.logprobs)
-                                          or not 0 <= self.logprobs <= MAX_LOGPROBS):
-            _fail("logprobs", f"must be None or an int in [0, {MAX_LOGPROBS}]", self.logprobs)
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (not is_int(value) or not 0 <= value <= MAX_LOGPROBS):
+                _fail(name, f"must be None or an int in [0, {MAX_LOGPROBS}]", value)
         for name in ("include_stop_str_in_output", "ignore_eos", "skip_special_tokens"):
             _check_bool(name, getattr(self, name))
         if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):

@@ -82,7 +82,7 @@ class KVCacheManager:
         Walks the chain of full blocks until the first miss. The hit never covers the whole request: its
         last token is always computed, so the logits to sample from exist.
         """
-        if not self.enable_prefix_caching:
+        if not self.enable_prefix_caching or request.computes_whole_prompt:
             return [], 0
         block_size = self.block_size
         get_cached_block = self.block_pool.get_cached_block
@@ -98,7 +98,7 @@ class KVCacheManager:
         """get_computed_blocks() plus, when token-granular, the longest run of the next tokens that a cached
         block (or a finished request's tail) after the same chain holds. Still never the whole request."""
         hit_block_ids, num_hit_tokens = self.get_computed_blocks(request)
-        if not self.token_granular:
+        if not self.token_granular or request.computes_whole_prompt:
             return PrefixHit(hit_block_ids, num_hit_tokens) if hit_block_ids else NO_HIT
         block_size = self.block_size
         num_wanted = min(block_size, request.num_tokens - 1 - num_hit_tokens)

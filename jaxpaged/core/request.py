@@ -46,13 +46,13 @@ class Request:
     __slots__ = ("request_id", "prompt_token_ids", "output_token_ids", "all_token_ids", "num_computed_tokens",
                  "num_cached_tokens", "status", "arrival_time", "priority", "cache_salt", "sampling_params",
                  "stop_reason", "max_tokens", "min_tokens", "eos_token_id", "stop_token_ids", "ignore_eos",
-                 "num_preemptions", "block_hashes", "sampling_seed", "grammar")
+                 "num_preemptions", "block_hashes", "sampling_seed", "grammar", "computes_whole_prompt")
 
     def __init__(self, request_id: str, prompt_token_ids: Sequence[int], *, max_tokens: int = 16,
                  min_tokens: int = 0, eos_token_id: Optional[int] = None, stop_token_ids: Sequence[int] = (),
                  ignore_eos: bool = False, arrival_time: Optional[float] = None, priority: int = 0,
                  cache_salt: Optional[str] = None, sampling_params: Any = None,
-                 sampling_seed: Optional[int] = None) -> None:
+                 sampling_seed: Optional[int] = None, computes_whole_prompt: bool = False) -> None:
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id: must be a non-empty str, got {request_id!r}")
         if len(prompt_token_ids) == 0:
@@ -106,6 +106,9 @@ class Request:
         """How many times the request was preempted (and its K/V recomputed)."""
         self.block_hashes: list[bytes] = []
         """Chain hashes of this request's full blocks, filled lazily by the KV cache manager."""
+        self.computes_whole_prompt = computes_whole_prompt
+        """Never served from the prefix cache: every prompt token is computed (prompt logprobs need their logits).
+        Its blocks are still cached for other requests."""
         self.grammar: Any = None
         """Structured outputs: the sample's grammar state (a RequestGrammar; opaque to the core), else None."""
 

@@ -64,6 +64,14 @@ class LlamaForCausalLM(nnx.Module):
         soft_cap=...)` writes the step's K/V and attends:
         layers.paged_attention bound to a backend, wrapped per shard by the runner under tensor parallelism.
         """
+        x, kv_cache = self.hidden_states(kv_cache, token_ids, positions, metadata, attend=attend)
+        # NOTE: only the sampled rows reach the final norm and the vocabulary projection.
+        return self.logits(x[sample_indices]), kv_cache
+
+    def hidden_states(self, kv_cache: KVCache, token_ids: Int[Array, " num_tokens"],
+                      positions: Int[Array, " num_tokens"], metadata: AttentionMetadata, *, attend: Callable,
+                      ) -> tuple[Float[Array, "num_tokens hidden"], KVCache]:
+        """The decoder layers of one ragged step: (every token's last hidden state, the updated kv_cache)."""
         cfg = self.cfg
         eps, offset = cfg.rms_norm_eps, cfg.norm_offset
         num_layers, num_blocks = kv_cache.shape[:2]
@@ -112,10 +120,15 @@ class LlamaForCausalLM(nnx.Module):
         layer_ids = jnp.arange(num_layers, dtype=jnp.int32)
         (x, kv_pages), _ = jax.lax.scan(layer, (x, kv_pages),
                                         (self.layers.stacked(), layer_ids, is_sliding, inv_freqs))
-        # NOTE: only the sampled rows reach the final norm and the vocabulary projection.
-        h = rms_norm(x[sample_indices], self.final_norm[...], eps, offset)
+        return x, kv_pages.reshape(kv_cache.shape)
+
+    def logits(self, x: Float[Array, "rows hidden"]) -> Float[Array, "rows vocab"]:
+        """Final norm and vocabulary projection of some rows' hidden states, in float32 (soft-capped if the model
+        caps them)."""
+        cfg = self.cfg
+        h = rms_norm(x, self.final_norm[...], cfg.rms_norm_eps, cfg.norm_offset)
         head = self.embed[...].T if self.lm_head is None else self.lm_head[...]
         logits = jnp.dot(h, head, preferred_element_type=jnp.float32)
         if cfg.final_soft_cap is not None:
             logits = cfg.final_soft_cap * jnp.tanh(logits / cfg.final_soft_cap)
-        return logits, kv_pages.reshape(kv_cache.shape)
+        return logits

@@ -26,10 +26,14 @@ class StepInputs:
     """Slots, KV lengths, block tables, query offsets and the real sequence count."""
     sample_indices: Int[HostOrDeviceArray, " max_num_seqs"]
     """Token row of the last token of the j-th sampled sequence; padded entries point at row 0."""
+    prompt_logprob_targets: Int[HostOrDeviceArray, " num_tokens"]
+    """Prompt logprobs: the next prompt token, whose logprob this row's logits give, or -1 (the usual case: the
+    step then skips the whole-vocabulary projection of every row)."""
 
 
 def empty_step_inputs(num_tokens: int, max_num_seqs: int, pages_per_seq: int) -> StepInputs:
     """A zero-filled host batch of the given bucket (numpy; filled by the model runner)."""
     return StepInputs(token_ids=np.zeros(num_tokens, np.int32), positions=np.zeros(num_tokens, np.int32),
                       attention=empty_attention_metadata(num_tokens, max_num_seqs, pages_per_seq),
-                      sample_indices=np.zeros(max_num_seqs, np.int32))
+                      sample_indices=np.zeros(max_num_seqs, np.int32),
+                      prompt_logprob_targets=np.full(num_tokens, -1, np.int32))

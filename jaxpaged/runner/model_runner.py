@@ -30,6 +30,12 @@ from jaxpaged.runner.kv_cache import (
     num_kv_blocks_for,
 )
 from jaxpaged.runner.memory_plan import check_weights_fit, device_memory_bytes, plan_memory, weight_bytes_per_device
+from jaxpaged.runner.prompt_logprobs import (
+    PromptLogprobStats,
+    empty_prompt_logprob_stats,
+    host_entries,
+    prompt_logprob_stats,
+)
 from jaxpaged.runner.step_result import StepResult
 from jaxpaged.runner.token_sampler import PendingSample, TokenSampler
 from jaxpaged.weights.loader import LoadedModel
@@ -47,7 +53,14 @@ def resolve_dtype(name: str):
 
 def _forward(graphdef, attend: Callable, state, kv_cache, batch: StepInputs):
     model = nnx.merge(graphdef, state)
-    return model(kv_cache, batch.token_ids, batch.positions, batch.attention, batch.sample_indices, attend=attend)
+    x, kv_cache = model.hidden_states(kv_cache, batch.token_ids, batch.positions, batch.attention, attend=attend)
+    logits = model.logits(x[batch.sample_indices])
+    targets = batch.prompt_logprob_targets
+    vocab_size = logits.shape[-1]
+    prompt_stats = jax.lax.cond(jnp.any(targets >= 0),
+                                lambda h: prompt_logprob_stats(model.logits(h), targets),
+                                lambda h: empty_prompt_logprob_stats(h.shape[0], vocab_size), x)
+    return logits, kv_cache, prompt_stats
 
 
 class ModelRunner:
@@ -87,7 +100,7 @@ class ModelRunner:
         # Explicit shardings: the executables compiled at warm-up are exactly the ones serving calls.
         self._jitted = jax.jit(functools.partial(_forward, graphdef, attend), donate_argnums=(1,),
                                in_shardings=(state_shardings, kv_sharding, self._replicated),
-                               out_shardings=(self._replicated, kv_sharding))
+                               out_shardings=(self._replicated, kv_sharding, self._replicated))
         self._compiled: dict[Bucket, jax.stages.Compiled] = {}
         self._copy_jitted = jax.jit(copy_blocks, donate_argnums=(0,), in_shardings=(kv_sharding, self._replicated),
                                     out_shardings=kv_sharding)
@@ -103,6 +116,8 @@ class ModelRunner:
         self.before_copy: Optional[Callable[[np.ndarray], None]] = None
         """Called with each batch of block copies before it runs (multi-host: broadcasts it too)."""
         self.warmup_seconds = 0.0
+        # (token row, request id, prompt position) of the prepared batch's prompt-logprob targets.
+        self._prompt_rows: list[tuple[int, str, int]] = []
         devices = ", ".join(str(d.id) for d in self.mesh.devices.flat)
         logger.info("rank on devices [%s] (tp=%d): %s", devices, tp, self.memory_plan.describe())
 
@@ -135,8 +150,10 @@ class ModelRunner:
 
     # ---- one step --------------------------------------------------------------------------------------------
     def prepare(self, output: SchedulerOutput) -> tuple[Bucket, StepInputs]:
-        """Pad the scheduled requests into their bucket as host numpy arrays."""
+        """Pad the scheduled requests into their bucket as host numpy arrays (prompt_logprob_rows() says which
+        rows carry prompt-logprob targets)."""
         scheduled = output.scheduled
+        self._prompt_rows = []
         bucket = self.ladder.pick(output.num_scheduled_tokens, len(scheduled))
         batch = empty_step_inputs(bucket.num_tokens, bucket.num_seqs, self.pages_per_seq)
         attention = batch.attention
@@ -165,10 +182,22 @@ class ModelRunner:
             if item.sample:
                 batch.sample_indices[num_sampled] = token_end - 1
                 num_sampled += 1
+            if item.request.computes_whole_prompt:
+                self._set_prompt_logprob_targets(batch, item.request, token_start, item.start_position, kv_len)
             token_start = token_end
         attention.cu_q_lens[len(scheduled) + 1:] = token_start
         attention.num_seqs[0] = len(scheduled)
         return bucket, batch
+
+    def _set_prompt_logprob_targets(self, batch: StepInputs, request, token_start: int, start: int,
+                                    end: int) -> None:
+        """Rows of positions start..end-1 whose next token is a prompt token target it (a request that asked for
+        prompt logprobs computes its whole prompt: core/request.py computes_whole_prompt)."""
+        prompt = request.prompt_token_ids
+        for position in range(start, min(end, len(prompt) - 1)):
+            row = token_start + position - start
+            batch.prompt_logprob_targets[row] = prompt[position + 1]
+            self._prompt_rows.append((row, request.request_id, position + 1))
 
     def execute(self, output: SchedulerOutput) -> StepResult:
         """Run the step and sample: one token per scheduled request that reached the end of its known tokens."""
@@ -186,20 +215,29 @@ class ModelRunner:
         bucket, batch = self.prepare(output)
         if self.before_step is not None:
             self.before_step(bucket, batch)
-        logits = self.compute_logits(bucket, batch)  # row j: the j-th sampling request
+        prompt_rows = self._prompt_rows
+        logits, prompt_stats = self.run_step(bucket, batch)  # logits row j: the j-th sampling request
         if self._samples_locally:
             logits = logits.addressable_data(0)
-        return self.sampler.launch(logits, [item.request for item in output.scheduled if item.sample])
+        pending = self.sampler.launch(logits, [item.request for item in output.scheduled if item.sample])
+        if prompt_rows:
+            pending.prompt_logprobs = lambda: host_entries(prompt_stats, prompt_rows)
+        return pending
 
     def copy_blocks(self, pairs: np.ndarray) -> None:
         """Apply one padded batch of (source, destination) block copies to the KV cache, in place."""
         self.kv_cache = self._copy_executable()(self.kv_cache, jax.device_put(pairs, self._replicated))
 
     def compute_logits(self, bucket: Bucket, host_batch: StepInputs) -> jax.Array:
-        """Run the compiled step of `bucket` on a prepared batch, updating the KV cache in place."""
+        """Run the compiled step of `bucket` on a prepared batch, updating the KV cache in place; the sampled
+        rows' logits."""
+        return self.run_step(bucket, host_batch)[0]
+
+    def run_step(self, bucket: Bucket, host_batch: StepInputs) -> tuple[jax.Array, PromptLogprobStats]:
+        """compute_logits() plus the step's prompt-logprob stats (zeros unless a row has a target)."""
         device_batch = jax.device_put(host_batch, self._replicated)  # one transfer of the whole pytree
-        logits, self.kv_cache = self._executable(bucket)(self.state, self.kv_cache, device_batch)
-        return logits
+        logits, self.kv_cache, prompt_stats = self._executable(bucket)(self.state, self.kv_cache, device_batch)
+        return logits, prompt_stats
 
 
 def build_rank_runners(loaded: LoadedModel, config: EngineConfig,

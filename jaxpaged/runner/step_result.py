@@ -1,7 +1,8 @@
 """StepResult: what one engine step hands back to the host, as plain Python and numpy (no device arrays)."""
 
 import dataclasses
-from typing import Optional
+from collections.abc import Sequence
+from typing import Any, Optional
 
 import numpy as np
 from jaxtyping import Float32, Int32
@@ -37,6 +38,8 @@ class StepResult:
     """The sampled ids; empty when no scheduled request reached the end of its known tokens."""
     logprobs: Optional[SampledLogprobs] = None
     """Row j belongs to token_ids[j]; None when no sampled request asked for logprobs."""
+    prompt_logprobs: Sequence[Any] = ()
+    """PromptLogprobEntry objects (runner/prompt_logprobs.py) of the prompt tokens this step scored."""
 
 
 NOTHING_SAMPLED = StepResult(token_ids=[])

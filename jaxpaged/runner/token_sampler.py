@@ -4,8 +4,9 @@ The model runner calls it with the step's logits (still on the device) and the r
 sampled ids, and logprobs when a request asked for them, cross back to the host.
 """
 
+import dataclasses
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Optional
 
 import jax
@@ -13,6 +14,7 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from jaxpaged.core.request import Request
+from jaxpaged.runner.prompt_logprobs import PromptLogprobEntry
 from jaxpaged.runner.sampler import (
     SamplerOutput,
     SamplingRow,
@@ -83,6 +85,8 @@ class PendingSample:
         self._output = output
         self._num_rows = num_rows
         self._wants_logprobs = wants_logprobs
+        self.prompt_logprobs: Optional[Callable[[], list[PromptLogprobEntry]]] = None
+        """Set by the runner when the step computed prompt logprobs: pulls them to the host."""
 
     def wait(self) -> None:
         """Blocks until the step and the sampler have run (their results stay on the device)."""
@@ -90,6 +94,12 @@ class PendingSample:
             jax.block_until_ready(self._output)
 
     def result(self) -> StepResult:
+        result = self._sampled()
+        if self.prompt_logprobs is None:
+            return result
+        return dataclasses.replace(result, prompt_logprobs=self.prompt_logprobs())
+
+    def _sampled(self) -> StepResult:
         output = self._output
         if output is None:
             return NOTHING_SAMPLED

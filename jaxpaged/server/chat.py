@@ -18,6 +18,7 @@ from jaxpaged.server.protocol import ChatCompletionRequest
 from jaxpaged.server.responses import SampleProgress, chat_logprobs, usage
 from jaxpaged.server.streaming import SSE_DONE, sse_event
 from jaxpaged.server.tool_calls import ToolCalling, tool_calling
+from jaxpaged.server.tool_parsers import make_tool_parser
 from jaxpaged.server.validation import (
     build_sampling_params,
     check_model_name,
@@ -35,7 +36,7 @@ async def create_chat_completion(request: Request, context: ServerContext) -> Re
     check_model_name(body.model, engine.model_name)
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs: needs logprobs=true", param="top_logprobs", code="invalid_value")
-    calling = tool_calling(body)
+    calling = tool_calling(body, make_tool_parser(context.settings.tool_call_parser))
     prompt = await chat_prompt(engine.tokenizer, engine.vocab_size, body.messages, body.add_generation_prompt,
                                cache_salt=body.cache_salt, priority=body.priority,
                                tools=calling.tools if calling else None)
@@ -68,23 +69,46 @@ class _ChatView:
         """The non-streaming response."""
         choices = [{"index": sample.index, "message": self._message(sample),
                     "logprobs": self._logprobs(sample, 0, len(sample.token_ids)),
-                    "finish_reason": self._finish_reason(sample.finish_reason), "stop_reason": sample.stop_reason}
+                    "finish_reason": self._finish_reason(sample.finish_reason, sample.text),
+                    "stop_reason": sample.stop_reason}
                    for sample in sorted(final.outputs, key=lambda sample: sample.index)]
         return {**self.header, "object": "chat.completion", "choices": choices, "usage": usage([final])}
 
     def _message(self, sample: CompletionOutput) -> dict:
-        if self.calling is None:
+        calling = self.calling
+        if calling is None:
             return {"role": "assistant", "content": sample.text}
-        return {"role": "assistant", "content": None, "tool_calls": self.calling.calls(sample.text)}
+        calls = calling.calls(sample.text)
+        if calling.parser is not None:  # "auto": text, calls, or both
+            if not calls:
+                return {"role": "assistant", "content": sample.text}
+            return {"role": "assistant", "content": calling.parser.content(sample.text), "tool_calls": calls}
+        return {"role": "assistant", "content": None, "tool_calls": calls}
 
-    def _finish_reason(self, reason: Optional[str]) -> Optional[str]:
+    def _finish_reason(self, reason: Optional[str], text: str) -> Optional[str]:
         # OpenAI: "tool_calls" when the model chose to call tools; a forced (named) call finishes with "stop".
-        if reason == "stop" and self.calling is not None and not self.calling.streams_arguments:
-            return "tool_calls"
-        return reason
+        calling = self.calling
+        if reason != "stop" or calling is None or calling.streams_arguments:
+            return reason
+        if calling.parser is not None and not calling.parser.calls(text):
+            return reason
+        return "tool_calls"
+
+    @staticmethod
+    def _auto_delta(text: str, finished: bool, calling: ToolCalling, content_sent: list[int], index: int) -> dict:
+        assert calling.parser is not None
+        calls = calling.calls(text) if finished else []
+        end = len(text) if finished and not calls else calling.parser.stream_content(text)
+        delta: dict = {}
+        if end > content_sent[index]:
+            delta["content"] = text[content_sent[index]:end]
+            content_sent[index] = end
+        if calls:
+            delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]
+        return delta
 
     def _first_delta(self) -> dict:
-        if self.calling is None:
+        if self.calling is None or self.calling.parser is not None:
             return {"role": "assistant", "content": ""}
         if not self.calling.streams_arguments:
             return {"role": "assistant", "content": None}
@@ -98,6 +122,7 @@ class _ChatView:
     async def events(self, run: GenerationRun) -> AsyncIterator[str]:
         """The streaming response: a role chunk per choice, content deltas, optional usage, then [DONE]."""
         progress = [SampleProgress() for _ in range(self.request.n)]
+        content_sent = [0] * self.request.n  # "auto": characters of each choice's text sent as content
         calling = self.calling
         try:
             for index in range(self.request.n):
@@ -109,6 +134,9 @@ class _ChatView:
                         continue
                     if calling is None:
                         content = {"content": delta.text} if delta.text else {}
+                    elif calling.parser is not None:  # "auto": content until a call may start, calls at the end
+                        content = self._auto_delta(sample.text, delta.finish_reason is not None, calling,
+                                                   content_sent, sample.index)
                     elif calling.streams_arguments:  # the forced function's arguments, as they are sampled
                         content = ({"tool_calls": [{"index": 0, "function": {"arguments": delta.text}}]}
                                    if delta.text else {})
@@ -118,7 +146,7 @@ class _ChatView:
                                    if delta.finish_reason is not None else {})
                     yield self._chunk(sample.index, content,
                                       self._logprobs(sample, delta.start_token, delta.end_token),
-                                      self._finish_reason(delta.finish_reason))
+                                      self._finish_reason(delta.finish_reason, sample.text))
             if self.request.stream_options is not None and self.request.stream_options.include_usage:
                 yield sse_event({**self.header, "object": "chat.completion.chunk", "choices": [],
                                  "usage": usage([final for final in run.finals if final is not None])})

@@ -1,5 +1,6 @@
 """POST /v1/completions: OpenAI's completions API on the engine, as one JSON body or as server-sent events."""
 
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -15,7 +16,13 @@ from jaxpaged.server.errors import APIError, error_body
 from jaxpaged.server.generation import GenerationRun, ensure_ready, respond
 from jaxpaged.server.prompts import completion_prompts
 from jaxpaged.server.protocol import CompletionRequest
-from jaxpaged.server.responses import SampleProgress, completion_logprobs, usage
+from jaxpaged.server.responses import (
+    SampleProgress,
+    completion_logprobs,
+    join_logprobs,
+    prompt_completion_logprobs,
+    usage,
+)
 from jaxpaged.server.streaming import SSE_DONE, sse_event
 from jaxpaged.server.validation import (
     build_sampling_params,
@@ -37,11 +44,15 @@ async def create_completion(request: Request, context: ServerContext) -> Respons
     check_model_name(body.model, engine.model_name)
     _reject_unsupported(body)
     prompts = await completion_prompts(body, engine.tokenizer, engine.vocab_size)
+    # max_tokens 0 (with echo: score the prompt) still samples one token, which the response leaves out.
+    requested = 1 if body.max_tokens == 0 else body.max_tokens
     params = [build_sampling_params(
-        body, max_tokens=resolve_max_tokens(body.max_tokens, DEFAULT_MAX_TOKENS, len(prompt.token_ids),
+        body, max_tokens=resolve_max_tokens(requested, DEFAULT_MAX_TOKENS, len(prompt.token_ids),
                                             engine.max_model_len),
         logprobs=body.logprobs, vocab_size=engine.vocab_size, max_n=context.settings.max_n,
         model_defaults=engine.sampling_defaults) for prompt in prompts]
+    if body.echo and body.logprobs is not None:
+        params = [dataclasses.replace(p, prompt_logprobs=body.logprobs) for p in params]
     run = GenerationRun(context, f"cmpl-{uuid.uuid4().hex}", prompts, params)
     view = _CompletionView(body, prompts, engine.tokenizer, engine.model_name, run.request_id)
     return await respond(request, run, body.stream, view.events, view.body)
@@ -52,9 +63,12 @@ def _reject_unsupported(body: CompletionRequest) -> None:
         raise APIError(400, "suffix: is not supported", param="suffix", code="unsupported")
     if body.best_of is not None and body.best_of != body.n:
         raise APIError(400, "best_of: only best_of == n is supported", param="best_of", code="unsupported")
-    if body.echo and body.logprobs is not None:
-        raise APIError(400, "echo: prompt logprobs are not supported, so echo cannot be used with logprobs",
-                       param="echo", code="unsupported")
+    if body.max_tokens == 0 and not body.echo:
+        raise APIError(400, "max_tokens: 0 is only allowed with echo (scoring the prompt)", param="max_tokens",
+                       code="invalid_value")
+    if body.max_tokens == 0 and body.stream:
+        raise APIError(400, "max_tokens: 0 is not supported when streaming", param="max_tokens",
+                       code="unsupported")
 
 
 class _CompletionView:
@@ -73,18 +87,29 @@ class _CompletionView:
     def body(self, finals: list[RequestOutput]) -> dict:
         """The non-streaming response."""
         choices = []
+        scoring_only = self.request.max_tokens == 0
+        num_top = self.request.logprobs
         for prompt_index, final in enumerate(finals):
             prefix = self._echo_text(prompt_index) if self.request.echo else ""
+            prompt_logprobs, offset = None, 0
+            if self.request.echo and num_top is not None:
+                prompt_logprobs, offset = prompt_completion_logprobs(self.tokenizer, final, num_top)
             for sample in final.outputs:
-                logprobs = None
-                if self.request.logprobs is not None:
-                    logprobs, _ = completion_logprobs(self.tokenizer, sample, 0, len(sample.token_ids),
-                                                      self.request.logprobs, 0)
-                choices.append({"index": prompt_index * self.request.n + sample.index, "text": prefix + sample.text,
-                                "logprobs": logprobs, "finish_reason": sample.finish_reason,
-                                "stop_reason": sample.stop_reason})
+                logprobs = prompt_logprobs
+                if num_top is not None and not scoring_only:
+                    generated, _ = completion_logprobs(self.tokenizer, sample, 0, len(sample.token_ids), num_top,
+                                                       offset)
+                    logprobs = generated if prompt_logprobs is None else join_logprobs(prompt_logprobs, generated)
+                choices.append({"index": prompt_index * self.request.n + sample.index,
+                                "text": prefix if scoring_only else prefix + sample.text, "logprobs": logprobs,
+                                "finish_reason": "length" if scoring_only else sample.finish_reason,
+                                "stop_reason": None if scoring_only else sample.stop_reason})
         choices.sort(key=lambda choice: choice["index"])
-        return {**self.header, "choices": choices, "usage": usage(finals)}
+        total = usage(finals)
+        if scoring_only:
+            total["total_tokens"] -= total["completion_tokens"]
+            total["completion_tokens"] = 0
+        return {**self.header, "choices": choices, "usage": total}
 
     def _chunk(self, index: int, text: str, logprobs, finish_reason) -> str:
         choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
@@ -97,11 +122,22 @@ class _CompletionView:
         progress = {(p, s): SampleProgress() for p in range(len(self.prompts)) for s in range(n)}
         text_offsets = {key: 0 for key in progress}
         try:
-            if self.request.echo:
+            echo_logprobs = self.request.echo and with_logprobs
+            if self.request.echo and not echo_logprobs:
                 for p in range(len(self.prompts)):
                     for s in range(n):
                         yield self._chunk(p * n + s, self._echo_text(p), None, None)
+            echoed: set[int] = set()
             async for p, output in run.outputs():
+                if echo_logprobs and p not in echoed and output.prompt_logprobs is not None \
+                        and all(entry is not None for entry in output.prompt_logprobs[1:]):
+                    # The prompt is scored by its prefill: it goes out, with its logprobs, before any token.
+                    echoed.add(p)
+                    assert num_logprobs is not None
+                    prompt_logprobs, offset = prompt_completion_logprobs(self.tokenizer, output, num_logprobs)
+                    for s in range(n):
+                        text_offsets[(p, s)] = offset
+                        yield self._chunk(p * n + s, self._echo_text(p), prompt_logprobs, None)
                 for sample in output.outputs:
                     delta = progress[(p, sample.index)].advance(sample, with_logprobs=with_logprobs)
                     if delta is None:

@@ -6,6 +6,7 @@ from typing import Optional
 from jaxpaged.async_engine import AsyncLLMEngine
 from jaxpaged.checks import is_int
 from jaxpaged.server.metrics import ServerMetrics
+from jaxpaged.server.tool_parsers import make_tool_parser
 
 DEFAULT_MAX_REQUEST_BODY_BYTES = 2 * 1024 * 1024
 
@@ -24,6 +25,8 @@ class ServerSettings:
     """Larger bodies get 413 before they are parsed."""
     retry_after_s: int = 1
     """The Retry-After header of a 429."""
+    tool_call_parser: Optional[str] = None
+    """Parser of the model's tool-call syntax (server/tool_parsers.py) that tool_choice "auto" needs."""
 
     def __post_init__(self) -> None:
         if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key):
@@ -33,6 +36,7 @@ class ServerSettings:
             value = getattr(self, name)
             if not is_int(value) or value < minimum:
                 raise ValueError(f"{name}: must be an int >= {minimum}, got {value!r}")
+        make_tool_parser(self.tool_call_parser)  # ValueError naming the flag for an unknown parser
 
     def __repr__(self) -> str:
         # NOTE: a repr that shows the key would leak it into any log line that prints the settings.

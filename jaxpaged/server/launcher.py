@@ -20,6 +20,7 @@ from jaxpaged.multihost.runtime import add_distributed_arguments, is_leader, opt
 from jaxpaged.server import multihost
 from jaxpaged.server.app import build_app
 from jaxpaged.server.context import DEFAULT_MAX_REQUEST_BODY_BYTES, ServerContext, ServerSettings
+from jaxpaged.server.tool_parsers import TOOL_CALL_PARSERS
 
 API_KEY_ENV = "JAXPAGED_API_KEY"
 """Environment variable read when --api-key is not given."""
@@ -52,6 +53,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                    help="largest n (choices per prompt) a request may ask for")
     _add_if_absent(parser, "--max-request-body-bytes", type=int, default=DEFAULT_MAX_REQUEST_BODY_BYTES,
                    help="answer 413 to larger request bodies (default 2 MiB)")
+    _add_if_absent(parser, "--tool-call-parser", default=None, choices=list(TOOL_CALL_PARSERS),
+                   help='parse the model\'s own tool-call syntax, so tool_choice "auto" works (hermes: Hermes, '
+                        'Qwen 2.5 / 3 <tool_call> blocks)')
     _add_if_absent(parser, "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn log level")
     if "--coordinator-address" not in parser._option_string_actions:
@@ -74,7 +78,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     """ServerSettings from parsed flags (the API key from the environment when the flag is absent)."""
     api_key = args.api_key if args.api_key else os.environ.get(API_KEY_ENV) or None
     return ServerSettings(api_key=api_key, max_queued_requests=args.max_queued_requests, max_n=args.max_n,
-                          max_request_body_bytes=args.max_request_body_bytes)
+                          max_request_body_bytes=args.max_request_body_bytes,
+                          tool_call_parser=getattr(args, "tool_call_parser", None))
 
 
 def _curl_example(host: str, port: int, model_name: str, needs_key: bool) -> str:

@@ -121,12 +121,14 @@ class SamplingRequest(StrictModel):
 class CompletionRequest(SamplingRequest):
     """POST /v1/completions."""
 
+    max_tokens: Optional[int] = Field(None, ge=0)
+    """Most tokens per choice; 0 (with echo) scores the prompt and generates nothing."""
     prompt: Union[str, list[TokenId], list[str], list[list[TokenId]]]
     """One prompt (text or token ids) or a batch of them."""
     logprobs: Optional[int] = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     """Top alternatives per generated token (0..20)."""
     echo: bool = False
-    """Put the prompt in front of the completion text."""
+    """Put the prompt in front of the completion text (and, with logprobs, its tokens' logprobs)."""
     suffix: Optional[str] = None
     """Not supported (only None or "")."""
     best_of: Optional[int] = Field(None, ge=1)

@@ -95,6 +95,30 @@ def completion_logprobs(tokenizer: Any, sample: CompletionOutput, start: int, en
              "text_offset": offsets}, text_offset)
 
 
+def prompt_completion_logprobs(tokenizer: Any, output: RequestOutput, num_top: int) -> tuple[dict, int]:
+    """The completions-API logprobs object of an echoed prompt (its first token has no logprob: null), and the
+    text offset after it."""
+    tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
+    text_offset = 0
+    entries_per_token = output.prompt_logprobs or [None] * len(output.prompt_token_ids)
+    for token_id, entries in zip(output.prompt_token_ids, entries_per_token):
+        chosen = entries.get(token_id) if entries else None
+        text = token_text(tokenizer, token_id, chosen)
+        tokens.append(text)
+        token_logprobs.append(_finite(chosen.logprob) if chosen is not None else None)
+        top_logprobs.append({token_text(tokenizer, alt_id, alt): _finite(alt.logprob)
+                             for alt_id, alt in _top(entries, num_top)} if entries else None)
+        offsets.append(text_offset)
+        text_offset += len(text)
+    return ({"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
+             "text_offset": offsets}, text_offset)
+
+
+def join_logprobs(first: dict, second: dict) -> dict:
+    """Two completions-API logprobs objects, one after the other (an echoed prompt, then the completion)."""
+    return {key: first[key] + second[key] for key in first}
+
+
 def _chat_token(tokenizer: Any, token_id: int, logprob: Optional[Logprob]) -> dict:
     text = token_text(tokenizer, token_id, logprob)
     return {"token": text, "logprob": _finite(logprob.logprob) if logprob is not None else _MIN_LOGPROB,

@@ -4,7 +4,8 @@ from the functions' JSON schemas) and returns it as OpenAI tool_calls; "none" le
   - a named function: the output is that function's arguments object, so they can stream as they are sampled;
   - "required": the output is a JSON array of {"name": ..., "parameters": {...}} (one item per call, any of the
     tools, vLLM's layout), parsed into tool_calls when it is complete;
-  - "auto" needs a parser for the model's own tool-call syntax; none is implemented yet, so it is refused (400).
+  - "auto": the model decides; the server's --tool-call-parser (tool_parsers.py) splits its text into content
+    and tool_calls. Without a parser, "auto" with tools is refused (400).
 """
 
 import dataclasses
@@ -15,6 +16,7 @@ from typing import Optional
 from jaxpaged.sampling_params import StructuredOutputsParams
 from jaxpaged.server.errors import APIError
 from jaxpaged.server.protocol import ChatCompletionRequest, NamedToolChoice
+from jaxpaged.server.tool_parsers import HermesToolParser
 
 
 def _call_id() -> str:
@@ -29,9 +31,13 @@ class ToolCalling:
     """The request's tools as the chat template takes them ({"type": "function", "function": {...}})."""
     forced_name: Optional[str]
     """tool_choice named this function: the whole output is its arguments."""
+    parser: Optional[HermesToolParser] = None
+    """tool_choice "auto": the parser of the model's own syntax (no grammar; the model may answer in text)."""
 
-    def constraint(self) -> StructuredOutputsParams:
-        """The grammar the output must follow."""
+    def constraint(self) -> Optional[StructuredOutputsParams]:
+        """The grammar the output must follow (None for "auto")."""
+        if self.parser is not None:
+            return None
         if self.forced_name is not None:
             function = next(t["function"] for t in self.tools if t["function"]["name"] == self.forced_name)
             return StructuredOutputsParams(json=function.get("parameters") or {"type": "object"},
@@ -52,6 +58,8 @@ class ToolCalling:
         """The OpenAI tool_calls of a finished output (arguments as JSON text)."""
         if self.forced_name is not None:
             return [self.call(self.forced_name, text)]
+        if self.parser is not None:
+            return [self.call(name, arguments) for name, arguments in self.parser.calls(text)]
         try:
             items = json.loads(text)
         except ValueError:  # cut off by max_tokens before the grammar closed the array
@@ -63,9 +71,9 @@ class ToolCalling:
         return {"id": _call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
-def tool_calling(request: ChatCompletionRequest) -> Optional[ToolCalling]:
+def tool_calling(request: ChatCompletionRequest, parser: Optional[HermesToolParser] = None) -> Optional[ToolCalling]:
     """The request's tool calling, or None when its output is plain text (no tools, or tool_choice "none");
-    400 for what cannot work."""
+    400 for what cannot work. `parser`: the server's --tool-call-parser, which "auto" needs."""
     if not request.tools:
         if request.tool_choice not in (None, "none", "auto"):
             raise APIError(400, "tool_choice: needs tools", param="tool_choice", code="invalid_value")
@@ -78,9 +86,11 @@ def tool_calling(request: ChatCompletionRequest) -> Optional[ToolCalling]:
     if len(set(names)) != len(names):
         raise APIError(400, "tools: function names must be unique", param="tools", code="invalid_value")
     if choice == "auto":
-        raise APIError(400, 'tool_choice: "auto" needs a parser for this model\'s tool-call syntax, and this server '
-                       'has none yet; use "required" or name the function', param="tool_choice",
-                       code="invalid_value")
+        if parser is None:
+            raise APIError(400, 'tool_choice: "auto" needs the server started with --tool-call-parser (available: '
+                           'hermes); or use "required" or name the function', param="tool_choice",
+                           code="invalid_value")
+        return ToolCalling(tools, None, parser)
     if request.response_format is not None and request.response_format.type != "text":
         raise APIError(400, "response_format: cannot be combined with a tool_choice that calls tools",
                        param="response_format", code="invalid_value")

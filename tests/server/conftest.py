@@ -47,6 +47,13 @@ def overload_server(async_engine) -> Iterator[ServerThread]:
         yield running
 
 
+@pytest.fixture(scope="session")
+def hermes_server(async_engine) -> Iterator[ServerThread]:
+    """A server started with --tool-call-parser hermes (tool_choice "auto" works)."""
+    with ServerThread(build_app(async_engine, ServerSettings(tool_call_parser="hermes"))) as running:
+        yield running
+
+
 @pytest.fixture(autouse=True)
 def engine_left_idle(request) -> Iterator[None]:
     """After each test that used the engine: every request finished or aborted, every KV block released."""

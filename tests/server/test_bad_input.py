@@ -79,6 +79,7 @@ CASES = [
     ("unsatisfiable-guided-json", COMPLETIONS, _body(guided_json={"type": "integer", "minimum": 5, "maximum": 2}),
      400, "guided_json", None),
     ("empty-guided-choice", COMPLETIONS, _body(guided_choice=[]), 400, "guided_choice", None),
+    ("max-tokens-zero-without-echo", COMPLETIONS, _body(max_tokens=0), 400, "max_tokens", None),
     ("two-constraints", COMPLETIONS, _body(guided_regex="a", guided_choice=["a"]), 400, "guided_choice", None),
     ("tokenize-neither", "/tokenize", b"{}", 400, None, None),
     ("detokenize-oov", "/detokenize", json.dumps({"tokens": [5, 49152]}).encode(), 400, "tokens", None),

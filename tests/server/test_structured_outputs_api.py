@@ -3,9 +3,12 @@ vLLM's guided_* extra body on completions; streamed and not. Bad constraints are
 
 import json
 import re
+from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
 import pytest
+
+from tests.json_schemas import SCHEMAS
 
 pytestmark = pytest.mark.xdist_group("server")
 
@@ -57,3 +60,26 @@ def test_guided_choice_and_regex_on_completions(client, model_name, stream):
     got = client.completions.create(model=model_name, prompt="A phone number:", max_tokens=20, temperature=0.0,
                                     extra_body={"guided_regex": r"[0-9]{3}-[0-9]{4}"})
     assert re.fullmatch(r"[0-9]{3}-[0-9]{4}", got.choices[0].text)
+
+
+def test_every_schema_streamed_at_once_alongside_unconstrained_requests(client, model_name):
+    """The 22 schemas of the engine test, streamed concurrently (one engine batch) with two free-text requests."""
+
+    def stream(schema) -> tuple[str, str]:
+        extra = {} if schema is None else {"response_format": {"type": "json_schema",
+                                                                "json_schema": {"name": "s", "schema": schema}}}
+        ask = [{"role": "user", "content": f"Reply in JSON following this schema: {json.dumps(schema)}"}]
+        pieces, finish = [], ""
+        for chunk in client.chat.completions.create(model=model_name, messages=ask, max_completion_tokens=160,
+                                                    temperature=0.0, stream=True, **extra):
+            if chunk.choices:
+                pieces.append(chunk.choices[0].delta.content or "")
+                finish = chunk.choices[0].finish_reason or finish
+        return "".join(pieces), finish
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        results = list(pool.map(stream, SCHEMAS + [None, None]))
+    for schema, (text, finish) in zip(SCHEMAS, results):
+        assert finish == "stop", (schema, text)
+        jsonschema.validate(json.loads(text), schema)
+    assert all(text for text, _ in results[-2:])

@@ -43,8 +43,8 @@ def collect_stream(chunks) -> tuple[list[dict], Optional[str]]:
 @pytest.mark.parametrize("stream", [False, True])
 def test_named_function_is_called_with_valid_arguments(client, model_name, stream):
     choice = {"type": "function", "function": {"name": "get_weather"}}
-    kwargs = dict(model=model_name, messages=ASK, tools=TOOLS, tool_choice=choice, max_completion_tokens=60,
-                  temperature=0.0)
+    kwargs: dict[str, Any] = dict(model=model_name, messages=ASK, tools=TOOLS, tool_choice=choice,
+                                  max_completion_tokens=60, temperature=0.0)
     if stream:
         calls, finish = collect_stream(client.chat.completions.create(**kwargs, stream=True))
     else:
@@ -58,8 +58,8 @@ def test_named_function_is_called_with_valid_arguments(client, model_name, strea
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_required_tool_choice_returns_tool_calls(client, model_name, stream):
-    kwargs = dict(model=model_name, messages=ASK, tools=TOOLS, tool_choice="required", max_completion_tokens=120,
-                  temperature=0.0)
+    kwargs: dict[str, Any] = dict(model=model_name, messages=ASK, tools=TOOLS, tool_choice="required",
+                                  max_completion_tokens=120, temperature=0.0)
     if stream:
         calls, finish = collect_stream(client.chat.completions.create(**kwargs, stream=True))
     else:
@@ -90,3 +90,31 @@ def test_tool_choice_that_cannot_work_is_a_400(client, model_name, tool_choice, 
                                        max_completion_tokens=8, **kwargs)
     body: Any = raised.value.body
     assert body["param"] == param
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_auto_with_the_hermes_parser_answers_in_text_or_calls(hermes_server, model_name, stream):
+    """The model decides; either way the response is well formed (calls name a tool and carry JSON arguments)."""
+    client = openai.OpenAI(base_url=hermes_server.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    kwargs: dict[str, Any] = dict(model=model_name, messages=ASK, tools=TOOLS, tool_choice="auto",
+                                  max_completion_tokens=40, temperature=0.0)
+    if stream:
+        pieces, calls, finish = [], [], None
+        for chunk in client.chat.completions.create(**kwargs, stream=True):
+            if chunk.choices:
+                delta = chunk.choices[0].delta
+                pieces.append(delta.content or "")
+                calls += [{"name": c.function.name, "arguments": c.function.arguments}
+                          for c in delta.tool_calls or [] if c.function is not None]
+                finish = chunk.choices[0].finish_reason or finish
+        text = "".join(pieces)
+    else:
+        choice = client.chat.completions.create(**kwargs).choices[0]
+        text, finish = choice.message.content or "", choice.finish_reason
+        calls = [{"name": c.function.name, "arguments": c.function.arguments}
+                 for c in choice.message.tool_calls or []]
+    if calls:
+        assert finish == "tool_calls" and all(c["name"] in SCHEMAS for c in calls)
+        assert all(isinstance(json.loads(c["arguments"]), dict) for c in calls)
+    else:
+        assert finish in ("stop", "length") and text and "<tool_call>" not in text
