@@ -9,10 +9,10 @@ of unconstrained TPOT; the unconstrained half unaffected.
 """
 
 import argparse
-import platform
 import statistics
 import time
 
+from jaxpaged.bench.machine_info import describe_machine, machine_info
 from jaxpaged.llm import LLM
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.sampling_params import SamplingParams, StructuredOutputsParams
@@ -29,14 +29,6 @@ def tpot_ms(output: RequestOutput) -> float:
     completion, metrics = output.outputs[0], output.metrics
     assert metrics.first_token_time is not None and metrics.finish_time is not None
     return 1e3 * (metrics.finish_time - metrics.first_token_time) / max(1, len(completion.token_ids) - 1)
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            return next(line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown CPU"
 
 
 def main() -> None:
@@ -75,7 +67,7 @@ def main() -> None:
                 figures["half_free"].append(statistics.median(tpot_ms(o) for o in outputs[half:]))
     med = {key: statistics.median(values) for key, values in figures.items()}
     print(f"structured outputs: {args.num_requests} requests, {args.max_tokens} output tokens, {args.repeats} "
-          f"repeats, embedded SmolLM2-135M float32, {cpu_name()}")
+          f"repeats, embedded SmolLM2-135M float32, {describe_machine(machine_info())}")
     print("| batch | TPOT p50 ms (median of repeats) | output tok/s |")
     print("|---|---|---|")
     print(f"| no request constrained | {med['none']:.1f} | {med['tps_none']:.1f} |")

@@ -48,12 +48,15 @@ class StructuredOutputsParams:
     origin: Optional[str] = None
     """The request field this came from (e.g. "response_format", "guided_json"), for error messages."""
 
+    def _given(self) -> list[str]:
+        # json_object is a flag (set when True); every other field is set when not None (json=False is a schema).
+        return [name for name in _CONSTRAINT_FIELDS
+                if (self.json_object if name == "json_object" else getattr(self, name) is not None)]
+
     def __post_init__(self) -> None:
-        set_fields = [name for name in _CONSTRAINT_FIELDS
-                      if (getattr(self, name) is not None and name != "json_object") or (name == "json_object"
-                                                                                         and self.json_object)]
-        if len(set_fields) != 1:
-            _fail("structured_outputs", f"must set exactly one of {list(_CONSTRAINT_FIELDS)}", set_fields)
+        given = self._given()
+        if len(given) != 1:
+            _fail("structured_outputs", f"must set exactly one of {list(_CONSTRAINT_FIELDS)}", given)
         if self.regex is not None and not isinstance(self.regex, str):
             _fail(self.field, "must be a str", self.regex)
         if self.grammar is not None and not isinstance(self.grammar, str):
@@ -68,11 +71,7 @@ class StructuredOutputsParams:
     @property
     def field(self) -> str:
         """The field errors name: `origin` when given, else structured_outputs.<the constraint>."""
-        if self.origin:
-            return self.origin
-        kind = next(name for name in _CONSTRAINT_FIELDS if name != "json_object" and getattr(self, name) is not None) \
-            if not self.json_object else "json_object"
-        return f"structured_outputs.{kind}"
+        return self.origin or f"structured_outputs.{self._given()[0]}"
 
 
 def _fail(field: str, message: str, value) -> None:

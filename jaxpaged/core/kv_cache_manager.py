@@ -33,8 +33,6 @@ class PrefixHit:
     """Tokens the copy brings (0 < n < block_size when copy_source is set)."""
 
 
-NO_HIT = PrefixHit([], 0)
-
 
 class KVCacheManager:
     """Allocates, caches and frees the blocks of requests; answers prefix-cache lookups."""
@@ -98,19 +96,15 @@ class KVCacheManager:
         """get_computed_blocks() plus, when token-granular, the longest run of the next tokens that a cached
         block (or a finished request's tail) after the same chain holds. Still never the whole request."""
         hit_block_ids, num_hit_tokens = self.get_computed_blocks(request)
-        if not self.token_granular or request.computes_whole_prompt:
-            return PrefixHit(hit_block_ids, num_hit_tokens) if hit_block_ids else NO_HIT
         block_size = self.block_size
         num_wanted = min(block_size, request.num_tokens - 1 - num_hit_tokens)
-        if num_wanted <= 0:
-            return PrefixHit(hit_block_ids, num_hit_tokens)
-        parent_key = request_parent_key(request, len(hit_block_ids), block_size)
-        tokens = request.all_token_ids
-        source, run = self.block_pool.longest_partial_match(parent_key,
-                                                            tokens[num_hit_tokens:num_hit_tokens + num_wanted])
-        if source is None:
-            return PrefixHit(hit_block_ids, num_hit_tokens) if hit_block_ids else NO_HIT
-        return PrefixHit(hit_block_ids, num_hit_tokens + run, source.block_id, run)
+        if self.token_granular and not request.computes_whole_prompt and num_wanted > 0:
+            parent_key = request_parent_key(request, len(hit_block_ids), block_size)
+            wanted = request.all_token_ids[num_hit_tokens:num_hit_tokens + num_wanted]
+            source, run = self.block_pool.longest_partial_match(parent_key, wanted)
+            if source is not None:
+                return PrefixHit(hit_block_ids, num_hit_tokens + run, source.block_id, run)
+        return PrefixHit(hit_block_ids, num_hit_tokens)
 
     def record_prefix_lookup(self, num_query_tokens: int, num_hit_tokens: int) -> None:
         """Count one admitted request's lookup in the prefix-cache counters."""
@@ -182,14 +176,12 @@ class KVCacheManager:
         block_size = self.block_size
         tokens = request.all_token_ids
         for block_index in range(num_cached_blocks, num_full_blocks):
-            block_hash = request_block_hash(request, block_index, block_size)
-            if self.token_granular:
-                start = block_index * block_size
-                self.block_pool.cache_block(blocks[block_ids[block_index]], block_hash,
-                                            request_parent_key(request, block_index, block_size),
-                                            tuple(tokens[start:start + block_size]))
-            else:
-                self.block_pool.cache_block(blocks[block_ids[block_index]], block_hash)
+            start = block_index * block_size
+            # Token-granular lookups also find the block by what precedes it, and compare its tokens.
+            listing = ((request_parent_key(request, block_index, block_size), tuple(tokens[start:start + block_size]))
+                       if self.token_granular else (None, ()))
+            self.block_pool.cache_block(blocks[block_ids[block_index]],
+                                        request_block_hash(request, block_index, block_size), *listing)
         self._num_cached_blocks[request_id] = num_full_blocks
 
     def free(self, request: Request, tail_is_computed: bool = True) -> None:

@@ -27,7 +27,7 @@ def copy_blocks(kv_cache: jax.Array, pairs: Int[Array, " batch 2"]) -> jax.Array
 def padded_copy_batches(block_copies: Sequence[tuple[int, int]]) -> Iterator[np.ndarray]:
     """The step's copies as [BLOCK_COPY_BATCH, 2] int32 arrays, padded with null-block rows (0, 0)."""
     for start in range(0, len(block_copies), BLOCK_COPY_BATCH):
-        batch = np.zeros((BLOCK_COPY_BATCH, 2), np.int32)
+        batch = empty_copy_batch()
         chunk = block_copies[start:start + BLOCK_COPY_BATCH]
         batch[:len(chunk)] = chunk
         yield batch

@@ -150,8 +150,9 @@ class ModelRunner:
 
     # ---- one step --------------------------------------------------------------------------------------------
     def prepare(self, output: SchedulerOutput) -> tuple[Bucket, StepInputs]:
-        """Pad the scheduled requests into their bucket as host numpy arrays (prompt_logprob_rows() says which
-        rows carry prompt-logprob targets)."""
+        """Pad the scheduled requests into their bucket as host numpy arrays. Which rows carry prompt-logprob
+        targets is left in self._prompt_rows for launch(): prepare() keeps its signature, since the bench's step
+        probe times it by wrapping it."""
         scheduled = output.scheduled
         self._prompt_rows = []
         bucket = self.ladder.pick(output.num_scheduled_tokens, len(scheduled))

@@ -67,11 +67,13 @@ class _ChatView:
 
     def body(self, final: RequestOutput) -> dict:
         """The non-streaming response."""
-        choices = [{"index": sample.index, "message": self._message(sample),
-                    "logprobs": self._logprobs(sample, 0, len(sample.token_ids)),
-                    "finish_reason": self._finish_reason(sample.finish_reason, sample.text),
-                    "stop_reason": sample.stop_reason}
-                   for sample in sorted(final.outputs, key=lambda sample: sample.index)]
+        choices = []
+        for sample in sorted(final.outputs, key=lambda sample: sample.index):
+            message = self._message(sample)
+            choices.append({"index": sample.index, "message": message,
+                            "logprobs": self._logprobs(sample, 0, len(sample.token_ids)),
+                            "finish_reason": self._finish_reason(sample.finish_reason, "tool_calls" in message),
+                            "stop_reason": sample.stop_reason})
         return {**self.header, "object": "chat.completion", "choices": choices, "usage": usage([final])}
 
     def _message(self, sample: CompletionOutput) -> dict:
@@ -85,14 +87,12 @@ class _ChatView:
             return {"role": "assistant", "content": calling.parser.content(sample.text), "tool_calls": calls}
         return {"role": "assistant", "content": None, "tool_calls": calls}
 
-    def _finish_reason(self, reason: Optional[str], text: str) -> Optional[str]:
-        # OpenAI: "tool_calls" when the model chose to call tools; a forced (named) call finishes with "stop".
-        calling = self.calling
-        if reason != "stop" or calling is None or calling.streams_arguments:
-            return reason
-        if calling.parser is not None and not calling.parser.calls(text):
-            return reason
-        return "tool_calls"
+    def _finish_reason(self, reason: Optional[str], called: bool) -> Optional[str]:
+        """`called`: the response carries tool_calls. OpenAI: "tool_calls" when the model chose to call tools; a
+        forced (named) call finishes with "stop"."""
+        if reason == "stop" and called and self.calling is not None and not self.calling.streams_arguments:
+            return "tool_calls"
+        return reason
 
     @staticmethod
     def _auto_delta(text: str, finished: bool, calling: ToolCalling, content_sent: list[int], index: int) -> dict:
@@ -146,7 +146,7 @@ class _ChatView:
                                    if delta.finish_reason is not None else {})
                     yield self._chunk(sample.index, content,
                                       self._logprobs(sample, delta.start_token, delta.end_token),
-                                      self._finish_reason(delta.finish_reason, sample.text))
+                                      self._finish_reason(delta.finish_reason, "tool_calls" in content))
             if self.request.stream_options is not None and self.request.stream_options.include_usage:
                 yield sse_event({**self.header, "object": "chat.completion.chunk", "choices": [],
                                  "usage": usage([final for final in run.finals if final is not None])})

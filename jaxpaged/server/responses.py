@@ -5,7 +5,7 @@ each streamed chunk carries only the difference.
 """
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Optional
 
 from jaxpaged.outputs import CompletionOutput, Logprob, RequestOutput
@@ -76,42 +76,37 @@ def _top(entries: dict[int, Logprob], num_top: int) -> list[tuple[int, Logprob]]
     return sorted(entries.items(), key=lambda item: item[1].rank)[:num_top]
 
 
-def completion_logprobs(tokenizer: Any, sample: CompletionOutput, start: int, end: int, num_top: int,
-                        text_offset: int) -> tuple[dict, int]:
-    """The completions-API logprobs object of tokens [start, end), and the text offset after them."""
+def _completions_logprobs(tokenizer: Any, items: Iterable[tuple[int, Optional[dict[int, Logprob]]]], num_top: int,
+                          text_offset: int) -> tuple[dict, int]:
+    """The completions-API logprobs object of (token id, its logprob entries) pairs, and the text offset after
+    them. Entries None (an echoed prompt's first token) give a null logprob and null alternatives."""
     tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
-    for position in range(start, end):
-        token_id = sample.token_ids[position]
-        entries = sample.logprobs[position] if sample.logprobs and position < len(sample.logprobs) else {}
-        chosen = entries.get(token_id)
+    for token_id, entries in items:
+        chosen = entries.get(token_id) if entries else None
         text = token_text(tokenizer, token_id, chosen)
         tokens.append(text)
         token_logprobs.append(_finite(chosen.logprob) if chosen is not None else None)
-        top_logprobs.append({token_text(tokenizer, alt_id, alt): _finite(alt.logprob)
-                             for alt_id, alt in _top(entries, num_top)})
+        top_logprobs.append(None if entries is None else {token_text(tokenizer, alt_id, alt): _finite(alt.logprob)
+                                                          for alt_id, alt in _top(entries, num_top)})
         offsets.append(text_offset)
         text_offset += len(text)
     return ({"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
              "text_offset": offsets}, text_offset)
+
+
+def completion_logprobs(tokenizer: Any, sample: CompletionOutput, start: int, end: int, num_top: int,
+                        text_offset: int) -> tuple[dict, int]:
+    """The completions-API logprobs object of tokens [start, end), and the text offset after them."""
+    logprobs = sample.logprobs or []
+    items = ((sample.token_ids[p], logprobs[p] if p < len(logprobs) else {}) for p in range(start, end))
+    return _completions_logprobs(tokenizer, items, num_top, text_offset)
 
 
 def prompt_completion_logprobs(tokenizer: Any, output: RequestOutput, num_top: int) -> tuple[dict, int]:
     """The completions-API logprobs object of an echoed prompt (its first token has no logprob: null), and the
     text offset after it."""
-    tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
-    text_offset = 0
-    entries_per_token = output.prompt_logprobs or [None] * len(output.prompt_token_ids)
-    for token_id, entries in zip(output.prompt_token_ids, entries_per_token):
-        chosen = entries.get(token_id) if entries else None
-        text = token_text(tokenizer, token_id, chosen)
-        tokens.append(text)
-        token_logprobs.append(_finite(chosen.logprob) if chosen is not None else None)
-        top_logprobs.append({token_text(tokenizer, alt_id, alt): _finite(alt.logprob)
-                             for alt_id, alt in _top(entries, num_top)} if entries else None)
-        offsets.append(text_offset)
-        text_offset += len(text)
-    return ({"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
-             "text_offset": offsets}, text_offset)
+    entries = output.prompt_logprobs or [None] * len(output.prompt_token_ids)
+    return _completions_logprobs(tokenizer, zip(output.prompt_token_ids, entries), num_top, 0)
 
 
 def join_logprobs(first: dict, second: dict) -> dict:

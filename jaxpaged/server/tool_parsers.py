@@ -24,10 +24,10 @@ class HermesToolParser:
 
     def content(self, text: str) -> Optional[str]:
         """The text before the first call (None when it is empty and there are calls)."""
-        head = text.split(self.START, 1)[0]
-        if self.START in text and not head.strip():
-            return None
-        return head.rstrip() if self.START in text else head
+        head, start, _ = text.partition(self.START)
+        if not start:
+            return text
+        return head.rstrip() or None
 
     def stream_content(self, text: str) -> int:
         """How many characters of `text` are surely content: up to a call, or to a possible start of one."""
