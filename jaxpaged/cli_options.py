@@ -12,13 +12,20 @@ _ENGINE_FLAGS = [
     ("--max-num-seqs", int, "most requests running at once (default 64)"),
     ("--max-num-batched-tokens", int, "token budget of one step (default 512)"),
     ("--num-kv-blocks", int, "KV blocks in the pool (default: from --kv-cache-memory)"),
-    ("--kv-cache-memory", int, "KV pool size in bytes (default: 1 GiB on CPU, 60%% of free device memory)"),
+    ("--kv-cache-memory", str, "KV pool size in bytes (default: 1 GiB on CPU, 60%% of free device memory)"),
     ("--dtype", str, "auto | float32 | bfloat16 | float16 (auto: float32 on CPU, bfloat16 on TPU/GPU)"),
     ("--attention-backend", str, "auto | xla | pallas_tpu | pallas_gpu"),
     ("--scheduling-policy", str, "fcfs | priority"),
     ("--long-prefill-token-threshold", int, "cap on one request's prompt tokens per step (0: off)"),
     ("--prefix-caching-granularity", str, "token | block: after full-block prefix hits, also reuse a partly "
                                           "matching block's tokens (token, default) or not (block, as vLLM)"),
+    ("--kv-offload-memory", str, "host-memory KV tier size, e.g. 8GiB: blocks the device pool evicts live on there "
+                                 "(default 0: off)"),
+    ("--kv-offload-dir", str, "local-disk KV tier directory: evicted blocks persist there across restarts "
+                              "(default: off)"),
+    ("--kv-offload-dir-max-bytes", str, "bound of the disk KV tier, e.g. 100GiB (default 16GiB)"),
+    ("--kv-offload-min-load-blocks", int, "recompute lower-tier hits shorter than this many blocks "
+                                          "(default: measured at start-up)"),
     ("--seed", int, "base sampler seed for requests without one"),
     ("--compilation-cache-dir", str, "JAX persistent compilation cache ('' turns it off)"),
     ("--tensor-parallel-size", int, "devices each model replica is split over (default 1); alias -tp"),

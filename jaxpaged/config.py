@@ -6,7 +6,7 @@ Every user-facing knob lives here once. A YAML preset or sweep is only data that
 import dataclasses
 from typing import Literal, Optional
 
-from jaxpaged.checks import is_int
+from jaxpaged.checks import is_int, parse_byte_size
 
 SchedulingPolicy = Literal["fcfs", "priority"]
 AttentionBackendName = Literal["auto", "xla", "pallas_tpu", "pallas_gpu"]
@@ -31,12 +31,24 @@ class CacheConfig:
     num_kv_blocks: Optional[int] = None
     """Blocks in the pool, the null block 0 included. None: derive from kv_cache_memory."""
     kv_cache_memory: Optional[int] = None
-    """KV pool size in bytes. None: a fraction of free device memory (a fixed default on CPU)."""
+    """KV pool size in bytes (an int, or a string like "4GiB"). None: a fraction of free device memory (a fixed
+    default on CPU)."""
     enable_prefix_caching: bool = True
     """Reuse computed full blocks across requests by their chain hash."""
     prefix_caching_granularity: PrefixCachingGranularity = "token"
     """"token": after the full-block hits, also reuse the longest matching run of a partly matching cached block
     (copied on device); "block": full blocks only, as vLLM."""
+    kv_offload_memory: int = 0
+    """Host-memory KV tier in bytes (an int, or a string like "8GiB"): blocks the device pool evicts live on
+    there. 0: off."""
+    kv_offload_dir: Optional[str] = None
+    """Local-disk KV tier directory: blocks the host tier evicts (or the device's, without one) are written there,
+    and a restarted engine with the same model, dtype, block size and layout hits them. None: off."""
+    kv_offload_dir_max_bytes: int = 16 * 2**30
+    """Bound of the disk tier in bytes (an int or a string like "100GiB")."""
+    kv_offload_min_load_blocks: Optional[int] = None
+    """Lower-tier hits shorter than this many blocks are recomputed instead of loaded. None: measured at start-up
+    (the shortest run whose load beats recomputing it)."""
 
     def __post_init__(self) -> None:
         _require(is_int(self.block_size) and self.block_size >= 1, "block_size",
@@ -45,12 +57,31 @@ class CacheConfig:
             _require(is_int(self.num_kv_blocks) and self.num_kv_blocks >= 2, "num_kv_blocks",
                      f"must be an int >= 2 (block 0 is the null block), got {self.num_kv_blocks!r}")
         if self.kv_cache_memory is not None:
-            _require(is_int(self.kv_cache_memory) and self.kv_cache_memory > 0, "kv_cache_memory",
-                     f"must be a positive number of bytes, got {self.kv_cache_memory!r}")
+            size = parse_byte_size(self.kv_cache_memory, "kv_cache_memory")
+            _require(size > 0, "kv_cache_memory", f"must be a positive number of bytes, got {self.kv_cache_memory!r}")
+            object.__setattr__(self, "kv_cache_memory", size)
         _require(isinstance(self.enable_prefix_caching, bool), "enable_prefix_caching",
                  f"must be a bool, got {self.enable_prefix_caching!r}")
         _require(self.prefix_caching_granularity in _GRANULARITIES, "prefix_caching_granularity",
                  f"must be one of {_GRANULARITIES}, got {self.prefix_caching_granularity!r}")
+        for name in ("kv_offload_memory", "kv_offload_dir_max_bytes"):
+            size = parse_byte_size(getattr(self, name), name)
+            _require(size >= 0, name, f"must be >= 0 bytes, got {getattr(self, name)!r}")
+            object.__setattr__(self, name, size)
+        _require(self.kv_offload_dir is None or (isinstance(self.kv_offload_dir, str) and self.kv_offload_dir != ""),
+                 "kv_offload_dir", f"must be a directory path or None, got {self.kv_offload_dir!r}")
+        _require(self.enable_prefix_caching or (self.kv_offload_memory == 0 and self.kv_offload_dir is None),
+                 "kv_offload_memory", "the KV tiers (kv_offload_memory, kv_offload_dir) extend the prefix cache: "
+                 "they need enable_prefix_caching")
+        if self.kv_offload_min_load_blocks is not None:
+            minimum = self.kv_offload_min_load_blocks
+            _require(is_int(minimum) and minimum >= 1, "kv_offload_min_load_blocks",
+                     f"must be an int >= 1 or None, got {minimum!r}")
+
+    @property
+    def kv_offload_enabled(self) -> bool:
+        """Whether any KV tier below the device is on."""
+        return self.kv_offload_memory > 0 or self.kv_offload_dir is not None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,6 +20,7 @@ from jaxpaged.core.router import PrefixAwareRouter
 from jaxpaged.core.scheduler import Scheduler
 from jaxpaged.core.scheduler_output import SchedulerOutput
 from jaxpaged.detokenizer import IncrementalDetokenizer
+from jaxpaged.engine_kv_tiers import build_kv_tiers, choose_min_load_blocks, persist_kv_cache, tier_stats
 from jaxpaged.engine_stats import EngineStats
 from jaxpaged.inputs import PromptInput, parse_prompt
 from jaxpaged.multihost.leader import FollowerLink
@@ -55,7 +56,10 @@ class LLMEngine:
             [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else [])
         # Data parallel: one runner (device group, page pool) and one scheduler per rank; tp splits each runner.
         self.runners = build_rank_runners(loaded, config, self.eos_token_ids)
-        self.schedulers = [Scheduler(sched, config.cache, runner.num_kv_blocks) for runner in self.runners]
+        self.kv_tiers = build_kv_tiers(loaded, config, self.runners) if config.cache.kv_offload_enabled else None
+        """Host and disk KV tiers below the device pools (shared by the data-parallel ranks), if on."""
+        self.schedulers = [Scheduler(sched, config.cache, runner.num_kv_blocks, self.kv_tiers)
+                           for runner in self.runners]
         self.runner, self.scheduler = self.runners[0], self.schedulers[0]
         """Rank 0's runner and scheduler: the only ones unless data_parallel_size > 1."""
         self._router = PrefixAwareRouter(config.data_parallel_size, config.cache.block_size)
@@ -82,6 +86,9 @@ class LLMEngine:
                 runner.before_step = functools.partial(self.followers.publish_step, rank)
                 runner.before_copy = functools.partial(self.followers.publish_copies, rank)
         self.warmup_seconds = sum(runner.warmup() for runner in self.runners) if warmup else 0.0
+        if self.kv_tiers is not None:
+            choose_min_load_blocks(config.cache.kv_offload_min_load_blocks, self.runner, self.schedulers,
+                                   self.max_model_len)
         if self.followers is not None:
             self.followers.warm_up()  # the followers warm up in the same order (multihost/follower.py)
 
@@ -170,6 +177,8 @@ class LLMEngine:
             return False
         if self.advisor is not None:
             self.advisor.forget()  # what it remembers is what the cache held
+        if self.kv_tiers is not None:
+            self.kv_tiers.clear_host()  # the disk tier persists: that is what it is for
         return all([scheduler.reset_prefix_cache() for scheduler in self.schedulers])
 
     # ---- the step --------------------------------------------------------------------------------------------
@@ -200,7 +209,10 @@ class LLMEngine:
             self.followers.heartbeat_if_due()
 
     def close(self) -> None:
-        """Multi-host: tells the followers to exit. Call once no step will run again."""
+        """Persists the KV cache to the disk tier (when one is on) and, multi-host, tells the followers to exit.
+        Call once no step will run again."""
+        if self.kv_tiers is not None and self.kv_tiers.has_disk:
+            persist_kv_cache(self.kv_tiers, self.runners, self.schedulers)
         if self.followers is not None:
             self.followers.shutdown_followers()
 
@@ -274,7 +286,9 @@ class LLMEngine:
             num_preemptions=total("num_preemptions"), num_compilations=compile_counter.num_compilations(),
             prompt_tokens_total=self._prompt_tokens_total, generation_tokens_total=self._generation_tokens_total,
             num_steps=self._num_steps, warmup_seconds=self.warmup_seconds,
-            prefix_cache_missed_reusable_tokens=self.advisor.missed_reusable_tokens if self.advisor else 0)
+            prefix_cache_missed_reusable_tokens=self.advisor.missed_reusable_tokens if self.advisor else 0,
+            kv_tiers=tier_stats(self.kv_tiers, self.runners, self.schedulers, total("prefix_cache_hits"),
+                                total("kv_cache_usage") / len(ranks)) if self.kv_tiers is not None else {})
 
 
 def enable_persistent_compilation_cache(directory: Optional[str]) -> None:

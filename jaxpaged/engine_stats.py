@@ -2,6 +2,8 @@
 
 import dataclasses
 
+from jaxpaged.kv_tiers.tier_stats import TierStats
+
 
 @dataclasses.dataclass
 class EngineStats:
@@ -32,3 +34,6 @@ class EngineStats:
     prefix_cache_missed_reusable_tokens: int = 0
     """Prompt tokens recomputed although their content was seen before, after the prompt diverged (cumulative;
     core/prefix_advisor.py)."""
+    kv_tiers: dict[str, TierStats] = dataclasses.field(default_factory=dict)
+    """Per KV tier while the tiers below the device are on ("device", then "host" and "disk" when on): hits, bytes
+    moved, usage. Empty when they are off."""

@@ -34,6 +34,17 @@ class LLM:
         """Forget every cached prefix block (vLLM's name); False while requests are still running."""
         return self.engine.reset_prefix_cache()
 
+    def close(self) -> None:
+        """Persist the KV cache to the disk tier (kv_offload_dir), if one is on, so the next engine on the
+        directory starts warm. The LLM stays usable; call it again before the next shutdown. Also `with LLM(...)`."""
+        self.engine.close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
     def get_tokenizer(self):
         """The model's HF tokenizer."""
         return self.engine.tokenizer

@@ -8,6 +8,7 @@
     mode: {kind: offline, repeats: 3}
     sweep: {engine.block_size: [16, 32]}        # cartesian product of every axis
     sweep: {engine.(data_parallel_size, tensor_parallel_size): [[1, 1], [1, 2], [2, 1]]}  # a joint axis
+    sweep: {(engine.kv_offload_memory, mode.fresh_engine): [[0, false], [8GiB, true]]}  # one across sections
     cpu_devices: 2                  # forced CPU devices (set before JAX starts), for layouts on one CPU
     peers: [{kind: hf_batched, batch_size: 16}, {kind: hf_continuous}, {kind: llama_cpp}]
     targets: [{name: ..., metric: output_tokens_per_s, numerator: {system: jaxpaged},
@@ -86,6 +87,9 @@ class ModeConfig:
     """Seed of the Poisson arrival times."""
     server_start_timeout_s: float = 900.0
     """Online: how long the server may take to compile and answer /health."""
+    fresh_engine: bool = False
+    """Build this point an engine of its own, after the engines of the points before it were closed (a restart:
+    what they persisted to a disk KV tier is still there)."""
 
     def __post_init__(self) -> None:
         _require(self.kind in ("offline", "online"), "mode.kind", "must be 'offline' or 'online'", self.kind)
@@ -104,6 +108,7 @@ class ModeConfig:
         _require(is_int(self.arrival_seed), "mode.arrival_seed", "must be an int", self.arrival_seed)
         _require(_is_number(self.server_start_timeout_s) and self.server_start_timeout_s > 0,
                  "mode.server_start_timeout_s", "must be a positive number", self.server_start_timeout_s)
+        _require(isinstance(self.fresh_engine, bool), "mode.fresh_engine", "must be a bool", self.fresh_engine)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,8 +222,8 @@ class BenchConfig:
             values = dict(zip(axes, combo))
             sections = {name: dict(getattr(self, name)) for name in SECTIONS}
             for axis, value in values.items():
-                section, keys = axis_parameters(axis)
-                for key, item in zip(keys, value if len(keys) > 1 else [value]):
+                parameters = axis_parameters(axis)
+                for (section, key), item in zip(parameters, value if len(parameters) > 1 else [value]):
                     sections[section][key] = item
             points.append(_make_point(values, sections))
         return points
@@ -257,28 +262,38 @@ def _mapping(raw: dict, key: str) -> dict:
     return dict(value)
 
 
-def axis_parameters(axis: str) -> tuple[str, list[str]]:
-    """"engine.block_size" -> ("engine", ["block_size"]); "engine.(a, b)" (a joint axis) -> ("engine", ["a", "b"])."""
-    section, rest = axis.split(".", 1)
-    if rest.startswith("(") and rest.endswith(")"):
-        return section, [name.strip() for name in rest[1:-1].split(",")]
-    return section, [rest]
+def axis_parameters(axis: str) -> list[tuple[str, str]]:
+    """(section, parameter) of each parameter an axis sets: "engine.block_size" -> [("engine", "block_size")];
+    a joint axis "engine.(a, b)" -> [("engine", "a"), ("engine", "b")]; one across sections
+    "(engine.a, mode.b)" -> [("engine", "a"), ("mode", "b")]. ValueError naming the axis when malformed."""
+    if axis.startswith("(") and axis.endswith(")"):
+        names = [name.strip() for name in axis[1:-1].split(",")]
+    else:
+        section, rest = axis.split(".", 1) if "." in axis else ("", axis)
+        names = ([f"{section}.{name.strip()}" for name in rest[1:-1].split(",")]
+                 if rest.startswith("(") and rest.endswith(")") else [axis])
+    parameters = []
+    for name in names:
+        section, _, parameter = name.partition(".")
+        _require(section in SECTIONS and parameter, f"sweep.{axis}",
+                 f"an axis is 'section.parameter', 'section.(p1, p2)' or '(section.p1, section.p2)' with section in "
+                 f"{SECTIONS}", axis)
+        parameters.append((section, parameter))
+    return parameters
 
 
 def _parse_sweep(raw_sweep: dict) -> dict:
     sweep = {}
     for axis, values in raw_sweep.items():
-        section = axis.split(".", 1)[0] if isinstance(axis, str) and "." in axis else None
-        _require(section in SECTIONS, f"sweep.{axis}", f"an axis is 'section.parameter' with section in {SECTIONS}",
-                 axis)
-        keys = axis_parameters(axis)[1]
-        _require("kind" not in keys or section not in ("workload", "mode"), f"sweep.{axis}",
-                 "the workload and mode kinds are fixed per config", axis)
+        _require(isinstance(axis, str), f"sweep.{axis}", "an axis name is a string", axis)
+        parameters = axis_parameters(axis)
+        _require(all(key != "kind" or section not in ("workload", "mode") for section, key in parameters),
+                 f"sweep.{axis}", "the workload and mode kinds are fixed per config", axis)
         _require(isinstance(values, list) and len(values) >= 1, f"sweep.{axis}", "must be a non-empty list", values)
-        if len(keys) > 1:  # a joint axis: every value sets all its parameters together
+        if len(parameters) > 1:  # a joint axis: every value sets all its parameters together
             for value in values:
-                _require(isinstance(value, list) and len(value) == len(keys), f"sweep.{axis}",
-                         f"each value must be a list of {len(keys)} items, one per parameter", value)
+                _require(isinstance(value, list) and len(value) == len(parameters), f"sweep.{axis}",
+                         f"each value must be a list of {len(parameters)} items, one per parameter", value)
         sweep[axis] = list(values)
     return sweep
 

@@ -50,6 +50,7 @@ def run_offline(llm, requests: list[BenchRequest], sampling: SamplingConfig, mod
     _reset_prefix_cache(engine)
     before = engine.get_stats()
     timings: list[RequestTiming] = []
+    later_timings: list[RequestTiming] = []  # rounds after the first (follow-up turns, revisits)
     with StepProbe(engine, track_kv_utilization=mode.track_kv_utilization) as probe:
         start = time.time()
         for round_indices in group_by_turn(requests):
@@ -58,14 +59,16 @@ def run_offline(llm, requests: list[BenchRequest], sampling: SamplingConfig, mod
                                    [_sampling_params(r, sampling) for r in batch], use_tqdm=False)
             for request, output in zip(batch, outputs):
                 metrics = output.metrics
-                timings.append(RequestTiming(
+                (later_timings if request.turn > 0 else timings).append(RequestTiming(
                     arrival=metrics.arrival_time, first_token=metrics.first_token_time, finish=metrics.finish_time,
                     num_prompt_tokens=len(request.prompt_token_ids),
                     num_output_tokens=sum(len(sample.token_ids) for sample in output.outputs),
                     token_times=list(probe.token_times.get(output.request_id, []))))
         duration_s = time.time() - start
     after = engine.get_stats()
-    result = run_metrics(timings, duration_s)
+    result = run_metrics(timings + later_timings, duration_s)
+    if later_timings:
+        result["ttft_ms_p50_after_round_1"] = run_metrics(later_timings, duration_s)["ttft_ms_p50"]
     result.update(probe.host_metrics())
     queries = after.prefix_cache_queries - before.prefix_cache_queries
     result.update({
@@ -78,6 +81,21 @@ def run_offline(llm, requests: list[BenchRequest], sampling: SamplingConfig, mod
         "num_compilations_measured": after.num_compilations - before.num_compilations,
         "warmup_s": engine.warmup_seconds,
     })
+    result.update(_tier_metrics(before, after, queries))
     if mode.track_kv_utilization:
         result.update(probe.kv_metrics())
     return result
+
+
+def _tier_metrics(before, after, num_queried_tokens: int) -> dict:
+    """Per KV tier, the share of looked-up prompt tokens it served; bytes loaded from and offloaded to the tiers
+    below the device ({} while they are off)."""
+    metrics = {}
+    for name, tier in after.kv_tiers.items():
+        hits = tier.hit_tokens - before.kv_tiers[name].hit_tokens
+        metrics[f"{name}_tier_hit_rate"] = hits / num_queried_tokens if num_queried_tokens else 0.0
+    if "device" in after.kv_tiers:
+        device_before, device_after = before.kv_tiers["device"], after.kv_tiers["device"]
+        metrics["tier_bytes_offloaded"] = device_after.bytes_out - device_before.bytes_out
+        metrics["tier_bytes_loaded"] = device_after.bytes_in - device_before.bytes_in
+    return metrics

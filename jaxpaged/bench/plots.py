@@ -55,7 +55,8 @@ def _plot_metric(ax, run: dict, x_axis: Optional[str], metric: str, label_suffix
         elif rows and rows[0]["metrics"].get(metric) is not None:  # independent of the axis: a reference line
             ax.axhline(rows[0]["metrics"][metric], linestyle=_REFERENCE_STYLES.get(style, "--"), color=color,
                        label=label + label_suffix + " (any " + x_axis.split(".", 1)[1] + ")")
-    ax.set_xticks(range(len(xs)), [fmt(x) for x in xs])
+    # A joint axis's value is a list: one line per parameter keeps neighbouring labels apart.
+    ax.set_xticks(range(len(xs)), ["\n".join(fmt(v) for v in x) if isinstance(x, list) else fmt(x) for x in xs])
     ax.set_xlabel(x_axis)
 
 

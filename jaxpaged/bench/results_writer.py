@@ -121,6 +121,33 @@ def _engine_section(rows: list[dict], axes: list[str]) -> list[str]:
     return ["### Engine", ""] + _table(header, body) + [legend, ""] if body else []
 
 
+def _gib(num_bytes: Optional[float]) -> str:
+    return "–" if num_bytes is None else fmt(num_bytes / 2**30)
+
+
+def _kv_tiers_section(rows: list[dict], axes: list[str]) -> list[str]:
+    """Where the prefix hits came from, what moved between the tiers, and TTFT of the revisiting rounds."""
+    body = []
+    for row in rows:
+        m = row["metrics"]
+        if row["kind"] != "jaxpaged" or row["status"] != "ok" or "prefix_cache_hit_rate" not in m:
+            continue
+        body.append([row["system"], *_axis_cells(row, axes), _pct(m.get("prefix_cache_hit_rate")),
+                     *[_pct(m[f"{tier}_tier_hit_rate"]) if f"{tier}_tier_hit_rate" in m else "–"
+                       for tier in ("device", "host", "disk")],
+                     _gib(m.get("tier_bytes_offloaded")), _gib(m.get("tier_bytes_loaded")),
+                     fmt(m.get("ttft_ms_p50_after_round_1"))])
+    if not any("ttft_ms_p50_after_round_1" in row["metrics"] or "host_tier_hit_rate" in row["metrics"]
+               or "disk_tier_hit_rate" in row["metrics"] for row in rows):
+        return []
+    header = ["system", *axes, "prefix-cache hits", "from device", "from host", "from disk", "GiB offloaded",
+              "GiB loaded", "TTFT p50 after round 1 (ms)"]
+    legend = ("hits: shares of the prompt tokens looked up, in all and per KV tier they came from (– : tier off); "
+              "offloaded: K/V copied from the device pool to the tiers below it; loaded: read back towards the "
+              "device; TTFT after round 1: requests of the later rounds only (revisits, follow-up turns).")
+    return ["### KV tiers", ""] + _table(header, body) + [legend, ""]
+
+
 def _kv_section(rows: list[dict], axes: list[str]) -> list[str]:
     body = []
     for row in rows:
@@ -174,7 +201,7 @@ def render_markdown(run: dict) -> str:
               f"{machine.get('load_average')}, at end {run.get('load_average_end')}. "
               f"Model: {run['model_name']}. {NOISE_NOTE}", ""]
     for section in (_throughput_section(rows, axes), _latency_section(rows, axes), _engine_section(rows, axes),
-                    _kv_section(rows, axes), _warmup_section(run.get("warmup_probe")),
+                    _kv_tiers_section(rows, axes), _kv_section(rows, axes), _warmup_section(run.get("warmup_probe")),
                     _targets_section(run.get("targets", []))):
         lines += section
     if run.get("plots"):

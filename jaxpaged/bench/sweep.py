@@ -1,7 +1,9 @@
 """`jaxpaged bench CONFIG`: run every sweep point and every peer, then write JSON, markdown and PNGs.
 
-Points that share engine options share one engine (offline) or one server (online), built once; between runs
-the prefix cache is reset (offline) or salted apart (online), so no run hits blocks a previous run left.
+Points that share engine options share one engine (offline) or one server (online), built once (unless a point
+asks for a fresh engine: a restart); between runs the prefix cache is reset (offline) or salted apart (online), so
+no run hits blocks a previous run left (except on a disk KV tier, which persists by design). Engine option strings
+may name "{scratch}": a directory under the run's output, emptied when the sweep starts (for disk KV tiers).
 Peers run once per distinct workload, after jaxpaged, on the same requests.
 """
 
@@ -11,6 +13,7 @@ import gc
 import json
 import os
 import pathlib
+import shutil
 import sys
 import time
 import traceback
@@ -62,11 +65,21 @@ def _kv_baselines(engine, requests: list[BenchRequest]) -> dict:
     return figures
 
 
+SCRATCH = "{scratch}"
+
+
+def resolve_scratch(engine_options: dict, out_dir: pathlib.Path) -> dict:
+    """The options with SCRATCH in string values replaced by the run's scratch directory."""
+    scratch = str(out_dir / "scratch")
+    return {key: value.replace(SCRATCH, scratch) if isinstance(value, str) else value
+            for key, value in engine_options.items()}
+
+
 def _offline_group(config: BenchConfig, points: list[SweepPoint], indices: list[int], rows: dict, bar,
-                   info: dict) -> None:
+                   info: dict, out_dir: pathlib.Path) -> None:
     from jaxpaged.bench.offline_runner import build_llm, run_offline, warm_up_llm
 
-    llm, startup_s = build_llm(config.model, points[indices[0]].engine_options)
+    llm, startup_s = build_llm(config.model, resolve_scratch(points[indices[0]].engine_options, out_dir))
     info.setdefault("model_name", llm.engine.model_name)
     try:
         first = points[indices[0]]
@@ -84,6 +97,7 @@ def _offline_group(config: BenchConfig, points: list[SweepPoint], indices: list[
                 rows[index] = _failed_row("jaxpaged", "jaxpaged", point.values, workload_key(point), error, "failed")
             bar.update(1)
     finally:
+        llm.close()  # persists a disk KV tier, as a server's shutdown does
         del llm
         gc.collect()
 
@@ -95,7 +109,8 @@ def _online_group(config: BenchConfig, points: list[SweepPoint], indices: list[i
 
     first = points[indices[0]]
     log_path = out_dir / f"server-{indices[0]}.log"
-    with ServerProcess(config.model, first.engine_options, log_path, first.mode.server_start_timeout_s) as server:
+    options = resolve_scratch(first.engine_options, out_dir)
+    with ServerProcess(config.model, options, log_path, first.mode.server_start_timeout_s) as server:
         warm_up_server(server, first.mode.warmup_requests, first.sampling)
         for index in indices:
             point = points[index]
@@ -111,10 +126,12 @@ def _online_group(config: BenchConfig, points: list[SweepPoint], indices: list[i
 
 
 def _engine_groups(points: list[SweepPoint]) -> list[list[int]]:
-    """Point indices sharing engine options (and mode kind), in order of first appearance."""
+    """Point indices sharing engine options (and mode kind), in order of first appearance; a point that asks for
+    a fresh engine gets one of its own."""
     groups: dict[str, list[int]] = {}
     for index, point in enumerate(points):
-        key = json.dumps([point.mode.kind, point.engine_options], sort_keys=True)
+        key = json.dumps([point.mode.kind, point.engine_options, index if point.mode.fresh_engine else None],
+                         sort_keys=True)
         groups.setdefault(key, []).append(index)
     return list(groups.values())
 
@@ -124,7 +141,7 @@ def _run_jaxpaged(config: BenchConfig, points: list[SweepPoint], out_dir: pathli
     for indices in _engine_groups(points):
         try:
             if points[indices[0]].mode.kind == "offline":
-                _offline_group(config, points, indices, rows, bar, info)
+                _offline_group(config, points, indices, rows, bar, info, out_dir)
             else:
                 _online_group(config, points, indices, rows, bar, info, out_dir)
         except Exception as error:  # the engine or server did not start: every point of the group fails
@@ -176,6 +193,7 @@ def run_sweep(config: BenchConfig, out_dir: pathlib.Path, *, progress: bool = Tr
     points = config.points()
     num_units = len(points) + len(_peer_workloads(config, points)) * len(config.peers) + int(config.warmup_probe)
     info: dict = {}
+    shutil.rmtree(out_dir / "scratch", ignore_errors=True)
     with tqdm(total=num_units, desc=f"bench {config.name}", unit="run", dynamic_ncols=True,
               disable=not progress) as bar:
         rows = _run_jaxpaged(config, points, out_dir, bar, info)

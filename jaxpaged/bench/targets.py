@@ -3,7 +3,7 @@
 A selection is a mapping: "system" matches a row's system name or kind ("hf_batched" matches
 "hf_batched(bs=16)"); every other key is a sweep parameter the row's point must have at that value, either an
 axis of its own ("engine.block_size") or one parameter of a joint axis ("engine.enable_prefix_caching" of
-"engine.(enable_prefix_caching, prefix_caching_granularity)").
+"engine.(enable_prefix_caching, prefix_caching_granularity)", or of one across sections).
 """
 
 from typing import Any, Optional
@@ -18,12 +18,13 @@ def _point_value(point: dict, key: str) -> Any:
     """The value of sweep parameter `key` at a row's point, looking inside joint axes; _ABSENT if none sets it."""
     if key in point:
         return point[key]
-    section, name = key.split(".", 1) if "." in key else ("", key)
+    section, _, name = key.partition(".")
+    wanted = (section, name)
     for axis, values in point.items():
         if "(" in axis:
-            axis_section, names = axis_parameters(axis)
-            if axis_section == section and name in names:
-                return values[names.index(name)]
+            parameters = axis_parameters(axis)
+            if wanted in parameters:
+                return values[parameters.index(wanted)]
     return _ABSENT
 
 

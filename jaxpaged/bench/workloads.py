@@ -117,11 +117,16 @@ class SharedPrefixWorkload(_Common):
     min_question_len: int = 16
     max_question_len: int = 64
     output_len: int = 32
+    visit_rounds: bool = False
+    """Request i is in round i // num_prefixes (every prefix once per round), and offline runs finish a round before
+    the next: later rounds revisit prefixes the earlier ones computed."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_int("prefix_len", self.prefix_len, 0)
         _check_int("head_len", self.head_len, 0)
+        if not isinstance(self.visit_rounds, bool):
+            _fail("visit_rounds", "must be a bool", self.visit_rounds)
         for name in ("num_prefixes", "min_question_len", "max_question_len", "output_len"):
             _check_int(name, getattr(self, name), 1)
         _check_range("min_question_len", self.min_question_len, "max_question_len", self.max_question_len)
@@ -225,7 +230,8 @@ def _shared_prefix_requests(spec: SharedPrefixWorkload, rng: np.random.Generator
     # The questions are drawn first, so head_len changes nothing else: the variants share prefix and questions.
     questions = [_tokens(spec, rng, int(q)) for q in question_lens]
     heads = [_tokens(spec, rng, spec.head_len) for _ in range(spec.num_requests)]
-    return [BenchRequest(heads[index] + prefixes[index % spec.num_prefixes] + question, spec.output_len)
+    return [BenchRequest(heads[index] + prefixes[index % spec.num_prefixes] + question, spec.output_len,
+                         turn=index // spec.num_prefixes if spec.visit_rounds else 0)
             for index, question in enumerate(questions)]
 
 

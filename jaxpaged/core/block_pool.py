@@ -41,6 +41,9 @@ class BlockPool:
         self._cached_blocks: dict[BlockHash, KVCacheBlock] = {}
         # parent key -> {block_id: block} of the blocks token-granular lookups may copy from, oldest first.
         self._children: dict[BlockHash, dict[int, KVCacheBlock]] = {}
+        self.evictions: Optional[list[tuple[int, BlockHash]]] = None
+        """When a list (KV tiers on): (block id, chain hash) of every cached block allocation has evicted since
+        the caller last emptied it, so its K/V can be copied down before the block is overwritten."""
 
     @property
     def num_free_blocks(self) -> int:
@@ -62,6 +65,8 @@ class BlockPool:
         blocks = self._free_queue.popleft_n(num_blocks)
         for block in blocks:
             if block.block_hash is not None:
+                if self.evictions is not None:
+                    self.evictions.append((block.block_id, block.block_hash))
                 self._evict(block)
             if block.parent_key is not None:
                 self._unlist(block)

@@ -7,6 +7,10 @@ tokens diverge part-way). The lookup then finds, among the cached blocks and fin
 follow the same chain, the one sharing the longest leading run of tokens; the request's first new block starts
 as a device copy of it (copy-on-write: the source stays shared and unchanged) and the request computes only
 after the run. A 1,000-token shared prefix on 16-token blocks so reuses 1,000 tokens, not 992.
+
+Lower tiers (host memory, disk; core/lower_tiers.py): a chain that the device pool no longer holds may go on
+below it. Those blocks are loaded into freshly allocated blocks before the step that reads them, and what the
+pool evicts is offloaded before the step that reuses the block; take_tier_transfers() hands both to the step.
 """
 
 import dataclasses
@@ -15,7 +19,8 @@ from typing import Optional
 
 from .block_pool import BlockPool
 from .free_block_queue import KVCacheBlock
-from .hashing import request_block_hash, request_parent_key
+from .hashing import BlockHash, request_block_hash, request_parent_key
+from .lower_tiers import LowerTiers
 from .request import Request
 
 
@@ -31,6 +36,13 @@ class PrefixHit:
     """The block whose first num_copied_tokens slots the request's next block copies, if any."""
     num_copied_tokens: int = 0
     """Tokens the copy brings (0 < n < block_size when copy_source is set)."""
+    lower_tier_hashes: tuple[BlockHash, ...] = ()
+    """Chain hashes of the full blocks after block_ids that a lower tier holds (loaded, then shared)."""
+
+    @property
+    def num_blocks(self) -> int:
+        """Full blocks of the hit, on the device and below it."""
+        return len(self.block_ids) + len(self.lower_tier_hashes)
 
 
 
@@ -38,7 +50,7 @@ class KVCacheManager:
     """Allocates, caches and frees the blocks of requests; answers prefix-cache lookups."""
 
     def __init__(self, num_kv_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 token_granular: bool = True) -> None:
+                 token_granular: bool = True, lower_tiers: Optional[LowerTiers] = None) -> None:
         if not isinstance(block_size, int) or block_size < 1:
             raise ValueError(f"block_size: must be a positive int, got {block_size!r}")
         self.block_size = block_size
@@ -59,6 +71,15 @@ class KVCacheManager:
         # Copies (source, destination) the next step must make before it runs, and the sources held until then.
         self._block_copies: list[tuple[int, int]] = []
         self._held_copy_sources: list[KVCacheBlock] = []
+        self.lower_tiers = lower_tiers if enable_prefix_caching else None
+        """Host and disk tiers below the pool, if any."""
+        self.min_load_blocks = 1
+        """Fewer lower-tier hit blocks than this are recomputed instead: loading them would be slower (the
+        engine measures it at start-up)."""
+        # (destination block, payload) loads the next step makes first.
+        self._pending_loads: list[tuple[int, object]] = []
+        if self.lower_tiers is not None:
+            self.block_pool.evictions = []
 
     @property
     def usage(self) -> float:
@@ -93,18 +114,36 @@ class KVCacheManager:
         return hit_block_ids, len(hit_block_ids) * block_size
 
     def find_prefix_hit(self, request: Request) -> PrefixHit:
-        """get_computed_blocks() plus, when token-granular, the longest run of the next tokens that a cached
-        block (or a finished request's tail) after the same chain holds. Still never the whole request."""
+        """get_computed_blocks(), then the chain's next full blocks that a lower tier holds, then, when
+        token-granular, the longest run of the next tokens that a cached block (or a finished request's tail) after
+        the same chain holds. Still never the whole request."""
         hit_block_ids, num_hit_tokens = self.get_computed_blocks(request)
         block_size = self.block_size
+        lower_tier_hashes = self._lower_tier_run(request, len(hit_block_ids))
+        num_hit_blocks = len(hit_block_ids) + len(lower_tier_hashes)
+        num_hit_tokens = num_hit_blocks * block_size
         num_wanted = min(block_size, request.num_tokens - 1 - num_hit_tokens)
         if self.token_granular and not request.computes_whole_prompt and num_wanted > 0:
-            parent_key = request_parent_key(request, len(hit_block_ids), block_size)
+            parent_key = request_parent_key(request, num_hit_blocks, block_size)
             wanted = request.all_token_ids[num_hit_tokens:num_hit_tokens + num_wanted]
             source, run = self.block_pool.longest_partial_match(parent_key, wanted)
             if source is not None:
-                return PrefixHit(hit_block_ids, num_hit_tokens + run, source.block_id, run)
-        return PrefixHit(hit_block_ids, num_hit_tokens)
+                return PrefixHit(hit_block_ids, num_hit_tokens + run, source.block_id, run, lower_tier_hashes)
+        return PrefixHit(hit_block_ids, num_hit_tokens, lower_tier_hashes=lower_tier_hashes)
+
+    def _lower_tier_run(self, request: Request, first_block: int) -> tuple[BlockHash, ...]:
+        """Hashes of the request's full blocks from first_block on that a lower tier holds, up to the first it
+        does not; () when shorter than min_load_blocks."""
+        tiers = self.lower_tiers
+        if tiers is None or request.computes_whole_prompt:
+            return ()
+        hashes = []
+        for block_index in range(first_block, (request.num_tokens - 1) // self.block_size):
+            block_hash = request_block_hash(request, block_index, self.block_size)
+            if not tiers.holds(block_hash):
+                break
+            hashes.append(block_hash)
+        return tuple(hashes) if len(hashes) >= self.min_load_blocks else ()
 
     def record_prefix_lookup(self, num_query_tokens: int, num_hit_tokens: int) -> None:
         """Count one admitted request's lookup in the prefix-cache counters."""
@@ -113,19 +152,21 @@ class KVCacheManager:
             self.prefix_cache_hits += num_hit_tokens
 
     def allocate_slots(self, request: Request, num_new_tokens: int, computed_block_ids: Sequence[int] = (),
-                       copy_source: Optional[int] = None, num_copied_tokens: int = 0) -> Optional[list[int]]:
+                       copy_source: Optional[int] = None, num_copied_tokens: int = 0,
+                       num_loaded_blocks: int = 0) -> Optional[list[int]]:
         """Grow the request's block table to hold num_new_tokens more tokens; the newly allocated block ids.
 
-        computed_block_ids are prefix-cache hits (from find_prefix_hit) that join the table first; then, with a
-        copy_source, num_copied_tokens hit tokens that the first new block copies from it (queued for
+        computed_block_ids are prefix-cache hits (from find_prefix_hit) that join the table first; then the first
+        num_loaded_blocks new blocks, for the lower-tier hits (load_lower_tier_blocks() fills them); then, with a
+        copy_source, num_copied_tokens hit tokens that the next new block copies from it (queued for
         take_block_copies()); the new tokens follow. Returns None, changing nothing, when the free blocks do
         not suffice.
         """
         block_size = self.block_size
         block_ids = self._block_ids.get(request.request_id)
         num_held_blocks = len(block_ids) if block_ids is not None else 0
-        num_tokens_after = (request.num_computed_tokens + len(computed_block_ids) * block_size + num_copied_tokens
-                            + num_new_tokens)
+        num_tokens_after = (request.num_computed_tokens + (len(computed_block_ids) + num_loaded_blocks) * block_size
+                            + num_copied_tokens + num_new_tokens)
         num_new_blocks = -(-num_tokens_after // block_size) - num_held_blocks - len(computed_block_ids)
         if num_new_blocks <= 0 and not computed_block_ids and copy_source is None:
             return []  # the common decode step: the last block still has room
@@ -147,7 +188,7 @@ class KVCacheManager:
             self._num_cached_blocks[request.request_id] = len(block_ids)
         new_block_ids = [block.block_id for block in pool.get_new_blocks(max(num_new_blocks, 0))]
         if copy_source is not None:
-            self._block_copies.append((copy_source, new_block_ids[0]))
+            self._block_copies.append((copy_source, new_block_ids[num_loaded_blocks]))
             self._held_copy_sources.append(held_blocks[-1])
         block_ids.extend(new_block_ids)
         return new_block_ids
@@ -162,6 +203,54 @@ class KVCacheManager:
             self._held_copy_sources = []
         return copies
 
+    def load_lower_tier_blocks(self, request: Request, hit: PrefixHit) -> int:
+        """Fetch the hit's lower-tier blocks into the blocks allocate_slots() gave them (queued for the step's
+        loads; they are hittable at once); returns the hit tokens that hold.
+
+        A block that is gone or fails its checksum ends the hit there: the rest, and any copy queued after it, is
+        computed instead (the blocks already allocated cover that, as the hit only shrinks).
+        """
+        tiers = self.lower_tiers
+        assert tiers is not None  # only lower-tier hits come here
+        block_ids = self._block_ids[request.request_id]
+        first = len(hit.block_ids)
+        num_loaded = 0
+        for offset, block_hash in enumerate(hit.lower_tier_hashes):
+            payload = tiers.fetch(block_hash)
+            if payload is None:
+                break
+            block_index = first + offset
+            self._pending_loads.append((block_ids[block_index], payload))
+            self._cache_block(request, block_index)
+            num_loaded += 1
+        self._num_cached_blocks[request.request_id] = first + num_loaded
+        if num_loaded == len(hit.lower_tier_hashes):
+            return hit.num_tokens
+        if hit.copy_source is not None:  # queued last by allocate_slots; it would copy after a missing block
+            self._block_copies.pop()
+            self.block_pool.free_blocks([self._held_copy_sources.pop()])
+        return (first + num_loaded) * self.block_size
+
+    def take_tier_transfers(self) -> tuple[list[tuple[int, BlockHash]], list[tuple[int, object]]]:
+        """What the step about to run moves between the pool and the lower tiers, in this order: saves
+        (block id, chain hash) of cached blocks allocation evicted, whose K/V must be copied down before the step
+        overwrites them, then loads (block id, payload). A block some tier already holds is not copied again."""
+        loads, self._pending_loads = self._pending_loads, []
+        evictions = self.block_pool.evictions
+        tiers = self.lower_tiers
+        if not evictions or tiers is None:
+            return [], loads
+        self.block_pool.evictions = []
+        # A block loaded in this very step and evicted again is not on the device yet; its tier holds it.
+        loaded_ids = {block_id for block_id, _ in loads}
+        saves = []
+        for block_id, block_hash in evictions:
+            if tiers.holds(block_hash):
+                tiers.touch(block_hash)
+            elif block_id not in loaded_ids:
+                saves.append((block_id, block_hash))
+        return saves, loads
+
     def cache_full_blocks(self, request: Request) -> None:
         """Make every full block of the request's computed tokens hittable (call once their K/V is written)."""
         if not self.enable_prefix_caching:
@@ -171,18 +260,19 @@ class KVCacheManager:
         num_cached_blocks = self._num_cached_blocks.get(request_id, num_full_blocks)
         if num_full_blocks <= num_cached_blocks:
             return
-        blocks = self.block_pool.blocks
-        block_ids = self._block_ids[request_id]
-        block_size = self.block_size
-        tokens = request.all_token_ids
         for block_index in range(num_cached_blocks, num_full_blocks):
-            start = block_index * block_size
-            # Token-granular lookups also find the block by what precedes it, and compare its tokens.
-            listing = ((request_parent_key(request, block_index, block_size), tuple(tokens[start:start + block_size]))
-                       if self.token_granular else (None, ()))
-            self.block_pool.cache_block(blocks[block_ids[block_index]],
-                                        request_block_hash(request, block_index, block_size), *listing)
+            self._cache_block(request, block_index)
         self._num_cached_blocks[request_id] = num_full_blocks
+
+    def _cache_block(self, request: Request, block_index: int) -> None:
+        """Register the request's full block block_index (its K/V written or being loaded) in the prefix cache."""
+        block_size = self.block_size
+        start = block_index * block_size
+        # Token-granular lookups also find the block by what precedes it, and compare its tokens.
+        listing = ((request_parent_key(request, block_index, block_size),
+                    tuple(request.all_token_ids[start:start + block_size])) if self.token_granular else (None, ()))
+        block = self.block_pool.blocks[self._block_ids[request.request_id][block_index]]
+        self.block_pool.cache_block(block, request_block_hash(request, block_index, block_size), *listing)
 
     def free(self, request: Request, tail_is_computed: bool = True) -> None:
         """Release all of the request's blocks, tail first, so a chain is evicted from its end.
@@ -208,3 +298,10 @@ class KVCacheManager:
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block; refused (False) while any request holds a block."""
         return self.block_pool.reset_prefix_cache()
+
+    def cached_blocks(self) -> list[tuple[int, BlockHash]]:
+        """(block id, chain hash) of every cached block: free ones least recently used first, then held ones."""
+        pool = self.block_pool
+        free = [block for block in (pool.blocks[i] for i in pool.free_block_ids()) if block.block_hash is not None]
+        held = [block for block in pool.blocks if block.ref_cnt > 0 and block.block_hash is not None]
+        return [(block.block_id, block.block_hash) for block in free + held if block.block_hash is not None]

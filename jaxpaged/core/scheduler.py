@@ -14,6 +14,7 @@ from typing import Optional
 from ..checks import is_int
 from ..config import CacheConfig, SchedulerConfig
 from .kv_cache_manager import KVCacheManager
+from .lower_tiers import LowerTiers
 from .request import Request, RequestStatus
 from .request_queue import make_request_queue
 from .scheduler_output import ScheduledRequest, SchedulerOutput
@@ -26,7 +27,9 @@ _RUNNING = RequestStatus.RUNNING
 class Scheduler:
     """Decides, step by step, which tokens of which requests the model computes, and keeps their KV blocks."""
 
-    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, num_kv_blocks: int) -> None:
+    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, num_kv_blocks: int,
+                 lower_tiers: Optional[LowerTiers] = None) -> None:
+        """lower_tiers: host and disk tiers below the device pool (jaxpaged/kv_tiers), if on."""
         if not is_int(num_kv_blocks) or num_kv_blocks < 2:
             raise ValueError(f"num_kv_blocks: must be an int >= 2 (block 0 is the null block), got {num_kv_blocks!r}")
         self.scheduler_config = scheduler_config
@@ -40,7 +43,8 @@ class Scheduler:
         self.block_size = cache_config.block_size
         self.kv_cache_manager = KVCacheManager(num_kv_blocks, cache_config.block_size,
                                                cache_config.enable_prefix_caching,
-                                               token_granular=cache_config.prefix_caching_granularity == "token")
+                                               token_granular=cache_config.prefix_caching_granularity == "token",
+                                               lower_tiers=lower_tiers)
         """Block tables and the prefix cache (num_kv_blocks counts the null block 0)."""
         self.requests: dict[str, Request] = {}
         """Every unfinished request, by id."""
@@ -120,10 +124,12 @@ class Scheduler:
         if not preempted_request_ids:
             budget = self._schedule_waiting(scheduled, budget)
         finished_request_ids, self._finished_request_ids = self._finished_request_ids, set()
+        kv = self.kv_cache_manager
+        saves, loads = kv.take_tier_transfers()
         return SchedulerOutput(scheduled=scheduled, num_scheduled_tokens=self.max_num_batched_tokens - budget,
                                finished_request_ids=finished_request_ids,
                                preempted_request_ids=preempted_request_ids,
-                               block_copies=self.kv_cache_manager.take_block_copies())
+                               block_copies=kv.take_block_copies(), kv_saves=saves, kv_loads=loads)
 
     def update_from_output(self, output: SchedulerOutput, sampled_token_ids: list[int]) -> list[Request]:
         """Cache the step's full blocks, append sampled tokens, apply stop criteria and free finished requests.
@@ -217,9 +223,13 @@ class Scheduler:
             num_hit_tokens = hit.num_tokens
             tokens = request.all_token_ids
             num_new_tokens = min(len(tokens) - num_hit_tokens, threshold or budget, budget)
-            if kv.allocate_slots(request, num_new_tokens, hit.block_ids, hit.copy_source,
-                                 hit.num_copied_tokens) is None:
+            if kv.allocate_slots(request, num_new_tokens, hit.block_ids, hit.copy_source, hit.num_copied_tokens,
+                                 len(hit.lower_tier_hashes)) is None:
                 break  # the head of the queue waits for blocks; nobody overtakes it
+            if hit.lower_tier_hashes:
+                # Reads (and checks) the blocks now; a damaged one shortens the hit, which only shrinks the step.
+                num_hit_tokens = kv.load_lower_tier_blocks(request, hit)
+                num_new_tokens = min(len(tokens) - num_hit_tokens, threshold or budget, budget)
             waiting.pop()
             kv.record_prefix_lookup(len(tokens), num_hit_tokens)
             if request.status is RequestStatus.WAITING:

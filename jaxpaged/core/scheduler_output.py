@@ -2,6 +2,7 @@
 
 import dataclasses
 
+from .hashing import BlockHash
 from .request import Request
 
 
@@ -37,6 +38,11 @@ class SchedulerOutput:
     block_copies: list[tuple[int, int]] = dataclasses.field(default_factory=list)
     """(source, destination) blocks to copy, every layer's K/V, before the step runs: token-granular prefix hits
     (copy-on-write of a partly matching block)."""
+    kv_saves: list[tuple[int, BlockHash]] = dataclasses.field(default_factory=list)
+    """(block, chain hash) of cached blocks this schedule evicted from the device pool: their K/V goes down to the
+    lower KV tiers before anything else runs (the step may overwrite them)."""
+    kv_loads: list[tuple[int, object]] = dataclasses.field(default_factory=list)
+    """(block, payload) of lower-tier prefix hits: loaded after the saves, before the block copies and the step."""
 
     @property
     def num_sampled_requests(self) -> int:

@@ -17,6 +17,7 @@ from flax import nnx
 
 from jaxpaged.config import EngineConfig
 from jaxpaged.core.scheduler_output import SchedulerOutput
+from jaxpaged.kv_tiers import KVTiers
 from jaxpaged.models.layers import paged_attention
 from jaxpaged.models.llama import LlamaForCausalLM
 from jaxpaged.runner import compile_counter
@@ -37,6 +38,7 @@ from jaxpaged.runner.prompt_logprobs import (
     prompt_logprob_stats,
 )
 from jaxpaged.runner.step_result import StepResult
+from jaxpaged.runner.tier_transfer import TierTransfer
 from jaxpaged.runner.token_sampler import PendingSample, TokenSampler
 from jaxpaged.weights.loader import LoadedModel
 from pallas_kernels.ragged_paged_attention import resolve_attention_backend
@@ -115,11 +117,40 @@ class ModelRunner:
         """Called with each step's padded plan before it runs (multi-host: broadcasts it to the followers)."""
         self.before_copy: Optional[Callable[[np.ndarray], None]] = None
         """Called with each batch of block copies before it runs (multi-host: broadcasts it too)."""
+        self.tier_transfer: Optional[TierTransfer] = None
+        """Moves blocks to and from the KV tiers below the device, when they are on (attach_kv_tiers)."""
         self.warmup_seconds = 0.0
         # (token row, request id, prompt position) of the prepared batch's prompt-logprob targets.
         self._prompt_rows: list[tuple[int, str, int]] = []
         devices = ", ".join(str(d.id) for d in self.mesh.devices.flat)
         logger.info("rank on devices [%s] (tp=%d): %s", devices, tp, self.memory_plan.describe())
+
+    def tier_block_shape(self) -> tuple[int, ...]:
+        """One block's shape as each tensor-parallel shard stores it below the device: [layers, *page], the
+        kv-head axis divided by tp (for the tiers' fingerprint)."""
+        num_layers, _, *page = self.kv_cache.shape
+        if self.kv_layout == "interleaved":
+            page[1] //= self.mesh.shape[mesh_lib.MODEL_AXIS]
+        return (num_layers, *page)
+
+    def attach_kv_tiers(self, tiers: KVTiers) -> None:
+        """Offload evicted blocks to `tiers` and load lower-tier hits from them (compiles the two transfers)."""
+        self.tier_transfer = TierTransfer(self.kv_cache, tiers)
+
+    def measure_load_and_prefill_seconds(self) -> tuple[float, float]:
+        """(seconds to load one batch of tier blocks, seconds per prefill token of the largest bucket's step), both
+        medians of a few runs on padding (which only writes the null block): what recomputing costs against
+        loading. Call after warm-up."""
+        assert self.tier_transfer is not None
+        self.kv_cache, load_seconds = self.tier_transfer.measure_load_seconds(self.kv_cache)
+        bucket = self.ladder.buckets()[-1]
+        batch = empty_step_inputs(bucket.num_tokens, bucket.num_seqs, self.pages_per_seq)
+        seconds = []
+        for _ in range(3):
+            start = time.perf_counter()
+            jax.block_until_ready(self.compute_logits(bucket, batch))
+            seconds.append(time.perf_counter() - start)
+        return load_seconds, sorted(seconds)[1] / bucket.num_tokens
 
     # ---- compilation -------------------------------------------------------------------------------------------
     def warmup(self, sampler: bool = True) -> float:
@@ -209,6 +240,11 @@ class ModelRunner:
         until PendingSample.result(). The engine launches every data-parallel rank before waiting on any."""
         if not output.scheduled:
             return PendingSample(None, 0, wants_logprobs=False)
+        pending_saves = None
+        if output.kv_saves or output.kv_loads:
+            assert self.tier_transfer is not None  # the scheduler only plans transfers when the tiers are on
+            pending_saves = self.tier_transfer.start_saves(self.kv_cache, output.kv_saves)
+            self.kv_cache = self.tier_transfer.load(self.kv_cache, output.kv_loads)
         for pairs in padded_copy_batches(output.block_copies):
             if self.before_copy is not None:
                 self.before_copy(pairs)
@@ -221,6 +257,9 @@ class ModelRunner:
         if self._samples_locally:
             logits = logits.addressable_data(0)
         pending = self.sampler.launch(logits, [item.request for item in output.scheduled if item.sample])
+        if pending_saves is not None:
+            assert self.tier_transfer is not None
+            self.tier_transfer.finish_saves(pending_saves)  # host copies while the device runs the step
         if prompt_rows:
             pending.prompt_logprobs = lambda: host_entries(prompt_stats, prompt_rows)
         return pending

@@ -34,6 +34,18 @@ _COUNTERS = (
     ("generation_tokens_total", "generation_tokens", "Tokens generated (decode)."),
     ("num_compilations", "xla_compilations", "XLA compilations of the engine's jitted functions."),
 )
+# Per KV tier (label "tier": device, host, disk), while the tiers below the device are on.
+_TIER_COUNTERS = (
+    ("hit_tokens", "kv_tier_hit_tokens", "Prompt tokens served from this KV tier."),
+    ("bytes_in", "kv_tier_bytes_in", "Bytes written into this KV tier (offloads, promotions)."),
+    ("bytes_out", "kv_tier_bytes_out", "Bytes read out of this KV tier towards the device."),
+    ("corrupt_entries", "kv_tier_corrupt_entries", "Entries that failed their checksum and were dropped as misses."),
+)
+_TIER_GAUGES = (
+    ("bytes_used", "kv_tier_bytes_used", "Bytes this KV tier holds."),
+    ("capacity_bytes", "kv_tier_capacity_bytes", "The bound of this KV tier in bytes."),
+    ("num_blocks", "kv_tier_blocks", "Cached KV blocks this tier holds."),
+)
 
 
 class _EngineStatsCollector(Collector):
@@ -57,6 +69,13 @@ class _EngineStatsCollector(Collector):
             counter = CounterMetricFamily(PREFIX + name, documentation)
             counter.add_metric([], float(getattr(stats, field)))
             yield counter
+        if stats.kv_tiers:
+            for fields, family in ((_TIER_COUNTERS, CounterMetricFamily), (_TIER_GAUGES, GaugeMetricFamily)):
+                for field, name, documentation in fields:
+                    metric = family(PREFIX + name, documentation, labels=["tier"])
+                    for tier, tier_stats in stats.kv_tiers.items():
+                        metric.add_metric([tier], float(getattr(tier_stats, field)))
+                    yield metric
 
 
 class ServerMetrics:

@@ -55,6 +55,23 @@ def test_joint_axis_sets_its_parameters_together():
     assert config.cpu_devices == 2
 
 
+def test_joint_axis_across_sections():
+    """A restart point: engine options and a mode flag set together, never crossed into a grid."""
+    axis = "(engine.kv_offload_memory, engine.kv_offload_dir, mode.fresh_engine)"
+    config = parse_config(minimal(sweep={axis: [[0, None, False], ["1GiB", "/tmp/d", False],
+                                                ["1GiB", "/tmp/d", True]]}))
+    points = config.points()
+    assert [(p.engine_options["kv_offload_memory"], p.engine_options["kv_offload_dir"], p.mode.fresh_engine)
+            for p in points] == [(0, None, False), ("1GiB", "/tmp/d", False), ("1GiB", "/tmp/d", True)]
+
+
+@pytest.mark.parametrize("axis", ["(engine.block_size, nosuch.x)", "(engine.block_size, mode)", "block_size",
+                                  "(workload.kind, engine.block_size)"])
+def test_malformed_axes_name_the_axis(axis):
+    with pytest.raises(ValueError, match=re.escape(f"sweep.{axis}")):
+        parse_config(minimal(sweep={axis: [[1, 2]]}))
+
+
 @pytest.mark.parametrize("rate", ["inf", ".inf", math.inf])
 def test_request_rate_inf_spellings(rate):
     raw = minimal(mode={"kind": "online", "request_rate": rate})

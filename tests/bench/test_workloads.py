@@ -1,6 +1,8 @@
 """Workload generators: lengths, token ranges and statistics against their parameters."""
 
+import dataclasses
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -74,11 +76,24 @@ def test_shared_prefix_requests_share_their_prefix(num_prefixes):
 
 def test_timestamp_first_variant_only_adds_a_varying_head():
     """head_len puts distinct tokens before the same system prompt and questions (the timestamp-first trap)."""
-    options = dict(num_requests=5, prefix_len=40, min_question_len=3, max_question_len=5)
+    options: dict[str, Any] = dict(num_requests=5, prefix_len=40, min_question_len=3, max_question_len=5)
     plain = generate_requests(SharedPrefixWorkload(**options))
     stamped = generate_requests(SharedPrefixWorkload(head_len=6, **options))
     assert [r.prompt_token_ids[6:] for r in stamped] == [r.prompt_token_ids for r in plain]
     assert len({r.prompt_token_ids[:6] for r in stamped}) == 5
+
+
+def test_visit_rounds_revisit_every_prefix_once_per_round():
+    spec = SharedPrefixWorkload(num_requests=9, prefix_len=20, num_prefixes=3, min_question_len=2,
+                                max_question_len=4, visit_rounds=True)
+    requests = generate_requests(spec)
+    rounds = group_by_turn(requests)
+    assert rounds == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+    for round_indices in rounds:
+        assert len({requests[i].prompt_token_ids[:20] for i in round_indices}) == 3
+    without = generate_requests(dataclasses.replace(spec, visit_rounds=False))
+    assert [r.prompt_token_ids for r in without] == [r.prompt_token_ids for r in requests]
+    assert group_by_turn(without) == [list(range(9))]
 
 
 def test_shared_prefix_of_length_zero():
@@ -123,6 +138,7 @@ def test_multi_turn_num_requests_is_derived_not_given():
     ({"kind": "sharegpt", "prompt_len_median": math.nan}, "prompt_len_median"),
     ({"kind": "sharegpt", "min_len": 600, "max_prompt_len": 512}, "min_len"),
     ({"kind": "shared_prefix", "prefix_len": -1}, "prefix_len"),
+    ({"kind": "shared_prefix", "visit_rounds": "yes"}, "visit_rounds"),
     ({"kind": "multi_turn", "num_turns": 0}, "num_turns"),
     ({"kind": "random", "min_output_len": True}, "min_output_len"),
 ])

@@ -1,7 +1,11 @@
 """Random add / step / abort / finish sequences against a tiny pool, with the block and request invariants
-checked after every rule, and a fake runner that proves every block table reads back the request's own tokens."""
+checked after every rule, and a fake runner that proves every block table reads back the request's own tokens.
 
-from typing import Any
+With lower KV tiers drawn on, a fake tier (a bounded LRU of block contents, optionally "damaging" some entries so
+their fetch fails) takes the evicted blocks and serves loads: the read-back proves those moves are right too."""
+
+import collections
+from typing import Any, Optional
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -15,22 +19,54 @@ TOKENS = st.integers(min_value=0, max_value=2)  # a tiny vocabulary: prompts sha
 FINISHED_STATUSES = [RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH]
 
 
+class FakeLowerTiers:
+    """A LowerTiers of block contents: bounded LRU; with damaging, every third fetched key fails its "checksum"."""
+
+    def __init__(self, capacity_blocks: int, damaging: bool) -> None:
+        self.capacity_blocks = capacity_blocks
+        self.damaging = damaging
+        self.blocks: collections.OrderedDict[bytes, tuple] = collections.OrderedDict()
+        self.num_fetches = 0
+
+    def holds(self, block_hash: bytes) -> bool:
+        return block_hash in self.blocks
+
+    def touch(self, block_hash: bytes) -> None:
+        self.blocks.move_to_end(block_hash)
+
+    def fetch(self, block_hash: bytes) -> Optional[object]:
+        self.num_fetches += 1
+        if self.damaging and self.num_fetches % 3 == 0:
+            del self.blocks[block_hash]  # a damaged entry is removed
+            return None
+        self.blocks.move_to_end(block_hash)
+        return self.blocks[block_hash]
+
+    def store(self, block_hash: bytes, contents: tuple) -> None:
+        self.blocks[block_hash] = contents
+        while len(self.blocks) > self.capacity_blocks:
+            self.blocks.popitem(last=False)
+
+
 class SchedulerMachine(RuleBasedStateMachine):
     """Drives one Scheduler; the model is the set of requests ever added and a fake paged KV cache."""
 
     @initialize(block_size=st.sampled_from([1, 2, 4]), num_kv_blocks=st.integers(2, 14),
                 max_num_seqs=st.integers(1, 4), extra_budget=st.integers(0, 12), max_model_len=st.integers(2, 24),
                 threshold=st.sampled_from([0, 0, 1, 3, 5]), policy=st.sampled_from(["fcfs", "priority"]),
-                caching=st.sampled_from([True, True, False]), granularity=st.sampled_from(["token", "token", "block"]))
+                caching=st.sampled_from([True, True, False]), granularity=st.sampled_from(["token", "token", "block"]),
+                tiers=st.sampled_from([None, None, "big", "small", "damaging"]), min_load_blocks=st.integers(1, 3))
     def build(self, block_size, num_kv_blocks, max_num_seqs, extra_budget, max_model_len, threshold, policy, caching,
-              granularity):
+              granularity, tiers, min_load_blocks):
         self.config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_seqs + extra_budget,
                                       max_model_len=max_model_len, long_prefill_token_threshold=threshold,
                                       scheduling_policy=policy)
         self.block_size = block_size
+        self.tiers = None if tiers is None else FakeLowerTiers(3 if tiers == "small" else 1000, tiers == "damaging")
         self.scheduler = Scheduler(self.config, CacheConfig(block_size=block_size, enable_prefix_caching=caching,
                                                                prefix_caching_granularity=granularity),
-                                   num_kv_blocks)
+                                   num_kv_blocks, lower_tiers=self.tiers)
+        self.scheduler.kv_cache_manager.min_load_blocks = min_load_blocks
         self.all_requests: dict[str, Request] = {}
         self.fake_kv: dict[tuple[int, int], tuple[int, object]] = {}  # (block, offset) -> (token, cache salt)
         self.next_id = 0
@@ -103,6 +139,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             request = scheduler.get_request(request_id)
             assert request is not None
             assert request.status is RequestStatus.PREEMPTED and request.num_computed_tokens == 0
+        self._move_fake_tier_blocks(output.kv_saves, output.kv_loads)
         self._copy_fake_blocks(output.block_copies)
         for scheduled in output.scheduled:
             self._run_fake_attention(scheduled)
@@ -112,6 +149,20 @@ class SchedulerMachine(RuleBasedStateMachine):
         samples = sampled[:output.num_sampled_requests] + [0] * max(0, output.num_sampled_requests - len(sampled))
         updated = scheduler.update_from_output(output, samples)
         assert all(request.output_token_ids for request in updated)
+
+    def _move_fake_tier_blocks(self, saves, loads):
+        """What the runner does first: copy evicted blocks' slots down to the tier, then loaded ones up."""
+        if self.tiers is None:
+            assert not saves and not loads
+            return
+        for block_id, block_hash in saves:
+            assert block_id != NULL_BLOCK_ID
+            self.tiers.store(block_hash, tuple(self.fake_kv.get((block_id, offset))
+                                               for offset in range(self.block_size)))
+        for block_id, contents in loads:
+            assert block_id != NULL_BLOCK_ID and isinstance(contents, tuple)
+            for offset, slot in enumerate(contents):
+                self.fake_kv[(block_id, offset)] = slot
 
     def _copy_fake_blocks(self, block_copies):
         """What the runner does before the step: copy every slot of each source block into its destination."""

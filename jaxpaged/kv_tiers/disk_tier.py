@@ -1,0 +1,185 @@
+"""DiskTier: KV blocks as files in a local directory, bounded in bytes, checked on every read, kept across restarts.
+
+Layout: <root>/<fingerprint>/<first two hex digits of the chain hash>/<chain hash hex>.kv, one block per file:
+
+    b"JPKVBLK1" | uint32 header length | JSON header | payload bytes
+
+The header names the fingerprint, the chain hash, the payload's dtype and shape and its CRC-32. A read that finds
+anything amiss (short file, wrong magic, fields or checksum) removes the file and is a miss: a corrupted entry
+costs a recompute, never wrong K/V. Writes go to a temporary file in the same directory and are renamed into
+place (os.replace is atomic), so two engines sharing a directory only ever see whole files; the last writer of
+a chain hash wins, with the same bytes.
+
+Eviction is least recently used: the index starts from the files' modification times (a read touches them), so a
+restarted engine keeps the order. Each engine enforces the bound on what it knows of (files written by another
+engine since it started are adopted when first looked up).
+"""
+
+import collections
+import json
+import logging
+import os
+import struct
+import time
+import uuid
+import zlib
+from pathlib import Path
+from typing import Optional
+
+import jax.numpy as jnp
+import numpy as np
+
+from .tier_stats import TierStats
+
+logger = logging.getLogger(__name__)
+
+MAGIC = b"JPKVBLK1"
+_HEADER_LENGTH = struct.Struct("<I")
+SUFFIX = ".kv"
+STALE_TEMP_SECONDS = 600.0
+"""A temporary file this old is left over from a crashed writer, and is removed at start-up."""
+
+
+class DiskTier:
+    """One shard's blocks on disk under one fingerprint."""
+
+    def __init__(self, root: os.PathLike | str, fingerprint: str, capacity_bytes: int) -> None:
+        self.directory = Path(root) / fingerprint
+        """Where this fingerprint's files live."""
+        self.fingerprint = fingerprint
+        self.capacity_bytes = capacity_bytes
+        """The most bytes of files this engine keeps here."""
+        self.stats = TierStats(capacity_bytes=capacity_bytes)
+        self._index: collections.OrderedDict[bytes, int] = collections.OrderedDict()  # key -> file bytes, LRU first
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._scan()
+
+    def __contains__(self, key: bytes) -> bool:
+        if key in self._index:
+            return True
+        try:  # another engine on the same directory may have written it since this one started
+            size = self._path(key).stat().st_size
+        except FileNotFoundError:
+            return False
+        self._adopt(key, size)
+        return True
+
+    def read(self, key: bytes) -> Optional[np.ndarray]:
+        """The block's payload, verified; None when absent or damaged (a damaged file is removed)."""
+        path = self._path(key)
+        try:
+            with open(path, "rb") as file:
+                data = file.read()
+        except FileNotFoundError:
+            self._forget(key)
+            return None
+        payload = self._decode(key, data)
+        if payload is None:
+            logger.warning("KV disk tier: %s is damaged; removed, its tokens are recomputed", path)
+            self.stats.corrupt_entries += 1
+            self.remove(key)
+            return None
+        if key not in self._index:
+            self._adopt(key, len(data))
+        self._index.move_to_end(key)
+        os.utime(path)  # the LRU order survives a restart
+        self.stats.bytes_out += payload.nbytes
+        return payload
+
+    def write(self, key: bytes, payload: np.ndarray) -> None:
+        """Store the block (atomically), evicting least recently used files past the bound."""
+        if key in self._index:
+            self._index.move_to_end(key)
+            return
+        raw = np.ascontiguousarray(payload).reshape(-1).view(np.uint8)
+        header = json.dumps({"fingerprint": self.fingerprint, "key": key.hex(), "dtype": str(payload.dtype),
+                             "shape": list(payload.shape), "crc32": zlib.crc32(raw.data)}).encode()
+        size = len(MAGIC) + _HEADER_LENGTH.size + len(header) + raw.nbytes
+        if size > self.capacity_bytes:
+            return
+        self._make_room(size)
+        path = self._path(key)
+        path.parent.mkdir(exist_ok=True)
+        temporary = path.parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+        try:
+            with open(temporary, "wb") as file:
+                file.write(MAGIC + _HEADER_LENGTH.pack(len(header)) + header)
+                file.write(raw.data)
+            os.replace(temporary, path)
+        except OSError as error:  # a full or read-only disk costs the tier, never the request
+            logger.warning("KV disk tier: could not write %s: %s", path, error)
+            temporary.unlink(missing_ok=True)
+            return
+        self._adopt(key, size)
+        self.stats.bytes_in += payload.nbytes
+
+    def remove(self, key: bytes) -> None:
+        """Delete the block's file (if any) and forget it."""
+        self._path(key).unlink(missing_ok=True)
+        self._forget(key)
+
+    # ---- internals ----
+
+    def _path(self, key: bytes) -> Path:
+        name = key.hex()
+        return self.directory / name[:2] / (name + SUFFIX)
+
+    def _decode(self, key: bytes, data: bytes) -> Optional[np.ndarray]:
+        prefix = len(MAGIC) + _HEADER_LENGTH.size
+        if len(data) < prefix or data[:len(MAGIC)] != MAGIC:
+            return None
+        (header_length,) = _HEADER_LENGTH.unpack_from(data, len(MAGIC))
+        try:
+            header = json.loads(data[prefix:prefix + header_length])
+            dtype = jnp.dtype(header["dtype"])
+            shape = tuple(int(n) for n in header["shape"])
+            expected_crc = int(header["crc32"])
+            if header["fingerprint"] != self.fingerprint or header["key"] != key.hex():
+                return None
+        except (ValueError, KeyError, TypeError):
+            return None
+        raw = memoryview(data)[prefix + header_length:]
+        if len(raw) != int(np.prod(shape)) * dtype.itemsize or zlib.crc32(raw) != expected_crc:
+            return None
+        return np.frombuffer(raw, dtype=dtype).reshape(shape)
+
+    def _scan(self) -> None:
+        """Index the files already here (oldest first) and drop stale temporaries; then enforce the bound."""
+        entries = []
+        now = time.time()
+        for subdirectory in self.directory.iterdir():
+            if not subdirectory.is_dir():
+                continue
+            for entry in os.scandir(subdirectory):
+                stat = entry.stat()
+                if entry.name.endswith(".tmp"):
+                    if now - stat.st_mtime > STALE_TEMP_SECONDS:
+                        Path(entry.path).unlink(missing_ok=True)
+                    continue
+                if entry.name.endswith(SUFFIX):
+                    try:
+                        key = bytes.fromhex(entry.name[:-len(SUFFIX)])
+                    except ValueError:
+                        continue
+                    entries.append((stat.st_mtime, key, stat.st_size))
+        for _, key, size in sorted(entries):
+            self._adopt(key, size)
+        self._make_room(0)
+
+    def _adopt(self, key: bytes, size: int) -> None:
+        if key in self._index:
+            return
+        self._index[key] = size
+        self.stats.bytes_used += size
+        self.stats.num_blocks = len(self._index)
+
+    def _forget(self, key: bytes) -> None:
+        size = self._index.pop(key, None)
+        if size is not None:
+            self.stats.bytes_used -= size
+            self.stats.num_blocks = len(self._index)
+
+    def _make_room(self, size: int) -> None:
+        while self._index and self.stats.bytes_used + size > self.capacity_bytes:
+            oldest = next(iter(self._index))
+            self.remove(oldest)
