@@ -2,7 +2,8 @@
 
 This is the production CPU path, so its cost grows with the KV actually attended, never with the
 block table's width: loops with *traced* trip counts walk KV chunks of a few pages, in two passes.
-  - decode pass: every sequence with one new token at once, each row gathering its own pages;
+  - decode pass: every sequence with one new token at once; on the CPU a native kernel reads each row's pages
+    in place (pallas_kernels/cpu_native), elsewhere each row gathers its own pages;
   - prefill pass: blocks of q rows of one sequence, each block gathering its chunks once and walking
     only the chunks its causal (and sliding) window reaches.
 Online softmax in float32 throughout; GQA reads each KV head once for its whole group of q heads.
@@ -15,6 +16,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
+from pallas_kernels.cpu_native.paged_decode import KV_DTYPES, native_decode_available, paged_decode
 from pallas_kernels.ragged_paged_attention.metadata import MASK_VALUE, AttentionMetadata
 
 # Pages gathered per loop step. 4 pages of 16 tokens = 64 KV tokens: big enough that the loop
@@ -73,22 +75,44 @@ def _split_kv(kv: jax.Array, num_kv_heads: int) -> tuple[jax.Array, jax.Array]:
 
 
 def _decode_pass(q_grouped, kv_pages, kv_lens, block_tables, cu_q_lens, num_real_seqs, *,
-                 pages_per_chunk, sliding_window, soft_cap):
-    """Sequences with one new token, all at once: one row per sequence, each gathering its own pages.
+                 pages_per_chunk, sliding_window, soft_cap, native: bool = True):
+    """Sequences with one new token, all at once: one row per sequence.
 
-    Returns the rows' outputs and the q row each belongs to (num_tokens for inactive sequences).
+    On the CPU the native kernel (pallas_kernels/cpu_native) reads each row's pages in place; elsewhere, or without
+    it, the rows walk KV chunks, each row gathering its own pages. Returns the rows' outputs and the q row each
+    belongs to (num_tokens for inactive sequences).
     """
     num_tokens, num_kv_heads, group_size, head_dim = q_grouped.shape
     max_num_seqs = kv_lens.shape[0]
-    page_size = kv_pages.shape[1]
-    chunk_tokens = pages_per_chunk * page_size
     q_lens = cu_q_lens[1:] - cu_q_lens[:-1]
     is_decode = (jnp.arange(max_num_seqs) < num_real_seqs) & (q_lens == 1)
     rows = jnp.where(is_decode, cu_q_lens[1:] - 1, num_tokens)
     positions = jnp.where(is_decode, kv_lens - 1, -1)
     q_rows = q_grouped[jnp.minimum(rows, num_tokens - 1)]
+    in_chunks = functools.partial(_decode_chunks, pages_per_chunk=pages_per_chunk, sliding_window=sliding_window,
+                                  soft_cap=soft_cap)
+    if native and _native_decode_fits(kv_pages, group_size):
+        in_place = functools.partial(paged_decode, sliding_window=sliding_window, soft_cap=soft_cap)
+        out = jax.lax.platform_dependent(q_rows, kv_pages, positions, block_tables, cpu=in_place, default=in_chunks)
+    else:
+        out = in_chunks(q_rows, kv_pages, positions, block_tables)
+    return out, rows
+
+
+def _native_decode_fits(kv_pages, group_size: int) -> bool:
+    page_size, _, head_dim = kv_pages.shape[1:]
+    num_kv_heads = kv_pages.shape[2] // 2
+    return (kv_pages.dtype in KV_DTYPES and group_size <= 16 and group_size * num_kv_heads <= 256 and page_size <= 256
+            and head_dim <= 512 and native_decode_available())
+
+
+def _decode_chunks(q_rows, kv_pages, positions, block_tables, *, pages_per_chunk, sliding_window, soft_cap):
+    """The jnp decode: every row walks the same KV chunks (the longest row's), gathering its own pages."""
+    max_num_seqs, num_kv_heads, group_size, head_dim = q_rows.shape
+    chunk_tokens = pages_per_chunk * kv_pages.shape[1]
+    active = positions >= 0
     first_chunk, end_chunk = _chunk_bounds(
-        jnp.min(jnp.where(is_decode, positions, jnp.iinfo(jnp.int32).max)),
+        jnp.min(jnp.where(active, positions, jnp.iinfo(jnp.int32).max)),
         jnp.max(positions), chunk_tokens, sliding_window)
 
     def attend_chunk(chunk, carry):
@@ -102,8 +126,7 @@ def _decode_pass(q_grouped, kv_pages, kv_lens, block_tables, cu_q_lens, num_real
         return _online_softmax_update(carry, logits, mask, v, "skgc,sckd->skgd", soft_cap)
 
     carry = _init_carry((max_num_seqs, num_kv_heads, group_size), head_dim)
-    carry = jax.lax.fori_loop(first_chunk, end_chunk, attend_chunk, carry)
-    return _finish(carry), rows
+    return _finish(jax.lax.fori_loop(first_chunk, end_chunk, attend_chunk, carry))
 
 
 def _prefill_pass(out, q_grouped, kv_pages, kv_lens, block_tables, cu_q_lens, num_real_seqs, *,
@@ -156,7 +179,7 @@ def _prefill_pass(out, q_grouped, kv_pages, kv_lens, block_tables, cu_q_lens, nu
 
 
 @functools.partial(jax.jit, static_argnames=("sm_scale", "sliding_window", "soft_cap",
-                                             "pages_per_chunk", "q_block_size"))
+                                             "pages_per_chunk", "q_block_size", "native_decode"))
 def ragged_paged_attention_xla(
     q: Float[Array, "num_tokens num_q_heads head_dim"],
     kv_pages: Float[Array, "num_pages page_size kv_heads_x2 head_dim"],
@@ -167,8 +190,10 @@ def ragged_paged_attention_xla(
     soft_cap: Optional[float] = None,
     pages_per_chunk: int = DEFAULT_PAGES_PER_CHUNK,
     q_block_size: int = DEFAULT_Q_BLOCK_SIZE,
+    native_decode: bool = True,
 ) -> Float[Array, "num_tokens num_q_heads head_dim"]:
-    """Attention of every q row over its sequence's paged KV; padding rows come out as zeros."""
+    """Attention of every q row over its sequence's paged KV; padding rows come out as zeros. native_decode=False
+    keeps decodes on the jnp path even where the native CPU kernel runs (comparisons, benchmarks)."""
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = kv_pages.shape[2] // 2
     kv_lens, block_tables, cu_q_lens = metadata.kv_lens, metadata.block_tables, metadata.cu_q_lens
@@ -186,7 +211,7 @@ def ragged_paged_attention_xla(
                    soft_cap=soft_cap)
 
     decode_out, decode_rows = _decode_pass(q_grouped, kv_pages, kv_lens, block_tables, cu_q_lens,
-                                           num_real_seqs, **options)
+                                           num_real_seqs, native=native_decode, **options)
     out = jnp.zeros_like(q_grouped).at[decode_rows].set(decode_out, mode="drop")
     out = _prefill_pass(out, q_grouped, kv_pages, kv_lens, block_tables, cu_q_lens, num_real_seqs,
                         q_block_size=q_block_size, **options)

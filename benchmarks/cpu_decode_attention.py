@@ -1,0 +1,105 @@
+"""Decode attention on the CPU against the machine's copy bandwidth, measured in the same run.
+
+Run: .venv/bin/python -m benchmarks.cpu_decode_attention [--repeats 7] [--layers 30]
+
+SmolLM2-135M shapes (9 q heads, 3 kv heads, head_dim 64, 16-token pages, pages scattered over the pool), 64 decoding
+sequences at 200 and at 1,000 KV tokens; `--layers` attention calls per jitted call (one step's worth, so dispatch
+does not count). Reports the useful KV bytes each call must read (every K and V of every sequence, float32) per
+second, as a fraction of a numpy copy's bandwidth (bytes copied per second, an array far bigger than the caches),
+for the native kernel and for the jnp path (JAXPAGED's chunked gather), and one prefill of 512 tokens for both (the
+native kernel only serves decodes: prefill must not change). Medians of the repeats; the CPU is named.
+"""
+
+import argparse
+import json
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxpaged.bench.machine_info import machine_info
+from pallas_kernels.ragged_paged_attention import xla
+from pallas_kernels.ragged_paged_attention.example_batch import make_ragged_batch
+
+NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, PAGE = 9, 3, 64, 16
+
+
+def copy_bandwidth(repeats: int, num_bytes: int = 256 * 2**20) -> float:
+    """Bytes per second of np.copyto between two arrays of num_bytes (median)."""
+    source = np.random.default_rng(0).standard_normal(num_bytes // 8)
+    target = np.empty_like(source)
+    timings = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        np.copyto(target, source)
+        timings.append(time.perf_counter() - start)
+    return num_bytes / statistics.median(timings)
+
+
+def time_attention(q_lens: list[int], kv_lens: list[int], num_tokens: int, *, layers: int, repeats: int,
+                   native: bool, min_pool_bytes: int = 256 * 2**20) -> float:
+    """Median seconds of one attention call: a jitted scan of `layers` calls, as in a model step. Each call reads
+    another copy of the pages (copies cycle through at least min_pool_bytes, so the caches cannot hold them) and
+    depends on the previous call's output (so XLA cannot hoist it out of the loop)."""
+    pages_per_seq = -(-max(kv_lens) // PAGE)
+    num_pages = len(kv_lens) * pages_per_seq + 1
+    batch = make_ragged_batch(q_lens, kv_lens, num_q_heads=NUM_Q_HEADS, num_kv_heads=NUM_KV_HEADS,
+                              head_dim=HEAD_DIM, page_size=PAGE, num_tokens=num_tokens, max_num_seqs=64,
+                              pages_per_seq=pages_per_seq, num_pages=num_pages)
+    q, kv_pages, metadata = batch.attention_args()
+    num_copies = max(1, min(layers, -(-min_pool_bytes // kv_pages.nbytes)))
+    pool = jnp.tile(kv_pages, (num_copies, 1, 1, 1))
+    def step(q, pool, metadata):
+        def layer(carry, index):
+            shifted = metadata.on_pages_from((index % num_copies) * num_pages, PAGE)
+            out = xla.ragged_paged_attention_xla(q + carry * 1e-9, pool, shifted, sm_scale=0.125,
+                                                 native_decode=native)
+            return out[0, 0, 0], None
+        return jax.lax.scan(layer, jnp.float32(0), jnp.arange(layers, dtype=jnp.int32))[0]
+
+    compiled = jax.jit(step).lower(q, pool, metadata).compile()
+    compiled(q, pool, metadata).block_until_ready()
+    timings = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        compiled(q, pool, metadata).block_until_ready()
+        timings.append((time.perf_counter() - start) / layers)
+    return statistics.median(timings)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Decode attention on the CPU against its copy bandwidth.")
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--layers", type=int, default=30)
+    args = parser.parse_args()
+    machine = machine_info()
+    bandwidth = copy_bandwidth(args.repeats)
+    print(f"{machine.get('cpu')} ({machine.get('num_cpus')} cpus), JAX {jax.__version__} on "
+          f"{jax.default_backend()}; numpy copy {bandwidth / 1e9:.2f} GB/s")
+    results = {"cpu": machine.get("cpu"), "copy_gb_per_s": bandwidth / 1e9, "decode": [], "prefill": []}
+    print("| workload | path | ms per layer | useful KV GB/s | of copy bandwidth |")
+    print("|---|---|---|---|---|")
+    for kv_tokens in (200, 1000):
+        useful_bytes = 64 * kv_tokens * 2 * NUM_KV_HEADS * HEAD_DIM * 4
+        for native in (True, False):
+            seconds = time_attention([1] * 64, [kv_tokens] * 64, 64, layers=args.layers, repeats=args.repeats,
+                                     native=native)
+            rate = useful_bytes / seconds
+            path = "native" if native else "jnp"
+            print(f"| decode 64 x {kv_tokens} | {path} | {seconds * 1e3:.3f} | {rate / 1e9:.2f} | "
+                  f"{rate / bandwidth:.0%} |")
+            results["decode"].append({"kv_tokens": kv_tokens, "path": path, "ms": seconds * 1e3,
+                                      "gb_per_s": rate / 1e9, "fraction_of_copy": rate / bandwidth})
+    for native in (True, False):
+        seconds = time_attention([512], [512], 512, layers=max(1, args.layers // 10), repeats=args.repeats,
+                                 native=native)
+        path = "native" if native else "jnp"
+        print(f"| prefill 1 x 512 | decode path {path} | {seconds * 1e3:.3f} | – | – |")
+        results["prefill"].append({"path": path, "ms": seconds * 1e3})
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

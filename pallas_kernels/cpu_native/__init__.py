@@ -1,0 +1,1 @@
+"""Native CPU kernels, built from C++ on first use and called from jitted code through XLA's FFI."""

@@ -1,0 +1,251 @@
+// Paged decode attention for the CPU, as an XLA FFI custom call: one new token per sequence attends over its
+// paged K/V, read in place through the block table (no gathered copy), online softmax in float32.
+//
+// Operands (see paged_decode.py, which builds and registers this file):
+//   q            f32  [seqs, kv_heads, group, head_dim]   already multiplied by the softmax scale
+//   kv_pages     f32 | bf16 [pages, page_size, 2 * kv_heads, head_dim]   K of head h at 2h, V at 2h + 1
+//   positions    s32  [seqs]   the new token's position (it sees KV 0..position); < 0: no work, zeros out
+//   block_tables s32  [seqs, pages_per_seq]
+// Attributes: sliding_window (0: none), soft_cap (0: none). Result: f32 [seqs, kv_heads, group, head_dim].
+//
+// Work items are sequences, handed out through an atomic counter to the caller and to XLA's intra-op threads.
+// Each walks its pages in order, reading each page once, contiguously, for all its kv heads.
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+constexpr int kMaxGroup = 16;      // q heads per kv head
+constexpr int kMaxRows = 256;      // q heads per sequence
+constexpr int kMaxPageSize = 256;  // tokens per page
+constexpr int kMaxHeadDim = 512;
+
+inline float Bf16ToF32(uint16_t bits) {
+  uint32_t widened = static_cast<uint32_t>(bits) << 16;
+  float value;
+  std::memcpy(&value, &widened, sizeof(value));
+  return value;
+}
+
+// One KV row (head_dim values) as float32: a pointer into the page itself for float32, else converted into `out`.
+template <typename T>
+inline const float* Row(const T* row, int64_t head_dim, float* out);
+
+template <>
+inline const float* Row<float>(const float* row, int64_t, float*) { return row; }
+
+template <>
+inline const float* Row<uint16_t>(const uint16_t* row, int64_t head_dim, float* out) {
+  for (int64_t d = 0; d < head_dim; ++d) out[d] = Bf16ToF32(row[d]);
+  return out;
+}
+
+struct Problem {
+  const float* q;
+  const void* kv;
+  const int32_t* positions;
+  const int32_t* block_tables;
+  float* out;
+  int64_t num_seqs, num_kv_heads, group, head_dim, num_pages, page_size, pages_per_seq;
+  int64_t sliding_window;
+  float soft_cap;
+};
+
+// exp(x) for x <= 0 (weights of an online softmax), vectorizable: 2^(x log2 e) as 2^n * 2^f, f in [-0.5, 0.5],
+// 2^f by a degree-6 polynomial (relative error ~2e-7); underflows to 0 below -87.
+inline float ExpNonPositive(float x) {
+  x = std::max(x, -87.0f);
+  const float scaled = x * 1.44269504088896341f;
+  const float n = std::nearbyint(scaled);
+  const float f = scaled - n;
+  float p = 1.5353362e-4f;
+  p = p * f + 1.3398874e-3f;
+  p = p * f + 9.6180319e-3f;
+  p = p * f + 5.5503406e-2f;
+  p = p * f + 2.4022652e-1f;
+  p = p * f + 6.9314718e-1f;
+  p = p * f + 1.0f;
+  const int32_t exponent = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &exponent, sizeof(scale));
+  return p * scale;
+}
+
+// One sequence, every kv head: its pages in order, each page read once, contiguously (all heads' K/V of a token
+// sit in one row). Per page and kv head: the logits of the page's tokens for every q head of the group, one
+// rescale of the running sums, then the weighted V rows.
+template <typename T>
+void AttendSequence(const Problem& p, int64_t seq) {
+  const int64_t group = p.group, head_dim = p.head_dim, page_size = p.page_size, num_heads = p.num_kv_heads;
+  const int64_t rows = num_heads * group;  // q heads of the sequence
+  float* out = p.out + seq * rows * head_dim;
+  const int32_t position = p.positions[seq];
+  std::fill(out, out + rows * head_dim, 0.0f);  // the accumulators, divided by the sums at the end
+  if (position < 0) return;
+  const float* q = p.q + seq * rows * head_dim;
+  const int64_t first = p.sliding_window > 0 ? std::max<int64_t>(0, position - p.sliding_window + 1) : 0;
+  const int64_t end = static_cast<int64_t>(position) + 1;
+  const T* kv = static_cast<const T*>(p.kv);
+  const int64_t row_stride = 2 * num_heads * head_dim;  // one token of one page
+  const int32_t* table = p.block_tables + seq * p.pages_per_seq;
+
+  float running_max[kMaxRows], running_sum[kMaxRows];
+  float weights[kMaxGroup][kMaxPageSize];
+  float converted[kMaxHeadDim];
+  std::fill(running_max, running_max + rows, -std::numeric_limits<float>::infinity());
+  std::fill(running_sum, running_sum + rows, 0.0f);
+
+  for (int64_t page_index = first / page_size; page_index * page_size < end; ++page_index) {
+    const int64_t page = table[page_index];
+    if (page < 0 || page >= p.num_pages) continue;  // never for a valid table; no out-of-bounds read either way
+    const int64_t t0 = std::max(first, page_index * page_size) - page_index * page_size;
+    const int64_t t1 = std::min(end, (page_index + 1) * page_size) - page_index * page_size;
+    const T* page_kv = kv + page * page_size * row_stride;
+    // Pages sit anywhere in the pool: ask for the next one while this one is worked on (the hardware prefetcher
+    // only follows the contiguous run within a page).
+    const int64_t next_index = page_index + 1;
+    if (next_index * page_size < end) {
+      const int64_t next_page = table[next_index];
+      if (next_page >= 0 && next_page < p.num_pages) {
+        const char* next_kv = reinterpret_cast<const char*>(kv + next_page * page_size * row_stride);
+        const int64_t next_bytes = page_size * row_stride * static_cast<int64_t>(sizeof(T));
+        for (int64_t offset = 0; offset < next_bytes; offset += 64) __builtin_prefetch(next_kv + offset);
+      }
+    }
+    for (int64_t head = 0; head < num_heads; ++head) {
+      const T* head_kv = page_kv + 2 * head * head_dim;
+      const float* q_head = q + head * group * head_dim;
+      for (int64_t t = t0; t < t1; ++t) {  // logits, K read once for the whole group
+        const float* k = Row<T>(head_kv + t * row_stride, head_dim, converted);
+        for (int64_t g = 0; g < group; ++g) {
+          const float* qg = q_head + g * head_dim;
+          float dot = 0.0f;
+          for (int64_t d = 0; d < head_dim; ++d) dot += qg[d] * k[d];
+          if (p.soft_cap > 0.0f) dot = p.soft_cap * std::tanh(dot / p.soft_cap);
+          weights[g][t] = dot;
+        }
+      }
+      for (int64_t g = 0; g < group; ++g) {  // one rescale per page, then the page's weights
+        const int64_t row = head * group + g;
+        float page_max = running_max[row];
+        for (int64_t t = t0; t < t1; ++t) page_max = std::max(page_max, weights[g][t]);
+        const float rescale = running_sum[row] > 0.0f ? ExpNonPositive(running_max[row] - page_max) : 0.0f;
+        running_max[row] = page_max;
+        float page_sum = 0.0f;
+        for (int64_t t = t0; t < t1; ++t) {
+          weights[g][t] = ExpNonPositive(weights[g][t] - page_max);
+          page_sum += weights[g][t];
+        }
+        running_sum[row] = running_sum[row] * rescale + page_sum;
+        float* acc = out + row * head_dim;
+        for (int64_t d = 0; d < head_dim; ++d) acc[d] *= rescale;
+      }
+      for (int64_t t = t0; t < t1; ++t) {  // the weighted V rows
+        const float* v = Row<T>(head_kv + t * row_stride + head_dim, head_dim, converted);
+        for (int64_t g = 0; g < group; ++g) {
+          const float weight = weights[g][t];
+          float* acc = out + (head * group + g) * head_dim;
+          for (int64_t d = 0; d < head_dim; ++d) acc[d] += weight * v[d];
+        }
+      }
+    }
+  }
+  for (int64_t row = 0; row < rows; ++row) {
+    const float inverse = running_sum[row] > 0.0f ? 1.0f / running_sum[row] : 0.0f;
+    float* acc = out + row * head_dim;
+    for (int64_t d = 0; d < head_dim; ++d) acc[d] *= inverse;
+  }
+}
+
+// The items of one call, shared with the pool's tasks: a task that starts only after the call returned finds no
+// item left and touches nothing else, so the call never waits for a task to start (the pool may be busy, or be
+// this very thread); it waits until every item is done.
+struct SharedWork {
+  Problem problem;
+  int64_t num_items;
+  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> num_done{0};
+  std::mutex mutex;
+  std::condition_variable all_done;
+};
+
+template <typename T>
+void WorkOn(SharedWork& work) {
+  const int64_t num_items = work.num_items;
+  for (int64_t item = work.next.fetch_add(1); item < num_items; item = work.next.fetch_add(1)) {
+    AttendSequence<T>(work.problem, item);
+    if (work.num_done.fetch_add(1) + 1 == num_items) {
+      std::lock_guard<std::mutex> lock(work.mutex);
+      work.all_done.notify_all();
+    }
+  }
+}
+
+// Runs every sequence once, on the caller and on XLA's intra-op threads.
+template <typename T>
+void RunAll(const Problem& problem, ffi::ThreadPool& pool) {
+  auto work = std::make_shared<SharedWork>();
+  work->problem = problem;
+  work->num_items = problem.num_seqs;
+  const int64_t num_helpers = std::min<int64_t>(pool.num_threads(), work->num_items / 4);
+  for (int64_t i = 0; i < num_helpers; ++i) {
+    pool.Schedule([work]() { WorkOn<T>(*work); });
+  }
+  WorkOn<T>(*work);
+  std::unique_lock<std::mutex> lock(work->mutex);
+  work->all_done.wait(lock, [&]() { return work->num_done.load() == work->num_items; });
+}
+
+ffi::Error PagedDecodeImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuffer kv_pages,
+                           ffi::Buffer<ffi::S32> positions, ffi::Buffer<ffi::S32> block_tables,
+                           int64_t sliding_window, float soft_cap, ffi::ResultBuffer<ffi::F32> out) {
+  auto q_dims = q.dimensions();
+  auto kv_dims = kv_pages.dimensions();
+  auto table_dims = block_tables.dimensions();
+  if (q_dims.size() != 4 || kv_dims.size() != 4 || table_dims.size() != 2) {
+    return ffi::Error::InvalidArgument("paged_decode: q must be 4-D, kv_pages 4-D, block_tables 2-D");
+  }
+  Problem problem{q.typed_data(), kv_pages.untyped_data(), positions.typed_data(), block_tables.typed_data(),
+                  out->typed_data(), q_dims[0], q_dims[1], q_dims[2], q_dims[3], kv_dims[0], kv_dims[1],
+                  table_dims[1], sliding_window, soft_cap};
+  if (kv_dims[2] != 2 * problem.num_kv_heads || kv_dims[3] != problem.head_dim || table_dims[0] != q_dims[0] ||
+      positions.element_count() != static_cast<size_t>(q_dims[0])) {
+    return ffi::Error::InvalidArgument("paged_decode: kv_pages, positions or block_tables do not match q");
+  }
+  if (problem.group > kMaxGroup || problem.page_size > kMaxPageSize || problem.head_dim > kMaxHeadDim ||
+      problem.group * problem.num_kv_heads > kMaxRows) {
+    return ffi::Error::InvalidArgument("paged_decode: group, page size or head_dim above the kernel's limits");
+  }
+  switch (kv_pages.element_type()) {
+    case ffi::F32: RunAll<float>(problem, pool); break;
+    case ffi::BF16: RunAll<uint16_t>(problem, pool); break;
+    default: return ffi::Error::InvalidArgument("paged_decode: kv_pages must be float32 or bfloat16");
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpagedPagedDecode, PagedDecodeImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Attr<int64_t>("sliding_window")
+                                  .Attr<float>("soft_cap")
+                                  .Ret<ffi::Buffer<ffi::F32>>());

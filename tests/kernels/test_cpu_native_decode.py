@@ -1,0 +1,46 @@
+"""The native CPU decode kernel (pallas_kernels/cpu_native) inside the "xla" backend: it is really built and called,
+and it equals the spec loop and the jnp decode path at the edge lengths, with GQA, windows, soft caps and bf16."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels.cpu_native.paged_decode import native_decode_available
+from pallas_kernels.ragged_paged_attention import xla
+from pallas_kernels.ragged_paged_attention.example_batch import make_ragged_batch
+from pallas_kernels.ragged_paged_attention.spec import ragged_paged_attention_spec
+
+PAGE = 16
+# Decode rows at kv lengths 1, page - 1, page, page + 1 and many pages, beside a prefill and a padded sequence.
+Q_LENS = [1, 1, 1, 1, 1, 7, 1]
+KV_LENS = [1, PAGE - 1, PAGE, PAGE + 1, 9 * PAGE + 5, 7, 3 * PAGE]
+
+
+def test_the_kernel_is_built_and_in_the_compiled_step():
+    assert native_decode_available()  # gcc is part of every machine this project runs tests on
+    batch = make_ragged_batch(Q_LENS, KV_LENS, num_q_heads=6, num_kv_heads=2, head_dim=64, page_size=PAGE)
+    hlo = jax.jit(functools.partial(xla.ragged_paged_attention_xla, sm_scale=0.125)).lower(
+        *batch.attention_args()).as_text()
+    assert "jaxpaged_paged_decode" in hlo
+
+
+@pytest.mark.parametrize("num_q_heads,num_kv_heads,head_dim,sliding_window,soft_cap", [
+    (6, 2, 64, None, None), (4, 4, 32, 5, None), (9, 3, 64, PAGE + 1, 2.0), (8, 1, 128, None, 30.0)])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_native_decode_equals_the_spec_and_the_jnp_path(num_q_heads, num_kv_heads, head_dim, sliding_window,
+                                                          soft_cap, dtype):
+    batch = make_ragged_batch(Q_LENS, KV_LENS, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
+                              head_dim=head_dim, page_size=PAGE, num_tokens=24, max_num_seqs=9, dtype=dtype)
+    options = dict(sm_scale=head_dim ** -0.5, sliding_window=sliding_window, soft_cap=soft_cap)
+    expected = ragged_paged_attention_spec(*batch.attention_args(), **options)
+    native = np.asarray(xla.ragged_paged_attention_xla(*batch.attention_args(), **options), np.float32)
+    in_chunks = np.asarray(xla.ragged_paged_attention_xla(*batch.attention_args(), native_decode=False, **options),
+                           np.float32)
+    tolerance = 2e-5 if dtype == jnp.float32 else 2e-2
+    np.testing.assert_allclose(native, expected, atol=tolerance, rtol=tolerance)
+    np.testing.assert_allclose(native, in_chunks, atol=tolerance, rtol=tolerance)
+    num_rows = sum(Q_LENS)
+    assert np.all(native[num_rows:] == 0)  # padding rows
