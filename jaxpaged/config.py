@@ -119,7 +119,8 @@ class EngineConfig:
     cache: CacheConfig = dataclasses.field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = dataclasses.field(default_factory=SchedulerConfig)
     dtype: str = "auto"
-    """Parameter and KV dtype: "auto" is float32 on CPU and bfloat16 on TPU/GPU."""
+    """Parameter, activation and KV dtype (matmuls sum in float32; norms, softmax and sampling run in float32):
+    "auto" is float32 on CPU and bfloat16 on TPU/GPU."""
     attention_backend: AttentionBackendName = "auto"
     """"auto" picks pallas_tpu on TPU, pallas_gpu on GPU and the pure-jnp "xla" on CPU."""
     seed: int = 0

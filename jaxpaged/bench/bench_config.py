@@ -14,6 +14,7 @@
     targets: [{name: ..., metric: output_tokens_per_s, numerator: {system: jaxpaged},
                denominator: {system: hf_batched}, min: 4.0}]
     warmup_probe: true              # cold and warm-cache process starts
+    roofline: true                  # the machine's dot and copy rates, and each row's fraction of the lower bound
 
 The YAML is only data: engine options go through EngineConfig.from_options, so the engine's own validation
 is the one that applies.
@@ -35,7 +36,7 @@ SECTIONS = ("engine", "workload", "sampling", "mode")
 
 PEER_KINDS = ("hf_batched", "hf_continuous", "llama_cpp")
 _TOP_LEVEL = {"name", "description", "model", "engine", "workload", "sampling", "mode", "sweep", "peers",
-              "targets", "warmup_probe", "plot_x", "cpu_devices"}
+              "targets", "warmup_probe", "plot_x", "cpu_devices", "roofline"}
 
 
 def _fail(field: str, message: str, value: Any) -> NoReturn:
@@ -122,7 +123,8 @@ class PeerConfig:
     repeats: int = 1
     """Measured runs; the median is reported."""
     options: dict = dataclasses.field(default_factory=dict)
-    """HF peers: num_threads (torch intra-op threads); llama_cpp: Llama() keyword arguments (n_ctx, n_threads)."""
+    """HF peers: num_threads (torch intra-op threads), dtype ("float32", the default, or "bfloat16"); llama_cpp:
+    Llama() keyword arguments (n_ctx, n_threads)."""
 
     def __post_init__(self) -> None:
         _require(self.kind in PEER_KINDS, "peers[].kind", f"must be one of {PEER_KINDS}", self.kind)
@@ -133,8 +135,9 @@ class PeerConfig:
         _require(isinstance(self.options, dict), "peers[].options", "must be a mapping", self.options)
         if self.kind != "llama_cpp":
             for key, value in self.options.items():
-                _require(key == "num_threads" and is_int(value) and value >= 1, f"peers[].options.{key}",
-                         "HF peers take only num_threads (an int >= 1)", value)
+                _require((key == "num_threads" and is_int(value) and value >= 1)
+                         or (key == "dtype" and value in ("float32", "bfloat16")), f"peers[].options.{key}",
+                         "HF peers take num_threads (an int >= 1) and dtype ('float32' or 'bfloat16')", value)
 
     @property
     def name(self) -> str:
@@ -207,6 +210,8 @@ class BenchConfig:
     targets: tuple
     """TargetConfig per target."""
     warmup_probe: bool
+    roofline: bool
+    """Measure the machine's rates in the run and give every row its fraction of the workload's lower bound."""
     plot_x: Optional[str]
     """The axis on the x of the plots (default: the first sweep axis)."""
     cpu_devices: Optional[int]
@@ -319,6 +324,8 @@ def parse_config(raw: dict) -> BenchConfig:
     _require(plot_x is None or plot_x in sweep, "plot_x", f"must be one of the sweep axes {list(sweep)}", plot_x)
     warmup_probe = raw.get("warmup_probe", False)
     _require(isinstance(warmup_probe, bool), "warmup_probe", "must be a bool", warmup_probe)
+    roofline = raw.get("roofline", False)
+    _require(isinstance(roofline, bool), "roofline", "must be a bool", roofline)
     cpu_devices = raw.get("cpu_devices")
     _require(cpu_devices is None or (is_int(cpu_devices) and cpu_devices >= 1), "cpu_devices",
              "must be a positive int or absent", cpu_devices)
@@ -327,8 +334,8 @@ def parse_config(raw: dict) -> BenchConfig:
     config = BenchConfig(name=name, description=description.strip(), model=model,
                          engine=_mapping(raw, "engine"), workload=_mapping(raw, "workload"),
                          sampling=_mapping(raw, "sampling"), mode=_mapping(raw, "mode"), sweep=sweep, peers=peers,
-                         targets=targets, warmup_probe=warmup_probe, plot_x=plot_x, cpu_devices=cpu_devices,
-                         raw=raw)
+                         targets=targets, warmup_probe=warmup_probe, roofline=roofline, plot_x=plot_x,
+                         cpu_devices=cpu_devices, raw=raw)
     points = config.points()  # validates every point before anything runs
     if peers and any(point.mode.kind == "online" for point in points):
         raise ValueError("peers: peers run offline only; give them in an offline config")

@@ -21,6 +21,22 @@ def _cpu_model() -> Optional[str]:
     return platform.processor() or None
 
 
+RELEVANT_CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16")
+"""The /proc/cpuinfo flags that decide matmul and attention speed on the CPU (bfloat16 dots need the last ones)."""
+
+
+def _cpu_flags() -> list[str]:
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return [flag for flag in RELEVANT_CPU_FLAGS if flag in flags]
+    except OSError:
+        pass
+    return []
+
+
 def _memory_gib() -> Optional[float]:
     try:
         with open("/proc/meminfo") as handle:
@@ -76,12 +92,14 @@ def git_state() -> dict[str, Union[str, bool, None]]:
 def machine_info() -> dict:
     """A description of the machine, for the results file and the table's header."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"cpu": _cpu_model(), "num_cpus": cpus, "memory_gib": _memory_gib(),
+    return {"cpu": _cpu_model(), "cpu_flags": _cpu_flags(), "num_cpus": cpus, "memory_gib": _memory_gib(),
             "platform": platform.platform(), "python": platform.python_version(),
             "accelerator": _accelerator(), "load_average": load_average()}
 
 
 def describe_machine(machine: dict) -> str:
-    """One line: CPUs, memory, accelerator."""
-    return (f"{machine.get('num_cpus')} x {machine.get('cpu')}, {machine.get('memory_gib')} GiB, "
+    """One line: CPUs (and their relevant flags), memory, accelerator."""
+    flags = machine.get("cpu_flags")
+    flags_text = f" ({' '.join(flags)})" if flags else ""
+    return (f"{machine.get('num_cpus')} x {machine.get('cpu')}{flags_text}, {machine.get('memory_gib')} GiB, "
             f"{machine.get('accelerator')}, Python {machine.get('python')}")

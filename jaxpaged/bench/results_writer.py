@@ -60,20 +60,24 @@ def _axis_cells(row: dict, axes: list[str]) -> list[str]:
 
 
 def peer_ratios(row: dict, rows: list[dict], metric: str = "output_tokens_per_s") -> dict[str, Optional[float]]:
-    """jaxpaged's metric over each peer's, on the same workload."""
+    """jaxpaged's metric over each peer's, on the same workload in the same dtype (no ratio across precisions)."""
     ratios = {}
     mine = row["metrics"].get(metric)
+    dtype = row["metrics"].get("dtype", "float32")
     for peer in rows:
         if peer["kind"] == "jaxpaged" or peer["workload_key"] != row["workload_key"]:
             continue
-        theirs = peer["metrics"].get(metric) if peer["status"] == "ok" else None
+        same_dtype = peer["metrics"].get("dtype", "float32") == dtype
+        theirs = peer["metrics"].get(metric) if peer["status"] == "ok" and same_dtype else None
         ratios[peer["system"]] = mine / theirs if mine and theirs else None
     return ratios
 
 
 def _throughput_section(rows: list[dict], axes: list[str]) -> list[str]:
     peers = sorted({row["system"] for row in rows if row["kind"] != "jaxpaged"})
-    header = ["system", *axes, "req/s", "input tok/s", "output tok/s", *[f"× {p}" for p in peers]]
+    with_roofline = any("roofline_fraction" in row["metrics"] for row in rows)
+    header = ["system", *axes, "req/s", "input tok/s", "output tok/s", *[f"× {p}" for p in peers],
+              *(["dtype", "of roofline"] if with_roofline else [])]
     body = []
     for row in rows:
         m = row["metrics"]
@@ -81,8 +85,27 @@ def _throughput_section(rows: list[dict], axes: list[str]) -> list[str]:
         status = "" if row["status"] == "ok" else f" ({row['status']}: {row.get('error')})"
         body.append([row["system"] + status, *_axis_cells(row, axes), fmt(m.get("requests_per_s")),
                      fmt(m.get("input_tokens_per_s")), fmt(m.get("output_tokens_per_s")),
-                     *[fmt(ratios.get(p)) + ("×" if ratios.get(p) else "") for p in peers]])
+                     *[fmt(ratios.get(p)) + ("×" if ratios.get(p) else "") for p in peers],
+                     *([m.get("dtype", "float32"), _pct(m.get("roofline_fraction"))] if with_roofline else [])])
     return ["### Throughput", ""] + _table(header, body)
+
+
+def _roofline_section(roofline: Optional[dict]) -> list[str]:
+    """The machine's measured rates behind the "of roofline" column."""
+    if not roofline:
+        return []
+    dots = roofline["dot_gflop_per_s"]
+    shapes = roofline["shapes"]
+    lines = ["### Roofline", "",
+             f"Measured in this run: numpy copy {roofline['copy_gb_per_s']:.2f} GB/s (bytes copied per second, "
+             f"256 MiB); dot [rows, {shapes['hidden']}] x [{shapes['hidden']}, {shapes['intermediate']}] at "
+             f"{shapes['decode_rows']} / {shapes['prefill_rows']} rows: float32 {dots['float32']['decode']:.0f} / "
+             f"{dots['float32']['prefill']:.0f} GFLOP/s, bfloat16 inputs with float32 accumulation "
+             f"{dots['bfloat16']['decode']:.0f} / {dots['bfloat16']['prefill']:.0f} GFLOP/s.",
+             "The workload's lower bound: prefill FLOPs at the prefill dot rate, plus for the decode the larger of its "
+             "FLOPs at the decode dot rate and its bytes (every weight once per step, every KV byte attended) at the "
+             "copy bandwidth, all requests batched at once; \"of roofline\" is that bound over a row's duration.", ""]
+    return lines
 
 
 def _latency_section(rows: list[dict], axes: list[str]) -> list[str]:
@@ -200,7 +223,8 @@ def render_markdown(run: dict) -> str:
     lines += [f"Run {run['started_at']} on {describe_machine(machine)}; load average at start "
               f"{machine.get('load_average')}, at end {run.get('load_average_end')}. "
               f"Model: {run['model_name']}. {NOISE_NOTE}", ""]
-    for section in (_throughput_section(rows, axes), _latency_section(rows, axes), _engine_section(rows, axes),
+    for section in (_throughput_section(rows, axes), _roofline_section(run.get("roofline")),
+                    _latency_section(rows, axes), _engine_section(rows, axes),
                     _kv_tiers_section(rows, axes), _kv_section(rows, axes), _warmup_section(run.get("warmup_probe")),
                     _targets_section(run.get("targets", []))):
         lines += section

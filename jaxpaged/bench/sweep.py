@@ -81,6 +81,8 @@ def _offline_group(config: BenchConfig, points: list[SweepPoint], indices: list[
 
     llm, startup_s = build_llm(config.model, resolve_scratch(points[indices[0]].engine_options, out_dir))
     info.setdefault("model_name", llm.engine.model_name)
+    info.setdefault("model_config", llm.engine.runner.model_config)
+    dtype = str(llm.engine.runner.dtype)
     try:
         first = points[indices[0]]
         warm_up_llm(llm, generate_requests(first.workload), first.sampling, first.mode.warmup_requests)
@@ -89,7 +91,7 @@ def _offline_group(config: BenchConfig, points: list[SweepPoint], indices: list[
             requests = generate_requests(point.workload)
             try:
                 repeats = [run_offline(llm, requests, point.sampling, point.mode) for _ in range(point.mode.repeats)]
-                metrics = {**median_of_repeats(repeats), "engine_startup_s": startup_s}
+                metrics = {**median_of_repeats(repeats), "engine_startup_s": startup_s, "dtype": dtype}
                 if point.mode.track_kv_utilization:
                     metrics.update(_kv_baselines(llm.engine, requests))
                 rows[index] = _row("jaxpaged", "jaxpaged", point.values, workload_key(point), metrics, repeats)
@@ -183,6 +185,34 @@ def _run_peers(config: BenchConfig, points: list[SweepPoint], bar) -> list[dict]
     return rows
 
 
+def _add_roofline(points: list[SweepPoint], rows: list[dict], model_config) -> Optional[dict]:
+    """Measure the machine's rates now, and give every measured row its workload's lower bound and the fraction of
+    it the row achieved; the rates (None without a model config: no jaxpaged row started)."""
+    from jaxpaged.bench.roofline import lower_bound_seconds, measure_rates
+
+    if model_config is None:
+        return None
+    sizes = [(p.engine_options.get("max_num_seqs", 64), p.engine_options.get("max_num_batched_tokens", 512))
+             for p in points]
+    rates = measure_rates(model_config, decode_rows=max(s for s, _ in sizes), prefill_rows=max(t for _, t in sizes))
+    requests_of = {workload_key(point): generate_requests(point.workload) for point in points}
+    for row in rows:
+        requests = requests_of.get(row["workload_key"])
+        duration = row["metrics"].get("duration_s")
+        if row["status"] != "ok" or not requests or not duration:
+            continue
+        # The bound is the machine's, not a system's: every request batched at once, in the row's dtype.
+        bound = lower_bound_seconds(model_config, requests, rates, row["metrics"].get("dtype", "float32"),
+                                    max_num_seqs=len(requests))
+        row["metrics"].update(bound)
+        row["metrics"]["roofline_fraction"] = bound["roofline_s"] / duration
+    return {"copy_gb_per_s": rates.copy_bytes_per_s / 1e9,
+            "dot_gflop_per_s": {dtype: {phase: rate / 1e9 for phase, rate in phases.items()}
+                                for dtype, phases in rates.dot_flops_per_s.items()},
+            "shapes": {"decode_rows": max(s for s, _ in sizes), "prefill_rows": max(t for _, t in sizes),
+                       "hidden": model_config.hidden_size, "intermediate": model_config.intermediate_size}}
+
+
 def run_sweep(config: BenchConfig, out_dir: pathlib.Path, *, progress: bool = True) -> dict:
     """Run the whole sweep; the run as a JSON-ready dict (targets evaluated, nothing written yet)."""
     from jaxpaged.bench.targets import evaluate_targets
@@ -198,6 +228,7 @@ def run_sweep(config: BenchConfig, out_dir: pathlib.Path, *, progress: bool = Tr
               disable=not progress) as bar:
         rows = _run_jaxpaged(config, points, out_dir, bar, info)
         rows += _run_peers(config, points, bar)
+        roofline = _add_roofline(points, rows, info.get("model_config")) if config.roofline else None
         probe = None
         if config.warmup_probe:
             from jaxpaged.bench.warmup_probe import probe_cold_and_warm
@@ -211,7 +242,8 @@ def run_sweep(config: BenchConfig, out_dir: pathlib.Path, *, progress: bool = Tr
             "started_at": started.isoformat(timespec="seconds"), "duration_s": time.perf_counter() - start,
             "machine": machine, "load_average_end": load_average(), "packages": package_versions(),
             "git": git_state(), "model_name": info.get("model_name", config.model or "SmolLM2-135M-Instruct"),
-            "rows": rows, "warmup_probe": probe, "targets": evaluate_targets(config.targets, rows)}
+            "rows": rows, "warmup_probe": probe, "roofline": roofline,
+            "targets": evaluate_targets(config.targets, rows)}
 
 
 def write_run(run: dict, config: BenchConfig, out_dir: pathlib.Path) -> dict[str, pathlib.Path]:

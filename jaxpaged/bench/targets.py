@@ -3,7 +3,8 @@
 A selection is a mapping: "system" matches a row's system name or kind ("hf_batched" matches
 "hf_batched(bs=16)"); every other key is a sweep parameter the row's point must have at that value, either an
 axis of its own ("engine.block_size") or one parameter of a joint axis ("engine.enable_prefix_caching" of
-"engine.(enable_prefix_caching, prefix_caching_granularity)", or of one across sections).
+"engine.(enable_prefix_caching, prefix_caching_granularity)", or of one across sections); "dtype" matches the
+precision a row ran in.
 """
 
 from typing import Any, Optional
@@ -33,6 +34,9 @@ def row_matches(row: dict, selection: dict) -> bool:
     for key, wanted in selection.items():
         if key == "system":
             if wanted not in (row["system"], row["kind"]):
+                return False
+        elif key == "dtype":  # the precision a row ran in (jaxpaged's engine dtype, a peer's dtype option)
+            if row.get("metrics", {}).get("dtype", "float32") != wanted:
                 return False
         elif _point_value(row["point"], key) != wanted:
             return False

@@ -52,12 +52,18 @@ def apply_rope(x: Float[Array, "tokens heads head_dim"], positions: Int[Array, "
     return rotated.astype(x.dtype)
 
 
+def matmul(x: Float[Array, "tokens inner"], weight: Float[Array, "inner outer"]) -> Float[Array, "tokens outer"]:
+    """x @ weight accumulated in float32, rounded back to x's dtype: bfloat16 weights run the CPU's bfloat16 dot
+    units (AMX, AVX512-BF16) with float32 sums, as HF's bfloat16 matmuls do; float32 is unchanged."""
+    return jnp.dot(x, weight, preferred_element_type=jnp.float32).astype(x.dtype)
+
+
 def gated_mlp(x: Float[Array, "tokens hidden"], gate: Float[Array, "hidden inter"], up: Float[Array, "hidden inter"],
               down: Float[Array, "inter hidden"], activation: str = "silu") -> Float[Array, "tokens hidden"]:
     """Gated feed-forward down(act(gate(x)) * up(x)): SwiGLU ("silu"), or GeGLU with tanh GELU ("gelu_tanh")."""
-    gated = x @ gate
+    gated = matmul(x, gate)
     gated = jax.nn.silu(gated) if activation == "silu" else jax.nn.gelu(gated, approximate=True)
-    return (gated * (x @ up)) @ down
+    return matmul(gated * matmul(x, up), down)
 
 
 def paged_attention(

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Float, Int, UInt32
 
-from jaxpaged.models.layers import apply_rope, gated_mlp, rms_norm, rope_inverse_frequencies
+from jaxpaged.models.layers import apply_rope, gated_mlp, matmul, rms_norm, rope_inverse_frequencies
 from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.models.param_shapes import param_shapes
 from pallas_kernels.ragged_paged_attention import AttentionMetadata
@@ -93,7 +93,7 @@ class LlamaForCausalLM(nnx.Module):
             w, layer_index, layer_is_sliding, inv_freq = scanned
             num_tokens = x.shape[0]
             h = rms_norm(x, w["input_norm"], eps, offset)
-            q, k, v = h @ w["q_proj"], h @ w["k_proj"], h @ w["v_proj"]
+            q, k, v = matmul(h, w["q_proj"]), matmul(h, w["k_proj"]), matmul(h, w["v_proj"])
             if cfg.qkv_bias:
                 q, k, v = q + w["q_bias"], k + w["k_bias"], v + w["v_bias"]
             q = q.reshape(num_tokens, cfg.num_q_heads, cfg.head_dim)
@@ -107,7 +107,7 @@ class LlamaForCausalLM(nnx.Module):
             attn, kv_pages = attend(q, k, v, kv_pages, layer_index * num_blocks, metadata,
                                     layer_is_sliding if alternating else None, sliding_window=cfg.sliding_window,
                                     sm_scale=cfg.attn_scale, soft_cap=cfg.attn_soft_cap)
-            attn = attn.reshape(num_tokens, -1) @ w["o_proj"]
+            attn = matmul(attn.reshape(num_tokens, -1), w["o_proj"])
             if cfg.sandwich_norms:
                 attn = rms_norm(attn, w["attn_out_norm"], eps, offset)
             x = x + attn

@@ -131,9 +131,12 @@ def test_missing_file_and_bad_yaml(tmp_path):
 def test_peer_names_are_distinct_per_setting():
     config = parse_config(minimal(peers=[{"kind": "hf_batched", "batch_size": 16},
                                          {"kind": "hf_batched", "batch_size": 64, "options": {"num_threads": 1}},
+                                         {"kind": "hf_batched", "batch_size": 16, "options": {"dtype": "bfloat16"}},
                                          {"kind": "llama_cpp"}]))
     assert [peer.name for peer in config.peers] == ["hf_batched(bs=16)", "hf_batched(bs=64, num_threads=1)",
-                                                    "llama_cpp"]
+                                                    "hf_batched(bs=16, dtype=bfloat16)", "llama_cpp"]
+    with pytest.raises(ValueError, match="peers\\[\\].options.dtype"):
+        parse_config(minimal(peers=[{"kind": "hf_batched", "options": {"dtype": "float16"}}]))
 
 
 SHIPPED = sorted(CONFIG_DIR.glob("*.yaml"))

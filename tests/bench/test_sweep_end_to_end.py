@@ -34,7 +34,7 @@ def offline_run(tiny_model_dir, tmp_path_factory):
                      "max_question_len": 8, "output_len": 5},
         "mode": {"kind": "offline", "repeats": 2, "track_kv_utilization": True, "warmup_requests": 1},
         "sweep": {"workload.output_len": [3, 5]},
-        "peers": [{"kind": "hf_batched", "batch_size": 2}, {"kind": "llama_cpp"}],
+        "peers": [{"kind": "hf_batched", "batch_size": 2}, {"kind": "llama_cpp"}], "roofline": True,
         "targets": [{"name": "no compiles", "metric": "num_compilations_measured",
                      "select": {"system": "jaxpaged"}, "max": 0}]})
 
@@ -81,6 +81,22 @@ def test_engine_and_kv_figures(offline_run):
         assert m["kv_capacity_tokens"] == (TINY_ENGINE_OPTIONS["num_kv_blocks"] - 1) * 16
         assert m["contiguous_max_model_len_max_concurrent"] == m["kv_capacity_tokens"] // 256
         assert m["ttft_ms_p50"] <= m["e2e_ms_p50"]
+
+
+def test_roofline_rates_and_every_systems_fraction(offline_run):
+    """The machine's rates measured in the run; jaxpaged and the HF peer each get a fraction of the same bound."""
+    roofline = offline_run["roofline"]
+    assert roofline["copy_gb_per_s"] > 0.1
+    assert all(rate > 0.01 for phases in roofline["dot_gflop_per_s"].values() for rate in phases.values())
+    for kind in ("jaxpaged", "hf_batched"):
+        for row in rows_of(offline_run, kind):
+            metrics = row["metrics"]
+            assert 0 < metrics["roofline_fraction"] <= 1.0, (kind, metrics["roofline_fraction"])
+            assert metrics["roofline_s"] == pytest.approx(metrics["roofline_fraction"] * metrics["duration_s"])
+    assert [row["metrics"]["dtype"] for row in rows_of(offline_run, "jaxpaged")] == ["float32", "float32"]
+    markdown = (offline_run["out_dir"] / "tiny_offline.md").read_text()
+    assert "### Roofline" in markdown and "of roofline" in markdown
+    assert offline_run["machine"]["cpu_flags"] is not None
 
 
 def test_llama_cpp_row_says_why_it_did_not_run(offline_run):

@@ -65,3 +65,20 @@ def test_unmeasured_target_is_neither_met_nor_missed():
     target = TargetConfig(name="llama", metric="tps", select={"system": "llama_cpp"}, min=1.0)
     result = evaluate_target(target, ROWS)
     assert result["passed"] is None and result["value"] is None
+
+
+def test_dtype_selects_rows_by_precision_and_ratios_stay_within_one():
+    """float32 against float32, bfloat16 against bfloat16: a selection's "dtype" is the precision a row ran in."""
+    from jaxpaged.bench.results_writer import peer_ratios
+
+    rows = [row("jaxpaged", "jaxpaged", {"engine.dtype": "float32"}, {"tps": 100.0, "dtype": "float32"}),
+            row("jaxpaged", "jaxpaged", {"engine.dtype": "bfloat16"}, {"tps": 150.0, "dtype": "bfloat16"}),
+            row("hf_batched(bs=16)", "hf_batched", {}, {"tps": 40.0}),  # no dtype recorded: float32
+            row("hf_batched(bs=16, dtype=bfloat16)", "hf_batched", {}, {"tps": 50.0, "dtype": "bfloat16"})]
+    assert row_matches(rows[3], {"system": "hf_batched", "dtype": "bfloat16"})
+    assert not row_matches(rows[2], {"system": "hf_batched", "dtype": "bfloat16"})
+    assert peer_ratios(rows[0], rows, "tps") == {"hf_batched(bs=16)": 2.5, "hf_batched(bs=16, dtype=bfloat16)": None}
+    assert peer_ratios(rows[1], rows, "tps") == {"hf_batched(bs=16)": None, "hf_batched(bs=16, dtype=bfloat16)": 3.0}
+    target = TargetConfig(name="bf16", metric="tps", numerator={"system": "jaxpaged", "dtype": "bfloat16"},
+                          denominator={"system": "hf_batched", "dtype": "bfloat16"}, min=2.5)
+    assert evaluate_target(target, rows)["value"] == 3.0

@@ -30,7 +30,7 @@ def test_generate_streams_the_greedy_text(tiny_llm, tiny_model_dir):
     result = subprocess.run(
         JAXPAGED + ["generate", "Hello", "--model", str(tiny_model_dir), "--max-tokens", "8", "--max-model-len", "64",
                     "--max-num-batched-tokens", "16", "--max-num-seqs", "4", "--num-kv-blocks", "16",
-                    "--compilation-cache-dir", ""],
+                    "--dtype", "float32", "--compilation-cache-dir", ""],
         capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout == expected.outputs[0].text + "\n"

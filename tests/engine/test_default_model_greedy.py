@@ -1,6 +1,8 @@
 """Greedy generation on the embedded SmolLM2-135M equals HF transformers generate on the same dequantized GGUF,
-also through chunked prefill, after a prefix-cache hit, and after preemption and recompute."""
+also through chunked prefill, after a prefix-cache hit, and after preemption and recompute (float32); in bfloat16
+it follows HF's bfloat16 by vLLM's top-5 rule."""
 
+import jax.numpy as jnp
 import pytest
 import torch
 import transformers
@@ -69,3 +71,51 @@ def test_greedy_matches_hf_through_chunks_preemption_and_prefix_hits(engine, hf_
     assert sum(second[f"b{i}"].num_cached_tokens for i in range(len(PROMPTS))) > 0
     for i, expected in enumerate(hf_reference):
         assert second[f"b{i}"].outputs[0].token_ids == expected, f"prompt {i} after a prefix hit"
+
+
+def hf_bfloat16_top5() -> list[tuple[list[int], list[list[int]]]]:
+    """HF transformers in bfloat16 on the same GGUF: per prompt, the greedy tokens and each step's top-5 ids."""
+    path = default_model_path()
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                              dtype=torch.bfloat16).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    results = []
+    for prompt in PROMPTS:
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+        with torch.no_grad():
+            out = model.generate(  # pyright: ignore[reportAttributeAccessIssue]
+                ids, max_new_tokens=NUM_NEW_TOKENS, min_new_tokens=NUM_NEW_TOKENS, do_sample=False,
+                output_logits=True, return_dict_in_generate=True, pad_token_id=tokenizer.eos_token_id)
+        tokens = out.sequences[0, ids.shape[1]:].tolist()
+        results.append((tokens, [step[0].float().topk(5).indices.tolist() for step in out.logits]))
+    return results
+
+
+def test_bfloat16_greedy_follows_hf_bfloat16_by_the_top5_rule():
+    """vLLM's check for lower precision: where the greedy tokens first differ, each side's token is in the other's
+    top 5 (after that the sequences have diverged and are not compared)."""
+    config = EngineConfig.from_options(max_model_len=160, max_num_seqs=8, max_num_batched_tokens=32,
+                                       num_kv_blocks=64, dtype="bfloat16", attention_backend="xla",
+                                       compilation_cache_dir="")
+    engine = LLMEngine(load_model(None), config, warmup=False)
+    assert engine.runner.dtype == jnp.bfloat16
+    params = SamplingParams(temperature=0.0, max_tokens=NUM_NEW_TOKENS, min_tokens=NUM_NEW_TOKENS, logprobs=5)
+    for i, prompt in enumerate(PROMPTS):
+        engine.add_request(f"bf{i}", prompt, params)
+    outputs = {}
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            if output.finished:
+                outputs[output.request_id] = output.outputs[0]
+    num_identical = 0
+    for i, (hf_tokens, hf_top5) in enumerate(hf_bfloat16_top5()):
+        ours = outputs[f"bf{i}"]
+        assert ours.logprobs is not None
+        for step, (mine, theirs) in enumerate(zip(ours.token_ids, hf_tokens)):
+            if mine != theirs:
+                our_top5 = set(ours.logprobs[step])
+                assert mine in hf_top5[step] and theirs in our_top5, f"prompt {i} step {step}"
+                break
+        else:
+            num_identical += 1
+    assert num_identical >= 2  # most prompts agree all the way at 32 tokens

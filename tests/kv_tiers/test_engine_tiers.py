@@ -197,3 +197,20 @@ def test_tensor_and_data_parallel_tiers_store_each_shard(tiny_model_dir, tmp_pat
         assert result["answers"][-1]["num_cached_tokens"] == 1008
         assert result["tiers"]["host"]["hit_blocks"] + result["tiers"]["disk"]["hit_blocks"] >= 40
         assert result["tiers"]["host"]["bytes_used"] <= 8 * 2**20
+
+
+def test_load_or_recompute_is_measured_at_start_up(host_tier_llm):
+    """Without kv_offload_min_load_blocks the engine times a batch of loads and a prefill token, and recomputes
+    shorter hits; the choice is a block count within the model length (or one past it: never load)."""
+    from jaxpaged.engine_kv_tiers import choose_min_load_blocks
+
+    engine = host_tier_llm.engine
+    load_seconds, token_seconds = engine.runner.measure_load_and_prefill_seconds()
+    assert load_seconds > 0 and token_seconds > 0
+    max_blocks = -(-engine.max_model_len // 16)
+    try:
+        chosen = choose_min_load_blocks(None, engine.runner, engine.schedulers, engine.max_model_len)
+        assert 1 <= chosen <= max_blocks + 1
+        assert all(s.kv_cache_manager.min_load_blocks == chosen for s in engine.schedulers)
+    finally:
+        choose_min_load_blocks(1, engine.runner, engine.schedulers, engine.max_model_len)

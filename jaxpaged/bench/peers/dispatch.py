@@ -12,16 +12,17 @@ class PeerModels:
 
     def __init__(self, model: Optional[str]):
         self.model = model
-        self._hf = None
+        self._hf: dict = {}
         self._llama_cpp: dict = {}
 
-    def hf(self):
-        """The shared HF torch model."""
+    def hf(self, dtype: str = "float32"):
+        """The shared HF torch model in `dtype` (one per dtype; the other is dropped first, to bound memory)."""
         from jaxpaged.bench.peers.hf_model import HFPeerModel
 
-        if self._hf is None:
-            self._hf = HFPeerModel(self.model)
-        return self._hf
+        if dtype not in self._hf:
+            self._hf.clear()
+            self._hf[dtype] = HFPeerModel(self.model, dtype)
+        return self._hf[dtype]
 
     def llama_cpp(self, options: dict):
         """A llama.cpp model per distinct option set."""
@@ -59,13 +60,13 @@ def _measure(peer: PeerConfig, models: PeerModels, requests: list[BenchRequest],
     if peer.kind == "hf_batched":
         from jaxpaged.bench.peers.hf_batched import run_hf_batched, warm_up_hf_batched
 
-        hf = models.hf()
+        hf = models.hf(peer.options.get("dtype", "float32"))
         warm_up_hf_batched(hf, requests, sampling)
         repeats = [run_hf_batched(hf, requests, sampling, peer.batch_size) for _ in range(peer.repeats)]
     elif peer.kind == "hf_continuous":
         from jaxpaged.bench.peers.hf_continuous import run_hf_continuous, warm_up_hf_continuous
 
-        hf = models.hf()
+        hf = models.hf(peer.options.get("dtype", "float32"))
         warm_up_hf_continuous(hf, requests, sampling)
         repeats = [run_hf_continuous(hf, requests, sampling) for _ in range(peer.repeats)]
     elif peer.kind == "llama_cpp":
@@ -75,4 +76,4 @@ def _measure(peer: PeerConfig, models: PeerModels, requests: list[BenchRequest],
         repeats = [run_llama_cpp(llama, requests, sampling) for _ in range(peer.repeats)]
     else:
         raise ValueError(f"peers[].kind: unknown peer {peer.kind!r}")
-    return median_of_repeats(repeats), repeats
+    return {**median_of_repeats(repeats), "dtype": peer.options.get("dtype", "float32")}, repeats

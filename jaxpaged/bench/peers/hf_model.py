@@ -1,4 +1,5 @@
-"""Loading the HF transformers peer model: the same weights as jaxpaged, dequantized to float32, no network."""
+"""Loading the HF transformers peer model: the same weights as jaxpaged (dequantized to float32, or cast to bfloat16
+for the bfloat16 rows), no network."""
 
 import pathlib
 from typing import Optional
@@ -32,11 +33,13 @@ def gguf_path(model: Optional[str]) -> pathlib.Path:
 class HFPeerModel:
     """The torch model, loaded once per run and shared by the HF peers."""
 
-    def __init__(self, model: Optional[str]):
+    def __init__(self, model: Optional[str], dtype: str = "float32"):
         import torch
         from transformers import AutoModelForCausalLM
 
-        self.model = AutoModelForCausalLM.from_pretrained(**hf_source(model), dtype=torch.float32).eval()
+        self.dtype = dtype
+        """"float32" or "bfloat16": the weights' and activations' dtype."""
+        self.model = AutoModelForCausalLM.from_pretrained(**hf_source(model), dtype=getattr(torch, dtype)).eval()
         eos = self.model.generation_config.eos_token_id
         if eos is None:
             eos = self.model.config.eos_token_id

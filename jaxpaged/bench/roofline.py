@@ -1,0 +1,107 @@
+"""A roofline for a workload on the machine at hand, measured in the same run as the systems it judges.
+
+The machine's rates: XLA:CPU dot throughput at the step's own shapes (decode rows and a prefill bucket, float32 and
+bfloat16 inputs with float32 accumulation) and the bandwidth of a plain numpy copy. The workload's lower bound:
+  - prefill: its matmul and attention FLOPs at the prefill-shaped dot rate;
+  - decode: per step, the larger of its FLOPs at the decode-shaped dot rate and its bytes (every weight once per
+    step, plus every KV byte the step's sequences attend over) at the copy bandwidth; the steps are at least the
+    longest output and at least the decode tokens over max_num_seqs.
+A system's fraction of the roofline is lower bound / its measured duration (1.0 would be the machine's limit).
+"""
+
+import dataclasses
+import functools
+import statistics
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from jaxpaged.bench.workloads import BenchRequest
+from jaxpaged.models.model_config import ModelConfig
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
+
+
+@dataclasses.dataclass(frozen=True)
+class MachineRates:
+    """Measured rates of this machine (medians)."""
+
+    copy_bytes_per_s: float
+    """numpy copy of a 256 MiB array: bytes copied per second."""
+    dot_flops_per_s: dict[str, dict[str, float]]
+    """dtype -> {"decode": rate at decode rows, "prefill": rate at prefill rows}."""
+
+
+def _run_dot(dot, x, weight) -> None:
+    dot(x, weight).block_until_ready()
+
+
+def _median_seconds(function, repeats: int) -> float:
+    function()  # warm (compile, page in)
+    timings = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        function()
+        timings.append(time.perf_counter() - start)
+    return statistics.median(timings)
+
+
+def measure_rates(model: ModelConfig, *, decode_rows: int, prefill_rows: int, repeats: int = 7) -> MachineRates:
+    """Copy bandwidth, and dot throughput at [rows, hidden] x [hidden, intermediate] (the MLP's shape) in float32
+    and in bfloat16 with float32 accumulation."""
+    import jax
+    import jax.numpy as jnp
+
+    source = np.random.default_rng(0).standard_normal(32 * 2**20)  # 256 MiB of float64
+    target = np.empty_like(source)
+    copy_s = _median_seconds(lambda: np.copyto(target, source), repeats)
+    rates: dict[str, dict[str, float]] = {}
+    hidden, inter = model.hidden_size, model.intermediate_size
+    dot = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32))
+    for dtype in ("float32", "bfloat16"):
+        rates[dtype] = {}
+        weight = jnp.asarray(np.random.default_rng(1).standard_normal((hidden, inter)), dtype)
+        for phase, rows in (("decode", decode_rows), ("prefill", prefill_rows)):
+            x = jnp.asarray(np.random.default_rng(2).standard_normal((rows, hidden)), dtype)
+            seconds = _median_seconds(functools.partial(_run_dot, dot, x, weight), repeats)
+            rates[dtype][phase] = 2 * rows * hidden * inter / seconds
+    return MachineRates(source.nbytes / copy_s, rates)
+
+
+def matmul_params_per_token(model: ModelConfig) -> int:
+    """Weights every token multiplies through, all layers (the vocabulary projection is counted per sampled row)."""
+    hidden = model.hidden_size
+    q_width, kv_width = model.num_q_heads * model.head_dim, model.num_kv_heads * model.head_dim
+    per_layer = hidden * (q_width + 2 * kv_width) + q_width * hidden + 3 * hidden * model.intermediate_size
+    return model.num_layers * per_layer
+
+
+def weight_bytes(model: ModelConfig, dtype: str) -> int:
+    """Bytes of the weights a decode step reads: every layer's matrices and the vocabulary projection."""
+    return (matmul_params_per_token(model) + model.vocab_size * model.hidden_size) * DTYPE_BYTES[dtype]
+
+
+def lower_bound_seconds(model: ModelConfig, requests: Sequence[BenchRequest], rates: MachineRates, dtype: str,
+                        max_num_seqs: int) -> dict[str, float]:
+    """The workload's lower bound (see the module docstring) and its parts, in seconds."""
+    params = matmul_params_per_token(model)
+    attention_flops_per_kv = 4 * model.num_q_heads * model.head_dim * model.num_layers  # QK^T and PV per KV token
+    kv_bytes_per_token = 2 * model.num_kv_heads * model.head_dim * model.num_layers * DTYPE_BYTES[dtype]
+    prompt_lens = [len(r.prompt_token_ids) for r in requests]
+    prefill_flops = sum(2 * params * n + attention_flops_per_kv * n * (n + 1) // 2
+                        + 2 * model.hidden_size * model.vocab_size for n in prompt_lens)
+    decode_flops = 0
+    decode_kv_bytes = 0
+    for request, n in zip(requests, prompt_lens):
+        for step in range(1, request.max_tokens):  # the first token comes out of the prefill
+            context = n + step
+            decode_flops += 2 * params + attention_flops_per_kv * context + 2 * model.hidden_size * model.vocab_size
+            decode_kv_bytes += context * kv_bytes_per_token
+    decode_tokens = sum(max(r.max_tokens - 1, 0) for r in requests)
+    num_steps = max(max((r.max_tokens - 1 for r in requests), default=0), -(-decode_tokens // max_num_seqs))
+    prefill_s = prefill_flops / rates.dot_flops_per_s[dtype]["prefill"]
+    decode_compute_s = decode_flops / rates.dot_flops_per_s[dtype]["decode"]
+    decode_memory_s = (num_steps * weight_bytes(model, dtype) + decode_kv_bytes) / rates.copy_bytes_per_s
+    return {"roofline_s": prefill_s + max(decode_compute_s, decode_memory_s), "roofline_prefill_s": prefill_s,
+            "roofline_decode_compute_s": decode_compute_s, "roofline_decode_memory_s": decode_memory_s}
