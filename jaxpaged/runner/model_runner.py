@@ -46,10 +46,10 @@ from pallas_kernels.ragged_paged_attention import resolve_attention_backend
 logger = logging.getLogger(__name__)
 
 
-def resolve_dtype(name: str):
-    """ "auto" is float32 on CPU and bfloat16 on TPU/GPU."""
+def resolve_dtype(name: str) -> jnp.dtype:
+    """ "auto" is float32 on CPU and bfloat16 on TPU/GPU; always a numpy dtype (its str is the plain name)."""
     if name == "auto":
-        return jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
+        return jnp.dtype(jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16)
     return jnp.dtype(name)
 
 
