@@ -150,6 +150,9 @@ def _gib(num_bytes: Optional[float]) -> str:
 
 def _kv_tiers_section(rows: list[dict], axes: list[str]) -> list[str]:
     """Where the prefix hits came from, what moved between the tiers, and TTFT of the revisiting rounds."""
+    if not any("ttft_ms_p50_after_round_1" in row["metrics"] or "host_tier_hit_rate" in row["metrics"]
+               or "disk_tier_hit_rate" in row["metrics"] for row in rows):
+        return []
     body = []
     for row in rows:
         m = row["metrics"]
@@ -160,9 +163,6 @@ def _kv_tiers_section(rows: list[dict], axes: list[str]) -> list[str]:
                        for tier in ("device", "host", "disk")],
                      _gib(m.get("tier_bytes_offloaded")), _gib(m.get("tier_bytes_loaded")),
                      fmt(m.get("ttft_ms_p50_after_round_1"))])
-    if not any("ttft_ms_p50_after_round_1" in row["metrics"] or "host_tier_hit_rate" in row["metrics"]
-               or "disk_tier_hit_rate" in row["metrics"] for row in rows):
-        return []
     header = ["system", *axes, "prefix-cache hits", "from device", "from host", "from disk", "GiB offloaded",
               "GiB loaded", "TTFT p50 after round 1 (ms)"]
     legend = ("hits: shares of the prompt tokens looked up, in all and per KV tier they came from (– : tier off); "

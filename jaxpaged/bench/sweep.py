@@ -27,6 +27,7 @@ from jaxpaged.bench.kv_baseline import RESERVATIONS, contiguous_baseline
 from jaxpaged.bench.latency_stats import median_of_repeats
 from jaxpaged.bench.machine_info import git_state, load_average, machine_info, package_versions
 from jaxpaged.bench.workloads import BenchRequest, generate_requests, workload_kind
+from jaxpaged.config import EngineConfig
 
 
 def workload_key(point: SweepPoint) -> str:
@@ -68,9 +69,14 @@ def _kv_baselines(engine, requests: list[BenchRequest]) -> dict:
 SCRATCH = "{scratch}"
 
 
+def scratch_dir(out_dir: pathlib.Path) -> pathlib.Path:
+    """The run's scratch directory, for what engine options name by SCRATCH."""
+    return out_dir / "scratch"
+
+
 def resolve_scratch(engine_options: dict, out_dir: pathlib.Path) -> dict:
     """The options with SCRATCH in string values replaced by the run's scratch directory."""
-    scratch = str(out_dir / "scratch")
+    scratch = str(scratch_dir(out_dir))
     return {key: value.replace(SCRATCH, scratch) if isinstance(value, str) else value
             for key, value in engine_options.items()}
 
@@ -192,9 +198,10 @@ def _add_roofline(points: list[SweepPoint], rows: list[dict], model_config) -> O
 
     if model_config is None:
         return None
-    sizes = [(p.engine_options.get("max_num_seqs", 64), p.engine_options.get("max_num_batched_tokens", 512))
-             for p in points]
-    rates = measure_rates(model_config, decode_rows=max(s for s, _ in sizes), prefill_rows=max(t for _, t in sizes))
+    schedulers = [EngineConfig.from_options(**point.engine_options).scheduler for point in points]
+    decode_rows = max(scheduler.max_num_seqs for scheduler in schedulers)
+    prefill_rows = max(scheduler.max_num_batched_tokens for scheduler in schedulers)
+    rates = measure_rates(model_config, decode_rows=decode_rows, prefill_rows=prefill_rows)
     requests_of = {workload_key(point): generate_requests(point.workload) for point in points}
     for row in rows:
         requests = requests_of.get(row["workload_key"])
@@ -209,7 +216,7 @@ def _add_roofline(points: list[SweepPoint], rows: list[dict], model_config) -> O
     return {"copy_gb_per_s": rates.copy_bytes_per_s / 1e9,
             "dot_gflop_per_s": {dtype: {phase: rate / 1e9 for phase, rate in phases.items()}
                                 for dtype, phases in rates.dot_flops_per_s.items()},
-            "shapes": {"decode_rows": max(s for s, _ in sizes), "prefill_rows": max(t for _, t in sizes),
+            "shapes": {"decode_rows": decode_rows, "prefill_rows": prefill_rows,
                        "hidden": model_config.hidden_size, "intermediate": model_config.intermediate_size}}
 
 
@@ -223,7 +230,7 @@ def run_sweep(config: BenchConfig, out_dir: pathlib.Path, *, progress: bool = Tr
     points = config.points()
     num_units = len(points) + len(_peer_workloads(config, points)) * len(config.peers) + int(config.warmup_probe)
     info: dict = {}
-    shutil.rmtree(out_dir / "scratch", ignore_errors=True)
+    shutil.rmtree(scratch_dir(out_dir), ignore_errors=True)
     with tqdm(total=num_units, desc=f"bench {config.name}", unit="run", dynamic_ncols=True,
               disable=not progress) as bar:
         rows = _run_jaxpaged(config, points, out_dir, bar, info)

@@ -302,6 +302,6 @@ class KVCacheManager:
     def cached_blocks(self) -> list[tuple[int, BlockHash]]:
         """(block id, chain hash) of every cached block: free ones least recently used first, then held ones."""
         pool = self.block_pool
-        free = [block for block in (pool.blocks[i] for i in pool.free_block_ids()) if block.block_hash is not None]
-        held = [block for block in pool.blocks if block.ref_cnt > 0 and block.block_hash is not None]
+        free = [pool.blocks[block_id] for block_id in pool.free_block_ids()]
+        held = [block for block in pool.blocks if block.ref_cnt > 0]
         return [(block.block_id, block.block_hash) for block in free + held if block.block_hash is not None]

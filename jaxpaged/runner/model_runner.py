@@ -126,11 +126,9 @@ class ModelRunner:
         logger.info("rank on devices [%s] (tp=%d): %s", devices, tp, self.memory_plan.describe())
 
     def tier_block_shape(self) -> tuple[int, ...]:
-        """One block's shape as each tensor-parallel shard stores it below the device: [layers, *page], the
-        kv-head axis divided by tp (for the tiers' fingerprint)."""
-        num_layers, _, *page = self.kv_cache.shape
-        if self.kv_layout == "interleaved":
-            page[1] //= self.mesh.shape[mesh_lib.MODEL_AXIS]
+        """One block's shape as each tensor-parallel shard stores it below the device: [layers, *page] of one
+        device's part of the pool (for the tiers' fingerprint)."""
+        num_layers, _, *page = self.kv_cache.sharding.shard_shape(self.kv_cache.shape)
         return (num_layers, *page)
 
     def attach_kv_tiers(self, tiers: KVTiers) -> None:

@@ -115,8 +115,7 @@ class TierTransfer:
 
     def measure_load_seconds(self, kv_cache: jax.Array, repeats: int = 3) -> tuple[jax.Array, float]:
         """Median seconds one full batch of loads takes (zeros into the null block); returns the pool too."""
-        # One shard of one block: [layers, *page] with the split axis (batch axis 3, if any) divided.
-        shard_shape = (*self._batch_shape[1:3], self._batch_shape[3] // self.tiers.num_shards, *self._batch_shape[4:])
+        shard_shape = self._batch_sharding.shard_shape(self._batch_shape)[1:]  # one shard of one block
         zeros = BlockPayload(tuple(np.zeros(shard_shape, self._dtype) for _ in range(self.tiers.num_shards)))
         loads = [(0, zeros)] * TIER_TRANSFER_BATCH
         seconds = []

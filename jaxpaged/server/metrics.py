@@ -61,14 +61,11 @@ class _EngineStatsCollector(Collector):
         stats = self._engine.get_stats()
         if stats is None:
             return
-        for field, name, documentation in _GAUGES:
-            gauge = GaugeMetricFamily(PREFIX + name, documentation)
-            gauge.add_metric([], float(getattr(stats, field)))
-            yield gauge
-        for field, name, documentation in _COUNTERS:
-            counter = CounterMetricFamily(PREFIX + name, documentation)
-            counter.add_metric([], float(getattr(stats, field)))
-            yield counter
+        for fields, family in ((_GAUGES, GaugeMetricFamily), (_COUNTERS, CounterMetricFamily)):
+            for field, name, documentation in fields:
+                metric = family(PREFIX + name, documentation)
+                metric.add_metric([], float(getattr(stats, field)))
+                yield metric
         if stats.kv_tiers:
             for fields, family in ((_TIER_COUNTERS, CounterMetricFamily), (_TIER_GAUGES, GaugeMetricFamily)):
                 for field, name, documentation in fields:

@@ -46,9 +46,9 @@ def engine() -> LLMEngine:
     return LLMEngine(load_model(None), config, warmup=False)
 
 
-def run(engine: LLMEngine, prefix: str) -> dict[str, RequestOutput]:
+def run(engine: LLMEngine, prefix: str, logprobs: int | None = None) -> dict[str, RequestOutput]:
     # min_tokens suppresses EOS exactly as HF's min_new_tokens does, so both run all 32 steps on equal terms.
-    params = SamplingParams(temperature=0.0, max_tokens=NUM_NEW_TOKENS, min_tokens=NUM_NEW_TOKENS)
+    params = SamplingParams(temperature=0.0, max_tokens=NUM_NEW_TOKENS, min_tokens=NUM_NEW_TOKENS, logprobs=logprobs)
     for i, prompt in enumerate(PROMPTS):
         engine.add_request(f"{prefix}{i}", prompt, params)
     results = {}
@@ -99,17 +99,10 @@ def test_bfloat16_greedy_follows_hf_bfloat16_by_the_top5_rule():
                                        compilation_cache_dir="")
     engine = LLMEngine(load_model(None), config, warmup=False)
     assert engine.runner.dtype == jnp.bfloat16
-    params = SamplingParams(temperature=0.0, max_tokens=NUM_NEW_TOKENS, min_tokens=NUM_NEW_TOKENS, logprobs=5)
-    for i, prompt in enumerate(PROMPTS):
-        engine.add_request(f"bf{i}", prompt, params)
-    outputs = {}
-    while engine.has_unfinished_requests():
-        for output in engine.step():
-            if output.finished:
-                outputs[output.request_id] = output.outputs[0]
+    outputs = run(engine, "bf", logprobs=5)
     num_identical = 0
     for i, (hf_tokens, hf_top5) in enumerate(hf_bfloat16_top5()):
-        ours = outputs[f"bf{i}"]
+        ours = outputs[f"bf{i}"].outputs[0]
         assert ours.logprobs is not None
         for step, (mine, theirs) in enumerate(zip(ours.token_ids, hf_tokens)):
             if mine != theirs:

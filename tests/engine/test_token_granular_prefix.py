@@ -1,49 +1,21 @@
 """Token-granular prefix hits end to end through LLM: the helpdesk table of issue 15 on 16-token pages, chat turns
 that reuse the previous answer, and a randomized workload (with preemption) token-identical to caching off."""
 
-import random
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from jaxpaged.sampling_params import SamplingParams
+from tests.prefix_prompts import GREEDY, ask, same_completion, token_ids
 
 # One worker builds this module's engines (each compiles) for all of its tests.
 pytestmark = pytest.mark.xdist_group("token_granular_prefix")
 
-GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logprobs=1)
 HELPDESK_OPTIONS = dict(max_model_len=1024, max_num_seqs=4, max_num_batched_tokens=256, num_kv_blocks=160,
                         block_size=16, dtype="float32", attention_backend="xla", compilation_cache_dir="")
 # A pool of 15 usable 4-token blocks for prompts up to 40 tokens: three long requests at once must preempt.
 SMALL_POOL_OPTIONS = dict(max_model_len=48, max_num_seqs=4, max_num_batched_tokens=32, num_kv_blocks=16,
                           block_size=4, dtype="float32", attention_backend="xla", compilation_cache_dir="")
-
-
-def token_ids(seed: int, n: int) -> list[int]:
-    """n random ids of the tiny model's vocabulary, above the special tokens."""
-    rng = random.Random(seed)
-    return [rng.randrange(100, 49_000) for _ in range(n)]
-
-
-@pytest.fixture(scope="module")
-def helpdesk_llm(tiny_model_dir):
-    from jaxpaged.llm import LLM
-
-    return LLM(str(tiny_model_dir), **HELPDESK_OPTIONS)
-
-
-def ask(llm, prompt: list[int], salt=None, params=GREEDY):
-    prompt_input = {"prompt_token_ids": prompt} if salt is None else {"prompt_token_ids": prompt, "cache_salt": salt}
-    return llm.generate(prompt_input, params, use_tqdm=False)[0]
-
-
-def same_completion(got, want) -> bool:
-    """Equal tokens, and log-probabilities within float32 noise (the random tiny model's argmax alone would hide
-    a few wrong K/V slots among hundreds)."""
-    got, want = got.outputs[0], want.outputs[0]
-    return got.token_ids == want.token_ids and got.cumulative_logprob == pytest.approx(want.cumulative_logprob,
-                                                                                       abs=1e-4)
 
 
 def missed(llm) -> int:

@@ -3,19 +3,15 @@ from host memory or disk, token-identical to an engine whose pool keeps everythi
 damaged disk entry is a miss; salts stay apart in every tier."""
 
 import json
-import os
 import pathlib
-import random
-import subprocess
-import sys
 
 import pytest
 
-from jaxpaged.sampling_params import SamplingParams
+from tests.json_worker import run_json_worker
+from tests.prefix_prompts import ask, same_completion, token_ids
 
 pytestmark = pytest.mark.xdist_group("kv_tiers")
 
-GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logprobs=1)
 # 16-token blocks; 79 usable blocks hold one 1,000-token prompt (63 blocks) but not two.
 SMALL_POOL = dict(max_model_len=1100, max_num_seqs=4, max_num_batched_tokens=256, num_kv_blocks=80, block_size=16,
                   dtype="float32", attention_backend="xla", compilation_cache_dir="")
@@ -23,29 +19,11 @@ BIG_POOL = dict(SMALL_POOL, num_kv_blocks=400)
 PREFIX_LEN = 1000
 
 
-def token_ids(seed: int, n: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(100, 49_000) for _ in range(n)]
-
-
-def ask(llm, prompt: list[int], salt=None):
-    prompt_input = {"prompt_token_ids": prompt} if salt is None else {"prompt_token_ids": prompt, "cache_salt": salt}
-    return llm.generate(prompt_input, GREEDY, use_tqdm=False)[0]
-
-
-def same_completion(got, want) -> bool:
-    """Equal tokens and log-probabilities within float32 noise (a few wrong K/V rows would move them)."""
-    got, want = got.outputs[0], want.outputs[0]
-    return got.token_ids == want.token_ids and got.cumulative_logprob == pytest.approx(want.cumulative_logprob,
-                                                                                       abs=1e-4)
-
-
 def tier_hits(llm, tier: str) -> int:
     return llm.engine.get_stats().kv_tiers[tier].hit_blocks
 
 
 WORKER_TIMEOUT_S = 300
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 # 1,009-token prompts: a 1,000-token prefix and a 9-token question; 63 full blocks, all hittable.
 PROMPTS = {name: token_ids(seed, PREFIX_LEN) + token_ids(seed + 100, 9)
            for seed, name in enumerate("abcdef", start=1)}
@@ -65,12 +43,8 @@ def reference(tiny_model_dir):
 
 
 def run_worker(model_dir, runs: list[dict], num_devices: int = 1) -> list[dict]:
-    env = dict(os.environ, JAX_NUM_CPU_DEVICES=str(num_devices), JAX_PLATFORMS="cpu")
-    # subprocess.run kills the child when the timeout expires, so no worker outlives its test.
-    done = subprocess.run([sys.executable, "-m", "tests.kv_tiers.tier_worker", str(model_dir), json.dumps(runs)],
-                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=WORKER_TIMEOUT_S)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_json_worker("tests.kv_tiers.tier_worker", [str(model_dir), json.dumps(runs)], num_devices,
+                           WORKER_TIMEOUT_S)
 
 
 def same_answer(answer: dict, want) -> bool:

@@ -6,26 +6,17 @@ tp 4 (each kv head replicated twice), (4, 4) at dp 2 x tp 2, and the embedded Sm
 """
 
 import json
-import os
-import pathlib
-import subprocess
-import sys
 
 import pytest
 
 from tests.conftest import TINY_LLAMA, save_tiny_llama
+from tests.json_worker import run_json_worker
 
 WORKER_TIMEOUT_S = 240
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def run_worker(model: str, layouts: list[tuple[int, int]]) -> list[dict]:
-    env = dict(os.environ, JAX_NUM_CPU_DEVICES="4", JAX_PLATFORMS="cpu")
-    # subprocess.run kills the child when the timeout expires, so no worker outlives its test.
-    done = subprocess.run([sys.executable, "-m", "tests.parallel.parallel_worker", model, json.dumps(layouts)],
-                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=WORKER_TIMEOUT_S)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_json_worker("tests.parallel.parallel_worker", [model, json.dumps(layouts)], 4, WORKER_TIMEOUT_S)
 
 
 def assert_matches_single_device(results: list[dict]) -> None:
