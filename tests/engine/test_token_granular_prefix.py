@@ -18,6 +18,13 @@ SMALL_POOL_OPTIONS = dict(max_model_len=48, max_num_seqs=4, max_num_batched_toke
                           block_size=4, dtype="float32", attention_backend="xla", compilation_cache_dir="")
 
 
+@pytest.fixture(scope="module")
+def helpdesk_llm(tiny_model_dir):
+    from jaxpaged.llm import LLM
+
+    return LLM(str(tiny_model_dir), **HELPDESK_OPTIONS)
+
+
 def missed(llm) -> int:
     return llm.engine.get_stats().prefix_cache_missed_reusable_tokens
 
