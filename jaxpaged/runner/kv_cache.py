@@ -17,10 +17,14 @@ ACCELERATOR_KV_CACHE_FRACTION = 0.6
 
 
 def choose_kv_layout(model: ModelConfig, backend: str, dtype, tensor_parallel_size: int = 1) -> str:
-    """"packed" for the TPU kernel when it can hold these heads (tile-exact: no HBM padding), else "interleaved".
+    """"packed" for the TPU kernel when it can hold these heads (tile-exact: no HBM padding); "interleaved_bits" for
+    bfloat16 on the "xla" backend (XLA:CPU scatters into a uint16 pool in place, into a bfloat16 one not); else
+    "interleaved".
 
-    Under tensor parallelism the cache is split on its kv-head axis, which only the interleaved layout has.
+    Under tensor parallelism the cache is split on its kv-head axis, which both interleaved layouts have.
     """
+    if backend == "xla" and jnp.dtype(dtype) == jnp.bfloat16:
+        return "interleaved_bits"
     if backend != "pallas_tpu" or tensor_parallel_size > 1:
         return "interleaved"
     try:

@@ -116,9 +116,10 @@ def param_partition_spec(name: str, shape: tuple[int, ...], model: ModelConfig, 
 
 
 def kv_cache_spec(layout: str = "interleaved") -> P:
-    """Interleaved [layers, blocks, block_size, 2 * kv_heads, head_dim]: split on the kv-head axis. The packed
-    TPU layout mixes heads within a row, so it is only used unsplit (tp = 1; see kv_cache.choose_kv_layout)."""
-    return P(None, None, None, MODEL_AXIS, None) if layout == "interleaved" else P()
+    """Interleaved [layers, blocks, block_size, 2 * kv_heads, head_dim] (floats or bfloat16 bits): split on the
+    kv-head axis. The packed TPU layout mixes heads within a row, so it is only used unsplit (tp = 1; see
+    kv_cache.choose_kv_layout)."""
+    return P(None, None, None, MODEL_AXIS, None) if layout != "packed" else P()
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

@@ -25,6 +25,7 @@ from jaxpaged.runner import mesh as mesh_lib
 from jaxpaged.runner.batch import StepInputs, empty_step_inputs
 from jaxpaged.runner.block_copy import copy_blocks, empty_copy_batch, padded_copy_batches
 from jaxpaged.runner.buckets import Bucket, BucketLadder
+from jaxpaged.runner.dtype_probe import probe_cpu_dtype
 from jaxpaged.runner.kv_cache import (
     allocate_kv_cache,
     choose_kv_layout,
@@ -47,10 +48,16 @@ logger = logging.getLogger(__name__)
 
 
 def resolve_dtype(name: str) -> jnp.dtype:
-    """ "auto" is float32 on CPU and bfloat16 on TPU/GPU; always a numpy dtype (its str is the plain name)."""
-    if name == "auto":
-        return jnp.dtype(jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16)
-    return jnp.dtype(name)
+    """ "auto" is bfloat16 on TPU/GPU and, on a CPU, whichever the start-up probe finds faster (dtype_probe.py);
+    always a numpy dtype (its str is the plain name)."""
+    if name != "auto":
+        return jnp.dtype(name)
+    if jax.default_backend() != "cpu":
+        return jnp.dtype(jnp.bfloat16)
+    if jax.process_count() > 1:
+        # Every process must build the same step; timings on different hosts could disagree.
+        return jnp.dtype(jnp.float32)
+    return probe_cpu_dtype().choice
 
 
 def _forward(graphdef, attend: Callable, state, kv_cache, batch: StepInputs):

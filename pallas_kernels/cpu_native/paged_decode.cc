@@ -3,7 +3,7 @@
 //
 // Operands (see paged_decode.py, which builds and registers this file):
 //   q            f32  [seqs, kv_heads, group, head_dim]   already multiplied by the softmax scale
-//   kv_pages     f32 | bf16 [pages, page_size, 2 * kv_heads, head_dim]   K of head h at 2h, V at 2h + 1
+//   kv_pages     f32 | bf16 | u16 (bfloat16 bits) [pages, page_size, 2 * kv_heads, head_dim]   K of head h at 2h, V at 2h + 1
 //   positions    s32  [seqs]   the new token's position (it sees KV 0..position); < 0: no work, zeros out
 //   block_tables s32  [seqs, pages_per_seq]
 // Attributes: sliding_window (0: none), soft_cap (0: none). Result: f32 [seqs, kv_heads, group, head_dim].
@@ -231,8 +231,11 @@ ffi::Error PagedDecodeImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::A
   }
   switch (kv_pages.element_type()) {
     case ffi::F32: RunAll<float>(problem, pool); break;
-    case ffi::BF16: RunAll<uint16_t>(problem, pool); break;
-    default: return ffi::Error::InvalidArgument("paged_decode: kv_pages must be float32 or bfloat16");
+    case ffi::BF16:
+    case ffi::U16:  // bfloat16 bits: the pool XLA:CPU can scatter into in place
+      RunAll<uint16_t>(problem, pool);
+      break;
+    default: return ffi::Error::InvalidArgument("paged_decode: kv_pages must be float32, bfloat16 or its uint16 bits");
   }
   return ffi::Error::Success();
 }

@@ -29,8 +29,8 @@ TARGET = "jaxpaged_paged_decode"
 # Float reductions may be reordered (vectorized); infinities stay meaningful (no -ffast-math).
 FLAGS = ["-O3", "-march=native", "-std=c++17", "-fPIC", "-shared", "-fno-math-errno", "-fassociative-math",
          "-fno-signed-zeros", "-fno-trapping-math"]
-KV_DTYPES = (jnp.float32, jnp.bfloat16)
-"""KV cache dtypes the kernel reads."""
+KV_DTYPES = (jnp.float32, jnp.bfloat16, jnp.uint16)
+"""KV cache dtypes the kernel reads (uint16: bfloat16 bits, the "interleaved_bits" layout)."""
 
 
 def _cache_dir() -> pathlib.Path:

@@ -7,7 +7,8 @@ spec.py spells out.
 
 KV layouts (kv_layout.py): every backend reads the interleaved [num_pages, page_size, 2 * num_kv_heads,
 head_dim] cache; "pallas_tpu" also reads and writes the packed uint32 [num_pages, page_size * rows, 128]
-cache (no TPU tile padding), which needs num_kv_heads passed along since the shape no longer says it.
+cache (no TPU tile padding), which needs num_kv_heads passed along since the shape no longer says it; "xla"
+also reads and writes the interleaved cache as bfloat16 bits (uint16; XLA:CPU's bfloat16 scatter is not in place).
 """
 
 from typing import Optional
@@ -16,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from pallas_kernels.ragged_paged_attention.kv_layout import KVPages
+from pallas_kernels.ragged_paged_attention.kv_layout import BITS_DTYPE, KVPages
 from pallas_kernels.ragged_paged_attention.metadata import AttentionMetadata, validate_attention_inputs
 from pallas_kernels.ragged_paged_attention.xla import ragged_paged_attention_xla, write_kv_pages
 
@@ -39,6 +40,13 @@ def _require_packed(kv_pages, backend: str, num_kv_heads: Optional[int], head_di
     if kv_pages.dtype != jnp.uint32 or kv_pages.shape[1] % rows or kv_pages.shape[2] != 128:
         raise ValueError(f"kv_pages: packed layout must be uint32 [num_pages, page_size * {rows}, 128], "
                          f"got {kv_pages.dtype} {kv_pages.shape}")
+
+
+def _require_bits_reader(kv_pages, backend: str) -> None:
+    """bfloat16 bits (uint16 interleaved pages) are read and written by the "xla" backend only."""
+    if kv_pages.ndim == 4 and kv_pages.dtype == BITS_DTYPE and backend != "xla":
+        raise ValueError(f"kv_pages: the interleaved_bits layout (uint16) is read by the xla backend only, "
+                         f"not {backend}")
 
 
 def resolve_attention_backend(name: str) -> str:
@@ -79,6 +87,7 @@ def ragged_paged_attention(
         from pallas_kernels.ragged_paged_attention.tpu import ragged_paged_attention_tpu
         return ragged_paged_attention_tpu(q, kv_pages, metadata, num_kv_heads=num_kv_heads,
                                           interpret=jax.default_backend() != "tpu", **options)
+    _require_bits_reader(kv_pages, backend)
     validate_attention_inputs(q, kv_pages, metadata, sm_scale=sm_scale, sliding_window=sliding_window,
                               soft_cap=soft_cap)
     if backend == "xla":
@@ -108,6 +117,7 @@ def write_kv(
     elif kv_pages.ndim != 4 or kv_pages.shape[2:] != (2 * k.shape[1], k.shape[2]):
         raise ValueError(f"kv_pages: must be [num_pages, page_size, {2 * k.shape[1]}, {k.shape[2]}], "
                          f"got {kv_pages.shape}")
+    _require_bits_reader(kv_pages, resolve_attention_backend(backend))
     slot_mapping = metadata.slot_mapping
     if slot_mapping.shape != (k.shape[0],):
         raise ValueError(f"slot_mapping: must be [{k.shape[0]}], got {slot_mapping.shape}")

@@ -17,7 +17,7 @@ from typing import TypeVar, Union
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Float, Int, Shaped
 
 # Finite "minus infinity" for masked logits and running maxima: exp(MASK - MASK) stays 1, never NaN.
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
@@ -100,7 +100,7 @@ def _require(ok: bool, field: str, message: str) -> None:
 
 
 def validate_attention_inputs(q: Float[Array, "num_tokens num_q_heads head_dim"],
-                              kv_pages: Float[Array, "num_pages page_size kv_heads_x2 head_dim"],
+                              kv_pages: Shaped[Array, "num_pages page_size kv_heads_x2 head_dim"],
                               metadata: AttentionMetadata, *, sm_scale: float, sliding_window, soft_cap) -> None:
     """Shape, dtype and option checks on shapes alone (so at trace time); ValueError names the input."""
     _require(isinstance(metadata, AttentionMetadata), "metadata",
@@ -112,9 +112,11 @@ def validate_attention_inputs(q: Float[Array, "num_tokens num_q_heads head_dim"]
         _require(array.ndim == rank, name, f"must have rank {rank}, got shape {array.shape}")
     _require(metadata.num_seqs.shape in ((), (1,)), "num_seqs",
              f"must have shape (1,), got {metadata.num_seqs.shape}")
-    for name, array in (("q", q), ("kv_pages", kv_pages)):
-        _require(jnp.issubdtype(array.dtype, jnp.floating), name, f"must be floating point, got {array.dtype}")
-    _require(q.dtype == kv_pages.dtype, "kv_pages", f"dtype must equal q's ({q.dtype}), got {kv_pages.dtype}")
+    # uint16 pages are bfloat16 bits (the "interleaved_bits" layout, kv_layout.py).
+    kv_dtype = jnp.dtype(jnp.bfloat16) if kv_pages.dtype == jnp.uint16 else kv_pages.dtype
+    for name, dtype in (("q", q.dtype), ("kv_pages", kv_dtype)):
+        _require(jnp.issubdtype(dtype, jnp.floating), name, f"must be floating point, got {dtype}")
+    _require(q.dtype == kv_dtype, "kv_pages", f"dtype must equal q's ({q.dtype}), got {kv_pages.dtype}")
     for field in dataclasses.fields(metadata):
         array = getattr(metadata, field.name)
         _require(jnp.issubdtype(array.dtype, jnp.integer), field.name,

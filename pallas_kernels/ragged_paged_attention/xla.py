@@ -7,6 +7,8 @@ block table's width: loops with *traced* trip counts walk KV chunks of a few pag
   - prefill pass: blocks of q rows of one sequence, each block gathering its chunks once and walking
     only the chunks its causal (and sliding) window reaches.
 Online softmax in float32 throughout; GQA reads each KV head once for its whole group of q heads.
+The pages may be floats or bfloat16 bits ("interleaved_bits", kv_layout.py: XLA:CPU's bfloat16 scatter is not in
+place); every gather goes through kv_values and every write through kv_storage.
 """
 
 import functools
@@ -14,9 +16,10 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Float, Int, Shaped
 
 from pallas_kernels.cpu_native.paged_decode import KV_DTYPES, native_decode_available, paged_decode
+from pallas_kernels.ragged_paged_attention.kv_layout import kv_storage, kv_values
 from pallas_kernels.ragged_paged_attention.metadata import MASK_VALUE, AttentionMetadata
 
 # Pages gathered per loop step. 4 pages of 16 tokens = 64 KV tokens: big enough that the loop
@@ -70,7 +73,7 @@ def _chunk_bounds(first_position, last_position, chunk_tokens: int, sliding_wind
 
 def _split_kv(kv: jax.Array, num_kv_heads: int) -> tuple[jax.Array, jax.Array]:
     """[..., 2 * num_kv_heads, head_dim] interleaved -> K, V each [..., num_kv_heads, head_dim]."""
-    kv = kv.astype(jnp.float32).reshape(kv.shape[:-2] + (num_kv_heads, 2, kv.shape[-1]))
+    kv = kv_values(kv).astype(jnp.float32).reshape(kv.shape[:-2] + (num_kv_heads, 2, kv.shape[-1]))
     return kv[..., 0, :], kv[..., 1, :]
 
 
@@ -182,7 +185,7 @@ def _prefill_pass(out, q_grouped, kv_pages, kv_lens, block_tables, cu_q_lens, nu
                                              "pages_per_chunk", "q_block_size", "native_decode"))
 def ragged_paged_attention_xla(
     q: Float[Array, "num_tokens num_q_heads head_dim"],
-    kv_pages: Float[Array, "num_pages page_size kv_heads_x2 head_dim"],
+    kv_pages: Shaped[Array, "num_pages page_size kv_heads_x2 head_dim"],
     metadata: AttentionMetadata,
     *,
     sm_scale: float,
@@ -220,15 +223,16 @@ def ragged_paged_attention_xla(
 
 @jax.jit
 def write_kv_pages(
-    kv_pages: Float[Array, "num_pages page_size kv_heads_x2 head_dim"],
+    kv_pages: Shaped[Array, "num_pages page_size kv_heads_x2 head_dim"],
     k: Float[Array, "num_tokens num_kv_heads head_dim"],
     v: Float[Array, "num_tokens num_kv_heads head_dim"],
     slot_mapping: Int[Array, " num_tokens"],
-) -> Float[Array, "num_pages page_size kv_heads_x2 head_dim"]:
-    """Scatter each token's K/V into slot page_id * page_size + offset (K at head 2h, V at 2h+1)."""
+) -> Shaped[Array, "num_pages page_size kv_heads_x2 head_dim"]:
+    """Scatter each token's K/V into slot page_id * page_size + offset (K at head 2h, V at 2h+1), as the pool
+    stores them (floats, or bfloat16 bits)."""
     num_pages, page_size, kv_heads_x2, head_dim = kv_pages.shape
     num_tokens = k.shape[0]
     interleaved = jnp.stack([k, v], axis=2).reshape(num_tokens, kv_heads_x2, head_dim)
     slots = kv_pages.reshape(num_pages * page_size, kv_heads_x2, head_dim)
-    slots = slots.at[slot_mapping].set(interleaved.astype(kv_pages.dtype))
+    slots = slots.at[slot_mapping].set(kv_storage(interleaved, kv_pages.dtype))
     return slots.reshape(kv_pages.shape)

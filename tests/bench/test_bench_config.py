@@ -162,9 +162,15 @@ def test_shipped_config_parses_and_fits_max_model_len(path):
 
 
 def test_w1_config_is_the_w1_workload():
-    """Issue #3's W1: 64 requests, prompts uniform 32-256, exactly 64 greedy tokens, EOS ignored, vs HF batched."""
+    """Issue #3's W1: 64 requests, prompts uniform 32-256, exactly 64 greedy tokens, EOS ignored, vs HF batched;
+    in float32 and bfloat16 (issue #17), each against HF batched in the same dtype."""
     config = load_config(str(CONFIG_DIR / "w1_offline.yaml"))
-    [point] = config.points()
+    points = config.points()
+    assert [point.engine_options["dtype"] for point in points] == ["float32", "bfloat16"]
+    assert points[0].workload == points[1].workload
+    point = points[0]
+    peer_dtypes = {peer.options.get("dtype", "float32") for peer in config.peers if peer.kind == "hf_batched"}
+    assert peer_dtypes == {"float32", "bfloat16"}
     w = point.workload
     assert (w.num_requests, w.min_prompt_len, w.max_prompt_len, w.min_output_len, w.max_output_len) == (
         64, 32, 256, 64, 64)
