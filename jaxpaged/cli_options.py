@@ -13,7 +13,8 @@ _ENGINE_FLAGS = [
     ("--max-num-batched-tokens", int, "token budget of one step (default 512)"),
     ("--num-kv-blocks", int, "KV blocks in the pool (default: from --kv-cache-memory)"),
     ("--kv-cache-memory", str, "KV pool size in bytes (default: 1 GiB on CPU, 60%% of free device memory)"),
-    ("--dtype", str, "auto | float32 | bfloat16 | float16 (auto: float32 on CPU, bfloat16 on TPU/GPU)"),
+    ("--dtype", str, "auto | float32 | bfloat16 | float16 (auto: bfloat16 on TPU/GPU; on a CPU the faster of "
+                     "float32 and bfloat16 by a start-up probe)"),
     ("--attention-backend", str, "auto | xla | pallas_tpu | pallas_gpu"),
     ("--scheduling-policy", str, "fcfs | priority"),
     ("--long-prefill-token-threshold", int, "cap on one request's prompt tokens per step (0: off)"),

@@ -120,7 +120,8 @@ class EngineConfig:
     scheduler: SchedulerConfig = dataclasses.field(default_factory=SchedulerConfig)
     dtype: str = "auto"
     """Parameter, activation and KV dtype (matmuls sum in float32; norms, softmax and sampling run in float32):
-    "auto" is float32 on CPU and bfloat16 on TPU/GPU."""
+    "auto" is bfloat16 on TPU/GPU and, on a CPU, the faster of float32 and bfloat16 by a start-up probe
+    (runner/dtype_probe.py)."""
     attention_backend: AttentionBackendName = "auto"
     """"auto" picks pallas_tpu on TPU, pallas_gpu on GPU and the pure-jnp "xla" on CPU."""
     seed: int = 0

@@ -16,6 +16,8 @@ those bytes. Host-only; no jax.
 from collections.abc import Sequence
 from typing import Optional
 
+import tokenizers
+
 _NUM_PROMPT_CONTEXT_TOKENS = 5
 """Prompt tokens decoded in front of the first output tokens, so the first delta gets its spacing right."""
 
@@ -36,6 +38,10 @@ class IncrementalDetokenizer:
             if not isinstance(stop_string, str) or not stop_string:
                 raise ValueError(f"stop: must hold only non-empty strings, got {stop_string!r}")
         self._tokenizer = tokenizer
+        # A fast tokenizer's Rust backend decodes exactly what transformers' decode() returns without the space
+        # clean-up (which is off here anyway), minus ~2.4 us of Python per call; two calls per token per request.
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._backend_decode = backend.decode if isinstance(backend, tokenizers.Tokenizer) else None
         self._skip_special_tokens = skip_special_tokens
         self._stop = tuple(stop)
         self._include_stop_str_in_output = include_stop_str_in_output
@@ -93,6 +99,8 @@ class IncrementalDetokenizer:
     def _decode(self, token_ids: Sequence[int]) -> str:
         # NOTE: clean_up_tokenization_spaces rewrites text by what follows it (" ." -> "."), which would
         # break the window difference below, so it is off.
+        if self._backend_decode is not None:
+            return self._backend_decode(token_ids, skip_special_tokens=self._skip_special_tokens)
         return self._tokenizer.decode(token_ids, skip_special_tokens=self._skip_special_tokens,
                                       clean_up_tokenization_spaces=False)
 

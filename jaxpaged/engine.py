@@ -182,8 +182,10 @@ class LLMEngine:
         return all([scheduler.reset_prefix_cache() for scheduler in self.schedulers])
 
     # ---- the step --------------------------------------------------------------------------------------------
-    def step(self) -> list[RequestOutput]:
-        """Schedule, run the model (and sample), update; returns the outputs of requests that progressed."""
+    def step(self, final_only: bool = False) -> list[RequestOutput]:
+        """Schedule, run the model (and sample), update; returns the outputs of requests that progressed, or with
+        `final_only` of those that finished (vLLM's FINAL_ONLY output kind: offline callers skip building a
+        cumulative output per running request per step)."""
         self._release_held_back_samples()
         outputs = []
         with self.followers.guard("an engine step") if self.followers else contextlib.nullcontext():
@@ -199,9 +201,14 @@ class LLMEngine:
                     pending.wait()
                 launched.append((output, pending))
             for rank, (output, pending) in enumerate(launched):
-                outputs += self.update(output, pending.result(), rank)
+                outputs += self.update(output, pending.result(), rank, final_only)
         self._num_steps += 1
         return outputs
+
+    def output_token_counts(self) -> dict[str, int]:
+        """Tokens generated so far by each unfinished request (all its samples), without building its output."""
+        return {request_id: sum(len(sample.request.output_token_ids) for sample in group.samples)
+                for request_id, group in self._groups.items()}
 
     def heartbeat(self) -> None:
         """Called while idle: multi-host, checks the followers are alive every so often; otherwise nothing."""
@@ -216,8 +223,10 @@ class LLMEngine:
         if self.followers is not None:
             self.followers.shutdown_followers()
 
-    def update(self, output: SchedulerOutput, result: StepResult, rank: int = 0) -> list[RequestOutput]:
-        """Apply a rank's step: scheduler state, stop checks, text and logprobs; the RequestOutputs."""
+    def update(self, output: SchedulerOutput, result: StepResult, rank: int = 0,
+               final_only: bool = False) -> list[RequestOutput]:
+        """Apply a rank's step: scheduler state, stop checks, text and logprobs; the RequestOutputs (with
+        `final_only`, of finished requests only)."""
         scheduler = self.schedulers[rank]
         updated = scheduler.update_from_output(output, result.token_ids)
         touched: dict[str, RequestGroup] = {}
@@ -247,7 +256,7 @@ class LLMEngine:
             touched[group.request_id] = group
         if stopped_by_string:
             scheduler.finish_requests(stopped_by_string, RequestStatus.FINISHED_STOPPED)
-        outputs = [group.to_output() for group in touched.values()]
+        outputs = [group.to_output() for group in touched.values() if not final_only or group.finished()]
         for out in outputs:
             if out.finished:
                 self._forget(out.request_id)

@@ -87,7 +87,7 @@ class LLM:
         num_output_tokens = 0
         with bar:
             while self.engine.has_unfinished_requests():
-                for output in self.engine.step():
+                for output in self.engine.step(final_only=True):
                     if output.finished:
                         finished[output.request_id] = output
                         num_output_tokens += sum(len(c.token_ids) for c in output.outputs)

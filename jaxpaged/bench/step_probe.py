@@ -88,19 +88,22 @@ class StepProbe:
     def _timed_step(self, step):
         current = self._current
 
-        def timed_step():
+        def timed_step(**options):
             for part in _HOST_PARTS:
                 current[part] = 0.0
             start = time.perf_counter()
-            outputs = step()
+            outputs = step(**options)
             self.step_s.append(time.perf_counter() - start)
             # engine.update ("process") contains scheduler.update_from_output ("update"): count it once.
             self.host_s.append(current["schedule"] + current["prepare"] + current["process"])
             self.scheduler_s.append(current["schedule"] + current["update"])
             now = time.time()
+            # Read from the engine as well as the outputs: LLM.generate asks only for finished ones (final_only).
+            counts = self.engine.output_token_counts()
             for output in outputs:
-                delivered = self.token_times[output.request_id]
-                num_tokens = sum(len(sample.token_ids) for sample in output.outputs)
+                counts[output.request_id] = sum(len(sample.token_ids) for sample in output.outputs)
+            for request_id, num_tokens in counts.items():
+                delivered = self.token_times[request_id]
                 delivered.extend([now] * (num_tokens - len(delivered)))
             return outputs
         return timed_step

@@ -192,3 +192,24 @@ def test_rejects_an_empty_stop_string(smollm2_tokenizer):
     """An empty stop string would match at once: ValueError naming stop."""
     with pytest.raises(ValueError, match="^stop"):
         IncrementalDetokenizer(smollm2_tokenizer, [], stop=["ok", ""])
+
+
+class PythonOnlyTokenizer:
+    """The tokenizer without its Rust backend in reach: the detokenizer must fall back to transformers' decode."""
+
+    def __init__(self, tokenizer):
+        self.decode = tokenizer.decode
+
+
+@pytest.mark.parametrize("skip_special_tokens", [True, False])
+def test_the_rust_backend_decodes_exactly_as_transformers(smollm2_tokenizer, skip_special_tokens):
+    """Same deltas, token by token, through the backend and through transformers, special tokens and split
+    characters included."""
+    tok = smollm2_tokenizer
+    ids = tok.encode("".join(TEXTS)) + tok.encode("<|im_end|>\n<|im_start|>x") + tok.encode("Party 🎉 time")
+    fast = IncrementalDetokenizer(tok, tok.encode(PROMPT), skip_special_tokens=skip_special_tokens)
+    slow = IncrementalDetokenizer(PythonOnlyTokenizer(tok), tok.encode(PROMPT),
+                                  skip_special_tokens=skip_special_tokens)
+    assert fast._backend_decode is not None and slow._backend_decode is None
+    assert stream(fast, ids) == stream(slow, ids)
+    assert fast.output_text == tok.decode(ids, skip_special_tokens=skip_special_tokens)

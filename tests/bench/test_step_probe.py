@@ -34,7 +34,8 @@ class FakeRunner:
 
 
 class FakeEngine:
-    """step() calls the parts the way LLMEngine.step does and reports one new token for request "a"."""
+    """step() calls the parts the way LLMEngine.step does and reports one new token for request "a" (with
+    final_only, through output_token_counts() alone, as if "a" were still running)."""
 
     def __init__(self, scheduler):
         self.scheduler = scheduler
@@ -42,16 +43,19 @@ class FakeEngine:
         self.schedulers, self.runners = [scheduler], [self.runner]  # one data-parallel rank
         self.num_tokens = 0
 
-    def step(self):
+    def step(self, final_only=False):
         output = self.scheduler.schedule()
         self.runner.prepare(output)
-        return self.update(output, [])
+        return self.update(output, [], final_only=final_only)
 
-    def update(self, output, token_ids):
+    def update(self, output, token_ids, final_only=False):
         self.scheduler.update_from_output(output, token_ids)
         self.num_tokens += 1
         sample = types.SimpleNamespace(token_ids=list(range(self.num_tokens)))
-        return [types.SimpleNamespace(request_id="a", outputs=[sample])]
+        return [] if final_only else [types.SimpleNamespace(request_id="a", outputs=[sample])]
+
+    def output_token_counts(self):
+        return {"a": self.num_tokens}
 
 
 def request(request_id, num_computed):
@@ -77,12 +81,12 @@ def test_step_timing_token_times_and_clean_exit():
     scheduler = FakeScheduler([], {})
     engine = FakeEngine(scheduler)
     with StepProbe(engine) as probe:
-        for _ in range(3):
-            engine.step()
+        for final_only in (False, True, True):
+            engine.step(final_only=final_only)
     assert len(probe.step_s) == len(probe.host_s) == len(probe.scheduler_s) == 3
     assert all(0 < scheduler_s <= host_s <= step_s for scheduler_s, host_s, step_s
                in zip(probe.scheduler_s, probe.host_s, probe.step_s))
-    assert len(probe.token_times["a"]) == 3  # one delivery per new token
+    assert len(probe.token_times["a"]) == 3  # one delivery per new token, with final_only too
     assert probe.kv_samples == []  # not tracked unless asked
     # the probe's wrappers are gone: the class methods show through again
     assert "step" not in vars(engine) and "schedule" not in vars(scheduler) and "prepare" not in vars(engine.runner)

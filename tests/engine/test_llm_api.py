@@ -146,3 +146,29 @@ def test_bad_input_is_rejected_by_name_and_the_engine_keeps_serving(tiny_llm, pr
         tiny_llm.generate(["fine prompt", prompt], params, use_tqdm=False)
     assert not tiny_llm.engine.has_unfinished_requests(), "the valid prompt of the batch must not be left queued"
     assert tiny_llm.generate("still works", GREEDY, use_tqdm=False)[0].outputs[0].finish_reason == "length"
+
+
+def test_final_only_steps_return_just_the_finished_outputs(tiny_llm):
+    """step(final_only=True), what LLM.generate uses: no output for a request still running, and each finished
+    output equal to the one step() builds; the engine still counts every request's tokens so far."""
+    engine = tiny_llm.engine
+    lengths = {"short": 1, "mid": 5, "long": 9}
+
+    def run(final_only: bool) -> tuple[dict, list[dict]]:
+        for request_id, max_tokens in lengths.items():
+            engine.add_request(f"{request_id}-{final_only}", "Paged attention",
+                               SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
+        finals, counts = {}, []
+        while engine.has_unfinished_requests():
+            for output in engine.step(final_only=final_only):
+                assert output.finished or not final_only
+                if output.finished:
+                    finals[output.request_id.rsplit("-", 1)[0]] = output.outputs[0].token_ids
+            counts.append(engine.output_token_counts())
+        return finals, counts
+
+    streamed, _ = run(False)
+    final, counts = run(True)
+    assert final == streamed and {k: len(v) for k, v in final.items()} == lengths
+    assert counts[0] == {"mid-True": 1, "long-True": 1}  # "short" finished in the first step
+    assert counts[-1] == {}
