@@ -53,8 +53,11 @@ def _plot_metric(ax, run: dict, x_axis: Optional[str], metric: str, label_suffix
             points.sort()
             ax.plot([p[0] for p in points], [p[1] for p in points], style, color=color, label=label + label_suffix)
         elif rows and rows[0]["metrics"].get(metric) is not None:  # independent of the axis: a reference line
+            parameter = x_axis.split(".", 1)[1]
+            # A peer has its own precision: "(bfloat16)" on a dtype axis, never "(any dtype)".
+            setting = rows[0]["metrics"].get("dtype", "float32") if parameter == "dtype" else "any " + parameter
             ax.axhline(rows[0]["metrics"][metric], linestyle=_REFERENCE_STYLES.get(style, "--"), color=color,
-                       label=label + label_suffix + " (any " + x_axis.split(".", 1)[1] + ")")
+                       label=f"{label}{label_suffix} ({setting})")
     # A joint axis's value is a list: one line per parameter keeps neighbouring labels apart.
     ax.set_xticks(range(len(xs)), ["\n".join(fmt(v) for v in x) if isinstance(x, list) else fmt(x) for x in xs])
     ax.set_xlabel(x_axis)
