@@ -70,7 +70,7 @@ def _time_loop(dtype, rows: int, repeats: int = 5) -> float:
 
 @functools.cache
 def probe_cpu_dtype() -> DtypeProbe:
-    """Time the layer loop in float32 and bfloat16 (once per process; about a second)."""
+    """Time the layer loop in float32 and bfloat16 (once per process; a few seconds, compiles included)."""
     float32 = sum(_time_loop(jnp.float32, rows) for rows in PROBE_ROWS)
     bfloat16 = sum(_time_loop(jnp.bfloat16, rows) for rows in PROBE_ROWS)
     probe = DtypeProbe(float32, bfloat16)
