@@ -13,29 +13,17 @@ native kernel only serves decodes: prefill must not change). Medians of the repe
 import argparse
 import json
 import statistics
-import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jaxpaged.bench.machine_info import machine_info
+from jaxpaged.bench.roofline import copy_bytes_per_s
+from jaxpaged.timing import call_seconds
 from pallas_kernels.ragged_paged_attention import xla
 from pallas_kernels.ragged_paged_attention.example_batch import make_ragged_batch
 
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, PAGE = 9, 3, 64, 16
-
-
-def copy_bandwidth(repeats: int, num_bytes: int = 256 * 2**20) -> float:
-    """Bytes per second of np.copyto between two arrays of num_bytes (median)."""
-    source = np.random.default_rng(0).standard_normal(num_bytes // 8)
-    target = np.empty_like(source)
-    timings = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        np.copyto(target, source)
-        timings.append(time.perf_counter() - start)
-    return num_bytes / statistics.median(timings)
 
 
 def time_attention(q_lens: list[int], kv_lens: list[int], num_tokens: int, *, layers: int, repeats: int,
@@ -60,13 +48,7 @@ def time_attention(q_lens: list[int], kv_lens: list[int], num_tokens: int, *, la
         return jax.lax.scan(layer, jnp.float32(0), jnp.arange(layers, dtype=jnp.int32))[0]
 
     compiled = jax.jit(step).lower(q, pool, metadata).compile()
-    compiled(q, pool, metadata).block_until_ready()
-    timings = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        compiled(q, pool, metadata).block_until_ready()
-        timings.append((time.perf_counter() - start) / layers)
-    return statistics.median(timings)
+    return statistics.median(call_seconds(lambda: compiled(q, pool, metadata).block_until_ready(), repeats)) / layers
 
 
 def main() -> None:
@@ -75,7 +57,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=30)
     args = parser.parse_args()
     machine = machine_info()
-    bandwidth = copy_bandwidth(args.repeats)
+    bandwidth = copy_bytes_per_s(args.repeats, statistics.median)
     print(f"{machine.get('cpu')} ({machine.get('num_cpus')} cpus), JAX {jax.__version__} on "
           f"{jax.default_backend()}; numpy copy {bandwidth / 1e9:.2f} GB/s")
     results = {"cpu": machine.get("cpu"), "copy_gb_per_s": bandwidth / 1e9, "decode": [], "prefill": []}

@@ -140,6 +140,11 @@ class PeerConfig:
                          "HF peers take num_threads (an int >= 1) and dtype ('float32' or 'bfloat16')", value)
 
     @property
+    def dtype(self) -> str:
+        """The precision the peer runs in (HF peers' dtype option; float32 otherwise)."""
+        return self.options.get("dtype", "float32")
+
+    @property
     def name(self) -> str:
         """The system name in tables and plots."""
         settings = [f"bs={self.batch_size}"] if self.kind == "hf_batched" else []

@@ -6,6 +6,7 @@ import pathlib
 from typing import Optional
 
 from jaxpaged.bench.machine_info import describe_machine
+from jaxpaged.bench.roofline import REPEATS as ROOFLINE_REPEATS
 
 NOISE_NOTE = ("Tokens/s on a shared machine are noisy: other jobs share the CPU cores (load averages above). "
               "Ratios against a peer are measured in the same run; medians of repeats where repeats > 1.")
@@ -97,7 +98,7 @@ def _roofline_section(roofline: Optional[dict]) -> list[str]:
     dots = roofline["dot_gflop_per_s"]
     shapes = roofline["shapes"]
     lines = ["### Roofline", "",
-             "Measured in this run (the best of 15 repeats each): "
+             f"Measured in this run (the best of {ROOFLINE_REPEATS} repeats each): "
              f"numpy copy {roofline['copy_gb_per_s']:.2f} GB/s (bytes copied per second, "
              f"256 MiB); dot [rows, {shapes['hidden']}] x [{shapes['hidden']}, {shapes['intermediate']}] at "
              f"{shapes['decode_rows']} / {shapes['prefill_rows']} rows: float32 {dots['float32']['decode']:.0f} / "

@@ -11,13 +11,13 @@ A system's fraction of the roofline is lower bound / its measured duration (1.0 
 
 import dataclasses
 import functools
-import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from jaxpaged.bench.workloads import BenchRequest
 from jaxpaged.models.model_config import ModelConfig
+from jaxpaged.timing import call_seconds
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 
@@ -33,29 +33,31 @@ class MachineRates:
     """dtype -> {"decode": rate at decode rows, "prefill": rate at prefill rows}."""
 
 
+REPEATS = 15
+"""Timed repeats of each rate; the best one counts."""
+COPY_BYTES = 256 * 2**20
+"""Bytes the copy-bandwidth measurement copies: far more than any CPU cache."""
+
+
 def _run_dot(dot, x, weight) -> None:
     dot(x, weight).block_until_ready()
 
 
-def _best_seconds(function, repeats: int) -> float:
-    function()  # warm (compile, page in)
-    timings = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        function()
-        timings.append(time.perf_counter() - start)
-    return min(timings)
+def copy_bytes_per_s(repeats: int, statistic: Callable[[list[float]], float] = min) -> float:
+    """Bandwidth of np.copyto between two COPY_BYTES arrays (bytes copied per second), from `statistic` of the
+    repeats' seconds: the best by default, as a roofline wants."""
+    source = np.random.default_rng(0).standard_normal(COPY_BYTES // 8)
+    target = np.empty_like(source)
+    return COPY_BYTES / statistic(call_seconds(lambda: np.copyto(target, source), repeats))
 
 
-def measure_rates(model: ModelConfig, *, decode_rows: int, prefill_rows: int, repeats: int = 15) -> MachineRates:
+def measure_rates(model: ModelConfig, *, decode_rows: int, prefill_rows: int, repeats: int = REPEATS) -> MachineRates:
     """Copy bandwidth, and dot throughput at [rows, hidden] x [hidden, intermediate] (the MLP's shape) in float32
     and in bfloat16 with float32 accumulation."""
     import jax
     import jax.numpy as jnp
 
-    source = np.random.default_rng(0).standard_normal(32 * 2**20)  # 256 MiB of float64
-    target = np.empty_like(source)
-    copy_s = _best_seconds(lambda: np.copyto(target, source), repeats)
+    copy_rate = copy_bytes_per_s(repeats)
     rates: dict[str, dict[str, float]] = {}
     hidden, inter = model.hidden_size, model.intermediate_size
     dot = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32))
@@ -64,9 +66,9 @@ def measure_rates(model: ModelConfig, *, decode_rows: int, prefill_rows: int, re
         weight = jnp.asarray(np.random.default_rng(1).standard_normal((hidden, inter)), dtype)
         for phase, rows in (("decode", decode_rows), ("prefill", prefill_rows)):
             x = jnp.asarray(np.random.default_rng(2).standard_normal((rows, hidden)), dtype)
-            seconds = _best_seconds(functools.partial(_run_dot, dot, x, weight), repeats)
+            seconds = min(call_seconds(functools.partial(_run_dot, dot, x, weight), repeats))
             rates[dtype][phase] = 2 * rows * hidden * inter / seconds
-    return MachineRates(source.nbytes / copy_s, rates)
+    return MachineRates(copy_rate, rates)
 
 
 def matmul_params_per_token(model: ModelConfig) -> int:

@@ -17,6 +17,7 @@ from jaxtyping import Array, Float, Int, Shaped, UInt32
 from jaxpaged.models.layers import apply_rope, gated_mlp, matmul, rms_norm, rope_inverse_frequencies
 from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.models.param_shapes import param_shapes
+from pallas_kernels.bfloat16_bits import from_bits, to_bits
 from pallas_kernels.ragged_paged_attention import AttentionMetadata
 
 KVCache = Union[Shaped[Array, "layers blocks block_size kv_heads_x2 head_dim"],
@@ -36,7 +37,7 @@ class DecoderLayers(nnx.Module):
     def __init__(self, weights: dict[str, jax.Array]):
         self.names = tuple(sorted(weights))
         for name, value in weights.items():
-            setattr(self, name, nnx.Param(_as_bits(value)))
+            setattr(self, name, nnx.Param(to_bits(value)))
 
     def stacked(self) -> dict[str, jax.Array]:
         """The stored layer weights as a dict, ready to be scanned over (`one_layer` gives a slice's values)."""
@@ -45,15 +46,7 @@ class DecoderLayers(nnx.Module):
     @staticmethod
     def one_layer(scanned: dict[str, jax.Array]) -> dict[str, jax.Array]:
         """One layer's weights from a slice of `stacked()`."""
-        return {name: _from_bits(value) for name, value in scanned.items()}
-
-
-def _as_bits(weight: jax.Array) -> jax.Array:
-    return jax.lax.bitcast_convert_type(weight, jnp.uint16) if weight.dtype == jnp.bfloat16 else weight
-
-
-def _from_bits(weight: jax.Array) -> jax.Array:
-    return jax.lax.bitcast_convert_type(weight, jnp.bfloat16) if weight.dtype == jnp.uint16 else weight
+        return {name: from_bits(value) for name, value in scanned.items()}
 
 
 class LlamaForCausalLM(nnx.Module):

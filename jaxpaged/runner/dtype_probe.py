@@ -10,10 +10,13 @@ import dataclasses
 import functools
 import logging
 import statistics
-import time
 
 import jax
 import jax.numpy as jnp
+
+from jaxpaged.models.layers import matmul
+from jaxpaged.timing import call_seconds
+from pallas_kernels.bfloat16_bits import from_bits, to_bits
 
 logger = logging.getLogger(__name__)
 
@@ -39,13 +42,11 @@ class DtypeProbe:
 
 def _layer_loop(x: jax.Array, up: jax.Array, down: jax.Array) -> jax.Array:
     """x through every stacked (up, down) pair with float32 sums, as the model's matmuls run."""
-    as_values = (lambda w: jax.lax.bitcast_convert_type(w, jnp.bfloat16)) if up.dtype == jnp.uint16 else (
-        lambda w: w)
 
     def layer(x, weights):
-        hidden = jnp.dot(x, as_values(weights[0]), preferred_element_type=jnp.float32)
-        out = jnp.dot(jax.nn.silu(hidden).astype(x.dtype), as_values(weights[1]), preferred_element_type=jnp.float32)
-        return (x + out.astype(x.dtype)), None
+        up, down = (from_bits(weight) for weight in weights)
+        out = matmul(jax.nn.silu(matmul(x, up)), down)
+        return x + out, None
 
     return jax.lax.scan(layer, x, (up, down))[0]
 
@@ -55,17 +56,10 @@ def _time_loop(dtype, rows: int, repeats: int = 5) -> float:
     shape_up = (PROBE_LAYERS, PROBE_HIDDEN, PROBE_INTERMEDIATE)
     up = jax.random.normal(keys[0], shape_up, jnp.float32).astype(dtype) * 0.02
     down = jax.random.normal(keys[1], shape_up[:1] + shape_up[:0:-1], jnp.float32).astype(dtype) * 0.02
-    if dtype == jnp.bfloat16:  # stored as the model stores them (llama.DecoderLayers)
-        up, down = (jax.lax.bitcast_convert_type(w, jnp.uint16) for w in (up, down))
+    up, down = to_bits(up), to_bits(down)  # stored as the model stores them (llama.DecoderLayers)
     x = jax.random.normal(keys[2], (rows, PROBE_HIDDEN), jnp.float32).astype(dtype)
     run = jax.jit(_layer_loop).lower(x, up, down).compile()
-    run(x, up, down).block_until_ready()
-    seconds = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run(x, up, down).block_until_ready()
-        seconds.append(time.perf_counter() - start)
-    return statistics.median(seconds)
+    return statistics.median(call_seconds(lambda: run(x, up, down).block_until_ready(), repeats))
 
 
 @functools.cache

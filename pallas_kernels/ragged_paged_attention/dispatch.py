@@ -17,7 +17,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from pallas_kernels.ragged_paged_attention.kv_layout import BITS_DTYPE, KVPages
+from pallas_kernels.bfloat16_bits import BITS_DTYPE
+from pallas_kernels.ragged_paged_attention.kv_layout import KVPages
 from pallas_kernels.ragged_paged_attention.metadata import AttentionMetadata, validate_attention_inputs
 from pallas_kernels.ragged_paged_attention.xla import ragged_paged_attention_xla, write_kv_pages
 

@@ -8,7 +8,7 @@
 "interleaved_bits" (the "xla" backend, bfloat16 only): the interleaved shape holding each bfloat16's uint16
   bits. XLA:CPU has no bfloat16 scatter: it converts the whole operand to float32 and back, so writing one
   step's 64 slots into a 30,000-page bfloat16 pool costs ~250 ms, against ~0.01 ms for the same scatter on
-  uint16. The pool is therefore kept as integers; readers bitcast what they gathered (kv_values).
+  uint16. The pool is therefore kept as integers (bfloat16_bits.py); readers bitcast what they gathered.
 
 "packed" (TPU only): per layer uint32 words [num_pages, page_size * rows_per_token, 128]. A token is
   a list of 128-lane *vectors* of the cache dtype: for head_dim 64, vector h = [K_h | V_h] side by
@@ -30,10 +30,10 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Shaped, UInt32
 
+from pallas_kernels.bfloat16_bits import BITS_DTYPE, to_bits
+
 LANES = 128
 LAYOUTS = ("interleaved", "interleaved_bits", "packed")
-BITS_DTYPE = jnp.dtype(jnp.uint16)
-"""Storage of the "interleaved_bits" layout; its values are always bfloat16."""
 
 KVPages = Union[Shaped[Array, "num_pages page_size kv_heads_x2 head_dim"], UInt32[Array, "num_pages rows lanes"]]
 """A (layer's) page pool in any layout: interleaved [pages, page_size, 2 * kv_heads, head_dim] (floats, or
@@ -120,15 +120,10 @@ def physical_bytes(shape, dtype, platform: str) -> int:
     return int(np.prod(lead)) * (-(-rows // sublanes) * sublanes) * (-(-lanes // LANES) * LANES) * itemsize
 
 
-def kv_values(pages: Shaped[Array, "*shape"]) -> Shaped[Array, "*shape"]:
-    """What an interleaved pool's (gathered) pages hold: bfloat16 for uint16 bits, the floats otherwise."""
-    return jax.lax.bitcast_convert_type(pages, jnp.bfloat16) if pages.dtype == BITS_DTYPE else pages
-
-
 def kv_storage(values: Float[Array, "*shape"], pool_dtype) -> Shaped[Array, "*shape"]:
     """Values as an interleaved pool of `pool_dtype` stores them (rounded to bfloat16 first for uint16 bits)."""
     if jnp.dtype(pool_dtype) == BITS_DTYPE:
-        return jax.lax.bitcast_convert_type(values.astype(jnp.bfloat16), BITS_DTYPE)
+        return to_bits(values.astype(jnp.bfloat16))
     return values.astype(pool_dtype)
 
 

@@ -19,6 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int, Shaped
 
+from pallas_kernels.bfloat16_bits import BITS_DTYPE
+
 # Finite "minus infinity" for masked logits and running maxima: exp(MASK - MASK) stays 1, never NaN.
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 
@@ -113,7 +115,7 @@ def validate_attention_inputs(q: Float[Array, "num_tokens num_q_heads head_dim"]
     _require(metadata.num_seqs.shape in ((), (1,)), "num_seqs",
              f"must have shape (1,), got {metadata.num_seqs.shape}")
     # uint16 pages are bfloat16 bits (the "interleaved_bits" layout, kv_layout.py).
-    kv_dtype = jnp.dtype(jnp.bfloat16) if kv_pages.dtype == jnp.uint16 else kv_pages.dtype
+    kv_dtype = jnp.dtype(jnp.bfloat16) if kv_pages.dtype == BITS_DTYPE else kv_pages.dtype
     for name, dtype in (("q", q.dtype), ("kv_pages", kv_dtype)):
         _require(jnp.issubdtype(dtype, jnp.floating), name, f"must be floating point, got {dtype}")
     _require(q.dtype == kv_dtype, "kv_pages", f"dtype must equal q's ({q.dtype}), got {kv_pages.dtype}")

@@ -8,7 +8,7 @@ block table's width: loops with *traced* trip counts walk KV chunks of a few pag
     only the chunks its causal (and sliding) window reaches.
 Online softmax in float32 throughout; GQA reads each KV head once for its whole group of q heads.
 The pages may be floats or bfloat16 bits ("interleaved_bits", kv_layout.py: XLA:CPU's bfloat16 scatter is not in
-place); every gather goes through kv_values and every write through kv_storage.
+place); every gather goes through from_bits and every write through kv_storage.
 """
 
 import functools
@@ -18,8 +18,9 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, Shaped
 
+from pallas_kernels.bfloat16_bits import from_bits
 from pallas_kernels.cpu_native.paged_decode import KV_DTYPES, native_decode_available, paged_decode
-from pallas_kernels.ragged_paged_attention.kv_layout import kv_storage, kv_values
+from pallas_kernels.ragged_paged_attention.kv_layout import kv_storage
 from pallas_kernels.ragged_paged_attention.metadata import MASK_VALUE, AttentionMetadata
 
 # Pages gathered per loop step. 4 pages of 16 tokens = 64 KV tokens: big enough that the loop
@@ -73,7 +74,7 @@ def _chunk_bounds(first_position, last_position, chunk_tokens: int, sliding_wind
 
 def _split_kv(kv: jax.Array, num_kv_heads: int) -> tuple[jax.Array, jax.Array]:
     """[..., 2 * num_kv_heads, head_dim] interleaved -> K, V each [..., num_kv_heads, head_dim]."""
-    kv = kv_values(kv).astype(jnp.float32).reshape(kv.shape[:-2] + (num_kv_heads, 2, kv.shape[-1]))
+    kv = from_bits(kv).astype(jnp.float32).reshape(kv.shape[:-2] + (num_kv_heads, 2, kv.shape[-1]))
     return kv[..., 0, :], kv[..., 1, :]
 
 

@@ -4,25 +4,21 @@ what the bfloat16 pool gives, on the native decode kernel and the jnp path alike
 
 import dataclasses
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from pallas_kernels.bfloat16_bits import BITS_DTYPE, from_bits, to_bits
 from pallas_kernels.ragged_paged_attention import empty_attention_metadata, write_kv
 from pallas_kernels.ragged_paged_attention.dispatch import ragged_paged_attention
 from pallas_kernels.ragged_paged_attention.example_batch import make_ragged_batch
-from pallas_kernels.ragged_paged_attention.kv_layout import BITS_DTYPE, cache_shape, kv_storage, kv_values
+from pallas_kernels.ragged_paged_attention.kv_layout import cache_shape, kv_storage
 from pallas_kernels.ragged_paged_attention.xla import ragged_paged_attention_xla
 
 PAGE = 16
 # Decodes at kv lengths 1, page - 1, page, page + 1 and many pages, a prefill chunk and a fresh prompt.
 Q_LENS = [1, 1, 1, 1, 1, 5, PAGE + 1]
 KV_LENS = [1, PAGE - 1, PAGE, PAGE + 1, 9 * PAGE + 5, 3 * PAGE + 2, PAGE + 1]
-
-
-def as_bits(array: jax.Array) -> jax.Array:
-    return jax.lax.bitcast_convert_type(array, jnp.uint16)
 
 
 def test_cache_shape_holds_bfloat16_only():
@@ -35,9 +31,9 @@ def test_values_and_storage_round_trip_bit_for_bit():
     values = jnp.asarray(np.random.default_rng(0).standard_normal((5, 4)), jnp.bfloat16)
     stored = kv_storage(values, BITS_DTYPE)
     assert stored.dtype == BITS_DTYPE
-    np.testing.assert_array_equal(np.asarray(kv_values(stored)), np.asarray(values))
+    np.testing.assert_array_equal(np.asarray(from_bits(stored)), np.asarray(values))
     # Float pools store and read their own dtype; float32 values are rounded to bfloat16 for bits.
-    assert kv_storage(values, jnp.float32).dtype == jnp.float32 and kv_values(values) is values
+    assert kv_storage(values, jnp.float32).dtype == jnp.float32 and from_bits(values) is values
     np.testing.assert_array_equal(np.asarray(kv_storage(values.astype(jnp.float32), BITS_DTYPE)), np.asarray(stored))
 
 
@@ -48,10 +44,10 @@ def test_writing_bits_equals_writing_bfloat16(num_tokens):
     k, v = jnp.asarray(rng.standard_normal((2, num_tokens, 3, 64)), jnp.bfloat16)
     slots = jnp.asarray(rng.choice(np.arange(PAGE, 12 * PAGE), num_tokens, replace=False), jnp.int32)
     metadata = dataclasses.replace(empty_attention_metadata(num_tokens, 1, 1), slot_mapping=slots)
-    written_bits = write_kv(as_bits(pool), k, v, metadata, backend="xla")
+    written_bits = write_kv(to_bits(pool), k, v, metadata, backend="xla")
     assert written_bits.dtype == BITS_DTYPE
     expected = write_kv(pool, k, v, metadata, backend="xla")
-    np.testing.assert_array_equal(np.asarray(written_bits), np.asarray(as_bits(expected)))
+    np.testing.assert_array_equal(np.asarray(written_bits), np.asarray(to_bits(expected)))
 
 
 @pytest.mark.parametrize("native_decode", [True, False])
@@ -61,7 +57,7 @@ def test_attending_over_bits_equals_the_bfloat16_pool(native_decode, num_q_heads
                               page_size=PAGE, num_tokens=48, max_num_seqs=9, dtype=jnp.bfloat16)
     q, pool, metadata = batch.attention_args()
     options = dict(sm_scale=0.125, sliding_window=sliding_window, native_decode=native_decode)
-    out = ragged_paged_attention_xla(q, as_bits(pool), metadata, **options)
+    out = ragged_paged_attention_xla(q, to_bits(pool), metadata, **options)
     assert out.dtype == jnp.bfloat16
     expected = ragged_paged_attention_xla(q, pool, metadata, **options)
     np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(expected, np.float32))
@@ -73,7 +69,7 @@ def test_only_the_xla_backend_takes_bits(backend):
                               dtype=jnp.bfloat16)
     q, pool, metadata = batch.attention_args()
     with pytest.raises(ValueError, match=f"kv_pages: the interleaved_bits layout .* xla backend only, not {backend}"):
-        ragged_paged_attention(q, as_bits(pool), metadata, backend=backend, sm_scale=0.125)
+        ragged_paged_attention(q, to_bits(pool), metadata, backend=backend, sm_scale=0.125)
     k = jnp.zeros((1, 1, 64), jnp.bfloat16)
     with pytest.raises(ValueError, match="kv_pages: the interleaved_bits layout"):
-        write_kv(as_bits(pool), k, k, empty_attention_metadata(1, 1, 1), backend=backend)
+        write_kv(to_bits(pool), k, k, empty_attention_metadata(1, 1, 1), backend=backend)

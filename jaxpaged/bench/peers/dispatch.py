@@ -60,13 +60,13 @@ def _measure(peer: PeerConfig, models: PeerModels, requests: list[BenchRequest],
     if peer.kind == "hf_batched":
         from jaxpaged.bench.peers.hf_batched import run_hf_batched, warm_up_hf_batched
 
-        hf = models.hf(peer.options.get("dtype", "float32"))
+        hf = models.hf(peer.dtype)
         warm_up_hf_batched(hf, requests, sampling)
         repeats = [run_hf_batched(hf, requests, sampling, peer.batch_size) for _ in range(peer.repeats)]
     elif peer.kind == "hf_continuous":
         from jaxpaged.bench.peers.hf_continuous import run_hf_continuous, warm_up_hf_continuous
 
-        hf = models.hf(peer.options.get("dtype", "float32"))
+        hf = models.hf(peer.dtype)
         warm_up_hf_continuous(hf, requests, sampling)
         repeats = [run_hf_continuous(hf, requests, sampling) for _ in range(peer.repeats)]
     elif peer.kind == "llama_cpp":
@@ -76,4 +76,4 @@ def _measure(peer: PeerConfig, models: PeerModels, requests: list[BenchRequest],
         repeats = [run_llama_cpp(llama, requests, sampling) for _ in range(peer.repeats)]
     else:
         raise ValueError(f"peers[].kind: unknown peer {peer.kind!r}")
-    return {**median_of_repeats(repeats), "dtype": peer.options.get("dtype", "float32")}, repeats
+    return {**median_of_repeats(repeats), "dtype": peer.dtype}, repeats
