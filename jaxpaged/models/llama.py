@@ -1,9 +1,9 @@
 """The Llama family (Llama, Mistral, Qwen2, Qwen3) and Gemma 2 / 3 (text) as one Flax NNX model over a ragged
 batch and a paged KV cache; ModelConfig's fields switch the Gemma parts on.
 
-Layer weights are stacked on a leading axis and the layers run under `lax.scan`, so XLA compiles one layer body
-instead of num_layers copies. Every layer's KV pages live in one array [num_layers * num_blocks, block_size,
-2 * num_kv_heads, head_dim] that the scan carries and updates in place.
+Layer weights are stacked on a leading axis and the layers run under `lax.scan` (one layer body to compile), or
+on the CPU stored per layer and unrolled (DecoderLayers says why). Every layer's KV pages live in one array
+[num_layers * num_blocks, block_size, 2 * num_kv_heads, head_dim] that the layers carry and update in place.
 """
 
 from collections.abc import Callable
@@ -25,22 +25,42 @@ KVCache = Union[Shaped[Array, "layers blocks block_size kv_heads_x2 head_dim"],
 """Every layer's pages stacked on axis 0, in the runner's layout (kv_layout.py: floats, bfloat16 bits or packed)."""
 
 
-class DecoderLayers(nnx.Module):
-    """All decoder layers, each weight stacked over the layer axis; bfloat16 weights are held as their uint16 bits.
+LayerWeight = Union[jax.Array, list[jax.Array]]
+"""One layer weight of every layer: stacked on a leading layer axis, or a list with one array per layer."""
 
-    Why bits: XLA:CPU has no bfloat16 dynamic-slice. It converts the whole stacked weight to float32 to slice it, and
-    as the weights do not change from layer to layer it hoists that convert out of the loop, so each step rewrote
-    every weight in float32 (170 ms of a 280 ms SmolLM2-135M decode step). Bitcasting the stack inside the step is a
-    full copy too (80 ms); slicing stored integers and bitcasting the slice costs nothing, on every platform.
+
+def unroll_layers_on(platform: str) -> bool:
+    """Whether a step on `platform` should unroll the decoder layers over per-layer weights (DecoderLayers)."""
+    return platform == "cpu"
+
+
+class DecoderLayers(nnx.Module):
+    """All decoder layers' weights, in the arrangement the platform runs fastest.
+
+    Stacked (GPU, TPU): each weight stacked over a leading layer axis; the layers run under `lax.scan`, so XLA
+    compiles one layer body. bfloat16 stacks are held as their uint16 bits: XLA has no bfloat16 dynamic-slice on
+    the CPU, and slicing stored integers and bitcasting the slice costs nothing anywhere.
+
+    Per layer (CPU, `unroll_layers_on`): one array per layer and weight; the step unrolls the layers. XLA:CPU
+    materialises every dynamic-slice the scan takes of a stacked weight, so each step copied all weights once:
+    ~36 of 173 ms of a float32 SmolLM2-135M decode step at 64 rows, ~40 of 146 ms in bfloat16 (AMD EPYC). Unrolled,
+    each matmul reads its weight in place. The cost is compile time: the step holds num_layers layer bodies (W1's
+    47 executables: 52 s cold instead of 29 s; the persistent compilation cache serves later starts).
     """
 
-    def __init__(self, weights: dict[str, jax.Array]):
+    def __init__(self, weights: dict[str, LayerWeight]):
         self.names = tuple(sorted(weights))
-        for name, value in weights.items():
-            setattr(self, name, nnx.Param(to_bits(value)))
+        self.per_layer = isinstance(next(iter(weights.values())), list)
+        if self.per_layer:
+            num_layers = len(weights[self.names[0]])
+            self.layers = nnx.List([nnx.Dict({name: nnx.Param(weights[name][index]) for name in self.names})
+                                    for index in range(num_layers)])
+        else:
+            for name, value in weights.items():
+                setattr(self, name, nnx.Param(to_bits(value)))
 
     def stacked(self) -> dict[str, jax.Array]:
-        """The stored layer weights as a dict, ready to be scanned over (`one_layer` gives a slice's values)."""
+        """The stored stacked weights as a dict, ready to be scanned over (`one_layer` gives a slice's values)."""
         return {name: getattr(self, name)[...] for name in self.names}
 
     @staticmethod
@@ -48,17 +68,24 @@ class DecoderLayers(nnx.Module):
         """One layer's weights from a slice of `stacked()`."""
         return {name: from_bits(value) for name, value in scanned.items()}
 
+    def layer(self, index: int) -> dict[str, jax.Array]:
+        """Layer `index`'s weights, when they are stored per layer."""
+        return {name: param[...] for name, param in self.layers[index].items()}
+
 
 class LlamaForCausalLM(nnx.Module):
     """Decoder-only transformer; logits only for the rows that are sampled."""
 
-    def __init__(self, cfg: ModelConfig, params: dict[str, jax.Array]):
+    def __init__(self, cfg: ModelConfig, params: dict[str, LayerWeight]):
+        """`params`: the loaders' flat names; layer weights stacked, or listed per layer (DecoderLayers)."""
         expected = param_shapes(cfg)
         if set(params) != set(expected):
             raise ValueError(f"params: expected names {sorted(expected)}, got {sorted(params)}")
         for name, shape in expected.items():
-            if tuple(params[name].shape) != shape:
-                raise ValueError(f"params[{name!r}]: expected shape {shape}, got {tuple(params[name].shape)}")
+            value = params[name]
+            got = (len(value), *value[0].shape) if isinstance(value, list) else tuple(value.shape)
+            if got != shape:
+                raise ValueError(f"params[{name!r}]: expected shape {shape}, got {got}")
         self.cfg = cfg
         self.embed = nnx.Param(params["embed"])
         self.final_norm = nnx.Param(params["final_norm"])
@@ -100,10 +127,8 @@ class LlamaForCausalLM(nnx.Module):
         is_sliding = jnp.asarray(cfg.layer_is_sliding if alternating else (False,) * num_layers)
         inv_freqs = jnp.where(is_sliding[:, None], local_freq[None, :], global_freq[None, :])
 
-        def layer(carry, scanned):
+        def layer(carry, w, layer_index, layer_is_sliding, inv_freq):
             x, kv_pages = carry
-            stacked_slice, layer_index, layer_is_sliding, inv_freq = scanned
-            w = DecoderLayers.one_layer(stacked_slice)
             num_tokens = x.shape[0]
             h = rms_norm(x, w["input_norm"], eps, offset)
             q, k, v = matmul(h, w["q_proj"]), matmul(h, w["k_proj"]), matmul(h, w["v_proj"])
@@ -128,11 +153,23 @@ class LlamaForCausalLM(nnx.Module):
             mlp = gated_mlp(h, w["gate_proj"], w["up_proj"], w["down_proj"], cfg.hidden_activation)
             if cfg.sandwich_norms:
                 mlp = rms_norm(mlp, w["mlp_out_norm"], eps, offset)
-            return (x + mlp, kv_pages), None
+            return x + mlp, kv_pages
 
-        layer_ids = jnp.arange(num_layers, dtype=jnp.int32)
-        (x, kv_pages), _ = jax.lax.scan(layer, (x, kv_pages),
-                                        (self.layers.stacked(), layer_ids, is_sliding, inv_freqs))
+        if self.layers.per_layer:
+            carry = (x, kv_pages)
+            for index in range(num_layers):
+                carry = layer(carry, self.layers.layer(index), jnp.int32(index), is_sliding[index],
+                              inv_freqs[index])
+            x, kv_pages = carry
+        else:
+            def scanned_layer(carry, scanned):
+                stacked_slice, layer_index, layer_is_sliding, inv_freq = scanned
+                return layer(carry, DecoderLayers.one_layer(stacked_slice), layer_index, layer_is_sliding,
+                             inv_freq), None
+
+            layer_ids = jnp.arange(num_layers, dtype=jnp.int32)
+            (x, kv_pages), _ = jax.lax.scan(scanned_layer, (x, kv_pages),
+                                            (self.layers.stacked(), layer_ids, is_sliding, inv_freqs))
         return x, kv_pages.reshape(kv_cache.shape)
 
     def logits(self, x: Float[Array, "rows hidden"]) -> Float[Array, "rows vocab"]:

@@ -1,9 +1,10 @@
 """Which weight dtype is faster on this CPU: the start-up probe behind `dtype="auto"` on the CPU.
 
 CPUs differ: AVX512-BF16 or AMX make bfloat16 dots 2-4x faster than float32 on some, others emulate bfloat16 and run
-it slower. The probe times what a step does with its weights, in both dtypes: a scan over stacked layer matrices
-(sliced as the model slices them, bfloat16 as uint16 bits) at a decode-sized and a prefill-sized row count. Whole
-steps also read half the KV bytes in bfloat16, so the probe's verdict is a lower bound on bfloat16's gain.
+it slower. The probe times what a CPU step does with its weights, in both dtypes: unrolled layers, each matmul
+reading its own weight array (as llama.DecoderLayers stores them on the CPU), at a decode-sized and a prefill-sized
+row count. Whole steps also read half the KV bytes in bfloat16, so the probe's verdict is a lower bound on
+bfloat16's gain.
 """
 
 import dataclasses
@@ -16,7 +17,6 @@ import jax.numpy as jnp
 
 from jaxpaged.models.layers import matmul
 from jaxpaged.timing import call_seconds
-from pallas_kernels.bfloat16_bits import from_bits, to_bits
 
 logger = logging.getLogger(__name__)
 
@@ -40,26 +40,24 @@ class DtypeProbe:
         return jnp.dtype(jnp.bfloat16 if faster else jnp.float32)
 
 
-def _layer_loop(x: jax.Array, up: jax.Array, down: jax.Array) -> jax.Array:
-    """x through every stacked (up, down) pair with float32 sums, as the model's matmuls run."""
-
-    def layer(x, weights):
-        up, down = (from_bits(weight) for weight in weights)
-        out = matmul(jax.nn.silu(matmul(x, up)), down)
-        return x + out, None
-
-    return jax.lax.scan(layer, x, (up, down))[0]
+def _layer_loop(x: jax.Array, ups: list[jax.Array], downs: list[jax.Array]) -> jax.Array:
+    """x through every (up, down) pair with float32 sums, as the model's matmuls run."""
+    for up, down in zip(ups, downs):
+        x = x + matmul(jax.nn.silu(matmul(x, up)), down)
+    return x
 
 
 def _time_loop(dtype, rows: int, repeats: int = 5) -> float:
-    keys = jax.random.split(jax.random.PRNGKey(0), 3)
-    shape_up = (PROBE_LAYERS, PROBE_HIDDEN, PROBE_INTERMEDIATE)
-    up = jax.random.normal(keys[0], shape_up, jnp.float32).astype(dtype) * 0.02
-    down = jax.random.normal(keys[1], shape_up[:1] + shape_up[:0:-1], jnp.float32).astype(dtype) * 0.02
-    up, down = to_bits(up), to_bits(down)  # stored as the model stores them (llama.DecoderLayers)
-    x = jax.random.normal(keys[2], (rows, PROBE_HIDDEN), jnp.float32).astype(dtype)
-    run = jax.jit(_layer_loop).lower(x, up, down).compile()
-    return statistics.median(call_seconds(lambda: run(x, up, down).block_until_ready(), repeats))
+    keys = jax.random.split(jax.random.PRNGKey(0), 2 * PROBE_LAYERS + 1)
+
+    def weight(key, shape):
+        return (jax.random.normal(key, shape, jnp.float32) * 0.02).astype(dtype)
+
+    ups = [weight(key, (PROBE_HIDDEN, PROBE_INTERMEDIATE)) for key in keys[:PROBE_LAYERS]]
+    downs = [weight(key, (PROBE_INTERMEDIATE, PROBE_HIDDEN)) for key in keys[PROBE_LAYERS:-1]]
+    x = jax.random.normal(keys[-1], (rows, PROBE_HIDDEN), jnp.float32).astype(dtype)
+    run = jax.jit(_layer_loop).lower(x, ups, downs).compile()
+    return statistics.median(call_seconds(lambda: run(x, ups, downs).block_until_ready(), repeats))
 
 
 @functools.cache

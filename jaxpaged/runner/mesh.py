@@ -17,7 +17,7 @@ parallelism is the "model" axis, Megatron style:
 import dataclasses
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import jax
 import numpy as np
@@ -127,14 +127,26 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 
 
-def place_params(params: dict[str, np.ndarray], model: ModelConfig, mesh: Mesh, dtype) -> dict[str, jax.Array]:
-    """Each device receives only its shard, converted to `dtype` slice by slice (no whole-model copy)."""
+def place_params(params: dict[str, np.ndarray], model: ModelConfig, mesh: Mesh, dtype, *,
+                 per_layer: bool = False) -> dict[str, Union[jax.Array, list[jax.Array]]]:
+    """Each device receives only its shard, converted to `dtype` slice by slice (no whole-model copy).
+
+    per_layer: each stacked layer weight ("layers.*") becomes a list of one array per layer, placed layer by layer,
+    so no stacked copy exists on the device even for a moment (llama.DecoderLayers says when the model wants that).
+    """
     tp = mesh.shape[MODEL_AXIS]
-    placed = {}
+    placed: dict[str, Union[jax.Array, list[jax.Array]]] = {}
     for name, value in params.items():
-        sharding = NamedSharding(mesh, param_partition_spec(name, value.shape, model, tp))
-        placed[name] = jax.make_array_from_callback(
-            value.shape, sharding, lambda index, value=value: np.asarray(value[index], dtype=dtype))
+        spec = param_partition_spec(name, value.shape, model, tp)
+        if per_layer and name.startswith("layers."):
+            sharding = NamedSharding(mesh, P(*spec[1:]))
+            placed[name] = [jax.make_array_from_callback(
+                value.shape[1:], sharding, lambda index, layer=layer: np.asarray(layer[index], dtype=dtype))
+                for layer in value]
+        else:
+            placed[name] = jax.make_array_from_callback(
+                value.shape, NamedSharding(mesh, spec),
+                lambda index, value=value: np.asarray(value[index], dtype=dtype))
     return placed
 
 

@@ -19,7 +19,7 @@ from jaxpaged.config import EngineConfig
 from jaxpaged.core.scheduler_output import SchedulerOutput
 from jaxpaged.kv_tiers import KVTiers
 from jaxpaged.models.layers import paged_attention
-from jaxpaged.models.llama import LlamaForCausalLM
+from jaxpaged.models.llama import LlamaForCausalLM, unroll_layers_on
 from jaxpaged.runner import compile_counter
 from jaxpaged.runner import mesh as mesh_lib
 from jaxpaged.runner.batch import StepInputs, empty_step_inputs
@@ -87,7 +87,8 @@ class ModelRunner:
         self.backend = resolve_attention_backend(config.attention_backend)
         weight_bytes = weight_bytes_per_device(params, self.model_config, tp, self.dtype)
         check_weights_fit(weight_bytes, device_memory_bytes(self.mesh.devices.flat[0]), tp, self.dtype)
-        placed = mesh_lib.place_params(params, self.model_config, self.mesh, self.dtype)
+        placed = mesh_lib.place_params(params, self.model_config, self.mesh, self.dtype,
+                                       per_layer=unroll_layers_on(self.mesh.devices.flat[0].platform))
         graphdef, self.state = nnx.split(LlamaForCausalLM(self.model_config, placed))
         self.kv_layout = choose_kv_layout(self.model_config, self.backend, self.dtype, tp)
         kv_sharding = jax.sharding.NamedSharding(self.mesh, mesh_lib.kv_cache_spec(self.kv_layout))

@@ -1,5 +1,6 @@
 """The native CPU paged decode kernel (paged_decode.cc): built with the system C++ compiler on first use, cached,
-registered as an XLA FFI target, and called inside the jitted step by the "xla" backend's decode pass.
+registered as an XLA FFI target, and called inside the jitted step by the "xla" backend for every q row (a prefill
+row is a decode row at its own position).
 
 Why native: under XLA the gather of a decode's pages is materialized before the dots, so every KV byte is read,
 written and read again, far below memory bandwidth (see benchmarks/cpu_decode_attention.py). The kernel reads the

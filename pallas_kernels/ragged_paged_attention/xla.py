@@ -1,11 +1,13 @@
 """The "xla" backend: ragged paged attention in jnp, the engine's CPU path (spec.py says what it computes).
 
 This is the production CPU path, so its cost grows with the KV actually attended, never with the
-block table's width: loops with *traced* trip counts walk KV chunks of a few pages, in two passes.
-  - decode pass: every sequence with one new token at once; on the CPU a native kernel reads each row's pages
-    in place (pallas_kernels/cpu_native), elsewhere each row gathers its own pages;
-  - prefill pass: blocks of q rows of one sequence, each block gathering its chunks once and walking
-    only the chunks its causal (and sliding) window reaches.
+block table's width.
+  - On the CPU, every q row goes through the native kernel (pallas_kernels/cpu_native): a prefill row is a
+    decode row with its own position, and each row reads its sequence's pages in place, up to its causal end.
+  - Elsewhere (or without a compiler), loops with *traced* trip counts walk KV chunks of a few pages, in two
+    passes. Decode pass: every sequence with one new token at once, each row gathering its own pages. Prefill
+    pass: blocks of q rows of one sequence, each block gathering its chunks once and walking only the chunks its
+    causal (and sliding) window reaches.
 Online softmax in float32 throughout; GQA reads each KV head once for its whole group of q heads.
 The pages may be floats or bfloat16 bits ("interleaved_bits", kv_layout.py: XLA:CPU's bfloat16 scatter is not in
 place); every gather goes through from_bits and every write through kv_storage.
@@ -183,7 +185,7 @@ def _prefill_pass(out, q_grouped, kv_pages, kv_lens, block_tables, cu_q_lens, nu
 
 
 @functools.partial(jax.jit, static_argnames=("sm_scale", "sliding_window", "soft_cap",
-                                             "pages_per_chunk", "q_block_size", "native_decode"))
+                                             "pages_per_chunk", "q_block_size", "native"))
 def ragged_paged_attention_xla(
     q: Float[Array, "num_tokens num_q_heads head_dim"],
     kv_pages: Shaped[Array, "num_pages page_size kv_heads_x2 head_dim"],
@@ -194,10 +196,10 @@ def ragged_paged_attention_xla(
     soft_cap: Optional[float] = None,
     pages_per_chunk: int = DEFAULT_PAGES_PER_CHUNK,
     q_block_size: int = DEFAULT_Q_BLOCK_SIZE,
-    native_decode: bool = True,
+    native: bool = True,
 ) -> Float[Array, "num_tokens num_q_heads head_dim"]:
-    """Attention of every q row over its sequence's paged KV; padding rows come out as zeros. native_decode=False
-    keeps decodes on the jnp path even where the native CPU kernel runs (comparisons, benchmarks)."""
+    """Attention of every q row over its sequence's paged KV; padding rows come out as zeros. native=False
+    keeps every row on the jnp path even where the native CPU kernel runs (comparisons, benchmarks)."""
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = kv_pages.shape[2] // 2
     kv_lens, block_tables, cu_q_lens = metadata.kv_lens, metadata.block_tables, metadata.cu_q_lens
@@ -214,12 +216,40 @@ def ragged_paged_attention_xla(
     options = dict(pages_per_chunk=pages_per_chunk, sliding_window=sliding_window,
                    soft_cap=soft_cap)
 
-    decode_out, decode_rows = _decode_pass(q_grouped, kv_pages, kv_lens, block_tables, cu_q_lens,
-                                           num_real_seqs, native=native_decode, **options)
-    out = jnp.zeros_like(q_grouped).at[decode_rows].set(decode_out, mode="drop")
-    out = _prefill_pass(out, q_grouped, kv_pages, kv_lens, block_tables, cu_q_lens, num_real_seqs,
-                        q_block_size=q_block_size, **options)
+
+    def in_jnp(q_grouped, kv_pages, kv_lens, block_tables, cu_q_lens, num_real_seqs):
+        decode_out, decode_rows = _decode_pass(q_grouped, kv_pages, kv_lens, block_tables, cu_q_lens,
+                                               num_real_seqs, native=native, **options)
+        out = jnp.zeros_like(q_grouped).at[decode_rows].set(decode_out, mode="drop")
+        return _prefill_pass(out, q_grouped, kv_pages, kv_lens, block_tables, cu_q_lens, num_real_seqs,
+                             q_block_size=q_block_size, **options)
+
+    args = (q_grouped, kv_pages, kv_lens, block_tables, cu_q_lens, num_real_seqs)
+    if native and _native_decode_fits(kv_pages, q_grouped.shape[2]):
+        every_row = functools.partial(_native_every_row, sliding_window=sliding_window, soft_cap=soft_cap)
+        out = jax.lax.platform_dependent(*args, cpu=every_row, default=in_jnp)
+    else:
+        out = in_jnp(*args)
     return out.reshape(num_tokens, num_q_heads, head_dim).astype(q.dtype)
+
+
+def _native_every_row(q_grouped, kv_pages, kv_lens, block_tables, cu_q_lens, num_real_seqs, *,
+                      sliding_window, soft_cap):
+    """Every q row at once through the native kernel (CPU): a prefill row is a decode row with its own position.
+
+    Each row reads its sequence's pages 0..position in place, so a prefill chunk's rows share pages that stay in
+    cache, and no KV chunk is gathered or masked past the causal end (the jnp prefill pass does both): 1.4-2.2x
+    faster than that pass at SmolLM2's heads, from 8 x 64 to 1 x 512 new tokens over 2,048 (AMD EPYC)."""
+    num_tokens = q_grouped.shape[0]
+    max_num_seqs = kv_lens.shape[0]
+    rows = jnp.arange(num_tokens, dtype=jnp.int32)
+    seq = jnp.searchsorted(cu_q_lens[1:], rows, side="right").astype(jnp.int32)
+    real = seq < num_real_seqs
+    seq = jnp.minimum(seq, max_num_seqs - 1)
+    q_lens = cu_q_lens[seq + 1] - cu_q_lens[seq]
+    positions = jnp.where(real, kv_lens[seq] - q_lens + rows - cu_q_lens[seq], -1)
+    return paged_decode(q_grouped, kv_pages, positions, block_tables[seq], sliding_window=sliding_window,
+                        soft_cap=soft_cap)
 
 
 @jax.jit

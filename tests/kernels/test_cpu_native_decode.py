@@ -1,5 +1,6 @@
-"""The native CPU decode kernel (pallas_kernels/cpu_native) inside the "xla" backend: it is really built and called,
-and it equals the spec loop and the jnp decode path at the edge lengths, with GQA, windows, soft caps and bf16."""
+"""The native CPU kernel (pallas_kernels/cpu_native) inside the "xla" backend: it is really built and called, and it
+equals the spec loop and the jnp passes at the edge lengths, with GQA, windows, soft caps and bf16, for decode rows
+and for prefill rows (each a decode at its own position)."""
 
 import functools
 
@@ -17,6 +18,10 @@ PAGE = 16
 # Decode rows at kv lengths 1, page - 1, page, page + 1 and many pages, beside a prefill and a padded sequence.
 Q_LENS = [1, 1, 1, 1, 1, 7, 1]
 KV_LENS = [1, PAGE - 1, PAGE, PAGE + 1, 9 * PAGE + 5, 7, 3 * PAGE]
+# Prefill chunks: fresh and after earlier chunks, ending at and across page edges, one longer than a page, and one
+# over many pages, beside a decode.
+PREFILL_Q_LENS = [2, PAGE - 1, PAGE + 1, 5, PAGE + 3, 1]
+PREFILL_KV_LENS = [2, PAGE, 2 * PAGE + 1, 4 * PAGE - 1, 9 * PAGE + 5, 3 * PAGE]
 
 
 def test_the_kernel_is_built_and_in_the_compiled_step():
@@ -30,17 +35,19 @@ def test_the_kernel_is_built_and_in_the_compiled_step():
 @pytest.mark.parametrize("num_q_heads,num_kv_heads,head_dim,sliding_window,soft_cap", [
     (6, 2, 64, None, None), (4, 4, 32, 5, None), (9, 3, 64, PAGE + 1, 2.0), (8, 1, 128, None, 30.0)])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_native_decode_equals_the_spec_and_the_jnp_path(num_q_heads, num_kv_heads, head_dim, sliding_window,
-                                                          soft_cap, dtype):
-    batch = make_ragged_batch(Q_LENS, KV_LENS, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
-                              head_dim=head_dim, page_size=PAGE, num_tokens=24, max_num_seqs=9, dtype=dtype)
+@pytest.mark.parametrize("q_lens,kv_lens", [(Q_LENS, KV_LENS), (PREFILL_Q_LENS, PREFILL_KV_LENS)],
+                         ids=["decodes", "prefills"])
+def test_native_rows_equal_the_spec_and_the_jnp_passes(q_lens, kv_lens, num_q_heads, num_kv_heads, head_dim,
+                                                        sliding_window, soft_cap, dtype):
+    batch = make_ragged_batch(q_lens, kv_lens, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
+                              head_dim=head_dim, page_size=PAGE, num_tokens=64, max_num_seqs=9, dtype=dtype)
     options = dict(sm_scale=head_dim ** -0.5, sliding_window=sliding_window, soft_cap=soft_cap)
     expected = ragged_paged_attention_spec(*batch.attention_args(), **options)
     native = np.asarray(xla.ragged_paged_attention_xla(*batch.attention_args(), **options), np.float32)
-    in_chunks = np.asarray(xla.ragged_paged_attention_xla(*batch.attention_args(), native_decode=False, **options),
+    in_chunks = np.asarray(xla.ragged_paged_attention_xla(*batch.attention_args(), native=False, **options),
                            np.float32)
     tolerance = 2e-5 if dtype == jnp.float32 else 2e-2
     np.testing.assert_allclose(native, expected, atol=tolerance, rtol=tolerance)
     np.testing.assert_allclose(native, in_chunks, atol=tolerance, rtol=tolerance)
-    num_rows = sum(Q_LENS)
+    num_rows = sum(q_lens)
     assert np.all(native[num_rows:] == 0)  # padding rows

@@ -50,13 +50,13 @@ def test_writing_bits_equals_writing_bfloat16(num_tokens):
     np.testing.assert_array_equal(np.asarray(written_bits), np.asarray(to_bits(expected)))
 
 
-@pytest.mark.parametrize("native_decode", [True, False])
+@pytest.mark.parametrize("native", [True, False])
 @pytest.mark.parametrize("num_q_heads,num_kv_heads,sliding_window", [(6, 2, None), (9, 3, PAGE + 1)])
-def test_attending_over_bits_equals_the_bfloat16_pool(native_decode, num_q_heads, num_kv_heads, sliding_window):
+def test_attending_over_bits_equals_the_bfloat16_pool(native, num_q_heads, num_kv_heads, sliding_window):
     batch = make_ragged_batch(Q_LENS, KV_LENS, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=64,
                               page_size=PAGE, num_tokens=48, max_num_seqs=9, dtype=jnp.bfloat16)
     q, pool, metadata = batch.attention_args()
-    options = dict(sm_scale=0.125, sliding_window=sliding_window, native_decode=native_decode)
+    options = dict(sm_scale=0.125, sliding_window=sliding_window, native=native)
     out = ragged_paged_attention_xla(q, to_bits(pool), metadata, **options)
     assert out.dtype == jnp.bfloat16
     expected = ragged_paged_attention_xla(q, pool, metadata, **options)

@@ -1,9 +1,9 @@
-"""A bfloat16 engine step on the CPU never rewrites a whole stacked weight or the KV pool in float32.
+"""A bfloat16 engine step on the CPU never rewrites a layer weight or the KV pool in float32, nor copies a weight.
 
 XLA:CPU has neither a bfloat16 scatter nor a bfloat16 dynamic-slice: it converts the operand to float32 and back. On
-the KV pool that made every layer's write a full copy; on the stacked layer weights, hoisted out of the layer loop,
-every step rewrote all weights. The runner keeps both as uint16 bits (kv_layout "interleaved_bits", DecoderLayers),
-so neither full-size float32 array may appear in the compiled step.
+the KV pool that made every layer's write a full copy, so the runner keeps the pool as uint16 bits (kv_layout
+"interleaved_bits"). On the CPU the layer weights are stored per layer and the layers unrolled (llama.DecoderLayers),
+so every matmul reads its bfloat16 weight where it lies: no float32 copy, and no slice or copy in any dtype.
 """
 
 import re
@@ -44,19 +44,25 @@ def bfloat16_runner(tmp_path_factory, smollm2_tokenizer_dir):
     return ModelRunner(load_model(str(model_dir)), config)
 
 
-def _float32_shape(shape: tuple[int, ...]) -> str:
-    return "f32[" + ",".join(map(str, shape)) + "]"
+def _shapes(hlo: str, dtype: str, shapes) -> set[str]:
+    wanted = {f"{dtype}[" + ",".join(map(str, shape)) + "]" for shape in shapes}
+    return wanted & set(re.findall(dtype + r"\[[0-9,]*\]", hlo))
 
 
-def test_the_compiled_step_holds_no_float32_copy_of_weights_or_pool(bfloat16_runner):
+def test_the_cpu_step_reads_each_layer_weight_in_place(bfloat16_runner):
     runner = bfloat16_runner
     assert runner.kv_layout == "interleaved_bits" and runner.kv_cache.dtype == np.uint16
-    # The stacked matrices ([layers, in, out]); the norms' [layers, hidden] could match an unrelated small array.
-    stacked = [weight for path, weight in jax.tree_util.tree_leaves_with_path(runner.state)
-               if "layers" in jax.tree_util.keystr(path) and weight.ndim == 3]
-    assert stacked and all(weight.dtype == np.uint16 for weight in stacked)
+    # On the CPU the weights are stored per layer ([in, out] matrices), in bfloat16 itself.
+    matrices = [weight for path, weight in jax.tree_util.tree_leaves_with_path(runner.state)
+                if "layers" in jax.tree_util.keystr(path) and weight.ndim == 2]
+    assert len(matrices) == 3 * 7 and all(weight.dtype == jnp.bfloat16 for weight in matrices)
     (bucket,) = runner.ladder.buckets()
     hlo = runner._executable(bucket).as_text()
-    full_size = {_float32_shape(runner.kv_cache.shape)} | {_float32_shape(weight.shape) for weight in stacked}
-    shapes_in_hlo = set(re.findall(r"f32\[[0-9,]*\]", hlo))
-    assert not full_size & shapes_in_hlo
+    # No float32 copy of the pool or of any weight...
+    assert not _shapes(hlo, "f32", [runner.kv_cache.shape] + [weight.shape for weight in matrices])
+    # ...and no instruction but a parameter holds a weight-shaped bfloat16 array: no slice or copy of a weight.
+    weight_shapes = _shapes(hlo, "bf16", [weight.shape for weight in matrices])
+    assert weight_shapes
+    made = [line for line in hlo.splitlines() if "parameter(" not in line and "bitcast(" not in line
+            and any(f"= {shape}" in line for shape in weight_shapes)]
+    assert not made, made[:3]
