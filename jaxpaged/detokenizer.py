@@ -1,9 +1,10 @@
 """Incremental detokenization: token ids in, the newly final text out, with stop strings matched on the fly.
 
 Text is made by decoding a short window of tokens twice, with and without the newest ones, and taking the
-difference; so a token costs O(window), never O(output length). The window starts a few tokens back because
-some tokenizers (SentencePiece) decide a token's leading space by what precedes it. Two kinds of text are
-held back rather than released:
+difference; so a token costs O(window), never O(output length). A caller that reads the text later
+(append_tokens) has tokens without stop strings decoded only when it reads, a whole run of them at once. The
+window starts a few tokens back because some tokenizers (SentencePiece) decide a token's leading space by what
+precedes it. Two kinds of text are held back rather than released:
   - a decode that ends in U+FFFD: a multi-byte UTF-8 character split across tokens is not complete yet;
   - a tail of the text that is the beginning of a stop string: it may still become that stop string,
     and text after a stop string's start must never reach the user (unless include_stop_str_in_output).
@@ -50,6 +51,8 @@ class IncrementalDetokenizer:
         self._token_ids = list(prompt_token_ids[-_NUM_PROMPT_CONTEXT_TOKENS:])
         self._prefix_offset = 0
         self._read_offset = len(self._token_ids)
+        self._checked_end = self._read_offset
+        """Every window ending at or before this many ids has been decoded once (a back-off skips those)."""
         self._pending_text = ""
         """Decoded text not yet released: it may be the beginning of a stop string."""
         self._released_chunks: list[str] = []
@@ -59,7 +62,10 @@ class IncrementalDetokenizer:
 
     @property
     def output_text(self) -> str:
-        """All text released so far (truncated at, or just after, a matched stop string)."""
+        """All text released so far (truncated at, or just after, a matched stop string), tokens appended with
+        append_tokens() included."""
+        if not self._finished and self._read_offset < len(self._token_ids):
+            self._take_text(self._decode_new_text(final=False), final=False)
         if len(self._released_chunks) > 1:
             # Joined only when read, so adding tokens never costs O(output length).
             self._released_chunks = ["".join(self._released_chunks)]
@@ -87,6 +93,15 @@ class IncrementalDetokenizer:
             released += self.finish()
         return released
 
+    def append_tokens(self, new_token_ids: Sequence[int], *, stop_terminated: bool = False) -> None:
+        """add_tokens() for a caller that reads the text later: without stop strings to match as text arrives,
+        the ids are only kept, and decoded when output_text or finish() is next called. An offline completion is
+        decoded once, not token by token (what a token costs is what bounds an engine step's host time)."""
+        if self._stop or stop_terminated:
+            self.add_tokens(new_token_ids, stop_terminated=stop_terminated)
+        elif not self._finished:
+            self._token_ids.extend(new_token_ids)
+
     def finish(self) -> str:
         """The completion ended for another reason (length, abort, stop token): release held-back text,
         less the bytes of an incomplete last character. A stop string completed by that text still ends it."""
@@ -110,19 +125,30 @@ class IncrementalDetokenizer:
         if self._read_offset == len(self._token_ids):
             return ""
         prefix_text = self._decode(self._token_ids[self._prefix_offset:self._read_offset])
-        window_text = self._decode(self._token_ids[self._prefix_offset:])
-        if window_text.endswith(_REPLACEMENT_CHAR):
-            if not final:
+        end = len(self._token_ids)
+        window_text = self._decode(self._token_ids[self._prefix_offset:end])
+        lowest_end = max(self._read_offset + 1, end - 3, self._checked_end + 1)
+        self._checked_end = end
+        if not final:
+            # The last tokens end inside a character. Tokens appended unread (append_tokens) may have complete
+            # text before them: release up to the last token that ends a character (a UTF-8 character spans at
+            # most 4 byte tokens), as adding them one by one would have.
+            while window_text.endswith(_REPLACEMENT_CHAR) and end > lowest_end:
+                end -= 1
+                window_text = self._decode(self._token_ids[self._prefix_offset:end])
+            if window_text.endswith(_REPLACEMENT_CHAR):
                 return ""
+        else:
             # NOTE: a decode cannot tell an incomplete character from a literal trailing U+FFFD, so both are
             # dropped; one released mid-text (bytes that never became a character, then more text) is kept.
             window_text = window_text.rstrip(_REPLACEMENT_CHAR)
         self._prefix_offset = self._read_offset
-        self._read_offset = len(self._token_ids)
+        self._read_offset = end
         if self._prefix_offset >= _MAX_UNUSED_TOKENS:
             # No window reaches back past _prefix_offset again: drop those ids, so memory stays O(window).
             del self._token_ids[:self._prefix_offset]
             self._read_offset -= self._prefix_offset
+            self._checked_end -= self._prefix_offset
             self._prefix_offset = 0
         return window_text[len(prefix_text):]
 

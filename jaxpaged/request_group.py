@@ -71,20 +71,23 @@ class RequestGroup:
             sample.logprobs = (sample.logprobs or []) + [entry]
             sample.cumulative_logprob = (sample.cumulative_logprob or 0.0) + sampled_logprob
         request = sample.request
-        stopped_by_token = request.finish_reason == "stop"
+        finish_reason = request.finish_reason  # None while it runs
         detokenizer = sample.detokenizer
-        detokenizer.add_tokens([token_id], stop_terminated=stopped_by_token)
-        if request.is_finished() or grammar_complete:
+        detokenizer.append_tokens((token_id,), stop_terminated=finish_reason == "stop")
+        if finish_reason is None and not grammar_complete:
+            if detokenizer.stop_string is None:
+                return  # the common case, kept short: it runs for every running request, every step
+        else:
             # Before reading stop_string: text held back behind a partial character is only decided here,
             # and a stop string inside it must still cut the text and name the stop.
             detokenizer.finish()
         if detokenizer.stop_string is not None:
             sample.finish_reason, sample.stop_reason = "stop", detokenizer.stop_string
-        elif request.is_finished():
-            sample.finish_reason, sample.stop_reason = request.finish_reason, request.stop_reason
-        elif grammar_complete:
-            sample.finish_reason, sample.stop_reason = "stop", None
-        if self.finished() and self.metrics.finish_time is None:
+        elif finish_reason is not None:
+            sample.finish_reason, sample.stop_reason = finish_reason, request.stop_reason
+        else:
+            sample.finish_reason, sample.stop_reason = "stop", None  # its grammar completed
+        if self.metrics.finish_time is None and self.finished():
             self.metrics.finish_time = time.time()
 
     def record_prompt_logprob(self, position: int, logprob: float, rank: int, top: list[tuple[int, float]],

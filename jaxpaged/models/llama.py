@@ -50,13 +50,14 @@ class DecoderLayers(nnx.Module):
 
     def __init__(self, weights: dict[str, LayerWeight]):
         self.names = tuple(sorted(weights))
-        self.per_layer = isinstance(next(iter(weights.values())), list)
-        if self.per_layer:
-            num_layers = len(weights[self.names[0]])
-            self.layers = nnx.List([nnx.Dict({name: nnx.Param(weights[name][index]) for name in self.names})
+        per_layer = {name: value for name, value in weights.items() if isinstance(value, list)}
+        self.per_layer = bool(per_layer)
+        if per_layer:
+            num_layers = len(per_layer[self.names[0]])
+            self.layers = nnx.List([nnx.Dict({name: nnx.Param(value[index]) for name, value in per_layer.items()})
                                     for index in range(num_layers)])
-        else:
-            for name, value in weights.items():
+        for name, value in weights.items():
+            if not isinstance(value, list):
                 setattr(self, name, nnx.Param(to_bits(value)))
 
     def stacked(self) -> dict[str, jax.Array]:

@@ -89,7 +89,10 @@ class ModelRunner:
         check_weights_fit(weight_bytes, device_memory_bytes(self.mesh.devices.flat[0]), tp, self.dtype)
         placed = mesh_lib.place_params(params, self.model_config, self.mesh, self.dtype,
                                        per_layer=unroll_layers_on(self.mesh.devices.flat[0].platform))
-        graphdef, self.state = nnx.split(LlamaForCausalLM(self.model_config, placed))
+        graphdef, state = nnx.split(LlamaForCausalLM(self.model_config, placed))
+        # A plain dict of arrays: every step flattens it to call the executable, and nnx's Variables flatten in
+        # Python (0.21 ms a step for SmolLM2's 272 per-layer weights, against 0.03 ms for the dict).
+        self.state = nnx.to_pure_dict(state)
         self.kv_layout = choose_kv_layout(self.model_config, self.backend, self.dtype, tp)
         kv_sharding = jax.sharding.NamedSharding(self.mesh, mesh_lib.kv_cache_spec(self.kv_layout))
         self.num_kv_blocks = num_kv_blocks_for(self.model_config, config.cache, self.dtype, num_shards=tp,

@@ -213,3 +213,43 @@ def test_the_rust_backend_decodes_exactly_as_transformers(smollm2_tokenizer, ski
     assert fast._backend_decode is not None and slow._backend_decode is None
     assert stream(fast, ids) == stream(slow, ids)
     assert fast.output_text == tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_appended_tokens_are_decoded_only_when_read_and_read_the_same(smollm2_tokenizer, text):
+    """append_tokens() without stop strings only keeps the ids; output_text, read at any point, is what add_tokens
+    token by token would have released by then, and the final text is the same."""
+    tok = smollm2_tokenizer
+    ids = tok.encode(text) + tok.encode(" more 🎉")
+    recorder = _WindowRecordingTokenizer(tok)
+    eager = IncrementalDetokenizer(tok, tok.encode(PROMPT))
+    lazy = IncrementalDetokenizer(recorder, tok.encode(PROMPT))
+    for position, token_id in enumerate(ids):
+        eager.add_tokens([token_id])
+        lazy.append_tokens([token_id])
+        if position % 5 == 4:
+            calls = len(recorder.window_lens)
+            assert lazy.output_text == eager.output_text
+            assert len(recorder.window_lens) <= calls + 5  # one catch-up, whatever was appended: 2 decodes + 3
+    appended_only = len(recorder.window_lens)
+    lazy.append_tokens([ids[0]])
+    assert len(recorder.window_lens) == appended_only  # appending decodes nothing
+    eager.add_tokens([ids[0]])
+    eager.finish()
+    lazy.finish()
+    assert lazy.output_text == eager.output_text == tok.decode(ids + [ids[0]]).rstrip("\ufffd")
+
+
+def test_appended_tokens_with_stop_strings_or_a_stop_token_are_decoded_at_once(smollm2_tokenizer):
+    """Stop strings must be matched as text arrives, and a stop token ends the text: append_tokens decodes then."""
+    tok = smollm2_tokenizer
+    ids = tok.encode("The answer is 42. END of story.")
+    with_stop = IncrementalDetokenizer(tok, [], stop=["END"])
+    for token_id in ids:
+        with_stop.append_tokens([token_id])
+    assert with_stop.stop_string == "END" and with_stop.finished
+    assert with_stop.output_text == "The answer is 42. "
+    stop_token = IncrementalDetokenizer(tok, [])
+    stop_token.append_tokens(ids[:3])
+    stop_token.append_tokens([tok.eos_token_id], stop_terminated=True)
+    assert stop_token.finished and stop_token.output_text == tok.decode(ids[:3])
