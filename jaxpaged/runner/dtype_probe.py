@@ -9,14 +9,22 @@ bfloat16's gain.
 
 import dataclasses
 import functools
+import hashlib
+import json
 import logging
+import os
+import pathlib
 import statistics
+import tempfile
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
 
 from jaxpaged.models.layers import matmul
 from jaxpaged.timing import call_seconds
+from jaxpaged.weights.loader import cache_root
+from pallas_kernels.cpu_native.paged_decode import cpu_identity
 
 logger = logging.getLogger(__name__)
 
@@ -60,12 +68,54 @@ def _time_loop(dtype, rows: int, repeats: int = 5) -> float:
     return statistics.median(call_seconds(lambda: run(x, ups, downs).block_until_ready(), repeats))
 
 
+def verdict_path() -> pathlib.Path:
+    """Where this machine keeps its verdict: keyed by the CPU (model and every flag), JAX and the probe's shapes."""
+    digest = hashlib.sha256()
+    shapes = (PROBE_ROWS, PROBE_LAYERS, PROBE_HIDDEN, PROBE_INTERMEDIATE)
+    for part in (cpu_identity(), jax.__version__, repr(shapes)):
+        digest.update(part.encode())
+    return cache_root() / "dtype_probe" / f"{digest.hexdigest()[:16]}.json"
+
+
+def _read_verdict(path: pathlib.Path) -> Optional[DtypeProbe]:
+    """The kept verdict, or None when there is none or it does not read as two positive times."""
+    try:
+        kept = json.loads(path.read_text())
+        probe = DtypeProbe(float(kept["float32_seconds"]), float(kept["bfloat16_seconds"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return probe if probe.float32_seconds > 0 and probe.bfloat16_seconds > 0 else None
+
+
+def _keep_verdict(path: pathlib.Path, probe: DtypeProbe) -> None:
+    """Write beside the target and rename, so a process reading at the same time sees a whole file; a cache that
+    cannot be written only costs the next start the probe."""
+    partial: Optional[pathlib.Path] = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".json", delete=False) as handle:
+            partial = pathlib.Path(handle.name)
+            json.dump(dataclasses.asdict(probe), handle)
+        os.replace(partial, path)
+    except OSError as error:
+        logger.debug("dtype probe verdict not kept at %s: %s", path, error)
+        if partial is not None:
+            partial.unlink(missing_ok=True)
+
+
 @functools.cache
 def probe_cpu_dtype() -> DtypeProbe:
-    """Time the layer loop in float32 and bfloat16 (once per process; a few seconds, compiles included)."""
-    float32 = sum(_time_loop(jnp.float32, rows) for rows in PROBE_ROWS)
-    bfloat16 = sum(_time_loop(jnp.bfloat16, rows) for rows in PROBE_ROWS)
-    probe = DtypeProbe(float32, bfloat16)
-    logger.info("dtype auto on this CPU: %s (weight matmuls at %s rows took %.1f ms in bfloat16, %.1f ms in float32)",
-                probe.choice.name, " and ".join(map(str, PROBE_ROWS)), bfloat16 * 1e3, float32 * 1e3)
+    """Time the layer loop in float32 and bfloat16: once per machine (a few seconds, compiles included), then the
+    verdict kept under the cache directory answers (delete it to measure again)."""
+    path = verdict_path()
+    probe = _read_verdict(path)
+    source = f"kept in {path}"
+    if probe is None:
+        probe = DtypeProbe(sum(_time_loop(jnp.float32, rows) for rows in PROBE_ROWS),
+                           sum(_time_loop(jnp.bfloat16, rows) for rows in PROBE_ROWS))
+        _keep_verdict(path, probe)
+        source = "measured now"
+    logger.info("dtype auto on this CPU: %s (weight matmuls at %s rows took %.1f ms in bfloat16, %.1f ms in "
+                "float32; %s)", probe.choice.name, " and ".join(map(str, PROBE_ROWS)), probe.bfloat16_seconds * 1e3,
+                probe.float32_seconds * 1e3, source)
     return probe

@@ -39,15 +39,22 @@ def _cache_dir() -> pathlib.Path:
     return pathlib.Path(base) / "jaxpaged" / "native"
 
 
+def cpu_identity() -> str:
+    """This CPU as a cache key: its architecture, model name and every flag. Code built for one CPU (-march=native),
+    or a speed measured on it (the dtype probe), must not be reused on another."""
+    lines = []
+    if pathlib.Path("/proc/cpuinfo").exists():
+        lines = pathlib.Path("/proc/cpuinfo").read_text().splitlines()
+    model = next((line for line in lines if line.startswith("model name")), "")
+    flags = next((line for line in lines if line.startswith("flags")), "")
+    return "\n".join((platform.machine(), model, flags))
+
+
 def _build_key(compiler: str) -> str:
-    """Source, flags, compiler, jaxlib and this CPU's flags (-march=native code must not run on another CPU)."""
+    """Source, flags, compiler, jaxlib and this CPU (-march=native code must not run on another CPU)."""
     digest = hashlib.sha256(SOURCE.read_bytes())
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
-    cpu_flags = ""
-    if pathlib.Path("/proc/cpuinfo").exists():
-        cpu_flags = next((line for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines()
-                          if line.startswith("flags")), "")
-    for part in (" ".join(FLAGS), version, jax.__version__, platform.machine(), cpu_flags):
+    for part in (" ".join(FLAGS), version, jax.__version__, cpu_identity()):
         digest.update(part.encode())
     return digest.hexdigest()[:16]
 
