@@ -143,9 +143,12 @@ class LlamaForCausalLM(nnx.Module):
                 k = rms_norm(k, w["k_norm"], eps, offset)
             q = apply_rope(q, positions, inv_freq)
             k = apply_rope(k, positions, inv_freq)
-            attn, kv_pages = attend(q, k, v, kv_pages, layer_index * num_blocks, metadata,
-                                    layer_is_sliding if alternating else None, sliding_window=cfg.sliding_window,
-                                    sm_scale=cfg.attn_scale, soft_cap=cfg.attn_soft_cap)
+            if isinstance(layer_is_sliding, bool):  # unrolled: the layer's kind is known, no cond to compile
+                window, traced_is_sliding = (cfg.sliding_window if layer_is_sliding else None), None
+            else:
+                window, traced_is_sliding = cfg.sliding_window, (layer_is_sliding if alternating else None)
+            attn, kv_pages = attend(q, k, v, kv_pages, layer_index * num_blocks, metadata, traced_is_sliding,
+                                    sliding_window=window, sm_scale=cfg.attn_scale, soft_cap=cfg.attn_soft_cap)
             attn = matmul(attn.reshape(num_tokens, -1), w["o_proj"])
             if cfg.sandwich_norms:
                 attn = rms_norm(attn, w["attn_out_norm"], eps, offset)
@@ -159,8 +162,8 @@ class LlamaForCausalLM(nnx.Module):
         if self.layers.per_layer:
             carry = (x, kv_pages)
             for index in range(num_layers):
-                carry = layer(carry, self.layers.layer(index), jnp.int32(index), is_sliding[index],
-                              inv_freqs[index])
+                sliding = not alternating or bool(cfg.layer_is_sliding[index])  # every layer slides if any does
+                carry = layer(carry, self.layers.layer(index), jnp.int32(index), sliding, inv_freqs[index])
             x, kv_pages = carry
         else:
             def scanned_layer(carry, scanned):
