@@ -64,7 +64,7 @@ class IncrementalDetokenizer:
     def output_text(self) -> str:
         """All text released so far (truncated at, or just after, a matched stop string), tokens appended with
         append_tokens() included."""
-        if not self._finished and self._read_offset < len(self._token_ids):
+        if not self._finished and self._checked_end < len(self._token_ids):  # ids appended since the last decode
             self._take_text(self._decode_new_text(final=False), final=False)
         if len(self._released_chunks) > 1:
             # Joined only when read, so adding tokens never costs O(output length).

@@ -21,13 +21,14 @@ import logging
 import os
 import struct
 import time
-import uuid
 import zlib
 from pathlib import Path
 from typing import Optional
 
 import jax.numpy as jnp
 import numpy as np
+
+from jaxpaged.atomic_file import TEMPORARY_SUFFIX, write_atomically
 
 from .tier_stats import TierStats
 
@@ -100,15 +101,10 @@ class DiskTier:
         self._make_room(size)
         path = self._path(key)
         path.parent.mkdir(exist_ok=True)
-        temporary = path.parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
         try:
-            with open(temporary, "wb") as file:
-                file.write(MAGIC + _HEADER_LENGTH.pack(len(header)) + header)
-                file.write(raw.data)
-            os.replace(temporary, path)
+            write_atomically(path, (MAGIC + _HEADER_LENGTH.pack(len(header)) + header, raw.data))
         except OSError as error:  # a full or read-only disk costs the tier, never the request
             logger.warning("KV disk tier: could not write %s: %s", path, error)
-            temporary.unlink(missing_ok=True)
             return
         self._adopt(key, size)
         self.stats.bytes_in += payload.nbytes
@@ -152,7 +148,7 @@ class DiskTier:
                 continue
             for entry in os.scandir(subdirectory):
                 stat = entry.stat()
-                if entry.name.endswith(".tmp"):
+                if entry.name.endswith(TEMPORARY_SUFFIX):
                     if now - stat.st_mtime > STALE_TEMP_SECONDS:
                         Path(entry.path).unlink(missing_ok=True)
                     continue

@@ -12,15 +12,14 @@ import functools
 import hashlib
 import json
 import logging
-import os
 import pathlib
 import statistics
-import tempfile
 from typing import Optional
 
 import jax
 import jax.numpy as jnp
 
+from jaxpaged.atomic_file import write_atomically
 from jaxpaged.models.layers import matmul
 from jaxpaged.timing import call_seconds
 from jaxpaged.weights.loader import cache_root
@@ -88,19 +87,13 @@ def _read_verdict(path: pathlib.Path) -> Optional[DtypeProbe]:
 
 
 def _keep_verdict(path: pathlib.Path, probe: DtypeProbe) -> None:
-    """Write beside the target and rename, so a process reading at the same time sees a whole file; a cache that
+    """Kept whole (atomic_file), so a process starting at the same time reads all of it or nothing; a cache that
     cannot be written only costs the next start the probe."""
-    partial: Optional[pathlib.Path] = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".json", delete=False) as handle:
-            partial = pathlib.Path(handle.name)
-            json.dump(dataclasses.asdict(probe), handle)
-        os.replace(partial, path)
+        write_atomically(path, (json.dumps(dataclasses.asdict(probe)).encode(),))
     except OSError as error:
         logger.debug("dtype probe verdict not kept at %s: %s", path, error)
-        if partial is not None:
-            partial.unlink(missing_ok=True)
 
 
 @functools.cache

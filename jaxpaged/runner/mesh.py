@@ -135,18 +135,18 @@ def place_params(params: dict[str, np.ndarray], model: ModelConfig, mesh: Mesh, 
     so no stacked copy exists on the device even for a moment (llama.DecoderLayers says when the model wants that).
     """
     tp = mesh.shape[MODEL_AXIS]
+
+    def place(host: np.ndarray, spec: P) -> jax.Array:
+        return jax.make_array_from_callback(host.shape, NamedSharding(mesh, spec),
+                                            lambda index: np.asarray(host[index], dtype=dtype))
+
     placed: dict[str, Union[jax.Array, list[jax.Array]]] = {}
     for name, value in params.items():
         spec = param_partition_spec(name, value.shape, model, tp)
         if per_layer and name.startswith("layers."):
-            sharding = NamedSharding(mesh, P(*spec[1:]))
-            placed[name] = [jax.make_array_from_callback(
-                value.shape[1:], sharding, lambda index, layer=layer: np.asarray(layer[index], dtype=dtype))
-                for layer in value]
+            placed[name] = [place(layer, P(*spec[1:])) for layer in value]  # the spec less the layer axis
         else:
-            placed[name] = jax.make_array_from_callback(
-                value.shape, NamedSharding(mesh, spec),
-                lambda index, value=value: np.asarray(value[index], dtype=dtype))
+            placed[name] = place(value, spec)
     return placed
 
 

@@ -81,31 +81,23 @@ def _split_kv(kv: jax.Array, num_kv_heads: int) -> tuple[jax.Array, jax.Array]:
 
 
 def _decode_pass(q_grouped, kv_pages, kv_lens, block_tables, cu_q_lens, num_real_seqs, *,
-                 pages_per_chunk, sliding_window, soft_cap, native: bool = True):
-    """Sequences with one new token, all at once: one row per sequence.
-
-    On the CPU the native kernel (pallas_kernels/cpu_native) reads each row's pages in place; elsewhere, or without
-    it, the rows walk KV chunks, each row gathering its own pages. Returns the rows' outputs and the q row each
-    belongs to (num_tokens for inactive sequences).
-    """
-    num_tokens, num_kv_heads, group_size, head_dim = q_grouped.shape
+                 pages_per_chunk, sliding_window, soft_cap):
+    """Sequences with one new token, all at once: one row per sequence, each walking KV chunks of its own pages.
+    Returns the rows' outputs and the q row each belongs to (num_tokens for inactive sequences)."""
+    num_tokens = q_grouped.shape[0]
     max_num_seqs = kv_lens.shape[0]
     q_lens = cu_q_lens[1:] - cu_q_lens[:-1]
     is_decode = (jnp.arange(max_num_seqs) < num_real_seqs) & (q_lens == 1)
     rows = jnp.where(is_decode, cu_q_lens[1:] - 1, num_tokens)
     positions = jnp.where(is_decode, kv_lens - 1, -1)
     q_rows = q_grouped[jnp.minimum(rows, num_tokens - 1)]
-    in_chunks = functools.partial(_decode_chunks, pages_per_chunk=pages_per_chunk, sliding_window=sliding_window,
-                                  soft_cap=soft_cap)
-    if native and _native_decode_fits(kv_pages, group_size):
-        in_place = functools.partial(paged_decode, sliding_window=sliding_window, soft_cap=soft_cap)
-        out = jax.lax.platform_dependent(q_rows, kv_pages, positions, block_tables, cpu=in_place, default=in_chunks)
-    else:
-        out = in_chunks(q_rows, kv_pages, positions, block_tables)
+    out = _decode_chunks(q_rows, kv_pages, positions, block_tables, pages_per_chunk=pages_per_chunk,
+                         sliding_window=sliding_window, soft_cap=soft_cap)
     return out, rows
 
 
-def _native_decode_fits(kv_pages, group_size: int) -> bool:
+def _native_fits(kv_pages, group_size: int) -> bool:
+    """Whether the native CPU kernel is built and takes this pool's dtype and shapes (its compiled limits)."""
     page_size, _, head_dim = kv_pages.shape[1:]
     num_kv_heads = kv_pages.shape[2] // 2
     return (kv_pages.dtype in KV_DTYPES and group_size <= 16 and group_size * num_kv_heads <= 256 and page_size <= 256
@@ -207,25 +199,23 @@ def ragged_paged_attention_xla(
     pages_per_chunk = max(1, min(pages_per_chunk, pages_per_seq))
     q_block_size = max(1, min(q_block_size, num_tokens))
     num_real_seqs = jnp.clip(metadata.num_seqs.reshape(-1)[0], 0, max_num_seqs)
-    # Pad the table to whole chunks (null page 0) so a dynamic slice never gets clamped backwards.
-    padded_width = -(-pages_per_seq // pages_per_chunk) * pages_per_chunk
-    block_tables = jnp.pad(block_tables, ((0, 0), (0, padded_width - pages_per_seq)))
     # GQA without repeating K/V: q head j reads kv head j // group_size.
     q_grouped = (q.astype(jnp.float32) * sm_scale).reshape(
         num_tokens, num_kv_heads, num_q_heads // num_kv_heads, head_dim)
-    options = dict(pages_per_chunk=pages_per_chunk, sliding_window=sliding_window,
-                   soft_cap=soft_cap)
-
 
     def in_jnp(q_grouped, kv_pages, kv_lens, block_tables, cu_q_lens, num_real_seqs):
+        # Pad the table to whole chunks (null page 0) so a dynamic slice never gets clamped backwards.
+        padded_width = -(-pages_per_seq // pages_per_chunk) * pages_per_chunk
+        block_tables = jnp.pad(block_tables, ((0, 0), (0, padded_width - pages_per_seq)))
+        options = dict(pages_per_chunk=pages_per_chunk, sliding_window=sliding_window, soft_cap=soft_cap)
         decode_out, decode_rows = _decode_pass(q_grouped, kv_pages, kv_lens, block_tables, cu_q_lens,
-                                               num_real_seqs, native=native, **options)
+                                               num_real_seqs, **options)
         out = jnp.zeros_like(q_grouped).at[decode_rows].set(decode_out, mode="drop")
         return _prefill_pass(out, q_grouped, kv_pages, kv_lens, block_tables, cu_q_lens, num_real_seqs,
                              q_block_size=q_block_size, **options)
 
     args = (q_grouped, kv_pages, kv_lens, block_tables, cu_q_lens, num_real_seqs)
-    if native and _native_decode_fits(kv_pages, q_grouped.shape[2]):
+    if native and _native_fits(kv_pages, q_grouped.shape[2]):
         every_row = functools.partial(_native_every_row, sliding_window=sliding_window, soft_cap=soft_cap)
         out = jax.lax.platform_dependent(*args, cpu=every_row, default=in_jnp)
     else:
