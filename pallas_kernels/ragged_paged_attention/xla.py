@@ -98,10 +98,10 @@ def _decode_pass(q_grouped, kv_pages, kv_lens, block_tables, cu_q_lens, num_real
 
 def _native_fits(kv_pages, group_size: int) -> bool:
     """Whether the native CPU kernel is built and takes this pool's dtype and shapes (its compiled limits)."""
-    page_size, _, head_dim = kv_pages.shape[1:]
+    page_size = kv_pages.shape[1]
     num_kv_heads = kv_pages.shape[2] // 2
     return (kv_pages.dtype in KV_DTYPES and group_size <= 16 and group_size * num_kv_heads <= 256 and page_size <= 256
-            and head_dim <= 512 and native_decode_available())
+            and native_decode_available())
 
 
 def _decode_chunks(q_rows, kv_pages, positions, block_tables, *, pages_per_chunk, sliding_window, soft_cap):
