@@ -13,6 +13,8 @@
     peers: [{kind: hf_batched, batch_size: 16}, {kind: hf_continuous}, {kind: llama_cpp}]
     targets: [{name: ..., metric: output_tokens_per_s, numerator: {system: jaxpaged},
                denominator: {system: hf_batched}, min: 4.0}]
+    targets: [{name: ..., metric: ..., numerator: {system: jaxpaged}, numerator_best: true,   # the faster row
+               denominator: {system: hf_batched}, pair_by: [dtype], min: 2.5}]            # in its own dtype
     warmup_probe: true              # cold and warm-cache process starts
     roofline: true                  # the machine's dot and copy rates, and each row's fraction of the lower bound
 
@@ -164,6 +166,12 @@ class TargetConfig:
     """Ratio form: rows on top of the ratio."""
     denominator: Optional[dict] = None
     """Ratio form: rows below; with several matching rows the least favourable ratio counts."""
+    numerator_best: bool = False
+    """Ratio form: only the numerator row with the highest metric counts (e.g. the faster of jaxpaged's dtypes,
+    which depends on the machine)."""
+    pair_by: tuple = ()
+    """Ratio form: keys a numerator row and a denominator row must agree on ("dtype": the precision they ran in,
+    or a sweep parameter), so no ratio compares, say, different precisions."""
     min: Optional[float] = None
     max: Optional[float] = None
 
@@ -174,6 +182,13 @@ class TargetConfig:
         _require((self.numerator is None) == (self.denominator is None), "targets[].denominator",
                  "numerator and denominator come together", self.denominator)
         _require(self.min is not None or self.max is not None, "targets[].min", "give min or max", self.min)
+        _require(isinstance(self.numerator_best, bool), "targets[].numerator_best", "must be true or false",
+                 self.numerator_best)
+        _require(isinstance(self.pair_by, (list, tuple)) and all(isinstance(k, str) for k in self.pair_by),
+                 "targets[].pair_by", "must be a list of keys", self.pair_by)
+        _require(self.is_ratio or not (self.numerator_best or self.pair_by), "targets[].numerator_best",
+                 "numerator_best and pair_by need a numerator and a denominator", self.numerator_best)
+        object.__setattr__(self, "pair_by", tuple(self.pair_by))
         for bound in (self.min, self.max):
             _require(bound is None or _is_number(bound), "targets[].min", "must be a number", bound)
 

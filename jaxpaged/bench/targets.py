@@ -4,7 +4,8 @@ A selection is a mapping: "system" matches a row's system name or kind ("hf_batc
 "hf_batched(bs=16)"); every other key is a sweep parameter the row's point must have at that value, either an
 axis of its own ("engine.block_size") or one parameter of a joint axis ("engine.enable_prefix_caching" of
 "engine.(enable_prefix_caching, prefix_caching_granularity)", or of one across sections); "dtype" matches the
-precision a row ran in.
+precision a row ran in. A ratio target may count only its best numerator row (numerator_best) and pair rows that
+agree on some keys (pair_by), e.g. jaxpaged's faster dtype against the peers in that dtype.
 """
 
 from typing import Any, Optional
@@ -29,16 +30,19 @@ def _point_value(point: dict, key: str) -> Any:
     return _ABSENT
 
 
+def _row_value(row: dict, key: str) -> Any:
+    if key == "dtype":  # the precision a row ran in (jaxpaged's engine dtype, a peer's dtype option)
+        return row.get("metrics", {}).get("dtype", "float32")
+    return _point_value(row["point"], key)
+
+
 def row_matches(row: dict, selection: dict) -> bool:
     """Whether a result row is in the selection."""
     for key, wanted in selection.items():
         if key == "system":
             if wanted not in (row["system"], row["kind"]):
                 return False
-        elif key == "dtype":  # the precision a row ran in (jaxpaged's engine dtype, a peer's dtype option)
-            if row.get("metrics", {}).get("dtype", "float32") != wanted:
-                return False
-        elif _point_value(row["point"], key) != wanted:
+        elif _row_value(row, key) != wanted:
             return False
     return True
 
@@ -72,10 +76,14 @@ def evaluate_target(target: TargetConfig, rows: list[dict]) -> dict:
     if target.is_ratio:
         assert target.numerator is not None and target.denominator is not None  # is_ratio; checked together
         ratios = []
-        for top in (r for r in ok_rows if row_matches(r, target.numerator)):
+        tops = [r for r in ok_rows if row_matches(r, target.numerator) and _metric(r, target.metric) is not None]
+        if target.numerator_best and tops:
+            tops = [max(tops, key=lambda r: _metric(r, target.metric))]
+        for top in tops:
             for bottom in (r for r in ok_rows if row_matches(r, target.denominator)):
                 top_value, bottom_value = _metric(top, target.metric), _metric(bottom, target.metric)
-                if top["workload_key"] == bottom["workload_key"] and top_value is not None and bottom_value:
+                paired = all(_row_value(top, key) == _row_value(bottom, key) for key in target.pair_by)
+                if top["workload_key"] == bottom["workload_key"] and paired and top_value is not None and bottom_value:
                     ratios.append((top_value / bottom_value, top, bottom))
         values = [ratio for ratio, _, _ in ratios]
         detail = "ratio of " + target.metric

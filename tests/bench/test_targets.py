@@ -1,5 +1,7 @@
 """Targets: bounds over selected rows, and ratios between selections on the same workload."""
 
+import pytest
+
 from jaxpaged.bench.bench_config import TargetConfig
 from jaxpaged.bench.targets import evaluate_target, row_matches
 
@@ -82,3 +84,29 @@ def test_dtype_selects_rows_by_precision_and_ratios_stay_within_one():
     target = TargetConfig(name="bf16", metric="tps", numerator={"system": "jaxpaged", "dtype": "bfloat16"},
                           denominator={"system": "hf_batched", "dtype": "bfloat16"}, min=2.5)
     assert evaluate_target(target, rows)["value"] == 3.0
+
+
+def test_the_faster_row_against_peers_in_its_own_dtype():
+    """Which dtype is faster depends on the CPU: the target takes jaxpaged's faster row (bfloat16 here, 150 tok/s)
+    and divides by the peers that ran in bfloat16 only (50), never by the float32 peer (40)."""
+    rows = [row("jaxpaged", "jaxpaged", {"engine.dtype": "float32"}, {"tps": 100.0, "dtype": "float32"}),
+            row("jaxpaged", "jaxpaged", {"engine.dtype": "bfloat16"}, {"tps": 150.0, "dtype": "bfloat16"}),
+            row("hf_batched(bs=16)", "hf_batched", {}, {"tps": 40.0}),
+            row("hf_batched(bs=16, dtype=bfloat16)", "hf_batched", {}, {"tps": 50.0, "dtype": "bfloat16"})]
+    target = TargetConfig(name="best", metric="tps", numerator={"system": "jaxpaged"}, numerator_best=True,
+                          denominator={"system": "hf_batched"}, pair_by=["dtype"], min=2.5)
+    result = evaluate_target(target, rows)
+    assert result["value"] == 3.0 and result["passed"]
+    assert "150" in result["detail"] and "50" in result["detail"]
+    # On a machine where float32 is the faster one, the float32 peer is the one that counts.
+    rows[0]["metrics"]["tps"] = 200.0
+    assert evaluate_target(target, rows)["value"] == 5.0
+    # Without pairing, the least favourable ratio over both dtypes would count (200 / 50).
+    unpaired = TargetConfig(name="best", metric="tps", numerator={"system": "jaxpaged"}, numerator_best=True,
+                            denominator={"system": "hf_batched"}, min=2.5)
+    assert evaluate_target(unpaired, rows)["value"] == 4.0
+
+
+def test_pairing_needs_a_ratio():
+    with pytest.raises(ValueError, match="numerator_best"):
+        TargetConfig(name="bad", metric="tps", select={"system": "jaxpaged"}, numerator_best=True, min=1.0)
