@@ -25,6 +25,7 @@ is the one that applies.
 import dataclasses
 import math
 import pathlib
+from collections.abc import Sequence
 from typing import Any, NoReturn, Optional
 
 import yaml
@@ -169,7 +170,7 @@ class TargetConfig:
     numerator_best: bool = False
     """Ratio form: only the numerator row with the highest metric counts (e.g. the faster of jaxpaged's dtypes,
     which depends on the machine)."""
-    pair_by: tuple = ()
+    pair_by: Sequence[str] = ()
     """Ratio form: keys a numerator row and a denominator row must agree on ("dtype": the precision they ran in,
     or a sweep parameter), so no ratio compares, say, different precisions."""
     min: Optional[float] = None

@@ -78,7 +78,7 @@ def evaluate_target(target: TargetConfig, rows: list[dict]) -> dict:
         ratios = []
         tops = [r for r in ok_rows if row_matches(r, target.numerator) and _metric(r, target.metric) is not None]
         if target.numerator_best and tops:
-            tops = [max(tops, key=lambda r: _metric(r, target.metric))]
+            tops = [max(tops, key=lambda r: _metric(r, target.metric) or 0.0)]
         for top in tops:
             for bottom in (r for r in ok_rows if row_matches(r, target.denominator)):
                 top_value, bottom_value = _metric(top, target.metric), _metric(bottom, target.metric)

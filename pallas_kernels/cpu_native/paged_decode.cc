@@ -170,7 +170,7 @@ void AttendSequence(const Problem& p, int64_t seq, const T* upcoming) {
         for (int64_t d = 0; d < head_dim; ++d) acc[d] *= rescale[g];
       }
       // The weighted V rows. (Accumulating head_dim in register-sized chunks over the page's tokens instead was
-      // measured: 1.4-1.7x slower, decode and prefill.)
+      // measured: 1.2-1.8x slower, decode and prefill.)
       for (int64_t t = t0; t < t1; ++t) {
         const T* v = head_kv + t * row_stride + head_dim;
         for (int64_t g = 0; g < group; ++g) {
