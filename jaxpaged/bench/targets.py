@@ -81,9 +81,9 @@ def evaluate_target(target: TargetConfig, rows: list[dict]) -> dict:
             tops = [max(tops, key=lambda r: _metric(r, target.metric) or 0.0)]
         for top in tops:
             for bottom in (r for r in ok_rows if row_matches(r, target.denominator)):
-                top_value, bottom_value = _metric(top, target.metric), _metric(bottom, target.metric)
+                top_value, bottom_value = _metric(top, target.metric) or 0.0, _metric(bottom, target.metric)
                 paired = all(_row_value(top, key) == _row_value(bottom, key) for key in target.pair_by)
-                if top["workload_key"] == bottom["workload_key"] and paired and top_value is not None and bottom_value:
+                if top["workload_key"] == bottom["workload_key"] and paired and bottom_value:
                     ratios.append((top_value / bottom_value, top, bottom))
         values = [ratio for ratio, _, _ in ratios]
         detail = "ratio of " + target.metric

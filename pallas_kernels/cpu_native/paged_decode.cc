@@ -73,13 +73,17 @@ inline float ExpNonPositive(float x) {
   return p * scale;
 }
 
-// The first page a sequence reads (its sliding window's start), or nullptr when it has no work.
+// The first KV position a token at `position` sees: its sliding window's start, else 0.
+inline int64_t WindowStart(const Problem& p, int64_t position) {
+  return p.sliding_window > 0 ? std::max<int64_t>(0, position - p.sliding_window + 1) : 0;
+}
+
+// The first page a sequence reads, or nullptr when it has no work.
 template <typename T>
 const T* FirstPage(const Problem& p, int64_t seq) {
   const int32_t position = p.positions[seq];
   if (position < 0) return nullptr;
-  const int64_t first = p.sliding_window > 0 ? std::max<int64_t>(0, position - p.sliding_window + 1) : 0;
-  const int64_t page = p.block_tables[seq * p.pages_per_seq + first / p.page_size];
+  const int64_t page = p.block_tables[seq * p.pages_per_seq + WindowStart(p, position) / p.page_size];
   if (page < 0 || page >= p.num_pages) return nullptr;
   return static_cast<const T*>(p.kv) + page * p.page_size * 2 * p.num_kv_heads * p.head_dim;
 }
@@ -105,14 +109,14 @@ void AttendSequence(const Problem& p, int64_t seq, const T* upcoming) {
   std::fill(out, out + rows * head_dim, 0.0f);  // the accumulators, divided by the sums at the end
   if (position < 0) return;
   const float* q = p.q + seq * rows * head_dim;
-  const int64_t first = p.sliding_window > 0 ? std::max<int64_t>(0, position - p.sliding_window + 1) : 0;
+  const int64_t first = WindowStart(p, position);
   const int64_t end = static_cast<int64_t>(position) + 1;
   const T* kv = static_cast<const T*>(p.kv);
   const int64_t row_stride = 2 * num_heads * head_dim;  // one token of one page
   const int64_t head_row_bytes = 2 * head_dim * static_cast<int64_t>(sizeof(T));  // one head's K and V of a token
   const int32_t* table = p.block_tables + seq * p.pages_per_seq;
 
-  float running_max[kMaxRows], running_sum[kMaxRows], rescale[kMaxGroup];
+  float running_max[kMaxRows], running_sum[kMaxRows];
   float weights[kMaxGroup][kMaxPageSize];
   std::fill(running_max, running_max + rows, -std::numeric_limits<float>::infinity());
   std::fill(running_sum, running_sum + rows, 0.0f);
@@ -157,18 +161,16 @@ void AttendSequence(const Problem& p, int64_t seq, const T* upcoming) {
         const int64_t row = head * group + g;
         float page_max = running_max[row];
         for (int64_t t = t0; t < t1; ++t) page_max = std::max(page_max, weights[g][t]);
-        rescale[g] = running_sum[row] > 0.0f ? ExpNonPositive(running_max[row] - page_max) : 0.0f;
+        const float rescale = running_sum[row] > 0.0f ? ExpNonPositive(running_max[row] - page_max) : 0.0f;
         running_max[row] = page_max;
         float page_sum = 0.0f;
         for (int64_t t = t0; t < t1; ++t) {
           weights[g][t] = ExpNonPositive(weights[g][t] - page_max);
           page_sum += weights[g][t];
         }
-        running_sum[row] = running_sum[row] * rescale[g] + page_sum;
-      }
-      for (int64_t g = 0; g < group; ++g) {
-        float* acc = out + (head * group + g) * head_dim;
-        for (int64_t d = 0; d < head_dim; ++d) acc[d] *= rescale[g];
+        running_sum[row] = running_sum[row] * rescale + page_sum;
+        float* acc = out + row * head_dim;
+        for (int64_t d = 0; d < head_dim; ++d) acc[d] *= rescale;
       }
       // The weighted V rows. (Accumulating head_dim in register-sized chunks over the page's tokens instead was
       // measured: 1.2-1.8x slower, decode and prefill.)
