@@ -230,6 +230,7 @@ class LLMEngine:
         scheduler = self.schedulers[rank]
         updated = scheduler.update_from_output(output, result.token_ids)
         touched: dict[str, RequestGroup] = {}
+        sample_finished: dict[str, RequestGroup] = {}
         for entry in result.prompt_logprobs:
             owner = self._samples.get(entry.request_id)
             if owner is not None:
@@ -251,12 +252,16 @@ class LLMEngine:
             group.record_token(sample_state, token_id, top, sampled_logprob, self.tokenizer, sampled_rank,
                                grammar_complete)
             self._generation_tokens_total += 1
-            if sample_state.finish_reason is not None and not request.is_finished():
-                stopped_by_string.append(request.request_id)  # a stop string, or its grammar completed
+            if sample_state.finish_reason is not None:
+                if not request.is_finished():
+                    stopped_by_string.append(request.request_id)  # a stop string, or its grammar completed
+                sample_finished[group.request_id] = group
             touched[group.request_id] = group
         if stopped_by_string:
             scheduler.finish_requests(stopped_by_string, RequestStatus.FINISHED_STOPPED)
-        outputs = [group.to_output() for group in touched.values() if not final_only or group.finished()]
+        # A group finishes only in a step where one of its samples does: final_only asks just those.
+        candidates = sample_finished if final_only else touched
+        outputs = [group.to_output() for group in candidates.values() if not final_only or group.finished()]
         for out in outputs:
             if out.finished:
                 self._forget(out.request_id)

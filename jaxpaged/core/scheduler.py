@@ -142,6 +142,7 @@ class Scheduler:
             raise ValueError(f"sampled_token_ids: expected {num_sampled_requests} (one per sampling request), "
                              f"got {len(sampled_token_ids)}")
         cache_full_blocks = self.kv_cache_manager.cache_full_blocks
+        block_size = self.block_size
         max_model_len = self.max_model_len
         updated_requests = []
         any_finished = False
@@ -154,7 +155,9 @@ class Scheduler:
                 sample_index += 1
             if request.status is not _RUNNING:
                 continue  # finished by finish_requests() after this step was scheduled
-            cache_full_blocks(request)
+            # A one-token step fills a block only when it took the block's last slot (most decodes do not).
+            if len(scheduled_request.token_ids) != 1 or request.num_computed_tokens % block_size == 0:
+                cache_full_blocks(request)
             if not sample:
                 continue
             request.append_output_token(token_id)
@@ -174,6 +177,7 @@ class Scheduler:
         threshold = self.long_prefill_token_threshold
         allocate_slots = self.kv_cache_manager.allocate_slots
         get_block_ids = self.kv_cache_manager.get_block_ids
+        block_size = self.block_size
         running = self.running
         # NOTE: decodes are never starved: running requests keep their admission order, a prefill chunk is
         # capped by the budget only when nothing was admitted behind it, so what the requests up to any
@@ -192,18 +196,21 @@ class Scheduler:
             elif num_new_tokens <= 0:
                 index += 1  # nothing to compute until update_from_output() appends its sampled token
                 continue
-            new_block_ids = allocate_slots(request, num_new_tokens)
-            while new_block_ids is None:
-                victim_index = self._select_victim_index()
-                victim = running[victim_index]
-                budget += self._preempt(victim_index, index, scheduled, preempted_request_ids)
-                if victim is request:
-                    break
-                if victim_index < index:
-                    index -= 1
+            # Most decodes write into room left in their last block (its earlier slot is computed, so it is
+            # held): only a chunk, or a token that opens a new block, needs allocating.
+            if num_new_tokens != 1 or start % block_size == 0:
                 new_block_ids = allocate_slots(request, num_new_tokens)
-            if new_block_ids is None:
-                break  # the request preempted itself: nothing behind it would get blocks either
+                while new_block_ids is None:
+                    victim_index = self._select_victim_index()
+                    victim = running[victim_index]
+                    budget += self._preempt(victim_index, index, scheduled, preempted_request_ids)
+                    if victim is request:
+                        break
+                    if victim_index < index:
+                        index -= 1
+                    new_block_ids = allocate_slots(request, num_new_tokens)
+                if new_block_ids is None:
+                    break  # the request preempted itself: nothing behind it would get blocks either
             end = start + num_new_tokens
             scheduled.append(ScheduledRequest(request, tokens[start:end], start,
                                               get_block_ids(request.request_id), end == len(tokens)))

@@ -5,10 +5,14 @@ so a new mix of prompts, positions or block tables never triggers a compile.
 """
 
 import dataclasses
+from collections.abc import Sequence
 
 import numpy as np
 from jaxtyping import Int
 
+from jaxpaged.core.scheduler_output import ScheduledRequest
+from jaxpaged.runner.buckets import Bucket
+from jaxpaged.runner.host_block_table import HostBlockTable
 from pallas_kernels.ragged_paged_attention import AttentionMetadata, empty_attention_metadata
 from pallas_kernels.ragged_paged_attention.metadata import HostOrDeviceArray, register_pytree_dataclass
 
@@ -37,3 +41,50 @@ def empty_step_inputs(num_tokens: int, max_num_seqs: int, pages_per_seq: int) ->
                       attention=empty_attention_metadata(num_tokens, max_num_seqs, pages_per_seq),
                       sample_indices=np.zeros(max_num_seqs, np.int32),
                       prompt_logprob_targets=np.full(num_tokens, -1, np.int32))
+
+
+def fill_step_inputs(scheduled: Sequence[ScheduledRequest], bucket: Bucket, block_table: HostBlockTable,
+                     block_size: int) -> StepInputs:
+    """The scheduled requests laid out in a zero-padded host batch of the bucket's shapes; `block_table` (the
+    runner's, kept between steps) is brought up to date and copied in.
+
+    Each field is gathered in a Python list and converted once. Host time here is spent with cold caches (the
+    device step streamed the weights through them), where what counts is how much code and data is touched:
+    a numpy call per request and field cost ~4.5 us a request, vectorising with numpy more (each call is cold
+    code); list appends in one loop cost the least (measured at 64 decodes on an AMD EPYC).
+    """
+    batch = empty_step_inputs(bucket.num_tokens, bucket.num_seqs, block_table.table.shape[1])
+    attention = batch.attention
+    num_seqs = len(scheduled)
+    attention.block_tables[:num_seqs] = block_table.update([item.block_ids for item in scheduled])[:num_seqs]
+    token_ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    kv_lens: list[int] = []
+    query_ends: list[int] = []
+    sample_rows: list[int] = []
+    for item in scheduled:
+        start, block_ids = item.start_position, item.block_ids
+        token_ids += item.token_ids
+        end = start + len(item.token_ids)
+        if end == start + 1:  # a decode, the common case
+            positions.append(start)
+            slots.append(block_ids[start // block_size] * block_size + start % block_size)
+        else:
+            span = range(start, end)
+            positions += span
+            slots += [block_ids[position // block_size] * block_size + position % block_size for position in span]
+        kv_lens.append(end)
+        query_ends.append(len(token_ids))
+        if item.sample:
+            sample_rows.append(len(token_ids) - 1)
+    num_tokens = len(token_ids)
+    batch.token_ids[:num_tokens] = token_ids
+    batch.positions[:num_tokens] = positions
+    attention.slot_mapping[:num_tokens] = slots
+    attention.kv_lens[:num_seqs] = kv_lens
+    attention.cu_q_lens[1:num_seqs + 1] = query_ends
+    attention.cu_q_lens[num_seqs + 1:] = num_tokens
+    attention.num_seqs[0] = num_seqs
+    batch.sample_indices[:len(sample_rows)] = sample_rows
+    return batch

@@ -22,10 +22,11 @@ from jaxpaged.models.layers import paged_attention
 from jaxpaged.models.llama import LlamaForCausalLM, unroll_layers_on
 from jaxpaged.runner import compile_counter
 from jaxpaged.runner import mesh as mesh_lib
-from jaxpaged.runner.batch import StepInputs, empty_step_inputs
+from jaxpaged.runner.batch import StepInputs, empty_step_inputs, fill_step_inputs
 from jaxpaged.runner.block_copy import copy_blocks, empty_copy_batch, padded_copy_batches
 from jaxpaged.runner.buckets import Bucket, BucketLadder
 from jaxpaged.runner.dtype_probe import probe_cpu_dtype
+from jaxpaged.runner.host_block_table import HostBlockTable
 from jaxpaged.runner.kv_cache import (
     allocate_kv_cache,
     choose_kv_layout,
@@ -106,6 +107,7 @@ class ModelRunner:
                                           sharding=kv_sharding, layout=self.kv_layout)
         self.pages_per_seq = -(-sched.max_model_len // self.block_size)
         self.ladder = BucketLadder(sched.max_num_batched_tokens, sched.max_num_seqs)
+        self.block_table = HostBlockTable(sched.max_num_seqs, self.pages_per_seq)
         self._replicated = mesh_lib.replicated(self.mesh)
         attend = functools.partial(paged_attention, backend=self.backend)
         if tp > 1:
@@ -195,40 +197,14 @@ class ModelRunner:
         targets is left in self._prompt_rows for launch(): prepare() keeps its signature, since the bench's step
         probe times it by wrapping it."""
         scheduled = output.scheduled
-        self._prompt_rows = []
         bucket = self.ladder.pick(output.num_scheduled_tokens, len(scheduled))
-        batch = empty_step_inputs(bucket.num_tokens, bucket.num_seqs, self.pages_per_seq)
-        attention = batch.attention
-        block_size = self.block_size
-        token_start = 0
-        num_sampled = 0
+        batch = fill_step_inputs(scheduled, bucket, self.block_table, self.block_size)
+        self._prompt_rows = []
         for seq_index, item in enumerate(scheduled):
-            num_new = len(item.token_ids)
-            token_end = token_start + num_new
-            kv_len = item.start_position + num_new
-            block_ids = item.block_ids
-            batch.token_ids[token_start:token_end] = item.token_ids
-            if num_new == 1:  # decode: skip numpy's per-call overhead for the common case
-                position = item.start_position
-                batch.positions[token_start] = position
-                block_id = block_ids[position // block_size]
-                attention.slot_mapping[token_start] = block_id * block_size + position % block_size
-            else:
-                positions = np.arange(item.start_position, kv_len, dtype=np.int32)
-                blocks = np.asarray(block_ids, dtype=np.int32)[positions // block_size]
-                batch.positions[token_start:token_end] = positions
-                attention.slot_mapping[token_start:token_end] = blocks * block_size + positions % block_size
-            attention.block_tables[seq_index, :len(block_ids)] = block_ids
-            attention.kv_lens[seq_index] = kv_len
-            attention.cu_q_lens[seq_index + 1] = token_end
-            if item.sample:
-                batch.sample_indices[num_sampled] = token_end - 1
-                num_sampled += 1
             if item.request.computes_whole_prompt:
-                self._set_prompt_logprob_targets(batch, item.request, token_start, item.start_position, kv_len)
-            token_start = token_end
-        attention.cu_q_lens[len(scheduled) + 1:] = token_start
-        attention.num_seqs[0] = len(scheduled)
+                token_start = int(batch.attention.cu_q_lens[seq_index])
+                self._set_prompt_logprob_targets(batch, item.request, token_start, item.start_position,
+                                                 item.start_position + len(item.token_ids))
         return bucket, batch
 
     def _set_prompt_logprob_targets(self, batch: StepInputs, request, token_start: int, start: int,
