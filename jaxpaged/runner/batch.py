@@ -48,10 +48,10 @@ def fill_step_inputs(scheduled: Sequence[ScheduledRequest], bucket: Bucket, bloc
     """The scheduled requests laid out in a zero-padded host batch of the bucket's shapes; `block_table` (the
     runner's, kept between steps) is brought up to date and copied in.
 
-    Each field is gathered in a Python list and converted once. Host time here is spent with cold caches (the
-    device step streamed the weights through them), where what counts is how much code and data is touched:
-    a numpy call per request and field cost ~4.5 us a request, vectorising with numpy more (each call is cold
-    code); list appends in one loop cost the least (measured at 64 decodes on an AMD EPYC).
+    Each field is gathered in a Python list and converted once. This runs with cold caches (the device step has
+    just streamed the weights through them), where what counts is how much code and data a step touches. At 64
+    decodes (AMD EPYC, AVX2): a numpy call per request and field took 0.32-0.34 ms, numpy-vectorised filling
+    0.37-0.40 ms (every numpy call is cold code), this loop 0.22 ms.
     """
     batch = empty_step_inputs(bucket.num_tokens, bucket.num_seqs, block_table.table.shape[1])
     attention = batch.attention
