@@ -76,12 +76,13 @@ def evaluate_target(target: TargetConfig, rows: list[dict]) -> dict:
     if target.is_ratio:
         assert target.numerator is not None and target.denominator is not None  # is_ratio; checked together
         ratios = []
-        tops = [r for r in ok_rows if row_matches(r, target.numerator) and _metric(r, target.metric) is not None]
+        tops = [(r, value) for r in ok_rows if row_matches(r, target.numerator)
+                and (value := _metric(r, target.metric)) is not None]
         if target.numerator_best and tops:
-            tops = [max(tops, key=lambda r: _metric(r, target.metric) or 0.0)]
-        for top in tops:
+            tops = [max(tops, key=lambda top_and_value: top_and_value[1])]
+        for top, top_value in tops:
             for bottom in (r for r in ok_rows if row_matches(r, target.denominator)):
-                top_value, bottom_value = _metric(top, target.metric) or 0.0, _metric(bottom, target.metric)
+                bottom_value = _metric(bottom, target.metric)
                 paired = all(_row_value(top, key) == _row_value(bottom, key) for key in target.pair_by)
                 if top["workload_key"] == bottom["workload_key"] and paired and bottom_value:
                     ratios.append((top_value / bottom_value, top, bottom))

@@ -64,10 +64,10 @@ def fill_step_inputs(scheduled: Sequence[ScheduledRequest], bucket: Bucket, bloc
     query_ends: list[int] = []
     sample_rows: list[int] = []
     for item in scheduled:
-        start, block_ids = item.start_position, item.block_ids
+        start, block_ids, num_new = item.start_position, item.block_ids, len(item.token_ids)
         token_ids += item.token_ids
-        end = start + len(item.token_ids)
-        if end == start + 1:  # a decode, the common case
+        end = start + num_new
+        if num_new == 1:  # a decode, the common case
             positions.append(start)
             slots.append(block_ids[start // block_size] * block_size + start % block_size)
         else:

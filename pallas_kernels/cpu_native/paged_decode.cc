@@ -78,14 +78,19 @@ inline int64_t WindowStart(const Problem& p, int64_t position) {
   return p.sliding_window > 0 ? std::max<int64_t>(0, position - p.sliding_window + 1) : 0;
 }
 
+// Page `page` of the pool, or nullptr for an id outside it (never in a valid table; nothing out of bounds is read).
+template <typename T>
+inline const T* PageAt(const Problem& p, int64_t page) {
+  if (page < 0 || page >= p.num_pages) return nullptr;
+  return static_cast<const T*>(p.kv) + page * p.page_size * 2 * p.num_kv_heads * p.head_dim;
+}
+
 // The first page a sequence reads, or nullptr when it has no work.
 template <typename T>
 const T* FirstPage(const Problem& p, int64_t seq) {
   const int32_t position = p.positions[seq];
   if (position < 0) return nullptr;
-  const int64_t page = p.block_tables[seq * p.pages_per_seq + WindowStart(p, position) / p.page_size];
-  if (page < 0 || page >= p.num_pages) return nullptr;
-  return static_cast<const T*>(p.kv) + page * p.page_size * 2 * p.num_kv_heads * p.head_dim;
+  return PageAt<T>(p, p.block_tables[seq * p.pages_per_seq + WindowStart(p, position) / p.page_size]);
 }
 
 // Asks for `bytes` at `address` into the L2 cache (not L1: the page being worked on lives there).
@@ -111,7 +116,6 @@ void AttendSequence(const Problem& p, int64_t seq, const T* upcoming) {
   const float* q = p.q + seq * rows * head_dim;
   const int64_t first = WindowStart(p, position);
   const int64_t end = static_cast<int64_t>(position) + 1;
-  const T* kv = static_cast<const T*>(p.kv);
   const int64_t row_stride = 2 * num_heads * head_dim;  // one token of one page
   const int64_t head_row_bytes = 2 * head_dim * static_cast<int64_t>(sizeof(T));  // one head's K and V of a token
   const int32_t* table = p.block_tables + seq * p.pages_per_seq;
@@ -122,21 +126,16 @@ void AttendSequence(const Problem& p, int64_t seq, const T* upcoming) {
   std::fill(running_sum, running_sum + rows, 0.0f);
 
   for (int64_t page_index = first / page_size; page_index * page_size < end; ++page_index) {
-    const int64_t page = table[page_index];
-    if (page < 0 || page >= p.num_pages) continue;  // never for a valid table; no out-of-bounds read either way
+    const T* page_kv = PageAt<T>(p, table[page_index]);
+    if (page_kv == nullptr) continue;
     const int64_t t0 = std::max(first, page_index * page_size) - page_index * page_size;
     const int64_t t1 = std::min(end, (page_index + 1) * page_size) - page_index * page_size;
-    const T* page_kv = kv + page * page_size * row_stride;
     // Pages sit anywhere in the pool and the hardware prefetcher only follows the run within a page: each token's
     // rows of this page ask for the same rows of the next page (after the last page: of the next sequence's first),
     // so it streams into L2 while this one is worked on, spread over the page instead of a burst at its start.
     // Measured on a 2-core AMD EPYC (AVX2): twice the useful bandwidth of asking for the whole next page into L1 at
     // the page's start (README, Performance), which evicted the page being read.
-    const T* next_page_kv = upcoming;
-    if ((page_index + 1) * page_size < end) {
-      const int64_t next_page = table[page_index + 1];
-      next_page_kv = next_page >= 0 && next_page < p.num_pages ? kv + next_page * page_size * row_stride : nullptr;
-    }
+    const T* next_page_kv = (page_index + 1) * page_size < end ? PageAt<T>(p, table[page_index + 1]) : upcoming;
     for (int64_t head = 0; head < num_heads; ++head) {
       const T* head_kv = page_kv + 2 * head * head_dim;
       const float* q_head = q + head * group * head_dim;
