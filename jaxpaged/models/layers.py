@@ -4,13 +4,14 @@
 """
 
 import math
-from typing import Optional
+from typing import Optional, Union
 
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
 from jaxpaged.models.model_config import RopeScaling
+from pallas_kernels.cpu_native.packed_matmul import packed_matmul
 from pallas_kernels.ragged_paged_attention import AttentionMetadata, KVPages, ragged_paged_attention, write_kv
 
 
@@ -52,14 +53,23 @@ def apply_rope(x: Float[Array, "tokens heads head_dim"], positions: Int[Array, "
     return rotated.astype(x.dtype)
 
 
-def matmul(x: Float[Array, "tokens inner"], weight: Float[Array, "inner outer"]) -> Float[Array, "tokens outer"]:
-    """x @ weight accumulated in float32, rounded back to x's dtype: bfloat16 weights run the CPU's bfloat16 dot
-    units (AMX, AVX512-BF16) with float32 sums, as HF's bfloat16 matmuls do; float32 is unchanged."""
-    return jnp.dot(x, weight, preferred_element_type=jnp.float32).astype(x.dtype)
+MatmulWeight = Union[Float[Array, "_inner _outer"], Float[Array, "_panels _inner 16"]]
+"""A weight [inner, outer], or float32 packed into panels [outer / 16, inner, 16] (models/packed_weights.py)."""
 
 
-def gated_mlp(x: Float[Array, "tokens hidden"], gate: Float[Array, "hidden inter"], up: Float[Array, "hidden inter"],
-              down: Float[Array, "inter hidden"], activation: str = "silu") -> Float[Array, "tokens hidden"]:
+def matmul(x: Float[Array, "tokens inner"], weight: MatmulWeight, out_dtype=None) -> Float[Array, "tokens _"]:
+    """x @ weight accumulated in float32, rounded to out_dtype (default: x's dtype): bfloat16 weights run the CPU's
+    bfloat16 dot units (AMX, AVX512-BF16) with float32 sums, as HF's bfloat16 matmuls do; float32 is unchanged. A
+    3-D weight is float32 packed into panels (models/packed_weights.py) and runs the native CPU matmul."""
+    if weight.ndim == 3:
+        product = packed_matmul(x, weight)
+    else:
+        product = jnp.dot(x, weight, preferred_element_type=jnp.float32)
+    return product.astype(x.dtype if out_dtype is None else out_dtype)
+
+
+def gated_mlp(x: Float[Array, "tokens hidden"], gate: MatmulWeight, up: MatmulWeight, down: MatmulWeight,
+              activation: str = "silu") -> Float[Array, "tokens hidden"]:
     """Gated feed-forward down(act(gate(x)) * up(x)): SwiGLU ("silu"), or GeGLU with tanh GELU ("gelu_tanh")."""
     gated = matmul(x, gate)
     gated = jax.nn.silu(gated) if activation == "silu" else jax.nn.gelu(gated, approximate=True)

@@ -16,6 +16,7 @@ from jaxtyping import Array, Float, Int, Shaped, UInt32
 
 from jaxpaged.models.layers import apply_rope, gated_mlp, matmul, rms_norm, rope_inverse_frequencies
 from jaxpaged.models.model_config import ModelConfig
+from jaxpaged.models.packed_weights import embedding_rows, is_packed, packed_shape
 from jaxpaged.models.param_shapes import param_shapes
 from pallas_kernels.bfloat16_bits import from_bits, to_bits
 from pallas_kernels.ragged_paged_attention import AttentionMetadata
@@ -78,14 +79,17 @@ class DecoderLayers(nnx.Module):
 class LlamaForCausalLM(nnx.Module):
     """Decoder-only transformer; logits only for the rows that are sampled."""
 
-    def __init__(self, cfg: ModelConfig, params: dict[str, LayerWeight]):
-        """`params`: the loaders' flat names; layer weights stacked, or listed per layer (DecoderLayers)."""
+    def __init__(self, cfg: ModelConfig, params: dict[str, LayerWeight], packed: bool = False):
+        """`params`: the loaders' flat names; layer weights stacked, or listed per layer (DecoderLayers).
+        `packed`: the matmul weights that pack are panels for the native CPU matmul (packed_weights.py)."""
         expected = param_shapes(cfg)
         if set(params) != set(expected):
             raise ValueError(f"params: expected names {sorted(expected)}, got {sorted(params)}")
         for name, shape in expected.items():
             value = params[name]
             got = (len(value), *value[0].shape) if isinstance(value, list) else tuple(value.shape)
+            if packed and is_packed(name, shape, cfg):
+                shape = packed_shape(name, shape, cfg)
             if got != shape:
                 raise ValueError(f"params[{name!r}]: expected shape {shape}, got {got}")
         self.cfg = cfg
@@ -117,7 +121,7 @@ class LlamaForCausalLM(nnx.Module):
         eps, offset = cfg.rms_norm_eps, cfg.norm_offset
         num_layers, num_blocks = kv_cache.shape[:2]
         kv_pages = kv_cache.reshape(num_layers * num_blocks, *kv_cache.shape[2:])
-        x = self.embed[...][token_ids]
+        x = embedding_rows(self.embed[...], token_ids)
         if cfg.embed_scale is not None:
             x = x * jnp.asarray(cfg.embed_scale, x.dtype)  # rounded to the activation dtype first, as HF does
         # Per-layer facts ride along the scan: whether the layer slides its window, and its RoPE frequencies
@@ -182,12 +186,14 @@ class LlamaForCausalLM(nnx.Module):
         caps them)."""
         cfg = self.cfg
         h = rms_norm(x, self.final_norm[...], cfg.rms_norm_eps, cfg.norm_offset)
-        if self.lm_head is None:
+        if self.lm_head is not None:
+            logits = matmul(h, self.lm_head[...], out_dtype=jnp.float32)
+        elif self.embed[...].ndim == 3:  # a tied table stored as the panels of its transpose (packed_weights.py)
+            logits = matmul(h, self.embed[...], out_dtype=jnp.float32)
+        else:
             # Contract with the tied embedding's rows directly: `h @ embed.T` makes XLA:CPU transpose the whole
             # bfloat16 table every step (57 ms against 13 ms at 64 rows, SmolLM2's 49152 x 576).
             logits = jnp.einsum("rh,vh->rv", h, self.embed[...], preferred_element_type=jnp.float32)
-        else:
-            logits = jnp.dot(h, self.lm_head[...], preferred_element_type=jnp.float32)
         if cfg.final_soft_cap is not None:
             logits = cfg.final_soft_cap * jnp.tanh(logits / cfg.final_soft_cap)
         return logits

@@ -2,9 +2,9 @@
 
 CPUs differ: AVX512-BF16 or AMX make bfloat16 dots 2-4x faster than float32 on some, others emulate bfloat16 and run
 it slower. The probe times what a CPU step does with its weights, in both dtypes: unrolled layers, each matmul
-reading its own weight array (as llama.DecoderLayers stores them on the CPU), at a decode-sized and a prefill-sized
-row count. Whole steps also read half the KV bytes in bfloat16, so the probe's verdict is a lower bound on
-bfloat16's gain.
+reading its own weight array (as llama.DecoderLayers stores them on the CPU; float32 ones packed for the native
+matmul when it is built, as packed_weights.py stores them), at a decode-sized and a prefill-sized row count. Whole
+steps also read half the KV bytes in bfloat16, so the probe's verdict is a lower bound on bfloat16's gain.
 """
 
 import dataclasses
@@ -18,12 +18,15 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxpaged.atomic_file import write_atomically
 from jaxpaged.models.layers import matmul
+from jaxpaged.models.packed_weights import packs_weights_on
 from jaxpaged.timing import call_seconds
 from jaxpaged.weights.loader import cache_root
-from pallas_kernels.cpu_native.paged_decode import cpu_identity
+from pallas_kernels.cpu_native.native_build import cpu_identity
+from pallas_kernels.cpu_native.packed_matmul import pack_panels
 
 logger = logging.getLogger(__name__)
 
@@ -54,11 +57,19 @@ def _layer_loop(x: jax.Array, ups: list[jax.Array], downs: list[jax.Array]) -> j
     return x
 
 
+def _packs_float32() -> bool:
+    """Whether float32 steps on this CPU run the native packed matmul (models/packed_weights.py), as the probe then
+    does too."""
+    return packs_weights_on("cpu", jnp.float32, 1)
+
+
 def _time_loop(dtype, rows: int, repeats: int = 5) -> float:
     keys = jax.random.split(jax.random.PRNGKey(0), 2 * PROBE_LAYERS + 1)
+    packed = jnp.dtype(dtype) == jnp.float32 and _packs_float32()
 
     def weight(key, shape):
-        return (jax.random.normal(key, shape, jnp.float32) * 0.02).astype(dtype)
+        value = (jax.random.normal(key, shape, jnp.float32) * 0.02).astype(dtype)
+        return jnp.asarray(pack_panels(np.asarray(value))) if packed else value
 
     ups = [weight(key, (PROBE_HIDDEN, PROBE_INTERMEDIATE)) for key in keys[:PROBE_LAYERS]]
     downs = [weight(key, (PROBE_INTERMEDIATE, PROBE_HIDDEN)) for key in keys[PROBE_LAYERS:-1]]
@@ -71,7 +82,7 @@ def verdict_path() -> pathlib.Path:
     """Where this machine keeps its verdict: keyed by the CPU (model and every flag), JAX and the probe's shapes."""
     digest = hashlib.sha256()
     shapes = (PROBE_ROWS, PROBE_LAYERS, PROBE_HIDDEN, PROBE_INTERMEDIATE)
-    for part in (cpu_identity(), jax.__version__, repr(shapes)):
+    for part in (cpu_identity(), jax.__version__, repr(shapes), f"packed float32: {_packs_float32()}"):
         digest.update(part.encode())
     return cache_root() / "dtype_probe" / f"{digest.hexdigest()[:16]}.json"
 

@@ -25,6 +25,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxpaged.models.model_config import ModelConfig
+from jaxpaged.models.packed_weights import is_packed, pack_param
 
 DATA_AXIS, MODEL_AXIS = "data", "model"
 
@@ -128,13 +129,18 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 
 def place_params(params: dict[str, np.ndarray], model: ModelConfig, mesh: Mesh, dtype, *,
-                 per_layer: bool = False) -> dict[str, Union[jax.Array, list[jax.Array]]]:
+                 per_layer: bool = False, pack: bool = False) -> dict[str, Union[jax.Array, list[jax.Array]]]:
     """Each device receives only its shard, converted to `dtype` slice by slice (no whole-model copy).
 
     per_layer: each stacked layer weight ("layers.*") becomes a list of one array per layer, placed layer by layer,
     so no stacked copy exists on the device even for a moment (llama.DecoderLayers says when the model wants that).
+    pack: matmul weights are packed on the host into the native CPU matmul's panels first (packed_weights.py; one
+    device, so nothing is split).
     """
     tp = mesh.shape[MODEL_AXIS]
+    if pack and (tp != 1 or not per_layer):
+        raise ValueError(f"packed weights are placed per layer on one device per rank, got tp={tp}, "
+                         f"per_layer={per_layer}")
 
     def place(host: np.ndarray, spec: P) -> jax.Array:
         return jax.make_array_from_callback(host.shape, NamedSharding(mesh, spec),
@@ -143,7 +149,12 @@ def place_params(params: dict[str, np.ndarray], model: ModelConfig, mesh: Mesh, 
     placed: dict[str, Union[jax.Array, list[jax.Array]]] = {}
     for name, value in params.items():
         spec = param_partition_spec(name, value.shape, model, tp)
-        if per_layer and name.startswith("layers."):
+        if pack and is_packed(name, value.shape, model):
+            if name.startswith("layers."):
+                placed[name] = [place(pack_param(name, layer), P()) for layer in value]
+            else:
+                placed[name] = place(pack_param(name, value), P())
+        elif per_layer and name.startswith("layers."):
             placed[name] = [place(layer, P(*spec[1:])) for layer in value]  # the spec less the layer axis
         else:
             placed[name] = place(value, spec)

@@ -1,10 +1,13 @@
-"""The two arrangements of the decoder layers (llama.DecoderLayers) compute the same step.
+"""The arrangements of the weights (llama.DecoderLayers, models/packed_weights.py) compute the same step.
 
-Stacked weights under `lax.scan` serve GPU and TPU; per-layer weights, unrolled, serve the CPU. Both runners here
-run on the CPU, so the stacked path is checked against the CPU's own, step by step, KV writes included: on a Llama,
-and on a Gemma 3 whose layers alternate sliding and full attention (a traced choice per scanned layer, a fixed one
-per unrolled layer) with prompts past its window.
+Stacked weights under `lax.scan` serve GPU and TPU; per-layer weights, unrolled, serve the CPU, where float32 matmul
+weights are also packed into panels for the native matmul. All runners here run on the CPU, so the stacked and the
+unpacked paths are checked against the CPU's own, step by step, KV writes included: on a Llama, on a Gemma 3 whose
+layers alternate sliding and full attention (a traced choice per scanned layer, a fixed one per unrolled layer) with
+prompts past its window, and on models whose vocabulary head packs (tied or not) or cannot (150 columns).
 """
+
+from typing import Any
 
 import numpy as np
 import pytest
@@ -16,13 +19,17 @@ from tests.models.conftest import make_hf_checkpoint
 from tests.runner.test_step_preparation import _scheduled
 
 
-def _runner(model_dir, unrolled: bool, monkeypatch):
+def _runner(model_dir, unrolled: bool, monkeypatch, packed: bool = True):
     from jaxpaged.weights.loader import load_model
 
     monkeypatch.setattr(model_runner_module, "unroll_layers_on", lambda platform: unrolled)
+    if not packed:
+        monkeypatch.setattr(model_runner_module, "packs_weights_on", lambda platform, dtype, tp: False)
     config = EngineConfig.from_options(block_size=4, num_kv_blocks=32, max_model_len=64, max_num_batched_tokens=16,
                                        max_num_seqs=4, dtype="float32", attention_backend="xla")
-    return model_runner_module.ModelRunner(load_model(str(model_dir)), config)
+    runner = model_runner_module.ModelRunner(load_model(str(model_dir)), config)
+    monkeypatch.undo()
+    return runner
 
 
 @pytest.mark.parametrize("unrolled", [True, False])
@@ -38,10 +45,51 @@ def gemma3_dir(tmp_path_factory):
     return directory
 
 
-@pytest.mark.parametrize("model", ["llama", "gemma3"])
-def test_stacked_and_per_layer_weights_give_the_same_logits(model, tiny_model_dir, gemma3_dir, monkeypatch):
-    model_dir = tiny_model_dir if model == "llama" else gemma3_dir
-    runners = [_runner(model_dir, unrolled, monkeypatch) for unrolled in (False, True)]
+@pytest.fixture(scope="module")
+def untied_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("untied")
+    make_hf_checkpoint("llama", directory)  # an lm_head of 160 columns: 10 panels
+    return directory
+
+
+@pytest.fixture(scope="module")
+def odd_vocab_dir(tmp_path_factory):
+    import torch
+    import transformers
+
+    from tests.models.conftest import TINY
+
+    directory = tmp_path_factory.mktemp("odd-vocab")
+    torch.manual_seed(0)
+    options: dict[str, Any] = {**TINY, "vocab_size": 150}
+    config = transformers.Qwen2Config(**options, tie_word_embeddings=True)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(directory)
+    return directory
+
+
+def test_float32_cpu_runners_pack_every_matmul_weight_that_fills_whole_panels(tiny_model_dir, untied_dir,
+                                                                              odd_vocab_dir, monkeypatch):
+    tied = _runner(tiny_model_dir, True, monkeypatch).state
+    assert tied["embed"].shape == (49152 // 16, 64, 16)  # the vocabulary projection, stored once
+    layer = tied["layers"]["layers"][0]
+    assert layer["q_proj"].shape == (64 // 16, 64, 16) and layer["down_proj"].shape == (64 // 16, 128, 16)
+    assert layer["input_norm"].shape == (64,)
+    untied = _runner(untied_dir, True, monkeypatch).state
+    assert untied["embed"].shape == (160, 64) and untied["lm_head"].shape == (10, 64, 16)
+    assert _runner(odd_vocab_dir, True, monkeypatch).state["embed"].shape == (150, 64)  # 150 columns do not pack
+    unpacked = _runner(tiny_model_dir, True, monkeypatch, packed=False).state
+    assert unpacked["embed"].shape == (49152, 64) and unpacked["layers"]["layers"][0]["q_proj"].shape == (64, 64)
+
+
+@pytest.mark.parametrize("model,arrangements", [
+    ("llama", ["stacked", "packed"]), ("gemma3", ["stacked", "packed"]), ("llama", ["unpacked", "packed"]),
+    ("untied", ["unpacked", "packed"]), ("odd_vocab", ["unpacked", "packed"])])
+def test_every_arrangement_gives_the_same_logits(model, arrangements, tiny_model_dir, gemma3_dir, untied_dir,
+                                                  odd_vocab_dir, monkeypatch):
+    model_dir = {"llama": tiny_model_dir, "gemma3": gemma3_dir, "untied": untied_dir, "odd_vocab": odd_vocab_dir}[model]
+    options = {"stacked": dict(unrolled=False, packed=False), "unpacked": dict(unrolled=True, packed=False),
+               "packed": dict(unrolled=True, packed=True)}
+    runners = [_runner(model_dir, monkeypatch=monkeypatch, **options[name]) for name in arrangements]
     prompt = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]
     steps = [
         # a 9-token chunk of one prompt (not sampled) beside a whole 3-token prompt

@@ -1,0 +1,77 @@
+"""Building and registering the native CPU kernels: each .cc file of this folder is compiled with the system C++
+compiler on first use, cached per source, flags, compiler, jaxlib and CPU, and registered as an XLA FFI target.
+"""
+
+import ctypes
+import hashlib
+import logging
+import os
+import pathlib
+import platform
+import subprocess
+import tempfile
+from collections.abc import Sequence
+
+import jax
+
+logger = logging.getLogger(__name__)
+
+# Float reductions may be reordered (vectorized); infinities stay meaningful (no -ffast-math).
+BASE_FLAGS = ("-O3", "-march=native", "-std=c++17", "-fPIC", "-shared", "-fno-math-errno")
+
+
+def _cache_dir() -> pathlib.Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return pathlib.Path(base) / "jaxpaged" / "native"
+
+
+def cpu_identity() -> str:
+    """This CPU as a cache key: its architecture, model name and every flag. Code built for one CPU (-march=native),
+    or a speed measured on it (the dtype probe), must not be reused on another."""
+    lines = []
+    if pathlib.Path("/proc/cpuinfo").exists():
+        lines = pathlib.Path("/proc/cpuinfo").read_text().splitlines()
+    model = next((line for line in lines if line.startswith("model name")), "")
+    flags = next((line for line in lines if line.startswith("flags")), "")
+    return "\n".join((platform.machine(), model, flags))
+
+
+def _build_key(source: pathlib.Path, flags: Sequence[str], compiler: str) -> str:
+    """Source, flags, compiler, jaxlib and this CPU (-march=native code must not run on another CPU)."""
+    digest = hashlib.sha256(source.read_bytes())
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
+    for part in (" ".join(flags), version, jax.__version__, cpu_identity()):
+        digest.update(part.encode())
+    return digest.hexdigest()[:16]
+
+
+def build_library(source: pathlib.Path, flags: Sequence[str]) -> pathlib.Path:
+    """The compiled `source`, built now unless a build for this source, flags, compiler and CPU is cached."""
+    compiler = os.environ.get("CXX", "g++")
+    target = _cache_dir() / f"{source.stem}-{_build_key(source, flags, compiler)}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Build beside the target and rename: processes building at once each get a whole library.
+    with tempfile.NamedTemporaryFile(dir=target.parent, suffix=".so", delete=False) as partial:
+        partial_path = pathlib.Path(partial.name)
+    try:
+        subprocess.run([compiler, *flags, f"-I{jax.ffi.include_dir()}", str(source), "-o", str(partial_path)],
+                       capture_output=True, text=True, check=True)
+        os.replace(partial_path, target)
+    finally:
+        partial_path.unlink(missing_ok=True)
+    return target
+
+
+def register(source: pathlib.Path, flags: Sequence[str], symbol: str, target: str) -> bool:
+    """Build `source`, register its FFI handler `symbol` as the CPU custom call `target`; False (logged) when the
+    library cannot be built or loaded, so the caller keeps its XLA path."""
+    try:
+        library = ctypes.cdll.LoadLibrary(str(build_library(source, flags)))
+    except (OSError, subprocess.CalledProcessError) as error:
+        detail = getattr(error, "stderr", "") or str(error)
+        logger.warning("native CPU kernel %s unavailable, using the XLA path: %s", source.name, detail[-2000:])
+        return False
+    jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(library, symbol)), platform="cpu")
+    return True
