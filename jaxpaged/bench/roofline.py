@@ -1,8 +1,8 @@
 """A roofline for a workload on the machine at hand, measured in the same run as the systems it judges.
 
 The machine's rates: dot throughput at the step's own shapes (decode rows and a prefill bucket, float32 and
-bfloat16 inputs with float32 accumulation; XLA:CPU's dot, or in float32 the native packed matmul the CPU step runs
-where it is faster) and the bandwidth of a plain numpy copy. The workload's lower bound:
+bfloat16 inputs with float32 accumulation; in float32 on a CPU, the better of XLA's dot and the native packed matmul,
+which float32 CPU steps run) and the bandwidth of a plain numpy copy. The workload's lower bound:
   - prefill: its matmul and attention FLOPs at the prefill-shaped dot rate;
   - decode: per step, the larger of its FLOPs at the decode-shaped dot rate and its bytes (every weight once per
     step, plus every KV byte the step's sequences attend over) at the copy bandwidth; the steps are at least the
@@ -55,11 +55,16 @@ def copy_bytes_per_s(repeats: int, statistic: Callable[[list[float]], float] = m
 def measure_rates(model: ModelConfig, *, decode_rows: int, prefill_rows: int, repeats: int = REPEATS) -> MachineRates:
     """Copy bandwidth, and dot throughput at [rows, hidden] x [hidden, intermediate] (the MLP's shape) in float32
     and in bfloat16 with float32 accumulation; in float32 on a CPU, the better of XLA's dot and the native packed
-    matmul (a roofline must bound what the step can reach, and the step runs the packed one there)."""
+    matmul (a roofline must bound what a step can reach, and float32 CPU steps run the packed one)."""
     import jax
     import jax.numpy as jnp
 
-    from pallas_kernels.cpu_native.packed_matmul import pack_panels, packed_matmul, packed_matmul_available, packs
+    from pallas_kernels.cpu_native.packed_matmul import (
+        fills_whole_panels,
+        pack_panels,
+        packed_matmul,
+        packed_matmul_available,
+    )
 
     copy_rate = copy_bytes_per_s(repeats)
     rates: dict[str, dict[str, float]] = {}
@@ -69,7 +74,7 @@ def measure_rates(model: ModelConfig, *, decode_rows: int, prefill_rows: int, re
         rates[dtype] = {}
         weight = jnp.asarray(np.random.default_rng(1).standard_normal((hidden, inter)), dtype)
         paths = [(dot, weight)]
-        if (dtype == "float32" and jax.default_backend() == "cpu" and packs(weight.shape)
+        if (dtype == "float32" and jax.default_backend() == "cpu" and fills_whole_panels(weight.shape)
                 and packed_matmul_available()):
             paths.append((jax.jit(packed_matmul), jnp.asarray(pack_panels(np.asarray(weight)))))
         for phase, rows in (("decode", decode_rows), ("prefill", prefill_rows)):

@@ -1,23 +1,28 @@
 """Weights stored as panels for the native CPU matmul (pallas_kernels/cpu_native/packed_matmul.py).
 
-On a CPU in float32, on one device per rank, every matmul weight whose outer size is a whole number of panels is
-packed once on the host, before it is placed: the decoder layers' projections, an untied lm_head, and a tied
-embedding (by its transpose, [hidden, vocab], the vocabulary projection). The tied table is then stored only as
-panels: a token's embedding is read out of them (`embedding_rows`), so packing costs no second copy of the
-vocabulary. `matmul` (layers.py) runs the native kernel for any 3-D (packed) weight.
+On a CPU in float32, on one device per rank (runner/mesh.py place_params), every matmul weight whose outer size is
+a whole number of panels is packed once on the host, before it is placed: the decoder layers' projections, an
+untied lm_head, and a tied embedding (by its transpose, [hidden, vocab], the vocabulary projection). The tied
+table is then stored only as panels: a token's embedding is read out of them (`embedding_rows`), so packing costs
+no second copy of the vocabulary. `matmul` (layers.py) runs the native kernel for any 3-D (packed) weight.
 """
 
-from typing import Union
+from typing import Optional, Union
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
 from jaxpaged.models.model_config import ModelConfig
-from pallas_kernels.cpu_native.packed_matmul import PANEL_WIDTH, pack_panels, packed_matmul_available, packs
+from pallas_kernels.cpu_native.packed_matmul import (
+    PANEL_WIDTH,
+    fills_whole_panels,
+    pack_panels,
+    packed_matmul_available,
+)
 
-LAYER_MATMULS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+EmbeddingTable = Union[Float[Array, "vocab hidden"], Float[Array, "vocab_panels hidden 16"]]
+"""A tied embedding as loaded, or packed as the panels of its transpose."""
 
 
 def packs_weights_on(platform: str, dtype, tp: int) -> bool:
@@ -25,11 +30,11 @@ def packs_weights_on(platform: str, dtype, tp: int) -> bool:
     return platform == "cpu" and jnp.dtype(dtype) == jnp.float32 and tp == 1 and packed_matmul_available()
 
 
-def _matmul_shape(name: str, shape: tuple[int, ...], cfg: ModelConfig) -> Union[tuple[int, int], None]:
+def _matmul_shape(name: str, shape: tuple[int, ...], cfg: ModelConfig) -> Optional[tuple[int, int]]:
     """The [inner, outer] a parameter multiplies with (per layer for stacked weights), or None if it is no matmul
     weight (norms, biases, an untied embedding)."""
-    if name.startswith("layers.") and name[len("layers."):] in LAYER_MATMULS:
-        return shape[-2], shape[-1]
+    if name.startswith("layers.") and len(shape) == 3:  # [layers, inner, outer]: every 2-D layer weight projects
+        return shape[1], shape[2]
     if name == "lm_head":
         return shape[0], shape[1]
     if name == "embed" and cfg.tie_word_embeddings:
@@ -40,25 +45,27 @@ def _matmul_shape(name: str, shape: tuple[int, ...], cfg: ModelConfig) -> Union[
 def is_packed(name: str, shape: tuple[int, ...], cfg: ModelConfig) -> bool:
     """Whether a parameter of this logical shape is stored packed (when its rank packs weights at all)."""
     matmul_shape = _matmul_shape(name, shape, cfg)
-    return matmul_shape is not None and packs(matmul_shape)
+    return matmul_shape is not None and fills_whole_panels(matmul_shape)
 
 
 def packed_shape(name: str, shape: tuple[int, ...], cfg: ModelConfig) -> tuple[int, ...]:
     """The stored shape of a packed parameter: [outer / 16, inner, 16], behind the layer axis if stacked."""
-    inner, outer = _matmul_shape(name, shape, cfg)  # type: ignore[misc]  # only called where is_packed holds
+    matmul_shape = _matmul_shape(name, shape, cfg)
+    assert matmul_shape is not None, f"{name} is no matmul weight"
+    inner, outer = matmul_shape
     layers = shape[:1] if name.startswith("layers.") else ()
     return (*layers, outer // PANEL_WIDTH, inner, PANEL_WIDTH)
 
 
 def pack_param(name: str, host: np.ndarray) -> np.ndarray:
     """One packed host weight: a layer's [inner, outer] projection, an lm_head, or a tied embedding [vocab, hidden]
-    (packed by its transpose)."""
+    (packed by its transpose; the caller packs "embed" only when it is tied, is_packed says when)."""
     return pack_panels(host.T if name == "embed" else host)
 
 
-def embedding_rows(embed: jax.Array, token_ids: Int[Array, " tokens"]) -> Float[Array, "tokens hidden"]:
-    """Rows of the embedding table, stored [vocab, hidden] or as the panels of its transpose
-    [vocab / 16, hidden, 16] (token t is column t % 16 of panel t // 16)."""
+def embedding_rows(embed: EmbeddingTable, token_ids: Int[Array, " tokens"]) -> Float[Array, "tokens hidden"]:
+    """Rows of the embedding table, stored [vocab, hidden] or as the panels of its transpose (token t is column
+    t % 16 of panel t // 16). Token ids are in range (inputs.py validates them; padding is 0)."""
     if embed.ndim == 2:
         return embed[token_ids]
     return embed[token_ids // PANEL_WIDTH, :, token_ids % PANEL_WIDTH]

@@ -25,6 +25,7 @@ from jaxpaged.models.layers import matmul
 from jaxpaged.models.packed_weights import packs_weights_on
 from jaxpaged.timing import call_seconds
 from jaxpaged.weights.loader import cache_root
+from pallas_kernels.cpu_native import packed_matmul
 from pallas_kernels.cpu_native.native_build import cpu_identity
 from pallas_kernels.cpu_native.packed_matmul import pack_panels
 
@@ -58,8 +59,8 @@ def _layer_loop(x: jax.Array, ups: list[jax.Array], downs: list[jax.Array]) -> j
 
 
 def _packs_float32() -> bool:
-    """Whether float32 steps on this CPU run the native packed matmul (models/packed_weights.py), as the probe then
-    does too."""
+    """Whether float32 steps on this CPU (one device per rank, as every CPU rank is unless tensor parallel) run the
+    native packed matmul (models/packed_weights.py), as the probe then does too. Builds the kernel if needed."""
     return packs_weights_on("cpu", jnp.float32, 1)
 
 
@@ -79,10 +80,13 @@ def _time_loop(dtype, rows: int, repeats: int = 5) -> float:
 
 
 def verdict_path() -> pathlib.Path:
-    """Where this machine keeps its verdict: keyed by the CPU (model and every flag), JAX and the probe's shapes."""
+    """Where this machine keeps its verdict: keyed by the CPU (model and every flag), JAX, the probe's shapes and the
+    float32 matmul path (the packed kernel's source, when it is built: this builds it)."""
     digest = hashlib.sha256()
     shapes = (PROBE_ROWS, PROBE_LAYERS, PROBE_HIDDEN, PROBE_INTERMEDIATE)
-    for part in (cpu_identity(), jax.__version__, repr(shapes), f"packed float32: {_packs_float32()}"):
+    # A new packed kernel (its source) may change float32's time, so it asks for a new verdict.
+    float32_path = hashlib.sha256(packed_matmul.SOURCE.read_bytes()).hexdigest() if _packs_float32() else "xla"
+    for part in (cpu_identity(), jax.__version__, repr(shapes), float32_path):
         digest.update(part.encode())
     return cache_root() / "dtype_probe" / f"{digest.hexdigest()[:16]}.json"
 

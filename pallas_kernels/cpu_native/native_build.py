@@ -16,7 +16,8 @@ import jax
 
 logger = logging.getLogger(__name__)
 
-# Float reductions may be reordered (vectorized); infinities stay meaningful (no -ffast-math).
+# Built for this very CPU (the build key holds its identity). No -ffast-math: infinities and NaNs stay meaningful;
+# each kernel adds the looser float rules it was written for.
 BASE_FLAGS = ("-O3", "-march=native", "-std=c++17", "-fPIC", "-shared", "-fno-math-errno")
 
 
@@ -64,14 +65,14 @@ def build_library(source: pathlib.Path, flags: Sequence[str]) -> pathlib.Path:
     return target
 
 
-def register(source: pathlib.Path, flags: Sequence[str], symbol: str, target: str) -> bool:
-    """Build `source`, register its FFI handler `symbol` as the CPU custom call `target`; False (logged) when the
-    library cannot be built or loaded, so the caller keeps its XLA path."""
+def register(source: pathlib.Path, flags: Sequence[str], symbol: str, target: str, fallback: str) -> bool:
+    """Build `source`, register its FFI handler `symbol` as the CPU custom call `target`; False when the library
+    cannot be built or loaded, logged once with what runs instead (`fallback`)."""
     try:
         library = ctypes.cdll.LoadLibrary(str(build_library(source, flags)))
     except (OSError, subprocess.CalledProcessError) as error:
         detail = getattr(error, "stderr", "") or str(error)
-        logger.warning("native CPU kernel %s unavailable, using the XLA path: %s", source.name, detail[-2000:])
+        logger.warning("native CPU kernel %s unavailable, using %s: %s", source.name, fallback, detail[-2000:])
         return False
     jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(library, symbol)), platform="cpu")
     return True

@@ -28,8 +28,13 @@ namespace {
 
 constexpr int64_t kPanelWidth = 16;   // columns per panel (two 8-float vectors)
 constexpr int64_t kTileRows = 6;      // rows per register tile: 6 x 2 accumulators + 2 panel vectors + 1 broadcast
-constexpr int64_t kBlockRows = 72;    // rows per work item: 72 x 1536 floats (432 KiB) stay in a 1 MiB L2
-constexpr int64_t kPanelsPerItem = 4; // 64 columns per work item: enough items to balance two or more threads
+// Rows per work item: a block's rows stay in L2 while its panels stream by (72 rows x 1,536 inner floats, SmolLM2's
+// widest, are 432 KiB of a 1 MiB L2; much wider inner sizes spill to L3, still correct). A decode's 64 rows are one
+// block, so each weight is read from memory once; a 512-row prefill reads it once per block, from L3 when it fits.
+constexpr int64_t kBlockRows = 72;
+// Panels per work item (64 columns): at SmolLM2's widths 3 (k, v) to 96 (gate, up) items per row block, enough to
+// keep a 2-core VM's threads busy; fewer items than threads leave threads idle, never wrong.
+constexpr int64_t kPanelsPerItem = 4;
 
 typedef float Vec8 __attribute__((vector_size(32), aligned(4)));
 

@@ -32,24 +32,29 @@ def packed_matmul_available() -> bool:
     it cannot be built (logged once)."""
     if os.environ.get("JAXPAGED_CPU_MATMUL", "native") == "xla":
         return False
-    return register(SOURCE, FLAGS, "JaxpagedPackedMatmul", TARGET)
+    return register(SOURCE, FLAGS, "JaxpagedPackedMatmul", TARGET, fallback="XLA's dot on unpacked weights")
 
 
-def packs(shape: tuple[int, ...]) -> bool:
-    """Whether a [inner, outer] weight of this shape can be packed (outer a whole number of panels)."""
+def fills_whole_panels(shape: tuple[int, ...]) -> bool:
+    """Whether a [inner, outer] weight of this shape can be packed (outer a positive whole number of panels)."""
     return len(shape) == 2 and shape[1] % PANEL_WIDTH == 0 and shape[1] > 0
 
 
 def pack_panels(weight: Float[np.ndarray, "inner outer"]) -> Float[np.ndarray, "panels inner 16"]:
-    """W [inner, outer] -> panels [outer / 16, inner, 16] (a host copy, done once per weight)."""
+    """W [inner, outer] -> panels [outer / 16, inner, 16]: one host copy, once per weight. A weight that is the
+    transpose of a row-major array (how checkpoints store [outer, inner] projections, and a tied embedding) is read
+    in that array's row order, so a memory-mapped file is read front to back, not one strided column at a time."""
     inner, outer = weight.shape
-    if not packs(weight.shape):
+    if not fills_whole_panels(weight.shape):
         raise ValueError(f"weight of shape {weight.shape}: outer size must be a positive multiple of {PANEL_WIDTH}")
+    if not weight.flags.c_contiguous and weight.T.flags.c_contiguous:
+        rows = weight.T  # [outer, inner], row-major
+        return np.ascontiguousarray(rows.reshape(outer // PANEL_WIDTH, PANEL_WIDTH, inner).transpose(0, 2, 1))
     return np.ascontiguousarray(weight.reshape(inner, outer // PANEL_WIDTH, PANEL_WIDTH).transpose(1, 0, 2))
 
 
 def unpack_panels(panels: Float[np.ndarray, "panels inner 16"]) -> Float[np.ndarray, "inner outer"]:
-    """The inverse of pack_panels (tests, and reading a packed weight back)."""
+    """The inverse of pack_panels (the tests check packing against it)."""
     num_panels, inner, width = panels.shape
     return np.ascontiguousarray(panels.transpose(1, 0, 2).reshape(inner, num_panels * width))
 

@@ -21,6 +21,7 @@ from pallas_kernels.cpu_native.native_build import BASE_FLAGS, register
 
 SOURCE = pathlib.Path(__file__).with_name("paged_decode.cc")
 TARGET = "jaxpaged_paged_decode"
+# Float reductions may be reordered (vectorized).
 FLAGS = (*BASE_FLAGS, "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math")
 KV_DTYPES = (jnp.float32, jnp.bfloat16, jnp.uint16)
 """KV cache dtypes the kernel reads (uint16: bfloat16 bits, the "interleaved_bits" layout)."""
@@ -32,7 +33,7 @@ def native_decode_available() -> bool:
     when it cannot be built (logged once)."""
     if os.environ.get("JAXPAGED_CPU_ATTENTION", "native") == "jnp":
         return False
-    return register(SOURCE, FLAGS, "JaxpagedPagedDecode", TARGET)
+    return register(SOURCE, FLAGS, "JaxpagedPagedDecode", TARGET, fallback="the jnp attention path")
 
 
 def paged_decode(q: Float[Array, "seqs kv_heads group head_dim"],

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from pallas_kernels.cpu_native.packed_matmul import (
+    fills_whole_panels,
     pack_panels,
     packed_matmul,
     packed_matmul_available,
-    packs,
     unpack_panels,
 )
 
@@ -53,6 +53,8 @@ def test_packing_round_trips_and_refuses_partial_panels():
     assert panels.shape == (3, 7, 16)
     np.testing.assert_array_equal(panels[1, 2], weight[2, 16:32])
     np.testing.assert_array_equal(unpack_panels(panels), weight)
-    assert packs((7, 48)) and not packs((7, 50)) and not packs((7, 0))
+    as_checkpoints_store_it = np.ascontiguousarray(weight.T).T  # a transposed view of a row-major [outer, inner]
+    np.testing.assert_array_equal(pack_panels(as_checkpoints_store_it), panels)
+    assert fills_whole_panels((7, 48)) and not fills_whole_panels((7, 50)) and not fills_whole_panels((7, 0))
     with pytest.raises(ValueError, match="multiple of 16"):
         pack_panels(np.zeros((7, 50), np.float32))

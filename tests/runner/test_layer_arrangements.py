@@ -22,14 +22,13 @@ from tests.runner.test_step_preparation import _scheduled
 def _runner(model_dir, unrolled: bool, monkeypatch, packed: bool = True):
     from jaxpaged.weights.loader import load_model
 
-    monkeypatch.setattr(model_runner_module, "unroll_layers_on", lambda platform: unrolled)
-    if not packed:
-        monkeypatch.setattr(model_runner_module, "packs_weights_on", lambda platform, dtype, tp: False)
     config = EngineConfig.from_options(block_size=4, num_kv_blocks=32, max_model_len=64, max_num_batched_tokens=16,
                                        max_num_seqs=4, dtype="float32", attention_backend="xla")
-    runner = model_runner_module.ModelRunner(load_model(str(model_dir)), config)
-    monkeypatch.undo()
-    return runner
+    with monkeypatch.context() as patches:
+        patches.setattr(model_runner_module, "unroll_layers_on", lambda platform: unrolled)
+        if not packed:
+            patches.setattr(model_runner_module, "packs_weights_on", lambda platform, dtype, tp: False)
+        return model_runner_module.ModelRunner(load_model(str(model_dir)), config)
 
 
 @pytest.mark.parametrize("unrolled", [True, False])
