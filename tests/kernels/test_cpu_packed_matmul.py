@@ -16,8 +16,13 @@ from pallas_kernels.cpu_native.packed_matmul import (
 )
 
 
+@pytest.fixture(autouse=True, scope="module")
+def registered_kernel():
+    """Built and registered in this worker before any test calls it (gcc is on every machine that runs the tests)."""
+    assert packed_matmul_available()
+
+
 def test_the_kernel_is_built_and_in_the_compiled_program():
-    assert packed_matmul_available()  # gcc is part of every machine this project runs tests on
     hlo = jax.jit(packed_matmul).lower(jnp.zeros((4, 8)), jnp.zeros((2, 8, 16))).as_text()
     assert "jaxpaged_packed_matmul" in hlo
 
