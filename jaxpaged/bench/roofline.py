@@ -59,12 +59,8 @@ def measure_rates(model: ModelConfig, *, decode_rows: int, prefill_rows: int, re
     import jax
     import jax.numpy as jnp
 
-    from pallas_kernels.cpu_native.packed_matmul import (
-        fills_whole_panels,
-        pack_panels,
-        packed_matmul,
-        packed_matmul_available,
-    )
+    from jaxpaged.models.packed_weights import packs_weights_on
+    from pallas_kernels.cpu_native.packed_matmul import fills_whole_panels, pack_panels, packed_matmul
 
     copy_rate = copy_bytes_per_s(repeats)
     rates: dict[str, dict[str, float]] = {}
@@ -74,8 +70,7 @@ def measure_rates(model: ModelConfig, *, decode_rows: int, prefill_rows: int, re
         rates[dtype] = {}
         weight = jnp.asarray(np.random.default_rng(1).standard_normal((hidden, inter)), dtype)
         paths = [(dot, weight)]
-        if (dtype == "float32" and jax.default_backend() == "cpu" and fills_whole_panels(weight.shape)
-                and packed_matmul_available()):
+        if packs_weights_on(jax.default_backend(), dtype, 1) and fills_whole_panels(weight.shape):
             paths.append((jax.jit(packed_matmul), jnp.asarray(pack_panels(np.asarray(weight)))))
         for phase, rows in (("decode", decode_rows), ("prefill", prefill_rows)):
             x = jnp.asarray(np.random.default_rng(2).standard_normal((rows, hidden)), dtype)

@@ -27,7 +27,6 @@ from jaxpaged.timing import call_seconds
 from jaxpaged.weights.loader import cache_root
 from pallas_kernels.cpu_native import packed_matmul
 from pallas_kernels.cpu_native.native_build import cpu_identity
-from pallas_kernels.cpu_native.packed_matmul import pack_panels
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +69,7 @@ def _time_loop(dtype, rows: int, repeats: int = 5) -> float:
 
     def weight(key, shape):
         value = (jax.random.normal(key, shape, jnp.float32) * 0.02).astype(dtype)
-        return jnp.asarray(pack_panels(np.asarray(value))) if packed else value
+        return jnp.asarray(packed_matmul.pack_panels(np.asarray(value))) if packed else value
 
     ups = [weight(key, (PROBE_HIDDEN, PROBE_INTERMEDIATE)) for key in keys[:PROBE_LAYERS]]
     downs = [weight(key, (PROBE_INTERMEDIATE, PROBE_HIDDEN)) for key in keys[PROBE_LAYERS:-1]]
