@@ -7,7 +7,7 @@ sequences at 200 and at 1,000 KV tokens; `--layers` attention calls per jitted c
 does not count). Reports the useful KV bytes each call must read (every K and V of every sequence, float32) per
 second, as a fraction of a numpy copy's bandwidth (bytes copied per second, an array far bigger than the caches),
 for the native kernel and for the jnp path (JAXPAGED's chunked gather), and one prefill of 512 tokens for both (on
-the CPU the native kernel serves prefill rows too, each row a decode at its own position). Medians of the repeats;
+the CPU the native kernel serves prefill rows too, a block of a chunk's rows at a time). Medians of the repeats;
 the CPU is named.
 """
 

@@ -41,12 +41,30 @@ def rope_inverse_frequencies(head_dim: int, theta: float, scaling: Optional[Rope
     return jnp.where(is_medium, interpolated, scaled)
 
 
-def apply_rope(x: Float[Array, "tokens heads head_dim"], positions: Int[Array, " tokens"],
-               inv_freq: Float[Array, " half"]) -> Float[Array, "tokens heads head_dim"]:
+RopeTables = tuple[Float[Array, "tokens half"], Float[Array, "tokens half"]]
+"""(cos, sin) of every token's rotation angles: computed once per step and frequency set, shared by its layers."""
+
+
+def rope_tables(positions: Int[Array, " tokens"], inv_freq: Float[Array, " half"], *,
+                materialize: bool = False) -> RopeTables:
+    """cos and sin of position * inv_freq, for a step's layers to share.
+
+    `materialize`: keep them one computed pair. Left to itself XLA:CPU fuses the sincos into every unrolled layer's
+    rotation and recomputes it per head and layer (2% of a 512-token SmolLM2 prefill step, AMD EPYC, AVX2), and
+    optimization_barrier does not stop it (the CPU pipeline expands barriers before fusion). A conditional's result
+    is always materialized, so the pair is computed under one whose branches are the same function. Only for
+    unrolled CPU steps: a GPU conditional reads its predicate back on the host."""
+    def tables(positions):
+        angles = positions.astype(jnp.float32)[:, None] * inv_freq[None, :]
+        return jnp.cos(angles), jnp.sin(angles)
+    if not materialize:
+        return tables(positions)
+    return jax.lax.cond(positions[0] >= 0, tables, tables, positions)
+
+
+def apply_rope(x: Float[Array, "tokens heads head_dim"], tables: RopeTables) -> Float[Array, "tokens heads head_dim"]:
     """Rotate-half RoPE (HF layout: the first and second halves of a head form the pairs)."""
-    angles = positions.astype(jnp.float32)[:, None] * inv_freq[None, :]
-    cos = jnp.cos(angles)[:, None, :]
-    sin = jnp.sin(angles)[:, None, :]
+    cos, sin = tables[0][:, None, :], tables[1][:, None, :]
     x32 = x.astype(jnp.float32)
     first, second = jnp.split(x32, 2, axis=-1)
     rotated = jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Float, Int, Shaped, UInt32
 
-from jaxpaged.models.layers import apply_rope, gated_mlp, matmul, rms_norm, rope_inverse_frequencies
+from jaxpaged.models.layers import apply_rope, gated_mlp, matmul, rms_norm, rope_inverse_frequencies, rope_tables
 from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.models.packed_weights import embedding_rows, is_packed, packed_shape
 from jaxpaged.models.param_shapes import param_shapes
@@ -124,16 +124,17 @@ class LlamaForCausalLM(nnx.Module):
         x = embedding_rows(self.embed[...], token_ids)
         if cfg.embed_scale is not None:
             x = x * jnp.asarray(cfg.embed_scale, x.dtype)  # rounded to the activation dtype first, as HF does
-        # Per-layer facts ride along the scan: whether the layer slides its window, and its RoPE frequencies
-        # (Gemma 3's local layers use another base), so one layer body serves every layer.
+        # Per-layer facts ride along the scan: whether the layer slides its window, and so which RoPE tables it
+        # uses (Gemma 3's local layers rotate with another base), so one layer body serves every layer.
         global_freq = rope_inverse_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling) / cfg.rope_linear_factor
-        local_freq = (global_freq if cfg.local_rope_theta is None
-                      else rope_inverse_frequencies(cfg.head_dim, cfg.local_rope_theta, None))
+        materialize = self.layers.per_layer
+        global_tables = rope_tables(positions, global_freq, materialize=materialize)
+        local_tables = global_tables if cfg.local_rope_theta is None else rope_tables(
+            positions, rope_inverse_frequencies(cfg.head_dim, cfg.local_rope_theta, None), materialize=materialize)
         alternating = bool(cfg.layer_is_sliding) and cfg.sliding_window is not None
         is_sliding = jnp.asarray(cfg.layer_is_sliding if alternating else (False,) * num_layers)
-        inv_freqs = jnp.where(is_sliding[:, None], local_freq[None, :], global_freq[None, :])
 
-        def layer(carry, w, layer_index, layer_is_sliding, inv_freq):
+        def layer(carry, w, layer_index, layer_is_sliding):
             x, kv_pages = carry
             num_tokens = x.shape[0]
             h = rms_norm(x, w["input_norm"], eps, offset)
@@ -146,12 +147,15 @@ class LlamaForCausalLM(nnx.Module):
             if cfg.qk_norm:
                 q = rms_norm(q, w["q_norm"], eps, offset)
                 k = rms_norm(k, w["k_norm"], eps, offset)
-            q = apply_rope(q, positions, inv_freq)
-            k = apply_rope(k, positions, inv_freq)
             if isinstance(layer_is_sliding, bool):  # unrolled: the layer's kind is known, no cond to compile
                 window, traced_is_sliding = (cfg.sliding_window if layer_is_sliding else None), None
+                tables = local_tables if layer_is_sliding and alternating else global_tables
             else:
                 window, traced_is_sliding = cfg.sliding_window, (layer_is_sliding if alternating else None)
+                tables = global_tables if local_tables is global_tables else jax.tree.map(
+                    lambda local, global_: jnp.where(layer_is_sliding, local, global_), local_tables, global_tables)
+            q = apply_rope(q, tables)
+            k = apply_rope(k, tables)
             attn, kv_pages = attend(q, k, v, kv_pages, layer_index * num_blocks, metadata, traced_is_sliding,
                                     sliding_window=window, sm_scale=cfg.attn_scale, soft_cap=cfg.attn_soft_cap)
             attn = matmul(attn.reshape(num_tokens, -1), w["o_proj"])
@@ -168,17 +172,16 @@ class LlamaForCausalLM(nnx.Module):
             carry = (x, kv_pages)
             for index in range(num_layers):
                 sliding = not alternating or bool(cfg.layer_is_sliding[index])  # every layer slides if any does
-                carry = layer(carry, self.layers.layer(index), jnp.int32(index), sliding, inv_freqs[index])
+                carry = layer(carry, self.layers.layer(index), jnp.int32(index), sliding)
             x, kv_pages = carry
         else:
             def scanned_layer(carry, scanned):
-                stacked_slice, layer_index, layer_is_sliding, inv_freq = scanned
-                return layer(carry, DecoderLayers.one_layer(stacked_slice), layer_index, layer_is_sliding,
-                             inv_freq), None
+                stacked_slice, layer_index, layer_is_sliding = scanned
+                return layer(carry, DecoderLayers.one_layer(stacked_slice), layer_index, layer_is_sliding), None
 
             layer_ids = jnp.arange(num_layers, dtype=jnp.int32)
             (x, kv_pages), _ = jax.lax.scan(scanned_layer, (x, kv_pages),
-                                            (self.layers.stacked(), layer_ids, is_sliding, inv_freqs))
+                                            (self.layers.stacked(), layer_ids, is_sliding))
         return x, kv_pages.reshape(kv_cache.shape)
 
     def logits(self, x: Float[Array, "rows hidden"]) -> Float[Array, "rows vocab"]:

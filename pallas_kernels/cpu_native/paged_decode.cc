@@ -1,15 +1,19 @@
-// Paged decode attention for the CPU, as an XLA FFI custom call: one new token per sequence attends over its
-// paged K/V, read in place through the block table (no gathered copy), online softmax in float32.
+// Paged attention for the CPU, as an XLA FFI custom call: every q row attends over its sequence's paged K/V up to
+// its own position, read in place through the block table (no gathered copy), online softmax in float32. A decode
+// is one row; a prefill chunk's consecutive rows are taken a block at a time, so each K/V row read serves the whole
+// block.
 //
 // Operands (see paged_decode.py, which builds and registers this file):
-//   q            f32  [seqs, kv_heads, group, head_dim]   already multiplied by the softmax scale
+//   q            f32  [rows, kv_heads, group, head_dim]   already multiplied by the softmax scale
 //   kv_pages     f32 | bf16 | u16 (bfloat16 bits) [pages, page_size, 2 * kv_heads, head_dim]   K of head h at 2h, V at 2h + 1
-//   positions    s32  [seqs]   the new token's position (it sees KV 0..position); < 0: no work, zeros out
+//   positions    s32  [rows]   the row's position (it sees KV 0..position); < 0: no work, zeros out
+//   row_seqs     s32  [rows]   the block-table row of the row's sequence
 //   block_tables s32  [seqs, pages_per_seq]
-// Attributes: sliding_window (0: none), soft_cap (0: none). Result: f32 [seqs, kv_heads, group, head_dim].
+// Attributes: sliding_window (0: none), soft_cap (0: none). Result: f32 [rows, kv_heads, group, head_dim].
 //
-// Work items are sequences, handed out through an atomic counter to the caller and to XLA's intra-op threads.
-// Each walks its pages in order, reading each page once, contiguously, for all its kv heads.
+// Work items are blocks of rows (consecutive rows of one sequence at consecutive positions, up to kMaxBlockRows),
+// handed out through an atomic counter to the caller and to XLA's intra-op threads. Each walks its pages in order,
+// reading each page once, contiguously, for all its kv heads and rows.
 
 #include <algorithm>
 #include <atomic>
@@ -20,6 +24,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <type_traits>
 #include <vector>
 
 #include "xla/ffi/api/ffi.h"
@@ -28,9 +33,15 @@ namespace ffi = xla::ffi;
 
 namespace {
 
+typedef float Vec8 __attribute__((vector_size(32), aligned(4)));
+
 constexpr int kMaxGroup = 16;      // q heads per kv head
-constexpr int kMaxRows = 256;      // q heads per sequence
+constexpr int kMaxRows = 256;      // q heads of a block (its rows x the model's q heads)
 constexpr int kMaxPageSize = 256;  // tokens per page
+// Rows of a prefill chunk per block. Each K/V row is read once for the block, from L1, instead of once per row from
+// L2; 8 rows of SmolLM2's 9 q heads keep the block's logits of a page (72 x 16 floats) and its q (18 KiB) in L1.
+constexpr int64_t kMaxBlockRows = 8;
+constexpr int64_t kMaxWeights = 8192;  // a block's logits of one page and kv head: rows x group x page_size floats
 
 // A KV value as float32 (bfloat16 bits widen by a shift). Inlined into the loops, so both read the page in place.
 inline float ToF32(float value) { return value; }
@@ -46,11 +57,17 @@ struct Problem {
   const float* q;
   const void* kv;
   const int32_t* positions;
+  const int32_t* row_seqs;
   const int32_t* block_tables;
   float* out;
-  int64_t num_seqs, num_kv_heads, group, head_dim, num_pages, page_size, pages_per_seq;
+  int64_t num_rows, num_seqs, num_kv_heads, group, head_dim, num_pages, page_size, pages_per_seq;
   int64_t sliding_window;
   float soft_cap;
+};
+
+// One work item: rows [first_row, first_row + num_rows) of one sequence, at consecutive positions.
+struct Block {
+  int64_t first_row, num_rows;
 };
 
 // exp(x) for x <= 0 (weights of an online softmax), vectorizable: 2^(x log2 e) as 2^n * 2^f, f in [-0.5, 0.5],
@@ -85,12 +102,18 @@ inline const T* PageAt(const Problem& p, int64_t page) {
   return static_cast<const T*>(p.kv) + page * p.page_size * 2 * p.num_kv_heads * p.head_dim;
 }
 
-// The first page a sequence reads, or nullptr when it has no work.
+// The block-table row of a q row's sequence (clamped into the table: padding rows have no work anyway).
+inline const int32_t* TableOf(const Problem& p, int64_t row) {
+  const int64_t seq = std::min<int64_t>(std::max<int32_t>(p.row_seqs[row], 0), p.num_seqs - 1);
+  return p.block_tables + seq * p.pages_per_seq;
+}
+
+// The first page a block reads, or nullptr when it has no work.
 template <typename T>
-const T* FirstPage(const Problem& p, int64_t seq) {
-  const int32_t position = p.positions[seq];
+const T* FirstPage(const Problem& p, const Block& block) {
+  const int32_t position = p.positions[block.first_row];
   if (position < 0) return nullptr;
-  return PageAt<T>(p, p.block_tables[seq * p.pages_per_seq + WindowStart(p, position) / p.page_size]);
+  return PageAt<T>(p, TableOf(p, block.first_row)[WindowStart(p, position) / p.page_size]);
 }
 
 // Asks for `bytes` at `address` into the L2 cache (not L1: the page being worked on lives there).
@@ -99,47 +122,51 @@ inline void PrefetchToL2(const void* address, int64_t bytes) {
   for (int64_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(start + offset, 0, 2);
 }
 
-// One sequence, every kv head: its pages in order, each page read once, contiguously (all heads' K/V of a token
-// sit in one row). Per page and kv head: the logits of the page's tokens for every q head of the group (K read once
-// for the group), one rescale of the running sums, then the weighted V rows. kHeadDim > 0 fixes head_dim at compile
-// time (the common sizes: the loops unroll); 0 reads it from the problem.
-// `upcoming`: the first page of the sequence this thread works on next (nullptr if none).
+// One block of rows (a decode: a block of one), every kv head: the pages its rows see, in order, each page read once,
+// contiguously (all heads' K/V of a token sit in one row). Per page and kv head: the logits of the page's tokens for
+// every row and q head of the group (K read once for all of them), one rescale of each running sum, then the
+// weighted V rows. Row i of the block is at first_position + i and sees the tokens from its window's start up to its
+// own position; the others in a page get weight 0 (only the block's last pages, or a sliding window's first, hold
+// any). kHeadDim > 0 fixes head_dim at compile time (the common sizes: the loops unroll); 0 reads it from the problem.
+// `upcoming`: the first page of the block this thread works on next (nullptr if none).
 template <typename T, int kHeadDim>
-void AttendSequence(const Problem& p, int64_t seq, const T* upcoming) {
+void AttendBlock(const Problem& p, const Block& block, const T* upcoming) {
   const int64_t group = p.group, page_size = p.page_size, num_heads = p.num_kv_heads;
   const int64_t head_dim = kHeadDim > 0 ? kHeadDim : p.head_dim;
-  const int64_t rows = num_heads * group;  // q heads of the sequence
-  float* out = p.out + seq * rows * head_dim;
-  const int32_t position = p.positions[seq];
-  std::fill(out, out + rows * head_dim, 0.0f);  // the accumulators, divided by the sums at the end
-  if (position < 0) return;
-  const float* q = p.q + seq * rows * head_dim;
-  const int64_t first = WindowStart(p, position);
-  const int64_t end = static_cast<int64_t>(position) + 1;
+  const int64_t heads_per_row = num_heads * group;  // q heads of one row
+  const int64_t num_rows = block.num_rows;
+  // Accumulators, divided by the sums at the end; (row i, kv head, g) is q head (i * num_heads + head) * group + g.
+  float* out = p.out + block.first_row * heads_per_row * head_dim;
+  std::fill(out, out + num_rows * heads_per_row * head_dim, 0.0f);
+  const int32_t first_position = p.positions[block.first_row];
+  if (first_position < 0) return;
+  const float* q = p.q + block.first_row * heads_per_row * head_dim;
+  const int64_t first = WindowStart(p, first_position);  // the first token any row of the block sees
+  const int64_t end = static_cast<int64_t>(first_position) + num_rows;  // one past the last row's position
   const int64_t row_stride = 2 * num_heads * head_dim;  // one token of one page
   const int64_t head_row_bytes = 2 * head_dim * static_cast<int64_t>(sizeof(T));  // one head's K and V of a token
-  const int32_t* table = p.block_tables + seq * p.pages_per_seq;
+  const int32_t* table = TableOf(p, block.first_row);
 
   float running_max[kMaxRows], running_sum[kMaxRows];
-  float weights[kMaxGroup][kMaxPageSize];
-  std::fill(running_max, running_max + rows, -std::numeric_limits<float>::infinity());
-  std::fill(running_sum, running_sum + rows, 0.0f);
+  float weights[kMaxWeights];  // [row i * group + g][token of the page], rows page_size apart
+  std::fill(running_max, running_max + num_rows * heads_per_row, -std::numeric_limits<float>::infinity());
+  std::fill(running_sum, running_sum + num_rows * heads_per_row, 0.0f);
 
   for (int64_t page_index = first / page_size; page_index * page_size < end; ++page_index) {
     const T* page_kv = PageAt<T>(p, table[page_index]);
     if (page_kv == nullptr) continue;
-    const int64_t t0 = std::max(first, page_index * page_size) - page_index * page_size;
-    const int64_t t1 = std::min(end, (page_index + 1) * page_size) - page_index * page_size;
+    const int64_t page_start = page_index * page_size;
+    const int64_t t0 = std::max(first, page_start) - page_start;
+    const int64_t t1 = std::min(end, page_start + page_size) - page_start;
     // Pages sit anywhere in the pool and the hardware prefetcher only follows the run within a page: each token's
-    // rows of this page ask for the same rows of the next page (after the last page: of the next sequence's first),
+    // rows of this page ask for the same rows of the next page (after the last page: of the next block's first),
     // so it streams into L2 while this one is worked on, spread over the page instead of a burst at its start.
     // Measured on a 2-core AMD EPYC (AVX2): twice the useful bandwidth of asking for the whole next page into L1 at
     // the page's start (README, Performance), which evicted the page being read.
-    const T* next_page_kv = (page_index + 1) * page_size < end ? PageAt<T>(p, table[page_index + 1]) : upcoming;
+    const T* next_page_kv = page_start + page_size < end ? PageAt<T>(p, table[page_index + 1]) : upcoming;
     for (int64_t head = 0; head < num_heads; ++head) {
       const T* head_kv = page_kv + 2 * head * head_dim;
-      const float* q_head = q + head * group * head_dim;
-      for (int64_t t = t0; t < t1; ++t) {  // logits, K read once for the whole group
+      for (int64_t t = t0; t < t1; ++t) {  // logits, K read once for every row and q head of the group
         const T* k = head_kv + t * row_stride;
         if (next_page_kv != nullptr) {
           // The last token also asks for the rows this page does not reach (a partial last page).
@@ -148,46 +175,97 @@ void AttendSequence(const Problem& p, int64_t seq, const T* upcoming) {
             PrefetchToL2(next_page_kv + 2 * head * head_dim + (t + r) * row_stride, head_row_bytes);
           }
         }
-        for (int64_t g = 0; g < group; ++g) {
-          const float* qg = q_head + g * head_dim;
-          float dot = 0.0f;
-          for (int64_t d = 0; d < head_dim; ++d) dot += qg[d] * ToF32(k[d]);
-          if (p.soft_cap > 0.0f) dot = p.soft_cap * std::tanh(dot / p.soft_cap);
-          weights[g][t] = dot;
+        for (int64_t i = 0; i < num_rows; ++i) {
+          const float* q_head = q + (i * num_heads + head) * group * head_dim;
+          for (int64_t g = 0; g < group; ++g) {
+            const float* qg = q_head + g * head_dim;
+            float dot = 0.0f;
+            for (int64_t d = 0; d < head_dim; ++d) dot += qg[d] * ToF32(k[d]);
+            if (p.soft_cap > 0.0f) dot = p.soft_cap * std::tanh(dot / p.soft_cap);
+            weights[(i * group + g) * page_size + t] = dot;
+          }
         }
       }
-      for (int64_t g = 0; g < group; ++g) {  // one rescale per page, then the page's weights
-        const int64_t row = head * group + g;
-        float page_max = running_max[row];
-        for (int64_t t = t0; t < t1; ++t) page_max = std::max(page_max, weights[g][t]);
-        const float rescale = running_sum[row] > 0.0f ? ExpNonPositive(running_max[row] - page_max) : 0.0f;
-        running_max[row] = page_max;
-        float page_sum = 0.0f;
-        for (int64_t t = t0; t < t1; ++t) {
-          weights[g][t] = ExpNonPositive(weights[g][t] - page_max);
-          page_sum += weights[g][t];
+      for (int64_t i = 0; i < num_rows; ++i) {  // per row, the tokens of this page it sees: [lo, hi)
+        const int64_t position = first_position + i;
+        const int64_t lo = std::clamp(WindowStart(p, position) - page_start, t0, t1);
+        const int64_t hi = std::clamp(position + 1 - page_start, lo, t1);
+        for (int64_t g = 0; g < group; ++g) {  // one rescale per page, then the page's weights
+          float* w = weights + (i * group + g) * page_size;
+          std::fill(w + t0, w + lo, 0.0f);
+          std::fill(w + hi, w + t1, 0.0f);
+          if (lo == hi) continue;  // the row sees none of this page: its sums stay as they are
+          const int64_t row = (i * num_heads + head) * group + g;
+          float page_max = running_max[row];
+          for (int64_t t = lo; t < hi; ++t) page_max = std::max(page_max, w[t]);
+          const float rescale = running_sum[row] > 0.0f ? ExpNonPositive(running_max[row] - page_max) : 0.0f;
+          running_max[row] = page_max;
+          float page_sum = 0.0f;
+          for (int64_t t = lo; t < hi; ++t) {
+            w[t] = ExpNonPositive(w[t] - page_max);
+            page_sum += w[t];
+          }
+          running_sum[row] = running_sum[row] * rescale + page_sum;
+          float* acc = out + row * head_dim;
+          for (int64_t d = 0; d < head_dim; ++d) acc[d] *= rescale;
         }
-        running_sum[row] = running_sum[row] * rescale + page_sum;
-        float* acc = out + row * head_dim;
-        for (int64_t d = 0; d < head_dim; ++d) acc[d] *= rescale;
       }
       // The weighted V rows. (Accumulating head_dim in register-sized chunks over the page's tokens instead was
       // measured: 1.2-1.8x slower, decode and prefill.)
-      for (int64_t t = t0; t < t1; ++t) {
-        const T* v = head_kv + t * row_stride + head_dim;
-        for (int64_t g = 0; g < group; ++g) {
-          const float weight = weights[g][t];
-          float* acc = out + (head * group + g) * head_dim;
-          for (int64_t d = 0; d < head_dim; ++d) acc[d] += weight * ToF32(v[d]);
+      if constexpr (kHeadDim > 0 && std::is_same_v<T, float>) {
+        for (int64_t i = 0; i < num_rows; ++i) {
+          for (int64_t g = 0; g < group; ++g) {
+            const float* w = weights + (i * group + g) * page_size;
+            float* acc_row = out + ((i * num_heads + head) * group + g) * head_dim;
+            Vec8 acc[kHeadDim / 8];
+            for (int k = 0; k < kHeadDim / 8; ++k) acc[k] = *reinterpret_cast<const Vec8*>(acc_row + 8 * k);
+            for (int64_t t = t0; t < t1; ++t) {
+              const float* v = head_kv + t * row_stride + head_dim;
+              const float weight = w[t];
+              for (int k = 0; k < kHeadDim / 8; ++k) acc[k] += weight * *reinterpret_cast<const Vec8*>(v + 8 * k);
+            }
+            for (int k = 0; k < kHeadDim / 8; ++k) *reinterpret_cast<Vec8*>(acc_row + 8 * k) = acc[k];
+          }
+        }
+      } else {
+        for (int64_t t = t0; t < t1; ++t) {
+          const T* v = head_kv + t * row_stride + head_dim;
+          for (int64_t i = 0; i < num_rows; ++i) {
+            for (int64_t g = 0; g < group; ++g) {
+              const float weight = weights[(i * group + g) * page_size + t];
+              float* acc = out + ((i * num_heads + head) * group + g) * head_dim;
+              for (int64_t d = 0; d < head_dim; ++d) acc[d] += weight * ToF32(v[d]);
+            }
+          }
         }
       }
     }
   }
-  for (int64_t row = 0; row < rows; ++row) {
+  for (int64_t row = 0; row < num_rows * heads_per_row; ++row) {
     const float inverse = running_sum[row] > 0.0f ? 1.0f / running_sum[row] : 0.0f;
     float* acc = out + row * head_dim;
     for (int64_t d = 0; d < head_dim; ++d) acc[d] *= inverse;
   }
+}
+
+// The rows in work items: consecutive rows of one sequence at consecutive positions, at most `max_rows` a block (a
+// decode row is a block of its own); a run of padding rows (position < 0) is one block that only writes zeros.
+std::vector<Block> SplitIntoBlocks(const Problem& p, int64_t max_rows) {
+  std::vector<Block> blocks;
+  for (int64_t row = 0; row < p.num_rows;) {
+    int64_t num_rows = 1;
+    if (p.positions[row] < 0) {
+      while (row + num_rows < p.num_rows && p.positions[row + num_rows] < 0) ++num_rows;
+    } else {
+      while (num_rows < max_rows && row + num_rows < p.num_rows && p.row_seqs[row + num_rows] == p.row_seqs[row] &&
+             p.positions[row + num_rows] == p.positions[row] + num_rows) {
+        ++num_rows;
+      }
+    }
+    blocks.push_back(Block{row, num_rows});
+    row += num_rows;
+  }
+  return blocks;
 }
 
 // The items of one call, shared with the pool's tasks: a task that starts only after the call returned finds no
@@ -195,6 +273,7 @@ void AttendSequence(const Problem& p, int64_t seq, const T* upcoming) {
 // this very thread); it waits until every item is done.
 struct SharedWork {
   Problem problem;
+  std::vector<Block> blocks;
   int64_t num_items;
   std::atomic<int64_t> next{0};
   std::atomic<int64_t> num_done{0};
@@ -211,7 +290,8 @@ void WorkOn(SharedWork& work) {
   int64_t item = work.next.fetch_add(1);
   while (item < num_items) {
     const int64_t upcoming = work.next.fetch_add(1);
-    AttendSequence<T, kHeadDim>(problem, item, upcoming < num_items ? FirstPage<T>(problem, upcoming) : nullptr);
+    AttendBlock<T, kHeadDim>(problem, work.blocks[item],
+                             upcoming < num_items ? FirstPage<T>(problem, work.blocks[upcoming]) : nullptr);
     if (work.num_done.fetch_add(1) + 1 == num_items) {
       std::lock_guard<std::mutex> lock(work.mutex);
       work.all_done.notify_all();
@@ -220,12 +300,16 @@ void WorkOn(SharedWork& work) {
   }
 }
 
-// Runs every sequence once, on the caller and on XLA's intra-op threads.
+// Runs every block once, on the caller and on XLA's intra-op threads.
 template <typename T, int kHeadDim>
 void RunAll(const Problem& problem, ffi::ThreadPool& pool) {
   auto work = std::make_shared<SharedWork>();
   work->problem = problem;
-  work->num_items = problem.num_seqs;
+  const int64_t heads_per_row = problem.num_kv_heads * problem.group;
+  const int64_t max_rows = std::min({kMaxBlockRows, kMaxRows / heads_per_row,
+                                     kMaxWeights / (problem.group * problem.page_size)});
+  work->blocks = SplitIntoBlocks(problem, max_rows);
+  work->num_items = static_cast<int64_t>(work->blocks.size());
   const int64_t num_helpers = std::min<int64_t>(pool.num_threads(), work->num_items / 4);
   for (int64_t i = 0; i < num_helpers; ++i) {
     pool.Schedule([work]() { WorkOn<T, kHeadDim>(*work); });
@@ -247,23 +331,25 @@ void RunForShape(const Problem& problem, ffi::ThreadPool& pool) {
 }
 
 ffi::Error PagedDecodeImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuffer kv_pages,
-                           ffi::Buffer<ffi::S32> positions, ffi::Buffer<ffi::S32> block_tables,
-                           int64_t sliding_window, float soft_cap, ffi::ResultBuffer<ffi::F32> out) {
+                           ffi::Buffer<ffi::S32> positions, ffi::Buffer<ffi::S32> row_seqs,
+                           ffi::Buffer<ffi::S32> block_tables, int64_t sliding_window, float soft_cap,
+                           ffi::ResultBuffer<ffi::F32> out) {
   auto q_dims = q.dimensions();
   auto kv_dims = kv_pages.dimensions();
   auto table_dims = block_tables.dimensions();
   if (q_dims.size() != 4 || kv_dims.size() != 4 || table_dims.size() != 2) {
     return ffi::Error::InvalidArgument("paged_decode: q must be 4-D, kv_pages 4-D, block_tables 2-D");
   }
-  Problem problem{q.typed_data(), kv_pages.untyped_data(), positions.typed_data(), block_tables.typed_data(),
-                  out->typed_data(), q_dims[0], q_dims[1], q_dims[2], q_dims[3], kv_dims[0], kv_dims[1],
-                  table_dims[1], sliding_window, soft_cap};
-  if (kv_dims[2] != 2 * problem.num_kv_heads || kv_dims[3] != problem.head_dim || table_dims[0] != q_dims[0] ||
-      positions.element_count() != static_cast<size_t>(q_dims[0])) {
-    return ffi::Error::InvalidArgument("paged_decode: kv_pages, positions or block_tables do not match q");
+  Problem problem{q.typed_data(), kv_pages.untyped_data(), positions.typed_data(), row_seqs.typed_data(),
+                  block_tables.typed_data(), out->typed_data(), q_dims[0], table_dims[0], q_dims[1], q_dims[2],
+                  q_dims[3], kv_dims[0], kv_dims[1], table_dims[1], sliding_window, soft_cap};
+  const size_t num_rows = static_cast<size_t>(q_dims[0]);
+  if (kv_dims[2] != 2 * problem.num_kv_heads || kv_dims[3] != problem.head_dim || table_dims[0] < 1 ||
+      positions.element_count() != num_rows || row_seqs.element_count() != num_rows) {
+    return ffi::Error::InvalidArgument("paged_decode: kv_pages, positions, row_seqs or block_tables do not match q");
   }
   if (problem.group > kMaxGroup || problem.page_size > kMaxPageSize ||
-      problem.group * problem.num_kv_heads > kMaxRows) {
+      problem.group * problem.num_kv_heads > kMaxRows || problem.group * problem.page_size > kMaxWeights) {
     return ffi::Error::InvalidArgument("paged_decode: group, page size or q heads above the kernel's limits");
   }
   switch (kv_pages.element_type()) {
@@ -284,6 +370,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpagedPagedDecode, PagedDecodeImpl,
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Attr<int64_t>("sliding_window")

@@ -1,6 +1,6 @@
 """The native CPU paged decode kernel (paged_decode.cc): built with the system C++ compiler on first use, cached,
 registered as an XLA FFI target, and called inside the jitted step by the "xla" backend for every q row (a prefill
-row is a decode row at its own position).
+chunk's rows are taken a block at a time, each row at its own position).
 
 Why native: under XLA the gather of a decode's pages is materialized before the dots, so every KV byte is read,
 written and read again, far below memory bandwidth (see benchmarks/cpu_decode_attention.py). The kernel reads the
@@ -36,13 +36,16 @@ def native_decode_available() -> bool:
     return register(SOURCE, FLAGS, "JaxpagedPagedDecode", TARGET, fallback="the jnp attention path")
 
 
-def paged_decode(q: Float[Array, "seqs kv_heads group head_dim"],
+def paged_decode(q: Float[Array, "rows kv_heads group head_dim"],
                  kv_pages: Shaped[Array, "pages page_size kv_heads_x2 head_dim"],
-                 positions: Int[Array, " seqs"], block_tables: Int[Array, "seqs pages_per_seq"], *,
-                 sliding_window: Optional[int],
-                 soft_cap: Optional[float]) -> Float[Array, "seqs kv_heads group head_dim"]:
-    """Each sequence's one new token (q, already scaled) over its pages 0..position (a sliding window if set);
-    sequences at position < 0 give zeros. CPU only: call native_decode_available() first."""
+                 positions: Int[Array, " rows"], row_seqs: Int[Array, " rows"],
+                 block_tables: Int[Array, "seqs pages_per_seq"], *, sliding_window: Optional[int],
+                 soft_cap: Optional[float]) -> Float[Array, "rows kv_heads group head_dim"]:
+    """Each q row (already scaled) over its sequence's pages 0..position (a sliding window if set); row r's sequence
+    is block_tables[row_seqs[r]], and rows at position < 0 give zeros. A prefill chunk's rows (consecutive rows of one
+    sequence at consecutive positions) are attended a block at a time. CPU only: call native_decode_available()
+    first."""
     call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct(q.shape, jnp.float32))
-    return call(q.astype(jnp.float32), kv_pages, positions.astype(jnp.int32), block_tables.astype(jnp.int32),
-                sliding_window=np.int64(sliding_window or 0), soft_cap=np.float32(soft_cap or 0.0))
+    return call(q.astype(jnp.float32), kv_pages, positions.astype(jnp.int32), row_seqs.astype(jnp.int32),
+                block_tables.astype(jnp.int32), sliding_window=np.int64(sliding_window or 0),
+                soft_cap=np.float32(soft_cap or 0.0))

@@ -2,8 +2,8 @@
 
 This is the production CPU path, so its cost grows with the KV actually attended, never with the
 block table's width.
-  - On the CPU, every q row goes through the native kernel (pallas_kernels/cpu_native): a prefill row is a
-    decode row with its own position, and each row reads its sequence's pages in place, up to its causal end.
+  - On the CPU, every q row goes through the native kernel (pallas_kernels/cpu_native): each row reads its
+    sequence's pages in place, up to its causal end, a prefill chunk's rows a block at a time.
   - Elsewhere (or without a compiler), loops with *traced* trip counts walk KV chunks of a few pages, in two
     passes. Decode pass: every sequence with one new token at once, each row gathering its own pages. Prefill
     pass: blocks of q rows of one sequence, each block gathering its chunks once and walking only the chunks its
@@ -225,11 +225,11 @@ def ragged_paged_attention_xla(
 
 def _native_every_row(q_grouped, kv_pages, kv_lens, block_tables, cu_q_lens, num_real_seqs, *,
                       sliding_window, soft_cap):
-    """Every q row at once through the native kernel (CPU): a prefill row is a decode row with its own position.
+    """Every q row at once through the native kernel (CPU), each at its own position in its sequence.
 
-    Each row reads its sequence's pages 0..position in place, so a prefill chunk's rows share pages that stay in
-    cache, and no KV chunk is gathered or masked past the causal end (the jnp prefill pass does both): 1.4-2.2x
-    faster than that pass at SmolLM2's heads, from 8 x 64 to 1 x 512 new tokens over 2,048 (AMD EPYC)."""
+    Each row reads its sequence's pages 0..position in place, a prefill chunk's consecutive rows a block at a time
+    (each K/V row read once for the block), and no KV chunk is gathered or masked past the causal end (the jnp
+    prefill pass does both). Row r's sequence is found from cu_q_lens; the kernel reads its block-table row."""
     num_tokens = q_grouped.shape[0]
     max_num_seqs = kv_lens.shape[0]
     rows = jnp.arange(num_tokens, dtype=jnp.int32)
@@ -238,7 +238,7 @@ def _native_every_row(q_grouped, kv_pages, kv_lens, block_tables, cu_q_lens, num
     seq = jnp.minimum(seq, max_num_seqs - 1)
     q_lens = cu_q_lens[seq + 1] - cu_q_lens[seq]
     positions = jnp.where(real, kv_lens[seq] - q_lens + rows - cu_q_lens[seq], -1)
-    return paged_decode(q_grouped, kv_pages, positions, block_tables[seq], sliding_window=sliding_window,
+    return paged_decode(q_grouped, kv_pages, positions, seq, block_tables, sliding_window=sliding_window,
                         soft_cap=soft_cap)
 
 
