@@ -39,7 +39,8 @@ constexpr int kMaxGroup = 16;      // q heads per kv head
 constexpr int kMaxRows = 256;      // q heads of a block (its rows x the model's q heads)
 constexpr int kMaxPageSize = 256;  // tokens per page
 // Rows of a prefill chunk per block. Each K/V row is read once for the block, from L1, instead of once per row from
-// L2; 8 rows of SmolLM2's 9 q heads keep the block's logits of a page (72 x 16 floats) and its q (18 KiB) in L1.
+// L2; 8 rows of SmolLM2's 9 q heads keep the block's q (18 KiB) and one kv head's logits of a page (8 rows x 3 q
+// heads x 16 tokens) in L1.
 constexpr int64_t kMaxBlockRows = 8;
 constexpr int64_t kMaxWeights = 8192;  // a block's logits of one page and kv head: rows x group x page_size floats
 
@@ -277,7 +278,6 @@ std::vector<Block> SplitIntoBlocks(const Problem& p, int64_t max_rows) {
 struct SharedWork {
   Problem problem;
   std::vector<Block> blocks;
-  int64_t num_items;
   std::atomic<int64_t> next{0};
   std::atomic<int64_t> num_done{0};
   std::mutex mutex;
@@ -287,7 +287,7 @@ struct SharedWork {
 template <typename T, int kHeadDim>
 void WorkOn(SharedWork& work) {
   const Problem& problem = work.problem;
-  const int64_t num_items = work.num_items;
+  const int64_t num_items = static_cast<int64_t>(work.blocks.size());
   // Each thread claims its next item before working on the current one, so the current one's last page can
   // prefetch the next one's first.
   int64_t item = work.next.fetch_add(1);
@@ -312,14 +312,14 @@ void RunAll(const Problem& problem, ffi::ThreadPool& pool) {
   const int64_t max_rows = std::min({kMaxBlockRows, kMaxRows / heads_per_row,
                                      kMaxWeights / (problem.group * problem.page_size)});
   work->blocks = SplitIntoBlocks(problem, max_rows);
-  work->num_items = static_cast<int64_t>(work->blocks.size());
-  const int64_t num_helpers = std::min<int64_t>(pool.num_threads(), work->num_items / 4);
+  const int64_t num_items = static_cast<int64_t>(work->blocks.size());
+  const int64_t num_helpers = std::min<int64_t>(pool.num_threads(), num_items / 4);
   for (int64_t i = 0; i < num_helpers; ++i) {
     pool.Schedule([work]() { WorkOn<T, kHeadDim>(*work); });
   }
   WorkOn<T, kHeadDim>(*work);
   std::unique_lock<std::mutex> lock(work->mutex);
-  work->all_done.wait(lock, [&]() { return work->num_done.load() == work->num_items; });
+  work->all_done.wait(lock, [&]() { return work->num_done.load() == num_items; });
 }
 
 // The common head sizes get loops of fixed length; any other runs the same code with head_dim read at run time.
