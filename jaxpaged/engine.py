@@ -300,7 +300,9 @@ class LLMEngine:
             num_preemptions=total("num_preemptions"), num_compilations=compile_counter.num_compilations(),
             prompt_tokens_total=self._prompt_tokens_total, generation_tokens_total=self._generation_tokens_total,
             num_steps=self._num_steps, warmup_seconds=self.warmup_seconds,
-            prefix_cache_missed_reusable_tokens=self.advisor.missed_reusable_tokens if self.advisor else 0,
+            # `is not None`: an advisor with nothing remembered (just reset) has len() 0, so it is falsy.
+            prefix_cache_missed_reusable_tokens=(self.advisor.missed_reusable_tokens
+                                                 if self.advisor is not None else 0),
             kv_tiers=tier_stats(self.kv_tiers, self.runners, self.schedulers, total("prefix_cache_hits"),
                                 total("kv_cache_usage") / len(ranks)) if self.kv_tiers is not None else {})
 

@@ -39,3 +39,16 @@ def test_timestamp_first_prompts_count_the_body_as_missed(tiny_llm):
     assert run(tiny_llm, prompt(2), "advisor-engine-a") == (0, 160)
     # The same content under another salt is another tenant's: never reported.
     assert run(tiny_llm, prompt(3), "advisor-engine-b") == (0, 0)
+
+
+def test_the_missed_counter_stays_cumulative_across_a_prefix_cache_reset(tiny_llm):
+    """A reset empties what the advisor remembers, not the counter /metrics and the bench take deltas of (an empty
+    advisor once read as 0 here, so the next delta counted every earlier miss again)."""
+    run(tiny_llm, prompt(4), "advisor-engine-c")
+    assert run(tiny_llm, prompt(5), "advisor-engine-c") == (0, 160)
+    counted = tiny_llm.engine.get_stats().prefix_cache_missed_reusable_tokens
+    assert tiny_llm.engine.reset_prefix_cache()
+    assert tiny_llm.engine.get_stats().prefix_cache_missed_reusable_tokens == counted
+    # After the reset nothing is remembered: the body is not counted as missed again until it is seen again.
+    assert run(tiny_llm, prompt(6), "advisor-engine-c") == (0, 0)
+    assert run(tiny_llm, prompt(7), "advisor-engine-c") == (0, 160)
