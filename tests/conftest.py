@@ -45,9 +45,9 @@ def pytest_configure(config) -> None:
     """One XLA compilation cache for the whole test session: the xdist workers and every server, cluster and
     worker process the tests spawn (they inherit the environment). Many tests build an engine of the same tiny
     model and options, and every process compiles them again; with the cache the second one loads instead
-    (~15% of the suite's time on 2 cores). A fresh directory per session, removed at its end: no test sees
-    executables from another checkout (a cached native-kernel call names its target, not its code). Engines
-    built with compilation_cache_dir="" use it; a test that passes its own directory still gets its own.
+    (~15% of the suite's time on 2 cores). A fresh directory per session, removed at its end: a run never
+    depends on what an earlier run, or another checkout, left behind. Engines built with compilation_cache_dir=""
+    use it; a test that passes its own directory still gets its own.
     """
     path = os.environ.get(_SESSION_XLA_CACHE)
     if path is None:  # the controller (or a run without xdist): it owns the directory

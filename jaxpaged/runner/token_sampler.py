@@ -5,6 +5,7 @@ sampled ids, and logprobs when a request asked for them, cross back to the host.
 """
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Optional
@@ -25,6 +26,7 @@ from jaxpaged.runner.sampler import (
     sampler_static_flags,
     warmup_sampling_batch,
 )
+from jaxpaged.runner.sampling_batch import SamplerFlags
 from jaxpaged.runner.step_result import NOTHING_SAMPLED, SampledLogprobs, StepResult
 from jaxpaged.runner.token_bitmask import apply_token_bitmask, bitmask_words, fill_step_bitmask
 
@@ -42,14 +44,29 @@ class TokenSampler:
     def warmup(self, row_buckets: Iterable[int]) -> float:
         """Compile every sampler variant for every row bucket; returns the seconds it took."""
         start = time.perf_counter()
-        for num_rows in row_buckets:
-            logits = jax.device_put(np.zeros((num_rows, self.vocab_size), np.float32), self.placement)
-            for flags in all_sampler_flag_variants():
-                batch = warmup_sampling_batch(flags, num_rows, self.vocab_size)
-                jax.block_until_ready(sample(logits, jax.device_put(batch, self.placement), flags).token_ids)
-            all_allowed = np.full((num_rows, bitmask_words(self.vocab_size)), -1, np.int32)
-            jax.block_until_ready(apply_token_bitmask(logits, jax.device_put(all_allowed, self.placement)))
+        for task in self.warmup_tasks(row_buckets):
+            task()
         return time.perf_counter() - start
+
+    def warmup_tasks(self, row_buckets: Iterable[int]) -> list[Callable[[], None]]:
+        """warmup() as independent compiles (each sampler variant and the bitmask, per distinct row count), for
+        a caller that runs them side by side."""
+        tasks: list[Callable[[], None]] = []
+        variants = all_sampler_flag_variants()
+        for num_rows in sorted(set(row_buckets)):
+            tasks += [functools.partial(self._compile_variant, num_rows, flags) for flags in variants]
+            tasks.append(functools.partial(self._compile_bitmask, num_rows))
+        return tasks
+
+    def _compile_variant(self, num_rows: int, flags: SamplerFlags) -> None:
+        logits = jax.device_put(np.zeros((num_rows, self.vocab_size), np.float32), self.placement)
+        batch = warmup_sampling_batch(flags, num_rows, self.vocab_size)
+        jax.block_until_ready(sample(logits, jax.device_put(batch, self.placement), flags).token_ids)
+
+    def _compile_bitmask(self, num_rows: int) -> None:
+        logits = jax.device_put(np.zeros((num_rows, self.vocab_size), np.float32), self.placement)
+        all_allowed = np.full((num_rows, bitmask_words(self.vocab_size)), -1, np.int32)
+        jax.block_until_ready(apply_token_bitmask(logits, jax.device_put(all_allowed, self.placement)))
 
     def sample(self, logits: Float[Array, "num_rows_padded vocab"], requests: Sequence[Request]) -> StepResult:
         """Row j of logits belongs to requests[j]; each request carries its params and resolved seed."""
