@@ -77,8 +77,8 @@ def _forward(graphdef, attend: Callable, state, kv_cache, batch: StepInputs):
 
 
 MAX_PARALLEL_COMPILES = 4
-"""Bucket compiles run at once during warm-up, at most: each holds its own module and compiler state in host
-memory."""
+"""Compiles run at once during warm-up, at most: each holds its own module and compiler state in host memory."""
+
 
 class ModelRunner:
     """The device side of an engine step."""

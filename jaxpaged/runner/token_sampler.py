@@ -17,6 +17,7 @@ from jaxtyping import Array, Float
 from jaxpaged.core.request import Request
 from jaxpaged.runner.prompt_logprobs import PromptLogprobEntry
 from jaxpaged.runner.sampler import (
+    SamplerFlags,
     SamplerOutput,
     SamplingRow,
     all_sampler_flag_variants,
@@ -26,7 +27,6 @@ from jaxpaged.runner.sampler import (
     sampler_static_flags,
     warmup_sampling_batch,
 )
-from jaxpaged.runner.sampling_batch import SamplerFlags
 from jaxpaged.runner.step_result import NOTHING_SAMPLED, SampledLogprobs, StepResult
 from jaxpaged.runner.token_bitmask import apply_token_bitmask, bitmask_words, fill_step_bitmask
 
