@@ -6,7 +6,6 @@ sampled ids, and logprobs when a request asked for them, cross back to the host.
 
 import dataclasses
 import functools
-import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Optional
 
@@ -41,31 +40,24 @@ class TokenSampler:
         self.placement = placement
         """Where the logits live (replicated over the rank's devices); the sampling batch goes there too."""
 
-    def warmup(self, row_buckets: Iterable[int]) -> float:
-        """Compile every sampler variant for every row bucket; returns the seconds it took."""
-        start = time.perf_counter()
-        for task in self.warmup_tasks(row_buckets):
-            task()
-        return time.perf_counter() - start
-
     def warmup_tasks(self, row_buckets: Iterable[int]) -> list[Callable[[], None]]:
-        """warmup() as independent compiles (each sampler variant and the bitmask, per distinct row count), for
-        a caller that runs them side by side."""
+        """Every sampler variant and the bitmask, per distinct row count, as independent compiles for the model
+        runner's warm-up to run side by side."""
         tasks: list[Callable[[], None]] = []
         variants = all_sampler_flag_variants()
         for num_rows in sorted(set(row_buckets)):
-            tasks += [functools.partial(self._compile_variant, num_rows, flags) for flags in variants]
-            tasks.append(functools.partial(self._compile_bitmask, num_rows))
+            # One zero logits array per row count, read by all its compiles (device arrays are immutable).
+            logits = jax.device_put(np.zeros((num_rows, self.vocab_size), np.float32), self.placement)
+            tasks += [functools.partial(self._compile_variant, logits, flags) for flags in variants]
+            tasks.append(functools.partial(self._compile_bitmask, logits))
         return tasks
 
-    def _compile_variant(self, num_rows: int, flags: SamplerFlags) -> None:
-        logits = jax.device_put(np.zeros((num_rows, self.vocab_size), np.float32), self.placement)
-        batch = warmup_sampling_batch(flags, num_rows, self.vocab_size)
+    def _compile_variant(self, logits: Float[Array, "num_rows vocab"], flags: SamplerFlags) -> None:
+        batch = warmup_sampling_batch(flags, logits.shape[0], self.vocab_size)
         jax.block_until_ready(sample(logits, jax.device_put(batch, self.placement), flags).token_ids)
 
-    def _compile_bitmask(self, num_rows: int) -> None:
-        logits = jax.device_put(np.zeros((num_rows, self.vocab_size), np.float32), self.placement)
-        all_allowed = np.full((num_rows, bitmask_words(self.vocab_size)), -1, np.int32)
+    def _compile_bitmask(self, logits: Float[Array, "num_rows vocab"]) -> None:
+        all_allowed = np.full((logits.shape[0], bitmask_words(self.vocab_size)), -1, np.int32)
         jax.block_until_ready(apply_token_bitmask(logits, jax.device_put(all_allowed, self.placement)))
 
     def sample(self, logits: Float[Array, "num_rows_padded vocab"], requests: Sequence[Request]) -> StepResult:
