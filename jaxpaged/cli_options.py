@@ -50,11 +50,14 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         group.add_argument(*flags, type=kind, default=None, help=help_text)
     group.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false", default=None,
                        help="turn off prefix caching")
+    group.add_argument("--async-scheduling", dest="async_scheduling", action="store_true", default=None,
+                       help="plan each step while the previous one is on the device (hides host time)")
     group.add_argument("--advisor-log-text", dest="advisor_log_text", action="store_true", default=None,
                        help="let the prefix-cache advisor's log line quote a short snippet of the prompt")
 
 
 def engine_options_from_args(args: argparse.Namespace) -> dict:
     """The engine options the user set (unset flags are left out)."""
-    names = [flag[2:].replace("-", "_") for flag, _, _ in _ENGINE_FLAGS] + ["enable_prefix_caching", "advisor_log_text"]
+    names = [flag[2:].replace("-", "_") for flag, _, _ in _ENGINE_FLAGS] + ["enable_prefix_caching", "advisor_log_text",
+                                                                   "async_scheduling"]
     return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}

@@ -30,6 +30,7 @@ from jaxpaged.request_group import RequestGroup, Sample
 from jaxpaged.runner import compile_counter
 from jaxpaged.runner.model_runner import build_rank_runners
 from jaxpaged.runner.step_result import StepResult
+from jaxpaged.runner.token_sampler import PendingSample
 from jaxpaged.sampling_params import SamplingParams
 from jaxpaged.structured_output import GrammarCompiler
 from jaxpaged.weights.generation_config import request_defaults
@@ -42,6 +43,9 @@ class LLMEngine:
     def __init__(self, loaded: LoadedModel, config: EngineConfig, *, warmup: bool = True,
                  distributed_timeout_s: float = DEFAULT_TIMEOUT_S):
         """`distributed_timeout_s`: multi-host only, the longest wait for a follower process (multihost/)."""
+        if config.async_scheduling and (config.cache.kv_offload_enabled or is_multi_process()):
+            raise ValueError("async_scheduling: not supported with the KV tiers (kv_offload_*) or multi-host serving; "
+                             "turn one of them off")
         self.config = config
         self.model_name = loaded.name
         self.model_config = loaded.config
@@ -73,6 +77,14 @@ class LLMEngine:
         self._prompt_tokens_total = 0
         self._generation_tokens_total = 0
         self._num_steps = 0
+        self._in_flight: Optional[list[tuple[SchedulerOutput, PendingSample]]] = None
+        """Async scheduling: each rank's step launched ahead, whose tokens the next step() call applies."""
+        self.last_step_hidden = False
+        """Async scheduling: in the last step(), the next step was launched while the device still computed this one,
+        so the host work of the call ran beside the device's (the bench's step probe reads it)."""
+        self._needs_tokens_on_host: set[str] = set()
+        """Unfinished requests whose next token depends on the last one on the host (a grammar, output penalties):
+        while any is, async scheduling waits for each step's tokens before planning the next."""
         self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
         """Structured outputs: compiles each constrained request's grammar when it is added."""
         self.advisor = PrefixAdvisor() if config.cache.enable_prefix_caching else None
@@ -135,6 +147,8 @@ class LLMEngine:
             self._holding_back[request_id] = group
         for s in samples:
             self._samples[s.request.request_id] = (group, s)
+        if grammar is not None or params.presence_penalty or params.frequency_penalty or params.repetition_penalty != 1:
+            self._needs_tokens_on_host.add(request_id)
         self._prompt_tokens_total += num_prompt * params.n
 
     def _make_sample(self, request_id, index, parsed, params: SamplingParams, arrival_time) -> Sample:
@@ -163,6 +177,7 @@ class LLMEngine:
             if group is None:
                 continue
             self._holding_back.pop(request_id, None)
+            self._needs_tokens_on_host.discard(request_id)
             sample_ids = [s.request.request_id for s in group.samples]
             self.schedulers[self._rank_of.pop(request_id)].finish_requests(sample_ids, RequestStatus.FINISHED_ABORTED)
             for sample_id in sample_ids:
@@ -187,6 +202,8 @@ class LLMEngine:
         `final_only` of those that finished (vLLM's FINAL_ONLY output kind: offline callers skip building a
         cumulative output per running request per step)."""
         self._release_held_back_samples()
+        if self.config.async_scheduling:
+            return self._step_ahead(final_only)
         outputs = []
         with self.followers.guard("an engine step") if self.followers else contextlib.nullcontext():
             # Every data-parallel rank's step is dispatched before any result is awaited, so the ranks' device
@@ -204,6 +221,33 @@ class LLMEngine:
                 outputs += self.update(output, pending.result(), rank, final_only)
         self._num_steps += 1
         return outputs
+
+    def _step_ahead(self, final_only: bool) -> list[RequestOutput]:
+        """step() with async scheduling: the next step is planned and launched before this one's tokens are
+        applied, so the host work of both runs while the device computes. The tokens of a step still in flight
+        reach the next step on the device (ModelRunner.launch); a request that finishes in this step has one
+        more row computed, whose token is dropped, and one that finishes by length is not planned past it."""
+        launched = self._in_flight if self._in_flight is not None else self._launch_ranks()
+        self._in_flight = None
+        self.last_step_hidden = False
+        if not self._needs_tokens_on_host and any(s.has_unfinished_requests() for s in self.schedulers):
+            self._in_flight = self._launch_ranks()
+            self.last_step_hidden = all(pending.is_running() for _, pending in launched)
+        outputs = []
+        for rank, (output, pending) in enumerate(launched):
+            outputs += self.update(output, pending.result(), rank, final_only)
+        if not self._groups:
+            self._in_flight = None  # every request it computes for has finished: its tokens would be dropped
+        self._num_steps += 1
+        return outputs
+
+    def _launch_ranks(self) -> list[tuple[SchedulerOutput, PendingSample]]:
+        """Plan and launch one step on every data-parallel rank (async scheduling: nothing waits)."""
+        launched = []
+        for scheduler, runner in zip(self.schedulers, self.runners):
+            output = scheduler.schedule()
+            launched.append((output, runner.launch(output)))
+        return launched
 
     def output_token_counts(self) -> dict[str, int]:
         """Tokens generated so far by each unfinished request (all its samples), without building its output."""
@@ -283,6 +327,7 @@ class LLMEngine:
 
     def _forget(self, request_id: str) -> None:
         self._rank_of.pop(request_id, None)
+        self._needs_tokens_on_host.discard(request_id)
         group = self._groups.pop(request_id)
         self._holding_back.pop(request_id, None)
         for s in group.samples:

@@ -49,7 +49,9 @@ class RequestGroup:
     def ready_to_release(self) -> bool:
         """The first sample's prompt KV is computed (or it ended), so its full blocks are hittable now."""
         first = self.samples[0]
-        return first.finish_reason is not None or first.request.num_computed_tokens >= len(self.prompt.token_ids)
+        # Its first token is applied once the step that finished its prompt is: counting computed tokens would
+        # also be true while that step is still in flight (async scheduling), before its blocks are hashed.
+        return first.finish_reason is not None or first.request.num_output_tokens > 0
 
     def finished(self) -> bool:
         return all(sample.finish_reason is not None for sample in self.samples)

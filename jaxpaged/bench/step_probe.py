@@ -26,6 +26,9 @@ class StepProbe:
         """Wall time of each engine.step()."""
         self.host_s: list[float] = []
         """Host time of each step: schedule + prepare + engine.update (update_from_output and output processing)."""
+        self.exposed_host_s: list[float] = []
+        """Host time of each step the device waited for: host_s, or 0 when async scheduling launched the next step
+        while the device still computed this one (LLMEngine.last_step_hidden), so the host worked beside it."""
         self.scheduler_s: list[float] = []
         """Scheduler time of each step: schedule + update_from_output."""
         self._current: dict[str, float] = dict.fromkeys(_HOST_PARTS, 0.0)
@@ -95,7 +98,9 @@ class StepProbe:
             outputs = step(**options)
             self.step_s.append(time.perf_counter() - start)
             # engine.update ("process") contains scheduler.update_from_output ("update"): count it once.
-            self.host_s.append(current["schedule"] + current["prepare"] + current["process"])
+            host = current["schedule"] + current["prepare"] + current["process"]
+            self.host_s.append(host)
+            self.exposed_host_s.append(0.0 if self.engine.last_step_hidden else host)
             self.scheduler_s.append(current["schedule"] + current["update"])
             now = time.time()
             # Read from the engine as well as the outputs: LLM.generate asks only for finished ones (final_only).
@@ -127,9 +132,10 @@ class StepProbe:
         """Median wall time of a step, and of its host parts, in milliseconds."""
         if not self.step_s:
             return {"num_steps": 0, "step_ms_p50": None, "host_ms_per_step_p50": None,
-                    "scheduler_ms_per_step_p50": None}
+                    "exposed_host_ms_per_step_p50": None, "scheduler_ms_per_step_p50": None}
         return {"num_steps": len(self.step_s), "step_ms_p50": 1000 * statistics.median(self.step_s),
                 "host_ms_per_step_p50": 1000 * statistics.median(self.host_s),
+                "exposed_host_ms_per_step_p50": 1000 * statistics.median(self.exposed_host_s),
                 "scheduler_ms_per_step_p50": 1000 * statistics.median(self.scheduler_s)}
 
     def kv_metrics(self) -> dict[str, Optional[float]]:

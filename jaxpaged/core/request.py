@@ -46,7 +46,8 @@ class Request:
     __slots__ = ("request_id", "prompt_token_ids", "output_token_ids", "all_token_ids", "num_computed_tokens",
                  "num_cached_tokens", "status", "arrival_time", "priority", "cache_salt", "sampling_params",
                  "stop_reason", "max_tokens", "min_tokens", "eos_token_id", "stop_token_ids", "ignore_eos",
-                 "num_preemptions", "block_hashes", "sampling_seed", "grammar", "computes_whole_prompt")
+                 "num_preemptions", "block_hashes", "sampling_seed", "grammar", "computes_whole_prompt",
+                 "num_pending_tokens")
 
     def __init__(self, request_id: str, prompt_token_ids: Sequence[int], *, max_tokens: int = 16,
                  min_tokens: int = 0, eos_token_id: Optional[int] = None, stop_token_ids: Sequence[int] = (),
@@ -76,6 +77,9 @@ class Request:
         """prompt_token_ids + output_token_ids, kept in step with both."""
         self.num_computed_tokens = 0
         """Tokens whose K/V is computed or scheduled to be computed (advanced by Scheduler.schedule())."""
+        self.num_pending_tokens = 0
+        """Tokens sampled by scheduled steps but not appended yet: 1 from schedule() to update_from_output(), and 2
+        while async scheduling plans the next step before the one in flight has returned its token."""
         self.num_cached_tokens = 0
         """Prompt tokens served from the prefix cache at the first admission."""
         self.status = RequestStatus.WAITING

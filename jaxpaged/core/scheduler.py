@@ -154,14 +154,17 @@ class Scheduler:
                 token_id = sampled_token_ids[sample_index]
                 sample_index += 1
             if request.status is not _RUNNING:
-                continue  # finished by finish_requests() after this step was scheduled
-            # A one-token step fills a block only when it took the block's last slot (most decodes do not).
-            if len(scheduled_request.token_ids) != 1 or request.num_computed_tokens % block_size == 0:
+                continue  # finished by finish_requests() (or preempted) after this step was scheduled
+            if sample:
+                request.append_output_token(token_id)
+                request.num_pending_tokens -= 1
+                updated_requests.append(request)
+            # A one-token step fills a block only when it took the block's last slot (most decodes do not). The
+            # token is appended first: with a step planned ahead, the blocks hashed reach one token further.
+            if len(scheduled_request.token_ids) != 1 or (scheduled_request.start_position + 1) % block_size == 0:
                 cache_full_blocks(request)
             if not sample:
                 continue
-            request.append_output_token(token_id)
-            updated_requests.append(request)
             if check_stop(request, max_model_len):
                 self._release(request)
                 any_finished = True
@@ -187,13 +190,17 @@ class Scheduler:
             request = running[index]
             tokens = request.all_token_ids
             start = request.num_computed_tokens
-            num_new_tokens = len(tokens) - start
+            # Async scheduling plans a step while the one before is in flight: its sampled token is known to come
+            # (num_pending_tokens), not what it is; this step computes it all the same, fed on the device.
+            num_known = len(tokens)
+            num_pending = request.num_pending_tokens
+            num_new_tokens = num_known + num_pending - start
             if num_new_tokens > 1:  # a prefill chunk (plain ifs: this loop runs for every decode, every step)
                 if threshold and num_new_tokens > threshold:
                     num_new_tokens = threshold
                 if num_new_tokens > budget:
                     num_new_tokens = budget
-            elif num_new_tokens <= 0:
+            elif num_new_tokens <= 0 or (num_pending and self._finishes_by_length(request)):
                 index += 1  # nothing to compute until update_from_output() appends its sampled token
                 continue
             # Most decodes write into room left in their last block (its earlier slot is computed, so it is
@@ -212,12 +219,25 @@ class Scheduler:
                 if new_block_ids is None:
                     break  # the request preempted itself: nothing behind it would get blocks either
             end = start + num_new_tokens
-            scheduled.append(ScheduledRequest(request, tokens[start:end], start,
-                                              get_block_ids(request.request_id), end == len(tokens)))
+            if num_pending:  # a one-token step whose token is still on the device: a placeholder stands in
+                scheduled.append(ScheduledRequest(request, [0], start, get_block_ids(request.request_id), True,
+                                                  input_in_flight=True))
+            else:
+                scheduled.append(ScheduledRequest(request, tokens[start:end], start,
+                                                  get_block_ids(request.request_id), end == num_known))
+            if end == num_known + num_pending:
+                request.num_pending_tokens = num_pending + 1
             request.num_computed_tokens = end
             budget -= num_new_tokens
             index += 1
         return budget
+
+    def _finishes_by_length(self, request: Request) -> bool:
+        """Whether the token in flight will end the request by max_tokens or max_model_len (check_stop's length
+        rule): async scheduling plans no step after it."""
+        num_pending = request.num_pending_tokens
+        return (request.num_output_tokens + num_pending >= request.max_tokens
+                or len(request.all_token_ids) + num_pending >= self.max_model_len)
 
     def _schedule_waiting(self, scheduled: list[ScheduledRequest], budget: int) -> int:
         """Admit waiting requests in policy order, each starting at its prefix-cache hit; the budget left."""
@@ -246,6 +266,8 @@ class Scheduler:
             end = num_hit_tokens + num_new_tokens
             scheduled.append(ScheduledRequest(request, tokens[num_hit_tokens:end], num_hit_tokens,
                                               kv.get_block_ids(request.request_id), end == len(tokens)))
+            if end == len(tokens):
+                request.num_pending_tokens = 1
             request.num_computed_tokens = end
             budget -= num_new_tokens
         return budget
@@ -280,6 +302,7 @@ class Scheduler:
         self.kv_cache_manager.free(victim, tail_is_computed=num_returned_tokens == 0)
         victim.status = RequestStatus.PREEMPTED
         victim.num_computed_tokens = 0
+        victim.num_pending_tokens = 0  # a token still in flight is dropped: the recompute samples it again
         victim.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.prepend(victim)

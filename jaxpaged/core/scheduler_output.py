@@ -21,6 +21,9 @@ class ScheduledRequest:
     valid until the next schedule()."""
     sample: bool
     """This step reaches the end of the request's known tokens, so its next token is sampled."""
+    input_in_flight: bool = False
+    """Async scheduling: token_ids is [a placeholder] for the token the step still in flight samples for this
+    request; the runner feeds that step's sampled id to this one on the device."""
 
 
 @dataclasses.dataclass

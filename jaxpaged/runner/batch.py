@@ -33,6 +33,9 @@ class StepInputs:
     prompt_logprob_targets: Int[HostOrDeviceArray, " num_tokens"]
     """Prompt logprobs: the next prompt token, whose logprob this row's logits give, or -1 (the usual case: the
     step then skips the whole-vocabulary projection of every row)."""
+    token_sources: Int[HostOrDeviceArray, " num_tokens"]
+    """Async scheduling: the row of the previous step's sampled ids that is this row's token (placed there on the
+    device, since the host has not seen it yet), or -1: token_ids holds it (every row, without async)."""
 
 
 def empty_step_inputs(num_tokens: int, max_num_seqs: int, pages_per_seq: int) -> StepInputs:
@@ -40,7 +43,8 @@ def empty_step_inputs(num_tokens: int, max_num_seqs: int, pages_per_seq: int) ->
     return StepInputs(token_ids=np.zeros(num_tokens, np.int32), positions=np.zeros(num_tokens, np.int32),
                       attention=empty_attention_metadata(num_tokens, max_num_seqs, pages_per_seq),
                       sample_indices=np.zeros(max_num_seqs, np.int32),
-                      prompt_logprob_targets=np.full(num_tokens, -1, np.int32))
+                      prompt_logprob_targets=np.full(num_tokens, -1, np.int32),
+                      token_sources=np.full(num_tokens, -1, np.int32))
 
 
 def fill_step_inputs(scheduled: Sequence[ScheduledRequest], bucket: Bucket, block_table: HostBlockTable,

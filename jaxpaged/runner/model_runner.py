@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jaxtyping import Array, Int
 
 from jaxpaged.config import EngineConfig
 from jaxpaged.core.scheduler_output import SchedulerOutput
@@ -64,9 +65,13 @@ def resolve_dtype(name: str) -> jnp.dtype:
     return probe_cpu_dtype().choice
 
 
-def _forward(graphdef, attend: Callable, state, kv_cache, batch: StepInputs):
+def _forward(graphdef, attend: Callable, state, kv_cache, batch: StepInputs,
+             previous_tokens: Int[Array, " max_num_seqs"]):
     model = nnx.merge(graphdef, state)
-    x, kv_cache = model.hidden_states(kv_cache, batch.token_ids, batch.positions, batch.attention, attend=attend)
+    # Async scheduling: rows whose token the previous step sampled take it from that step's output, on the device.
+    sources = batch.token_sources
+    token_ids = jnp.where(sources >= 0, previous_tokens[jnp.maximum(sources, 0)], batch.token_ids)
+    x, kv_cache = model.hidden_states(kv_cache, token_ids, batch.positions, batch.attention, attend=attend)
     logits = model.logits(x[batch.sample_indices])
     targets = batch.prompt_logprob_targets
     vocab_size = logits.shape[-1]
@@ -74,6 +79,10 @@ def _forward(graphdef, attend: Callable, state, kv_cache, batch: StepInputs):
                                 lambda h: prompt_logprob_stats(model.logits(h), targets),
                                 lambda h: empty_prompt_logprob_stats(h.shape[0], vocab_size), x)
     return logits, kv_cache, prompt_stats
+
+
+def _pad_rows(sampled: Int[Array, " num_rows"], size: int) -> Int[Array, " size"]:
+    return jnp.zeros(size, jnp.int32).at[:sampled.shape[0]].set(sampled)
 
 
 MAX_PARALLEL_COMPILES = 4
@@ -124,7 +133,7 @@ class ModelRunner:
         state_shardings = jax.tree.map(lambda x: x.sharding, self.state)
         # Explicit shardings: the executables compiled at warm-up are exactly the ones serving calls.
         self._jitted = jax.jit(functools.partial(_forward, graphdef, attend), donate_argnums=(1,),
-                               in_shardings=(state_shardings, kv_sharding, self._replicated),
+                               in_shardings=(state_shardings, kv_sharding, self._replicated, self._replicated),
                                out_shardings=(self._replicated, kv_sharding, self._replicated))
         self._compiled: dict[Bucket, jax.stages.Compiled] = {}
         self._copy_jitted = jax.jit(copy_blocks, donate_argnums=(0,), in_shardings=(kv_sharding, self._replicated),
@@ -136,6 +145,18 @@ class ModelRunner:
         self._samples_locally = len(local) < self.mesh.devices.size
         placement = jax.sharding.SingleDeviceSharding(local[0]) if self._samples_locally else self._replicated
         self.sampler = TokenSampler(loaded.config.vocab_size, eos_token_ids, placement)
+        self.async_scheduling = config.async_scheduling
+        """Steps may be planned while the one before is in flight: decode rows then take their token from the
+        previous step's sampled ids on the device (StepInputs.token_sources)."""
+        self._no_previous_tokens = jax.device_put(np.zeros(sched.max_num_seqs, np.int32), self._replicated)
+        self._pad_sampled = jax.jit(functools.partial(_pad_rows, size=sched.max_num_seqs),
+                                    out_shardings=self._replicated)
+        self._previous_sampled: Optional[jax.Array] = None
+        """The last launched step's sampled ids, on the device (async scheduling)."""
+        self._previous_rows: dict[str, int] = {}
+        """Request id -> its row in _previous_sampled."""
+        self._feeds_previous = False
+        """The prepared batch has rows whose token comes from _previous_sampled."""
         self.before_step: Optional[Callable[[Bucket, StepInputs], None]] = None
         """Called with each step's padded plan before it runs (multi-host: broadcasts it to the followers)."""
         self.before_copy: Optional[Callable[[np.ndarray], None]] = None
@@ -185,6 +206,9 @@ class ModelRunner:
         tasks.append(self._copy_executable)
         if sampler:
             tasks += self.sampler.warmup_tasks(bucket.num_seqs for bucket in buckets)
+            if self.async_scheduling:
+                tasks += [functools.partial(self._compile_pad, num_rows)
+                          for num_rows in sorted({bucket.num_seqs for bucket in buckets})]
         # Side by side, the long step compiles first: tracing holds the GIL, but XLA's compile (or its
         # persistent-cache load) releases it and is most of the time (SmolLM2 float32, W1's config, 2-core AVX2
         # EPYC, alternated: 29.2-32.3 -> 23.3-24.5 s, cold or from the cache). With several processes the order
@@ -200,8 +224,13 @@ class ModelRunner:
         if bucket not in self._compiled:
             example = jax.device_put(empty_step_inputs(bucket.num_tokens, bucket.num_seqs, self.pages_per_seq),
                                      self._replicated)
-            self._compiled[bucket] = self._jitted.lower(self.state, self.kv_cache, example).compile()
+            self._compiled[bucket] = self._jitted.lower(self.state, self.kv_cache, example,
+                                                        self._no_previous_tokens).compile()
         return self._compiled[bucket]
+
+    def _compile_pad(self, num_rows: int) -> None:
+        sampled = jax.device_put(np.zeros(num_rows, np.int32), self.sampler.placement)
+        jax.block_until_ready(self._pad_sampled(sampled))
 
     def _copy_executable(self):
         if self._copy_compiled is None:
@@ -218,7 +247,12 @@ class ModelRunner:
         bucket = self.ladder.pick(output.num_scheduled_tokens, len(scheduled))
         batch = fill_step_inputs(scheduled, bucket, self.block_table, self.block_size)
         self._prompt_rows = []
+        self._feeds_previous = False
         for seq_index, item in enumerate(scheduled):
+            if item.input_in_flight:  # a decode row: its one token sits at the sequence's first row
+                row = int(batch.attention.cu_q_lens[seq_index])
+                batch.token_sources[row] = self._previous_rows[item.request.request_id]
+                self._feeds_previous = True
             if item.request.computes_whole_prompt:
                 token_start = int(batch.attention.cu_q_lens[seq_index])
                 self._set_prompt_logprob_targets(batch, item.request, token_start, item.start_position,
@@ -257,10 +291,15 @@ class ModelRunner:
         if self.before_step is not None:
             self.before_step(bucket, batch)
         prompt_rows = self._prompt_rows
-        logits, prompt_stats = self.run_step(bucket, batch)  # logits row j: the j-th sampling request
+        previous_tokens = self._padded_previous_sampled() if self._feeds_previous else None
+        logits, prompt_stats = self.run_step(bucket, batch, previous_tokens)  # row j: the j-th sampling request
         if self._samples_locally:
             logits = logits.addressable_data(0)
-        pending = self.sampler.launch(logits, [item.request for item in output.scheduled if item.sample])
+        sampling = [item.request for item in output.scheduled if item.sample]
+        pending = self.sampler.launch(logits, sampling)
+        if self.async_scheduling:
+            self._previous_sampled = pending.device_token_ids
+            self._previous_rows = {request.request_id: row for row, request in enumerate(sampling)}
         if pending_saves is not None:
             assert self.tier_transfer is not None
             self.tier_transfer.finish_saves(pending_saves)  # host copies while the device runs the step
@@ -277,11 +316,23 @@ class ModelRunner:
         rows' logits."""
         return self.run_step(bucket, host_batch)[0]
 
-    def run_step(self, bucket: Bucket, host_batch: StepInputs) -> tuple[jax.Array, PromptLogprobStats]:
-        """compute_logits() plus the step's prompt-logprob stats (zeros unless a row has a target)."""
+    def run_step(self, bucket: Bucket, host_batch: StepInputs,
+                 previous_tokens: Optional[Int[Array, " max_num_seqs"]] = None) -> tuple[jax.Array, PromptLogprobStats]:
+        """compute_logits() plus the step's prompt-logprob stats (zeros unless a row has a target).
+        `previous_tokens`: the ids host_batch.token_sources points into (async scheduling)."""
         device_batch = jax.device_put(host_batch, self._replicated)  # one transfer of the whole pytree
-        logits, self.kv_cache, prompt_stats = self._executable(bucket)(self.state, self.kv_cache, device_batch)
+        if previous_tokens is None:
+            previous_tokens = self._no_previous_tokens
+        logits, self.kv_cache, prompt_stats = self._executable(bucket)(self.state, self.kv_cache, device_batch,
+                                                                       previous_tokens)
         return logits, prompt_stats
+
+    def _padded_previous_sampled(self) -> Int[Array, " max_num_seqs"]:
+        sampled = self._previous_sampled
+        assert sampled is not None, "a row takes its token from a step that sampled nothing"
+        if sampled.shape[0] == self._no_previous_tokens.shape[0]:
+            return sampled
+        return self._pad_sampled(sampled)
 
 
 def build_rank_runners(loaded: LoadedModel, config: EngineConfig,

@@ -36,6 +36,9 @@ class SamplingRow:
     """Tokens generated so far; their count also picks this step's random key."""
     suppress_token_ids: Sequence[int] = ()
     """Token ids that must not be sampled this step (EOS / stop ids while min_tokens is not reached)."""
+    num_tokens_in_flight: int = 0
+    """Tokens sampled for the row by a step still in flight (async scheduling): not in output_token_ids yet, but
+    counted, so a seeded draw is the same planned ahead or not."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,7 +168,7 @@ def build_sampling_batch(rows: Sequence[SamplingRow], num_rows_padded: int,
         frequency_penalties[i] = params.frequency_penalty
         repetition_penalties[i] = params.repetition_penalty
         seed_words[i] = split_seed(row.seed)
-        num_output_tokens[i] = len(row.output_token_ids)
+        num_output_tokens[i] = len(row.output_token_ids) + row.num_tokens_in_flight
         num_top_logprobs[i] = min(params.logprobs or 0, vocab_size)
     dense = (None, None, None)
     if any(_needs_penalties(row) for row in rows):

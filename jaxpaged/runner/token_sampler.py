@@ -6,12 +6,13 @@ sampled ids, and logprobs when a request asked for them, cross back to the host.
 
 import dataclasses
 import functools
+import typing
 from collections.abc import Callable, Iterable, Sequence
 from typing import Optional
 
 import jax
 import numpy as np
-from jaxtyping import Array, Float
+from jaxtyping import Array, Float, Int
 
 from jaxpaged.core.request import Request
 from jaxpaged.runner.prompt_logprobs import PromptLogprobEntry
@@ -82,9 +83,11 @@ class TokenSampler:
         params = request.sampling_params
         if request.sampling_seed is None:
             raise ValueError(f"sampling_seed: request {request.request_id!r} has no resolved seed")
-        suppress = min_tokens_suppress_ids(params, self.eos_token_ids, request.num_output_tokens)
+        # num_pending_tokens counts this step's own token too (the scheduler adds it); any beyond it are in flight.
+        in_flight = max(0, request.num_pending_tokens - 1)
+        suppress = min_tokens_suppress_ids(params, self.eos_token_ids, request.num_output_tokens + in_flight)
         return SamplingRow(params, request.sampling_seed, request.prompt_token_ids, request.output_token_ids,
-                           suppress)
+                           suppress, in_flight)
 
 
 class PendingSample:
@@ -96,6 +99,15 @@ class PendingSample:
         self._wants_logprobs = wants_logprobs
         self.prompt_logprobs: Optional[Callable[[], list[PromptLogprobEntry]]] = None
         """Set by the runner when the step computed prompt logprobs: pulls them to the host."""
+
+    @property
+    def device_token_ids(self) -> Optional[Int[Array, " num_rows_padded"]]:
+        """The sampled ids still on the device (async scheduling feeds them to the next step); None if none."""
+        return None if self._output is None else typing.cast(jax.Array, self._output.token_ids)
+
+    def is_running(self) -> bool:
+        """True while the step (or its sampler) is still computing on the device."""
+        return self._output is not None and not typing.cast(jax.Array, self._output.token_ids).is_ready()
 
     def wait(self) -> None:
         """Blocks until the step and the sampler have run (their results stay on the device)."""

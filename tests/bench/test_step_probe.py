@@ -42,10 +42,14 @@ class FakeEngine:
         self.runner = FakeRunner()
         self.schedulers, self.runners = [scheduler], [self.runner]  # one data-parallel rank
         self.num_tokens = 0
+        self.last_step_hidden = False
+        self.hidden_steps: set[int] = set()
+        """Steps (by number) that pretend async scheduling launched the next one while the device computed."""
 
     def step(self, final_only=False):
         output = self.scheduler.schedule()
         self.runner.prepare(output)
+        self.last_step_hidden = self.num_tokens in self.hidden_steps
         return self.update(output, [], final_only=final_only)
 
     def update(self, output, token_ids, final_only=False):
@@ -93,3 +97,16 @@ def test_step_timing_token_times_and_clean_exit():
     metrics = probe.host_metrics()
     host_ms, step_ms = metrics["host_ms_per_step_p50"], metrics["step_ms_p50"]
     assert metrics["num_steps"] == 3 and host_ms is not None and step_ms is not None and host_ms <= step_ms
+
+
+def test_host_time_beside_a_computing_device_is_not_exposed():
+    engine = FakeEngine(FakeScheduler([], {}))
+    engine.hidden_steps = {1, 2}
+    with StepProbe(engine) as probe:
+        for _ in range(4):
+            engine.step()
+    assert [exposed == 0 for exposed in probe.exposed_host_s] == [False, True, True, False]
+    assert [probe.exposed_host_s[i] for i in (0, 3)] == [probe.host_s[i] for i in (0, 3)]
+    # median of [h0, 0, 0, h3]: half the smaller of the two exposed steps
+    expected_ms = 1000 * min(probe.host_s[0], probe.host_s[3]) / 2
+    assert abs(probe.host_metrics()["exposed_host_ms_per_step_p50"] - expected_ms) < 1e-9

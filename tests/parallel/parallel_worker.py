@@ -1,6 +1,7 @@
 """Runs in a subprocess with forced CPU devices: one model under several (dp, tp) layouts vs tp = dp = 1.
 
 Usage: JAX_NUM_CPU_DEVICES=4 python -m tests.parallel.parallel_worker MODEL_DIR LAYOUTS_JSON
+LAYOUTS_JSON lists [dp, tp] pairs, or [dp, tp, true] for async scheduling under that layout.
 Prints one JSON line: per layout, the max relative logits error vs tp=1, whether greedy outputs are identical,
 prefix-hit tokens per data-parallel rank, and compilations after warm-up.
 """
@@ -47,8 +48,9 @@ def main() -> None:
     reference = LLM(model_dir, **ENGINE_OPTIONS)  # type: ignore[arg-type]
     expected_logits, expected_tokens = step_logits(reference), greedy(reference)
     results = []
-    for dp, tp in layouts:
-        llm = LLM(model_dir, **ENGINE_OPTIONS, data_parallel_size=dp, tensor_parallel_size=tp)
+    for dp, tp, *rest in layouts:  # [dp, tp] or [dp, tp, async_scheduling]
+        llm = LLM(model_dir, **ENGINE_OPTIONS, data_parallel_size=dp, tensor_parallel_size=tp,
+                  async_scheduling=bool(rest and rest[0]))
         compiled_after_warmup = compile_counter.num_compilations()
         logits = step_logits(llm)
         tokens = greedy(llm)

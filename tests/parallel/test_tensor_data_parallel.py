@@ -15,7 +15,7 @@ from tests.json_worker import run_json_worker
 WORKER_TIMEOUT_S = 240
 
 
-def run_worker(model: str, layouts: list[tuple[int, int]]) -> list[dict]:
+def run_worker(model: str, layouts: list[tuple]) -> list[dict]:
     return run_json_worker("tests.parallel.parallel_worker", [model, json.dumps(layouts)], 4, WORKER_TIMEOUT_S)
 
 
@@ -39,9 +39,10 @@ def test_gqa_model_at_tp2_and_tp4_with_kv_head_replication(tmp_path, smollm2_tok
 def test_data_parallel_routes_shared_prefixes_to_one_rank(tmp_path, smollm2_tokenizer_dir):
     model_dir = save_tiny_llama(tmp_path / "mha", smollm2_tokenizer_dir,
                                 TINY_LLAMA | dict(num_attention_heads=4, num_key_value_heads=4))
-    (dp2, dp2_tp2) = run_worker(str(model_dir), [(2, 1), (2, 2)])
-    assert_matches_single_device([dp2_tp2])
-    for result in (dp2, dp2_tp2):
+    # The last layout also plans each step ahead on both ranks (async scheduling): the same tokens.
+    (dp2, dp2_tp2, dp2_tp2_ahead) = run_worker(str(model_dir), [(2, 1, False), (2, 2, False), (2, 2, True)])
+    assert_matches_single_device([dp2_tp2, dp2_tp2_ahead])
+    for result in (dp2, dp2_tp2, dp2_tp2_ahead):
         assert result["logits_rel_error"] == 0.0 or result["tp"] > 1
         assert result["greedy_identical"]
         # Three prompts share a 20-token prefix: they all run on one rank, so only that rank reports hits.

@@ -1,0 +1,198 @@
+"""Async scheduling: each step is planned and launched before the previous one's tokens reach the host.
+
+The reference is the same tiny model in the default, synchronous engine: planning ahead must not change a single
+token, a finish reason or a seeded draw, whatever finishes, stops, is aborted or preempted along the way.
+"""
+
+import argparse
+
+import numpy as np
+import pytest
+
+from jaxpaged.cli_options import add_engine_arguments, engine_options_from_args
+from jaxpaged.config import EngineConfig
+from jaxpaged.runner.token_sampler import PendingSample
+from jaxpaged.sampling_params import SamplingParams, StructuredOutputsParams
+from tests.conftest import TINY_ENGINE_OPTIONS
+
+# The synchronous reference is the session's shared tiny engine, built on this worker.
+pytestmark = pytest.mark.xdist_group("tiny_llm")
+
+BLOCK_SIZE = 16
+
+
+@pytest.fixture(scope="module")
+def async_llm(tiny_model_dir):
+    from jaxpaged.llm import LLM
+
+    return LLM(str(tiny_model_dir), **TINY_ENGINE_OPTIONS, async_scheduling=True)
+
+
+def _prompts(lengths: list[int], seed: int = 0) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    return [{"prompt_token_ids": rng.integers(10, 40000, length).tolist()} for length in lengths]
+
+
+def _token_ids(llm, prompts, params) -> list[list[list[int]]]:
+    return [[list(o.token_ids) for o in out.outputs] for out in llm.generate(prompts, params, use_tqdm=False)]
+
+
+def test_greedy_tokens_match_the_synchronous_engine_at_edge_lengths(tiny_llm, async_llm):
+    # Prompts of 1 token, a block +- 1, many blocks; outputs crossing block edges; max_tokens 1 finishes at once.
+    prompts = _prompts([1, BLOCK_SIZE - 1, BLOCK_SIZE, BLOCK_SIZE + 1, 5 * BLOCK_SIZE + 3, 40])
+    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in (1, 2, 17, 16, 33, 15)]
+    before = async_llm.engine.get_stats().num_compilations
+
+    assert _token_ids(async_llm, prompts, params) == _token_ids(tiny_llm, prompts, params)
+    assert [len(out[0]) for out in _token_ids(async_llm, prompts, params)] == [1, 2, 17, 16, 33, 15]
+    assert async_llm.engine.get_stats().num_compilations == before
+
+
+def test_seeded_sampling_draws_the_same_tokens_planned_ahead(tiny_llm, async_llm):
+    # The draw of a step is keyed by how many tokens the request has generated, counting the one in flight.
+    prompts = _prompts([7, 20, 33], seed=1)
+    params = [SamplingParams(temperature=0.9, top_p=0.9, seed=11, max_tokens=24, ignore_eos=True),
+              SamplingParams(temperature=1.0, top_k=7, seed=12, max_tokens=24, min_tokens=10),
+              SamplingParams(temperature=0.7, seed=13, max_tokens=24, n=2, logprobs=2)]
+    expected = tiny_llm.generate(prompts, params, use_tqdm=False)
+    got = async_llm.generate(prompts, params, use_tqdm=False)
+
+    assert [[list(o.token_ids) for o in out.outputs] for out in got] == \
+        [[list(o.token_ids) for o in out.outputs] for out in expected]
+    assert [[o.finish_reason for o in out.outputs] for out in got] == \
+        [[o.finish_reason for o in out.outputs] for out in expected]
+    got_logprobs = [lp[t] for lp, t in zip(got[2].outputs[0].logprobs, got[2].outputs[0].token_ids)]
+    expected_logprobs = [lp[t] for lp, t in zip(expected[2].outputs[0].logprobs, expected[2].outputs[0].token_ids)]
+    np.testing.assert_allclose([x.logprob for x in got_logprobs], [x.logprob for x in expected_logprobs],
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_a_stop_token_or_string_ends_the_request_where_the_synchronous_engine_does(tiny_llm, async_llm):
+    prompts = _prompts([9, 18], seed=2)
+    free = _token_ids(tiny_llm, prompts, [SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)] * 2)
+    stop_id = free[0][0][6]  # the 7th token of the first prompt's continuation
+    stop_text = tiny_llm.engine.tokenizer.decode(free[1][0][4:6])
+    params = [SamplingParams(temperature=0.0, max_tokens=20, stop_token_ids=[stop_id], ignore_eos=True),
+              SamplingParams(temperature=0.0, max_tokens=20, stop=[stop_text], ignore_eos=True)]
+    expected = tiny_llm.generate(prompts, params, use_tqdm=False)
+    got = async_llm.generate(prompts, params, use_tqdm=False)
+
+    for g, e in zip(got, expected):
+        assert (list(g.outputs[0].token_ids), g.outputs[0].text, g.outputs[0].finish_reason) == \
+            (list(e.outputs[0].token_ids), e.outputs[0].text, e.outputs[0].finish_reason)
+    assert got[0].outputs[0].finish_reason == "stop" and len(got[0].outputs[0].token_ids) <= 7
+    assert async_llm.engine.scheduler.kv_cache_manager.usage == 0.0
+
+
+def test_preemption_and_a_tight_pool_give_the_synchronous_tokens(tiny_llm, async_llm):
+    # 12 requests of up to 100 + 40 tokens cannot all fit the 48-block pool: running requests are preempted and
+    # recomputed, sometimes with a token still in flight (dropped, then sampled again).
+    rng = np.random.default_rng(3)
+    lengths = [int(n) for n in rng.integers(30, 100, 12)]
+    prompts = _prompts(lengths, seed=3)
+    params = [SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)] * len(prompts)
+    before = async_llm.engine.get_stats()
+
+    assert _token_ids(async_llm, prompts, params) == _token_ids(tiny_llm, prompts, params)
+    after = async_llm.engine.get_stats()
+    assert after.num_preemptions > before.num_preemptions
+    assert after.num_compilations == before.num_compilations
+
+
+def test_the_next_step_is_launched_before_the_previous_tokens_are_read(async_llm):
+    engine = async_llm.engine
+    runner = engine.runner
+    events: list[str] = []
+    launch, result = runner.launch, PendingSample.result
+
+    def logged_launch(output):
+        events.append("launch")
+        return launch(output)
+
+    def logged_result(pending):
+        events.append("result")
+        return result(pending)
+
+    runner.launch = logged_launch
+    PendingSample.result = logged_result
+    try:
+        _token_ids(async_llm, _prompts([12, 30]), [SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)] * 2)
+    finally:
+        del runner.launch
+        PendingSample.result = result
+    # Steady state: launch N+1, then read N; never two reads in a row while requests run.
+    assert events[:3] == ["launch", "launch", "result"]
+    assert "result, result" not in ", ".join(events[:-2])
+    assert engine._in_flight is None or not engine.has_unfinished_requests()
+
+
+def test_a_penalty_or_grammar_request_makes_steps_wait_for_their_tokens(tiny_llm, async_llm):
+    prompts = _prompts([10, 25], seed=4)
+    params = [SamplingParams(temperature=0.0, max_tokens=12, repetition_penalty=1.3, presence_penalty=0.4,
+                             ignore_eos=True),
+              SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)]
+    assert _token_ids(async_llm, prompts, params) == _token_ids(tiny_llm, prompts, params)
+
+    choice = SamplingParams(temperature=0.0, max_tokens=8,
+                            structured_outputs=StructuredOutputsParams(choice=["yes", "no"]))
+    engine = async_llm.engine
+    engine.add_request("constrained", "Is it?", choice)
+    engine.add_request("plain", _prompts([5])[0], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+    texts, finished = {}, set()
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            texts[out.request_id] = out.outputs[0].text
+            if out.finished:
+                finished.add(out.request_id)
+        if "constrained" not in finished:
+            assert engine._in_flight is None, "nothing may be planned ahead while the grammar request runs"
+    assert texts["constrained"] in ("yes", "no") and finished == {"constrained", "plain"}
+
+
+def test_an_abort_with_a_step_in_flight_loses_nothing_else(tiny_llm, async_llm):
+    engine = async_llm.engine
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    keep, drop = _prompts([14, 22], seed=5)
+    engine.add_request("keep", keep, params)
+    engine.add_request("drop", drop, params)
+    outputs = {}
+    for _ in range(4):
+        for out in engine.step():
+            outputs[out.request_id] = out
+    assert engine._in_flight is not None
+    engine.abort_request("drop")
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            outputs[out.request_id] = out
+
+    assert list(outputs["keep"].outputs[0].token_ids) == _token_ids(tiny_llm, [keep], [params])[0][0]
+    assert outputs["keep"].finished and not outputs["drop"].finished
+    assert engine.scheduler.kv_cache_manager.usage == 0.0
+
+
+def test_the_flag_reaches_the_config_and_bad_combinations_are_refused(tiny_model_dir):
+    from jaxpaged.llm import LLM
+
+    parser = argparse.ArgumentParser()
+    add_engine_arguments(parser)
+    assert EngineConfig.from_options(**engine_options_from_args(parser.parse_args(["--async-scheduling"]))) \
+        .async_scheduling is True
+    assert EngineConfig().async_scheduling is False
+    with pytest.raises(ValueError, match="async_scheduling: must be a bool"):
+        EngineConfig.from_options(async_scheduling="yes")
+    with pytest.raises(ValueError, match="async_scheduling: not supported with the KV tiers"):
+        LLM(str(tiny_model_dir), **TINY_ENGINE_OPTIONS, async_scheduling=True, kv_offload_memory="16MiB")
+
+
+def test_the_later_samples_of_n_share_the_first_one_s_prompt_blocks_as_in_step(tiny_llm, async_llm):
+    # They wait until the first sample's prompt step is applied (its blocks hashed), not merely planned.
+    prompts = _prompts([40], seed=6)
+    params = [SamplingParams(temperature=0.8, seed=3, max_tokens=6, n=3, ignore_eos=True)]
+    hits = []
+    for llm in (tiny_llm, async_llm):
+        llm.reset_prefix_cache()
+        before = llm.engine.get_stats().prefix_cache_hits
+        outputs = _token_ids(llm, prompts, params)
+        hits.append((llm.engine.get_stats().prefix_cache_hits - before, outputs))
+    assert hits[1] == hits[0]
+    assert hits[0][0] >= 2 * 32  # samples 2 and 3 each hit the prompt's two full blocks
