@@ -5,7 +5,9 @@ count: running requests first (in admission order), then waiting ones while fewe
 
 NOTE: num_computed_tokens advances in schedule(), as in vLLM V1: once a step is scheduled its tokens count
 as computed. update_from_output() then makes their full blocks hittable (the runner has written their K/V
-by then) and appends the sampled tokens, whose K/V a later step computes.
+by then) and appends the sampled tokens, whose K/V a later step computes. With async scheduling the engine calls
+schedule() for step N+1 before update_from_output() of step N: a request whose token is still in flight
+(Request.num_pending_tokens) gets a one-token step with a placeholder the runner fills on the device.
 """
 
 from collections.abc import Iterable

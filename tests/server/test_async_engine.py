@@ -99,3 +99,45 @@ def test_failing_step_fails_every_stream(looped, tiny_engine, monkeypatch):
 
 async def _add_one(engine: AsyncLLMEngine) -> None:
     engine.add_request("late", {"prompt_token_ids": [1]}, _params(1))
+
+
+def test_async_scheduling_streams_the_synchronous_tokens_and_aborts_cleanly(tiny_model_dir, tiny_engine):
+    """The server's loop over an engine that plans each step ahead: the streamed tokens are those of the
+    synchronous engine, and a stream closed with a step in flight frees its blocks."""
+    from jaxpaged.config import EngineConfig
+    from jaxpaged.engine import LLMEngine
+    from jaxpaged.weights.loader import load_model
+
+    config = EngineConfig.from_options(max_model_len=128, max_num_seqs=4, max_num_batched_tokens=16,
+                                       dtype="float32", attention_backend="xla", compilation_cache_dir="",
+                                       async_scheduling=True)
+    ahead = LLMEngine(load_model(str(tiny_model_dir)), config, warmup=False)
+    prompt = {"prompt_token_ids": [11, 12, 13, 14, 15]}
+    tiny_engine.add_request("reference", prompt, _params(20))
+    while tiny_engine.has_unfinished_requests():
+        for output in tiny_engine.step():
+            expected = list(output.outputs[0].token_ids)
+
+    async def scenario(looped):
+        kept = looped.add_request("kept", prompt, _params(20))
+        dropped = looped.add_request("dropped", {"prompt_token_ids": [4, 5, 6]}, _params(100))
+        await kept.wait_added()
+        await dropped.wait_added()
+        for _ in range(3):
+            await dropped.__anext__()
+        dropped.close()
+        outputs = [output async for output in kept]
+        return outputs[-1]
+
+    looped = AsyncLLMEngine(ahead)
+    looped.start()
+    try:
+        final = asyncio.run(scenario(looped))
+        for _ in range(200):
+            if looped.num_unfinished_seqs == 0 and looped.get_stats().kv_cache_usage == 0.0:
+                break
+            time.sleep(0.05)
+        assert final.finished and list(final.outputs[0].token_ids) == expected
+        assert looped.num_unfinished_seqs == 0 and looped.get_stats().kv_cache_usage == 0.0
+    finally:
+        looped.shutdown()
