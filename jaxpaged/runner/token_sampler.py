@@ -107,7 +107,10 @@ class PendingSample:
 
     def is_running(self) -> bool:
         """True while the step (or its sampler) is still computing on the device."""
-        return self._output is not None and not typing.cast(jax.Array, self._output.token_ids).is_ready()
+        if self._output is None:
+            return False
+        token_ids: typing.Any = self._output.token_ids  # a jax.Array: its type stub lacks is_ready()
+        return not token_ids.is_ready()
 
     def wait(self) -> None:
         """Blocks until the step and the sampler have run (their results stay on the device)."""

@@ -99,7 +99,7 @@ def test_preemption_and_a_tight_pool_give_the_synchronous_tokens(tiny_llm, async
     assert after.num_compilations == before.num_compilations
 
 
-def test_the_next_step_is_launched_before_the_previous_tokens_are_read(async_llm):
+def test_the_next_step_is_launched_before_the_previous_tokens_are_read(async_llm, monkeypatch):
     engine = async_llm.engine
     runner = engine.runner
     events: list[str] = []
@@ -113,13 +113,10 @@ def test_the_next_step_is_launched_before_the_previous_tokens_are_read(async_llm
         events.append("result")
         return result(pending)
 
-    runner.launch = logged_launch
-    PendingSample.result = logged_result
-    try:
-        _token_ids(async_llm, _prompts([12, 30]), [SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)] * 2)
-    finally:
-        del runner.launch
-        PendingSample.result = result
+    monkeypatch.setattr(runner, "launch", logged_launch)
+    monkeypatch.setattr(PendingSample, "result", logged_result)
+    _token_ids(async_llm, _prompts([12, 30]), [SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)] * 2)
+    monkeypatch.undo()
     # Steady state: launch N+1, then read N; never two reads in a row while requests run.
     assert events[:3] == ["launch", "launch", "result"]
     assert "result, result" not in ", ".join(events[:-2])

@@ -134,10 +134,12 @@ def test_async_scheduling_streams_the_synchronous_tokens_and_aborts_cleanly(tiny
     try:
         final = asyncio.run(scenario(looped))
         for _ in range(200):
-            if looped.num_unfinished_seqs == 0 and looped.get_stats().kv_cache_usage == 0.0:
+            stats = looped.get_stats()
+            if looped.num_unfinished_seqs == 0 and stats is not None and stats.kv_cache_usage == 0.0:
                 break
             time.sleep(0.05)
         assert final.finished and list(final.outputs[0].token_ids) == expected
-        assert looped.num_unfinished_seqs == 0 and looped.get_stats().kv_cache_usage == 0.0
+        stats = looped.get_stats()
+        assert looped.num_unfinished_seqs == 0 and stats is not None and stats.kv_cache_usage == 0.0
     finally:
         looped.shutdown()
