@@ -29,6 +29,7 @@ from jaxpaged.outputs import RequestOutput
 from jaxpaged.request_group import RequestGroup, Sample
 from jaxpaged.runner import compile_counter
 from jaxpaged.runner.model_runner import build_rank_runners
+from jaxpaged.runner.sampling_batch import penalizes_output_tokens
 from jaxpaged.runner.step_result import StepResult
 from jaxpaged.runner.token_sampler import PendingSample
 from jaxpaged.sampling_params import SamplingParams
@@ -147,7 +148,7 @@ class LLMEngine:
             self._holding_back[request_id] = group
         for s in samples:
             self._samples[s.request.request_id] = (group, s)
-        if grammar is not None or params.presence_penalty or params.frequency_penalty or params.repetition_penalty != 1:
+        if grammar is not None or penalizes_output_tokens(params):
             self._needs_tokens_on_host.add(request_id)
         self._prompt_tokens_total += num_prompt * params.n
 
@@ -206,17 +207,8 @@ class LLMEngine:
             return self._step_ahead(final_only)
         outputs = []
         with self.followers.guard("an engine step") if self.followers else contextlib.nullcontext():
-            # Every data-parallel rank's step is dispatched before any result is awaited, so the ranks' device
-            # groups run at the same time; with one rank this is schedule -> execute -> update.
-            launched = []
-            for scheduler, runner in zip(self.schedulers, self.runners):
-                output = scheduler.schedule()
-                pending = runner.launch(output)
-                if self.followers is not None:
-                    # Multi-host: every process must issue its collectives in the same order, and the followers
-                    # finish a rank's step before they join the next plan's broadcast; so does process 0.
-                    pending.wait()
-                launched.append((output, pending))
+            # With one rank this is schedule -> execute -> update.
+            launched = self._launch_ranks()
             for rank, (output, pending) in enumerate(launched):
                 outputs += self.update(output, pending.result(), rank, final_only)
         self._num_steps += 1
@@ -242,11 +234,17 @@ class LLMEngine:
         return outputs
 
     def _launch_ranks(self) -> list[tuple[SchedulerOutput, PendingSample]]:
-        """Plan and launch one step on every data-parallel rank (async scheduling: nothing waits)."""
+        """Plan and launch one step on every data-parallel rank. Every rank's step is dispatched before any result
+        is awaited, so the ranks' device groups run at the same time."""
         launched = []
         for scheduler, runner in zip(self.schedulers, self.runners):
             output = scheduler.schedule()
-            launched.append((output, runner.launch(output)))
+            pending = runner.launch(output)
+            if self.followers is not None:
+                # Multi-host: every process must issue its collectives in the same order, and the followers
+                # finish a rank's step before they join the next plan's broadcast; so does process 0.
+                pending.wait()
+            launched.append((output, pending))
         return launched
 
     def output_token_counts(self) -> dict[str, int]:

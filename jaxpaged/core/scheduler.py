@@ -21,7 +21,7 @@ from .request import Request, RequestStatus
 from .request_queue import make_request_queue
 from .scheduler_output import ScheduledRequest, SchedulerOutput
 from .scheduler_stats import SchedulerStats
-from .stop_criteria import check_stop
+from .stop_criteria import check_stop, reaches_length_limit
 
 _RUNNING = RequestStatus.RUNNING
 
@@ -183,6 +183,7 @@ class Scheduler:
         allocate_slots = self.kv_cache_manager.allocate_slots
         get_block_ids = self.kv_cache_manager.get_block_ids
         block_size = self.block_size
+        max_model_len = self.max_model_len
         running = self.running
         # NOTE: decodes are never starved: running requests keep their admission order, a prefill chunk is
         # capped by the budget only when nothing was admitted behind it, so what the requests up to any
@@ -202,8 +203,10 @@ class Scheduler:
                     num_new_tokens = threshold
                 if num_new_tokens > budget:
                     num_new_tokens = budget
-            elif num_new_tokens <= 0 or (num_pending and self._finishes_by_length(request)):
-                index += 1  # nothing to compute until update_from_output() appends its sampled token
+            elif num_new_tokens <= 0 or (num_pending and reaches_length_limit(request, max_model_len, num_pending)):
+                # Nothing to compute until update_from_output() appends its sampled token, or the token in flight
+                # ends the request by length (nothing is planned past it).
+                index += 1
                 continue
             # Most decodes write into room left in their last block (its earlier slot is computed, so it is
             # held): only a chunk, or a token that opens a new block, needs allocating.
@@ -233,13 +236,6 @@ class Scheduler:
             budget -= num_new_tokens
             index += 1
         return budget
-
-    def _finishes_by_length(self, request: Request) -> bool:
-        """Whether the token in flight will end the request by max_tokens or max_model_len (check_stop's length
-        rule): async scheduling plans no step after it."""
-        num_pending = request.num_pending_tokens
-        return (request.num_output_tokens + num_pending >= request.max_tokens
-                or len(request.all_token_ids) + num_pending >= self.max_model_len)
 
     def _schedule_waiting(self, scheduled: list[ScheduledRequest], budget: int) -> int:
         """Admit waiting requests in policy order, each starting at its prefix-cache hit; the budget left."""

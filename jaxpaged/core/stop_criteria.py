@@ -19,7 +19,14 @@ def check_stop(request: Request, max_model_len: int) -> bool:
             request.status = RequestStatus.FINISHED_STOPPED
             request.stop_reason = last_token_id
             return True
-    if num_output_tokens >= request.max_tokens or len(request.all_token_ids) >= max_model_len:
+    if reaches_length_limit(request, max_model_len):
         request.status = RequestStatus.FINISHED_LENGTH
         return True
     return False
+
+
+def reaches_length_limit(request: Request, max_model_len: int, num_more_tokens: int = 0) -> bool:
+    """Whether the request is at max_tokens or max_model_len once `num_more_tokens` more are appended (the
+    scheduler asks with the tokens still in flight, to plan no step past them)."""
+    return (len(request.output_token_ids) + num_more_tokens >= request.max_tokens
+            or len(request.all_token_ids) + num_more_tokens >= max_model_len)

@@ -206,9 +206,9 @@ class ModelRunner:
         tasks.append(self._copy_executable)
         if sampler:
             tasks += self.sampler.warmup_tasks(bucket.num_seqs for bucket in buckets)
-            if self.async_scheduling:
-                tasks += [functools.partial(self._compile_pad, num_rows)
-                          for num_rows in sorted({bucket.num_seqs for bucket in buckets})]
+            if self.async_scheduling:  # a full row count needs no padding (_padded_previous_sampled)
+                row_counts = {bucket.num_seqs for bucket in buckets} - {self.ladder.max_num_seqs}
+                tasks += [functools.partial(self._compile_pad, num_rows) for num_rows in sorted(row_counts)]
         # Side by side, the long step compiles first: tracing holds the GIL, but XLA's compile (or its
         # persistent-cache load) releases it and is most of the time (SmolLM2 float32, W1's config, 2-core AVX2
         # EPYC, alternated: 29.2-32.3 -> 23.3-24.5 s, cold or from the cache). With several processes the order
@@ -330,7 +330,7 @@ class ModelRunner:
     def _padded_previous_sampled(self) -> Int[Array, " max_num_seqs"]:
         sampled = self._previous_sampled
         assert sampled is not None, "a row takes its token from a step that sampled nothing"
-        if sampled.shape[0] == self._no_previous_tokens.shape[0]:
+        if sampled.shape[0] == self.ladder.max_num_seqs:
             return sampled
         return self._pad_sampled(sampled)
 

@@ -103,10 +103,14 @@ def min_tokens_suppress_ids(params: SamplingParams, eos_token_ids: Sequence[int]
     return list(params.stop_token_ids or ()) + list(eos_token_ids)
 
 
+def penalizes_output_tokens(params: SamplingParams) -> bool:
+    """Whether the request's logits depend on the tokens it generated (presence, frequency or repetition
+    penalty): async scheduling cannot plan its next step before the last token is on the host."""
+    return bool(params.presence_penalty or params.frequency_penalty or params.repetition_penalty != 1.0)
+
+
 def _needs_penalties(row: SamplingRow) -> bool:
-    params = row.params
-    return bool(params.presence_penalty or params.frequency_penalty or params.repetition_penalty != 1.0
-                or params.logit_bias or len(row.suppress_token_ids))
+    return penalizes_output_tokens(row.params) or bool(row.params.logit_bias or len(row.suppress_token_ids))
 
 
 def _token_id_array(field: str, token_ids: Sequence[int], vocab_size: int) -> np.ndarray:
