@@ -9,8 +9,8 @@
 //   panels    f32 [outer / 16, inner, 16]   panel p holds columns 16p .. 16p + 15 of W, one 16-float row per inner index
 // Result: f32 [rows, outer] = x @ W, float32 sums.
 //
-// Work: tiles of 6 rows x 16 columns, each summed in 12 vector registers over the whole inner dimension (x is read
-// by broadcasts, the panel row by two 8-float loads). Work items are (row block, run of panels), handed out through
+// Work: register tiles (6 rows x 16 columns with AVX2, 12 rows x 32 columns with AVX-512; see kTileRows), each summed
+// over the whole inner dimension (x is read by broadcasts, the panel rows by vector loads). Work items are (row block, run of panels), handed out through
 // an atomic counter to the caller and to XLA's intra-op threads; a row block stays in L2 while its panels stream by.
 
 #include <algorithm>
@@ -26,8 +26,7 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-constexpr int64_t kPanelWidth = 16;   // columns per panel (two 8-float vectors)
-constexpr int64_t kTileRows = 6;      // rows per register tile: 6 x 2 accumulators + 2 panel vectors + 1 broadcast
+constexpr int64_t kPanelWidth = 16;   // columns per panel: one 16-float row per inner index
 // Rows per work item: a block's rows stay in L2 while its panels stream by (72 rows x 1,536 inner floats, SmolLM2's
 // widest, are 432 KiB of a 1 MiB L2; much wider inner sizes spill to L3, still correct). A decode's 64 rows are one
 // block, so each weight is read from memory once; a 512-row prefill reads it once per block, from L3 when it fits.
@@ -36,7 +35,24 @@ constexpr int64_t kBlockRows = 72;
 // keep a 2-core VM's threads busy; fewer items than threads leave threads idle, never wrong.
 constexpr int64_t kPanelsPerItem = 4;
 
-typedef float Vec8 __attribute__((vector_size(32), aligned(4)));
+// The register tile, by the vector width this build targets (-march=native). AVX2 (16 ymm registers): 6 rows x one
+// panel, two 8-float halves per panel row: 12 accumulators, 2 weight vectors, 1 broadcast. AVX-512 (32 zmm
+// registers, whose cores run 512-bit FMAs at full width on Zen 5 and Xeons): 12 rows x two panels, one 16-float
+// vector per panel row: 24 accumulators, and each broadcast of x feeds two FMAs, which halves the loads per FMA
+// (one panel per tile left the AVX2 code at ~0.6x XLA's dot on a Zen 5 EPYC).
+#if defined(__AVX512F__)
+constexpr int kLanes = 16;
+constexpr int64_t kTileRows = 12;
+constexpr int kTilePanels = 2;
+#else
+constexpr int kLanes = 8;
+constexpr int64_t kTileRows = 6;
+constexpr int kTilePanels = 1;
+#endif
+constexpr int kVectorsPerRow = kPanelWidth / kLanes;  // vectors per panel row: 2 (AVX2) or 1 (AVX-512)
+static_assert(kPanelsPerItem % kTilePanels == 0, "a work item holds whole tiles");
+
+typedef float Vec __attribute__((vector_size(kLanes * sizeof(float)), aligned(4)));
 
 struct Problem {
   const float* x;
@@ -45,57 +61,85 @@ struct Problem {
   int64_t rows, inner, outer;
 };
 
-// One tile: kRows rows x 16 columns of the output, summed over the whole inner dimension. `upcoming` (or nullptr):
-// the panel this thread multiplies next, fetched one 64-byte row per step, so that it is in cache when its turn comes
-// (a decode's few rows leave too little work per panel to hide its fetch from memory otherwise).
-template <int kRows, bool kPrefetch>
+// One tile: kRows rows x (kPanels x 16) columns of the output, from kPanels adjacent panels starting at `panel`,
+// summed over the whole inner dimension. `upcoming` (or nullptr): the first of the kPanels panels this thread
+// multiplies next, fetched one 64-byte row per panel per step, so that it is in cache when its turn comes (a decode's
+// few rows leave too little work per panel to hide its fetch from memory otherwise).
+template <int kRows, int kPanels, bool kPrefetch>
 inline void MultiplyTile(const Problem& p, int64_t row, const float* panel, int64_t column, const float* upcoming) {
-  Vec8 low[kRows], high[kRows];
-  for (int r = 0; r < kRows; ++r) low[r] = high[r] = Vec8{};
+  constexpr int kVectors = kPanels * kVectorsPerRow;
+  const int64_t panel_size = p.inner * kPanelWidth;
+  Vec sums[kRows][kVectors];
+  for (int r = 0; r < kRows; ++r) {
+    for (int v = 0; v < kVectors; ++v) sums[r][v] = Vec{};
+  }
   const float* x = p.x + row * p.inner;
   for (int64_t i = 0; i < p.inner; ++i) {
-    if (kPrefetch) __builtin_prefetch(upcoming + i * kPanelWidth, 0, 3);
-    const Vec8 w_low = *reinterpret_cast<const Vec8*>(panel + i * kPanelWidth);
-    const Vec8 w_high = *reinterpret_cast<const Vec8*>(panel + i * kPanelWidth + 8);
+    Vec weights[kVectors];
+    for (int q = 0; q < kPanels; ++q) {
+      if (kPrefetch) __builtin_prefetch(upcoming + q * panel_size + i * kPanelWidth, 0, 3);
+      for (int h = 0; h < kVectorsPerRow; ++h) {
+        weights[q * kVectorsPerRow + h] =
+            *reinterpret_cast<const Vec*>(panel + q * panel_size + i * kPanelWidth + h * kLanes);
+      }
+    }
     for (int r = 0; r < kRows; ++r) {
       const float value = x[r * p.inner + i];
-      low[r] += value * w_low;
-      high[r] += value * w_high;
+      for (int v = 0; v < kVectors; ++v) sums[r][v] += value * weights[v];
     }
   }
   for (int r = 0; r < kRows; ++r) {
-    float* out = p.out + (row + r) * p.outer + column;
-    *reinterpret_cast<Vec8*>(out) = low[r];
-    *reinterpret_cast<Vec8*>(out + 8) = high[r];
+    for (int q = 0; q < kPanels; ++q) {
+      float* out = p.out + (row + r) * p.outer + column + q * kPanelWidth;
+      for (int h = 0; h < kVectorsPerRow; ++h) {
+        *reinterpret_cast<Vec*>(out + h * kLanes) = sums[r][q * kVectorsPerRow + h];
+      }
+    }
   }
 }
 
-template <int kRows>
+template <int kRows, int kPanels>
 inline void MultiplyTile(const Problem& p, int64_t row, const float* panel, int64_t column, const float* upcoming) {
   if (upcoming != nullptr) {
-    MultiplyTile<kRows, true>(p, row, panel, column, upcoming);
+    MultiplyTile<kRows, kPanels, true>(p, row, panel, column, upcoming);
   } else {
-    MultiplyTile<kRows, false>(p, row, panel, column, nullptr);
+    MultiplyTile<kRows, kPanels, false>(p, row, panel, column, nullptr);
   }
 }
 
-// Rows [first, end) of one panel: whole tiles, then the remainder in one smaller tile. The first tile fetches the
-// `upcoming` panel (nullptr: none).
-void MultiplyPanel(const Problem& p, int64_t first, int64_t end, int64_t panel_index, const float* upcoming) {
+// A remainder of fewer than kTileRows rows, in one smaller tile.
+template <int kPanels>
+void MultiplyRemainder(const Problem& p, int64_t num_rows, int64_t row, const float* panel, int64_t column,
+                       const float* upcoming) {
+  switch (num_rows) {
+#if defined(__AVX512F__)
+    case 11: MultiplyTile<11, kPanels>(p, row, panel, column, upcoming); break;
+    case 10: MultiplyTile<10, kPanels>(p, row, panel, column, upcoming); break;
+    case 9: MultiplyTile<9, kPanels>(p, row, panel, column, upcoming); break;
+    case 8: MultiplyTile<8, kPanels>(p, row, panel, column, upcoming); break;
+    case 7: MultiplyTile<7, kPanels>(p, row, panel, column, upcoming); break;
+    case 6: MultiplyTile<6, kPanels>(p, row, panel, column, upcoming); break;
+#endif
+    case 5: MultiplyTile<5, kPanels>(p, row, panel, column, upcoming); break;
+    case 4: MultiplyTile<4, kPanels>(p, row, panel, column, upcoming); break;
+    case 3: MultiplyTile<3, kPanels>(p, row, panel, column, upcoming); break;
+    case 2: MultiplyTile<2, kPanels>(p, row, panel, column, upcoming); break;
+    case 1: MultiplyTile<1, kPanels>(p, row, panel, column, upcoming); break;
+    default: break;
+  }
+}
+
+// Rows [first, end) of kPanels adjacent panels from `panel_index`: whole tiles, then the remainder in one smaller
+// tile. The first tile fetches the `upcoming` panels (nullptr: none).
+template <int kPanels>
+void MultiplyPanels(const Problem& p, int64_t first, int64_t end, int64_t panel_index, const float* upcoming) {
   const float* panel = p.panels + panel_index * p.inner * kPanelWidth;
   const int64_t column = panel_index * kPanelWidth;
   int64_t row = first;
   for (; row + kTileRows <= end; row += kTileRows, upcoming = nullptr) {
-    MultiplyTile<kTileRows>(p, row, panel, column, upcoming);
+    MultiplyTile<kTileRows, kPanels>(p, row, panel, column, upcoming);
   }
-  switch (end - row) {
-    case 5: MultiplyTile<5>(p, row, panel, column, upcoming); break;
-    case 4: MultiplyTile<4>(p, row, panel, column, upcoming); break;
-    case 3: MultiplyTile<3>(p, row, panel, column, upcoming); break;
-    case 2: MultiplyTile<2>(p, row, panel, column, upcoming); break;
-    case 1: MultiplyTile<1>(p, row, panel, column, upcoming); break;
-    default: break;
-  }
+  MultiplyRemainder<kPanels>(p, end - row, row, panel, column, upcoming);
 }
 
 // The items of one call, shared with the pool's tasks: a task that starts only after the call returned finds no
@@ -117,10 +161,13 @@ void WorkOn(SharedWork& work) {
     const int64_t block = item / work.num_panel_runs, run = item % work.num_panel_runs;
     const int64_t first_row = block * kBlockRows, end_row = std::min(p.rows, first_row + kBlockRows);
     const int64_t end_panel = std::min(num_panels, (run + 1) * kPanelsPerItem);
-    for (int64_t panel = run * kPanelsPerItem; panel < end_panel; ++panel) {
-      const float* upcoming = panel + 1 < end_panel ? p.panels + (panel + 1) * p.inner * kPanelWidth : nullptr;
-      MultiplyPanel(p, first_row, end_row, panel, upcoming);
+    int64_t panel = run * kPanelsPerItem;
+    for (; panel + kTilePanels <= end_panel; panel += kTilePanels) {
+      const bool more = panel + 2 * kTilePanels <= end_panel;
+      const float* upcoming = more ? p.panels + (panel + kTilePanels) * p.inner * kPanelWidth : nullptr;
+      MultiplyPanels<kTilePanels>(p, first_row, end_row, panel, upcoming);
     }
+    if (panel < end_panel) MultiplyPanels<1>(p, first_row, end_row, panel, nullptr);  // an odd last panel
     if (work.num_done.fetch_add(1) + 1 == work.num_items) {
       std::lock_guard<std::mutex> lock(work.mutex);
       work.all_done.notify_all();

@@ -1,13 +1,18 @@
 """The native CPU matmul against packed weights (pallas_kernels/cpu_native/packed_matmul): it is really built and
-called, and equals a float64 product at the edges of its tiling: 0 and 1 rows, a 6-row register tile and one row
-either side, a 72-row work item and one row past it, several items; panel counts below, at and past a 4-panel item."""
+called, and equals a float64 product at the edges of its tiling: 0 and 1 rows, the 6-row (AVX2) and 12-row (AVX-512)
+register tiles and one row either side, a 72-row work item and one row past it, several items; panel counts below, at
+and past a 4-panel item, odd ones (the AVX-512 tile takes two panels). The AVX2 tiling is also built and checked on a
+machine with AVX-512, where the default build takes the wider one."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from pallas_kernels.cpu_native.native_build import register
 from pallas_kernels.cpu_native.packed_matmul import (
+    FLAGS,
+    SOURCE,
     fills_whole_panels,
     pack_panels,
     packed_matmul,
@@ -27,7 +32,7 @@ def test_the_kernel_is_built_and_in_the_compiled_program():
     assert "jaxpaged_packed_matmul" in hlo
 
 
-@pytest.mark.parametrize("rows", [0, 1, 5, 6, 7, 72, 73, 150])
+@pytest.mark.parametrize("rows", [0, 1, 5, 6, 7, 11, 12, 13, 25, 72, 73, 150])
 @pytest.mark.parametrize("inner,outer", [(1, 16), (24, 64), (64, 80), (100, 144)])
 def test_the_product_equals_float64(rows, inner, outer):
     rng = np.random.default_rng(rows * 1000 + inner + outer)
@@ -37,6 +42,20 @@ def test_the_product_equals_float64(rows, inner, outer):
     assert got.shape == (rows, outer) and got.dtype == np.float32
     expected = x.astype(np.float64) @ weight.astype(np.float64)
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5 * np.sqrt(inner))
+
+
+def test_the_avx2_tiling_equals_float64_too():
+    # -mno-avx512f builds the 6 x 16 tile whatever this CPU has; registered under a target of its own.
+    target = "jaxpaged_packed_matmul_avx2_test"
+    assert register(SOURCE, (*FLAGS, "-mno-avx512f"), "JaxpagedPackedMatmul", target, fallback="nothing")
+    rng = np.random.default_rng(7)
+    for rows, inner, outer in [(1, 24, 16), (7, 64, 80), (73, 100, 144)]:
+        x = rng.standard_normal((rows, inner)).astype(np.float32)
+        weight = rng.standard_normal((inner, outer)).astype(np.float32)
+        call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((rows, outer), jnp.float32))
+        got = np.asarray(call(jnp.asarray(x), jnp.asarray(pack_panels(weight))))
+        expected = x.astype(np.float64) @ weight.astype(np.float64)
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5 * np.sqrt(inner))
 
 
 def test_every_output_column_comes_from_its_own_weight_column():
