@@ -134,11 +134,13 @@ class EngineConfig:
     """Model replicas, each with its own page pool and scheduler (the "data" axis; vLLM's name)."""
     advisor_log_text: bool = False
     """Let the prefix-cache advisor's log line quote a few decoded prompt tokens (off: prompts can be private)."""
-    async_scheduling: bool = False
+    async_scheduling: Optional[bool] = None
     """Plan and launch each step before the previous one's sampled tokens reach the host, so scheduling, batch
     filling and output processing run while the device computes (vLLM's --async-scheduling). Requests with a
     grammar or output-dependent penalties make steps wait for their tokens while they are unfinished. Not with
-    multi-host serving or the KV tiers."""
+    multi-host serving or the KV tiers. None (the default): on for TPU and GPU unless one of those is on, off on
+    the CPU, whose cores the host work would take from the step (engine.resolve_async_scheduling); True insists
+    (an error with the tiers or multi-host), False turns it off."""
 
     def __post_init__(self) -> None:
         _require(self.dtype in _DTYPES, "dtype", f"must be one of {_DTYPES}, got {self.dtype!r}")
@@ -148,9 +150,10 @@ class EngineConfig:
         for name in ("tensor_parallel_size", "data_parallel_size"):
             value = getattr(self, name)
             _require(is_int(value) and value >= 1, name, f"must be a positive int, got {value!r}")
-        for name in ("advisor_log_text", "async_scheduling"):
-            value = getattr(self, name)
-            _require(isinstance(value, bool), name, f"must be a bool, got {value!r}")
+        _require(isinstance(self.advisor_log_text, bool), "advisor_log_text",
+                 f"must be a bool, got {self.advisor_log_text!r}")
+        _require(self.async_scheduling is None or isinstance(self.async_scheduling, bool), "async_scheduling",
+                 f"must be a bool or None (on where supported), got {self.async_scheduling!r}")
 
     @classmethod
     def from_options(cls, **options) -> "EngineConfig":

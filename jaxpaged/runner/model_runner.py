@@ -145,7 +145,7 @@ class ModelRunner:
         self._samples_locally = len(local) < self.mesh.devices.size
         placement = jax.sharding.SingleDeviceSharding(local[0]) if self._samples_locally else self._replicated
         self.sampler = TokenSampler(loaded.config.vocab_size, eos_token_ids, placement)
-        self.async_scheduling = config.async_scheduling
+        self.async_scheduling = bool(config.async_scheduling)
         """Steps may be planned while the one before is in flight: decode rows then take their token from the
         previous step's sampled ids on the device (StepInputs.token_sources)."""
         self._no_previous_tokens = jax.device_put(np.zeros(sched.max_num_seqs, np.int32), self._replicated)

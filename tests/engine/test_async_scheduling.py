@@ -11,6 +11,7 @@ import pytest
 
 from jaxpaged.cli_options import add_engine_arguments, engine_options_from_args
 from jaxpaged.config import EngineConfig
+from jaxpaged.engine import resolve_async_scheduling
 from jaxpaged.runner.token_sampler import PendingSample
 from jaxpaged.sampling_params import SamplingParams, StructuredOutputsParams
 from tests.conftest import TINY_ENGINE_OPTIONS
@@ -167,18 +168,26 @@ def test_an_abort_with_a_step_in_flight_loses_nothing_else(tiny_llm, async_llm):
     assert engine.scheduler.kv_cache_manager.usage == 0.0
 
 
-def test_the_flag_reaches_the_config_and_bad_combinations_are_refused(tiny_model_dir):
+def test_the_flag_reaches_the_config_the_default_resolves_and_bad_combinations_are_refused(tiny_model_dir, tiny_llm):
     from jaxpaged.llm import LLM
 
     parser = argparse.ArgumentParser()
     add_engine_arguments(parser)
-    assert EngineConfig.from_options(**engine_options_from_args(parser.parse_args(["--async-scheduling"]))) \
-        .async_scheduling is True
-    assert EngineConfig().async_scheduling is False
-    with pytest.raises(ValueError, match="async_scheduling: must be a bool"):
+    for flags, value in ([], None), (["--async-scheduling"], True), (["--no-async-scheduling"], False):
+        options = engine_options_from_args(parser.parse_args(flags))
+        assert EngineConfig.from_options(**options).async_scheduling is value
+    with pytest.raises(ValueError, match="async_scheduling: must be a bool or None"):
         EngineConfig.from_options(async_scheduling="yes")
     with pytest.raises(ValueError, match="async_scheduling: not supported with the KV tiers"):
         LLM(str(tiny_model_dir), **TINY_ENGINE_OPTIONS, async_scheduling=True, kv_offload_memory="16MiB")
+    # The default (None): on for an accelerator unless the KV tiers are on, off on the CPU (LLMEngine resolves it
+    # first thing, so the tests' engines step synchronously unless they ask).
+    tiers = EngineConfig.from_options(kv_offload_memory="16MiB")
+    assert [resolve_async_scheduling(EngineConfig(), platform) for platform in ("tpu", "gpu", "cpu")] == \
+        [True, True, False]
+    assert not resolve_async_scheduling(tiers, "tpu") and not resolve_async_scheduling(tiers, "cpu")
+    assert resolve_async_scheduling(EngineConfig.from_options(async_scheduling=True), "cpu")
+    assert tiny_llm.engine.config.async_scheduling is False  # the shared reference engine, default options
 
 
 def test_the_later_samples_of_n_share_the_first_one_s_prompt_blocks_as_in_step(tiny_llm, async_llm):
