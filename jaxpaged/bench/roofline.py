@@ -54,8 +54,8 @@ def copy_bytes_per_s(repeats: int, statistic: Callable[[list[float]], float] = m
 
 def measure_rates(model: ModelConfig, *, decode_rows: int, prefill_rows: int, repeats: int = REPEATS) -> MachineRates:
     """Copy bandwidth, and dot throughput at [rows, hidden] x [hidden, intermediate] (the MLP's shape) in float32
-    and in bfloat16 with float32 accumulation; in float32 on a CPU, the better of XLA's dot and the native packed
-    matmul (a roofline must bound what a step can reach, and float32 CPU steps run the packed one)."""
+    and in bfloat16 with float32 accumulation; on a CPU, the better of XLA's dot and the native packed matmul in
+    each dtype it is built for (a roofline must bound what a step can reach, and CPU steps run the packed one)."""
     import jax
     import jax.numpy as jnp
 
@@ -70,7 +70,7 @@ def measure_rates(model: ModelConfig, *, decode_rows: int, prefill_rows: int, re
         rates[dtype] = {}
         weight = jnp.asarray(np.random.default_rng(1).standard_normal((hidden, inter)), dtype)
         paths = [(dot, weight)]
-        if packs_weights_on(jax.default_backend(), dtype, 1) and fills_whole_panels(weight.shape):
+        if packs_weights_on(jax.default_backend(), dtype, 1) and fills_whole_panels(weight.shape, dtype):
             paths.append((jax.jit(packed_matmul), jnp.asarray(pack_panels(np.asarray(weight)))))
         for phase, rows in (("decode", decode_rows), ("prefill", prefill_rows)):
             x = jnp.asarray(np.random.default_rng(2).standard_normal((rows, hidden)), dtype)

@@ -78,12 +78,14 @@ MatmulWeight = Union[Float[Array, "_inner _outer"], Float[Array, "_panels _inner
 def matmul(x: Float[Array, "tokens inner"], weight: MatmulWeight, out_dtype=None) -> Float[Array, "tokens _"]:
     """x @ weight accumulated in float32, rounded to out_dtype (default: x's dtype): bfloat16 weights run the CPU's
     bfloat16 dot units (AMX, AVX512-BF16) with float32 sums, as HF's bfloat16 matmuls do; float32 is unchanged. A
-    3-D weight is float32 packed into panels (models/packed_weights.py) and runs the native CPU matmul."""
+    3-D weight is packed into panels (models/packed_weights.py; float32, or bfloat16 with AVX512-BF16) and runs the
+    native CPU matmul, which rounds a bfloat16 result itself."""
+    out_dtype = x.dtype if out_dtype is None else out_dtype
     if weight.ndim == 3:
-        product = packed_matmul(x, weight)
+        product = packed_matmul(x, weight, out_dtype)
     else:
         product = jnp.dot(x, weight, preferred_element_type=jnp.float32)
-    return product.astype(x.dtype if out_dtype is None else out_dtype)
+    return product.astype(out_dtype)
 
 
 def gated_mlp(x: Float[Array, "tokens hidden"], gate: MatmulWeight, up: MatmulWeight, down: MatmulWeight,

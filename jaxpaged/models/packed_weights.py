@@ -1,10 +1,11 @@
 """Weights stored as panels for the native CPU matmul (pallas_kernels/cpu_native/packed_matmul.py).
 
-On a CPU in float32, on one device per rank (runner/mesh.py place_params), every matmul weight whose outer size is
-a whole number of panels is packed once on the host, before it is placed: the decoder layers' projections, an
-untied lm_head, and a tied embedding (by its transpose, [hidden, vocab], the vocabulary projection). The tied
-table is then stored only as panels: a token's embedding is read out of them (`embedding_rows`), so packing costs
-no second copy of the vocabulary. `matmul` (layers.py) runs the native kernel for any 3-D (packed) weight.
+On a CPU in float32 (and in bfloat16 where the CPU has AVX512-BF16), on one device per rank (runner/mesh.py
+place_params), every matmul weight whose outer size is a whole number of panels and whose inner size is even is
+packed once on the host, before it is placed: the decoder layers' projections, an untied lm_head, and a tied
+embedding (by its transpose, [hidden, vocab], the vocabulary projection). The tied table is then stored only as
+panels: a token's embedding is read out of them (`embedding_rows`), so packing costs no second copy of the
+vocabulary. `matmul` (layers.py) runs the native kernel for any 3-D (packed) weight.
 """
 
 from typing import Optional, Union
@@ -18,7 +19,8 @@ from pallas_kernels.cpu_native.packed_matmul import (
     PANEL_WIDTH,
     fills_whole_panels,
     pack_panels,
-    packed_matmul_available,
+    packs_dtype,
+    panel_columns,
 )
 
 EmbeddingTable = Union[Float[Array, "vocab hidden"], Float[Array, "vocab_panels hidden 16"]]
@@ -27,7 +29,7 @@ EmbeddingTable = Union[Float[Array, "vocab hidden"], Float[Array, "vocab_panels 
 
 def packs_weights_on(platform: str, dtype, tp: int) -> bool:
     """Whether a rank on `platform` with weights in `dtype` split `tp` ways packs its matmul weights."""
-    return platform == "cpu" and jnp.dtype(dtype) == jnp.float32 and tp == 1 and packed_matmul_available()
+    return platform == "cpu" and tp == 1 and packs_dtype(dtype)
 
 
 def _matmul_shape(name: str, shape: tuple[int, ...], cfg: ModelConfig) -> Optional[tuple[int, int]]:
@@ -43,9 +45,11 @@ def _matmul_shape(name: str, shape: tuple[int, ...], cfg: ModelConfig) -> Option
 
 
 def is_packed(name: str, shape: tuple[int, ...], cfg: ModelConfig) -> bool:
-    """Whether a parameter of this logical shape is stored packed (when its rank packs weights at all)."""
+    """Whether a parameter of this logical shape is stored packed (when its rank packs weights at all). Checked as
+    bfloat16, which also needs an even inner size, so the choice is the same in both dtypes (every real model's
+    sizes are even)."""
     matmul_shape = _matmul_shape(name, shape, cfg)
-    return matmul_shape is not None and fills_whole_panels(matmul_shape)
+    return matmul_shape is not None and fills_whole_panels(matmul_shape, jnp.bfloat16)
 
 
 def packed_shape(name: str, shape: tuple[int, ...], cfg: ModelConfig) -> tuple[int, ...]:
@@ -57,10 +61,11 @@ def packed_shape(name: str, shape: tuple[int, ...], cfg: ModelConfig) -> tuple[i
     return (*layers, outer // PANEL_WIDTH, inner, PANEL_WIDTH)
 
 
-def pack_param(name: str, host: np.ndarray) -> np.ndarray:
-    """One packed host weight: a layer's [inner, outer] projection, an lm_head, or a tied embedding [vocab, hidden]
-    (packed by its transpose; the caller packs "embed" only when it is tied, is_packed says when)."""
-    return pack_panels(host.T if name == "embed" else host)
+def pack_param(name: str, host: np.ndarray, dtype) -> np.ndarray:
+    """One host weight packed in `dtype` (the panel order differs per dtype): a layer's [inner, outer] projection, an
+    lm_head, or a tied embedding [vocab, hidden] (packed by its transpose; the caller packs "embed" only when it is
+    tied, is_packed says when)."""
+    return pack_panels(np.asarray(host.T if name == "embed" else host, dtype=dtype))
 
 
 def embedding_rows(embed: EmbeddingTable, token_ids: Int[Array, " tokens"]) -> Float[Array, "tokens hidden"]:
@@ -68,4 +73,4 @@ def embedding_rows(embed: EmbeddingTable, token_ids: Int[Array, " tokens"]) -> F
     t % 16 of panel t // 16). Token ids are in range (inputs.py validates them; padding is 0)."""
     if embed.ndim == 2:
         return embed[token_ids]
-    return embed[token_ids // PANEL_WIDTH, :, token_ids % PANEL_WIDTH]
+    return panel_columns(embed, token_ids)

@@ -2,8 +2,8 @@
 
 CPUs differ: AVX512-BF16 or AMX make bfloat16 dots 2-4x faster than float32 on some, others emulate bfloat16 and run
 it slower. The probe times what a CPU step does with its weights, in both dtypes: unrolled layers, each matmul
-reading its own weight array (as llama.DecoderLayers stores them on the CPU; float32 ones packed for the native
-matmul when it is built, as packed_weights.py stores them), at a decode-sized and a prefill-sized row count. Whole
+reading its own weight array (as llama.DecoderLayers stores them on the CPU; packed for the native matmul in each
+dtype it is built for, as packed_weights.py stores them), at a decode-sized and a prefill-sized row count. Whole
 steps also read half the KV bytes in bfloat16, so the probe's verdict is a lower bound on bfloat16's gain.
 """
 
@@ -57,15 +57,15 @@ def _layer_loop(x: jax.Array, ups: list[jax.Array], downs: list[jax.Array]) -> j
     return x
 
 
-def _packs_float32() -> bool:
-    """Whether float32 steps on this CPU (one device per rank, as every CPU rank is unless tensor parallel) run the
+def _packs(dtype) -> bool:
+    """Whether steps in `dtype` on this CPU (one device per rank, as every CPU rank is unless tensor parallel) run the
     native packed matmul (models/packed_weights.py), as the probe then does too. Builds the kernel if needed."""
-    return packs_weights_on("cpu", jnp.float32, 1)
+    return packs_weights_on("cpu", dtype, 1)
 
 
 def _time_loop(dtype, rows: int, repeats: int = 5) -> float:
     keys = jax.random.split(jax.random.PRNGKey(0), 2 * PROBE_LAYERS + 1)
-    packed = jnp.dtype(dtype) == jnp.float32 and _packs_float32()
+    packed = _packs(dtype)
 
     def weight(key, shape):
         value = (jax.random.normal(key, shape, jnp.float32) * 0.02).astype(dtype)
@@ -79,13 +79,14 @@ def _time_loop(dtype, rows: int, repeats: int = 5) -> float:
 
 
 def verdict_path() -> pathlib.Path:
-    """Where this machine keeps its verdict: keyed by the CPU (model and every flag), JAX, the probe's shapes and the
-    float32 matmul path (the packed kernel's source, when it is built: this builds it)."""
+    """Where this machine keeps its verdict: keyed by the CPU (model and every flag), JAX, the probe's shapes and each
+    dtype's matmul path (the packed kernel's source, when it is built: this builds it)."""
     digest = hashlib.sha256()
     shapes = (PROBE_ROWS, PROBE_LAYERS, PROBE_HIDDEN, PROBE_INTERMEDIATE)
-    # A new packed kernel (its source) may change float32's time, so it asks for a new verdict.
-    float32_path = hashlib.sha256(packed_matmul.SOURCE.read_bytes()).hexdigest() if _packs_float32() else "xla"
-    for part in (cpu_identity(), jax.__version__, repr(shapes), float32_path):
+    # A new packed kernel (its source) may change either dtype's time, so it asks for a new verdict.
+    source = hashlib.sha256(packed_matmul.SOURCE.read_bytes()).hexdigest()
+    paths = [source if _packs(dtype) else "xla" for dtype in (jnp.float32, jnp.bfloat16)]
+    for part in (cpu_identity(), jax.__version__, repr(shapes), *paths):
         digest.update(part.encode())
     return cache_root() / "dtype_probe" / f"{digest.hexdigest()[:16]}.json"
 

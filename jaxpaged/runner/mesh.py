@@ -151,9 +151,9 @@ def place_params(params: dict[str, np.ndarray], model: ModelConfig, mesh: Mesh, 
         spec = param_partition_spec(name, value.shape, model, tp)
         if pack and is_packed(name, value.shape, model):
             if name.startswith("layers."):
-                placed[name] = [place(pack_param(name, layer), P()) for layer in value]
+                placed[name] = [place(pack_param(name, layer, dtype), P()) for layer in value]
             else:
-                placed[name] = place(pack_param(name, value), P())
+                placed[name] = place(pack_param(name, value, dtype), P())
         elif per_layer and name.startswith("layers."):
             placed[name] = [place(layer, P(*spec[1:])) for layer in value]  # the spec less the layer axis
         else:

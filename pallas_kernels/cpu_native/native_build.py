@@ -76,5 +76,8 @@ def register(source: pathlib.Path, flags: Sequence[str], symbol: str, target: st
         detail = getattr(error, "stderr", "") or str(error)
         logger.warning("native CPU kernel %s unavailable, using %s: %s", source.name, fallback, detail[-2000:])
         return False
+    if not hasattr(library, symbol):  # built only where the CPU has what it needs (#if in the source)
+        logger.info("native CPU kernel %s has no %s on this CPU, using %s", source.name, symbol, fallback)
+        return False
     jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(library, symbol)), platform="cpu")
     return True

@@ -1,10 +1,13 @@
-"""The native CPU matmul against pre-packed float32 weights (packed_matmul.cc), called inside the jitted step.
+"""The native CPU matmul against pre-packed weights (packed_matmul.cc), called inside the jitted step: float32, and
+bfloat16 where the CPU has AVX512-BF16.
 
 A weight W [inner, outer] is packed once, on the host at load time, into panels [outer / 16, inner, 16]: panel p
-holds columns 16p .. 16p + 15, one contiguous 16-float row per inner index, the order the kernel's register tiles
-read. XLA:CPU's dot library does that packing on every call instead; at a decode step's 64 rows it cost a fifth of
-the step (benchmarks/cpu_matmul.py measures both). Without a compiler, or with JAXPAGED_CPU_MATMUL=xla, weights
-stay unpacked and XLA's dot runs.
+holds columns 16p .. 16p + 15. In float32 each panel is one contiguous 16-float row per inner index, the order the
+kernel's register tiles read. In bfloat16 the panel holds the same values in the same shape, ordered as rows of 16
+(W[2i, c], W[2i + 1, c]) pairs, the order of the CPU's bfloat16 pair dot instruction (so inner must be even).
+XLA:CPU's dot library does that packing on every call instead; at a decode step's 64 rows it cost a fifth of the
+step (benchmarks/cpu_matmul.py measures both). Without a compiler, or with JAXPAGED_CPU_MATMUL=xla, weights stay
+unpacked and XLA's dot runs.
 """
 
 import functools
@@ -14,39 +17,73 @@ import pathlib
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float
+from jaxtyping import Array, Float, Int
 
-from pallas_kernels.cpu_native.native_build import BASE_FLAGS, register
+from pallas_kernels.cpu_native.native_build import BASE_FLAGS, cpu_identity, register
 
 SOURCE = pathlib.Path(__file__).with_name("packed_matmul.cc")
 TARGET = "jaxpaged_packed_matmul"
+TARGET_BFLOAT16 = "jaxpaged_packed_matmul_bf16"
+TARGET_BFLOAT16_OUT = "jaxpaged_packed_matmul_bf16_out_bf16"
 # FMA contraction is what the kernel is written for (GCC leaves it off under -std=c++17).
 FLAGS = (*BASE_FLAGS, "-ffp-contract=fast")
 PANEL_WIDTH = 16
 """Columns per panel; a weight packs only when its outer size is a multiple of it."""
 
 
+def _native_matmul_allowed() -> bool:
+    return os.environ.get("JAXPAGED_CPU_MATMUL", "native") != "xla"
+
+
 @functools.cache
 def packed_matmul_available() -> bool:
-    """Whether the kernel is built and registered (once per process); False with JAXPAGED_CPU_MATMUL=xla or when
-    it cannot be built (logged once)."""
-    if os.environ.get("JAXPAGED_CPU_MATMUL", "native") == "xla":
+    """Whether the float32 kernel is built and registered (once per process); False with JAXPAGED_CPU_MATMUL=xla or
+    when it cannot be built (logged once)."""
+    if not _native_matmul_allowed():
         return False
     return register(SOURCE, FLAGS, "JaxpagedPackedMatmul", TARGET, fallback="XLA's dot on unpacked weights")
 
 
-def fills_whole_panels(shape: tuple[int, ...]) -> bool:
-    """Whether a [inner, outer] weight of this shape can be packed (outer a positive whole number of panels)."""
-    return len(shape) == 2 and shape[1] % PANEL_WIDTH == 0 and shape[1] > 0
+@functools.cache
+def packed_bfloat16_available() -> bool:
+    """Whether the bfloat16 kernel is built and registered: only where this CPU has AVX512-BF16 (the library exports
+    it only then); otherwise bfloat16 weights stay unpacked for XLA's dot."""
+    if not _native_matmul_allowed() or "avx512_bf16" not in cpu_identity().split():
+        return False
+    fallback = "XLA's dot on unpacked bfloat16 weights"
+    return (register(SOURCE, FLAGS, "JaxpagedPackedMatmulBfloat16", TARGET_BFLOAT16, fallback)
+            and register(SOURCE, FLAGS, "JaxpagedPackedMatmulBfloat16Out", TARGET_BFLOAT16_OUT, fallback))
+
+
+def packs_dtype(dtype) -> bool:
+    """Whether weights in `dtype` pack on this CPU (the kernel for it is built and registered)."""
+    dtype = jnp.dtype(dtype)
+    if dtype == jnp.float32:
+        return packed_matmul_available()
+    return dtype == jnp.bfloat16 and packed_bfloat16_available()
+
+
+def fills_whole_panels(shape: tuple[int, ...], dtype=jnp.float32) -> bool:
+    """Whether a [inner, outer] weight of this shape can be packed in `dtype`: outer a positive whole number of
+    panels, and in bfloat16 an even inner size (the kernel multiplies pairs)."""
+    if len(shape) != 2 or shape[1] % PANEL_WIDTH != 0 or shape[1] <= 0:
+        return False
+    return jnp.dtype(dtype) != jnp.bfloat16 or shape[0] % 2 == 0
 
 
 def pack_panels(weight: Float[np.ndarray, "inner outer"]) -> Float[np.ndarray, "panels inner 16"]:
-    """W [inner, outer] -> panels [outer / 16, inner, 16]: one host copy, once per weight. A weight that is the
-    transpose of a row-major array (how checkpoints store [outer, inner] projections, and a tied embedding) is read
-    in that array's row order, so a memory-mapped file is read front to back, not one strided column at a time."""
+    """W [inner, outer] -> panels [outer / 16, inner, 16] in W's dtype (bfloat16: pairs, see the module doc): one host
+    copy, once per weight. A weight that is the transpose of a row-major array (how checkpoints store [outer, inner]
+    projections, and a tied embedding) is read in that array's row order, so a memory-mapped file is read front to
+    back, not one strided column at a time."""
     inner, outer = weight.shape
-    if not fills_whole_panels(weight.shape):
-        raise ValueError(f"weight of shape {weight.shape}: outer size must be a positive multiple of {PANEL_WIDTH}")
+    if not fills_whole_panels(weight.shape, weight.dtype):
+        raise ValueError(f"weight of shape {weight.shape}: outer size must be a positive multiple of {PANEL_WIDTH}"
+                         f"{' and inner size even' if weight.dtype == jnp.bfloat16 else ''}")
+    if weight.dtype == jnp.bfloat16:
+        # [inner / 2, 2, outer / 16, 16] -> [outer / 16, inner / 2, 16, 2]: each row holds 16 columns' pairs.
+        paired = weight.reshape(inner // 2, 2, outer // PANEL_WIDTH, PANEL_WIDTH).transpose(2, 0, 3, 1)
+        return np.ascontiguousarray(paired).reshape(outer // PANEL_WIDTH, inner, PANEL_WIDTH)
     if not weight.flags.c_contiguous and weight.T.flags.c_contiguous:
         rows = weight.T  # [outer, inner], row-major
         return np.ascontiguousarray(rows.reshape(outer // PANEL_WIDTH, PANEL_WIDTH, inner).transpose(0, 2, 1))
@@ -56,11 +93,32 @@ def pack_panels(weight: Float[np.ndarray, "inner outer"]) -> Float[np.ndarray, "
 def unpack_panels(panels: Float[np.ndarray, "panels inner 16"]) -> Float[np.ndarray, "inner outer"]:
     """The inverse of pack_panels (the tests check packing against it)."""
     num_panels, inner, width = panels.shape
+    if panels.dtype == jnp.bfloat16:
+        paired = panels.reshape(num_panels, inner // 2, width, 2).transpose(1, 3, 0, 2)
+        return np.ascontiguousarray(paired).reshape(inner, num_panels * width)
     return np.ascontiguousarray(panels.transpose(1, 0, 2).reshape(inner, num_panels * width))
 
 
-def packed_matmul(x: Float[Array, "rows inner"], panels: Float[Array, "panels inner 16"]) -> Float[Array, "rows outer"]:
-    """x @ W in float32 for W packed by pack_panels. CPU only: call packed_matmul_available() first."""
+def panel_columns(panels: Float[Array, "panels inner 16"], columns: Int[Array, " n"]) -> Float[Array, "n inner"]:
+    """Columns of the packed W, as rows (a tied embedding's token rows): column c is column c % 16 of panel c // 16."""
+    if panels.dtype == jnp.bfloat16:
+        num_panels, inner, width = panels.shape
+        paired = panels.reshape(num_panels, inner // 2, width, 2)[columns // PANEL_WIDTH, :, columns % PANEL_WIDTH]
+        return paired.reshape(columns.shape[0], inner)
+    return panels[columns // PANEL_WIDTH, :, columns % PANEL_WIDTH]
+
+
+def packed_matmul(x: Float[Array, "rows inner"], panels: Float[Array, "panels inner 16"],
+                  out_dtype=jnp.float32) -> Float[Array, "rows outer"]:
+    """x @ W with float32 sums for W packed by pack_panels, in the panels' dtype (x is cast to it); the result in
+    float32, or in `out_dtype` bfloat16 for bfloat16 panels (rounded in the kernel). CPU only: call
+    packed_matmul_available() / packed_bfloat16_available() first."""
     rows, outer = x.shape[0], panels.shape[0] * PANEL_WIDTH
-    call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((rows, outer), jnp.float32))
-    return call(x.astype(jnp.float32), panels)
+    if panels.dtype != jnp.bfloat16:
+        target, result_dtype = TARGET, jnp.float32
+    elif jnp.dtype(out_dtype) == jnp.bfloat16:
+        target, result_dtype = TARGET_BFLOAT16_OUT, jnp.bfloat16
+    else:
+        target, result_dtype = TARGET_BFLOAT16, jnp.float32
+    call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((rows, outer), result_dtype))
+    return call(x.astype(panels.dtype), panels)

@@ -2,7 +2,8 @@
 called, and equals a float64 product at the edges of its tiling: 0 and 1 rows, the 6-row (AVX2) and 12-row (AVX-512)
 register tiles and one row either side, a 72-row work item and one row past it, several items; panel counts below, at
 and past a 4-panel item, odd ones (the AVX-512 tile takes two panels). The AVX2 tiling is also built and checked on a
-machine with AVX-512, where the default build takes the wider one."""
+machine with AVX-512, where the default build takes the wider one. The bfloat16 kernel (pairs of inner indices) runs
+where the CPU has AVX512-BF16; its packing is checked everywhere."""
 
 import jax
 import jax.numpy as jnp
@@ -15,8 +16,10 @@ from pallas_kernels.cpu_native.packed_matmul import (
     SOURCE,
     fills_whole_panels,
     pack_panels,
+    packed_bfloat16_available,
     packed_matmul,
     packed_matmul_available,
+    panel_columns,
     unpack_panels,
 )
 
@@ -82,3 +85,57 @@ def test_packing_round_trips_and_refuses_partial_panels():
     assert fills_whole_panels((7, 48)) and not fills_whole_panels((7, 50)) and not fills_whole_panels((7, 0))
     with pytest.raises(ValueError, match="multiple of 16"):
         pack_panels(np.zeros((7, 50), np.float32))
+
+
+def test_bfloat16_packing_pairs_inner_indices_and_round_trips():
+    weight = np.random.default_rng(2).standard_normal((6, 32)).astype(jnp.bfloat16)
+    panels = pack_panels(weight)
+    assert panels.shape == (2, 6, 16) and panels.dtype == jnp.bfloat16
+    # Panel 1, pair row 1 (inner 2 and 3): (W[2, c], W[3, c]) for columns c = 16 .. 31 in turn.
+    row = panels[1].reshape(3, 32)[1]
+    np.testing.assert_array_equal(row[0::2], weight[2, 16:32])
+    np.testing.assert_array_equal(row[1::2], weight[3, 16:32])
+    np.testing.assert_array_equal(unpack_panels(panels), weight)
+    columns = jnp.asarray([0, 17, 31])
+    for packed in (panels, pack_panels(weight.astype(np.float32))):
+        np.testing.assert_array_equal(np.asarray(panel_columns(jnp.asarray(packed), columns)).astype(np.float32),
+                                      weight.T[[0, 17, 31]].astype(np.float32))
+    assert fills_whole_panels((6, 32), jnp.bfloat16) and not fills_whole_panels((7, 32), jnp.bfloat16)
+    with pytest.raises(ValueError, match="inner size even"):
+        pack_panels(np.zeros((7, 32), jnp.bfloat16))
+
+
+needs_avx512_bf16 = pytest.mark.skipif(not packed_bfloat16_available(),
+                                       reason="the bfloat16 kernel is built only where the CPU has AVX512-BF16")
+
+
+@needs_avx512_bf16
+@pytest.mark.parametrize("rows", [0, 1, 11, 12, 13, 73])
+@pytest.mark.parametrize("inner,outer", [(2, 16), (24, 64), (64, 80), (100, 144)])
+def test_the_bfloat16_product_equals_float64(rows, inner, outer):
+    # bfloat16 products are exact in float32; only the float32 sums round.
+    rng = np.random.default_rng(rows * 1000 + inner + outer)
+    x = rng.standard_normal((rows, inner)).astype(jnp.bfloat16)
+    weight = rng.standard_normal((inner, outer)).astype(jnp.bfloat16)
+    panels = jnp.asarray(pack_panels(weight))
+    got = np.asarray(packed_matmul(jnp.asarray(x), panels))
+    assert got.shape == (rows, outer) and got.dtype == np.float32
+    expected = x.astype(np.float64) @ weight.astype(np.float64)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5 * np.sqrt(inner))
+    # A bfloat16 result is the same sums rounded to nearest even, as XLA's convert rounds them.
+    rounded = np.asarray(packed_matmul(jnp.asarray(x), panels, jnp.bfloat16))
+    assert rounded.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(rounded, np.asarray(jnp.asarray(got).astype(jnp.bfloat16)))
+
+
+@needs_avx512_bf16
+def test_every_bfloat16_output_column_comes_from_its_own_weight_column():
+    inner, outer = 40, 96
+    perm = np.random.default_rng(0).permutation(outer)[:inner]
+    weight = np.zeros((inner, outer), jnp.bfloat16)
+    weight[np.arange(inner), perm] = 1.0
+    x = np.arange(13 * inner).reshape(13, inner).astype(jnp.bfloat16)  # integers below 256: exact in bfloat16
+    got = np.asarray(packed_matmul(jnp.asarray(x), jnp.asarray(pack_panels(weight))))
+    expected = np.zeros((13, outer), np.float32)
+    expected[:, perm] = x.astype(np.float32)
+    np.testing.assert_array_equal(got, expected)

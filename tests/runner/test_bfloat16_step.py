@@ -52,9 +52,10 @@ def _shapes(hlo: str, dtype: str, shapes) -> set[str]:
 def test_the_cpu_step_reads_each_layer_weight_in_place(bfloat16_runner):
     runner = bfloat16_runner
     assert runner.kv_layout == "interleaved_bits" and runner.kv_cache.dtype == np.uint16
-    # On the CPU the weights are stored per layer ([in, out] matrices), in bfloat16 itself.
+    # On the CPU the weights are stored per layer ([in, out] matrices, or their panels where the CPU has the packed
+    # bfloat16 matmul), in bfloat16 itself.
     matrices = [weight for path, weight in jax.tree_util.tree_leaves_with_path(runner.state)
-                if "layers" in jax.tree_util.keystr(path) and weight.ndim == 2]
+                if "layers" in jax.tree_util.keystr(path) and weight.ndim in (2, 3)]
     assert len(matrices) == 3 * 7 and all(weight.dtype == jnp.bfloat16 for weight in matrices)
     (bucket,) = runner.ladder.buckets()
     hlo = runner._executable(bucket).as_text()

@@ -1,29 +1,32 @@
 """The arrangements of the weights (llama.DecoderLayers, models/packed_weights.py) compute the same step.
 
-Stacked weights under `lax.scan` serve GPU and TPU; per-layer weights, unrolled, serve the CPU, where float32 matmul
-weights are also packed into panels for the native matmul. All runners here run on the CPU, so the stacked and the
-unpacked paths are checked against the CPU's own, step by step, KV writes included: on a Llama, on a Gemma 3 whose
-layers alternate sliding and full attention (a traced choice per scanned layer, a fixed one per unrolled layer) with
-prompts past its window, and on models whose vocabulary head packs (tied or not) or cannot (150 columns).
+Stacked weights under `lax.scan` serve GPU and TPU; per-layer weights, unrolled, serve the CPU, where matmul weights
+are also packed into panels for the native matmul (float32; bfloat16 where the CPU has AVX512-BF16). All runners here
+run on the CPU, so the stacked and the unpacked paths are checked against the CPU's own, step by step, KV writes
+included: on a Llama, on a Gemma 3 whose layers alternate sliding and full attention (a traced choice per scanned
+layer, a fixed one per unrolled layer) with prompts past its window, and on models whose vocabulary head packs (tied or
+not) or cannot (150 columns); packed bfloat16 against unpacked bfloat16.
 """
 
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import jaxpaged.runner.model_runner as model_runner_module
 from jaxpaged.config import EngineConfig
 from jaxpaged.core.scheduler_output import SchedulerOutput
+from pallas_kernels.cpu_native.packed_matmul import packed_bfloat16_available
 from tests.models.conftest import make_hf_checkpoint
 from tests.runner.test_step_preparation import _scheduled
 
 
-def _runner(model_dir, unrolled: bool, monkeypatch, packed: bool = True):
+def _runner(model_dir, unrolled: bool, packed: bool = True, *, monkeypatch, dtype: str = "float32"):
     from jaxpaged.weights.loader import load_model
 
     config = EngineConfig.from_options(block_size=4, num_kv_blocks=32, max_model_len=64, max_num_batched_tokens=16,
-                                       max_num_seqs=4, dtype="float32", attention_backend="xla")
+                                       max_num_seqs=4, dtype=dtype, attention_backend="xla")
     with monkeypatch.context() as patches:
         patches.setattr(model_runner_module, "unroll_layers_on", lambda platform: unrolled)
         if not packed:
@@ -33,7 +36,7 @@ def _runner(model_dir, unrolled: bool, monkeypatch, packed: bool = True):
 
 @pytest.mark.parametrize("unrolled", [True, False])
 def test_the_runner_picks_the_arrangement_its_platform_wants(tiny_model_dir, monkeypatch, unrolled):
-    layers = _runner(tiny_model_dir, unrolled, monkeypatch).state["layers"]
+    layers = _runner(tiny_model_dir, unrolled, monkeypatch=monkeypatch).state["layers"]
     assert ("layers" in layers) == unrolled  # nnx.List of per-layer dicts, or stacked attributes
 
 
@@ -68,15 +71,16 @@ def odd_vocab_dir(tmp_path_factory):
 
 def test_float32_cpu_runners_pack_every_matmul_weight_that_fills_whole_panels(tiny_model_dir, untied_dir,
                                                                               odd_vocab_dir, monkeypatch):
-    tied = _runner(tiny_model_dir, True, monkeypatch).state
+    tied = _runner(tiny_model_dir, True, monkeypatch=monkeypatch).state
     assert tied["embed"].shape == (49152 // 16, 64, 16)  # the vocabulary projection, stored once
     layer = tied["layers"]["layers"][0]
     assert layer["q_proj"].shape == (64 // 16, 64, 16) and layer["down_proj"].shape == (64 // 16, 128, 16)
     assert layer["input_norm"].shape == (64,)
-    untied = _runner(untied_dir, True, monkeypatch).state
+    untied = _runner(untied_dir, True, monkeypatch=monkeypatch).state
     assert untied["embed"].shape == (160, 64) and untied["lm_head"].shape == (10, 64, 16)
-    assert _runner(odd_vocab_dir, True, monkeypatch).state["embed"].shape == (150, 64)  # 150 columns do not pack
-    unpacked = _runner(tiny_model_dir, True, monkeypatch, packed=False).state
+    odd_vocab = _runner(odd_vocab_dir, True, monkeypatch=monkeypatch).state
+    assert odd_vocab["embed"].shape == (150, 64)  # 150 columns do not pack
+    unpacked = _runner(tiny_model_dir, True, packed=False, monkeypatch=monkeypatch).state
     assert unpacked["embed"].shape == (49152, 64) and unpacked["layers"]["layers"][0]["q_proj"].shape == (64, 64)
 
 
@@ -86,9 +90,8 @@ def test_float32_cpu_runners_pack_every_matmul_weight_that_fills_whole_panels(ti
 def test_every_arrangement_gives_the_same_logits(model, arrangements, tiny_model_dir, gemma3_dir, untied_dir,
                                                   odd_vocab_dir, monkeypatch):
     model_dir = {"llama": tiny_model_dir, "gemma3": gemma3_dir, "untied": untied_dir, "odd_vocab": odd_vocab_dir}[model]
-    options = {"stacked": dict(unrolled=False, packed=False), "unpacked": dict(unrolled=True, packed=False),
-               "packed": dict(unrolled=True, packed=True)}
-    runners = [_runner(model_dir, monkeypatch=monkeypatch, **options[name]) for name in arrangements]
+    options = {"stacked": (False, False), "unpacked": (True, False), "packed": (True, True)}  # (unrolled, packed)
+    runners = [_runner(model_dir, *options[name], monkeypatch=monkeypatch) for name in arrangements]
     prompt = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]
     steps = [
         # a 9-token chunk of one prompt (not sampled) beside a whole 3-token prompt
@@ -102,3 +105,27 @@ def test_every_arrangement_gives_the_same_logits(model, arrangements, tiny_model
         logits = [np.asarray(runner.compute_logits(*runner.prepare(output))) for runner in runners]
         np.testing.assert_allclose(logits[0], logits[1], rtol=1e-5, atol=1e-5)
         assert np.abs(logits[0]).max() > 0
+
+
+@pytest.mark.skipif(not packed_bfloat16_available(),
+                    reason="bfloat16 weights pack only where the CPU has AVX512-BF16")
+@pytest.mark.parametrize("model", ["llama", "untied"])
+def test_bfloat16_packed_weights_give_the_unpacked_logits(model, tiny_model_dir, untied_dir, monkeypatch):
+    # The packed bfloat16 matmul sums exact bfloat16 products in float32 as XLA's dot does, in another order: the
+    # layers' bfloat16 outputs may round apart by one unit, so the logits agree to bfloat16's precision.
+    model_dir = {"llama": tiny_model_dir, "untied": untied_dir}[model]
+    packed = _runner(model_dir, True, monkeypatch=monkeypatch, dtype="bfloat16")
+    unpacked = _runner(model_dir, True, packed=False, monkeypatch=monkeypatch, dtype="bfloat16")
+    layer = packed.state["layers"]["layers"][0]
+    assert layer["q_proj"].shape == (64 // 16, 64, 16) and layer["q_proj"].dtype == jnp.bfloat16
+    head = packed.state["embed"] if model == "llama" else packed.state["lm_head"]
+    assert head.ndim == 3  # the vocabulary projection packs too (a tied table is read by panel_columns)
+    prompt = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]
+    steps = [[_scheduled(prompt[:9], 0, [1, 2, 3], sample=False), _scheduled([31, 32, 33], 0, [5], sample=True)],
+             [_scheduled(prompt[9:], 9, [1, 2, 3], sample=True), _scheduled([34], 3, [5], sample=True)]]
+    for scheduled in steps:
+        output = SchedulerOutput(scheduled, sum(len(s.token_ids) for s in scheduled), set(), set())
+        got, expected = (np.asarray(runner.compute_logits(*runner.prepare(output))) for runner in (packed, unpacked))
+        scale = np.abs(expected).max()
+        assert scale > 0 and np.abs(got - expected).max() <= 0.02 * scale
+        assert (got.argmax(-1) == expected.argmax(-1)).all()
