@@ -139,3 +139,15 @@ def test_every_bfloat16_output_column_comes_from_its_own_weight_column():
     expected = np.zeros((13, outer), np.float32)
     expected[:, perm] = x.astype(np.float32)
     np.testing.assert_array_equal(got, expected)
+
+
+def test_bfloat16_weights_pack_only_with_avx512_bf16_and_without_amx(monkeypatch):
+    from pallas_kernels.cpu_native import packed_matmul as module
+
+    decide = module.packed_bfloat16_available.__wrapped__  # uncached: the real verdict stays as it is
+    for flags in ("avx2 fma", "avx512f avx512_bf16 amx_bf16 amx_tile"):
+        monkeypatch.setattr(module, "cpu_identity", lambda flags=flags: f"x86_64\nmodel name: test\nflags: {flags}")
+        assert decide() is False
+    monkeypatch.setenv("JAXPAGED_CPU_MATMUL", "xla")
+    monkeypatch.setattr(module, "cpu_identity", lambda: "x86_64\nmodel name: test\nflags: avx512f avx512_bf16")
+    assert decide() is False
