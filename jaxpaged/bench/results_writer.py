@@ -98,7 +98,8 @@ def _roofline_section(roofline: Optional[dict]) -> list[str]:
     dots = roofline["dot_gflop_per_s"]
     shapes = roofline["shapes"]
     lines = ["### Roofline", "",
-             f"Measured in this run (the best of {ROOFLINE_REPEATS} repeats each): "
+             f"Measured in this run (the best of {ROOFLINE_REPEATS} repeats each, after jaxpaged's runs and again "
+             f"after the peers', the better of the two): "
              f"numpy copy {roofline['copy_gb_per_s']:.2f} GB/s (bytes copied per second, "
              f"256 MiB); dot [rows, {shapes['hidden']}] x [{shapes['hidden']}, {shapes['intermediate']}] at "
              f"{shapes['decode_rows']} / {shapes['prefill_rows']} rows: float32 {dots['float32']['decode']:.0f} / "

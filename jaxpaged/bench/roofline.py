@@ -1,8 +1,9 @@
 """A roofline for a workload on the machine at hand, measured in the same run as the systems it judges.
 
 The machine's rates: dot throughput at the step's own shapes (decode rows and a prefill bucket, float32 and
-bfloat16 inputs with float32 accumulation; in float32 on a CPU, the better of XLA's dot and the native packed matmul,
-which float32 CPU steps run) and the bandwidth of a plain numpy copy. The workload's lower bound:
+bfloat16 inputs with float32 accumulation; on a CPU, the better of XLA's dot and the native packed matmul where the
+steps run it) and the bandwidth of a plain numpy copy; the sweep measures them twice, minutes apart, and keeps the
+better of each (MachineRates.best_of). The workload's lower bound:
   - prefill: its matmul and attention FLOPs at the prefill-shaped dot rate;
   - decode: per step, the larger of its FLOPs at the decode-shaped dot rate and its bytes (every weight once per
     step, plus every KV byte the step's sequences attend over) at the copy bandwidth; the steps are at least the
@@ -32,6 +33,13 @@ class MachineRates:
     """numpy copy of a 256 MiB array: bytes copied per second."""
     dot_flops_per_s: dict[str, dict[str, float]]
     """dtype -> {"decode": rate at decode rows, "prefill": rate at prefill rows}."""
+
+    def best_of(self, other: "MachineRates") -> "MachineRates":
+        """Each rate at the better of two measurements (made minutes apart: a neighbour's burst on a shared machine
+        can slow every repeat of one of them, as it did a bfloat16 dot rate to half, 2026-12-02 15:55)."""
+        dots = {dtype: {phase: max(rate, other.dot_flops_per_s[dtype][phase]) for phase, rate in phases.items()}
+                for dtype, phases in self.dot_flops_per_s.items()}
+        return MachineRates(max(self.copy_bytes_per_s, other.copy_bytes_per_s), dots)
 
 
 REPEATS = 15

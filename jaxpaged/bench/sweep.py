@@ -18,7 +18,7 @@ import sys
 import time
 import traceback
 from datetime import UTC, datetime
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from tqdm.auto import tqdm
 
@@ -28,6 +28,9 @@ from jaxpaged.bench.latency_stats import median_of_repeats
 from jaxpaged.bench.machine_info import git_state, load_average, machine_info, package_versions
 from jaxpaged.bench.workloads import BenchRequest, generate_requests, workload_kind
 from jaxpaged.config import EngineConfig
+
+if TYPE_CHECKING:
+    from jaxpaged.bench.roofline import MachineRates
 
 
 def workload_key(point: SweepPoint) -> str:
@@ -191,17 +194,33 @@ def _run_peers(config: BenchConfig, points: list[SweepPoint], bar) -> list[dict]
     return rows
 
 
-def _add_roofline(points: list[SweepPoint], rows: list[dict], model_config) -> Optional[dict]:
-    """Measure the machine's rates now, and give every measured row its workload's lower bound and the fraction of
-    it the row achieved; the rates (None without a model config: no jaxpaged row started)."""
-    from jaxpaged.bench.roofline import lower_bound_seconds, measure_rates
+def _step_rows(points: list[SweepPoint]) -> tuple[int, int]:
+    """The sweep's largest decode rows (max_num_seqs) and prefill rows (max_num_batched_tokens)."""
+    schedulers = [EngineConfig.from_options(**point.engine_options).scheduler for point in points]
+    return (max(scheduler.max_num_seqs for scheduler in schedulers),
+            max(scheduler.max_num_batched_tokens for scheduler in schedulers))
+
+
+def _measure_rates(points: list[SweepPoint], model_config) -> Optional["MachineRates"]:
+    """The machine's rates at the sweep's largest step shapes (None without a model config: no jaxpaged row
+    started)."""
+    from jaxpaged.bench.roofline import measure_rates
 
     if model_config is None:
         return None
-    schedulers = [EngineConfig.from_options(**point.engine_options).scheduler for point in points]
-    decode_rows = max(scheduler.max_num_seqs for scheduler in schedulers)
-    prefill_rows = max(scheduler.max_num_batched_tokens for scheduler in schedulers)
-    rates = measure_rates(model_config, decode_rows=decode_rows, prefill_rows=prefill_rows)
+    decode_rows, prefill_rows = _step_rows(points)
+    return measure_rates(model_config, decode_rows=decode_rows, prefill_rows=prefill_rows)
+
+
+def _add_roofline(rates: Optional["MachineRates"], points: list[SweepPoint], rows: list[dict],
+                  model_config) -> Optional[dict]:
+    """Give every measured row its workload's lower bound under `rates` and the fraction of it the row achieved; the
+    rates (None when there are none)."""
+    from jaxpaged.bench.roofline import lower_bound_seconds
+
+    if rates is None or model_config is None:
+        return None
+    decode_rows, prefill_rows = _step_rows(points)
     requests_of = {workload_key(point): generate_requests(point.workload) for point in points}
     for row in rows:
         requests = requests_of.get(row["workload_key"])
@@ -234,8 +253,14 @@ def run_sweep(config: BenchConfig, out_dir: pathlib.Path, *, progress: bool = Tr
     with tqdm(total=num_units, desc=f"bench {config.name}", unit="run", dynamic_ncols=True,
               disable=not progress) as bar:
         rows = _run_jaxpaged(config, points, out_dir, bar, info)
+        # The rates are measured twice, before and after the peers, and the better of each counts (MachineRates).
+        model_config = info.get("model_config")
+        rates = _measure_rates(points, model_config) if config.roofline else None
         rows += _run_peers(config, points, bar)
-        roofline = _add_roofline(points, rows, info.get("model_config")) if config.roofline else None
+        if rates is not None:
+            later = _measure_rates(points, model_config)
+            rates = rates.best_of(later) if later is not None else rates
+        roofline = _add_roofline(rates, points, rows, model_config)
         probe = None
         if config.warmup_probe:
             from jaxpaged.bench.warmup_probe import probe_cold_and_warm

@@ -46,3 +46,15 @@ def test_batching_shares_the_weight_reads_and_bfloat16_halves_the_bytes():
     assert two_at_a_time["roofline_decode_memory_s"] > eight["roofline_decode_memory_s"]  # 8 steps, not 2
     bf16 = lower_bound_seconds(MODEL, [BenchRequest((1, 2, 3), 3)], RATES, "bfloat16", max_num_seqs=1)
     assert bf16["roofline_decode_memory_s"] == pytest.approx(one["roofline_decode_memory_s"] / 2)
+
+
+def test_two_measurements_combine_at_the_better_of_each_rate():
+    first = MachineRates(10.0, {"float32": {"decode": 5.0, "prefill": 9.0},
+                                "bfloat16": {"decode": 8.0, "prefill": 2.0}})
+    later = MachineRates(12.0, {"float32": {"decode": 4.0, "prefill": 9.5},
+                                "bfloat16": {"decode": 3.0, "prefill": 7.0}})
+    best = first.best_of(later)
+    assert best.copy_bytes_per_s == 12.0
+    assert best.dot_flops_per_s == {"float32": {"decode": 5.0, "prefill": 9.5},
+                                    "bfloat16": {"decode": 8.0, "prefill": 7.0}}
+    assert first.best_of(later) == later.best_of(first)
