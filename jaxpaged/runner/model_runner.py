@@ -147,7 +147,8 @@ class ModelRunner:
         self.sampler = TokenSampler(loaded.config.vocab_size, eos_token_ids, placement)
         self.async_scheduling = bool(config.async_scheduling)
         """Steps may be planned while the one before is in flight: decode rows then take their token from the
-        previous step's sampled ids on the device (StepInputs.token_sources)."""
+        previous step's sampled ids on the device (StepInputs.token_sources). LLMEngine resolves the option's None
+        before building runners; a runner built on its own (a multi-host follower) reads None as off."""
         self._no_previous_tokens = jax.device_put(np.zeros(sched.max_num_seqs, np.int32), self._replicated)
         self._pad_sampled = jax.jit(functools.partial(_pad_rows, size=sched.max_num_seqs),
                                     out_shardings=self._replicated)
