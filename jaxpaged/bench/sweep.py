@@ -201,26 +201,20 @@ def _step_rows(points: list[SweepPoint]) -> tuple[int, int]:
             max(scheduler.max_num_batched_tokens for scheduler in schedulers))
 
 
-def _measure_rates(points: list[SweepPoint], model_config) -> Optional["MachineRates"]:
-    """The machine's rates at the sweep's largest step shapes (None without a model config: no jaxpaged row
-    started)."""
+def _measure_rates(model_config, step_rows: tuple[int, int]) -> "MachineRates":
+    """The machine's rates at the sweep's step shapes (decode rows, prefill rows)."""
     from jaxpaged.bench.roofline import measure_rates
 
-    if model_config is None:
-        return None
-    decode_rows, prefill_rows = _step_rows(points)
-    return measure_rates(model_config, decode_rows=decode_rows, prefill_rows=prefill_rows)
+    return measure_rates(model_config, decode_rows=step_rows[0], prefill_rows=step_rows[1])
 
 
-def _add_roofline(rates: Optional["MachineRates"], points: list[SweepPoint], rows: list[dict],
-                  model_config) -> Optional[dict]:
+def _add_roofline(rates: "MachineRates", step_rows: tuple[int, int], points: list[SweepPoint], rows: list[dict],
+                  model_config) -> dict:
     """Give every measured row its workload's lower bound under `rates` and the fraction of it the row achieved; the
-    rates (None when there are none)."""
+    rates, as the run records them."""
     from jaxpaged.bench.roofline import lower_bound_seconds
 
-    if rates is None or model_config is None:
-        return None
-    decode_rows, prefill_rows = _step_rows(points)
+    decode_rows, prefill_rows = step_rows
     requests_of = {workload_key(point): generate_requests(point.workload) for point in points}
     for row in rows:
         requests = requests_of.get(row["workload_key"])
@@ -253,14 +247,16 @@ def run_sweep(config: BenchConfig, out_dir: pathlib.Path, *, progress: bool = Tr
     with tqdm(total=num_units, desc=f"bench {config.name}", unit="run", dynamic_ncols=True,
               disable=not progress) as bar:
         rows = _run_jaxpaged(config, points, out_dir, bar, info)
-        # The rates are measured twice, before and after the peers, and the better of each counts (MachineRates).
+        # The roofline needs the model a jaxpaged row loaded. Its rates are measured before and after the peers, at
+        # the sweep's largest step shapes, and the better of each counts (MachineRates.best_of).
         model_config = info.get("model_config")
-        rates = _measure_rates(points, model_config) if config.roofline else None
+        step_rows = _step_rows(points) if config.roofline and model_config is not None else None
+        rates = _measure_rates(model_config, step_rows) if step_rows is not None else None
         rows += _run_peers(config, points, bar)
-        if rates is not None:
-            later = _measure_rates(points, model_config)
-            rates = rates.best_of(later) if later is not None else rates
-        roofline = _add_roofline(rates, points, rows, model_config)
+        roofline = None
+        if rates is not None and step_rows is not None:
+            rates = rates.best_of(_measure_rates(model_config, step_rows))
+            roofline = _add_roofline(rates, step_rows, points, rows, model_config)
         probe = None
         if config.warmup_probe:
             from jaxpaged.bench.warmup_probe import probe_cold_and_warm

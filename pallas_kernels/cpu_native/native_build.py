@@ -3,6 +3,7 @@ compiler on first use, cached per source, flags, compiler, jaxlib and CPU, and r
 """
 
 import ctypes
+import functools
 import hashlib
 import logging
 import os
@@ -48,8 +49,10 @@ def _build_key(source: pathlib.Path, flags: Sequence[str], compiler: str) -> str
     return digest.hexdigest()[:16]
 
 
-def build_library(source: pathlib.Path, flags: Sequence[str]) -> pathlib.Path:
-    """The compiled `source`, built now unless a build for this source, flags, compiler and CPU is cached."""
+@functools.cache
+def build_library(source: pathlib.Path, flags: tuple[str, ...]) -> pathlib.Path:
+    """The compiled `source`, built now unless a build for this source, flags, compiler and CPU is cached (on disk,
+    and per process: a library with several handlers is looked up once, not once per handler)."""
     compiler = os.environ.get("CXX", "g++")
     target = _cache_dir() / f"{source.stem}-{_build_key(source, flags, compiler)}.so"
     if target.exists():
@@ -71,7 +74,7 @@ def register(source: pathlib.Path, flags: Sequence[str], symbol: str, target: st
     """Build `source`, register its FFI handler `symbol` as the CPU custom call `target`; False when the library
     cannot be built or loaded, logged once with what runs instead (`fallback`)."""
     try:
-        library = ctypes.cdll.LoadLibrary(str(build_library(source, flags)))
+        library = ctypes.cdll.LoadLibrary(str(build_library(source, tuple(flags))))
     except (OSError, subprocess.CalledProcessError) as error:
         detail = getattr(error, "stderr", "") or str(error)
         logger.warning("native CPU kernel %s unavailable, using %s: %s", source.name, fallback, detail[-2000:])

@@ -252,10 +252,10 @@ void RunAll(const Problem<T>& problem, ffi::ThreadPool& pool) {
   work->all_done.wait(lock, [&]() { return work->num_done.load() == work->num_items; });
 }
 
-// Checks the operands' shapes and runs the product into a float32 or bfloat16 result.
+// Checks the operands' shapes and runs the product into a float32 or bfloat16 result: each handler below is one
+// instance of it.
 template <typename T, ffi::DataType kType, ffi::DataType kOutType>
-ffi::Error Run(ffi::ThreadPool& pool, ffi::Buffer<kType>& x, ffi::Buffer<kType>& panels,
-               ffi::ResultBuffer<kOutType>& out) {
+ffi::Error Run(ffi::ThreadPool pool, ffi::Buffer<kType> x, ffi::Buffer<kType> panels, ffi::ResultBuffer<kOutType> out) {
   auto x_dims = x.dimensions();
   auto panel_dims = panels.dimensions();
   auto out_dims = out->dimensions();
@@ -277,23 +277,12 @@ ffi::Error Run(ffi::ThreadPool& pool, ffi::Buffer<kType>& x, ffi::Buffer<kType>&
   return ffi::Error::Success();
 }
 
-ffi::Error PackedMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> panels,
-                            ffi::ResultBuffer<ffi::F32> out) {
-  return Run<Float32>(pool, x, panels, out);
-}
-
+constexpr auto PackedMatmulImpl = Run<Float32, ffi::DataType::F32, ffi::DataType::F32>;
 #if defined(__AVX512BF16__)
-ffi::Error PackedMatmulBfloat16Impl(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ffi::Buffer<ffi::BF16> panels,
-                                    ffi::ResultBuffer<ffi::F32> out) {
-  return Run<Bfloat16>(pool, x, panels, out);
-}
-
+constexpr auto PackedMatmulBfloat16Impl = Run<Bfloat16, ffi::DataType::BF16, ffi::DataType::F32>;
 // The layers' matmuls want bfloat16 results: rounded here, the float32 result never goes through memory (at a
 // 512-row prefill that round trip is tens of MB a step).
-ffi::Error PackedMatmulBfloat16OutImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ffi::Buffer<ffi::BF16> panels,
-                                       ffi::ResultBuffer<ffi::BF16> out) {
-  return Run<Bfloat16>(pool, x, panels, out);
-}
+constexpr auto PackedMatmulBfloat16OutImpl = Run<Bfloat16, ffi::DataType::BF16, ffi::DataType::BF16>;
 #endif
 
 }  // namespace
