@@ -173,6 +173,28 @@ def _uniform_from_bits(bits: UInt32[HostOrDeviceArray, "..."]) -> Float[HostOrDe
     return ((bits >> 9).astype(jnp.float32) + 0.5) * (1.0 / (1 << 23))
 
 
+_ARGMAX_BLOCK = 128
+"""Columns per block of `row_argmax` (most vocabularies are a multiple of it; others are padded)."""
+
+
+def row_argmax(values: Float[Array, "num_rows n"]) -> Int[Array, " num_rows"]:
+    """jnp.argmax(values, axis=-1), exactly (the first index of the maximum; a NaN counts as the maximum), in two
+    levels: the maximum of each 128-column block, the first block holding the row's maximum, then the first index
+    in that block. XLA:CPU runs a variadic (value, index) reduction as a scalar loop: at 64 x 49,152 logits argmax
+    took 7.2-8.5 ms, a tenth of a bfloat16 decode step, where this takes 0.4-0.5 ms (2-core Zen 4 EPYC); a plain
+    max reduction vectorises, and what is left for argmax is 64 x 384 block maxima and one 128-column block per
+    row. The first block whose maximum equals the row's holds the row's first maximum, and a NaN makes its block's
+    maximum NaN, so both keep argmax's answer."""
+    num_rows, n = values.shape
+    num_blocks = -(-n // _ARGMAX_BLOCK)
+    if num_blocks * _ARGMAX_BLOCK != n:  # -inf never beats a real entry; an all -inf row still answers 0
+        values = jnp.pad(values, ((0, 0), (0, num_blocks * _ARGMAX_BLOCK - n)), constant_values=-jnp.inf)
+    blocks = values.reshape(num_rows, num_blocks, _ARGMAX_BLOCK)
+    best_block = jnp.argmax(jnp.max(blocks, axis=-1), axis=-1)
+    within = jnp.take_along_axis(blocks, best_block[:, None, None], axis=1)[:, 0]
+    return (best_block * _ARGMAX_BLOCK + jnp.argmax(within, axis=-1)).astype(jnp.int32)
+
+
 @functools.partial(jax.jit, static_argnames=("flags",))
 def sample(logits: Float[Array, "num_rows vocab_size"], batch: SamplingBatch,
            flags: SamplerFlags) -> SamplerOutput:
@@ -184,7 +206,7 @@ def sample(logits: Float[Array, "num_rows vocab_size"], batch: SamplingBatch,
     raw_logprobs = jax.nn.log_softmax(logits, axis=-1)
     if flags.apply_penalties:
         logits = apply_logit_adjustments(logits, batch)
-    token_ids = jnp.argmax(logits, axis=-1)
+    token_ids = row_argmax(logits)
     if flags.mode != "greedy":
         is_greedy = batch.temperatures == 0.0
         scaled = logits / jnp.where(is_greedy, 1.0, batch.temperatures)[:, None]
@@ -193,7 +215,7 @@ def sample(logits: Float[Array, "num_rows vocab_size"], batch: SamplingBatch,
             scaled = _apply_top_k_top_p(scaled, batch.top_ks, batch.top_ps)
         # Gumbel-max: argmax(l / T + g) is a draw from softmax(l / T) over the tokens still finite.
         noisy = scaled + _gumbel_noise(batch.seed_words, batch.num_output_tokens, vocab_size)
-        token_ids = jnp.where(is_greedy, token_ids, jnp.argmax(noisy, axis=-1))
+        token_ids = jnp.where(is_greedy, token_ids, row_argmax(noisy))
     token_ids = token_ids.astype(jnp.int32)
     logprobs = jnp.take_along_axis(raw_logprobs, token_ids[:, None], axis=-1)[:, 0]
     # Exact even when the sampled id is outside the top-k returned: one comparison pass over the vocabulary.
