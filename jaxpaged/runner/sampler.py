@@ -2,8 +2,8 @@
 
 Per row, in vLLM V1's order: logit_bias and suppressed ids, then repetition, frequency and presence
 penalties; greedy rows take the argmax there. Sampling rows then divide by the temperature, apply min_p,
-then top_k and top_p, and draw with the Gumbel-max trick. Returned logprobs are log_softmax of the *raw*
-logits (before any of the above), like vLLM's default.
+then top_k and top_p, and draw with the Gumbel-max trick. Returned logprobs (only when a row asks for them) are
+log_softmax of the *raw* logits (before any of the above), like vLLM's default.
 
 Each row's randomness is a hash of (seed, num_output_tokens, token id) and nothing else, so a seeded
 request samples the same tokens whatever else is in the batch and whichever row it sits in.
@@ -53,12 +53,12 @@ class SamplerOutput:
 
     token_ids: Int[HostOrDeviceArray, " num_rows"]
     """The sampled token id (int32)."""
-    logprobs: Float[HostOrDeviceArray, " num_rows"]
-    """log_softmax of the raw logits at the sampled id."""
+    logprobs: Optional[Float[HostOrDeviceArray, " num_rows"]] = None
+    """log_softmax of the raw logits at the sampled id; None unless a row asked for logprobs (as the next three)."""
     top_logprob_ids: Optional[Int[HostOrDeviceArray, "num_rows num_top_logprobs"]] = None
-    """Ids of the min(20, vocab) most likely tokens under the raw logits, best first; None if not asked."""
+    """Ids of the min(20, vocab) most likely tokens under the raw logits, best first."""
     top_logprobs: Optional[Float[HostOrDeviceArray, "num_rows num_top_logprobs"]] = None
-    """Their raw logprobs, best first; None if not asked."""
+    """Their raw logprobs, best first."""
     sampled_ranks: Optional[Int[HostOrDeviceArray, " num_rows"]] = None
     """1-based rank of the sampled id under the raw logprobs (vLLM's: how many tokens are at least as likely)."""
 
@@ -202,8 +202,7 @@ def sample(logits: Float[Array, "num_rows vocab_size"], batch: SamplingBatch,
     num_rows, vocab_size = logits.shape
     if batch.temperatures.shape != (num_rows,):
         raise ValueError(f"batch: expected {num_rows} rows like logits, got {batch.temperatures.shape}")
-    logits = logits.astype(jnp.float32)
-    raw_logprobs = jax.nn.log_softmax(logits, axis=-1)
+    raw_logits = logits = logits.astype(jnp.float32)
     if flags.apply_penalties:
         logits = apply_logit_adjustments(logits, batch)
     token_ids = row_argmax(logits)
@@ -217,10 +216,11 @@ def sample(logits: Float[Array, "num_rows vocab_size"], batch: SamplingBatch,
         noisy = scaled + _gumbel_noise(batch.seed_words, batch.num_output_tokens, vocab_size)
         token_ids = jnp.where(is_greedy, token_ids, row_argmax(noisy))
     token_ids = token_ids.astype(jnp.int32)
+    if not flags.return_logprobs:
+        return SamplerOutput(token_ids)
+    raw_logprobs = jax.nn.log_softmax(raw_logits, axis=-1)
     logprobs = jnp.take_along_axis(raw_logprobs, token_ids[:, None], axis=-1)[:, 0]
     # Exact even when the sampled id is outside the top-k returned: one comparison pass over the vocabulary.
     ranks = jnp.sum(raw_logprobs >= logprobs[:, None], axis=-1, dtype=jnp.int32)
-    if not flags.return_top_logprobs:
-        return SamplerOutput(token_ids, logprobs, sampled_ranks=ranks)
     top_logprobs, top_logprob_ids = jax.lax.top_k(raw_logprobs, min(MAX_LOGPROBS, vocab_size))
     return SamplerOutput(token_ids, logprobs, top_logprob_ids.astype(jnp.int32), top_logprobs, ranks)

@@ -77,7 +77,7 @@ class TokenSampler:
         batch = build_sampling_batch(rows, logits.shape[0], self.vocab_size)
         flags = sampler_static_flags(batch)
         result = sample(logits, jax.device_put(batch, self.placement), flags)
-        return PendingSample(result, len(rows), wants_logprobs=any(row.params.logprobs is not None for row in rows))
+        return PendingSample(result, len(rows), wants_logprobs=flags.return_logprobs)
 
     def _row(self, request: Request) -> SamplingRow:
         params = request.sampling_params

@@ -222,13 +222,18 @@ def test_sampled_rank_is_exact_outside_the_top_k():
         assert expected.max() > 20  # some draws really are outside any returned top-k
 
 
-def test_top_logprobs_are_absent_unless_asked_and_capped_by_a_small_vocabulary():
-    """Without logprobs no top arrays come back; with a 4-token vocabulary only 4 do."""
+def test_logprobs_are_absent_unless_asked_and_top_logprobs_capped_by_a_small_vocabulary():
+    """Without logprobs only the ids come back (the same ids); logprobs=0 brings the sampled logprob and rank; with a
+    4-token vocabulary only 4 top logprobs do."""
     logits = random_logits(4, vocab_size=4, seed=7)
-    plain, flags = run([row(logprobs=0)], logits, num_rows_padded=4)
-    assert not flags.return_top_logprobs and plain.top_logprobs is None and plain.top_logprob_ids is None
+    plain, flags = run([row(seed=3)], logits, num_rows_padded=4)
+    assert not flags.return_logprobs
+    assert plain.logprobs is None and plain.sampled_ranks is None and plain.top_logprobs is None
+    sampled_only, flags = run([row(seed=3, logprobs=0)], logits, num_rows_padded=4)
+    assert flags.return_logprobs and sampled_only.logprobs is not None and sampled_only.sampled_ranks is not None
+    np.testing.assert_array_equal(plain.token_ids, sampled_only.token_ids)
     asked, flags = run([row(logprobs=20)], logits, num_rows_padded=4)
-    assert flags.return_top_logprobs and asked.top_logprobs.shape == (4, 4)
+    assert flags.return_logprobs and asked.top_logprobs.shape == (4, 4)
 
 
 PROBS = np.array([0.1, 0.2, 0.3, 0.4])
@@ -320,7 +325,7 @@ def test_padded_rows_are_harmless():
     batch = build_sampling_batch(rows, NUM_ROWS, VOCAB_SIZE)
     assert np.all(batch.temperatures[3:] == 0) and np.all(batch.top_ks[3:] == 0)
     assert np.all(batch.top_ps[3:] == 1) and np.all(batch.min_ps[3:] == 0)
-    assert np.all(batch.repetition_penalties[3:] == 1) and np.all(batch.num_top_logprobs[3:] == 0)
+    assert np.all(batch.repetition_penalties[3:] == 1) and np.all(batch.num_top_logprobs[3:] == -1)
     assert batch.output_token_counts is not None and batch.logit_bias is not None  # a row has penalties
     assert not batch.output_token_counts[3:].any() and not batch.logit_bias[3:].any()
     logits = random_logits(NUM_ROWS, seed=8)
@@ -344,7 +349,7 @@ def test_flags_pick_the_least_work_and_are_all_listed():
              ([row(temperature=0.0, presence_penalty=0.1)], SamplerFlags("greedy", True, False)),
              ([row(logit_bias={0: 1.0})], SamplerFlags("random", True, False)),
              ([row(suppress=[0])], SamplerFlags("random", True, False)),
-             ([row(logprobs=0)], SamplerFlags("random", False, False)),
+             ([row(logprobs=0)], SamplerFlags("random", False, True)),
              ([row(logprobs=1)], SamplerFlags("random", False, True))]
     variants = all_sampler_flag_variants()
     assert len(variants) == len(set(variants)) == 12
@@ -361,7 +366,7 @@ def test_every_variant_has_a_warmup_batch_and_runs():
         batch = warmup_sampling_batch(flags, 2, 32)
         assert sampler_static_flags(batch) == flags
         output = jax.device_get(sample(logits, batch, flags))
-        assert output.token_ids.shape == (2,) and (output.top_logprobs is not None) == flags.return_top_logprobs
+        assert output.token_ids.shape == (2,) and (output.logprobs is not None) == flags.return_logprobs
 
 
 def test_new_parameter_values_do_not_recompile():
