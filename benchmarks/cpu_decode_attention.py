@@ -1,10 +1,11 @@
 """Decode attention on the CPU against the machine's copy bandwidth, measured in the same run.
 
-Run: .venv/bin/python -m benchmarks.cpu_decode_attention [--repeats 7] [--layers 30]
+Run: .venv/bin/python -m benchmarks.cpu_decode_attention [--repeats 7] [--layers 30] [--kv-dtype bfloat16]
 
 SmolLM2-135M shapes (9 q heads, 3 kv heads, head_dim 64, 16-token pages, pages scattered over the pool), 64 decoding
 sequences at 200 and at 1,000 KV tokens; `--layers` attention calls per jitted call (one step's worth, so dispatch
-does not count). Reports the useful KV bytes each call must read (every K and V of every sequence, float32) per
+does not count). Reports the useful KV bytes each call must read (every K and V of every sequence, in the pool's
+dtype: float32, or bfloat16 as the engine keeps it for bfloat16 models) per
 second, as a fraction of a numpy copy's bandwidth (bytes copied per second, an array far bigger than the caches),
 for the native kernel and for the jnp path (JAXPAGED's chunked gather), and one prefill of 512 tokens for both (on
 the CPU the native kernel serves prefill rows too, a block of a chunk's rows at a time). Medians of the repeats;
@@ -21,6 +22,7 @@ import jax.numpy as jnp
 from jaxpaged.bench.machine_info import machine_info
 from jaxpaged.bench.roofline import copy_bytes_per_s
 from jaxpaged.timing import call_seconds
+from pallas_kernels.bfloat16_bits import to_bits
 from pallas_kernels.ragged_paged_attention import xla
 from pallas_kernels.ragged_paged_attention.example_batch import make_ragged_batch
 
@@ -28,7 +30,7 @@ NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, PAGE = 9, 3, 64, 16
 
 
 def time_attention(q_lens: list[int], kv_lens: list[int], num_tokens: int, *, layers: int, repeats: int,
-                   native: bool, min_pool_bytes: int = 256 * 2**20) -> float:
+                   native: bool, kv_dtype: str = "float32", min_pool_bytes: int = 256 * 2**20) -> float:
     """Median seconds of one attention call: a jitted scan of `layers` calls, as in a model step. Each call reads
     another copy of the pages (copies cycle through at least min_pool_bytes, so the caches cannot hold them) and
     depends on the previous call's output (so XLA cannot hoist it out of the loop)."""
@@ -38,6 +40,7 @@ def time_attention(q_lens: list[int], kv_lens: list[int], num_tokens: int, *, la
                               head_dim=HEAD_DIM, page_size=PAGE, num_tokens=num_tokens, max_num_seqs=64,
                               pages_per_seq=pages_per_seq, num_pages=num_pages)
     q, kv_pages, metadata = batch.attention_args()
+    kv_pages = to_bits(kv_pages.astype(kv_dtype))  # a bfloat16 pool is held as its bits, as the engine holds it
     num_copies = max(1, min(layers, -(-min_pool_bytes // kv_pages.nbytes)))
     pool = jnp.tile(kv_pages, (num_copies, 1, 1, 1))
     def step(q, pool, metadata):
@@ -56,19 +59,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="Decode attention on the CPU against its copy bandwidth.")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--layers", type=int, default=30)
+    parser.add_argument("--kv-dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="the KV pool's dtype (the engine's for float32 / bfloat16 models)")
     args = parser.parse_args()
     machine = machine_info()
     bandwidth = copy_bytes_per_s(args.repeats, statistics.median)
     print(f"{machine.get('cpu')} ({machine.get('num_cpus')} cpus), JAX {jax.__version__} on "
-          f"{jax.default_backend()}; numpy copy {bandwidth / 1e9:.2f} GB/s")
-    results = {"cpu": machine.get("cpu"), "copy_gb_per_s": bandwidth / 1e9, "decode": [], "prefill": []}
+          f"{jax.default_backend()}; numpy copy {bandwidth / 1e9:.2f} GB/s; {args.kv_dtype} KV")
+    results = {"cpu": machine.get("cpu"), "copy_gb_per_s": bandwidth / 1e9, "kv_dtype": args.kv_dtype,
+               "decode": [], "prefill": []}
+    kv_itemsize = jnp.dtype(args.kv_dtype).itemsize
     print("| workload | path | ms per layer | useful KV GB/s | of copy bandwidth |")
     print("|---|---|---|---|---|")
     for kv_tokens in (200, 1000):
-        useful_bytes = 64 * kv_tokens * 2 * NUM_KV_HEADS * HEAD_DIM * 4
+        useful_bytes = 64 * kv_tokens * 2 * NUM_KV_HEADS * HEAD_DIM * kv_itemsize
         for native in (True, False):
             seconds = time_attention([1] * 64, [kv_tokens] * 64, 64, layers=args.layers, repeats=args.repeats,
-                                     native=native)
+                                     native=native, kv_dtype=args.kv_dtype)
             rate = useful_bytes / seconds
             path = "native" if native else "jnp"
             print(f"| decode 64 x {kv_tokens} | {path} | {seconds * 1e3:.3f} | {rate / 1e9:.2f} | "
@@ -77,7 +84,7 @@ def main() -> None:
                                       "gb_per_s": rate / 1e9, "fraction_of_copy": rate / bandwidth})
     for native in (True, False):
         seconds = time_attention([512], [512], 512, layers=max(1, args.layers // 10), repeats=args.repeats,
-                                 native=native)
+                                 native=native, kv_dtype=args.kv_dtype)
         path = "native" if native else "jnp"
         print(f"| prefill 1 x 512 | {path} | {seconds * 1e3:.3f} | – | – |")
         results["prefill"].append({"path": path, "ms": seconds * 1e3})
