@@ -5,10 +5,13 @@ so a new mix of prompts, positions or block tables never triggers a compile.
 """
 
 import dataclasses
+import math
 from collections.abc import Sequence
+from typing import Any
 
+import jax
 import numpy as np
-from jaxtyping import Int
+from jaxtyping import Array, Int
 
 from jaxpaged.core.scheduler_output import ScheduledRequest
 from jaxpaged.runner.buckets import Bucket
@@ -92,3 +95,38 @@ def fill_step_inputs(scheduled: Sequence[ScheduledRequest], bucket: Bucket, bloc
     attention.num_seqs[0] = num_seqs
     batch.sample_indices[:len(sample_rows)] = sample_rows
     return batch
+
+
+@dataclasses.dataclass(frozen=True)
+class PackedLayout:
+    """Where each StepInputs field lies in the one int32 array a step's inputs travel in: a static argument of the
+    compiled step (one per bucket), which cuts the array back into the fields on the device.
+
+    Why one array: `jax.device_put` of the 10-field pytree took 0.44 ms a step, warm (AMD EPYC Zen 4, the W1 bucket of
+    64 rows), one array of the same ints 0.07 ms; each field is a transfer of its own, with its own bookkeeping."""
+
+    treedef: Any
+    shapes: tuple[tuple[int, ...], ...]
+
+    @classmethod
+    def of(cls, batch: StepInputs) -> "PackedLayout":
+        """The layout of batches shaped like `batch` (its bucket's)."""
+        leaves, treedef = jax.tree.flatten(batch)
+        return cls(treedef, tuple(tuple(leaf.shape) for leaf in leaves))
+
+
+def pack_step_inputs(batch: StepInputs) -> Int[np.ndarray, " total"]:
+    """Every field of a host batch, flattened in pytree order, in one int32 array (PackedLayout.of(batch) reads it)."""
+    leaves = jax.tree.leaves(batch)
+    assert all(leaf.dtype == np.int32 for leaf in leaves), [leaf.dtype for leaf in leaves]
+    return np.concatenate([leaf.reshape(-1) for leaf in leaves])
+
+
+def unpack_step_inputs(packed: Int[Array, " total"], layout: PackedLayout) -> StepInputs:
+    """pack_step_inputs undone, inside the jitted step: static slices of the one array, reshaped into the fields."""
+    leaves, offset = [], 0
+    for shape in layout.shapes:
+        size = math.prod(shape)
+        leaves.append(packed[offset:offset + size].reshape(shape))
+        offset += size
+    return jax.tree.unflatten(layout.treedef, leaves)

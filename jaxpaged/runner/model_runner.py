@@ -26,7 +26,14 @@ from jaxpaged.models.llama import LlamaForCausalLM, unroll_layers_on
 from jaxpaged.models.packed_weights import packs_weights_on
 from jaxpaged.runner import compile_counter
 from jaxpaged.runner import mesh as mesh_lib
-from jaxpaged.runner.batch import StepInputs, empty_step_inputs, fill_step_inputs
+from jaxpaged.runner.batch import (
+    PackedLayout,
+    StepInputs,
+    empty_step_inputs,
+    fill_step_inputs,
+    pack_step_inputs,
+    unpack_step_inputs,
+)
 from jaxpaged.runner.block_copy import copy_blocks, empty_copy_batch, padded_copy_batches
 from jaxpaged.runner.buckets import Bucket, BucketLadder
 from jaxpaged.runner.dtype_probe import probe_cpu_dtype
@@ -65,8 +72,9 @@ def resolve_dtype(name: str) -> jnp.dtype:
     return probe_cpu_dtype().choice
 
 
-def _forward(graphdef, attend: Callable, state, kv_cache, batch: StepInputs,
-             previous_tokens: Int[Array, " max_num_seqs"]):
+def _forward(graphdef, attend: Callable, state, kv_cache, packed_batch: Int[Array, " total"],
+             previous_tokens: Int[Array, " max_num_seqs"], layout: PackedLayout):
+    batch = unpack_step_inputs(packed_batch, layout)
     model = nnx.merge(graphdef, state)
     # Async scheduling: rows whose token the previous step sampled take it from that step's output, on the device.
     sources = batch.token_sources
@@ -132,7 +140,8 @@ class ModelRunner:
             attend = mesh_lib.shard_attention(attend, self.mesh)
         state_shardings = jax.tree.map(lambda x: x.sharding, self.state)
         # Explicit shardings: the executables compiled at warm-up are exactly the ones serving calls.
-        self._jitted = jax.jit(functools.partial(_forward, graphdef, attend), donate_argnums=(1,),
+        # The step's inputs travel as one int32 array, cut into StepInputs by the bucket's static PackedLayout.
+        self._jitted = jax.jit(functools.partial(_forward, graphdef, attend), donate_argnums=(1,), static_argnums=(4,),
                                in_shardings=(state_shardings, kv_sharding, self._replicated, self._replicated),
                                out_shardings=(self._replicated, kv_sharding, self._replicated))
         self._compiled: dict[Bucket, jax.stages.Compiled] = {}
@@ -223,10 +232,10 @@ class ModelRunner:
 
     def _executable(self, bucket: Bucket):
         if bucket not in self._compiled:
-            example = jax.device_put(empty_step_inputs(bucket.num_tokens, bucket.num_seqs, self.pages_per_seq),
-                                     self._replicated)
-            self._compiled[bucket] = self._jitted.lower(self.state, self.kv_cache, example,
-                                                        self._no_previous_tokens).compile()
+            example = empty_step_inputs(bucket.num_tokens, bucket.num_seqs, self.pages_per_seq)
+            packed = jax.device_put(pack_step_inputs(example), self._replicated)
+            self._compiled[bucket] = self._jitted.lower(self.state, self.kv_cache, packed, self._no_previous_tokens,
+                                                        PackedLayout.of(example)).compile()
         return self._compiled[bucket]
 
     def _compile_pad(self, num_rows: int) -> None:
@@ -321,10 +330,10 @@ class ModelRunner:
                  previous_tokens: Optional[Int[Array, " max_num_seqs"]] = None) -> tuple[jax.Array, PromptLogprobStats]:
         """compute_logits() plus the step's prompt-logprob stats (zeros unless a row has a target).
         `previous_tokens`: the ids host_batch.token_sources points into (async scheduling)."""
-        device_batch = jax.device_put(host_batch, self._replicated)  # one transfer of the whole pytree
+        packed = jax.device_put(pack_step_inputs(host_batch), self._replicated)  # one transfer, one array
         if previous_tokens is None:
             previous_tokens = self._no_previous_tokens
-        logits, self.kv_cache, prompt_stats = self._executable(bucket)(self.state, self.kv_cache, device_batch,
+        logits, self.kv_cache, prompt_stats = self._executable(bucket)(self.state, self.kv_cache, packed,
                                                                        previous_tokens)
         return logits, prompt_stats
 

@@ -1,0 +1,35 @@
+"""A step's inputs travel to the device as one int32 array (runner/batch.py): packing and the static slices that
+cut it back into StepInputs inside the jitted step give every field back, at every bucket shape."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxpaged.runner.batch import PackedLayout, empty_step_inputs, pack_step_inputs, unpack_step_inputs
+
+
+@pytest.mark.parametrize("num_tokens,num_seqs,pages_per_seq", [(1, 1, 1), (16, 4, 3), (64, 64, 32)])
+def test_every_field_comes_back_from_the_packed_array(num_tokens, num_seqs, pages_per_seq):
+    batch = empty_step_inputs(num_tokens, num_seqs, pages_per_seq)
+    leaves, treedef = jax.tree.flatten(batch)
+    rng = np.random.default_rng(num_tokens)
+    filled = [rng.integers(-5, 10**6, leaf.shape).astype(np.int32) for leaf in leaves]  # every field its own values
+    batch = jax.tree.unflatten(treedef, filled)
+    layout = PackedLayout.of(batch)
+    packed = pack_step_inputs(batch)
+    assert packed.dtype == np.int32 and packed.shape == (sum(leaf.size for leaf in filled),)
+    unpacked = jax.jit(unpack_step_inputs, static_argnums=1)(jnp.asarray(packed), layout)
+    got = jax.tree.leaves(unpacked)
+    assert jax.tree.structure(unpacked) == treedef
+    for expected, value in zip(filled, got):
+        assert value.shape == expected.shape
+        np.testing.assert_array_equal(np.asarray(value), expected)
+
+
+def test_a_layout_is_one_static_key_per_bucket():
+    # The compiled step is looked up by its static layout: equal for batches of one bucket, distinct across buckets.
+    a, b = PackedLayout.of(empty_step_inputs(16, 4, 3)), PackedLayout.of(empty_step_inputs(16, 4, 3))
+    assert a == b and hash(a) == hash(b)
+    assert PackedLayout.of(empty_step_inputs(32, 4, 3)) != a
+    assert PackedLayout.of(empty_step_inputs(16, 8, 3)) != a
