@@ -41,8 +41,11 @@ def cpu_identity() -> str:
 
 
 def _build_key(source: pathlib.Path, flags: Sequence[str], compiler: str) -> str:
-    """Source, flags, compiler, jaxlib and this CPU (-march=native code must not run on another CPU)."""
+    """Source and the headers beside it (what it may include), flags, compiler, jaxlib and this CPU (-march=native
+    code must not run on another CPU)."""
     digest = hashlib.sha256(source.read_bytes())
+    for header in sorted(source.parent.glob("*.h")):
+        digest.update(header.name.encode() + header.read_bytes())
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
     for part in (" ".join(flags), version, jax.__version__, cpu_identity()):
         digest.update(part.encode())
