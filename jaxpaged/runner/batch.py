@@ -1,7 +1,9 @@
 """StepInputs: the device-side input pytree of one engine step (a ragged batch padded to a bucket).
 
 Only the bucket sizes (num_tokens, max_num_seqs) are static: they are the array shapes. Every value is traced,
-so a new mix of prompts, positions or block tables never triggers a compile.
+so a new mix of prompts, positions or block tables never triggers a compile. The host fills a numpy StepInputs and
+sends it as one int32 array (pack_step_inputs); the compiled step cuts it back into StepInputs by the bucket's
+static PackedLayout.
 """
 
 import dataclasses
