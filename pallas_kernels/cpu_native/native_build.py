@@ -9,6 +9,7 @@ import logging
 import os
 import pathlib
 import platform
+import re
 import subprocess
 import tempfile
 from collections.abc import Sequence
@@ -41,11 +42,14 @@ def cpu_identity() -> str:
 
 
 def _build_key(source: pathlib.Path, flags: Sequence[str], compiler: str) -> str:
-    """Source and the headers beside it (what it may include), flags, compiler, jaxlib and this CPU (-march=native
-    code must not run on another CPU)."""
-    digest = hashlib.sha256(source.read_bytes())
-    for header in sorted(source.parent.glob("*.h")):
-        digest.update(header.name.encode() + header.read_bytes())
+    """Source and the local headers it includes (`#include "name.h"`, beside it), flags, compiler, jaxlib and this
+    CPU (-march=native code must not run on another CPU)."""
+    text = source.read_bytes()
+    digest = hashlib.sha256(text)
+    for name in sorted(set(re.findall(rb'^#include "([^"/]+)"', text, flags=re.MULTILINE))):
+        header = source.parent / name.decode()
+        if header.exists():  # "xla/ffi/api/ffi.h" and the like come from jax's include directory, not from here
+            digest.update(name + header.read_bytes())
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
     for part in (" ".join(flags), version, jax.__version__, cpu_identity()):
         digest.update(part.encode())

@@ -99,6 +99,17 @@ __attribute__((always_inline)) inline void PrefetchRowsAhead(const T* next_head_
   for (int64_t r = 0; r < rows_ahead; ++r) PrefetchToL2(next_head_kv + (t + r) * row_stride, bytes);
 }
 
+// `count` bfloat16 rows of kHeadDim values, `stride` elements apart, widened to float32 into `out` (rows kHeadDim
+// apart): the form the K and V passes read a bfloat16 page in, once per page and kv head for all its q heads.
+template <int kHeadDim>
+inline void WidenRows(const uint16_t* rows, int64_t stride, int64_t count, float* out) {
+  for (int64_t t = 0; t < count; ++t) {
+    for (int c = 0; c < kHeadDim / 8; ++c) {
+      *reinterpret_cast<Vec8*>(out + t * kHeadDim + 8 * c) = Load8(rows + t * stride + 8 * c);
+    }
+  }
+}
+
 // The logits of a page's tokens [t0, t1) for every row and q head of one kv head's group, into
 // weights[(row * group + g) * page_size + t], each K row read once; each token's rows ask for the next page's
 // (PrefetchRowsAhead). float32: token by token, the K row held in registers for every (row, q head). bfloat16: eight
@@ -130,36 +141,35 @@ void PageLogits(const Problem& p, const T* head_kv, const T* next_head_kv, int64
         }
       }
     }
-    return;
-  }
-  float widened[8 * kHeadDim];
-  for (int64_t t = t0; t < t1; t += 8) {
-    const int64_t n = std::min<int64_t>(8, t1 - t);
-    const float* k_rows[8];
-    for (int64_t j = 0; j < n; ++j) {
-      PrefetchRowsAhead(next_head_kv, t + j, t1, page_size, row_stride, head_row_bytes);
-      const T* k = head_kv + (t + j) * row_stride;
-      for (int c = 0; c < kChunks; ++c) *reinterpret_cast<Vec8*>(widened + j * kHeadDim + 8 * c) = Load8(k + 8 * c);
-      k_rows[j] = widened + j * kHeadDim;
-    }
-    for (int64_t j = n; j < 8; ++j) k_rows[j] = k_rows[n - 1];  // a short last chunk repeats a row, dropped below
-    for (int64_t i = 0; i < num_rows; ++i) {
-      for (int64_t g = 0; g < group; ++g) {
-        const float* qg = q + ((i * num_heads + head) * group + g) * kHeadDim;
-        Vec8 q_vec[kChunks];
-        for (int c = 0; c < kChunks; ++c) q_vec[c] = Load8(qg + 8 * c);
-        Vec8 sums[8];
-        for (int j = 0; j < 8; ++j) {
-          Vec8 sum = q_vec[0] * Load8(k_rows[j]);
-          for (int c = 1; c < kChunks; ++c) sum += q_vec[c] * Load8(k_rows[j] + 8 * c);
-          sums[j] = sum;
-        }
-        const Vec8 logits = Sum8Each(sums);
-        float* w = weights + (i * group + g) * page_size + t;
-        if (n == 8) {
-          *reinterpret_cast<Vec8*>(w) = logits;
-        } else {
-          for (int64_t j = 0; j < n; ++j) w[j] = logits[j];
+  } else {
+    float widened[8 * kHeadDim];
+    for (int64_t t = t0; t < t1; t += 8) {
+      const int64_t n = std::min<int64_t>(8, t1 - t);
+      const float* k_rows[8];
+      for (int64_t j = 0; j < n; ++j) {
+        PrefetchRowsAhead(next_head_kv, t + j, t1, page_size, row_stride, head_row_bytes);
+        WidenRows<kHeadDim>(head_kv + (t + j) * row_stride, row_stride, 1, widened + j * kHeadDim);
+        k_rows[j] = widened + j * kHeadDim;
+      }
+      for (int64_t j = n; j < 8; ++j) k_rows[j] = k_rows[n - 1];  // a short last chunk repeats a row, dropped below
+      for (int64_t i = 0; i < num_rows; ++i) {
+        for (int64_t g = 0; g < group; ++g) {
+          const float* qg = q + ((i * num_heads + head) * group + g) * kHeadDim;
+          Vec8 q_vec[kChunks];
+          for (int c = 0; c < kChunks; ++c) q_vec[c] = Load8(qg + 8 * c);
+          Vec8 sums[8];
+          for (int j = 0; j < 8; ++j) {
+            Vec8 sum = q_vec[0] * Load8(k_rows[j]);
+            for (int c = 1; c < kChunks; ++c) sum += q_vec[c] * Load8(k_rows[j] + 8 * c);
+            sums[j] = sum;
+          }
+          const Vec8 logits = Sum8Each(sums);
+          float* w = weights + (i * group + g) * page_size + t;
+          if (n == 8) {
+            *reinterpret_cast<Vec8*>(w) = logits;
+          } else {
+            for (int64_t j = 0; j < n; ++j) w[j] = logits[j];
+          }
         }
       }
     }
@@ -170,10 +180,12 @@ void PageLogits(const Problem& p, const T* head_kv, const T* next_head_kv, int64
 // group: each (row, q head) sums its whole head_dim in registers over the tokens, the V rows staying in L1 for the
 // others; bfloat16 rows are widened into L1 once, 16 at a time, for all of them.
 template <typename T, int kHeadDim>
-void AccumulateV(const T* head_v, int64_t row_stride, int64_t t0, int64_t t1, const float* weights, int64_t page_size,
-                 int64_t num_rows, int64_t group, int64_t num_heads, int64_t head, float* out) {
+void AccumulateV(const Problem& p, const T* head_v, int64_t t0, int64_t t1, int64_t num_rows, int64_t head,
+                 const float* weights, float* out) {
   constexpr int kChunks = kHeadDim / 8;
   constexpr int64_t kTokens = 16;
+  const int64_t group = p.group, page_size = p.page_size, num_heads = p.num_kv_heads;
+  const int64_t row_stride = 2 * num_heads * kHeadDim;
   float widened[kTokens * kHeadDim];
   for (int64_t start = t0; start < t1; start += kTokens) {
     const int64_t count = std::min(t1, start + kTokens) - start;
@@ -183,11 +195,7 @@ void AccumulateV(const T* head_v, int64_t row_stride, int64_t t0, int64_t t1, co
       v_rows = head_v + start * row_stride;
       v_stride = row_stride;
     } else {
-      for (int64_t t = 0; t < count; ++t) {
-        for (int c = 0; c < kChunks; ++c) {
-          *reinterpret_cast<Vec8*>(widened + t * kHeadDim + 8 * c) = Load8(head_v + (start + t) * row_stride + 8 * c);
-        }
-      }
+      WidenRows<kHeadDim>(head_v + start * row_stride, row_stride, count, widened);
       v_rows = widened;
       v_stride = kHeadDim;
     }
@@ -304,8 +312,7 @@ void AttendBlock(const Problem& p, const Block& block, const T* upcoming) {
       // them. Otherwise token by token into the accumulators in memory. (Summing register-sized chunks of head_dim
       // over the tokens, one chunk at a time, was 1.2-1.8x slower, decode and prefill.)
       if constexpr (kHeadDim > 0) {
-        AccumulateV<T, kHeadDim>(head_kv + head_dim, row_stride, t0, t1, weights, page_size, num_rows, group,
-                                 num_heads, head, out);
+        AccumulateV<T, kHeadDim>(p, head_kv + head_dim, t0, t1, num_rows, head, weights, out);
       } else {
         for (int64_t t = t0; t < t1; ++t) {
           const T* v = head_kv + t * row_stride + head_dim;
