@@ -102,6 +102,13 @@ class IncrementalDetokenizer:
         elif not self._finished:
             self._token_ids.extend(new_token_ids)
 
+    def append_token(self, token_id: int) -> None:
+        """append_tokens() of one id that does not end the completion (the per-step call of a running request)."""
+        if self._stop:
+            self.add_tokens((token_id,))
+        elif not self._finished:
+            self._token_ids.append(token_id)
+
     def finish(self) -> str:
         """The completion ended for another reason (length, abort, stop token): release held-back text,
         less the bytes of an incomplete last character. A stop string completed by that text still ends it."""

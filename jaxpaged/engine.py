@@ -297,28 +297,33 @@ class LLMEngine:
             owner = self._samples.get(entry.request_id)
             if owner is not None:
                 owner[0].record_prompt_logprob(entry.position, entry.logprob, entry.rank, entry.top, self.tokenizer)
-        row_of = {item.request.request_id: row
-                  for row, item in enumerate(i for i in output.scheduled if i.sample)}
+        # NOTE: this loop runs for every running request, every step: what it reads is what a step's host time is.
+        logprobs = result.logprobs
+        row_of = None
+        if logprobs is not None:  # the row of each sampled request in the step's results
+            row_of = {item.request.request_id: row for row, item in enumerate(i for i in output.scheduled if i.sample)}
+        samples, tokenizer = self._samples, self.tokenizer
         stopped_by_string = []
         for request in updated:
-            group, sample_state = self._samples[request.request_id]
-            row = row_of[request.request_id]
+            group, sample_state = samples[request.request_id]
+            token_id = request.output_token_ids[-1]  # the step's token, just appended by update_from_output
             sampled_logprob, top, sampled_rank = 0.0, None, None
-            if result.logprobs is not None:
-                sampled_logprob, top, sampled_rank = result.logprobs.row(row, group.params.logprobs or 0)
-            token_id = result.token_ids[row]
+            if row_of is not None:
+                sampled_logprob, top, sampled_rank = logprobs.row(row_of[request.request_id],
+                                                                  group.params.logprobs or 0)
             grammar_complete = False
             if request.grammar is not None and not request.is_finished():
                 request.grammar.accept(token_id)
                 grammar_complete = request.grammar.is_finished
-            group.record_token(sample_state, token_id, top, sampled_logprob, self.tokenizer, sampled_rank,
+            group.record_token(sample_state, token_id, top, sampled_logprob, tokenizer, sampled_rank,
                                grammar_complete)
-            self._generation_tokens_total += 1
             if sample_state.finish_reason is not None:
                 if not request.is_finished():
                     stopped_by_string.append(request.request_id)  # a stop string, or its grammar completed
                 sample_finished[group.request_id] = group
-            touched[group.request_id] = group
+            if not final_only:
+                touched[group.request_id] = group
+        self._generation_tokens_total += len(updated)
         if stopped_by_string:
             scheduler.finish_requests(stopped_by_string, RequestStatus.FINISHED_STOPPED)
         # A group finishes only in a step where one of its samples does: final_only asks just those.

@@ -4,11 +4,13 @@ import dataclasses
 import time
 from typing import Optional, Union
 
-from jaxpaged.core.request import Request
+from jaxpaged.core.request import Request, RequestStatus
 from jaxpaged.detokenizer import IncrementalDetokenizer
 from jaxpaged.inputs import ParsedPrompt
 from jaxpaged.outputs import CompletionOutput, FinishReason, Logprob, RequestMetrics, RequestOutput, TokenLogprobs
 from jaxpaged.sampling_params import SamplingParams
+
+_RUNNING = RequestStatus.RUNNING
 
 
 @dataclasses.dataclass
@@ -41,6 +43,7 @@ class RequestGroup:
             self.prompt_logprobs = [None for _ in prompt.token_ids]
         """Filled position by position as the first sample's prefill scores the prompt (position 0 stays None)."""
         self.metrics = RequestMetrics(arrival_time=arrival_time)
+        self._has_first_token = False
 
     def held_back(self) -> list[Sample]:
         """Samples still waiting for the first one's prefill."""
@@ -61,7 +64,8 @@ class RequestGroup:
                      grammar_complete: bool = False) -> None:
         """Account one sampled token: logprobs (with the sampled token's exact rank), detokenized text, finish
         state. `grammar_complete`: the token completed the sample's structured output (it stops, token kept)."""
-        if self.metrics.first_token_time is None:
+        if not self._has_first_token:  # a flag on the group: reading metrics each token would touch one more object
+            self._has_first_token = True
             self.metrics.first_token_time = time.time()
         if self.params.logprobs is not None:
             entry = {}
@@ -73,13 +77,14 @@ class RequestGroup:
             sample.logprobs = (sample.logprobs or []) + [entry]
             sample.cumulative_logprob = (sample.cumulative_logprob or 0.0) + sampled_logprob
         request = sample.request
-        finish_reason = request.finish_reason  # None while it runs
         detokenizer = sample.detokenizer
-        detokenizer.append_tokens((token_id,), stop_terminated=finish_reason == "stop")
+        finish_reason = None if request.status is _RUNNING else request.finish_reason
         if finish_reason is None and not grammar_complete:
+            detokenizer.append_token(token_id)
             if detokenizer.stop_string is None:
                 return  # the common case, kept short: it runs for every running request, every step
         else:
+            detokenizer.append_tokens((token_id,), stop_terminated=finish_reason == "stop")
             # Before reading stop_string: text held back behind a partial character is only decided here,
             # and a stop string inside it must still cut the text and name the stop.
             detokenizer.finish()

@@ -7,6 +7,7 @@ static PackedLayout.
 """
 
 import dataclasses
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -44,12 +45,35 @@ class StepInputs:
 
 
 def empty_step_inputs(num_tokens: int, max_num_seqs: int, pages_per_seq: int) -> StepInputs:
-    """A zero-filled host batch of the given bucket (numpy; filled by the model runner)."""
-    return StepInputs(token_ids=np.zeros(num_tokens, np.int32), positions=np.zeros(num_tokens, np.int32),
-                      attention=empty_attention_metadata(num_tokens, max_num_seqs, pages_per_seq),
-                      sample_indices=np.zeros(max_num_seqs, np.int32),
-                      prompt_logprob_targets=np.full(num_tokens, -1, np.int32),
-                      token_sources=np.full(num_tokens, -1, np.int32))
+    """A host batch of the given bucket (numpy, filled by the model runner): token ids, positions and attention
+    metadata zero, prompt-logprob targets and token sources -1. Every field is a view of one int32 array, laid out
+    as pack_step_inputs sends it, so sending the batch copies nothing: one allocation a step instead of eight and
+    a concatenation."""
+    template, treedef, spans = _packed_template(num_tokens, max_num_seqs, pages_per_seq)
+    packed = template.copy()  # fresh each step: the array sent before may still be read by the device
+    batch = jax.tree.unflatten(treedef, [packed[start:end].reshape(shape) for start, end, shape in spans])
+    batch.__dict__[_PACKED] = packed  # not a field: pytree flattening leaves it out
+    return batch
+
+
+_PACKED = "_packed_fields"
+"""The attribute of a StepInputs from empty_step_inputs that holds the one array its fields are views of."""
+
+
+@functools.lru_cache(maxsize=64)
+def _packed_template(num_tokens: int, max_num_seqs: int, pages_per_seq: int):
+    """The packed array of an empty batch of one bucket, the batch's treedef, and each field's span in the array."""
+    fields = StepInputs(token_ids=np.zeros(num_tokens, np.int32), positions=np.zeros(num_tokens, np.int32),
+                        attention=empty_attention_metadata(num_tokens, max_num_seqs, pages_per_seq),
+                        sample_indices=np.zeros(max_num_seqs, np.int32),
+                        prompt_logprob_targets=np.full(num_tokens, -1, np.int32),
+                        token_sources=np.full(num_tokens, -1, np.int32))
+    leaves, treedef = jax.tree.flatten(fields)
+    ends = np.cumsum([leaf.size for leaf in leaves]).tolist()
+    spans = tuple((end - leaf.size, end, leaf.shape) for leaf, end in zip(leaves, ends))
+    template = np.concatenate([leaf.reshape(-1) for leaf in leaves])
+    template.flags.writeable = False
+    return template, treedef, spans
 
 
 def fill_step_inputs(scheduled: Sequence[ScheduledRequest], bucket: Bucket, block_table: HostBlockTable,
@@ -118,9 +142,14 @@ class PackedLayout:
 
 
 def pack_step_inputs(batch: StepInputs) -> Int[np.ndarray, " total"]:
-    """Every field of a host batch, flattened in pytree order, in one int32 array (PackedLayout.of(batch) reads it)."""
+    """Every field of a host batch, flattened in pytree order, in one int32 array (PackedLayout.of(batch) reads it).
+    The fields of a batch from empty_step_inputs already lie so in one array: that array is returned, not copied
+    (unless a field was replaced by an array of its own since)."""
     leaves = jax.tree.leaves(batch)
     assert all(leaf.dtype == np.int32 for leaf in leaves), [leaf.dtype for leaf in leaves]
+    packed = batch.__dict__.get(_PACKED)
+    if packed is not None and all(leaf.base is packed for leaf in leaves):
+        return packed
     return np.concatenate([leaf.reshape(-1) for leaf in leaves])
 
 

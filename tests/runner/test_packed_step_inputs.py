@@ -33,3 +33,20 @@ def test_a_layout_is_one_static_key_per_bucket():
     assert a == b and hash(a) == hash(b)
     assert PackedLayout.of(empty_step_inputs(32, 4, 3)) != a
     assert PackedLayout.of(empty_step_inputs(16, 8, 3)) != a
+
+
+def test_an_empty_batch_is_already_packed_and_a_replaced_field_is_still_sent():
+    batch = empty_step_inputs(8, 2, 3)
+    batch.attention.kv_lens[1] = 7  # written in place, as fill_step_inputs does
+    packed = pack_step_inputs(batch)
+    assert packed is batch.token_ids.base  # the fields are views of the array that is sent: no copy
+    leaves = jax.tree.leaves(batch)
+    np.testing.assert_array_equal(packed, np.concatenate([leaf.reshape(-1) for leaf in leaves]))
+    assert (batch.prompt_logprob_targets == -1).all() and (batch.token_sources == -1).all()
+    assert not np.shares_memory(empty_step_inputs(8, 2, 3).token_ids, batch.token_ids)  # a fresh array each step
+
+    batch.positions = np.arange(8, dtype=np.int32)  # a field replaced by an array of its own
+    repacked = pack_step_inputs(batch)
+    assert repacked is not packed
+    np.testing.assert_array_equal(repacked[8:16], np.arange(8))
+    np.testing.assert_array_equal(repacked, np.concatenate([leaf.reshape(-1) for leaf in jax.tree.leaves(batch)]))
