@@ -308,7 +308,7 @@ class LLMEngine:
             group, sample_state = samples[request.request_id]
             token_id = request.output_token_ids[-1]  # the step's token, just appended by update_from_output
             sampled_logprob, top, sampled_rank = 0.0, None, None
-            if row_of is not None:
+            if row_of is not None and logprobs is not None:
                 sampled_logprob, top, sampled_rank = logprobs.row(row_of[request.request_id],
                                                                   group.params.logprobs or 0)
             grammar_complete = False
