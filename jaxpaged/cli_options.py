@@ -52,7 +52,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                        help="turn off prefix caching")
     group.add_argument("--async-scheduling", dest="async_scheduling", action=argparse.BooleanOptionalAction,
                        default=None, help="plan each step while the previous one is on the device (hides host time; "
-                                          "default: on for TPU/GPU without KV tiers or multi-host, off on CPU)")
+                                          "default: on, unless the KV tiers or multi-host serving are on)")
     group.add_argument("--advisor-log-text", dest="advisor_log_text", action="store_true", default=None,
                        help="let the prefix-cache advisor's log line quote a short snippet of the prompt")
 

@@ -138,9 +138,8 @@ class EngineConfig:
     """Plan and launch each step before the previous one's sampled tokens reach the host, so scheduling, batch
     filling and output processing run while the device computes (vLLM's --async-scheduling). Requests with a
     grammar or output-dependent penalties make steps wait for their tokens while they are unfinished. Not with
-    multi-host serving or the KV tiers. None (the default): on for TPU and GPU unless one of those is on, off on
-    the CPU, whose cores the host work would take from the step (engine.resolve_async_scheduling); True insists
-    (an error with the tiers or multi-host), False turns it off."""
+    multi-host serving or the KV tiers. None (the default): on, on every platform, unless one of those is on
+    (engine.resolve_async_scheduling); True insists (an error with the tiers or multi-host), False turns it off."""
 
     def __post_init__(self) -> None:
         _require(self.dtype in _DTYPES, "dtype", f"must be one of {_DTYPES}, got {self.dtype!r}")

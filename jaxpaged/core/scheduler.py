@@ -10,6 +10,7 @@ schedule() for step N+1 before update_from_output() of step N: a request whose t
 (Request.num_pending_tokens) gets a one-token step with a placeholder the runner fills on the device.
 """
 
+import dataclasses
 from collections.abc import Iterable
 from typing import Optional
 
@@ -128,6 +129,7 @@ class Scheduler:
         finished_request_ids, self._finished_request_ids = self._finished_request_ids, set()
         kv = self.kv_cache_manager
         saves, loads = kv.take_tier_transfers()
+        self._cache_scheduled_blocks(scheduled)
         return SchedulerOutput(scheduled=scheduled, num_scheduled_tokens=self.max_num_batched_tokens - budget,
                                finished_request_ids=finished_request_ids,
                                preempted_request_ids=preempted_request_ids,
@@ -175,6 +177,23 @@ class Scheduler:
         return updated_requests
 
     # ---- internals ----
+
+    def _cache_scheduled_blocks(self, scheduled: list[ScheduledRequest]) -> None:
+        """Make the full blocks this step will write hittable now, not when its tokens come back.
+
+        Steps run on the device in order, so a request admitted by the next schedule() can share blocks this step
+        computes. With async scheduling that next schedule() comes before this step's update_from_output(): hashed
+        only there, a burst of requests behind one shared prompt would miss it. Not for this very step (its
+        admissions looked up the cache before), and not a row whose input token is still in flight (its id is
+        unknown until update_from_output() appends it, which caches that block then).
+        """
+        cache_full_blocks = self.kv_cache_manager.cache_full_blocks
+        block_size = self.block_size
+        for scheduled_request in scheduled:
+            if scheduled_request.input_in_flight:
+                continue
+            if len(scheduled_request.token_ids) != 1 or (scheduled_request.start_position + 1) % block_size == 0:
+                cache_full_blocks(scheduled_request.request)
 
     def _schedule_running(self, scheduled: list[ScheduledRequest], preempted_request_ids: set[str]) -> int:
         """Schedule running requests in admission order, preempting when blocks run out; the budget left."""
@@ -245,11 +264,21 @@ class Scheduler:
         while len(waiting) > 0 and budget > 0 and len(self.running) < self.max_num_seqs:
             request = waiting.peek()
             hit = kv.find_prefix_hit(request)
-            num_hit_tokens = hit.num_tokens
             tokens = request.all_token_ids
+            num_hit_tokens = hit.num_tokens
             num_new_tokens = min(len(tokens) - num_hit_tokens, threshold or budget, budget)
-            if kv.allocate_slots(request, num_new_tokens, hit.block_ids, hit.copy_source, hit.num_copied_tokens,
-                                 len(hit.lower_tier_hashes)) is None:
+            allocated = kv.allocate_slots(request, num_new_tokens, hit.block_ids, hit.copy_source,
+                                          hit.num_copied_tokens, len(hit.lower_tier_hashes))
+            if allocated is None and hit.copy_source is not None:
+                # The copy holds its source beside the block it fills: one block more than computing those
+                # tokens. In a pool that small the head of the queue would wait for blocks nobody will free.
+                hit = dataclasses.replace(hit, copy_source=None, num_copied_tokens=0,
+                                          num_tokens=hit.num_tokens - hit.num_copied_tokens)
+                num_hit_tokens = hit.num_tokens
+                num_new_tokens = min(len(tokens) - num_hit_tokens, threshold or budget, budget)
+                allocated = kv.allocate_slots(request, num_new_tokens, hit.block_ids, None, 0,
+                                              len(hit.lower_tier_hashes))
+            if allocated is None:
                 break  # the head of the queue waits for blocks; nobody overtakes it
             if hit.lower_tier_hashes:
                 # Reads (and checks) the blocks now; a damaged one shortens the hit, which only shrinks the step.

@@ -1,7 +1,7 @@
 """Planning a step while the one before is in flight (async scheduling), worked by hand with 4-token blocks."""
 
 from jaxpaged.core import RequestStatus
-from tests.core.core_helpers import build_scheduler, make_request
+from tests.core.core_helpers import build_scheduler, chunk_lens, make_request
 
 
 def _only(output):
@@ -83,3 +83,24 @@ def test_preempting_a_request_with_a_token_in_flight_drops_it_for_the_recompute(
     assert a.output_token_ids == [60] and b.output_token_ids == []  # b samples its first token again later
     scheduler.update_from_output(ahead, [62])
     assert a.output_token_ids == [60, 62]
+
+
+def test_a_request_admitted_while_a_prompt_step_is_in_flight_shares_the_blocks_it_writes():
+    # Steps run in order on the device, so the full blocks a planned step writes are hittable by the next plan,
+    # before that step's tokens are back (a burst of requests behind one system prompt would miss it otherwise).
+    scheduler = build_scheduler()
+    a, b, c = (make_request(request_id, 10, max_tokens=4) for request_id in "abc")  # 2 full blocks + 2 tokens
+    scheduler.add_request(a)
+    scheduler.add_request(b)
+    first = scheduler.schedule()
+    # b was looked up in the same plan, before a's blocks were: it computes its whole prompt.
+    assert chunk_lens(first) == {"a": 10, "b": 10} and b.num_cached_tokens == 0
+    scheduler.add_request(c)
+    ahead = scheduler.schedule()
+
+    assert chunk_lens(ahead) == {"a": 1, "b": 1, "c": 2} and c.num_cached_tokens == 8
+    a_blocks = scheduler.kv_cache_manager.get_block_ids("a")
+    assert scheduler.kv_cache_manager.get_block_ids("c")[:2] == a_blocks[:2]
+    scheduler.update_from_output(first, [5, 6])
+    scheduler.update_from_output(ahead, [7, 8, 9])
+    assert (a.output_token_ids, c.output_token_ids) == ([5, 7], [9])

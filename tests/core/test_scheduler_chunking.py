@@ -157,3 +157,20 @@ def test_second_request_with_a_shared_1000_token_prefix(granularity, expected_hi
     assert len(output.block_copies) == (expected_hit % 16 > 0)
     stats = scheduler.stats()
     assert (stats.prefix_cache_queries, stats.prefix_cache_hits) == (1002 + 1003, expected_hit)
+
+
+def test_a_copy_hit_that_needs_one_block_too_many_is_computed_instead():
+    # One usable block of 2 tokens. A finished [0] leaves its partly filled block listed as a copy source; copying
+    # it into [0, 0]'s own block would hold two blocks, so the head of the queue used to wait forever for a block
+    # nobody would free (found by the stateful test). It computes the token instead.
+    scheduler = build_scheduler(num_kv_blocks=2, block_size=2, max_num_seqs=1, max_num_batched_tokens=1,
+                                max_model_len=2)
+    scheduler.add_request(Request("one", [0], max_tokens=1))
+    run_step(scheduler)
+    assert not scheduler.has_unfinished_requests()
+    longer = Request("two", [0, 0], max_tokens=1)
+    scheduler.add_request(longer)
+
+    assert chunk_lens(run_step(scheduler)) == {"two": 1}
+    assert chunk_lens(run_step(scheduler)) == {"two": 1}
+    assert longer.num_cached_tokens == 0 and longer.output_token_ids == [7] and not scheduler.has_unfinished_requests()

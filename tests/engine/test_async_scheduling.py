@@ -1,7 +1,9 @@
 """Async scheduling: each step is planned and launched before the previous one's tokens reach the host.
 
-The reference is the same tiny model in the default, synchronous engine: planning ahead must not change a single
-token, a finish reason or a seeded draw, whatever finishes, stops, is aborted or preempted along the way.
+The engine under test is the session's shared tiny engine with default options, which plan ahead on every
+platform; the reference is the same tiny model stepped synchronously (async_scheduling=False): planning ahead must
+not change a single token, a finish reason or a seeded draw, whatever finishes, stops, is aborted or preempted along
+the way.
 """
 
 import argparse
@@ -16,17 +18,23 @@ from jaxpaged.runner.token_sampler import PendingSample
 from jaxpaged.sampling_params import SamplingParams, StructuredOutputsParams
 from tests.conftest import TINY_ENGINE_OPTIONS
 
-# The synchronous reference is the session's shared tiny engine, built on this worker.
+# The engine under test is the session's shared tiny engine, built on this worker.
 pytestmark = pytest.mark.xdist_group("tiny_llm")
 
 BLOCK_SIZE = 16
 
 
 @pytest.fixture(scope="module")
-def async_llm(tiny_model_dir):
+def sync_llm(tiny_model_dir):
     from jaxpaged.llm import LLM
 
-    return LLM(str(tiny_model_dir), **TINY_ENGINE_OPTIONS, async_scheduling=True)
+    return LLM(str(tiny_model_dir), **TINY_ENGINE_OPTIONS, async_scheduling=False)
+
+
+@pytest.fixture
+def async_llm(tiny_llm):
+    assert tiny_llm.engine.config.async_scheduling is True  # the default, resolved on the CPU
+    return tiny_llm
 
 
 def _prompts(lengths: list[int], seed: int = 0) -> list[dict]:
@@ -38,24 +46,24 @@ def _token_ids(llm, prompts, params) -> list[list[list[int]]]:
     return [[list(o.token_ids) for o in out.outputs] for out in llm.generate(prompts, params, use_tqdm=False)]
 
 
-def test_greedy_tokens_match_the_synchronous_engine_at_edge_lengths(tiny_llm, async_llm):
+def test_greedy_tokens_match_the_synchronous_engine_at_edge_lengths(sync_llm, async_llm):
     # Prompts of 1 token, a block +- 1, many blocks; outputs crossing block edges; max_tokens 1 finishes at once.
     prompts = _prompts([1, BLOCK_SIZE - 1, BLOCK_SIZE, BLOCK_SIZE + 1, 5 * BLOCK_SIZE + 3, 40])
     params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in (1, 2, 17, 16, 33, 15)]
     before = async_llm.engine.get_stats().num_compilations
 
-    assert _token_ids(async_llm, prompts, params) == _token_ids(tiny_llm, prompts, params)
+    assert _token_ids(async_llm, prompts, params) == _token_ids(sync_llm, prompts, params)
     assert [len(out[0]) for out in _token_ids(async_llm, prompts, params)] == [1, 2, 17, 16, 33, 15]
     assert async_llm.engine.get_stats().num_compilations == before
 
 
-def test_seeded_sampling_draws_the_same_tokens_planned_ahead(tiny_llm, async_llm):
+def test_seeded_sampling_draws_the_same_tokens_planned_ahead(sync_llm, async_llm):
     # The draw of a step is keyed by how many tokens the request has generated, counting the one in flight.
     prompts = _prompts([7, 20, 33], seed=1)
     params = [SamplingParams(temperature=0.9, top_p=0.9, seed=11, max_tokens=24, ignore_eos=True),
               SamplingParams(temperature=1.0, top_k=7, seed=12, max_tokens=24, min_tokens=10),
               SamplingParams(temperature=0.7, seed=13, max_tokens=24, n=2, logprobs=2)]
-    expected = tiny_llm.generate(prompts, params, use_tqdm=False)
+    expected = sync_llm.generate(prompts, params, use_tqdm=False)
     got = async_llm.generate(prompts, params, use_tqdm=False)
 
     assert [[list(o.token_ids) for o in out.outputs] for out in got] == \
@@ -68,14 +76,14 @@ def test_seeded_sampling_draws_the_same_tokens_planned_ahead(tiny_llm, async_llm
                                rtol=1e-5, atol=1e-5)
 
 
-def test_a_stop_token_or_string_ends_the_request_where_the_synchronous_engine_does(tiny_llm, async_llm):
+def test_a_stop_token_or_string_ends_the_request_where_the_synchronous_engine_does(sync_llm, async_llm):
     prompts = _prompts([9, 18], seed=2)
-    free = _token_ids(tiny_llm, prompts, [SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)] * 2)
+    free = _token_ids(sync_llm, prompts, [SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)] * 2)
     stop_id = free[0][0][6]  # the 7th token of the first prompt's continuation
-    stop_text = tiny_llm.engine.tokenizer.decode(free[1][0][4:6])
+    stop_text = sync_llm.engine.tokenizer.decode(free[1][0][4:6])
     params = [SamplingParams(temperature=0.0, max_tokens=20, stop_token_ids=[stop_id], ignore_eos=True),
               SamplingParams(temperature=0.0, max_tokens=20, stop=[stop_text], ignore_eos=True)]
-    expected = tiny_llm.generate(prompts, params, use_tqdm=False)
+    expected = sync_llm.generate(prompts, params, use_tqdm=False)
     got = async_llm.generate(prompts, params, use_tqdm=False)
 
     for g, e in zip(got, expected):
@@ -85,7 +93,7 @@ def test_a_stop_token_or_string_ends_the_request_where_the_synchronous_engine_do
     assert async_llm.engine.scheduler.kv_cache_manager.usage == 0.0
 
 
-def test_preemption_and_a_tight_pool_give_the_synchronous_tokens(tiny_llm, async_llm):
+def test_preemption_and_a_tight_pool_give_the_synchronous_tokens(sync_llm, async_llm):
     # 12 requests of up to 100 + 40 tokens cannot all fit the 48-block pool: running requests are preempted and
     # recomputed, sometimes with a token still in flight (dropped, then sampled again).
     rng = np.random.default_rng(3)
@@ -94,7 +102,7 @@ def test_preemption_and_a_tight_pool_give_the_synchronous_tokens(tiny_llm, async
     params = [SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)] * len(prompts)
     before = async_llm.engine.get_stats()
 
-    assert _token_ids(async_llm, prompts, params) == _token_ids(tiny_llm, prompts, params)
+    assert _token_ids(async_llm, prompts, params) == _token_ids(sync_llm, prompts, params)
     after = async_llm.engine.get_stats()
     assert after.num_preemptions > before.num_preemptions
     assert after.num_compilations == before.num_compilations
@@ -124,12 +132,12 @@ def test_the_next_step_is_launched_before_the_previous_tokens_are_read(async_llm
     assert engine._in_flight is None or not engine.has_unfinished_requests()
 
 
-def test_a_penalty_or_grammar_request_makes_steps_wait_for_their_tokens(tiny_llm, async_llm):
+def test_a_penalty_or_grammar_request_makes_steps_wait_for_their_tokens(sync_llm, async_llm):
     prompts = _prompts([10, 25], seed=4)
     params = [SamplingParams(temperature=0.0, max_tokens=12, repetition_penalty=1.3, presence_penalty=0.4,
                              ignore_eos=True),
               SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)]
-    assert _token_ids(async_llm, prompts, params) == _token_ids(tiny_llm, prompts, params)
+    assert _token_ids(async_llm, prompts, params) == _token_ids(sync_llm, prompts, params)
 
     choice = SamplingParams(temperature=0.0, max_tokens=8,
                             structured_outputs=StructuredOutputsParams(choice=["yes", "no"]))
@@ -147,7 +155,7 @@ def test_a_penalty_or_grammar_request_makes_steps_wait_for_their_tokens(tiny_llm
     assert texts["constrained"] in ("yes", "no") and finished == {"constrained", "plain"}
 
 
-def test_an_abort_with_a_step_in_flight_loses_nothing_else(tiny_llm, async_llm):
+def test_an_abort_with_a_step_in_flight_loses_nothing_else(sync_llm, async_llm):
     engine = async_llm.engine
     params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
     keep, drop = _prompts([14, 22], seed=5)
@@ -163,7 +171,7 @@ def test_an_abort_with_a_step_in_flight_loses_nothing_else(tiny_llm, async_llm):
         for out in engine.step():
             outputs[out.request_id] = out
 
-    assert list(outputs["keep"].outputs[0].token_ids) == _token_ids(tiny_llm, [keep], [params])[0][0]
+    assert list(outputs["keep"].outputs[0].token_ids) == _token_ids(sync_llm, [keep], [params])[0][0]
     assert outputs["keep"].finished and not outputs["drop"].finished
     assert engine.scheduler.kv_cache_manager.usage == 0.0
 
@@ -180,22 +188,22 @@ def test_the_flag_reaches_the_config_the_default_resolves_and_bad_combinations_a
         EngineConfig.from_options(async_scheduling="yes")
     with pytest.raises(ValueError, match="async_scheduling: not supported with the KV tiers"):
         LLM(str(tiny_model_dir), **TINY_ENGINE_OPTIONS, async_scheduling=True, kv_offload_memory="16MiB")
-    # The default (None): on for an accelerator unless the KV tiers are on, off on the CPU (LLMEngine resolves it
-    # first thing, so the tests' engines step synchronously unless they ask).
+    # The default (None): on for every platform unless the KV tiers are on (LLMEngine resolves it first thing, so
+    # the tests' engines plan ahead unless they ask not to).
     tiers = EngineConfig.from_options(kv_offload_memory="16MiB")
     assert [resolve_async_scheduling(EngineConfig(), platform) for platform in ("tpu", "gpu", "cpu")] == \
-        [True, True, False]
+        [True, True, True]
     assert not resolve_async_scheduling(tiers, "tpu") and not resolve_async_scheduling(tiers, "cpu")
-    assert resolve_async_scheduling(EngineConfig.from_options(async_scheduling=True), "cpu")
-    assert tiny_llm.engine.config.async_scheduling is False  # the shared reference engine, default options
+    assert not resolve_async_scheduling(EngineConfig.from_options(async_scheduling=False), "cpu")
+    assert tiny_llm.engine.config.async_scheduling is True  # the shared engine, default options
 
 
-def test_the_later_samples_of_n_share_the_first_one_s_prompt_blocks_as_in_step(tiny_llm, async_llm):
+def test_the_later_samples_of_n_share_the_first_one_s_prompt_blocks_as_in_step(sync_llm, async_llm):
     # They wait until the first sample's prompt step is applied (its blocks hashed), not merely planned.
     prompts = _prompts([40], seed=6)
     params = [SamplingParams(temperature=0.8, seed=3, max_tokens=6, n=3, ignore_eos=True)]
     hits = []
-    for llm in (tiny_llm, async_llm):
+    for llm in (sync_llm, async_llm):
         llm.reset_prefix_cache()
         before = llm.engine.get_stats().prefix_cache_hits
         outputs = _token_ids(llm, prompts, params)
