@@ -48,8 +48,7 @@ def resolve_async_scheduling(config: EngineConfig, platform: str) -> bool:
     is planned). On the CPU too: there the "device" is the host's own cores, so the host work planned ahead shares
     them with XLA's threads, yet W1 in float32 still gained (async / synchronous output tok/s 1.04 and 1.09 in
     both sweep orders on an AVX2 EPYC, 1.06 on a Zen 4 EPYC; one run on a Zen 5 EPYC gave 0.96). True with the
-    tiers or multi-host is a ValueError. `platform` is kept for the log line and for a platform that may need
-    its own default."""
+    tiers or multi-host is a ValueError. `platform` names the devices in the log line."""
     unsupported = config.cache.kv_offload_enabled or is_multi_process()
     if config.async_scheduling is None:
         if unsupported:

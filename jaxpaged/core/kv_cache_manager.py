@@ -44,6 +44,11 @@ class PrefixHit:
         """Full blocks of the hit, on the device and below it."""
         return len(self.block_ids) + len(self.lower_tier_hashes)
 
+    def without_copy(self) -> "PrefixHit":
+        """The same hit ending at its last full block (the copied tokens are computed instead)."""
+        return dataclasses.replace(self, num_tokens=self.num_tokens - self.num_copied_tokens, copy_source=None,
+                                   num_copied_tokens=0)
+
 
 
 class KVCacheManager:

@@ -10,13 +10,12 @@ schedule() for step N+1 before update_from_output() of step N: a request whose t
 (Request.num_pending_tokens) gets a one-token step with a placeholder the runner fills on the device.
 """
 
-import dataclasses
 from collections.abc import Iterable
 from typing import Optional
 
 from ..checks import is_int
 from ..config import CacheConfig, SchedulerConfig
-from .kv_cache_manager import KVCacheManager
+from .kv_cache_manager import KVCacheManager, PrefixHit
 from .lower_tiers import LowerTiers
 from .request import Request, RequestStatus
 from .request_queue import make_request_queue
@@ -259,31 +258,24 @@ class Scheduler:
     def _schedule_waiting(self, scheduled: list[ScheduledRequest], budget: int) -> int:
         """Admit waiting requests in policy order, each starting at its prefix-cache hit; the budget left."""
         kv = self.kv_cache_manager
-        threshold = self.long_prefill_token_threshold
         waiting = self.waiting
         while len(waiting) > 0 and budget > 0 and len(self.running) < self.max_num_seqs:
             request = waiting.peek()
             hit = kv.find_prefix_hit(request)
-            tokens = request.all_token_ids
-            num_hit_tokens = hit.num_tokens
-            num_new_tokens = min(len(tokens) - num_hit_tokens, threshold or budget, budget)
-            allocated = kv.allocate_slots(request, num_new_tokens, hit.block_ids, hit.copy_source,
-                                          hit.num_copied_tokens, len(hit.lower_tier_hashes))
-            if allocated is None and hit.copy_source is not None:
+            if not self._allocate_admission(request, hit, budget):
+                if hit.copy_source is None:
+                    break  # the head of the queue waits for blocks; nobody overtakes it
                 # The copy holds its source beside the block it fills: one block more than computing those
                 # tokens. In a pool that small the head of the queue would wait for blocks nobody will free.
-                hit = dataclasses.replace(hit, copy_source=None, num_copied_tokens=0,
-                                          num_tokens=hit.num_tokens - hit.num_copied_tokens)
-                num_hit_tokens = hit.num_tokens
-                num_new_tokens = min(len(tokens) - num_hit_tokens, threshold or budget, budget)
-                allocated = kv.allocate_slots(request, num_new_tokens, hit.block_ids, None, 0,
-                                              len(hit.lower_tier_hashes))
-            if allocated is None:
-                break  # the head of the queue waits for blocks; nobody overtakes it
+                hit = hit.without_copy()
+                if not self._allocate_admission(request, hit, budget):
+                    break
+            num_hit_tokens = hit.num_tokens
             if hit.lower_tier_hashes:
                 # Reads (and checks) the blocks now; a damaged one shortens the hit, which only shrinks the step.
                 num_hit_tokens = kv.load_lower_tier_blocks(request, hit)
-                num_new_tokens = min(len(tokens) - num_hit_tokens, threshold or budget, budget)
+            tokens = request.all_token_ids
+            num_new_tokens = self._num_admitted_tokens(request, num_hit_tokens, budget)
             waiting.pop()
             kv.record_prefix_lookup(len(tokens), num_hit_tokens)
             if request.status is RequestStatus.WAITING:
@@ -298,6 +290,17 @@ class Scheduler:
             request.num_computed_tokens = end
             budget -= num_new_tokens
         return budget
+
+    def _num_admitted_tokens(self, request: Request, num_hit_tokens: int, budget: int) -> int:
+        """Prompt tokens an admission computes in this step after its num_hit_tokens from the cache."""
+        return min(request.num_tokens - num_hit_tokens, self.long_prefill_token_threshold or budget, budget)
+
+    def _allocate_admission(self, request: Request, hit: PrefixHit, budget: int) -> bool:
+        """Give a waiting request its hit blocks and the blocks of this step's tokens; False (nothing changed)
+        when the free blocks do not suffice."""
+        num_new_tokens = self._num_admitted_tokens(request, hit.num_tokens, budget)
+        return self.kv_cache_manager.allocate_slots(request, num_new_tokens, hit.block_ids, hit.copy_source,
+                                                    hit.num_copied_tokens, len(hit.lower_tier_hashes)) is not None
 
     def _select_victim_index(self) -> int:
         """The running request to preempt: the latest admitted ("fcfs"), or the lowest priority, then latest
