@@ -7,14 +7,22 @@ on the CPU stored per layer and unrolled (DecoderLayers says why). Every layer's
 """
 
 from collections.abc import Callable
-from typing import Union
+from typing import Optional, Union
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Float, Int, Shaped, UInt32
 
-from jaxpaged.models.layers import apply_rope, gated_mlp, matmul, rms_norm, rope_inverse_frequencies, rope_tables
+from jaxpaged.models.layers import (
+    apply_rope,
+    gated_mlp,
+    matmul,
+    matmuls,
+    rms_norm,
+    rope_inverse_frequencies,
+    rope_tables,
+)
 from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.models.packed_weights import embedding_rows, is_packed, packed_shape
 from jaxpaged.models.param_shapes import param_shapes
@@ -116,8 +124,10 @@ class LlamaForCausalLM(nnx.Module):
     def hidden_states(self, kv_cache: KVCache, token_ids: Int[Array, " num_tokens"],
                       positions: Int[Array, " num_tokens"], metadata: AttentionMetadata, *, attend: Callable,
                       ) -> tuple[Float[Array, "num_tokens hidden"], KVCache]:
-        """The decoder layers of one ragged step: (every token's last hidden state, the updated kv_cache)."""
+        """The decoder layers of one ragged step: (every token's last hidden state, the updated kv_cache). Rows after
+        the step's real tokens (metadata.cu_q_lens[-1]) are padding: the native CPU matmul skips them."""
         cfg = self.cfg
+        num_rows = metadata.cu_q_lens[-1]  # padded sequences repeat the last offset: the real token count
         eps, offset = cfg.rms_norm_eps, cfg.norm_offset
         num_layers, num_blocks = kv_cache.shape[:2]
         kv_pages = kv_cache.reshape(num_layers * num_blocks, *kv_cache.shape[2:])
@@ -138,7 +148,7 @@ class LlamaForCausalLM(nnx.Module):
             x, kv_pages = carry
             num_tokens = x.shape[0]
             h = rms_norm(x, w["input_norm"], eps, offset)
-            q, k, v = matmul(h, w["q_proj"]), matmul(h, w["k_proj"]), matmul(h, w["v_proj"])
+            q, k, v = matmuls(h, (w["q_proj"], w["k_proj"], w["v_proj"]), num_rows)
             if cfg.qkv_bias:
                 q, k, v = q + w["q_bias"], k + w["k_bias"], v + w["v_bias"]
             q = q.reshape(num_tokens, cfg.num_q_heads, cfg.head_dim)
@@ -158,12 +168,12 @@ class LlamaForCausalLM(nnx.Module):
             k = apply_rope(k, tables)
             attn, kv_pages = attend(q, k, v, kv_pages, layer_index * num_blocks, metadata, traced_is_sliding,
                                     sliding_window=window, sm_scale=cfg.attn_scale, soft_cap=cfg.attn_soft_cap)
-            attn = matmul(attn.reshape(num_tokens, -1), w["o_proj"])
+            attn = matmul(attn.reshape(num_tokens, -1), w["o_proj"], num_rows=num_rows)
             if cfg.sandwich_norms:
                 attn = rms_norm(attn, w["attn_out_norm"], eps, offset)
             x = x + attn
             h = rms_norm(x, w["post_norm"], eps, offset)
-            mlp = gated_mlp(h, w["gate_proj"], w["up_proj"], w["down_proj"], cfg.hidden_activation)
+            mlp = gated_mlp(h, w["gate_proj"], w["up_proj"], w["down_proj"], cfg.hidden_activation, num_rows)
             if cfg.sandwich_norms:
                 mlp = rms_norm(mlp, w["mlp_out_norm"], eps, offset)
             return x + mlp, kv_pages
@@ -184,16 +194,17 @@ class LlamaForCausalLM(nnx.Module):
                                             (self.layers.stacked(), layer_ids, is_sliding))
         return x, kv_pages.reshape(kv_cache.shape)
 
-    def logits(self, x: Float[Array, "rows hidden"]) -> Float[Array, "rows vocab"]:
+    def logits(self, x: Float[Array, "rows hidden"], num_rows: Optional[Int[Array, ""]] = None,
+               ) -> Float[Array, "rows vocab"]:
         """Final norm and vocabulary projection of some rows' hidden states, in float32 (soft-capped if the model
-        caps them)."""
+        caps them). `num_rows`: rows from it on are padding (the native CPU matmul leaves their logits zero)."""
         cfg = self.cfg
         h = rms_norm(x, self.final_norm[...], cfg.rms_norm_eps, cfg.norm_offset)
         # An untied lm_head, or a tied table stored as the panels of its transpose (packed_weights.py), is a
         # matmul weight as it is.
         head = self.lm_head[...] if self.lm_head is not None else self.embed[...]
         if self.lm_head is not None or head.ndim == 3:
-            logits = matmul(h, head, out_dtype=jnp.float32)
+            logits = matmul(h, head, out_dtype=jnp.float32, num_rows=num_rows)
         else:
             # Contract with the tied embedding's rows directly: `h @ embed.T` makes XLA:CPU transpose the whole
             # bfloat16 table every step (57 ms against 13 ms at 64 rows, SmolLM2's 49152 x 576).

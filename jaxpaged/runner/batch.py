@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Int
 
@@ -42,6 +43,14 @@ class StepInputs:
     token_sources: Int[HostOrDeviceArray, " num_tokens"]
     """Async scheduling: the row of the previous step's sampled ids that is this row's token (placed there on the
     device, since the host has not seen it yet), or -1: token_ids holds it (every row, without async)."""
+
+    def num_sampled_rows(self) -> Int[Array, ""]:
+        """How many leading entries of sample_indices are real (on the device, traced): one past the last entry
+        that points past row 0. Real entries are the sampled sequences' last rows, in increasing order, so only the
+        first can be row 0; padding is 0. A step that samples nothing counts one row (harmless: row 0's logits)."""
+        indices = jnp.asarray(self.sample_indices)
+        positions = jnp.arange(1, indices.shape[0] + 1, dtype=jnp.int32)
+        return jnp.max(jnp.where(indices > 0, positions, 1))
 
 
 def empty_step_inputs(num_tokens: int, max_num_seqs: int, pages_per_seq: int) -> StepInputs:

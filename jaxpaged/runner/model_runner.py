@@ -80,7 +80,7 @@ def _forward(graphdef, attend: Callable, state, kv_cache, packed_batch: Int[Arra
     sources = batch.token_sources
     token_ids = jnp.where(sources >= 0, previous_tokens[jnp.maximum(sources, 0)], batch.token_ids)
     x, kv_cache = model.hidden_states(kv_cache, token_ids, batch.positions, batch.attention, attend=attend)
-    logits = model.logits(x[batch.sample_indices])
+    logits = model.logits(x[batch.sample_indices], num_rows=batch.num_sampled_rows())
     targets = batch.prompt_logprob_targets
     vocab_size = logits.shape[-1]
     prompt_stats = jax.lax.cond(jnp.any(targets >= 0),

@@ -1,23 +1,36 @@
-// x @ W on the CPU against a weight packed once at load time, as XLA FFI custom calls: float32, and bfloat16 where
-// the CPU has AVX512-BF16.
+// x @ W on the CPU against weights packed once at load time, as XLA FFI custom calls: float32, and bfloat16 where
+// the CPU has AVX512-BF16. One call multiplies x by 1 to 4 weights (q, k and v; gate and up), one result each.
 //
 // Why: XLA:CPU's dot library repacks the weight into its kernel's tile layout on every call. At a decode step's
 // 64 rows that packing is a fifth of the step (the weight is read, written and read again); packed here once, the
 // weight streams from memory once per call, straight into the multiply.
 //
-// Operands (see packed_matmul.py, which packs the weight and registers this file):
+// Operands, in order x, num_rows, then each weight's panels (see packed_matmul.py, which packs the weights and
+// registers this file):
 //   float32   x f32 [rows, inner]; panels f32 [outer / 16, inner, 16]: panel p holds columns 16p .. 16p + 15 of W,
 //             one 16-float row per inner index.
 //   bfloat16  x bf16 [rows, inner], inner even; panels bf16 [outer / 16, inner, 16] in shape, but each panel is
 //             inner / 2 rows of 32 values, one per pair of inner indices 2i, 2i + 1, holding (W[2i, c], W[2i + 1, c])
 //             for the panel's 16 columns c in turn: the operand order of VDPBF16PS, which multiplies such pairs and
 //             adds both products to a float32 sum. (The float32 shape keeps the model's parameter shapes per dtype.)
-// Result: f32 [rows, outer] = x @ W, float32 sums; the bfloat16 kernel also has a bfloat16 result (the sums rounded).
+//   num_rows  s32 []: the rows that hold real work (a step's real tokens; the rest of its bucket is padding). Only
+//             rows [0, num_rows) are multiplied; the others are written as zeros. Clamped to [0, rows].
+// Results, one per weight: f32 [rows, outer] = x @ W, float32 sums; the bfloat16 kernel also has a bfloat16 result
+// (the sums rounded).
 //
 // Work: register tiles (6 rows x 16 columns with AVX2, 12 rows x 32 columns with AVX-512; see kTileRows), each summed
 // over the whole inner dimension (x is read by broadcasts, the panel rows by vector loads). Work items are (row block,
-// run of panels), handed out through an atomic counter to the caller and to XLA's intra-op threads; a row block stays
-// in L2 while its panels stream by. Both element types share the tiling; a panel row is 64 bytes in both.
+// run of one weight's panels), handed out through an atomic counter to the caller and to XLA's intra-op threads; a
+// row block stays in L2 while the panels of every weight of the call stream by. Both element types share the tiling;
+// a panel row is 64 bytes in both.
+//
+// Weights come from memory (a step's weights are far bigger than the caches), so each thread asks for the panel it
+// multiplies next while it works on the current one: spread over all the current panel's tiles (one 64-byte row every
+// few inner steps), into L2, and across work items (a thread claims its next item before it starts the current one).
+// Asking for the whole next panel during the current panel's first tile only, as this kernel first did, asked for
+// ~33 GB/s per core, more than memory gives, so every panel's first tile stalled. Measured in one process, alternated
+// round by round, a decode step's matmuls (64 rows, SmolLM2-135M's 30 layers and vocabulary; AMD EPYC, AVX2, 2 cores):
+// that and the whole-tile remainder below, 1.11-1.14x the GFLOP/s of before; a 512-row prefill's, unchanged (1.00).
 
 #include <immintrin.h>
 
@@ -43,6 +56,8 @@ constexpr int64_t kBlockRows = 72;
 // Panels per work item (64 columns): at SmolLM2's widths 3 (k, v) to 96 (gate, up) items per row block, enough to
 // keep a 2-core VM's threads busy; fewer items than threads leave threads idle, never wrong.
 constexpr int64_t kPanelsPerItem = 4;
+// Weights of one call at most: q, k and v (or gate and up) share x, and run as one set of work items.
+constexpr int kMaxWeights = 4;
 
 // The register tile, by the vector width this build targets (-march=native). AVX2 (16 ymm registers): 6 rows x one
 // panel, two 8-float halves per panel row: 12 accumulators, 2 weight vectors, 1 broadcast. AVX-512 (32 zmm
@@ -111,18 +126,18 @@ struct Problem {
   const typename T::Element* panels;
   float* out;                            // the float32 result, or nullptr when it is rounded to bfloat16:
   uint16_t* out_bfloat16 = nullptr;      // the sums rounded to nearest even, as XLA's convert does
-  int64_t rows, inner, outer;
+  int64_t rows, inner, outer;  // rows: the rows multiplied (num_rows), not the padding after them
   // Elements per panel: inner x 16 in both layouts (inner / 2 rows of 32 bfloat16 values).
   int64_t panel_size() const { return inner * kPanelWidth; }
 };
 
 // One tile: kRows rows x (kPanels x 16) columns of the output, from kPanels adjacent panels starting at `panel`,
 // summed over the whole inner dimension. `upcoming` (or nullptr): the first of the kPanels panels this thread
-// multiplies next, fetched one 64-byte row per panel per step, so that it is in cache when its turn comes (a decode's
-// few rows leave too little work per panel to hide its fetch from memory otherwise).
+// multiplies next. The tiles of a panel share asking for it: tile `phase` of `stride` asks for rows phase,
+// phase + stride, ... of each upcoming panel (one 64-byte row every `stride` inner steps), into L2.
 template <typename T, int kRows, int kPanels, bool kPrefetch>
 inline void MultiplyTile(const Problem<T>& p, int64_t row, const typename T::Element* panel, int64_t column,
-                         const typename T::Element* upcoming) {
+                         const typename T::Element* upcoming, int64_t phase, int64_t stride) {
   constexpr int kVectors = kPanels * T::kVectorsPerRow;
   const int64_t panel_size = p.panel_size();
   Vec sums[kRows][kVectors];
@@ -130,11 +145,15 @@ inline void MultiplyTile(const Problem<T>& p, int64_t row, const typename T::Ele
     for (int v = 0; v < kVectors; ++v) sums[r][v] = Vec{};
   }
   const typename T::Element* x = p.x + row * p.inner;
+  int64_t steps_to_prefetch = phase + 1;  // a counter, not i % stride: no division in the inner loop
   // Inner step i starts panel row i / kInnerStep, kPanelWidth * kInnerStep elements (64 bytes) each.
   for (int64_t i = 0; i < p.inner; i += T::kInnerStep) {
+    if (kPrefetch && --steps_to_prefetch == 0) {
+      steps_to_prefetch = stride;
+      for (int q = 0; q < kPanels; ++q) __builtin_prefetch(upcoming + q * panel_size + i * kPanelWidth, 0, 2);
+    }
     typename T::Weight weights[kVectors];
     for (int q = 0; q < kPanels; ++q) {
-      if (kPrefetch) __builtin_prefetch(upcoming + q * panel_size + i * kPanelWidth, 0, 3);
       for (int h = 0; h < T::kVectorsPerRow; ++h) {
         weights[q * T::kVectorsPerRow + h] = T::Load(panel + q * panel_size + i * kPanelWidth + h * kLanes);
       }
@@ -156,92 +175,132 @@ inline void MultiplyTile(const Problem<T>& p, int64_t row, const typename T::Ele
 
 template <typename T, int kRows, int kPanels>
 inline void MultiplyTile(const Problem<T>& p, int64_t row, const typename T::Element* panel, int64_t column,
-                         const typename T::Element* upcoming) {
+                         const typename T::Element* upcoming, int64_t phase, int64_t stride) {
   if (upcoming != nullptr) {
-    MultiplyTile<T, kRows, kPanels, true>(p, row, panel, column, upcoming);
+    MultiplyTile<T, kRows, kPanels, true>(p, row, panel, column, upcoming, phase, stride);
   } else {
-    MultiplyTile<T, kRows, kPanels, false>(p, row, panel, column, nullptr);
+    MultiplyTile<T, kRows, kPanels, false>(p, row, panel, column, nullptr, 0, 1);
   }
 }
 
-// A remainder of fewer than kTileRows rows, in one smaller tile.
+// Fewer than kTileRows rows, in one smaller tile (only when the whole block is smaller than a tile).
 template <typename T, int kPanels>
 void MultiplyRemainder(const Problem<T>& p, int64_t num_rows, int64_t row, const typename T::Element* panel,
                        int64_t column, const typename T::Element* upcoming) {
   switch (num_rows) {
 #if defined(__AVX512F__)
-    case 11: MultiplyTile<T, 11, kPanels>(p, row, panel, column, upcoming); break;
-    case 10: MultiplyTile<T, 10, kPanels>(p, row, panel, column, upcoming); break;
-    case 9: MultiplyTile<T, 9, kPanels>(p, row, panel, column, upcoming); break;
-    case 8: MultiplyTile<T, 8, kPanels>(p, row, panel, column, upcoming); break;
-    case 7: MultiplyTile<T, 7, kPanels>(p, row, panel, column, upcoming); break;
-    case 6: MultiplyTile<T, 6, kPanels>(p, row, panel, column, upcoming); break;
+    case 11: MultiplyTile<T, 11, kPanels>(p, row, panel, column, upcoming, 0, 1); break;
+    case 10: MultiplyTile<T, 10, kPanels>(p, row, panel, column, upcoming, 0, 1); break;
+    case 9: MultiplyTile<T, 9, kPanels>(p, row, panel, column, upcoming, 0, 1); break;
+    case 8: MultiplyTile<T, 8, kPanels>(p, row, panel, column, upcoming, 0, 1); break;
+    case 7: MultiplyTile<T, 7, kPanels>(p, row, panel, column, upcoming, 0, 1); break;
+    case 6: MultiplyTile<T, 6, kPanels>(p, row, panel, column, upcoming, 0, 1); break;
 #endif
-    case 5: MultiplyTile<T, 5, kPanels>(p, row, panel, column, upcoming); break;
-    case 4: MultiplyTile<T, 4, kPanels>(p, row, panel, column, upcoming); break;
-    case 3: MultiplyTile<T, 3, kPanels>(p, row, panel, column, upcoming); break;
-    case 2: MultiplyTile<T, 2, kPanels>(p, row, panel, column, upcoming); break;
-    case 1: MultiplyTile<T, 1, kPanels>(p, row, panel, column, upcoming); break;
+    case 5: MultiplyTile<T, 5, kPanels>(p, row, panel, column, upcoming, 0, 1); break;
+    case 4: MultiplyTile<T, 4, kPanels>(p, row, panel, column, upcoming, 0, 1); break;
+    case 3: MultiplyTile<T, 3, kPanels>(p, row, panel, column, upcoming, 0, 1); break;
+    case 2: MultiplyTile<T, 2, kPanels>(p, row, panel, column, upcoming, 0, 1); break;
+    case 1: MultiplyTile<T, 1, kPanels>(p, row, panel, column, upcoming, 0, 1); break;
     default: break;
   }
 }
 
-// Rows [first, end) of kPanels adjacent panels from `panel_index`: whole tiles, then the remainder in one smaller
-// tile. The first tile fetches the `upcoming` panels (nullptr: none).
+// Rows [first, end) of kPanels adjacent panels from `panel_index`, in whole tiles; the tiles share fetching the
+// `upcoming` panels (nullptr: none). Rows left over after the whole tiles are covered by one more whole tile ending at
+// `end`, which overlaps the tile before it: each tile writes whole sums, so rows computed twice get the same values
+// twice. (A smaller tile for them ran at about half the FMA rate: a 4-row tile has 8 accumulators, too few to cover
+// the FMA latency, and the same weight loads as a whole tile.) Only a block smaller than a tile takes a smaller tile.
 template <typename T, int kPanels>
 void MultiplyPanels(const Problem<T>& p, int64_t first, int64_t end, int64_t panel_index,
                     const typename T::Element* upcoming) {
   const typename T::Element* panel = p.panels + panel_index * p.panel_size();
   const int64_t column = panel_index * kPanelWidth;
-  int64_t row = first;
-  for (; row + kTileRows <= end; row += kTileRows, upcoming = nullptr) {
-    MultiplyTile<T, kTileRows, kPanels>(p, row, panel, column, upcoming);
+  if (end - first < kTileRows) {
+    MultiplyRemainder<T, kPanels>(p, end - first, first, panel, column, upcoming);
+    return;
   }
-  MultiplyRemainder<T, kPanels>(p, end - row, row, panel, column, upcoming);
+  const int64_t num_tiles = (end - first + kTileRows - 1) / kTileRows;
+  for (int64_t tile = 0; tile < num_tiles; ++tile) {
+    const int64_t row = std::min(first + tile * kTileRows, end - kTileRows);
+    MultiplyTile<T, kTileRows, kPanels>(p, row, panel, column, upcoming, tile, num_tiles);
+  }
 }
 
 // The items of one call, shared with the pool's tasks: a task that starts only after the call returned finds no
 // item left and touches nothing else, so the call never waits for a task to start; it waits until every item is done.
 template <typename T>
 struct SharedWork {
-  Problem<T> problem;
-  int64_t num_panel_runs, num_items;
+  Problem<T> problems[kMaxWeights];  // one per weight, all on the same x and rows
+  int num_problems = 0;
+  int64_t first_run[kMaxWeights + 1] = {};  // problem w owns runs [first_run[w], first_run[w + 1]) of each row block
+  int64_t num_panel_runs = 0, num_items = 0;
   std::atomic<int64_t> next{0};
   std::atomic<int64_t> num_done{0};
   std::mutex mutex;
   std::condition_variable all_done;
+
+  // Item `item` as (its problem, its row block, its run of that problem's panels).
+  int ProblemOf(int64_t item) const {
+    const int64_t run = item % num_panel_runs;
+    int w = 0;
+    while (run >= first_run[w + 1]) ++w;
+    return w;
+  }
+  int64_t LocalRun(int64_t item, int w) const { return item % num_panel_runs - first_run[w]; }
+  const typename T::Element* FirstPanel(int64_t item) const {
+    const int w = ProblemOf(item);
+    return problems[w].panels + LocalRun(item, w) * kPanelsPerItem * problems[w].panel_size();
+  }
 };
 
 template <typename T>
 void WorkOn(SharedWork<T>& work) {
-  const Problem<T>& p = work.problem;
-  const int64_t num_panels = p.outer / kPanelWidth;
-  for (int64_t item = work.next.fetch_add(1); item < work.num_items; item = work.next.fetch_add(1)) {
-    // Items run row block by row block, so the threads share a block while it is in cache.
-    const int64_t block = item / work.num_panel_runs, run = item % work.num_panel_runs;
+  // Each thread claims its next item before working on the current one, so the current item's last panel can fetch
+  // the next item's first.
+  int64_t item = work.next.fetch_add(1);
+  while (item < work.num_items) {
+    const int64_t following = work.next.fetch_add(1);
+    const typename T::Element* following_first = following < work.num_items ? work.FirstPanel(following) : nullptr;
+    // Items run row block by row block, so the threads share a block while it is in cache (the weights of a fused
+    // call, e.g. q, k and v, one after the other in a block).
+    const int w = work.ProblemOf(item);
+    const Problem<T>& p = work.problems[w];
+    const int64_t num_panels = p.outer / kPanelWidth;
+    const int64_t block = item / work.num_panel_runs, run = work.LocalRun(item, w);
     const int64_t first_row = block * kBlockRows, end_row = std::min(p.rows, first_row + kBlockRows);
     const int64_t end_panel = std::min(num_panels, (run + 1) * kPanelsPerItem);
     int64_t panel = run * kPanelsPerItem;
     for (; panel + kTilePanels <= end_panel; panel += kTilePanels) {
       const bool more = panel + 2 * kTilePanels <= end_panel;
-      const typename T::Element* upcoming = more ? p.panels + (panel + kTilePanels) * p.panel_size() : nullptr;
+      const typename T::Element* upcoming =
+          more ? p.panels + (panel + kTilePanels) * p.panel_size() : (panel + kTilePanels < end_panel ? nullptr
+                                                                                                     : following_first);
       MultiplyPanels<T, kTilePanels>(p, first_row, end_row, panel, upcoming);
     }
-    if (panel < end_panel) MultiplyPanels<T, 1>(p, first_row, end_row, panel, nullptr);  // an odd last panel
+    if (panel < end_panel) MultiplyPanels<T, 1>(p, first_row, end_row, panel, following_first);  // an odd last panel
     if (work.num_done.fetch_add(1) + 1 == work.num_items) {
       std::lock_guard<std::mutex> lock(work.mutex);
       work.all_done.notify_all();
     }
+    item = following;
   }
 }
 
+// Every problem's items (problem i's runs follow problem i - 1's in each row block), on the caller and on XLA's
+// intra-op threads.
 template <typename T>
-void RunAll(const Problem<T>& problem, ffi::ThreadPool& pool) {
+void RunAll(const Problem<T>* problems, int num_problems, ffi::ThreadPool& pool) {
   auto work = std::make_shared<SharedWork<T>>();
-  work->problem = problem;
-  const int64_t num_panels = problem.outer / kPanelWidth;
-  work->num_panel_runs = (num_panels + kPanelsPerItem - 1) / kPanelsPerItem;
-  work->num_items = work->num_panel_runs * ((problem.rows + kBlockRows - 1) / kBlockRows);
+  work->num_problems = num_problems;
+  for (int w = 0; w < num_problems; ++w) {
+    work->problems[w] = problems[w];
+    const int64_t num_panels = problems[w].outer / kPanelWidth;
+    work->first_run[w + 1] = work->first_run[w] + (num_panels + kPanelsPerItem - 1) / kPanelsPerItem;
+  }
+  for (int w = num_problems + 1; w <= kMaxWeights; ++w) work->first_run[w] = work->first_run[num_problems];
+  work->num_panel_runs = work->first_run[num_problems];
+  const int64_t rows = problems[0].rows;
+  work->num_items = work->num_panel_runs * ((rows + kBlockRows - 1) / kBlockRows);
   if (work->num_items == 0) return;
   const int64_t num_helpers = std::min<int64_t>(pool.num_threads(), work->num_items - 1);
   for (int64_t i = 0; i < num_helpers; ++i) {
@@ -252,28 +311,50 @@ void RunAll(const Problem<T>& problem, ffi::ThreadPool& pool) {
   work->all_done.wait(lock, [&]() { return work->num_done.load() == work->num_items; });
 }
 
-// Checks the operands' shapes and runs the product into a float32 or bfloat16 result: each handler below is one
-// instance of it.
+// Checks the operands' shapes and runs x times each weight into its float32 or bfloat16 result: each handler below is
+// one instance of it. Operands: x, num_rows, then the weights' panels; results: one per weight, in order.
 template <typename T, ffi::DataType kType, ffi::DataType kOutType>
-ffi::Error Run(ffi::ThreadPool pool, ffi::Buffer<kType> x, ffi::Buffer<kType> panels, ffi::ResultBuffer<kOutType> out) {
+ffi::Error Run(ffi::ThreadPool pool, ffi::Buffer<kType> x, ffi::Buffer<ffi::S32> num_rows, ffi::RemainingArgs weights,
+               ffi::RemainingRets results) {
   auto x_dims = x.dimensions();
-  auto panel_dims = panels.dimensions();
-  auto out_dims = out->dimensions();
-  if (x_dims.size() != 2 || panel_dims.size() != 3 || panel_dims[2] != kPanelWidth || x_dims[1] % T::kInnerStep) {
-    return ffi::Error::InvalidArgument("packed_matmul: x must be [rows, inner], panels [outer / 16, inner, 16] "
-                                       "(bfloat16: inner even)");
+  if (x_dims.size() != 2 || x_dims[1] % T::kInnerStep) {
+    return ffi::Error::InvalidArgument("packed_matmul: x must be [rows, inner] (bfloat16: inner even)");
   }
-  if (panel_dims[1] != x_dims[1] || out_dims.size() != 2 || out_dims[0] != x_dims[0] ||
-      out_dims[1] != panel_dims[0] * kPanelWidth) {
-    return ffi::Error::InvalidArgument("packed_matmul: x, panels and the result disagree on a dimension");
+  if (num_rows.element_count() != 1) {
+    return ffi::Error::InvalidArgument("packed_matmul: num_rows must be one int32");
   }
-  Problem<T> problem{x.typed_data(), panels.typed_data(), nullptr, nullptr, x_dims[0], x_dims[1], out_dims[1]};
-  if constexpr (kOutType == ffi::DataType::F32) {
-    problem.out = out->typed_data();
-  } else {
-    problem.out_bfloat16 = out->typed_data();
+  const int num_weights = static_cast<int>(weights.size());
+  if (num_weights < 1 || num_weights > kMaxWeights || results.size() != weights.size()) {
+    return ffi::Error::InvalidArgument("packed_matmul: 1 to 4 weights, one result each");
   }
-  RunAll(problem, pool);
+  const int64_t all_rows = x_dims[0];
+  const int64_t rows = std::clamp<int64_t>(num_rows.typed_data()[0], 0, all_rows);
+  Problem<T> problems[kMaxWeights];
+  for (int w = 0; w < num_weights; ++w) {
+    auto panels = weights.get<ffi::Buffer<kType>>(w);
+    auto out = results.get<ffi::Buffer<kOutType>>(w);
+    if (panels.has_error()) return panels.error();
+    if (out.has_error()) return out.error();
+    auto panel_dims = panels->dimensions();
+    auto out_dims = (*out)->dimensions();
+    if (panel_dims.size() != 3 || panel_dims[2] != kPanelWidth || panel_dims[1] != x_dims[1] ||
+        out_dims.size() != 2 || out_dims[0] != all_rows || out_dims[1] != panel_dims[0] * kPanelWidth) {
+      return ffi::Error::InvalidArgument("packed_matmul: panels must be [outer / 16, inner, 16] and results "
+                                         "[rows, outer], agreeing with x [rows, inner]");
+    }
+    const int64_t outer = out_dims[1];
+    problems[w] = Problem<T>{x.typed_data(), panels->typed_data(), nullptr, nullptr, rows, x_dims[1], outer};
+    // The padding rows' results are zeros: finite, whatever runs on them next.
+    if constexpr (kOutType == ffi::DataType::F32) {
+      problems[w].out = (*out)->typed_data();
+      std::fill(problems[w].out + rows * outer, problems[w].out + all_rows * outer, 0.0f);
+    } else {
+      problems[w].out_bfloat16 = (*out)->typed_data();
+      std::fill(problems[w].out_bfloat16 + rows * outer, problems[w].out_bfloat16 + all_rows * outer,
+                uint16_t{0});  // bfloat16 +0
+    }
+  }
+  RunAll(problems, num_weights, pool);
   return ffi::Error::Success();
 }
 
@@ -291,8 +372,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpagedPackedMatmul, PackedMatmulImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .RemainingArgs()
+                                  .RemainingRets());
 
 // Only where the build targets AVX512-BF16: packed_matmul.py registers it when the library exports it.
 #if defined(__AVX512BF16__)
@@ -300,12 +382,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpagedPackedMatmulBfloat16, PackedMatmulBfloat16
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::BF16>>()
-                                  .Arg<ffi::Buffer<ffi::BF16>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .RemainingArgs()
+                                  .RemainingRets());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpagedPackedMatmulBfloat16Out, PackedMatmulBfloat16OutImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::BF16>>()
-                                  .Arg<ffi::Buffer<ffi::BF16>>()
-                                  .Ret<ffi::Buffer<ffi::BF16>>());
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .RemainingArgs()
+                                  .RemainingRets());
 #endif

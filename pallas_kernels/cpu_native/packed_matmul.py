@@ -13,6 +13,8 @@ unpacked and XLA's dot runs.
 import functools
 import os
 import pathlib
+from collections.abc import Sequence
+from typing import Union
 
 import jax
 import jax.numpy as jnp
@@ -111,17 +113,38 @@ def panel_columns(panels: Float[Array, "panels inner 16"], columns: Int[Array, "
     return panels[columns // PANEL_WIDTH, :, columns % PANEL_WIDTH]
 
 
-def packed_matmul(x: Float[Array, "rows inner"], panels: Float[Array, "panels inner 16"],
-                  out_dtype=jnp.float32) -> Float[Array, "rows outer"]:
-    """x @ W with float32 sums for W packed by pack_panels, in the panels' dtype (x is cast to it); the result in
-    float32, or in `out_dtype` bfloat16 for bfloat16 panels (rounded in the kernel). CPU only: call
+MAX_FUSED_WEIGHTS = 4
+"""Weights one packed_matmuls call takes at most (the kernel's kMaxWeights)."""
+
+
+def packed_matmuls(x: Float[Array, "rows inner"], weights: Sequence[Float[Array, "_panels inner 16"]],
+                   out_dtype=jnp.float32, num_rows: Union[int, Int[Array, ""], None] = None,
+                   ) -> tuple[Float[Array, "rows _outer"], ...]:
+    """x @ W for each W of `weights` (packed by pack_panels, all in one dtype), in one call: the products' work items
+    share the threads and each row block of x while it is in cache, as q, k and v (or gate and up) can. Float32 sums
+    in the panels' dtype (x is cast to it); results in float32, or in `out_dtype` bfloat16 for bfloat16 panels
+    (rounded in the kernel). `num_rows` (traced or not; default: every row): only rows [0, num_rows) are multiplied,
+    the rest of each result is zeros, so a step padded to its bucket pays only for its real rows. CPU only: call
     packed_matmul_available() / packed_bfloat16_available() first."""
-    rows, outer = x.shape[0], panels.shape[0] * PANEL_WIDTH
-    if panels.dtype != jnp.bfloat16:
+    dtypes = {jnp.dtype(weight.dtype) for weight in weights}
+    if len(dtypes) != 1 or not 1 <= len(weights) <= MAX_FUSED_WEIGHTS:
+        raise ValueError(f"packed_matmuls: 1 to {MAX_FUSED_WEIGHTS} weights of one dtype, got "
+                         f"{[str(weight.dtype) for weight in weights]}")
+    dtype = dtypes.pop()
+    if dtype != jnp.bfloat16:
         target, result_dtype = TARGET, jnp.float32
     elif jnp.dtype(out_dtype) == jnp.bfloat16:
         target, result_dtype = TARGET_BFLOAT16_OUT, jnp.bfloat16
     else:
         target, result_dtype = TARGET_BFLOAT16, jnp.float32
-    call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((rows, outer), result_dtype))
-    return call(x.astype(panels.dtype), panels)
+    rows = x.shape[0]
+    shapes = [jax.ShapeDtypeStruct((rows, weight.shape[0] * PANEL_WIDTH), result_dtype) for weight in weights]
+    num_rows = jnp.asarray(rows if num_rows is None else num_rows, jnp.int32).reshape(())
+    return tuple(jax.ffi.ffi_call(target, shapes)(x.astype(dtype), num_rows, *weights))
+
+
+def packed_matmul(x: Float[Array, "rows inner"], panels: Float[Array, "panels inner 16"],
+                  out_dtype=jnp.float32, num_rows: Union[int, Int[Array, ""], None] = None,
+                  ) -> Float[Array, "rows outer"]:
+    """x @ W for one packed weight: packed_matmuls of one."""
+    return packed_matmuls(x, (panels,), out_dtype, num_rows)[0]

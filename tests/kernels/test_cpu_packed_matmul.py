@@ -19,6 +19,7 @@ from pallas_kernels.cpu_native.packed_matmul import (
     packed_bfloat16_available,
     packed_matmul,
     packed_matmul_available,
+    packed_matmuls,
     panel_columns,
     unpack_panels,
 )
@@ -56,9 +57,59 @@ def test_the_avx2_tiling_equals_float64_too():
         x = rng.standard_normal((rows, inner)).astype(np.float32)
         weight = rng.standard_normal((inner, outer)).astype(np.float32)
         call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((rows, outer), jnp.float32))
-        got = np.asarray(call(jnp.asarray(x), jnp.asarray(pack_panels(weight))))
-        expected = x.astype(np.float64) @ weight.astype(np.float64)
-        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5 * np.sqrt(inner))
+        for num_rows in sorted({rows, rows - 1, 6, 7}):  # every row; the tail of the 6-row tiles; padding after
+            if not 0 <= num_rows <= rows:
+                continue
+            got = np.asarray(call(jnp.asarray(x), jnp.int32(num_rows), jnp.asarray(pack_panels(weight))))
+            expected = x[:num_rows].astype(np.float64) @ weight.astype(np.float64)
+            np.testing.assert_allclose(got[:num_rows], expected, rtol=1e-5, atol=1e-5 * np.sqrt(inner))
+            np.testing.assert_array_equal(got[num_rows:], 0.0)
+
+
+@pytest.mark.parametrize("rows,num_rows", [(64, 0), (64, 1), (64, 5), (64, 6), (64, 7), (64, 61), (64, 64),
+                                           (512, 500), (16, 99), (16, -3)])
+def test_rows_from_num_rows_on_are_zeros_and_the_rest_is_the_product(rows, num_rows):
+    # A step padded to its bucket multiplies only its real rows: the padding's results are zeros (whatever it held,
+    # here NaN), the real rows' are the product. num_rows outside [0, rows] is clamped.
+    rng = np.random.default_rng(rows + num_rows)
+    inner, outer = 40, 48
+    x = rng.standard_normal((rows, inner)).astype(np.float32)
+    real = min(max(num_rows, 0), rows)
+    x[real:] = np.nan
+    weight = rng.standard_normal((inner, outer)).astype(np.float32)
+    product = jax.jit(packed_matmul)(jnp.asarray(x), jnp.asarray(pack_panels(weight)), num_rows=jnp.int32(num_rows))
+    got = np.asarray(product)
+    np.testing.assert_allclose(got[:real], x[:real].astype(np.float64) @ weight.astype(np.float64),
+                               rtol=1e-5, atol=1e-5 * np.sqrt(inner))
+    np.testing.assert_array_equal(got[real:], 0.0)
+
+
+@pytest.mark.parametrize("rows,num_rows", [(1, 1), (64, 61), (73, 73), (150, 140)])
+def test_weights_fused_into_one_call_give_each_product(rows, num_rows):
+    # q, k and v (SmolLM2's widths, scaled down), then gate and up: one call's work items span every weight; each
+    # result must be its own weight's product, whichever thread took which item.
+    rng = np.random.default_rng(rows)
+    inner = 72
+    x = rng.standard_normal((rows, inner)).astype(np.float32)
+    for outers in [(144, 48, 48), (96, 96), (16, 32, 48, 64)]:
+        weights = [rng.standard_normal((inner, outer)).astype(np.float32) for outer in outers]
+        got = jax.jit(packed_matmuls)(jnp.asarray(x), [jnp.asarray(pack_panels(w)) for w in weights],
+                                      num_rows=jnp.int32(num_rows))
+        assert len(got) == len(weights)
+        for product, weight in zip(got, weights):
+            assert product.shape == (rows, weight.shape[1])
+            np.testing.assert_allclose(np.asarray(product)[:num_rows],
+                                       x[:num_rows].astype(np.float64) @ weight.astype(np.float64),
+                                       rtol=1e-5, atol=1e-5 * np.sqrt(inner))
+            np.testing.assert_array_equal(np.asarray(product)[num_rows:], 0.0)
+
+
+def test_a_fused_call_refuses_mixed_dtypes_and_too_many_weights():
+    panels = jnp.zeros((1, 8, 16), jnp.float32)
+    with pytest.raises(ValueError, match="weights of one dtype"):
+        packed_matmuls(jnp.zeros((2, 8)), [panels, panels.astype(jnp.bfloat16)])
+    with pytest.raises(ValueError, match="1 to 4 weights"):
+        packed_matmuls(jnp.zeros((2, 8)), [panels] * 5)
 
 
 def test_every_output_column_comes_from_its_own_weight_column():

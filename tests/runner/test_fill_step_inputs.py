@@ -66,6 +66,16 @@ def test_fill_step_inputs_matches_the_row_by_row_layout(scheduled):
                        reference_inputs(scheduled))
 
 
+@settings(max_examples=60, deadline=None)
+@given(scheduled=scheduled_requests())
+def test_a_step_counts_its_real_rows_and_its_sampled_rows(scheduled):
+    # The native CPU matmul skips the rows from these counts on (models/llama.py): they must never undercount.
+    batch = fill_step_inputs(scheduled, BUCKET, HostBlockTable(8, PAGES_PER_SEQ), BLOCK_SIZE)
+    assert int(batch.attention.cu_q_lens[-1]) == sum(len(item.token_ids) for item in scheduled)
+    num_sampled = sum(1 for item in scheduled if item.sample)
+    assert int(batch.num_sampled_rows()) == max(num_sampled, 1)  # sampling nothing still counts row 0
+
+
 def assert_same_inputs(got: StepInputs, want: StepInputs) -> None:
     for name in ("token_ids", "positions", "sample_indices", "prompt_logprob_targets"):
         np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
