@@ -78,35 +78,34 @@ MatmulWeight = Union[Float[Array, "_inner _outer"], Float[Array, "_panels _inner
 
 def matmul(x: Float[Array, "tokens inner"], weight: MatmulWeight, out_dtype=None,
            num_rows: Optional[Int[Array, ""]] = None) -> Float[Array, "tokens _"]:
-    """x @ weight accumulated in float32, rounded to out_dtype (default: x's dtype): bfloat16 weights run the CPU's
-    bfloat16 dot units (AMX, AVX512-BF16) with float32 sums, as HF's bfloat16 matmuls do; float32 is unchanged. A
-    3-D weight is packed into panels (models/packed_weights.py; float32, or bfloat16 with AVX512-BF16) and runs the
-    native CPU matmul, which rounds a bfloat16 result itself. `num_rows`: rows from it on are padding, which the
-    native matmul skips (their results are zeros there; XLA's dot computes them as it must, static shapes)."""
-    out_dtype = x.dtype if out_dtype is None else out_dtype
-    if weight.ndim == 3:
-        product = packed_matmul(x, weight, out_dtype, num_rows)
-    else:
-        product = jnp.dot(x, weight, preferred_element_type=jnp.float32)
-    return product.astype(out_dtype)
+    """x @ weight: matmuls of one weight."""
+    return matmuls(x, (weight,), out_dtype, num_rows)[0]
 
 
-def matmuls(x: Float[Array, "tokens inner"], weights: Sequence[MatmulWeight],
+def matmuls(x: Float[Array, "tokens inner"], weights: Sequence[MatmulWeight], out_dtype=None,
             num_rows: Optional[Int[Array, ""]] = None) -> tuple[Float[Array, "tokens _"], ...]:
-    """matmul of x with each weight, in x's dtype. Packed weights run as one native call (q, k and v, or gate and
-    up: the products share the threads and x's rows while they are in cache; in one process, alternated, 1.04x the
-    GFLOP/s of separate calls at 64 and at 512 rows on a 2-core AMD EPYC, AVX2); otherwise one dot each."""
+    """x @ each weight, accumulated in float32, rounded to out_dtype (default: x's dtype): bfloat16 weights run the
+    CPU's bfloat16 dot units (AMX, AVX512-BF16) with float32 sums, as HF's bfloat16 matmuls do; float32 is unchanged.
+    3-D weights are packed into panels (models/packed_weights.py; float32, or bfloat16 with AVX512-BF16) and run the
+    native CPU matmul, which rounds a bfloat16 result itself; packed weights of one dtype run as one native call (q, k
+    and v, or gate and up: the products share the threads and x's rows while they are in cache; in one process,
+    alternated, 1.04x the GFLOP/s of separate calls at 64 and at 512 rows on a 2-core AMD EPYC, AVX2). `num_rows`:
+    rows from it on are padding, which the native matmul skips (their results are zeros there; XLA's dot computes
+    them as it must, static shapes)."""
+    out_dtype = x.dtype if out_dtype is None else out_dtype
     if all(weight.ndim == 3 for weight in weights) and len({weight.dtype for weight in weights}) == 1:
-        products = packed_matmuls(x, weights, x.dtype, num_rows)
-        return tuple(product.astype(x.dtype) for product in products)
-    return tuple(matmul(x, weight, num_rows=num_rows) for weight in weights)
+        products = packed_matmuls(x, weights, out_dtype, num_rows)
+    else:
+        products = tuple(packed_matmul(x, weight, out_dtype, num_rows) if weight.ndim == 3
+                         else jnp.dot(x, weight, preferred_element_type=jnp.float32) for weight in weights)
+    return tuple(product.astype(out_dtype) for product in products)
 
 
 def gated_mlp(x: Float[Array, "tokens hidden"], gate: MatmulWeight, up: MatmulWeight, down: MatmulWeight,
               activation: str = "silu", num_rows: Optional[Int[Array, ""]] = None) -> Float[Array, "tokens hidden"]:
     """Gated feed-forward down(act(gate(x)) * up(x)): SwiGLU ("silu"), or GeGLU with tanh GELU ("gelu_tanh");
     `num_rows` as for matmul."""
-    gated, up_projected = matmuls(x, (gate, up), num_rows)
+    gated, up_projected = matmuls(x, (gate, up), num_rows=num_rows)
     gated = jax.nn.silu(gated) if activation == "silu" else jax.nn.gelu(gated, approximate=True)
     return matmul(gated * up_projected, down, num_rows=num_rows)
 

@@ -148,7 +148,7 @@ class LlamaForCausalLM(nnx.Module):
             x, kv_pages = carry
             num_tokens = x.shape[0]
             h = rms_norm(x, w["input_norm"], eps, offset)
-            q, k, v = matmuls(h, (w["q_proj"], w["k_proj"], w["v_proj"]), num_rows)
+            q, k, v = matmuls(h, (w["q_proj"], w["k_proj"], w["v_proj"]), num_rows=num_rows)
             if cfg.qkv_bias:
                 q, k, v = q + w["q_bias"], k + w["k_bias"], v + w["v_bias"]
             q = q.reshape(num_tokens, cfg.num_q_heads, cfg.head_dim)

@@ -231,7 +231,6 @@ void MultiplyPanels(const Problem<T>& p, int64_t first, int64_t end, int64_t pan
 template <typename T>
 struct SharedWork {
   Problem<T> problems[kMaxWeights];  // one per weight, all on the same x and rows
-  int num_problems = 0;
   int64_t first_run[kMaxWeights + 1] = {};  // problem w owns runs [first_run[w], first_run[w + 1]) of each row block
   int64_t num_panel_runs = 0, num_items = 0;
   std::atomic<int64_t> next{0};
@@ -271,10 +270,9 @@ void WorkOn(SharedWork<T>& work) {
     const int64_t end_panel = std::min(num_panels, (run + 1) * kPanelsPerItem);
     int64_t panel = run * kPanelsPerItem;
     for (; panel + kTilePanels <= end_panel; panel += kTilePanels) {
-      const bool more = panel + 2 * kTilePanels <= end_panel;
+      // The item's next panels, else the following item's first (a prefetch past the panels' end is harmless).
       const typename T::Element* upcoming =
-          more ? p.panels + (panel + kTilePanels) * p.panel_size() : (panel + kTilePanels < end_panel ? nullptr
-                                                                                                     : following_first);
+          panel + kTilePanels < end_panel ? p.panels + (panel + kTilePanels) * p.panel_size() : following_first;
       MultiplyPanels<T, kTilePanels>(p, first_row, end_row, panel, upcoming);
     }
     if (panel < end_panel) MultiplyPanels<T, 1>(p, first_row, end_row, panel, following_first);  // an odd last panel
@@ -291,13 +289,11 @@ void WorkOn(SharedWork<T>& work) {
 template <typename T>
 void RunAll(const Problem<T>* problems, int num_problems, ffi::ThreadPool& pool) {
   auto work = std::make_shared<SharedWork<T>>();
-  work->num_problems = num_problems;
   for (int w = 0; w < num_problems; ++w) {
     work->problems[w] = problems[w];
     const int64_t num_panels = problems[w].outer / kPanelWidth;
     work->first_run[w + 1] = work->first_run[w] + (num_panels + kPanelsPerItem - 1) / kPanelsPerItem;
   }
-  for (int w = num_problems + 1; w <= kMaxWeights; ++w) work->first_run[w] = work->first_run[num_problems];
   work->num_panel_runs = work->first_run[num_problems];
   const int64_t rows = problems[0].rows;
   work->num_items = work->num_panel_runs * ((rows + kBlockRows - 1) / kBlockRows);
