@@ -19,8 +19,8 @@ import statistics
 import jax
 import jax.numpy as jnp
 
-from jaxpaged.bench.machine_info import machine_info
-from jaxpaged.bench.roofline import copy_bytes_per_s
+from benchmarks.sweep.machine_info import machine_info
+from benchmarks.sweep.roofline import copy_bytes_per_s
 from jaxpaged.timing import call_seconds
 from pallas_kernels.bfloat16_bits import to_bits
 from pallas_kernels.ragged_paged_attention import xla

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpaged.bench.machine_info import machine_info
+from benchmarks.sweep.machine_info import machine_info
 from jaxpaged.models.layers import matmul
 from jaxpaged.timing import call_seconds
 from pallas_kernels.cpu_native.packed_matmul import pack_panels, packs_dtype

@@ -12,10 +12,10 @@ import argparse
 import statistics
 import time
 
-from jaxpaged.bench.machine_info import describe_machine, machine_info
+from benchmarks.sweep.machine_info import describe_machine, machine_info
 from jaxpaged.llm import LLM
 from jaxpaged.outputs import RequestOutput
-from jaxpaged.sampling_params import SamplingParams, StructuredOutputsParams
+from jaxpaged.sampling.params import SamplingParams, StructuredOutputsParams
 
 PERSON = {"type": "object", "properties": {
     "name": {"type": "string", "minLength": 1, "maxLength": 40},

@@ -9,7 +9,7 @@ _PUBLIC = {
     "LLM": "jaxpaged.llm",
     "generate": "jaxpaged.llm",
     "LLMEngine": "jaxpaged.engine",
-    "SamplingParams": "jaxpaged.sampling_params",
+    "SamplingParams": "jaxpaged.sampling.params",
     "RequestOutput": "jaxpaged.outputs",
     "CompletionOutput": "jaxpaged.outputs",
     "EngineConfig": "jaxpaged.config",

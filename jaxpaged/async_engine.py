@@ -14,10 +14,10 @@ import threading
 from typing import Optional, Union
 
 from jaxpaged.engine import LLMEngine
-from jaxpaged.engine_stats import EngineStats
+from jaxpaged.engine.stats import EngineStats
 from jaxpaged.inputs import PromptInput
 from jaxpaged.outputs import RequestOutput
-from jaxpaged.sampling_params import SamplingParams
+from jaxpaged.sampling.params import SamplingParams
 
 logger = logging.getLogger(__name__)
 

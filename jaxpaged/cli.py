@@ -9,7 +9,7 @@ from jaxpaged.cli_options import add_engine_arguments, engine_options_from_args
 
 def _generate(args: argparse.Namespace) -> int:
     from jaxpaged.engine import LLMEngine
-    from jaxpaged.sampling_params import SamplingParams
+    from jaxpaged.sampling.params import SamplingParams
 
     engine = LLMEngine.from_options(args.model, revision=args.revision, **engine_options_from_args(args))
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
@@ -52,9 +52,19 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from jaxpaged.bench.sweep import bench_main
+    # The sweep lives in benchmarks/sweep, outside the product's import graph: imported only here, on demand.
+    import importlib
 
-    return bench_main(args) or 0
+    try:
+        sweep = importlib.import_module("benchmarks.sweep.sweep")
+    except ModuleNotFoundError as error:
+        if error.name is None or error.name.split(".")[0] != "benchmarks":
+            raise
+        raise SystemExit("jaxpaged bench: error: the `benchmarks` package is not importable. The sweep runner "
+                         "lives in the source checkout's benchmarks/sweep, outside the jaxpaged package: run "
+                         "`jaxpaged bench` from a checkout installed with `make install` (pip install -e .)."
+                         ) from error
+    return sweep.bench_main(args) or 0
 
 
 def _advise(args: argparse.Namespace) -> int:

@@ -1,64 +1,217 @@
-"""Engine options as command-line flags, shared by `serve`, `generate` and `bench`.
+"""Engine options as command-line flags, shared by `serve` and `generate`, generated from EngineConfig.
 
-Each flag maps to one EngineConfig field; flags left unset keep the config's default.
+One loop over the config dataclasses makes a flag per field: --field-name (a bool field: --x/--no-x), its type and
+choices from the annotation, its help from the field's docstring in config.py and its default from the dataclass,
+so the flags, their defaults and their help cannot drift from the config. Every flag's argparse default is None
+("not given"): the config's own default applies.
+
+An option's value comes from, first to last: its flag, the `--config FILE.yaml` mapping, the environment variable
+JAXPAGED_<FIELD_NAME> (JAXPAGED_MAX_MODEL_LEN=4096), EngineConfig's default. Only the names of fields are read from
+the environment (JAXPAGED_CPU_MATMUL and JAXPAGED_CPU_ATTENTION are the kernel fields'); other JAXPAGED_* variables
+(JAXPAGED_API_KEY is the server's) are not engine options and are left alone.
 """
 
 import argparse
+import ast
+import dataclasses
+import functools
+import inspect
+import os
+import types
+import typing
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Literal, Optional, Union
 
-# (flag, type, help). The dest is the EngineConfig field name.
-_ENGINE_FLAGS = [
-    ("--block-size", int, "tokens per KV block (default 16)"),
-    ("--max-model-len", int, "longest prompt + output in tokens (default 2048)"),
-    ("--max-num-seqs", int, "most requests running at once (default 64)"),
-    ("--max-num-batched-tokens", int, "token budget of one step (default 512)"),
-    ("--num-kv-blocks", int, "KV blocks in the pool (default: from --kv-cache-memory)"),
-    ("--kv-cache-memory", str, "KV pool size in bytes (default: 1 GiB on CPU, 60%% of free device memory)"),
-    ("--dtype", str, "auto | float32 | bfloat16 | float16 (auto: bfloat16 on TPU/GPU; on a CPU the faster of "
-                     "float32 and bfloat16 by a start-up probe)"),
-    ("--attention-backend", str, "auto | xla | pallas_tpu | pallas_gpu"),
-    ("--scheduling-policy", str, "fcfs | priority"),
-    ("--long-prefill-token-threshold", int, "cap on one request's prompt tokens per step (0: off)"),
-    ("--prefix-caching-granularity", str, "token | block: after full-block prefix hits, also reuse a partly "
-                                          "matching block's tokens (token, default) or not (block, as vLLM)"),
-    ("--kv-offload-memory", str, "host-memory KV tier size, e.g. 8GiB: blocks the device pool evicts live on there "
-                                 "(default 0: off)"),
-    ("--kv-offload-dir", str, "local-disk KV tier directory: evicted blocks persist there across restarts "
-                              "(default: off)"),
-    ("--kv-offload-dir-max-bytes", str, "bound of the disk KV tier, e.g. 100GiB (default 16GiB)"),
-    ("--kv-offload-min-load-blocks", int, "recompute lower-tier hits shorter than this many blocks "
-                                          "(default: measured at start-up)"),
-    ("--seed", int, "base sampler seed for requests without one"),
-    ("--compilation-cache-dir", str, "JAX persistent compilation cache ('' turns it off)"),
-    ("--tensor-parallel-size", int, "devices each model replica is split over (default 1); alias -tp"),
-    ("--data-parallel-size", int, "model replicas, each with its own KV pool and scheduler (default 1); alias -dp"),
-]
-# vLLM's short forms.
-_ALIASES = {"--tensor-parallel-size": "-tp", "--data-parallel-size": "-dp"}
+import yaml
+
+from jaxpaged import config
+from jaxpaged.checks import parse_byte_size
+
+ENV_PREFIX = "JAXPAGED_"
+"""An engine option's environment variable is this prefix + its field name in upper case."""
+
+# vLLM's short forms, and the spelling of the prefix-caching switch that predates the generated flags.
+_ALIASES = {"tensor_parallel_size": ("-tp",), "data_parallel_size": ("-dp",),
+            "enable_prefix_caching": ("--prefix-caching",)}
+# Fields whose int is a byte count: their flags take "8GiB" (the annotation alone cannot say so).
+_BYTE_SIZES = ("kv_cache_memory", "kv_offload_memory", "kv_offload_dir_max_bytes")
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineOption:
+    """One flat engine option (a name EngineConfig.from_options takes) and how its text is read."""
+
+    name: str
+    default: Any
+    kind: Any
+    """The annotation without its Optional: int, str, bool or a Literal."""
+    doc: str
+
+    @property
+    def is_bool(self) -> bool:
+        return self.kind is bool
+
+    @property
+    def choices(self) -> Optional[tuple]:
+        return typing.get_args(self.kind) if typing.get_origin(self.kind) is Literal else None
+
+    def parse(self, text: str) -> Any:
+        """The value of a flag's or an environment variable's text; ValueError saying what was expected."""
+        if self.name in _BYTE_SIZES:
+            return parse_byte_size(text, self.name)
+        if self.is_bool:
+            if text.strip().lower() in _TRUE + _FALSE:
+                return text.strip().lower() in _TRUE
+            raise ValueError(f"{self.name}: must be a bool ({'/'.join(_TRUE)} or {'/'.join(_FALSE)}), got {text!r}")
+        if self.kind is int:
+            try:
+                return int(text)
+            except ValueError:
+                raise ValueError(f"{self.name}: must be an int, got {text!r}") from None
+        return text  # str and Literal fields: the config checks the choices and names the field
+
+    def shown_default(self) -> str:
+        """The default as a user would type it ("16GiB" for a byte size)."""
+        if self.name in _BYTE_SIZES and isinstance(self.default, int) and self.default > 0:
+            for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+                if self.default % size == 0:
+                    return f"{self.default // size}{unit}"
+        return str(self.default)
+
+
+@functools.cache
+def field_docs() -> dict[str, str]:
+    """Each config field's docstring (the string literal under it in config.py), whitespace collapsed."""
+    docs = {}
+    for node in ast.walk(ast.parse(inspect.getsource(config))):
+        if isinstance(node, ast.ClassDef):
+            for statement, following in zip(node.body, node.body[1:]):
+                if (isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name)
+                        and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)
+                        and isinstance(following.value.value, str)):
+                    docs[statement.target.id] = " ".join(following.value.value.split())
+    return docs
+
+
+def _without_optional(kind: Any) -> Any:
+    if typing.get_origin(kind) in (Union, types.UnionType):
+        kinds = [arg for arg in typing.get_args(kind) if arg is not type(None)]
+        if len(kinds) == 1:
+            return kinds[0]
+    return kind
+
+
+def _walk(cls: type) -> Iterator[EngineOption]:
+    # A field holding a dataclass (cache, scheduler) is a group: from_options takes its fields flat.
+    hints = typing.get_type_hints(cls)
+    for field in dataclasses.fields(cls):
+        kind = hints[field.name]
+        if isinstance(kind, type) and dataclasses.is_dataclass(kind):
+            yield from _walk(kind)
+        else:
+            yield EngineOption(field.name, field.default, _without_optional(kind), field_docs().get(field.name, ""))
+
+
+@functools.cache
+def engine_options() -> dict[str, EngineOption]:
+    """Every flat engine option by name, in the config's order."""
+    return {option.name: option for option in _walk(config.EngineConfig)}
+
+
+def _argparse_type(option: EngineOption) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            return option.parse(text)
+        except ValueError as error:  # argparse shows an ArgumentTypeError's own message
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    parse.__name__ = option.name
+    return parse
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add --model, --revision and every engine option flag to `parser`."""
+    """Add --model, --revision, --config and a flag for every engine option to `parser`."""
     parser.add_argument("--model", default=None,
                         help="HF checkpoint dir, .gguf file, converted checkpoint or Hugging Face repo id "
                              "(org/name; fetched through the HF cache) (default: embedded SmolLM2-135M)")
     # Not an engine option: it selects what load_model reads, so engine_options_from_args leaves it out.
     parser.add_argument("--revision", default=None,
                         help="branch, tag or commit of a Hugging Face --model (default: the repo's default branch)")
-    group = parser.add_argument_group("engine options")
-    for flag, kind, help_text in _ENGINE_FLAGS:
-        flags = [flag, _ALIASES[flag]] if flag in _ALIASES else [flag]
-        group.add_argument(*flags, type=kind, default=None, help=help_text)
-    group.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false", default=None,
-                       help="turn off prefix caching")
-    group.add_argument("--async-scheduling", dest="async_scheduling", action=argparse.BooleanOptionalAction,
-                       default=None, help="plan each step while the previous one is on the device (hides host time; "
-                                          "default: on, unless the KV tiers or multi-host serving are on)")
-    group.add_argument("--advisor-log-text", dest="advisor_log_text", action="store_true", default=None,
-                       help="let the prefix-cache advisor's log line quote a short snippet of the prompt")
+    group = parser.add_argument_group(
+        "engine options", f"Each also reads the environment variable {ENV_PREFIX}<OPTION> (for --max-model-len: "
+                          f"{ENV_PREFIX}MAX_MODEL_LEN). A flag beats --config, which beats the environment. Other "
+                          f"{ENV_PREFIX}* variables ({ENV_PREFIX}API_KEY) are no engine options.")
+    group.add_argument("--config", dest="engine_config_file", metavar="FILE.yaml", default=None,
+                       help="a YAML mapping of engine options (max_model_len: 4096, or max-model-len)")
+    for option in engine_options().values():
+        flags = ["--" + option.name.replace("_", "-"), *_ALIASES.get(option.name, ())]
+        help_text = f"{option.doc} (default: {option.shown_default()})".replace("%", "%%")
+        if option.is_bool:
+            group.add_argument(*flags, dest=option.name, action=argparse.BooleanOptionalAction, default=None,
+                               help=help_text)
+        else:
+            group.add_argument(*flags, dest=option.name, type=_argparse_type(option), choices=option.choices,
+                               default=None, help=help_text)
 
 
-def engine_options_from_args(args: argparse.Namespace) -> dict:
-    """The engine options the user set (unset flags are left out)."""
-    names = [flag[2:].replace("-", "_") for flag, _, _ in _ENGINE_FLAGS] + ["enable_prefix_caching", "advisor_log_text",
-                                                                   "async_scheduling"]
-    return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
+def options_from_file(path: str) -> dict[str, Any]:
+    """The engine options of a YAML file; ValueError naming the file (and the key) when it has anything else."""
+    with open(path, encoding="utf-8") as file:  # FileNotFoundError: the CLI reports it
+        try:
+            data = yaml.safe_load(file)
+        except yaml.YAMLError as error:
+            raise ValueError(f"{path}: not valid YAML: {error}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: must be a mapping of engine options, got a {type(data).__name__}")
+    known = engine_options()
+    options = {}
+    for key, value in data.items():
+        name = str(key).replace("-", "_")
+        if name not in known:
+            raise ValueError(f"{path}: unknown engine option {key!r} (known: {', '.join(known)})")
+        # YAML types numbers and bools itself; a quoted one (or "8GiB") is read as its flag reads it.
+        try:
+            options[name] = known[name].parse(value) if isinstance(value, str) else value
+        except ValueError as error:
+            raise ValueError(f"{path}: {error}") from None
+    return options
+
+
+def options_from_env(environ: Mapping[str, str]) -> dict[str, Any]:
+    """The engine options set by JAXPAGED_<FIELD> variables; ValueError naming the variable for a bad value."""
+    options = {}
+    for name, option in engine_options().items():
+        variable = ENV_PREFIX + name.upper()
+        if variable in environ:
+            try:
+                options[name] = option.parse(environ[variable])
+            except ValueError as error:
+                raise ValueError(f"{variable}: {error}") from None
+    return options
+
+
+def engine_options_from_args(args: argparse.Namespace, environ: Optional[Mapping[str, str]] = None) -> dict:
+    """The engine options the user set by flag, --config file or environment (unset ones are left out)."""
+    environ = os.environ if environ is None else environ
+    path = getattr(args, "engine_config_file", None)
+    from_env = options_from_env(environ)
+    from_file = options_from_file(path) if path else {}
+    from_flags = {name: getattr(args, name) for name in engine_options() if getattr(args, name, None) is not None}
+    options = {**from_env, **from_file, **from_flags}
+    # Where a value came from, for the config's own checks (block_size >= 1, dtype's choices): the error should
+    # name the variable or the file, not only the field, since the command line does not show it.
+    sources = {**{name: ENV_PREFIX + name.upper() for name in from_env}, **{name: path for name in from_file}}
+    for name in from_flags:
+        sources.pop(name, None)
+    if sources:
+        try:
+            config.EngineConfig.from_options(**options)
+        except ValueError as error:
+            field = str(error).split(":", 1)[0]
+            if field in sources:
+                raise ValueError(f"{sources[field]}: {error}") from None
+            raise
+    return options

@@ -4,17 +4,23 @@ Every user-facing knob lives here once. A YAML preset or sweep is only data that
 """
 
 import dataclasses
-from typing import Literal, Optional
+from typing import Literal, Optional, get_args
 
 from jaxpaged.checks import is_int, parse_byte_size
 
 SchedulingPolicy = Literal["fcfs", "priority"]
 AttentionBackendName = Literal["auto", "xla", "pallas_tpu", "pallas_gpu"]
 PrefixCachingGranularity = Literal["token", "block"]
-_POLICIES = ("fcfs", "priority")
-_GRANULARITIES = ("token", "block")
-_BACKENDS = ("auto", "xla", "pallas_tpu", "pallas_gpu")
-_DTYPES = ("auto", "float32", "bfloat16", "float16")
+DTypeName = Literal["auto", "float32", "bfloat16", "float16"]
+CpuMatmulKernel = Literal["native", "xla"]
+CpuAttentionKernel = Literal["native", "jnp"]
+# The annotations are the one list of choices: the checks below and the CLI's --flag choices both read them.
+_POLICIES = get_args(SchedulingPolicy)
+_GRANULARITIES = get_args(PrefixCachingGranularity)
+_BACKENDS = get_args(AttentionBackendName)
+_DTYPES = get_args(DTypeName)
+_CPU_MATMULS = get_args(CpuMatmulKernel)
+_CPU_ATTENTIONS = get_args(CpuAttentionKernel)
 
 
 def _require(ok: bool, field: str, message: str) -> None:
@@ -118,7 +124,7 @@ class EngineConfig:
 
     cache: CacheConfig = dataclasses.field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = dataclasses.field(default_factory=SchedulerConfig)
-    dtype: str = "auto"
+    dtype: DTypeName = "auto"
     """Parameter, activation and KV dtype (matmuls sum in float32; norms, softmax and sampling run in float32):
     "auto" is bfloat16 on TPU/GPU and, on a CPU, the faster of float32 and bfloat16 by a start-up probe
     (runner/dtype_probe.py)."""
@@ -139,7 +145,14 @@ class EngineConfig:
     filling and output processing run while the device computes (vLLM's --async-scheduling). Requests with a
     grammar or output-dependent penalties make steps wait for their tokens while they are unfinished. Not with
     multi-host serving or the KV tiers. None (the default): on, on every platform, unless one of those is on
-    (engine.resolve_async_scheduling); True insists (an error with the tiers or multi-host), False turns it off."""
+    (engine/loops.py resolve_async_scheduling); True insists (an error with the tiers or multi-host), False turns it
+    off."""
+    cpu_matmul: CpuMatmulKernel = "native"
+    """CPU matmuls: "native" packs the weights at load for the native C++ kernel where it builds (float32; bfloat16
+    with AVX512-BF16 and no AMX), "xla" keeps XLA's dot on unpacked weights."""
+    cpu_attention: CpuAttentionKernel = "native"
+    """CPU attention (the "xla" backend): "native" reads decode KV in place with the native C++ kernel where it
+    builds, "jnp" keeps every row on the jnp path."""
 
     def __post_init__(self) -> None:
         _require(self.dtype in _DTYPES, "dtype", f"must be one of {_DTYPES}, got {self.dtype!r}")
@@ -151,6 +164,10 @@ class EngineConfig:
             _require(is_int(value) and value >= 1, name, f"must be a positive int, got {value!r}")
         _require(isinstance(self.advisor_log_text, bool), "advisor_log_text",
                  f"must be a bool, got {self.advisor_log_text!r}")
+        _require(self.cpu_matmul in _CPU_MATMULS, "cpu_matmul",
+                 f"must be one of {_CPU_MATMULS}, got {self.cpu_matmul!r}")
+        _require(self.cpu_attention in _CPU_ATTENTIONS, "cpu_attention",
+                 f"must be one of {_CPU_ATTENTIONS}, got {self.cpu_attention!r}")
         _require(self.async_scheduling is None or isinstance(self.async_scheduling, bool), "async_scheduling",
                  f"must be a bool or None (on where supported), got {self.async_scheduling!r}")
 

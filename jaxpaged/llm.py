@@ -10,7 +10,7 @@ from jaxpaged.checks import is_int
 from jaxpaged.engine import LLMEngine
 from jaxpaged.inputs import ParsedPrompt, PromptInput
 from jaxpaged.outputs import RequestOutput
-from jaxpaged.sampling_params import SamplingParams
+from jaxpaged.sampling.params import SamplingParams
 
 Prompts = Union[PromptInput, Sequence[PromptInput]]
 Conversation = list[dict]

@@ -51,7 +51,7 @@ def rope_tables(positions: Int[Array, " tokens"], inv_freq: Float[Array, " half"
     """cos and sin of position * inv_freq, for a step's layers to share.
 
     `materialize`: keep them one computed pair. Left to itself XLA:CPU fuses the sincos into every unrolled layer's
-    rotation and recomputes it per head and layer (2% of a 512-token SmolLM2 prefill step, AMD EPYC, AVX2), and
+    rotation and recomputes it per head and layer (a visible share of a prefill step; docs/performance.md), and
     optimization_barrier does not stop it (the CPU pipeline expands barriers before fusion). A conditional's result
     is always materialized, so the pair is computed under one whose branches are the same function. Only for
     unrolled CPU steps: a GPU conditional reads its predicate back on the host."""
@@ -88,8 +88,8 @@ def matmuls(x: Float[Array, "tokens inner"], weights: Sequence[MatmulWeight], ou
     CPU's bfloat16 dot units (AMX, AVX512-BF16) with float32 sums, as HF's bfloat16 matmuls do; float32 is unchanged.
     3-D weights are packed into panels (models/packed_weights.py; float32, or bfloat16 with AVX512-BF16) and run the
     native CPU matmul, which rounds a bfloat16 result itself; packed weights of one dtype run as one native call (q, k
-    and v, or gate and up: the products share the threads and x's rows while they are in cache; in one process,
-    alternated, 1.04x the GFLOP/s of separate calls at 64 and at 512 rows on a 2-core AMD EPYC, AVX2). `num_rows`:
+    and v, or gate and up: the products share the threads and x's rows while they are in cache, a few percent more
+    GFLOP/s than separate calls; docs/performance.md). `num_rows`:
     rows from it on are padding, which the native matmul skips (their results are zeros there; XLA's dot computes
     them as it must, static shapes)."""
     out_dtype = x.dtype if out_dtype is None else out_dtype
@@ -123,13 +123,15 @@ def paged_attention(
     sliding_window: Optional[int] = None,
     sm_scale: Optional[float] = None,
     soft_cap: Optional[float] = None,
+    native_decode: bool = True,
 ) -> tuple[Float[Array, "num_tokens num_q_heads head_dim"], KVPages]:
     """Write this step's K/V into their slots, then attend over each sequence's pages.
 
     kv_pages may hold every layer's pages stacked on the first axis; first_page (layer * pages per layer)
     moves the step's slots and block tables onto this layer's part, so no per-layer copy is ever made. It is
     either layout of kv_layout.py (the packed one for pallas_tpu only). `layer_is_sliding` (traced, per layer)
-    picks between sliding_window and full attention in models that alternate them (Gemma).
+    picks between sliding_window and full attention in models that alternate them (Gemma). `native_decode`: the
+    start-up plan's choice of the native CPU attention kernel ("xla" backend only).
     """
     metadata = metadata.on_pages_from(first_page, kv_pages.shape[1])
     kv_pages = write_kv(kv_pages, k, v, metadata, backend=backend)
@@ -137,7 +139,7 @@ def paged_attention(
 
     def attend(window: Optional[int]):
         return ragged_paged_attention(q, kv_pages, metadata, backend=backend, sm_scale=scale, soft_cap=soft_cap,
-                                      sliding_window=window, num_kv_heads=k.shape[1])
+                                      sliding_window=window, num_kv_heads=k.shape[1], native_decode=native_decode)
 
     if layer_is_sliding is None or sliding_window is None:
         return attend(sliding_window), kv_pages

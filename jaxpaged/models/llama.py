@@ -51,11 +51,10 @@ class DecoderLayers(nnx.Module):
     the CPU, and slicing stored integers and bitcasting the slice costs nothing anywhere.
 
     Per layer (CPU, `unroll_layers_on`): one array per layer and weight; the step unrolls the layers. XLA:CPU
-    materialises every dynamic-slice the scan takes of a stacked weight, so each step copied all weights once:
-    ~36 of 173 ms of a float32 SmolLM2-135M decode step at 64 rows (profiled, AMD EPYC). Unrolled, each matmul reads
-    its weight in place (alternated in one process: decode steps 194 -> 178 ms in float32, 147 -> 140 ms in
-    bfloat16). The cost is compile time: the step holds num_layers layer bodies (W1's
-    warm-up: 31-37 s cold instead of 24 s; 10-11.5 s from the persistent compilation cache instead of 8.7 s).
+    materialises every dynamic-slice the scan takes of a stacked weight, so each step copied all weights once (about
+    a fifth of a float32 decode step). Unrolled, each matmul reads its weight in place: faster decode and prefill
+    steps in both dtypes. The cost is compile time: the step holds num_layers layer bodies (a longer warm-up, cold
+    and from the persistent compilation cache; figures: docs/performance.md).
     """
 
     def __init__(self, weights: dict[str, LayerWeight]):

@@ -5,7 +5,6 @@ executable per bucket and the token sampler. Warm-up compiles them all; serving 
 """
 
 import functools
-import logging
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -22,8 +21,7 @@ from jaxpaged.config import EngineConfig
 from jaxpaged.core.scheduler_output import SchedulerOutput
 from jaxpaged.kv_tiers import KVTiers
 from jaxpaged.models.layers import paged_attention
-from jaxpaged.models.llama import LlamaForCausalLM, unroll_layers_on
-from jaxpaged.models.packed_weights import packs_weights_on
+from jaxpaged.models.llama import LlamaForCausalLM
 from jaxpaged.runner import compile_counter
 from jaxpaged.runner import mesh as mesh_lib
 from jaxpaged.runner.batch import (
@@ -36,40 +34,19 @@ from jaxpaged.runner.batch import (
 )
 from jaxpaged.runner.block_copy import copy_blocks, empty_copy_batch, padded_copy_batches
 from jaxpaged.runner.buckets import Bucket, BucketLadder
-from jaxpaged.runner.dtype_probe import probe_cpu_dtype
 from jaxpaged.runner.host_block_table import HostBlockTable
-from jaxpaged.runner.kv_cache import (
-    allocate_kv_cache,
-    choose_kv_layout,
-    num_kv_blocks_for,
-)
-from jaxpaged.runner.memory_plan import check_weights_fit, device_memory_bytes, plan_memory, weight_bytes_per_device
-from jaxpaged.runner.prompt_logprobs import (
+from jaxpaged.runner.kv_cache import allocate_kv_cache
+from jaxpaged.runner.startup import log_plan, plan_startup
+from jaxpaged.runner.tier_transfer import TierTransfer
+from jaxpaged.sampling.prompt_logprobs import (
     PromptLogprobStats,
     empty_prompt_logprob_stats,
     host_entries,
     prompt_logprob_stats,
 )
-from jaxpaged.runner.step_result import StepResult
-from jaxpaged.runner.tier_transfer import TierTransfer
-from jaxpaged.runner.token_sampler import PendingSample, TokenSampler
+from jaxpaged.sampling.step_result import StepResult
+from jaxpaged.sampling.token_sampler import PendingSample, TokenSampler
 from jaxpaged.weights.loader import LoadedModel
-from pallas_kernels.ragged_paged_attention import resolve_attention_backend
-
-logger = logging.getLogger(__name__)
-
-
-def resolve_dtype(name: str) -> jnp.dtype:
-    """ "auto" is bfloat16 on TPU/GPU and, on a CPU, whichever the start-up probe finds faster (dtype_probe.py);
-    always a numpy dtype (its str is the plain name)."""
-    if name != "auto":
-        return jnp.dtype(name)
-    if jax.default_backend() != "cpu":
-        return jnp.dtype(jnp.bfloat16)
-    if jax.process_count() > 1:
-        # Every process must build the same step; timings on different hosts could disagree.
-        return jnp.dtype(jnp.float32)
-    return probe_cpu_dtype().choice
 
 
 def _forward(graphdef, attend: Callable, state, kv_cache, packed_batch: Int[Array, " total"],
@@ -102,71 +79,32 @@ class ModelRunner:
 
     def __init__(self, loaded: LoadedModel, config: EngineConfig, eos_token_ids: Sequence[int] = (),
                  mesh: Optional[jax.sharding.Mesh] = None):
-        """`mesh`: this rank's ("data", "model") mesh; None is a (1, 1) mesh on the first device."""
+        """`mesh`: this rank's ("data", "model") mesh; None is a (1, 1) mesh on the first device. Makes the rank's
+        start-up plan (startup.py), then carries it out: weights placed, KV pool allocated, step and sampler set up
+        (compiled by warmup())."""
         compile_counter.install()
         self.mesh = mesh or mesh_lib.rank_meshes(1, 1)[0]
-        tp = self.mesh.shape[mesh_lib.MODEL_AXIS]
-        params, self.model_config = mesh_lib.replicate_kv_heads(loaded.params, loaded.config, tp)
+        params, self.model_config = mesh_lib.replicate_kv_heads(loaded.params, loaded.config,
+                                                                self.mesh.shape[mesh_lib.MODEL_AXIS])
+        self.plan = plan_startup(self.model_config, params, config, self.mesh)
+        """Every start-up decision of this rank (dtype, layers, packing, kernels, KV layout and size, memory)."""
+        plan = self.plan
+        self.dtype, self.backend, self.kv_layout = plan.dtype, plan.attention_backend, plan.kv_layout
+        self.num_kv_blocks, self.memory_plan = plan.num_kv_blocks, plan.memory
         self.block_size = config.cache.block_size
-        self.dtype = resolve_dtype(config.dtype)
-        self.backend = resolve_attention_backend(config.attention_backend)
-        weight_bytes = weight_bytes_per_device(params, self.model_config, tp, self.dtype)
-        first_device = self.mesh.devices.flat[0]
-        check_weights_fit(weight_bytes, device_memory_bytes(first_device), tp, self.dtype)
-        per_layer = unroll_layers_on(first_device.platform)
-        packed = per_layer and packs_weights_on(first_device.platform, self.dtype, tp)
-        placed = mesh_lib.place_params(params, self.model_config, self.mesh, self.dtype, per_layer=per_layer,
-                                       pack=packed)
-        graphdef, state = nnx.split(LlamaForCausalLM(self.model_config, placed, packed=packed))
-        # A plain dict of arrays: every step flattens it to call the executable, and nnx's Variables flatten in
-        # Python (0.21 ms a step for SmolLM2's 272 per-layer weights, against 0.03 ms for the dict).
-        self.state = nnx.to_pure_dict(state)
-        self.kv_layout = choose_kv_layout(self.model_config, self.backend, self.dtype, tp)
-        kv_sharding = jax.sharding.NamedSharding(self.mesh, mesh_lib.kv_cache_spec(self.kv_layout))
-        self.num_kv_blocks = num_kv_blocks_for(self.model_config, config.cache, self.dtype, num_shards=tp,
-                                               layout=self.kv_layout)
         sched = config.scheduler
-        self.memory_plan = plan_memory(self.model_config, weight_bytes, self.num_kv_blocks, self.block_size,
-                                       sched.max_model_len, self.dtype, tp, self.kv_layout)
-        self.memory_plan.check()
-        self.kv_cache = allocate_kv_cache(self.model_config, self.num_kv_blocks, self.block_size, self.dtype,
-                                          sharding=kv_sharding, layout=self.kv_layout)
         self.pages_per_seq = -(-sched.max_model_len // self.block_size)
         self.ladder = BucketLadder(sched.max_num_batched_tokens, sched.max_num_seqs)
         self.block_table = HostBlockTable(sched.max_num_seqs, self.pages_per_seq)
         self._replicated = mesh_lib.replicated(self.mesh)
-        attend = functools.partial(paged_attention, backend=self.backend)
-        if tp > 1:
-            attend = mesh_lib.shard_attention(attend, self.mesh)
-        state_shardings = jax.tree.map(lambda x: x.sharding, self.state)
-        # Explicit shardings: the executables compiled at warm-up are exactly the ones serving calls.
-        # The step's inputs travel as one int32 array, cut into StepInputs by the bucket's static PackedLayout.
-        self._jitted = jax.jit(functools.partial(_forward, graphdef, attend), donate_argnums=(1,), static_argnums=(4,),
-                               in_shardings=(state_shardings, kv_sharding, self._replicated, self._replicated),
-                               out_shardings=(self._replicated, kv_sharding, self._replicated))
+        graphdef = self._place_weights(params)
+        kv_sharding = jax.sharding.NamedSharding(self.mesh, mesh_lib.kv_cache_spec(self.kv_layout))
+        self.kv_cache = allocate_kv_cache(self.model_config, self.num_kv_blocks, self.block_size, self.dtype,
+                                          sharding=kv_sharding, layout=self.kv_layout)
+        self._build_step(graphdef, kv_sharding)
         self._compiled: dict[Bucket, jax.stages.Compiled] = {}
-        self._copy_jitted = jax.jit(copy_blocks, donate_argnums=(0,), in_shardings=(kv_sharding, self._replicated),
-                                    out_shardings=kv_sharding)
         self._copy_compiled: Optional[jax.stages.Compiled] = None
-        # Multi-host: the logits are replicated over the rank's devices, so process 0 holds a whole copy and
-        # samples it on its own first device; no other process samples.
-        local = [d for d in self.mesh.devices.flat if d.process_index == jax.process_index()]
-        self._samples_locally = len(local) < self.mesh.devices.size
-        placement = jax.sharding.SingleDeviceSharding(local[0]) if self._samples_locally else self._replicated
-        self.sampler = TokenSampler(loaded.config.vocab_size, eos_token_ids, placement)
-        self.async_scheduling = bool(config.async_scheduling)
-        """Steps may be planned while the one before is in flight: decode rows then take their token from the
-        previous step's sampled ids on the device (StepInputs.token_sources). LLMEngine resolves the option's None
-        before building runners; a runner built on its own (a multi-host follower) reads None as off."""
-        self._no_previous_tokens = jax.device_put(np.zeros(sched.max_num_seqs, np.int32), self._replicated)
-        self._pad_sampled = jax.jit(functools.partial(_pad_rows, size=sched.max_num_seqs),
-                                    out_shardings=self._replicated)
-        self._previous_sampled: Optional[jax.Array] = None
-        """The last launched step's sampled ids, on the device (async scheduling)."""
-        self._previous_rows: dict[str, int] = {}
-        """Request id -> its row in _previous_sampled."""
-        self._feeds_previous = False
-        """The prepared batch has rows whose token comes from _previous_sampled."""
+        self._set_up_sampling(loaded.config.vocab_size, eos_token_ids, config)
         self.before_step: Optional[Callable[[Bucket, StepInputs], None]] = None
         """Called with each step's padded plan before it runs (multi-host: broadcasts it to the followers)."""
         self.before_copy: Optional[Callable[[np.ndarray], None]] = None
@@ -174,12 +112,59 @@ class ModelRunner:
         self.tier_transfer: Optional[TierTransfer] = None
         """Moves blocks to and from the KV tiers below the device, when they are on (attach_kv_tiers)."""
         self.warmup_seconds = 0.0
+        self.last_prepare_seconds = 0.0
+        """Host time of the last launch's prepare() (the engine's step timings read it)."""
         # (token row, request id, prompt position) of the prepared batch's prompt-logprob targets.
         self._prompt_rows: list[tuple[int, str, int]] = []
-        devices = ", ".join(str(d.id) for d in self.mesh.devices.flat)
-        matmuls = "native, packed weights" if packed else "XLA dot"
-        logger.info("rank on devices [%s] (tp=%d, matmuls: %s): %s", devices, tp, matmuls,
-                    self.memory_plan.describe())
+        log_plan(plan)
+
+    def _place_weights(self, params: dict[str, np.ndarray]) -> nnx.GraphDef:
+        """The weights on the rank's devices, arranged and packed as planned; the model's graph definition."""
+        plan = self.plan
+        placed = mesh_lib.place_params(params, self.model_config, self.mesh, self.dtype, per_layer=plan.per_layer,
+                                       pack=plan.packed_weights)
+        graphdef, state = nnx.split(LlamaForCausalLM(self.model_config, placed, packed=plan.packed_weights))
+        # A plain dict of arrays: every step flattens it to call the executable, and nnx's Variables flatten in
+        # Python, several times slower than the dict for a model's per-layer weights.
+        self.state = nnx.to_pure_dict(state)
+        return graphdef
+
+    def _build_step(self, graphdef: nnx.GraphDef, kv_sharding: jax.sharding.Sharding) -> None:
+        """The jitted step and block copy, with explicit shardings: the executables compiled at warm-up are exactly
+        the ones serving calls. The step's inputs travel as one int32 array, cut into StepInputs by the bucket's
+        static PackedLayout."""
+        attend = functools.partial(paged_attention, backend=self.backend, native_decode=self.plan.native_decode)
+        if self.plan.tensor_parallel_size > 1:
+            attend = mesh_lib.shard_attention(attend, self.mesh)
+        state_shardings = jax.tree.map(lambda x: x.sharding, self.state)
+        replicated = self._replicated
+        self._jitted = jax.jit(functools.partial(_forward, graphdef, attend), donate_argnums=(1,), static_argnums=(4,),
+                               in_shardings=(state_shardings, kv_sharding, replicated, replicated),
+                               out_shardings=(replicated, kv_sharding, replicated))
+        self._copy_jitted = jax.jit(copy_blocks, donate_argnums=(0,), in_shardings=(kv_sharding, replicated),
+                                    out_shardings=kv_sharding)
+
+    def _set_up_sampling(self, vocab_size: int, eos_token_ids: Sequence[int], config: EngineConfig) -> None:
+        """The token sampler, where it samples, and the state async scheduling feeds the next step from."""
+        # Multi-host: the logits are replicated over the rank's devices, so process 0 holds a whole copy and
+        # samples it on its own first device; no other process samples.
+        local = [d for d in self.mesh.devices.flat if d.process_index == jax.process_index()]
+        self._samples_locally = len(local) < self.mesh.devices.size
+        placement = jax.sharding.SingleDeviceSharding(local[0]) if self._samples_locally else self._replicated
+        self.sampler = TokenSampler(vocab_size, eos_token_ids, placement)
+        self.async_scheduling = bool(config.async_scheduling)
+        """Steps may be planned while the one before is in flight: decode rows then take their token from the
+        previous step's sampled ids on the device (StepInputs.token_sources). LLMEngine resolves the option's None
+        before building runners; a runner built on its own (a multi-host follower) reads None as off."""
+        max_num_seqs = config.scheduler.max_num_seqs
+        self._no_previous_tokens = jax.device_put(np.zeros(max_num_seqs, np.int32), self._replicated)
+        self._pad_sampled = jax.jit(functools.partial(_pad_rows, size=max_num_seqs), out_shardings=self._replicated)
+        self._previous_sampled: Optional[jax.Array] = None
+        """The last launched step's sampled ids, on the device (async scheduling)."""
+        self._previous_rows: dict[str, int] = {}
+        """Request id -> its row in _previous_sampled."""
+        self._feeds_previous = False
+        """The prepared batch has rows whose token comes from _previous_sampled."""
 
     def tier_block_shape(self) -> tuple[int, ...]:
         """One block's shape as each tensor-parallel shard stores it below the device: [layers, *page] of one
@@ -251,8 +236,7 @@ class ModelRunner:
     # ---- one step --------------------------------------------------------------------------------------------
     def prepare(self, output: SchedulerOutput) -> tuple[Bucket, StepInputs]:
         """Pad the scheduled requests into their bucket as host numpy arrays. Which rows carry prompt-logprob
-        targets is left in self._prompt_rows for launch(): prepare() keeps its signature, since the bench's step
-        probe times it by wrapping it."""
+        targets is left in self._prompt_rows for launch()."""
         scheduled = output.scheduled
         bucket = self.ladder.pick(output.num_scheduled_tokens, len(scheduled))
         batch = fill_step_inputs(scheduled, bucket, self.block_table, self.block_size)
@@ -297,7 +281,9 @@ class ModelRunner:
             if self.before_copy is not None:
                 self.before_copy(pairs)
             self.copy_blocks(pairs)
+        start = time.perf_counter()
         bucket, batch = self.prepare(output)
+        self.last_prepare_seconds = time.perf_counter() - start
         if self.before_step is not None:
             self.before_step(bucket, batch)
         prompt_rows = self._prompt_rows

@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, Response
 from jaxpaged.async_engine import EngineDeadError, RequestStream
 from jaxpaged.inputs import ParsedPrompt
 from jaxpaged.outputs import RequestOutput
-from jaxpaged.sampling_params import SamplingParams
+from jaxpaged.sampling.params import SamplingParams
 from jaxpaged.server.context import ServerContext
 from jaxpaged.server.errors import APIError, from_value_error
 from jaxpaged.server.streaming import ClientDisconnected, EventStreamResponse, run_until_disconnect

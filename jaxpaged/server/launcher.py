@@ -98,6 +98,7 @@ def serve_main(args: argparse.Namespace) -> int:
     """
     from jaxpaged.cli_options import engine_options_from_args
     from jaxpaged.engine import LLMEngine
+    from jaxpaged.features.wiring import followers_of
 
     try:
         settings = settings_from_args(args)
@@ -114,8 +115,9 @@ def serve_main(args: argparse.Namespace) -> int:
         print(f"jaxpaged serve: {error}", file=sys.stderr)
         return 2
     async_engine = AsyncLLMEngine(engine)
-    if engine.followers is not None:
-        multihost.fail_stop_on_lost_follower(async_engine, engine.followers)
+    followers = followers_of(engine.features)
+    if followers is not None:
+        multihost.fail_stop_on_lost_follower(async_engine, followers)
     async_engine.start()
     app = build_app(async_engine, settings, owns_engine=True)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,

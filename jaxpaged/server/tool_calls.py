@@ -13,7 +13,7 @@ import json
 import uuid
 from typing import Optional
 
-from jaxpaged.sampling_params import StructuredOutputsParams
+from jaxpaged.sampling.params import StructuredOutputsParams
 from jaxpaged.server.errors import APIError
 from jaxpaged.server.protocol import ChatCompletionRequest, NamedToolChoice
 from jaxpaged.server.tool_parsers import HermesToolParser

@@ -13,7 +13,7 @@ import pydantic
 from fastapi import Request
 
 from jaxpaged import inputs
-from jaxpaged.sampling_params import SamplingParams, StructuredOutputsParams
+from jaxpaged.sampling.params import SamplingParams, StructuredOutputsParams
 from jaxpaged.server.errors import APIError, from_validation_errors, from_value_error
 from jaxpaged.server.protocol import MAX_STOP_STRINGS, SamplingRequest
 

@@ -28,9 +28,8 @@
 // multiplies next while it works on the current one: spread over all the current panel's tiles (one 64-byte row every
 // few inner steps), into L2, and across work items (a thread claims its next item before it starts the current one).
 // Asking for the whole next panel during the current panel's first tile only, as this kernel first did, asked for
-// ~33 GB/s per core, more than memory gives, so every panel's first tile stalled. Measured in one process, alternated
-// round by round, a decode step's matmuls (64 rows, SmolLM2-135M's 30 layers and vocabulary; AMD EPYC, AVX2, 2 cores):
-// that and the whole-tile remainder below, 1.11-1.14x the GFLOP/s of before; a 512-row prefill's, unchanged (1.00).
+// ~33 GB/s per core, more than memory gives, so every panel's first tile stalled. That and the whole-tile remainder
+// below sped up a decode step's matmuls and left a 512-row prefill's unchanged (figures: docs/performance.md).
 
 #include <immintrin.h>
 
@@ -63,7 +62,7 @@ constexpr int kMaxWeights = 4;
 // panel, two 8-float halves per panel row: 12 accumulators, 2 weight vectors, 1 broadcast. AVX-512 (32 zmm
 // registers, whose cores run 512-bit FMAs at full width on Zen 5 and Xeons): 12 rows x two panels, one 16-float
 // vector per panel row: 24 accumulators, and each broadcast of x feeds two FMAs, which halves the loads per FMA
-// (one panel per tile left the AVX2 code at ~0.6x XLA's dot on a Zen 5 EPYC).
+// (the AVX2 tile, one panel per tile, fell well behind XLA's dot on such CPUs; docs/performance.md).
 #if defined(__AVX512F__)
 constexpr int kLanes = 16;
 constexpr int64_t kTileRows = 12;

@@ -6,12 +6,11 @@ holds columns 16p .. 16p + 15. In float32 each panel is one contiguous 16-float 
 kernel's register tiles read. In bfloat16 the panel holds the same values in the same shape, ordered as rows of 16
 (W[2i, c], W[2i + 1, c]) pairs, the order of the CPU's bfloat16 pair dot instruction (so inner must be even).
 XLA:CPU's dot library does that packing on every call instead; at a decode step's 64 rows it cost a fifth of the
-step (benchmarks/cpu_matmul.py measures both). Without a compiler, or with JAXPAGED_CPU_MATMUL=xla, weights stay
+step (benchmarks/cpu_matmul.py measures both). Without a compiler, or with cpu_matmul="xla" (EngineConfig), weights stay
 unpacked and XLA's dot runs.
 """
 
 import functools
-import os
 import pathlib
 from collections.abc import Sequence
 from typing import Union
@@ -33,16 +32,10 @@ PANEL_WIDTH = 16
 """Columns per panel; a weight packs only when its outer size is a multiple of it."""
 
 
-def _native_matmul_allowed() -> bool:
-    return os.environ.get("JAXPAGED_CPU_MATMUL", "native") != "xla"
-
-
 @functools.cache
 def packed_matmul_available() -> bool:
-    """Whether the float32 kernel is built and registered (once per process); False with JAXPAGED_CPU_MATMUL=xla or
-    when it cannot be built (logged once)."""
-    if not _native_matmul_allowed():
-        return False
+    """Whether the float32 kernel is built and registered (once per process); False when it cannot be built (logged
+    once). Whether the engine uses it is the start-up plan's choice (EngineConfig.cpu_matmul)."""
     return register(SOURCE, FLAGS, "JaxpagedPackedMatmul", TARGET, fallback="XLA's dot on unpacked weights")
 
 
@@ -50,10 +43,10 @@ def packed_matmul_available() -> bool:
 def packed_bfloat16_available() -> bool:
     """Whether the bfloat16 kernel is built and registered: only where this CPU has AVX512-BF16 (the library exports
     it only then) and no AMX; otherwise bfloat16 weights stay unpacked for XLA's dot. AMX tiles run XLA's bfloat16
-    dots faster than this kernel's VDPBF16PS can reach (779 GFLOP/s at 512 rows on a 2-core 2.1 GHz Xeon, against
-    a VDPBF16PS peak of ~540 there), so AMX machines keep XLA's dot."""
+    dots faster than this kernel's VDPBF16PS can reach (figures: docs/performance.md, known gaps), so AMX machines
+    keep XLA's dot."""
     flags = cpu_identity().split()
-    if not _native_matmul_allowed() or "avx512_bf16" not in flags or "amx_bf16" in flags:
+    if "avx512_bf16" not in flags or "amx_bf16" in flags:
         return False
     fallback = "XLA's dot on unpacked bfloat16 weights"
     return (register(SOURCE, FLAGS, "JaxpagedPackedMatmulBfloat16", TARGET_BFLOAT16, fallback)

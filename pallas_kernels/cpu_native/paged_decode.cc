@@ -114,11 +114,10 @@ inline void WidenRows(const uint16_t* rows, int64_t stride, int64_t count, float
 // weights[(row * group + g) * page_size + t], each K row read once; each token's rows ask for the next page's
 // (PrefetchRowsAhead). float32: token by token, the K row held in registers for every (row, q head). bfloat16: eight
 // tokens at a time, their K rows widened once into L1; each (row, q head) keeps its q in registers and sums the eight
-// tokens' products, and one transposing reduction turns the eight partial sums into eight logits. Medians of three
-// alternated runs (AMD EPYC Zen 4, 2026-12-03, ms per layer at SmolLM2's shapes), the kernel before (one token at a
-// time, widening K for every q head, and V for every q head too) against this: bfloat16 64 x 200 decodes
-// 1.00 -> 0.86, 64 x 1,000 5.21 -> 4.19, a 1 x 512 prefill 6.83 -> 4.11. Eight tokens at a time made float32
-// decodes ~12% slower (1.40 -> 1.59 at 64 x 200), so float32 keeps one token at a time.
+// tokens' products, and one transposing reduction turns the eight partial sums into eight logits. The kernel before
+// (one token at a time, widening K for every q head, and V for every q head too, one horizontal sum per logit) read a
+// bfloat16 pool at about half the float32 pool's rate: it was computing, not waiting on memory. Eight tokens at a
+// time made float32 decodes slower, so float32 keeps one token at a time (figures: docs/performance.md, CPU attention).
 template <typename T, int kHeadDim>
 void PageLogits(const Problem& p, const T* head_kv, const T* next_head_kv, int64_t t0, int64_t t1, int64_t num_rows,
                 int64_t head, const float* q, float* weights) {
@@ -253,8 +252,8 @@ void AttendBlock(const Problem& p, const Block& block, const T* upcoming) {
     const int64_t t0 = std::max(first, page_start) - page_start;
     const int64_t t1 = std::min(end, page_start + page_size) - page_start;
     // The page read after this one (after the last page: the next block's first), asked for into L2 while this one is
-    // worked on. Measured on a 2-core AMD EPYC (AVX2): twice the useful bandwidth of asking for the whole next page
-    // into L1 at the page's start (README, Performance), which evicted the page being read.
+    // worked on. Asking for the whole next page into L1 at the page's start instead evicted the page being read, and
+    // gave about half the useful bandwidth (docs/performance.md, CPU attention).
     const T* next_page_kv = page_start + page_size < end ? PageAt<T>(p, table[page_index + 1]) : upcoming;
     for (int64_t head = 0; head < num_heads; ++head) {
       const T* head_kv = page_kv + 2 * head * head_dim;
@@ -307,10 +306,10 @@ void AttendBlock(const Problem& p, const Block& block, const T* upcoming) {
         }
       }
       // The weighted V rows. With a compiled head size each (row, q head) sums its whole head_dim in registers over
-      // the page's tokens, the page's V rows staying in L1 for the block's other rows (a 512-token prefill 8.98 ->
-      // 7.20 ms per layer, decodes unchanged; AMD EPYC, AVX2); bfloat16 rows are widened once, into L1, for all of
-      // them. Otherwise token by token into the accumulators in memory. (Summing register-sized chunks of head_dim
-      // over the tokens, one chunk at a time, was 1.2-1.8x slower, decode and prefill.)
+      // the page's tokens, the page's V rows staying in L1 for the block's other rows (faster prefill, decodes
+      // unchanged); bfloat16 rows are widened once, into L1, for all of them. Otherwise token by token into the
+      // accumulators in memory. (Summing register-sized chunks of head_dim over the tokens, one chunk at a time, was
+      // slower, decode and prefill; figures: docs/performance.md.)
       if constexpr (kHeadDim > 0) {
         AccumulateV<T, kHeadDim>(p, head_kv + head_dim, t0, t1, num_rows, head, weights, out);
       } else {

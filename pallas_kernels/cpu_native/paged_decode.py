@@ -4,11 +4,11 @@ chunk's rows are taken a block at a time, each row at its own position).
 
 Why native: under XLA the gather of a decode's pages is materialized before the dots, so every KV byte is read,
 written and read again, far below memory bandwidth (see benchmarks/cpu_decode_attention.py). The kernel reads the
-pages in place through the block table. Without a compiler (or with JAXPAGED_CPU_ATTENTION=jnp) the jnp path runs.
+pages in place through the block table. Without a compiler (or with cpu_attention="jnp" in EngineConfig) the jnp
+path runs.
 """
 
 import functools
-import os
 import pathlib
 from typing import Optional
 
@@ -29,10 +29,8 @@ KV_DTYPES = (jnp.float32, jnp.bfloat16, jnp.uint16)
 
 @functools.cache
 def native_decode_available() -> bool:
-    """Whether the kernel is built and registered (once per process); False with JAXPAGED_CPU_ATTENTION=jnp or
-    when it cannot be built (logged once)."""
-    if os.environ.get("JAXPAGED_CPU_ATTENTION", "native") == "jnp":
-        return False
+    """Whether the kernel is built and registered (once per process); False when it cannot be built (logged once).
+    Whether the engine uses it is the start-up plan's choice (EngineConfig.cpu_attention)."""
     return register(SOURCE, FLAGS, "JaxpagedPagedDecode", TARGET, fallback="the jnp attention path")
 
 

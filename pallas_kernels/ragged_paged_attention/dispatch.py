@@ -69,10 +69,12 @@ def ragged_paged_attention(
     sliding_window: Optional[int] = None,
     soft_cap: Optional[float] = None,
     num_kv_heads: Optional[int] = None,
+    native_decode: bool = True,
 ) -> Float[Array, "num_tokens num_q_heads head_dim"]:
     """Ragged paged attention through the chosen backend (spec.py gives the semantics).
 
-    kv_pages may be the packed layout (backend "pallas_tpu" only; num_kv_heads required).
+    kv_pages may be the packed layout (backend "pallas_tpu" only; num_kv_heads required). `native_decode`: the
+    "xla" backend on a CPU may read decode rows with the native kernel (False keeps every row on the jnp path).
     """
     backend = resolve_attention_backend(backend)
     sm_scale = float(sm_scale)
@@ -92,7 +94,7 @@ def ragged_paged_attention(
     validate_attention_inputs(q, kv_pages, metadata, sm_scale=sm_scale, sliding_window=sliding_window,
                               soft_cap=soft_cap)
     if backend == "xla":
-        return ragged_paged_attention_xla(q, kv_pages, metadata, **options)
+        return ragged_paged_attention_xla(q, kv_pages, metadata, native=native_decode, **options)
     if backend == "pallas_tpu":
         from pallas_kernels.ragged_paged_attention.tpu import ragged_paged_attention_tpu
         return ragged_paged_attention_tpu(q, kv_pages, metadata, interpret=jax.default_backend() != "tpu",

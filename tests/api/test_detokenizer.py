@@ -3,7 +3,7 @@ special tokens, and a cost per token that does not grow with the output."""
 
 import pytest
 
-from jaxpaged.detokenizer import IncrementalDetokenizer
+from jaxpaged.engine.detokenizer import IncrementalDetokenizer
 
 PROMPT = "<|im_start|>user\nSay something 世<|im_end|>\n<|im_start|>assistant\n"
 TEXTS = [

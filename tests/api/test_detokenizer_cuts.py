@@ -4,7 +4,7 @@ streamed deltas add up to the final text."""
 
 import pytest
 
-from jaxpaged.detokenizer import IncrementalDetokenizer
+from jaxpaged.engine.detokenizer import IncrementalDetokenizer
 
 # CJK, Hangul, emoji and accented Latin, each split into byte tokens by the embedded model's byte-level BPE.
 MULTIBYTE_TEXTS = ["日本語のテキスト", "서울입니다", "👌🎉", "Ça coûte 5 €", "Tiếng Việt", "Łódź świętość"]

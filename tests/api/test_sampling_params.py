@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from jaxpaged.sampling_params import MAX_LOGPROBS, SamplingParams
+from jaxpaged.sampling.params import MAX_LOGPROBS, SamplingParams
 
 NAN, INF = math.nan, math.inf
 

@@ -1,8 +1,9 @@
-"""StepProbe on a fake engine: what it times, what it counts as live KV, and that it leaves no trace."""
+"""StepProbe on a fake engine: what it records, what it counts as live KV, and that it stops watching."""
 
 import types
 
-from jaxpaged.bench.step_probe import StepProbe
+from benchmarks.sweep.step_probe import StepProbe
+from jaxpaged.engine.step_timings import StepTimings
 
 
 class FakeKV:
@@ -21,42 +22,30 @@ class FakeScheduler:
         self.running = running
         self.kv_cache_manager = FakeKV(tables)
 
-    def schedule(self):
-        return "scheduled"
-
-    def update_from_output(self, output, token_ids):
-        return []
-
-
-class FakeRunner:
-    def prepare(self, output):
-        return None
-
 
 class FakeEngine:
-    """step() calls the parts the way LLMEngine.step does and reports one new token for request "a" (with
-    final_only, through output_token_counts() alone, as if "a" were still running)."""
+    """step() reports to its observers the way LLMEngine.step does (after each schedule, then after the step with
+    its StepTimings) and produces one new token for request "a" (with final_only, through output_token_counts()
+    alone, as if "a" were still running)."""
 
     def __init__(self, scheduler):
         self.scheduler = scheduler
-        self.runner = FakeRunner()
-        self.schedulers, self.runners = [scheduler], [self.runner]  # one data-parallel rank
+        self.observers = []
         self.num_tokens = 0
-        self.last_step_hidden = False
         self.hidden_steps: set[int] = set()
         """Steps (by number) that pretend async scheduling launched the next one while the device computed."""
 
     def step(self, final_only=False):
-        output = self.scheduler.schedule()
-        self.runner.prepare(output)
-        self.last_step_hidden = self.num_tokens in self.hidden_steps
-        return self.update(output, [], final_only=final_only)
-
-    def update(self, output, token_ids, final_only=False):
-        self.scheduler.update_from_output(output, token_ids)
+        for observer in self.observers:
+            observer.after_schedule(self.scheduler)
+        timings = StepTimings(schedule_s=0.002, prepare_s=0.001, scheduler_update_s=0.0005, process_s=0.003,
+                              step_s=0.010 + self.num_tokens / 1000, hidden=self.num_tokens in self.hidden_steps)
         self.num_tokens += 1
         sample = types.SimpleNamespace(token_ids=list(range(self.num_tokens)))
-        return [] if final_only else [types.SimpleNamespace(request_id="a", outputs=[sample])]
+        outputs = [] if final_only else [types.SimpleNamespace(request_id="a", outputs=[sample])]
+        for observer in self.observers:
+            observer.after_step(outputs, timings)
+        return outputs
 
     def output_token_counts(self):
         return {"a": self.num_tokens}
@@ -73,8 +62,9 @@ def test_shared_blocks_count_once_and_unwritten_slots_count_as_capacity():
     """
     tables = {"a": [5, 6], "b": [5, 7], "c": [8, 9]}
     scheduler = FakeScheduler([request("a", 20), request("b", 18), request("c", 16)], tables)
-    with StepProbe(FakeEngine(scheduler), track_kv_utilization=True) as probe:
-        scheduler.schedule()
+    engine = FakeEngine(scheduler)
+    with StepProbe(engine, track_kv_utilization=True) as probe:
+        probe.after_schedule(scheduler)
     assert probe.kv_samples == [(38, 80, 3)]
     assert probe.peak_kv_usage == 0.25
     kv = probe.kv_metrics()
@@ -87,13 +77,12 @@ def test_step_timing_token_times_and_clean_exit():
     with StepProbe(engine) as probe:
         for final_only in (False, True, True):
             engine.step(final_only=final_only)
-    assert len(probe.step_s) == len(probe.host_s) == len(probe.scheduler_s) == 3
-    assert all(0 < scheduler_s <= host_s <= step_s for scheduler_s, host_s, step_s
-               in zip(probe.scheduler_s, probe.host_s, probe.step_s))
+    assert probe.step_s == [0.010, 0.011, 0.012]
+    assert probe.host_s == [0.002 + 0.001 + 0.003] * 3  # schedule + prepare + process
+    assert probe.scheduler_s == [0.002 + 0.0005] * 3  # schedule + update_from_output
     assert len(probe.token_times["a"]) == 3  # one delivery per new token, with final_only too
     assert probe.kv_samples == []  # not tracked unless asked
-    # the probe's wrappers are gone: the class methods show through again
-    assert "step" not in vars(engine) and "schedule" not in vars(scheduler) and "prepare" not in vars(engine.runner)
+    assert engine.observers == []  # it stops watching when the block ends
     metrics = probe.host_metrics()
     host_ms, step_ms = metrics["host_ms_per_step_p50"], metrics["step_ms_p50"]
     assert metrics["num_steps"] == 3 and host_ms is not None and step_ms is not None and host_ms <= step_ms

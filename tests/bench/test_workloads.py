@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from jaxpaged.bench.workloads import (
+from benchmarks.sweep.workloads import (
     BenchRequest,
     MultiTurnWorkload,
     RandomWorkload,

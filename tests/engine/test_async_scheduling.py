@@ -14,8 +14,8 @@ import pytest
 from jaxpaged.cli_options import add_engine_arguments, engine_options_from_args
 from jaxpaged.config import EngineConfig
 from jaxpaged.engine import resolve_async_scheduling
-from jaxpaged.runner.token_sampler import PendingSample
-from jaxpaged.sampling_params import SamplingParams, StructuredOutputsParams
+from jaxpaged.sampling.params import SamplingParams, StructuredOutputsParams
+from jaxpaged.sampling.token_sampler import PendingSample
 from tests.conftest import TINY_ENGINE_OPTIONS
 
 # The engine under test is the session's shared tiny engine, built on this worker.
@@ -129,7 +129,7 @@ def test_the_next_step_is_launched_before_the_previous_tokens_are_read(async_llm
     # Steady state: launch N+1, then read N; never two reads in a row while requests run.
     assert events[:3] == ["launch", "launch", "result"]
     assert "result, result" not in ", ".join(events[:-2])
-    assert engine._in_flight is None or not engine.has_unfinished_requests()
+    assert engine.loop.in_flight is None or not engine.has_unfinished_requests()
 
 
 def test_a_penalty_or_grammar_request_makes_steps_wait_for_their_tokens(sync_llm, async_llm):
@@ -151,7 +151,7 @@ def test_a_penalty_or_grammar_request_makes_steps_wait_for_their_tokens(sync_llm
             if out.finished:
                 finished.add(out.request_id)
         if "constrained" not in finished:
-            assert engine._in_flight is None, "nothing may be planned ahead while the grammar request runs"
+            assert engine.loop.in_flight is None, "nothing may be planned ahead while the grammar request runs"
     assert texts["constrained"] in ("yes", "no") and finished == {"constrained", "plain"}
 
 
@@ -165,7 +165,7 @@ def test_an_abort_with_a_step_in_flight_loses_nothing_else(sync_llm, async_llm):
     for _ in range(4):
         for out in engine.step():
             outputs[out.request_id] = out
-    assert engine._in_flight is not None
+    assert engine.loop.in_flight is not None
     engine.abort_request("drop")
     while engine.has_unfinished_requests():
         for out in engine.step():

@@ -8,7 +8,7 @@ import pytest
 from jaxpaged.cli import main
 from jaxpaged.config import EngineConfig
 from jaxpaged.engine import LLMEngine
-from jaxpaged.sampling_params import SamplingParams
+from jaxpaged.sampling.params import SamplingParams
 from jaxpaged.weights.loader import load_model
 from tests.conftest import TINY_ENGINE_OPTIONS
 

@@ -10,7 +10,7 @@ import transformers
 from jaxpaged.config import EngineConfig
 from jaxpaged.engine import LLMEngine
 from jaxpaged.outputs import RequestOutput
-from jaxpaged.sampling_params import SamplingParams
+from jaxpaged.sampling.params import SamplingParams
 from jaxpaged.weights.default_model import default_model_path
 from jaxpaged.weights.loader import load_model
 from tests.conftest import hf_greedy_continuations

@@ -5,7 +5,7 @@ import pytest
 import torch
 import transformers
 
-from jaxpaged.sampling_params import SamplingParams
+from jaxpaged.sampling.params import SamplingParams
 
 # One worker builds the shared tiny engine (it compiles) for every test that uses it.
 pytestmark = pytest.mark.xdist_group("tiny_llm")

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from jaxpaged.sampling_params import SamplingParams
+from jaxpaged.sampling.params import SamplingParams
 
 # One worker builds the shared tiny engine (it compiles) for every test that uses it.
 pytestmark = pytest.mark.xdist_group("tiny_llm")

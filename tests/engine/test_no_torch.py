@@ -7,7 +7,7 @@ SCRIPT = """
 import sys
 from jaxpaged.config import EngineConfig
 from jaxpaged.engine import LLMEngine
-from jaxpaged.sampling_params import SamplingParams
+from jaxpaged.sampling.params import SamplingParams
 from jaxpaged.weights.loader import load_model
 engine = LLMEngine(load_model(sys.argv[1]), EngineConfig.from_options(max_model_len=64, max_num_seqs=4,
                    max_num_batched_tokens=16, num_kv_blocks=16, compilation_cache_dir=""), warmup=False)

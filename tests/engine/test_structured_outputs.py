@@ -7,7 +7,7 @@ import re
 import jsonschema
 import pytest
 
-from jaxpaged.sampling_params import SamplingParams, StructuredOutputsParams
+from jaxpaged.sampling.params import SamplingParams, StructuredOutputsParams
 from tests.json_schemas import SCHEMAS
 
 # One worker builds the engine (it compiles) for every test here.

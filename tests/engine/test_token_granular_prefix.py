@@ -5,7 +5,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jaxpaged.sampling_params import SamplingParams
+from jaxpaged.sampling.params import SamplingParams
 from tests.prefix_prompts import GREEDY, ask, same_completion, token_ids
 
 # One worker builds this module's engines (each compiles) for all of its tests.

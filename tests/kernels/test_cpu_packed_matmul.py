@@ -199,6 +199,3 @@ def test_bfloat16_weights_pack_only_with_avx512_bf16_and_without_amx(monkeypatch
     for flags in ("avx2 fma", "avx512f avx512_bf16 amx_bf16 amx_tile"):
         monkeypatch.setattr(module, "cpu_identity", lambda flags=flags: f"x86_64\nmodel name: test\nflags: {flags}")
         assert decide() is False
-    monkeypatch.setenv("JAXPAGED_CPU_MATMUL", "xla")
-    monkeypatch.setattr(module, "cpu_identity", lambda: "x86_64\nmodel name: test\nflags: avx512f avx512_bf16")
-    assert decide() is False

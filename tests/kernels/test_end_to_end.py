@@ -3,7 +3,7 @@
 import pytest
 
 from jaxpaged.llm import LLM
-from jaxpaged.sampling_params import SamplingParams
+from jaxpaged.sampling.params import SamplingParams
 from tests.conftest import TINY_ENGINE_OPTIONS
 
 PROMPTS = [

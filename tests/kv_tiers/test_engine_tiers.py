@@ -61,7 +61,7 @@ def block_file(llm, directory: pathlib.Path, prompt: list[int], block_index: int
     for index in range(block_index + 1):
         block_hash = hash_block_tokens(block_hash, prompt[index * 16:(index + 1) * 16])
     assert block_hash is not None
-    (fingerprint,) = llm.engine.kv_tiers.fingerprints
+    (fingerprint,) = llm.engine.features.lower_tiers.fingerprints
     return directory / fingerprint / block_hash.hex()[:2] / (block_hash.hex() + ".kv")
 
 
@@ -176,15 +176,15 @@ def test_tensor_and_data_parallel_tiers_store_each_shard(tiny_model_dir, tmp_pat
 def test_load_or_recompute_is_measured_at_start_up(host_tier_llm):
     """Without kv_offload_min_load_blocks the engine times a batch of loads and a prefill token, and recomputes
     shorter hits; the choice is a block count within the model length (or one past it: never load)."""
-    from jaxpaged.engine_kv_tiers import choose_min_load_blocks
+    from jaxpaged.features.kv_tiers import choose_min_load_blocks
 
     engine = host_tier_llm.engine
     load_seconds, token_seconds = engine.runner.measure_load_and_prefill_seconds()
     assert load_seconds > 0 and token_seconds > 0
     max_blocks = -(-engine.max_model_len // 16)
     try:
-        chosen = choose_min_load_blocks(None, engine.runner, engine.schedulers, engine.max_model_len)
+        chosen = choose_min_load_blocks(None, engine.runner, engine.ranks.schedulers, engine.max_model_len)
         assert 1 <= chosen <= max_blocks + 1
-        assert all(s.kv_cache_manager.min_load_blocks == chosen for s in engine.schedulers)
+        assert all(s.kv_cache_manager.min_load_blocks == chosen for s in engine.ranks.schedulers)
     finally:
-        choose_min_load_blocks(1, engine.runner, engine.schedulers, engine.max_model_len)
+        choose_min_load_blocks(1, engine.runner, engine.ranks.schedulers, engine.max_model_len)

@@ -4,7 +4,7 @@ import dataclasses
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from jaxpaged.engine_stats import EngineStats
+from jaxpaged.engine.stats import EngineStats
 from jaxpaged.kv_tiers import TierStats
 from jaxpaged.server.metrics import _EngineStatsCollector
 

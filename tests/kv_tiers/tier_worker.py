@@ -12,7 +12,7 @@ import json
 import sys
 
 from jaxpaged.llm import LLM
-from jaxpaged.sampling_params import SamplingParams
+from jaxpaged.sampling.params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logprobs=1)
 

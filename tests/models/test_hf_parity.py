@@ -93,7 +93,7 @@ def test_greedy_generation_through_the_engine_equals_hf_generate(tiny_checkpoint
     import shutil
 
     from jaxpaged.llm import LLM
-    from jaxpaged.sampling_params import SamplingParams
+    from jaxpaged.sampling.params import SamplingParams
 
     family, hf_model, directory = tiny_checkpoint
     model_dir = tmp_path / family  # the checkpoint beside a tokenizer, as LLM needs one

@@ -15,7 +15,7 @@ from jaxpaged.core.request import Request
 from jaxpaged.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from jaxpaged.llm import LLM
 from jaxpaged.runner import compile_counter
-from jaxpaged.sampling_params import SamplingParams
+from jaxpaged.sampling.params import SamplingParams
 
 # Small limits force chunked prefill (16-token steps), preemption (a 14-block pool) and prefix hits.
 ENGINE_OPTIONS = dict(max_model_len=48, max_num_seqs=4, max_num_batched_tokens=16, num_kv_blocks=14, block_size=4,
@@ -65,7 +65,7 @@ def main() -> None:
             logits_rel_error=float(np.max(np.abs(logits - expected_logits)) / np.max(np.abs(expected_logits))),
             greedy_identical=tokens == expected_tokens,
             kv_shards=len(engine.runner.kv_cache.sharding.device_set),
-            hits_per_rank=[s.stats().prefix_cache_hits for s in engine.schedulers],
+            hits_per_rank=[s.stats().prefix_cache_hits for s in engine.ranks.schedulers],
             preemptions=engine.get_stats().num_preemptions,
             compilations_while_serving=compile_counter.num_compilations() - compiled_after_warmup))
     print(json.dumps(results))

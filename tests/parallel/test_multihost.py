@@ -40,7 +40,7 @@ def cluster(tiny_model_dir, tmp_path):
 def reference_choices(model_dir) -> list[dict]:
     """The single-process, single-device engine on the same prompts: text and top-5 logprobs per token."""
     from jaxpaged.llm import LLM
-    from jaxpaged.sampling_params import SamplingParams
+    from jaxpaged.sampling.params import SamplingParams
     from jaxpaged.server.responses import token_text
     from tests.parallel.multihost_cluster import ENGINE_FLAGS
 

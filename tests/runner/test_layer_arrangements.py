@@ -14,9 +14,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import jaxpaged.runner.model_runner as model_runner_module
+import jaxpaged.runner.startup as startup_module
 from jaxpaged.config import EngineConfig
 from jaxpaged.core.scheduler_output import SchedulerOutput
+from jaxpaged.runner.model_runner import ModelRunner
 from pallas_kernels.cpu_native.packed_matmul import packed_bfloat16_available
 from tests.models.conftest import make_hf_checkpoint
 from tests.runner.test_step_preparation import _scheduled
@@ -28,10 +29,10 @@ def _runner(model_dir, unrolled: bool, packed: bool = True, *, monkeypatch, dtyp
     config = EngineConfig.from_options(block_size=4, num_kv_blocks=32, max_model_len=64, max_num_batched_tokens=16,
                                        max_num_seqs=4, dtype=dtype, attention_backend="xla")
     with monkeypatch.context() as patches:
-        patches.setattr(model_runner_module, "unroll_layers_on", lambda platform: unrolled)
+        patches.setattr(startup_module, "unroll_layers_on", lambda platform: unrolled)
         if not packed:
-            patches.setattr(model_runner_module, "packs_weights_on", lambda platform, dtype, tp: False)
-        return model_runner_module.ModelRunner(load_model(str(model_dir)), config)
+            patches.setattr(startup_module, "packs_weights_on", lambda platform, dtype, tp: False)
+        return ModelRunner(load_model(str(model_dir)), config)
 
 
 @pytest.mark.parametrize("unrolled", [True, False])

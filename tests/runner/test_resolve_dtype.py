@@ -10,7 +10,7 @@ import pytest
 
 from jaxpaged.runner import dtype_probe
 from jaxpaged.runner.dtype_probe import DtypeProbe, probe_cpu_dtype
-from jaxpaged.runner.model_runner import resolve_dtype
+from jaxpaged.runner.startup import resolve_dtype
 
 
 def test_named_dtypes_are_plain_numpy_dtypes():

@@ -4,7 +4,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxpaged.runner.sampler import row_argmax
+from jaxpaged.sampling.sampler import row_argmax
 
 row_argmax_jit = jax.jit(row_argmax)
 

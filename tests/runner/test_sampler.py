@@ -4,7 +4,8 @@ import jax
 import numpy as np
 import pytest
 
-from jaxpaged.runner.sampler import (
+from jaxpaged.sampling.params import SamplingParams
+from jaxpaged.sampling.sampler import (
     SamplerFlags,
     SamplingRow,
     all_sampler_flag_variants,
@@ -16,7 +17,6 @@ from jaxpaged.runner.sampler import (
     split_seed,
     warmup_sampling_batch,
 )
-from jaxpaged.sampling_params import SamplingParams
 
 VOCAB_SIZE = 64
 NUM_ROWS = 8
@@ -69,7 +69,7 @@ def test_temperatures_below_greedy_temperature_are_greedy():
 
 def test_uniform_noise_stays_strictly_inside_zero_one_at_the_extreme_bits():
     """The extreme hash outputs map inside (0, 1), so the Gumbel noise is finite for every token."""
-    from jaxpaged.runner.sampler import _uniform_from_bits
+    from jaxpaged.sampling.sampler import _uniform_from_bits
 
     uniform = np.asarray(_uniform_from_bits(np.array([0, 511, 512, 2**32 - 1], np.uint32)))
     assert np.all((uniform > 0) & (uniform < 1)), uniform
@@ -299,7 +299,7 @@ def _reference_top_k_top_p(logits: np.ndarray, top_k: int, top_p: float) -> np.n
 
 def test_top_k_top_p_thresholds_match_a_sorting_reference():
     """The bisection thresholds keep exactly the tokens a sort keeps, with ties, -inf and negative logits."""
-    from jaxpaged.runner.sampler import _apply_top_k_top_p
+    from jaxpaged.sampling.sampler import _apply_top_k_top_p
 
     rng = np.random.default_rng(11)
     num_rows = 64

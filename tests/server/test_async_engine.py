@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from jaxpaged.async_engine import AsyncLLMEngine, EngineDeadError
-from jaxpaged.sampling_params import SamplingParams
+from jaxpaged.sampling.params import SamplingParams
 from jaxpaged.server import ServerSettings, build_app
 from tests.server.server_helpers import ServerThread
 

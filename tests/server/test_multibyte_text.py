@@ -10,7 +10,7 @@ import pytest
 from openai.types.chat.chat_completion import Choice
 
 from jaxpaged.outputs import CompletionOutput
-from jaxpaged.sampling_params import SamplingParams
+from jaxpaged.sampling.params import SamplingParams
 
 pytestmark = pytest.mark.xdist_group("server")
 

@@ -22,7 +22,7 @@ from huggingface_hub.errors import (
 
 from jaxpaged.cli_options import add_engine_arguments, engine_options_from_args
 from jaxpaged.llm import LLM
-from jaxpaged.sampling_params import SamplingParams
+from jaxpaged.sampling.params import SamplingParams
 from jaxpaged.weights.hub import HUB_FILE_PATTERNS, looks_like_repo_id
 from jaxpaged.weights.loader import load_model
 

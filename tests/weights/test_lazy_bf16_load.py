@@ -13,7 +13,7 @@ import torch
 import transformers
 
 from jaxpaged.llm import LLM
-from jaxpaged.sampling_params import SamplingParams
+from jaxpaged.sampling.params import SamplingParams
 from jaxpaged.weights.converted_store import save_converted
 from jaxpaged.weights.loader import load_model
 from tests.conftest import TINY_LLAMA, hf_greedy_continuations, save_tiny_llama

@@ -1,0 +1,245 @@
+"""LLMEngine: requests in, RequestOutputs out, one step at a time.
+
+A step is schedule -> execute -> update (the three phases below), driven by the synchronous or the overlapped
+loop (loops.py). Optional features (KV tiers, multi-host, the prefix advisor) plug into the hooks of
+features/base.py and are wired in features/wiring.py; this file does not import them.
+
+Not thread-safe: the server's async engine owns it from a single loop thread.
+"""
+
+import dataclasses
+import random
+import time
+from collections.abc import Iterable
+from typing import Optional, Union
+
+import jax
+from transformers import PreTrainedTokenizerFast
+
+from jaxpaged.config import EngineConfig
+from jaxpaged.core.request import RequestStatus
+from jaxpaged.core.scheduler import Scheduler
+from jaxpaged.core.scheduler_output import SchedulerOutput
+from jaxpaged.engine.loops import OverlappedLoop, SynchronousLoop, resolve_async_scheduling
+from jaxpaged.engine.output_processor import OutputProcessor
+from jaxpaged.engine.ranks import LaunchedStep, Ranks
+from jaxpaged.engine.request_table import RequestTable
+from jaxpaged.engine.requests import RequestGroup, make_samples
+from jaxpaged.engine.stats import EngineStats
+from jaxpaged.engine.step_timings import StepObserver, StepTimings
+from jaxpaged.features.wiring import build_features
+from jaxpaged.inputs import PromptInput, parse_prompt
+from jaxpaged.outputs import RequestOutput
+from jaxpaged.runner import build_rank_runners, compile_counter
+from jaxpaged.sampling.batch import penalizes_output_tokens
+from jaxpaged.sampling.grammar import GrammarCompiler
+from jaxpaged.sampling.params import SamplingParams
+from jaxpaged.weights.generation_config import request_defaults
+from jaxpaged.weights.loader import LoadedModel, load_model
+
+
+class LLMEngine:
+    """Requests in, RequestOutputs out, one step at a time."""
+
+    def __init__(self, loaded: LoadedModel, config: EngineConfig, *, warmup: bool = True,
+                 distributed_timeout_s: Optional[float] = None):
+        """`distributed_timeout_s`: multi-host only, the longest wait for a follower process (None: multihost/'s
+        default)."""
+        config = dataclasses.replace(config, async_scheduling=resolve_async_scheduling(config, jax.default_backend()))
+        self.config = config
+        self.model_name = loaded.name
+        self.model_config = loaded.config
+        self.vocab_size = loaded.config.vocab_size
+        self.max_model_len = config.scheduler.max_model_len
+        self.max_num_seqs = config.scheduler.max_num_seqs
+        self.tokenizer = PreTrainedTokenizerFast.from_pretrained(str(loaded.tokenizer_dir))
+        self.sampling_defaults = request_defaults(loaded.generation_defaults)
+        """Sampling fields from the model's generation_config.json, for requests that leave them unset."""
+        self.eos_token_ids = list(loaded.config.eos_token_ids) or (
+            [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else [])
+        runners = build_rank_runners(loaded, config, self.eos_token_ids)
+        self.features = build_features(loaded, config, runners, self.tokenizer, distributed_timeout_s)
+        """The optional features this engine runs with, behind the loop's hooks."""
+        schedulers = [Scheduler(config.scheduler, config.cache, runner.num_kv_blocks, self.features.lower_tiers)
+                      for runner in runners]
+        self.ranks = Ranks(schedulers, runners, config.cache.block_size)
+        self.requests = RequestTable()
+        self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
+        """Structured outputs: compiles each constrained request's grammar when it is added."""
+        self.timings = StepTimings()
+        """The host time of the last step, by phase (filled in place)."""
+        self.processor = OutputProcessor(self.requests, self.tokenizer, self.timings)
+        self.loop = OverlappedLoop(self) if config.async_scheduling else SynchronousLoop(self)
+        self.observers: list[StepObserver] = []
+        """Watch every step (the bench's step probe); see step_timings.py."""
+        self._seed_rng = random.Random(config.seed)
+        self._prompt_tokens_total = 0
+        self._num_steps = 0
+        self.warmup_seconds = sum(runner.warmup() for runner in runners) if warmup else 0.0
+        self.features.after_warmup(self.ranks)
+
+    @classmethod
+    def from_options(cls, model: Optional[str] = None, *, revision: Optional[str] = None,
+                     distributed_timeout_s: Optional[float] = None, **engine_options) -> "LLMEngine":
+        """Load `model` (None: the embedded SmolLM2-135M-Instruct; `revision`: of a Hugging Face repo id) with flat
+        engine options, and warm up."""
+        config = EngineConfig.from_options(**engine_options)
+        if config.compilation_cache_dir != "":
+            enable_persistent_compilation_cache(config.compilation_cache_dir)
+        return cls(load_model(model, revision=revision), config, distributed_timeout_s=distributed_timeout_s)
+
+    @property
+    def runner(self):
+        """Rank 0's model runner: the only one unless data_parallel_size > 1."""
+        return self.ranks.runners[0]
+
+    @property
+    def scheduler(self) -> Scheduler:
+        """Rank 0's scheduler: the only one unless data_parallel_size > 1."""
+        return self.ranks.schedulers[0]
+
+    # ---- requests --------------------------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt: PromptInput, sampling_params: Optional[SamplingParams] = None,
+                    *, arrival_time: Optional[float] = None) -> None:
+        """Queue a request; ValueError naming the problem (and nothing changed) on bad input."""
+        params = sampling_params or self.default_sampling_params()
+        if request_id in self.requests:
+            raise ValueError(f"request_id: {request_id!r} is already in use")
+        parsed = parse_prompt(prompt, self.tokenizer, self.vocab_size)
+        params.validate_token_ids(self.vocab_size)
+        num_prompt = len(parsed.token_ids)
+        if num_prompt + params.max_tokens > self.max_model_len:
+            raise ValueError(f"max_tokens: prompt ({num_prompt} tokens) + max_tokens ({params.max_tokens}) "
+                             f"exceeds max_model_len ({self.max_model_len})")
+        arrival_time = time.time() if arrival_time is None else arrival_time
+        # A bad schema, regex or grammar is refused here, before anything is queued (never mid-stream).
+        grammar = self.grammars.compile(params.structured_outputs) if params.structured_outputs else None
+        samples = make_samples(request_id, parsed, params, arrival_time, self.tokenizer, self.eos_token_ids,
+                               self._seed_rng)
+        if grammar is not None:
+            for sample in samples:
+                sample.request.grammar = self.grammars.new_request_grammar(grammar)
+        rank = self.ranks.route(samples[0].request)
+        self.ranks.schedulers[rank].add_request(samples[0].request)  # validates against the pool before anything
+        group = RequestGroup(request_id, parsed, params, samples, arrival_time)
+        self.requests.add(group, rank, needs_tokens_on_host=grammar is not None or penalizes_output_tokens(params))
+        self.features.on_add(group, rank, self.ranks)
+        self._prompt_tokens_total += num_prompt * params.n
+
+    def default_sampling_params(self) -> SamplingParams:
+        """SamplingParams() with the model's recommended settings (generation_config.json), as vLLM does."""
+        return SamplingParams(**self.sampling_defaults)
+
+    def abort_request(self, request_ids: Union[str, Iterable[str]]) -> None:
+        """Drop requests now and free their KV blocks; unknown ids are ignored."""
+        for request_id in [request_ids] if isinstance(request_ids, str) else list(request_ids):
+            rank = self.requests.rank_of.get(request_id)
+            group = self.requests.forget(request_id)
+            if group is None or rank is None:
+                continue
+            sample_ids = [sample.request.request_id for sample in group.samples]
+            self.ranks.schedulers[rank].finish_requests(sample_ids, RequestStatus.FINISHED_ABORTED)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block on every data-parallel rank; False (nothing changed) while requests run."""
+        if self.has_unfinished_requests():
+            return False
+        self.features.on_reset()
+        return all([scheduler.reset_prefix_cache() for scheduler in self.ranks.schedulers])
+
+    def output_token_counts(self) -> dict[str, int]:
+        """Tokens generated so far by each unfinished request (all its samples), without building its output."""
+        return {request_id: group.num_output_tokens() for request_id, group in self.requests.groups.items()}
+
+    # ---- the step --------------------------------------------------------------------------------------------
+    def step(self, final_only: bool = False) -> list[RequestOutput]:
+        """Schedule, execute (the model and the sampler), update; returns the outputs of requests that progressed,
+        or with `final_only` of those that finished (vLLM's FINAL_ONLY output kind: offline callers skip building a
+        cumulative output per running request per step)."""
+        self.timings.reset()
+        start = time.perf_counter()
+        with self.features.step_guard():
+            outputs, self.timings.hidden = self.loop.step(final_only)
+        self._num_steps += 1
+        self.timings.step_s = time.perf_counter() - start
+        for observer in self.observers:
+            observer.after_step(outputs, self.timings)
+        return outputs
+
+    def schedule(self) -> list[SchedulerOutput]:
+        """Phase 1: each rank's scheduler plans a step (held-back samples of n > 1 requests join first)."""
+        for rank, sample in self.requests.release_held_back():
+            self.ranks.schedulers[rank].add_request(sample.request)
+        plans = []
+        for scheduler in self.ranks.schedulers:
+            start = time.perf_counter()
+            plans.append(scheduler.schedule())
+            self.timings.schedule_s += time.perf_counter() - start
+            for observer in self.observers:
+                observer.after_schedule(scheduler)
+        return plans
+
+    def execute(self, plans: list[SchedulerOutput]) -> list[LaunchedStep]:
+        """Phase 2: each rank's step (model + sampler) is dispatched to its devices. Every rank's step is
+        dispatched before any result is awaited, so the ranks' device groups run at the same time."""
+        launched = []
+        for rank, (plan, runner) in enumerate(zip(plans, self.ranks.runners)):
+            pending = runner.launch(plan)
+            self.timings.prepare_s += runner.last_prepare_seconds
+            self.features.after_launch(pending)
+            launched.append(LaunchedStep(rank, plan, pending))
+        return launched
+
+    def update(self, launched: list[LaunchedStep], final_only: bool = False) -> list[RequestOutput]:
+        """Phase 3: each rank's sampled tokens (awaited now) are applied: scheduler state, stops, text, logprobs;
+        the RequestOutputs (with `final_only`, of finished requests only)."""
+        outputs = []
+        for step in launched:
+            result = step.pending.result()
+            start = time.perf_counter()
+            outputs += self.processor.update(self.ranks.schedulers[step.rank], step.output, result, final_only)
+            self.timings.process_s += time.perf_counter() - start
+        return outputs
+
+    def may_plan_ahead(self) -> bool:
+        """The overlapped loop may plan the next step before this one's tokens are on the host: something is left
+        to run and no request needs its last token on the host to plan its next one."""
+        return not self.requests.needs_tokens_on_host and self.ranks.has_unfinished_requests()
+
+    # ---- life cycle and stats --------------------------------------------------------------------------------
+    def heartbeat(self) -> None:
+        """Called while idle (multi-host: checks the followers are alive every so often)."""
+        self.features.on_idle()
+
+    def close(self) -> None:
+        """Persists the KV cache to the disk tier (when one is on) and, multi-host, tells the followers to exit.
+        Call once no step will run again."""
+        self.features.close(self.ranks)
+
+    def get_stats(self) -> EngineStats:
+        """Gauges and cumulative counters."""
+        ranks = [scheduler.stats() for scheduler in self.ranks.schedulers]
+        total = lambda field: sum(getattr(stats, field) for stats in ranks)
+        stats = EngineStats(
+            num_running=total("num_running"), num_waiting=total("num_waiting"),
+            kv_cache_usage=total("kv_cache_usage") / len(ranks),
+            prefix_cache_queries=total("prefix_cache_queries"), prefix_cache_hits=total("prefix_cache_hits"),
+            num_preemptions=total("num_preemptions"), num_compilations=compile_counter.num_compilations(),
+            prompt_tokens_total=self._prompt_tokens_total,
+            generation_tokens_total=self.processor.num_generated_tokens,
+            num_steps=self._num_steps, warmup_seconds=self.warmup_seconds)
+        self.features.add_stats(stats, self.ranks)
+        return stats
+
+
+def enable_persistent_compilation_cache(directory: Optional[str]) -> None:
+    """JAX's on-disk executable cache, so a restart loads instead of compiling."""
+    from jaxpaged.weights.loader import cache_root
+
+    path = directory or str(cache_root() / "xla")
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

@@ -1,0 +1,90 @@
+"""The two engine loops, side by side. Each step is schedule -> execute -> update (LLMEngine's three phases);
+the loops differ only in when the next step is planned.
+
+- SynchronousLoop: a step's tokens reach the host before the next step is planned.
+- OverlappedLoop (async scheduling): the next step is planned and launched before this one's tokens are applied,
+  so the host's work runs while the device computes. Decode rows of the step planned ahead take their input token
+  from the step in flight on the device (ModelRunner.launch); a request that finishes in this step has one more
+  row computed, whose token is dropped, and one that finishes by length is not planned past it.
+"""
+
+import logging
+from typing import Optional, Protocol
+
+import jax
+
+from jaxpaged.config import EngineConfig
+from jaxpaged.core.scheduler_output import SchedulerOutput
+from jaxpaged.engine.ranks import LaunchedStep
+from jaxpaged.outputs import RequestOutput
+
+logger = logging.getLogger(__name__)
+
+
+class StepPhases(Protocol):
+    """The engine's three phases, as the loops drive them (LLMEngine)."""
+
+    def schedule(self) -> list[SchedulerOutput]: ...
+
+    def execute(self, plans: list[SchedulerOutput]) -> list[LaunchedStep]: ...
+
+    def update(self, launched: list[LaunchedStep], final_only: bool) -> list[RequestOutput]: ...
+
+    def may_plan_ahead(self) -> bool: ...
+
+    def has_unfinished_requests(self) -> bool: ...
+
+
+class SynchronousLoop:
+    """schedule -> execute -> update, one step after the other."""
+
+    def __init__(self, engine: StepPhases) -> None:
+        self.engine = engine
+
+    def step(self, final_only: bool) -> tuple[list[RequestOutput], bool]:
+        """One step; (its outputs, False: nothing ran beside the device)."""
+        plans = self.engine.schedule()
+        launched = self.engine.execute(plans)
+        return self.engine.update(launched, final_only), False
+
+
+class OverlappedLoop:
+    """Keeps one step in flight: each call launches the next step, then applies the one before."""
+
+    def __init__(self, engine: StepPhases) -> None:
+        self.engine = engine
+        self.in_flight: Optional[list[LaunchedStep]] = None
+        """Each rank's step launched ahead, whose tokens the next call applies."""
+
+    def step(self, final_only: bool) -> tuple[list[RequestOutput], bool]:
+        """One step; (its outputs, whether the next step was launched while the device still computed this one,
+        so this call's host work ran beside the device's)."""
+        engine = self.engine
+        launched = self.in_flight if self.in_flight is not None else engine.execute(engine.schedule())
+        self.in_flight = None
+        hidden = False
+        if engine.may_plan_ahead():
+            self.in_flight = engine.execute(engine.schedule())
+            hidden = all(step.pending.is_running() for step in launched)
+        outputs = engine.update(launched, final_only)
+        if not engine.has_unfinished_requests():
+            self.in_flight = None  # every request it computes for has finished: its tokens would be dropped
+        return outputs, hidden
+
+
+def resolve_async_scheduling(config: EngineConfig, platform: str) -> bool:
+    """config.async_scheduling as a bool for devices of `platform`. None is on unless the KV tiers or multi-host
+    serving are on (whose transfers and follower broadcasts expect each step's tokens on the host before the next
+    is planned). On the CPU too: there the "device" is the host's own cores, so the host work planned ahead shares
+    them with XLA's threads, yet W1 gained there (docs/performance.md). True with the tiers or multi-host is a
+    ValueError. `platform` names the devices in the log line."""
+    unsupported = config.cache.kv_offload_enabled or jax.process_count() > 1
+    if config.async_scheduling is None:
+        if unsupported:
+            logger.info("async scheduling off on %s: not supported with the KV tiers or multi-host serving",
+                        platform)
+        return not unsupported
+    if config.async_scheduling and unsupported:
+        raise ValueError("async_scheduling: not supported with the KV tiers (kv_offload_*) or multi-host serving; "
+                         "turn one of them off")
+    return config.async_scheduling

@@ -1,0 +1,134 @@
+"""OutputProcessor: a step's sampled tokens -> scheduler state, stops, text, logprobs -> RequestOutputs.
+
+The update phase of the engine loop. For every sample the step advanced it accepts the token into its grammar,
+records logprobs, detokenizes (stop strings and the UTF-8 hold-back live in the detokenizer), decides whether the
+sample finished, and builds the cumulative RequestOutput of each group that progressed.
+"""
+
+import time
+from collections.abc import Sequence
+from typing import Optional
+
+from jaxpaged.core.request import Request, RequestStatus
+from jaxpaged.core.scheduler import Scheduler
+from jaxpaged.core.scheduler_output import SchedulerOutput
+from jaxpaged.engine.request_table import RequestTable
+from jaxpaged.engine.requests import RequestGroup, Sample
+from jaxpaged.engine.step_timings import StepTimings
+from jaxpaged.outputs import Logprob, RequestOutput
+from jaxpaged.sampling.prompt_logprobs import PromptLogprobEntry
+from jaxpaged.sampling.step_result import StepResult
+
+_RUNNING = RequestStatus.RUNNING
+
+
+class OutputProcessor:
+    """Applies each rank's step results to the requests of a RequestTable."""
+
+    def __init__(self, table: RequestTable, tokenizer, timings: StepTimings) -> None:
+        self.table = table
+        self.tokenizer = tokenizer
+        self.timings = timings
+        """The engine's current step timings: update() adds the scheduler's share."""
+        self.num_generated_tokens = 0
+        """Sampled tokens applied so far (cumulative)."""
+
+    def update(self, scheduler: Scheduler, output: SchedulerOutput, result: StepResult,
+               final_only: bool = False) -> list[RequestOutput]:
+        """Apply one rank's step: scheduler state, stop checks, text and logprobs; the RequestOutputs of the groups
+        that progressed (with `final_only`, of the finished ones only: vLLM's FINAL_ONLY output kind)."""
+        start = time.perf_counter()
+        updated = scheduler.update_from_output(output, result.token_ids)
+        self.timings.scheduler_update_s += time.perf_counter() - start
+        self._record_prompt_logprobs(result.prompt_logprobs)
+        row_of = None
+        if result.logprobs is not None:  # the row of each sampled request in the step's results
+            row_of = {item.request.request_id: row for row, item in enumerate(i for i in output.scheduled if i.sample)}
+        touched: dict[str, RequestGroup] = {}
+        sample_finished: dict[str, RequestGroup] = {}
+        stopped_here = []
+        samples = self.table.samples
+        # NOTE: this loop runs for every running request, every step: what it reads is what a step's host time is.
+        for request in updated:
+            group, sample = samples[request.request_id]
+            self._record_token(group, sample, request, result, row_of)
+            if sample.finish_reason is not None:
+                if not request.is_finished():
+                    stopped_here.append(request.request_id)  # a stop string, or its grammar completed
+                sample_finished[group.request_id] = group
+            if not final_only:
+                touched[group.request_id] = group
+        self.num_generated_tokens += len(updated)
+        if stopped_here:
+            scheduler.finish_requests(stopped_here, RequestStatus.FINISHED_STOPPED)
+        # A group finishes only in a step where one of its samples does: final_only asks just those.
+        candidates = sample_finished if final_only else touched
+        outputs = [group.to_output() for group in candidates.values() if not final_only or group.finished()]
+        for out in outputs:
+            if out.finished:
+                self.table.forget(out.request_id)
+        return outputs
+
+    def _record_token(self, group: RequestGroup, sample: Sample, request: Request, result: StepResult,
+                      row_of: Optional[dict[str, int]]) -> None:
+        """Account the step's token of one sample: logprobs, grammar, text, finish state."""
+        token_id = request.output_token_ids[-1]  # the step's token, just appended by update_from_output
+        if not group.has_first_token:
+            group.has_first_token = True
+            group.metrics.first_token_time = time.time()
+        if row_of is not None and result.logprobs is not None:
+            logprob, top, rank = result.logprobs.row(row_of[request.request_id], group.params.logprobs or 0)
+            self._record_logprobs(group, sample, token_id, logprob, top, rank)
+        grammar_complete = False
+        if request.grammar is not None and not request.is_finished():
+            request.grammar.accept(token_id)
+            grammar_complete = request.grammar.is_finished
+        finish_reason = None if request.status is _RUNNING else request.finish_reason
+        detokenizer = sample.detokenizer
+        if finish_reason is None and not grammar_complete:
+            detokenizer.append_token(token_id)
+            if detokenizer.stop_string is None:
+                return  # the common case, kept short: it runs for every running request, every step
+        else:
+            detokenizer.append_tokens((token_id,), stop_terminated=finish_reason == "stop")
+            # Before reading stop_string: text held back behind a partial character is only decided here,
+            # and a stop string inside it must still cut the text and name the stop.
+            detokenizer.finish()
+        if detokenizer.stop_string is not None:
+            sample.finish_reason, sample.stop_reason = "stop", detokenizer.stop_string
+        elif finish_reason is not None:
+            sample.finish_reason, sample.stop_reason = finish_reason, request.stop_reason
+        else:
+            sample.finish_reason, sample.stop_reason = "stop", None  # its grammar completed
+        if group.metrics.finish_time is None and group.finished():
+            group.metrics.finish_time = time.time()
+
+    def _record_logprobs(self, group: RequestGroup, sample: Sample, token_id: int, sampled_logprob: float,
+                         top: Optional[list[tuple[int, float]]], sampled_rank: Optional[int]) -> None:
+        """The sampled token's logprob and the top ones asked for (with the sampled token's exact rank)."""
+        if group.params.logprobs is None:
+            return
+        decode = self.tokenizer.decode
+        entry = {top_id: Logprob(top_logprob, rank, decode([top_id]))
+                 for rank, (top_id, top_logprob) in enumerate(top or [], start=1)}
+        if token_id not in entry:  # outside the top-k asked for: the sampler counted its exact rank
+            rank = sampled_rank if sampled_rank is not None else len(entry) + 1
+            entry[token_id] = Logprob(sampled_logprob, rank, decode([token_id]))
+        sample.logprobs = (sample.logprobs or []) + [entry]
+        sample.cumulative_logprob = (sample.cumulative_logprob or 0.0) + sampled_logprob
+
+    def _record_prompt_logprobs(self, entries: Sequence[PromptLogprobEntry]) -> None:
+        """Prompt tokens' logprobs; a recomputed position (after preemption) keeps its first value."""
+        decode = self.tokenizer.decode
+        for entry in entries:
+            owner = self.table.samples.get(entry.request_id)
+            if owner is None:
+                continue
+            group = owner[0]
+            if group.prompt_logprobs is None or group.prompt_logprobs[entry.position] is not None:
+                continue
+            token_id = group.prompt.token_ids[entry.position]
+            top = {top_id: Logprob(top_logprob, k, decode([top_id]))
+                   for k, (top_id, top_logprob) in enumerate(entry.top[:group.params.prompt_logprobs or 0], start=1)}
+            top[token_id] = Logprob(entry.logprob, entry.rank, decode([token_id]))
+            group.prompt_logprobs[entry.position] = top

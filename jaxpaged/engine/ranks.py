@@ -1,0 +1,45 @@
+"""Ranks: the engine's data-parallel ranks, a scheduler and a model runner each (one unless
+data_parallel_size > 1), and where a new request goes among them."""
+
+import dataclasses
+from collections.abc import Sequence
+
+from jaxpaged.core.request import Request
+from jaxpaged.core.router import PrefixAwareRouter
+from jaxpaged.core.scheduler import Scheduler
+from jaxpaged.core.scheduler_output import SchedulerOutput
+from jaxpaged.runner import ModelRunner
+from jaxpaged.sampling.token_sampler import PendingSample
+
+
+@dataclasses.dataclass
+class LaunchedStep:
+    """One rank's step, dispatched to its devices; its sampled tokens come back through `pending`."""
+
+    rank: int
+    """The data-parallel rank (index into Ranks.schedulers / Ranks.runners)."""
+    output: SchedulerOutput
+    pending: PendingSample
+
+
+class Ranks:
+    """One scheduler per runner; each rank has its own device group and KV pool (tensor parallelism splits a
+    runner over its group). Requests route by prefix-cache hit, then load (core/router.py)."""
+
+    def __init__(self, schedulers: Sequence[Scheduler], runners: Sequence[ModelRunner], block_size: int) -> None:
+        self.schedulers = list(schedulers)
+        self.runners = list(runners)
+        self._router = PrefixAwareRouter(len(self.runners), block_size)
+
+    def __len__(self) -> int:
+        return len(self.runners)
+
+    def route(self, request: Request) -> int:
+        """The rank with the longest prefix hit for the request, then the least loaded."""
+        loads = [scheduler.num_running + scheduler.num_waiting for scheduler in self.schedulers]
+        return self._router.route(
+            request, lambda rank, r: self.schedulers[rank].kv_cache_manager.find_prefix_hit(r).num_tokens, loads)
+
+    def has_unfinished_requests(self) -> bool:
+        """Some rank's scheduler still holds a request."""
+        return any(scheduler.has_unfinished_requests() for scheduler in self.schedulers)

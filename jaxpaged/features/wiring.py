@@ -1,0 +1,46 @@
+"""The one place that imports the optional features and decides which an engine gets."""
+
+from typing import TYPE_CHECKING, Optional
+
+import jax
+
+from jaxpaged.config import EngineConfig
+from jaxpaged.features.base import EngineFeature, FeatureSet
+from jaxpaged.runner.model_runner import ModelRunner
+from jaxpaged.weights.loader import LoadedModel
+
+if TYPE_CHECKING:
+    from jaxpaged.multihost.leader import FollowerLink
+
+
+def build_features(loaded: LoadedModel, config: EngineConfig, runners: list[ModelRunner], tokenizer,
+                   distributed_timeout_s: Optional[float]) -> FeatureSet:
+    """The features `config` turns on, before the schedulers exist (the KV tiers' index is theirs to read)."""
+    features: list[EngineFeature] = []
+    lower_tiers = None
+    if config.cache.kv_offload_enabled:
+        from jaxpaged.features.kv_tiers import KVTierFeature, build_kv_tiers
+
+        tiers = build_kv_tiers(loaded, config, runners)
+        features.append(KVTierFeature(tiers, config.cache.kv_offload_min_load_blocks,
+                                      config.scheduler.max_model_len))
+        lower_tiers = tiers
+    if config.cache.enable_prefix_caching:
+        from jaxpaged.features.prefix_advisor import PrefixAdvisorFeature
+
+        features.append(PrefixAdvisorFeature(tokenizer, config.advisor_log_text))
+    if jax.process_count() > 1:
+        from jaxpaged.features.multihost import MultiHostFeature
+        from jaxpaged.multihost.runtime import DEFAULT_TIMEOUT_S
+
+        timeout_s = DEFAULT_TIMEOUT_S if distributed_timeout_s is None else distributed_timeout_s
+        features.append(MultiHostFeature(runners, timeout_s))
+    return FeatureSet(features, lower_tiers)
+
+
+def followers_of(features: FeatureSet) -> "Optional[FollowerLink]":
+    """Process 0's FollowerLink when multi-host serving is on, else None (the server's fail-stop watches it)."""
+    from jaxpaged.features.multihost import MultiHostFeature
+
+    feature = features.find(MultiHostFeature)
+    return feature.followers if isinstance(feature, MultiHostFeature) else None

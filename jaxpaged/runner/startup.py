@@ -1,0 +1,135 @@
+"""StartupPlan: every start-up decision of a rank, made once from the config and the devices, frozen, and logged
+as one block. ModelRunner executes it: it places the weights as the plan says, allocates the pool the plan sized
+and compiles the step the plan describes; nothing after start-up decides any of it again.
+
+The decisions, in the order they depend on each other: the dtype ("auto" probes a CPU once), the attention
+backend, the layer arrangement (per-layer and unrolled on a CPU, stacked and scanned elsewhere), weight packing
+for the native CPU matmul, the native CPU attention kernel, the KV layout, the block count and the memory plan.
+"""
+
+import dataclasses
+import logging
+import os
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxpaged.config import EngineConfig
+from jaxpaged.models.llama import unroll_layers_on
+from jaxpaged.models.model_config import ModelConfig
+from jaxpaged.models.packed_weights import packs_weights_on
+from jaxpaged.runner.dtype_probe import probe_cpu_dtype
+from jaxpaged.runner.kv_cache import choose_kv_layout, num_kv_blocks_for
+from jaxpaged.runner.memory_plan import (
+    MemoryPlan,
+    check_weights_fit,
+    device_memory_bytes,
+    plan_memory,
+    weight_bytes_per_device,
+)
+from pallas_kernels.cpu_native.paged_decode import native_decode_available
+from pallas_kernels.ragged_paged_attention import resolve_attention_backend
+
+logger = logging.getLogger(__name__)
+
+KERNEL_OVERRIDES = {"cpu_matmul": "JAXPAGED_CPU_MATMUL", "cpu_attention": "JAXPAGED_CPU_ATTENTION"}
+"""Config field -> the environment variable that overrides it (kept for scripts that set it; the plan reports it)."""
+
+
+def resolve_dtype(name: str) -> jnp.dtype:
+    """ "auto" is bfloat16 on TPU/GPU and, on a CPU, whichever the start-up probe finds faster (dtype_probe.py);
+    always a numpy dtype (its str is the plain name)."""
+    if name != "auto":
+        return jnp.dtype(name)
+    if jax.default_backend() != "cpu":
+        return jnp.dtype(jnp.bfloat16)
+    if jax.process_count() > 1:
+        # Every process must build the same step; timings on different hosts could disagree.
+        return jnp.dtype(jnp.float32)
+    return probe_cpu_dtype().choice
+
+
+def kernel_choice(config: EngineConfig, field: str) -> tuple[str, bool]:
+    """(the kernel `field` asks for, whether an environment variable overrode the config's value)."""
+    override = os.environ.get(KERNEL_OVERRIDES[field])
+    if override:
+        return override, override != getattr(config, field)
+    return getattr(config, field), False
+
+
+@dataclasses.dataclass(frozen=True)
+class StartupPlan:
+    """What a rank runs with; see the module docstring for the order of the decisions."""
+
+    platform: str
+    """The rank's devices: "cpu", "gpu" or "tpu"."""
+    devices: tuple[int, ...]
+    """Device ids of the rank's (1, tp) mesh."""
+    tensor_parallel_size: int
+    dtype: np.dtype
+    """Weights and activations (config.dtype resolved)."""
+    attention_backend: str
+    """"xla", "pallas_tpu" or "pallas_gpu" (config.attention_backend resolved for the platform)."""
+    per_layer: bool
+    """Weights stored per layer and the layers unrolled (the CPU: XLA:CPU copies a scanned layer's weights);
+    otherwise stacked on a leading axis and scanned, one compiled layer body."""
+    packed_weights: bool
+    """Matmul weights packed into panels at load for the native CPU matmul (else XLA's dot)."""
+    native_decode: bool
+    """Decode rows read their KV in place through the native CPU attention kernel (else the jnp path)."""
+    kv_layout: str
+    """The KV pool's layout (pallas_kernels/ragged_paged_attention/kv_layout.py)."""
+    num_kv_blocks: int
+    """Blocks in the pool, the null block included."""
+    memory: MemoryPlan
+    overrides: tuple[str, ...] = ()
+    """Kernel choices an environment variable made instead of the config (reported, not hidden)."""
+
+    def describe(self) -> str:
+        """The plan as one log block, a decision per line."""
+        matmuls = "native, packed weights" if self.packed_weights else "XLA dot"
+        attention = self.attention_backend + (" + native CPU decode" if self.native_decode else "")
+        lines = [f"start-up plan: devices [{', '.join(map(str, self.devices))}] ({self.platform}, "
+                 f"tp={self.tensor_parallel_size})",
+                 f"  dtype {self.dtype}; layers {'per layer, unrolled' if self.per_layer else 'stacked, scanned'}",
+                 f"  matmuls: {matmuls}; attention: {attention}",
+                 f"  KV: {self.kv_layout} layout, {self.num_kv_blocks} blocks",
+                 f"  {self.memory.describe()}"]
+        lines += [f"  override: {override}" for override in self.overrides]
+        return "\n".join(lines)
+
+
+def plan_startup(model: ModelConfig, params: dict[str, np.ndarray], config: EngineConfig,
+                 mesh: jax.sharding.Mesh) -> StartupPlan:
+    """Decide everything a rank over `mesh` runs with (`model` and `params` after any kv-head replication);
+    ValueError naming the option when the weights or one max_model_len sequence cannot fit."""
+    tp = mesh.shape["model"]
+    first_device = mesh.devices.flat[0]
+    platform = first_device.platform
+    dtype = resolve_dtype(config.dtype)
+    backend = resolve_attention_backend(config.attention_backend)
+    weight_bytes = weight_bytes_per_device(params, model, tp, dtype)
+    check_weights_fit(weight_bytes, device_memory_bytes(first_device), tp, dtype)
+    matmul_kernel, matmul_overridden = kernel_choice(config, "cpu_matmul")
+    attention_kernel, attention_overridden = kernel_choice(config, "cpu_attention")
+    per_layer = unroll_layers_on(platform)
+    packed = per_layer and matmul_kernel == "native" and packs_weights_on(platform, dtype, tp)
+    native_decode = (platform == "cpu" and backend == "xla" and attention_kernel == "native"
+                     and native_decode_available())
+    kv_layout = choose_kv_layout(model, backend, dtype, tp)
+    num_kv_blocks = num_kv_blocks_for(model, config.cache, dtype, num_shards=tp, layout=kv_layout)
+    memory = plan_memory(model, weight_bytes, num_kv_blocks, config.cache.block_size,
+                         config.scheduler.max_model_len, dtype, tp, kv_layout)
+    memory.check()
+    overrides = tuple(f"{KERNEL_OVERRIDES[field]}={os.environ[KERNEL_OVERRIDES[field]]}"
+                      for field, overridden in (("cpu_matmul", matmul_overridden),
+                                                ("cpu_attention", attention_overridden)) if overridden)
+    return StartupPlan(platform, tuple(int(d.id) for d in mesh.devices.flat), tp, dtype, backend, per_layer, packed,
+                       native_decode, kv_layout, num_kv_blocks, memory, overrides)
+
+
+def log_plan(plan: StartupPlan, rank: Optional[int] = None) -> None:
+    """The plan as one INFO block (per data-parallel rank when there are several)."""
+    logger.info("%s%s", "" if rank is None else f"rank {rank} ", plan.describe())
