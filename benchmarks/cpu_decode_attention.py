@@ -21,10 +21,10 @@ import jax.numpy as jnp
 
 from benchmarks.sweep.machine_info import machine_info
 from benchmarks.sweep.roofline import copy_bytes_per_s
+from jaxpaged.kernels.bfloat16_bits import to_bits
+from jaxpaged.kernels.ragged_paged_attention import xla
+from jaxpaged.kernels.ragged_paged_attention.example_batch import make_ragged_batch
 from jaxpaged.timing import call_seconds
-from pallas_kernels.bfloat16_bits import to_bits
-from pallas_kernels.ragged_paged_attention import xla
-from pallas_kernels.ragged_paged_attention.example_batch import make_ragged_batch
 
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, PAGE = 9, 3, 64, 16
 

@@ -7,7 +7,7 @@ One jitted call holds a whole step's matmuls of SmolLM2-135M (30 layers of q, k,
 projections, then the tied 49,152-row vocabulary projection): the weights (~0.5 GB in float32, half that in
 bfloat16) are far bigger than the caches, so each call streams them from memory, as a step does. The same program
 runs with the weights as XLA dot operands [inner, outer] and packed into panels for the native kernel
-(pallas_kernels/cpu_native/packed_matmul.py), at 64 rows (a decode step) and 512 (a prefill step). The two are
+(jaxpaged/kernels/cpu_native/packed_matmul.py), at 64 rows (a decode step) and 512 (a prefill step). The two are
 alternated round by round; medians of every repeat. Prints GFLOP/s and the packed/XLA ratio, and names the CPU.
 """
 
@@ -20,9 +20,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.sweep.machine_info import machine_info
+from jaxpaged.kernels.cpu_native.packed_matmul import pack_panels, packs_dtype
 from jaxpaged.models.layers import matmul
 from jaxpaged.timing import call_seconds
-from pallas_kernels.cpu_native.packed_matmul import pack_panels, packs_dtype
 
 HIDDEN, INTERMEDIATE, Q_WIDTH, KV_WIDTH, VOCAB, LAYERS = 576, 1536, 576, 192, 49152, 30
 LAYER_SHAPES = {"q": (HIDDEN, Q_WIDTH), "k": (HIDDEN, KV_WIDTH), "v": (HIDDEN, KV_WIDTH), "o": (Q_WIDTH, HIDDEN),

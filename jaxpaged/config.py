@@ -33,7 +33,7 @@ class CacheConfig:
     """How the paged KV cache is laid out and sized."""
 
     block_size: int = 16
-    """Tokens per KV block (page)."""
+    """Tokens per KV block (the kernels call it a page)."""
     num_kv_blocks: Optional[int] = None
     """Blocks in the pool, the null block 0 included. None: derive from kv_cache_memory."""
     kv_cache_memory: Optional[int] = None
@@ -137,7 +137,7 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     """Devices each model replica is split over (the mesh's "model" axis; vLLM's name)."""
     data_parallel_size: int = 1
-    """Model replicas, each with its own page pool and scheduler (the "data" axis; vLLM's name)."""
+    """Model replicas, each with its own block pool and scheduler (the "data" axis; vLLM's name)."""
     advisor_log_text: bool = False
     """Let the prefix-cache advisor's log line quote a few decoded prompt tokens (off: prompts can be private)."""
     async_scheduling: Optional[bool] = None

@@ -9,7 +9,7 @@ import re
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-ENTRY = re.compile(r"`((?:jaxpaged|pallas_kernels|benchmarks)/[\w/]+\.py):([\w.]+)`")
+ENTRY = re.compile(r"`((?:jaxpaged|benchmarks)/[\w/]+\.py):([\w.]+)`")
 OPTIONAL_FEATURES = ("jaxpaged.features.kv_tiers", "jaxpaged.features.multihost", "jaxpaged.features.prefix_advisor",
                      "jaxpaged.kv_tiers", "jaxpaged.multihost", "jaxpaged.core.prefix_advisor")
 
@@ -81,7 +81,7 @@ def test_sampling_imports_nothing_from_the_runner_the_server_or_the_attention_ke
     for path in sources("jaxpaged/sampling"):
         for module in imports_of(path):
             assert not module.startswith(("jaxpaged.runner", "jaxpaged.server", "jaxpaged.engine",
-                                          "pallas_kernels.ragged_paged_attention")), (path.name, module)
+                                          "jaxpaged.kernels.ragged_paged_attention")), (path.name, module)
 
 
 def test_optional_features_are_imported_only_where_they_are_wired():
@@ -95,3 +95,10 @@ def test_optional_features_are_imported_only_where_they_are_wired():
             if module.startswith(("jaxpaged.features.kv_tiers", "jaxpaged.features.multihost",
                                   "jaxpaged.features.prefix_advisor")):
                 pytest.fail(f"{relative} imports {module}")
+
+
+def test_the_kernels_import_nothing_of_the_engine():
+    for path in sources("jaxpaged/kernels"):
+        for module in imports_of(path):
+            if module.startswith("jaxpaged"):
+                assert module.startswith("jaxpaged.kernels"), (path.name, module)

@@ -28,10 +28,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_kernels.ragged_paged_attention.example_batch import make_ragged_batch
-from pallas_kernels.ragged_paged_attention.gpu import ragged_paged_attention_gpu
-from pallas_kernels.ragged_paged_attention.metadata import AttentionMetadata
-from pallas_kernels.ragged_paged_attention.xla import ragged_paged_attention_xla
+from jaxpaged.kernels.ragged_paged_attention.example_batch import make_ragged_batch
+from jaxpaged.kernels.ragged_paged_attention.gpu import ragged_paged_attention_gpu
+from jaxpaged.kernels.ragged_paged_attention.metadata import AttentionMetadata
+from jaxpaged.kernels.ragged_paged_attention.xla import ragged_paged_attention_xla
 
 SHAPES = {"smollm_9x3_d64": (9, 3, 64), "llama8b_32x8_d128": (32, 8, 128)}
 

@@ -36,7 +36,7 @@ class MachineRates:
 
     def best_of(self, other: "MachineRates") -> "MachineRates":
         """Each rate at the better of two measurements (made minutes apart: a neighbour's burst on a shared machine
-        can slow every repeat of one of them, as it did a bfloat16 dot rate to half, 2026-12-02 15:55)."""
+        can slow every repeat of one of them, once a bfloat16 dot rate to half)."""
         dots = {dtype: {phase: max(rate, other.dot_flops_per_s[dtype][phase]) for phase, rate in phases.items()}
                 for dtype, phases in self.dot_flops_per_s.items()}
         return MachineRates(max(self.copy_bytes_per_s, other.copy_bytes_per_s), dots)
@@ -67,8 +67,8 @@ def measure_rates(model: ModelConfig, *, decode_rows: int, prefill_rows: int, re
     import jax
     import jax.numpy as jnp
 
+    from jaxpaged.kernels.cpu_native.packed_matmul import fills_whole_panels, pack_panels, packed_matmul
     from jaxpaged.models.packed_weights import packs_weights_on
-    from pallas_kernels.cpu_native.packed_matmul import fills_whole_panels, pack_panels, packed_matmul
 
     copy_rate = copy_bytes_per_s(repeats)
     rates: dict[str, dict[str, float]] = {}

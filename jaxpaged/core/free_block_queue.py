@@ -9,13 +9,13 @@ from typing import Optional
 
 
 class KVCacheBlock:
-    """One page of the KV cache: its id, how many requests hold it, and its chain hash while cached."""
+    """One block of the KV cache: its id, how many requests hold it, and its chain hash while cached."""
 
     __slots__ = ("block_id", "ref_cnt", "block_hash", "parent_key", "token_ids", "prev_free", "next_free")
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
-        """Index of the page in the device KV cache."""
+        """Index of the block in the device KV cache."""
         self.ref_cnt = 0
         """How many requests hold the block in their block table."""
         self.block_hash: Optional[bytes] = None

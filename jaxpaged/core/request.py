@@ -36,6 +36,23 @@ def _require_int(value: Any, field: str, minimum: int) -> None:
         raise ValueError(f"{field}: must be an int >= {minimum}, got {value!r}")
 
 
+def _check_arguments(request_id: Any, prompt_token_ids: Sequence[int], max_tokens: Any, min_tokens: Any,
+                     priority: Any, cache_salt: Any) -> None:
+    """ValueError naming the field when a Request's arguments are out of range."""
+    if not isinstance(request_id, str) or not request_id:
+        raise ValueError(f"request_id: must be a non-empty str, got {request_id!r}")
+    if len(prompt_token_ids) == 0:
+        raise ValueError(f"prompt_token_ids: must hold at least one token, got {list(prompt_token_ids)!r}")
+    _require_int(max_tokens, "max_tokens", 1)
+    _require_int(min_tokens, "min_tokens", 0)
+    if min_tokens > max_tokens:
+        raise ValueError(f"min_tokens: must be <= max_tokens ({max_tokens}), got {min_tokens}")
+    if not is_int(priority):
+        raise ValueError(f"priority: must be an int, got {priority!r}")
+    if cache_salt is not None and not isinstance(cache_salt, str):
+        raise ValueError(f"cache_salt: must be a str or None, got {cache_salt!r}")
+
+
 class Request:
     """Prompt and generated tokens of one request, how many of them have K/V computed, and when it stops.
 
@@ -54,19 +71,7 @@ class Request:
                  ignore_eos: bool = False, arrival_time: Optional[float] = None, priority: int = 0,
                  cache_salt: Optional[str] = None, sampling_params: Any = None,
                  sampling_seed: Optional[int] = None, computes_whole_prompt: bool = False) -> None:
-        if not isinstance(request_id, str) or not request_id:
-            raise ValueError(f"request_id: must be a non-empty str, got {request_id!r}")
-        if len(prompt_token_ids) == 0:
-            raise ValueError(f"prompt_token_ids: must hold at least one token, got {list(prompt_token_ids)!r}")
-        _require_int(max_tokens, "max_tokens", 1)
-        _require_int(min_tokens, "min_tokens", 0)
-        if min_tokens > max_tokens:
-            raise ValueError(f"min_tokens: must be <= max_tokens ({max_tokens}), got {min_tokens}")
-        if not is_int(priority):
-            raise ValueError(f"priority: must be an int, got {priority!r}")
-        if cache_salt is not None and not isinstance(cache_salt, str):
-            raise ValueError(f"cache_salt: must be a str or None, got {cache_salt!r}")
-
+        _check_arguments(request_id, prompt_token_ids, max_tokens, min_tokens, priority, cache_salt)
         self.request_id = request_id
         """Unique among the requests the scheduler currently holds."""
         self.prompt_token_ids: list[int] = list(prompt_token_ids)

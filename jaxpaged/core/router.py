@@ -1,4 +1,4 @@
-"""Data-parallel routing: which rank (page pool + scheduler) a new request goes to.
+"""Data-parallel routing: which data-parallel rank (block pool + scheduler) a new request goes to.
 
 A prefix cache per rank only pays if requests that share a prefix land on the same rank, so the rank with the
 longest prefix for the request wins; ties go to the least loaded rank, then the lowest index. "Longest prefix"

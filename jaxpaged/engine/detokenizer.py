@@ -1,23 +1,25 @@
 """Incremental detokenization: token ids in, the newly final text out, with stop strings matched on the fly.
 
-Text is made by decoding a short window of tokens twice, with and without the newest ones, and taking the
-difference; so a token costs O(window), never O(output length). A caller that reads the text later
-(append_tokens) has tokens without stop strings decoded only when it reads, a whole run of them at once. The
-window starts a few tokens back because some tokenizers (SentencePiece) decide a token's leading space by what
-precedes it. Two kinds of text are held back rather than released:
-  - a decode that ends in U+FFFD: a multi-byte UTF-8 character split across tokens is not complete yet;
+With a fast tokenizer (always, in the engine) text comes from the tokenizers library's DecodeStream, primed with a
+few prompt tokens (some tokenizers decide a token's leading space by what precedes it): it returns a token's text
+once its character is complete, in Rust, a token at a time. A tokenizer without the Rust backend falls back to
+decoding a short window of tokens twice, with and without the newest ones, and taking the difference; either way a
+token costs O(1) in the output length. A caller that reads the text later (append_tokens) has tokens without stop
+strings decoded only when it reads. Two kinds of text are held back rather than released:
+  - a multi-byte UTF-8 character split across tokens, until its last byte arrives;
   - a tail of the text that is the beginning of a stop string: it may still become that stop string,
     and text after a stop string's start must never reach the user (unless include_stop_str_in_output).
-When the completion ends, held-back stop-string prefixes are released, but the trailing U+FFFD of bytes that
-never became a character are dropped (as vLLM's incremental detokenizer never releases them): the text never
-ends in half a character, and the streamed deltas always add up to the final text. The token ids still hold
-those bytes. Host-only; no jax.
+When the completion ends, held-back stop-string prefixes are released, but the bytes of a character that never
+completed are dropped (as vLLM's incremental detokenizer never releases them): the text never ends in half a
+character, and the streamed deltas always add up to the final text. Bytes that never became a character followed
+by more text come out as U+FFFD. The token ids still hold those bytes. Host-only; no jax.
 """
 
 from collections.abc import Sequence
 from typing import Optional
 
 import tokenizers
+from tokenizers.decoders import DecodeStream
 
 _NUM_PROMPT_CONTEXT_TOKENS = 5
 """Prompt tokens decoded in front of the first output tokens, so the first delta gets its spacing right."""
@@ -42,7 +44,8 @@ class IncrementalDetokenizer:
         # A fast tokenizer's Rust backend decodes exactly what transformers' decode() returns without the space
         # clean-up (which is off here anyway), minus ~2.4 us of Python per call; two calls per token per request.
         backend = getattr(tokenizer, "backend_tokenizer", None)
-        self._backend_decode = backend.decode if isinstance(backend, tokenizers.Tokenizer) else None
+        self._backend: Optional[tokenizers.Tokenizer] = backend if isinstance(backend, tokenizers.Tokenizer) else None
+        self._backend_decode = None if self._backend is None else self._backend.decode
         self._skip_special_tokens = skip_special_tokens
         self._stop = tuple(stop)
         self._include_stop_str_in_output = include_stop_str_in_output
@@ -56,6 +59,16 @@ class IncrementalDetokenizer:
         self._pending_text = ""
         """Decoded text not yet released: it may be the beginning of a stop string."""
         self._released_chunks: list[str] = []
+        self._stream: Optional[DecodeStream] = None
+        """The fast path: ids from _read_offset on are fed to it one by one (the window below is then unused)."""
+        self._context = list(self._token_ids)
+        """Stream path: the last few ids whose text was released, to decode held tokens against at the end."""
+        self._held: list[int] = []
+        """Stream path: ids fed to the stream since its last text (their character is incomplete so far)."""
+        if self._backend is not None:
+            self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
+            for token_id in self._token_ids:  # the prompt context; its text is the prompt's, not released
+                self._stream.step(self._backend, token_id)
         self._finished = False
         self.stop_string: Optional[str] = None
         """The stop string that ended the completion, or None."""
@@ -129,6 +142,8 @@ class IncrementalDetokenizer:
     def _decode_new_text(self, *, final: bool) -> str:
         """Text of the tokens past _read_offset, or "" while it ends in an incomplete character; when final,
         that text without its incomplete last character."""
+        if self._stream is not None:
+            return self._stream_new_text(final=final)
         if self._read_offset == len(self._token_ids):
             return ""
         prefix_text = self._decode(self._token_ids[self._prefix_offset:self._read_offset])
@@ -158,6 +173,33 @@ class IncrementalDetokenizer:
             self._checked_end -= self._prefix_offset
             self._prefix_offset = 0
         return window_text[len(prefix_text):]
+
+    def _stream_new_text(self, *, final: bool) -> str:
+        """_decode_new_text through the DecodeStream, a token at a time (a list ending inside a character would hold
+        back the whole list). The stream holds a token whose text ends in an incomplete character. When final, the
+        held and unread tokens are decoded in one call against the context before them, less an incomplete last
+        character's bytes: text in the same token as half a character is kept, and an offline completion read only
+        at the end is decoded once."""
+        stream, backend = self._stream, self._backend
+        assert stream is not None and backend is not None
+        unread = self._token_ids[self._read_offset:]
+        self._token_ids.clear()  # the stream keeps the context it needs
+        self._read_offset = self._prefix_offset = self._checked_end = 0
+        held = self._held
+        if final:
+            if not held and not unread:
+                return ""
+            context_text = self._decode(self._context)
+            return self._decode(self._context + held + unread)[len(context_text):].rstrip(_REPLACEMENT_CHAR)
+        pieces = []
+        for token_id in unread:
+            piece = stream.step(backend, token_id)
+            held.append(token_id)
+            if piece is not None:
+                pieces.append(piece)
+                self._context = (self._context + held)[-_NUM_PROMPT_CONTEXT_TOKENS:]
+                held.clear()
+        return "".join(pieces)
 
     def _take_text(self, new_text: str, *, final: bool) -> str:
         """Adds decoded text to the pending text, checks stop strings, and releases what is final."""

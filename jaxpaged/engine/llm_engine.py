@@ -22,7 +22,7 @@ from jaxpaged.core.scheduler import Scheduler
 from jaxpaged.core.scheduler_output import SchedulerOutput
 from jaxpaged.engine.loops import OverlappedLoop, SynchronousLoop, resolve_async_scheduling
 from jaxpaged.engine.output_processor import OutputProcessor
-from jaxpaged.engine.ranks import LaunchedStep, Ranks
+from jaxpaged.engine.ranks import DataParallelRanks, LaunchedStep
 from jaxpaged.engine.request_table import RequestTable
 from jaxpaged.engine.requests import RequestGroup, make_samples
 from jaxpaged.engine.stats import EngineStats
@@ -62,7 +62,7 @@ class LLMEngine:
         """The optional features this engine runs with, behind the loop's hooks."""
         schedulers = [Scheduler(config.scheduler, config.cache, runner.num_kv_blocks, self.features.lower_tiers)
                       for runner in runners]
-        self.ranks = Ranks(schedulers, runners, config.cache.block_size)
+        self.ranks = DataParallelRanks(schedulers, runners, config.cache.block_size)
         self.requests = RequestTable()
         self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
         """Structured outputs: compiles each constrained request's grammar when it is added."""
@@ -119,11 +119,11 @@ class LLMEngine:
         if grammar is not None:
             for sample in samples:
                 sample.request.grammar = self.grammars.new_request_grammar(grammar)
-        rank = self.ranks.route(samples[0].request)
-        self.ranks.schedulers[rank].add_request(samples[0].request)  # validates against the pool before anything
+        dp_rank = self.ranks.route(samples[0].request)
+        self.ranks.schedulers[dp_rank].add_request(samples[0].request)  # validates against the pool before anything
         group = RequestGroup(request_id, parsed, params, samples, arrival_time)
-        self.requests.add(group, rank, needs_tokens_on_host=grammar is not None or penalizes_output_tokens(params))
-        self.features.on_add(group, rank, self.ranks)
+        self.requests.add(group, dp_rank, needs_tokens_on_host=grammar is not None or penalizes_output_tokens(params))
+        self.features.on_add(group, dp_rank, self.ranks)
         self._prompt_tokens_total += num_prompt * params.n
 
     def default_sampling_params(self) -> SamplingParams:
@@ -133,12 +133,12 @@ class LLMEngine:
     def abort_request(self, request_ids: Union[str, Iterable[str]]) -> None:
         """Drop requests now and free their KV blocks; unknown ids are ignored."""
         for request_id in [request_ids] if isinstance(request_ids, str) else list(request_ids):
-            rank = self.requests.rank_of.get(request_id)
+            dp_rank = self.requests.dp_rank_of.get(request_id)
             group = self.requests.forget(request_id)
-            if group is None or rank is None:
+            if group is None or dp_rank is None:
                 continue
             sample_ids = [sample.request.request_id for sample in group.samples]
-            self.ranks.schedulers[rank].finish_requests(sample_ids, RequestStatus.FINISHED_ABORTED)
+            self.ranks.schedulers[dp_rank].finish_requests(sample_ids, RequestStatus.FINISHED_ABORTED)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
@@ -171,8 +171,8 @@ class LLMEngine:
 
     def schedule(self) -> list[SchedulerOutput]:
         """Phase 1: each rank's scheduler plans a step (held-back samples of n > 1 requests join first)."""
-        for rank, sample in self.requests.release_held_back():
-            self.ranks.schedulers[rank].add_request(sample.request)
+        for dp_rank, sample in self.requests.release_held_back():
+            self.ranks.schedulers[dp_rank].add_request(sample.request)
         plans = []
         for scheduler in self.ranks.schedulers:
             start = time.perf_counter()
@@ -186,11 +186,11 @@ class LLMEngine:
         """Phase 2: each rank's step (model + sampler) is dispatched to its devices. Every rank's step is
         dispatched before any result is awaited, so the ranks' device groups run at the same time."""
         launched = []
-        for rank, (plan, runner) in enumerate(zip(plans, self.ranks.runners)):
+        for dp_rank, (plan, runner) in enumerate(zip(plans, self.ranks.runners)):
             pending = runner.launch(plan)
             self.timings.prepare_s += runner.last_prepare_seconds
             self.features.after_launch(pending)
-            launched.append(LaunchedStep(rank, plan, pending))
+            launched.append(LaunchedStep(dp_rank, plan, pending))
         return launched
 
     def update(self, launched: list[LaunchedStep], final_only: bool = False) -> list[RequestOutput]:
@@ -200,7 +200,7 @@ class LLMEngine:
         for step in launched:
             result = step.pending.result()
             start = time.perf_counter()
-            outputs += self.processor.update(self.ranks.schedulers[step.rank], step.output, result, final_only)
+            outputs += self.processor.update(self.ranks.schedulers[step.dp_rank], step.output, result, final_only)
             self.timings.process_s += time.perf_counter() - start
         return outputs
 
@@ -221,11 +221,11 @@ class LLMEngine:
 
     def get_stats(self) -> EngineStats:
         """Gauges and cumulative counters."""
-        ranks = [scheduler.stats() for scheduler in self.ranks.schedulers]
-        total = lambda field: sum(getattr(stats, field) for stats in ranks)
+        per_rank = [scheduler.stats() for scheduler in self.ranks.schedulers]
+        total = lambda field: sum(getattr(stats, field) for stats in per_rank)
         stats = EngineStats(
             num_running=total("num_running"), num_waiting=total("num_waiting"),
-            kv_cache_usage=total("kv_cache_usage") / len(ranks),
+            kv_cache_usage=total("kv_cache_usage") / len(per_rank),
             prefix_cache_queries=total("prefix_cache_queries"), prefix_cache_hits=total("prefix_cache_hits"),
             num_preemptions=total("num_preemptions"), num_compilations=compile_counter.num_compilations(),
             prompt_tokens_total=self._prompt_tokens_total,

@@ -77,8 +77,8 @@ class OutputProcessor:
             group.has_first_token = True
             group.metrics.first_token_time = time.time()
         if row_of is not None and result.logprobs is not None:
-            logprob, top, rank = result.logprobs.row(row_of[request.request_id], group.params.logprobs or 0)
-            self._record_logprobs(group, sample, token_id, logprob, top, rank)
+            logprob, top, token_rank = result.logprobs.row(row_of[request.request_id], group.params.logprobs or 0)
+            self._record_logprobs(group, sample, token_id, logprob, top, token_rank)
         grammar_complete = False
         if request.grammar is not None and not request.is_finished():
             request.grammar.accept(token_id)
@@ -105,15 +105,16 @@ class OutputProcessor:
 
     def _record_logprobs(self, group: RequestGroup, sample: Sample, token_id: int, sampled_logprob: float,
                          top: Optional[list[tuple[int, float]]], sampled_rank: Optional[int]) -> None:
-        """The sampled token's logprob and the top ones asked for (with the sampled token's exact rank)."""
+        """The sampled token's logprob and the top ones asked for, each with its token rank (1 = most likely; the
+        sampled token's exact rank from the sampler when it is outside the top ones)."""
         if group.params.logprobs is None:
             return
         decode = self.tokenizer.decode
-        entry = {top_id: Logprob(top_logprob, rank, decode([top_id]))
-                 for rank, (top_id, top_logprob) in enumerate(top or [], start=1)}
+        entry = {top_id: Logprob(top_logprob, token_rank, decode([top_id]))
+                 for token_rank, (top_id, top_logprob) in enumerate(top or [], start=1)}
         if token_id not in entry:  # outside the top-k asked for: the sampler counted its exact rank
-            rank = sampled_rank if sampled_rank is not None else len(entry) + 1
-            entry[token_id] = Logprob(sampled_logprob, rank, decode([token_id]))
+            token_rank = sampled_rank if sampled_rank is not None else len(entry) + 1
+            entry[token_id] = Logprob(sampled_logprob, token_rank, decode([token_id]))
         sample.logprobs = (sample.logprobs or []) + [entry]
         sample.cumulative_logprob = (sample.cumulative_logprob or 0.0) + sampled_logprob
 

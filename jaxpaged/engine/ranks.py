@@ -1,5 +1,9 @@
-"""Ranks: the engine's data-parallel ranks, a scheduler and a model runner each (one unless
-data_parallel_size > 1), and where a new request goes among them."""
+"""DataParallelRanks: the engine's data-parallel ranks, a scheduler and a model runner each (one unless
+data_parallel_size > 1), and where a new request goes among them.
+
+"Rank" alone in the engine means a data-parallel rank (`dp_rank`); a multi-host process is a process index
+(jax.process_index()), and a logprob's rank is a token's place in the sorted distribution.
+"""
 
 import dataclasses
 from collections.abc import Sequence
@@ -16,13 +20,13 @@ from jaxpaged.sampling.token_sampler import PendingSample
 class LaunchedStep:
     """One rank's step, dispatched to its devices; its sampled tokens come back through `pending`."""
 
-    rank: int
-    """The data-parallel rank (index into Ranks.schedulers / Ranks.runners)."""
+    dp_rank: int
+    """The data-parallel rank: an index into DataParallelRanks.schedulers and .runners."""
     output: SchedulerOutput
     pending: PendingSample
 
 
-class Ranks:
+class DataParallelRanks:
     """One scheduler per runner; each rank has its own device group and KV pool (tensor parallelism splits a
     runner over its group). Requests route by prefix-cache hit, then load (core/router.py)."""
 
@@ -38,7 +42,7 @@ class Ranks:
         """The rank with the longest prefix hit for the request, then the least loaded."""
         loads = [scheduler.num_running + scheduler.num_waiting for scheduler in self.schedulers]
         return self._router.route(
-            request, lambda rank, r: self.schedulers[rank].kv_cache_manager.find_prefix_hit(r).num_tokens, loads)
+            request, lambda dp_rank, r: self.schedulers[dp_rank].kv_cache_manager.find_prefix_hit(r).num_tokens, loads)
 
     def has_unfinished_requests(self) -> bool:
         """Some rank's scheduler still holds a request."""

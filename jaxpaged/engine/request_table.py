@@ -14,7 +14,7 @@ class RequestTable:
         """Request id -> its group, while unfinished."""
         self.samples: dict[str, tuple[RequestGroup, Sample]] = {}
         """Sample id (the scheduler's request id) -> its group and sample."""
-        self.rank_of: dict[str, int] = {}
+        self.dp_rank_of: dict[str, int] = {}
         """Request id -> the data-parallel rank all its samples run on."""
         self.needs_tokens_on_host: set[str] = set()
         """Requests whose next token depends on the last one on the host (a grammar, output penalties): while any
@@ -28,10 +28,10 @@ class RequestTable:
     def __bool__(self) -> bool:
         return bool(self.groups)
 
-    def add(self, group: RequestGroup, rank: int, needs_tokens_on_host: bool) -> None:
-        """Track a group whose first sample the scheduler of `rank` holds."""
+    def add(self, group: RequestGroup, dp_rank: int, needs_tokens_on_host: bool) -> None:
+        """Track a group whose first sample the scheduler of data-parallel rank `dp_rank` holds."""
         self.groups[group.request_id] = group
-        self.rank_of[group.request_id] = rank
+        self.dp_rank_of[group.request_id] = dp_rank
         if len(group.samples) > 1:
             self._holding_back[group.request_id] = group
         for sample in group.samples:
@@ -40,11 +40,12 @@ class RequestTable:
             self.needs_tokens_on_host.add(group.request_id)
 
     def release_held_back(self) -> list[tuple[int, Sample]]:
-        """The held-back samples whose first sample has computed the prompt, with their rank; marked released."""
+        """The held-back samples whose first sample has computed the prompt, with their data-parallel rank; marked
+        released."""
         released = []
         for request_id, group in list(self._holding_back.items()):
             if group.ready_to_release():
-                released += [(self.rank_of[request_id], held) for held in group.held_back()]
+                released += [(self.dp_rank_of[request_id], held) for held in group.held_back()]
                 group.num_released = len(group.samples)
                 del self._holding_back[request_id]
         return released
@@ -54,7 +55,7 @@ class RequestTable:
         group = self.groups.pop(request_id, None)
         if group is None:
             return None
-        self.rank_of.pop(request_id, None)
+        self.dp_rank_of.pop(request_id, None)
         self._holding_back.pop(request_id, None)
         self.needs_tokens_on_host.discard(request_id)
         for sample in group.samples:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Optional
 from jaxpaged.core.lower_tiers import LowerTiers
 
 if TYPE_CHECKING:  # the engine's own types, for annotations only (the engine imports this module)
-    from jaxpaged.engine.ranks import Ranks
+    from jaxpaged.engine.ranks import DataParallelRanks
     from jaxpaged.engine.requests import RequestGroup
     from jaxpaged.engine.stats import EngineStats
     from jaxpaged.sampling.token_sampler import PendingSample
@@ -26,11 +26,11 @@ class EngineFeature:
     """True when the feature needs each step's tokens on the host before the next is planned (no async
     scheduling): the tiers' transfers and the followers' plan broadcasts do."""
 
-    def after_warmup(self, ranks: "Ranks") -> None:
+    def after_warmup(self, ranks: "DataParallelRanks") -> None:
         """Every rank is built and compiled."""
 
-    def on_add(self, group: "RequestGroup", rank: int, ranks: "Ranks") -> None:
-        """A request was queued on `rank`."""
+    def on_add(self, group: "RequestGroup", dp_rank: int, ranks: "DataParallelRanks") -> None:
+        """A request was queued on data-parallel rank `dp_rank`."""
 
     def step_guard(self) -> contextlib.AbstractContextManager[None]:
         """Bounds one synchronous engine step."""
@@ -45,10 +45,10 @@ class EngineFeature:
     def on_reset(self) -> None:
         """The prefix cache was cleared on every rank."""
 
-    def add_stats(self, stats: "EngineStats", ranks: "Ranks") -> None:
+    def add_stats(self, stats: "EngineStats", ranks: "DataParallelRanks") -> None:
         """Fill the feature's fields of a stats snapshot."""
 
-    def close(self, ranks: "Ranks") -> None:
+    def close(self, ranks: "DataParallelRanks") -> None:
         """No step will run again."""
 
 
@@ -71,13 +71,13 @@ class FeatureSet(EngineFeature):
         """The feature of type `kind`, if on."""
         return next((feature for feature in self.features if isinstance(feature, kind)), None)
 
-    def after_warmup(self, ranks: "Ranks") -> None:
+    def after_warmup(self, ranks: "DataParallelRanks") -> None:
         for feature in self.features:
             feature.after_warmup(ranks)
 
-    def on_add(self, group: "RequestGroup", rank: int, ranks: "Ranks") -> None:
+    def on_add(self, group: "RequestGroup", dp_rank: int, ranks: "DataParallelRanks") -> None:
         for feature in self.features:
-            feature.on_add(group, rank, ranks)
+            feature.on_add(group, dp_rank, ranks)
 
     @contextlib.contextmanager
     def _nested_guards(self) -> Iterator[None]:
@@ -101,10 +101,10 @@ class FeatureSet(EngineFeature):
         for feature in self.features:
             feature.on_reset()
 
-    def add_stats(self, stats: "EngineStats", ranks: "Ranks") -> None:
+    def add_stats(self, stats: "EngineStats", ranks: "DataParallelRanks") -> None:
         for feature in self.features:
             feature.add_stats(stats, ranks)
 
-    def close(self, ranks: "Ranks") -> None:
+    def close(self, ranks: "DataParallelRanks") -> None:
         for feature in self.features:
             feature.close(ranks)

@@ -8,7 +8,7 @@ from typing import Optional
 
 from jaxpaged.config import EngineConfig
 from jaxpaged.core.scheduler import Scheduler
-from jaxpaged.engine.ranks import Ranks
+from jaxpaged.engine.ranks import DataParallelRanks
 from jaxpaged.engine.stats import EngineStats
 from jaxpaged.features.base import EngineFeature
 from jaxpaged.kv_tiers import KVTiers, TierStats, layout_fingerprint
@@ -100,16 +100,16 @@ class KVTierFeature(EngineFeature):
         self._min_load_blocks = min_load_blocks
         self._max_model_len = max_model_len
 
-    def after_warmup(self, ranks: Ranks) -> None:
+    def after_warmup(self, ranks: DataParallelRanks) -> None:
         choose_min_load_blocks(self._min_load_blocks, ranks.runners[0], ranks.schedulers, self._max_model_len)
 
     def on_reset(self) -> None:
         self.tiers.clear_host()  # the disk tier persists: that is what it is for
 
-    def add_stats(self, stats: EngineStats, ranks: Ranks) -> None:
+    def add_stats(self, stats: EngineStats, ranks: DataParallelRanks) -> None:
         stats.kv_tiers = tier_stats(self.tiers, ranks.runners, ranks.schedulers, stats.prefix_cache_hits,
                                     stats.kv_cache_usage)
 
-    def close(self, ranks: Ranks) -> None:
+    def close(self, ranks: DataParallelRanks) -> None:
         if self.tiers.has_disk:
             persist_kv_cache(self.tiers, ranks.runners, ranks.schedulers)

@@ -6,7 +6,7 @@ import contextlib
 import functools
 from collections.abc import Sequence
 
-from jaxpaged.engine.ranks import Ranks
+from jaxpaged.engine.ranks import DataParallelRanks
 from jaxpaged.features.base import EngineFeature
 from jaxpaged.multihost.leader import FollowerLink
 from jaxpaged.runner.model_runner import ModelRunner
@@ -20,12 +20,12 @@ class MultiHostFeature(EngineFeature):
 
     def __init__(self, runners: Sequence[ModelRunner], timeout_s: float) -> None:
         runner = runners[0]
-        self.followers = FollowerLink(runner.ladder.buckets(), runner.pages_per_seq, timeout_s)
+        self.followers = FollowerLink(runner.ladder.buckets(), runner.blocks_per_seq, timeout_s)
         for rank, each in enumerate(runners):
             each.before_step = functools.partial(self.followers.publish_step, rank)
             each.before_copy = functools.partial(self.followers.publish_copies, rank)
 
-    def after_warmup(self, ranks: Ranks) -> None:
+    def after_warmup(self, ranks: DataParallelRanks) -> None:
         self.followers.warm_up()  # the followers warm up in the same order (multihost/follower.py)
 
     def step_guard(self) -> contextlib.AbstractContextManager[None]:
@@ -39,5 +39,5 @@ class MultiHostFeature(EngineFeature):
     def on_idle(self) -> None:
         self.followers.heartbeat_if_due()
 
-    def close(self, ranks: Ranks) -> None:
+    def close(self, ranks: DataParallelRanks) -> None:
         self.followers.shutdown_followers()

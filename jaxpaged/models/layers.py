@@ -1,6 +1,6 @@
 """Building blocks of a Llama-family decoder: RMSNorm, RoPE, the gated MLP and paged attention.
 
-`paged_attention` is the only caller of the attention backends (pallas_kernels.ragged_paged_attention).
+`paged_attention` is the only caller of the attention backends (jaxpaged.kernels.ragged_paged_attention).
 """
 
 import math
@@ -11,9 +11,9 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
+from jaxpaged.kernels.cpu_native.packed_matmul import packed_matmul, packed_matmuls
+from jaxpaged.kernels.ragged_paged_attention import AttentionMetadata, KVPages, ragged_paged_attention, write_kv
 from jaxpaged.models.model_config import RopeScaling
-from pallas_kernels.cpu_native.packed_matmul import packed_matmul, packed_matmuls
-from pallas_kernels.ragged_paged_attention import AttentionMetadata, KVPages, ragged_paged_attention, write_kv
 
 
 def rms_norm(x: Float[Array, "... dim"], weight: Float[Array, " dim"], eps: float,

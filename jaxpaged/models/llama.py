@@ -6,15 +6,19 @@ on the CPU stored per layer and unrolled (DecoderLayers says why). Every layer's
 [num_layers * num_blocks, block_size, 2 * num_kv_heads, head_dim] that the layers carry and update in place.
 """
 
+import dataclasses
 from collections.abc import Callable
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Float, Int, Shaped, UInt32
 
+from jaxpaged.kernels.bfloat16_bits import from_bits, to_bits
+from jaxpaged.kernels.ragged_paged_attention import AttentionMetadata
 from jaxpaged.models.layers import (
+    RopeTables,
     apply_rope,
     gated_mlp,
     matmul,
@@ -26,8 +30,6 @@ from jaxpaged.models.layers import (
 from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.models.packed_weights import embedding_rows, is_packed, packed_shape
 from jaxpaged.models.param_shapes import param_shapes
-from pallas_kernels.bfloat16_bits import from_bits, to_bits
-from pallas_kernels.ragged_paged_attention import AttentionMetadata
 
 KVCache = Union[Shaped[Array, "layers blocks block_size kv_heads_x2 head_dim"],
                 UInt32[Array, "layers blocks rows lanes"]]
@@ -126,72 +128,43 @@ class LlamaForCausalLM(nnx.Module):
         """The decoder layers of one ragged step: (every token's last hidden state, the updated kv_cache). Rows after
         the step's real tokens (metadata.cu_q_lens[-1]) are padding: the native CPU matmul skips them."""
         cfg = self.cfg
-        num_rows = metadata.cu_q_lens[-1]  # padded sequences repeat the last offset: the real token count
-        eps, offset = cfg.rms_norm_eps, cfg.norm_offset
         num_layers, num_blocks = kv_cache.shape[:2]
         kv_pages = kv_cache.reshape(num_layers * num_blocks, *kv_cache.shape[2:])
         x = embedding_rows(self.embed[...], token_ids)
         if cfg.embed_scale is not None:
             x = x * jnp.asarray(cfg.embed_scale, x.dtype)  # rounded to the activation dtype first, as HF does
-        # Per-layer facts ride along the scan: whether the layer slides its window, and so which RoPE tables it
-        # uses (Gemma 3's local layers rotate with another base), so one layer body serves every layer.
+        global_tables, local_tables = self._rope_tables(positions)
+        alternating = bool(cfg.layer_is_sliding) and cfg.sliding_window is not None
+        step = _StepContext(cfg, metadata, attend, num_rows=metadata.cu_q_lens[-1], num_blocks=num_blocks,
+                            global_tables=global_tables, local_tables=local_tables, alternating=alternating)
+        if self.layers.per_layer:
+            carry = (x, kv_pages)
+            for index in range(num_layers):
+                sliding = not alternating or bool(cfg.layer_is_sliding[index])  # every layer slides if any does
+                carry = _decoder_layer(step, carry, self.layers.layer(index), jnp.int32(index), sliding)
+            x, kv_pages = carry
+        else:
+            def scanned_layer(carry, scanned):
+                stacked_slice, layer_index, layer_is_sliding = scanned
+                return _decoder_layer(step, carry, DecoderLayers.one_layer(stacked_slice), layer_index,
+                                      layer_is_sliding), None
+
+            layer_ids = jnp.arange(num_layers, dtype=jnp.int32)
+            is_sliding = jnp.asarray(cfg.layer_is_sliding if alternating else (False,) * num_layers)
+            (x, kv_pages), _ = jax.lax.scan(scanned_layer, (x, kv_pages),
+                                            (self.layers.stacked(), layer_ids, is_sliding))
+        return x, kv_pages.reshape(kv_cache.shape)
+
+    def _rope_tables(self, positions: Int[Array, " num_tokens"]) -> tuple[RopeTables, RopeTables]:
+        """(global, local) RoPE tables of the step's positions: Gemma 3's local layers rotate with another base;
+        elsewhere both are the same tables."""
+        cfg = self.cfg
         global_freq = rope_inverse_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling) / cfg.rope_linear_factor
         materialize = self.layers.per_layer
         global_tables = rope_tables(positions, global_freq, materialize=materialize)
         local_tables = global_tables if cfg.local_rope_theta is None else rope_tables(
             positions, rope_inverse_frequencies(cfg.head_dim, cfg.local_rope_theta, None), materialize=materialize)
-        alternating = bool(cfg.layer_is_sliding) and cfg.sliding_window is not None
-        is_sliding = jnp.asarray(cfg.layer_is_sliding if alternating else (False,) * num_layers)
-
-        def layer(carry, w, layer_index, layer_is_sliding):
-            x, kv_pages = carry
-            num_tokens = x.shape[0]
-            h = rms_norm(x, w["input_norm"], eps, offset)
-            q, k, v = matmuls(h, (w["q_proj"], w["k_proj"], w["v_proj"]), num_rows=num_rows)
-            if cfg.qkv_bias:
-                q, k, v = q + w["q_bias"], k + w["k_bias"], v + w["v_bias"]
-            q = q.reshape(num_tokens, cfg.num_q_heads, cfg.head_dim)
-            k = k.reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
-            v = v.reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
-            if cfg.qk_norm:
-                q = rms_norm(q, w["q_norm"], eps, offset)
-                k = rms_norm(k, w["k_norm"], eps, offset)
-            if isinstance(layer_is_sliding, bool):  # unrolled: the layer's kind is known, no cond to compile
-                window, traced_is_sliding = (cfg.sliding_window if layer_is_sliding else None), None
-                tables = local_tables if layer_is_sliding and alternating else global_tables
-            else:
-                window, traced_is_sliding = cfg.sliding_window, (layer_is_sliding if alternating else None)
-                tables = global_tables if local_tables is global_tables else jax.tree.map(
-                    lambda local, global_: jnp.where(layer_is_sliding, local, global_), local_tables, global_tables)
-            q = apply_rope(q, tables)
-            k = apply_rope(k, tables)
-            attn, kv_pages = attend(q, k, v, kv_pages, layer_index * num_blocks, metadata, traced_is_sliding,
-                                    sliding_window=window, sm_scale=cfg.attn_scale, soft_cap=cfg.attn_soft_cap)
-            attn = matmul(attn.reshape(num_tokens, -1), w["o_proj"], num_rows=num_rows)
-            if cfg.sandwich_norms:
-                attn = rms_norm(attn, w["attn_out_norm"], eps, offset)
-            x = x + attn
-            h = rms_norm(x, w["post_norm"], eps, offset)
-            mlp = gated_mlp(h, w["gate_proj"], w["up_proj"], w["down_proj"], cfg.hidden_activation, num_rows)
-            if cfg.sandwich_norms:
-                mlp = rms_norm(mlp, w["mlp_out_norm"], eps, offset)
-            return x + mlp, kv_pages
-
-        if self.layers.per_layer:
-            carry = (x, kv_pages)
-            for index in range(num_layers):
-                sliding = not alternating or bool(cfg.layer_is_sliding[index])  # every layer slides if any does
-                carry = layer(carry, self.layers.layer(index), jnp.int32(index), sliding)
-            x, kv_pages = carry
-        else:
-            def scanned_layer(carry, scanned):
-                stacked_slice, layer_index, layer_is_sliding = scanned
-                return layer(carry, DecoderLayers.one_layer(stacked_slice), layer_index, layer_is_sliding), None
-
-            layer_ids = jnp.arange(num_layers, dtype=jnp.int32)
-            (x, kv_pages), _ = jax.lax.scan(scanned_layer, (x, kv_pages),
-                                            (self.layers.stacked(), layer_ids, is_sliding))
-        return x, kv_pages.reshape(kv_cache.shape)
+        return global_tables, local_tables
 
     def logits(self, x: Float[Array, "rows hidden"], num_rows: Optional[Int[Array, ""]] = None,
                ) -> Float[Array, "rows vocab"]:
@@ -211,3 +184,60 @@ class LlamaForCausalLM(nnx.Module):
         if cfg.final_soft_cap is not None:
             logits = cfg.final_soft_cap * jnp.tanh(logits / cfg.final_soft_cap)
         return logits
+
+
+@dataclasses.dataclass(frozen=True)
+class _StepContext:
+    """What every decoder layer of one step reads besides its weights and the carried activations and pages."""
+
+    cfg: ModelConfig
+    metadata: AttentionMetadata
+    attend: Callable
+    num_rows: Any
+    """The step's real token count (a traced int32): rows after it are padding."""
+    num_blocks: int
+    """Blocks per layer in the stacked pages: layer i's pages start at i * num_blocks."""
+    global_tables: Any
+    local_tables: Any
+    alternating: bool
+    """Layers alternate sliding-window and full attention (Gemma 2 / 3)."""
+
+
+def _decoder_layer(step: _StepContext, carry, w: dict[str, Any], layer_index, layer_is_sliding):
+    """One decoder layer: attention (K/V written into the layer's pages) and the MLP, each behind its norm(s).
+    `layer_is_sliding` is a bool when the layers are unrolled (no cond to compile), traced under the scan."""
+    cfg, num_rows = step.cfg, step.num_rows
+    eps, offset = cfg.rms_norm_eps, cfg.norm_offset
+    x, kv_pages = carry
+    num_tokens = x.shape[0]
+    h = rms_norm(x, w["input_norm"], eps, offset)
+    q, k, v = matmuls(h, (w["q_proj"], w["k_proj"], w["v_proj"]), num_rows=num_rows)
+    if cfg.qkv_bias:
+        q, k, v = q + w["q_bias"], k + w["k_bias"], v + w["v_bias"]
+    q = q.reshape(num_tokens, cfg.num_q_heads, cfg.head_dim)
+    k = k.reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+    v = v.reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+    if cfg.qk_norm:
+        q = rms_norm(q, w["q_norm"], eps, offset)
+        k = rms_norm(k, w["k_norm"], eps, offset)
+    global_tables, local_tables = step.global_tables, step.local_tables
+    if isinstance(layer_is_sliding, bool):  # unrolled: the layer's kind is known, no cond to compile
+        window, traced_is_sliding = (cfg.sliding_window if layer_is_sliding else None), None
+        tables = local_tables if layer_is_sliding and step.alternating else global_tables
+    else:
+        window, traced_is_sliding = cfg.sliding_window, (layer_is_sliding if step.alternating else None)
+        tables = global_tables if local_tables is global_tables else jax.tree.map(
+            lambda local, global_: jnp.where(layer_is_sliding, local, global_), local_tables, global_tables)
+    q = apply_rope(q, tables)
+    k = apply_rope(k, tables)
+    attn, kv_pages = step.attend(q, k, v, kv_pages, layer_index * step.num_blocks, step.metadata, traced_is_sliding,
+                                 sliding_window=window, sm_scale=cfg.attn_scale, soft_cap=cfg.attn_soft_cap)
+    attn = matmul(attn.reshape(num_tokens, -1), w["o_proj"], num_rows=num_rows)
+    if cfg.sandwich_norms:
+        attn = rms_norm(attn, w["attn_out_norm"], eps, offset)
+    x = x + attn
+    h = rms_norm(x, w["post_norm"], eps, offset)
+    mlp = gated_mlp(h, w["gate_proj"], w["up_proj"], w["down_proj"], cfg.hidden_activation, num_rows)
+    if cfg.sandwich_norms:
+        mlp = rms_norm(mlp, w["mlp_out_norm"], eps, offset)
+    return x + mlp, kv_pages

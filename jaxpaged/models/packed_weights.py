@@ -1,4 +1,4 @@
-"""Weights stored as panels for the native CPU matmul (pallas_kernels/cpu_native/packed_matmul.py).
+"""Weights stored as panels for the native CPU matmul (jaxpaged/kernels/cpu_native/packed_matmul.py).
 
 On a CPU in float32 (and in bfloat16 where the CPU has AVX512-BF16), on one device per rank (runner/mesh.py
 place_params), every matmul weight whose outer size is a whole number of panels and whose inner size is even is
@@ -14,14 +14,14 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
-from jaxpaged.models.model_config import ModelConfig
-from pallas_kernels.cpu_native.packed_matmul import (
+from jaxpaged.kernels.cpu_native.packed_matmul import (
     PANEL_WIDTH,
     fills_whole_panels,
     pack_panels,
     packs_dtype,
     panel_columns,
 )
+from jaxpaged.models.model_config import ModelConfig
 
 EmbeddingTable = Union[Float[Array, "vocab hidden"], Float[Array, "vocab_panels hidden 16"]]
 """A tied embedding as loaded, or packed as the panels of its transpose."""

@@ -30,7 +30,7 @@ def run_follower(loaded: LoadedModel, config: EngineConfig, timeout_s: float) ->
     runners = build_rank_runners(loaded, config)
     for runner in runners:
         runner.warmup(sampler=False)
-    channel = StepPlanChannel(runners[0].ladder.buckets(), runners[0].pages_per_seq)
+    channel = StepPlanChannel(runners[0].ladder.buckets(), runners[0].blocks_per_seq)
     watchdog = CollectiveWatchdog(timeout_s, _leader_lost)
     with watchdog.guard("process 0's warm-up", timeout_s=max(300.0, timeout_s)):  # it also compiles its sampler
         channel.warm_up()

@@ -34,9 +34,9 @@ def _exit_now(what: str) -> None:
 class FollowerLink:
     """The leader's view of its followers: the plan channel plus a deadline on every wait for them."""
 
-    def __init__(self, buckets: Sequence[Bucket], pages_per_seq: int, timeout_s: float,
+    def __init__(self, buckets: Sequence[Bucket], blocks_per_seq: int, timeout_s: float,
                  on_lost: Callable[[str], None] = _exit_now) -> None:
-        self.channel = StepPlanChannel(buckets, pages_per_seq)
+        self.channel = StepPlanChannel(buckets, blocks_per_seq)
         self.watchdog = CollectiveWatchdog(timeout_s, on_lost)
         self.heartbeat_interval_s = timeout_s / 3
         self._last_publish = time.monotonic()

@@ -42,10 +42,10 @@ class StepPlan:
 class StepPlanChannel:
     """Process 0 publishes plans; every other process receives them, in the same order."""
 
-    def __init__(self, buckets: Sequence[Bucket], pages_per_seq: int) -> None:
+    def __init__(self, buckets: Sequence[Bucket], blocks_per_seq: int) -> None:
         self.buckets = list(buckets)
         self._bucket_index = {bucket: index for index, bucket in enumerate(self.buckets)}
-        self.pages_per_seq = pages_per_seq
+        self.blocks_per_seq = blocks_per_seq
 
     def publish(self, plan: StepPlan) -> None:
         """Process 0: broadcast one plan (returns once every process has it)."""
@@ -75,4 +75,4 @@ class StepPlanChannel:
             multihost_utils.broadcast_one_to_all(self._empty(bucket))
 
     def _empty(self, bucket: Bucket) -> StepInputs:
-        return empty_step_inputs(bucket.num_tokens, bucket.num_seqs, self.pages_per_seq)
+        return empty_step_inputs(bucket.num_tokens, bucket.num_seqs, self.blocks_per_seq)

@@ -18,10 +18,10 @@ import numpy as np
 from jaxtyping import Array, Int
 
 from jaxpaged.core.scheduler_output import ScheduledRequest
+from jaxpaged.kernels.pytree import HostOrDeviceArray, register_pytree_dataclass
+from jaxpaged.kernels.ragged_paged_attention import AttentionMetadata, empty_attention_metadata
 from jaxpaged.runner.buckets import Bucket
 from jaxpaged.runner.host_block_table import HostBlockTable
-from pallas_kernels.pytree import HostOrDeviceArray, register_pytree_dataclass
-from pallas_kernels.ragged_paged_attention import AttentionMetadata, empty_attention_metadata
 
 
 @register_pytree_dataclass
@@ -53,12 +53,12 @@ class StepInputs:
         return jnp.max(jnp.where(indices > 0, positions, 1))
 
 
-def empty_step_inputs(num_tokens: int, max_num_seqs: int, pages_per_seq: int) -> StepInputs:
+def empty_step_inputs(num_tokens: int, max_num_seqs: int, blocks_per_seq: int) -> StepInputs:
     """A host batch of the given bucket (numpy, filled by the model runner): token ids, positions and attention
     metadata zero, prompt-logprob targets and token sources -1. Every field is a view of one int32 array, laid out
     as pack_step_inputs sends it, so sending the batch copies nothing: one allocation a step instead of eight and
     a concatenation."""
-    template, treedef, spans = _packed_template(num_tokens, max_num_seqs, pages_per_seq)
+    template, treedef, spans = _packed_template(num_tokens, max_num_seqs, blocks_per_seq)
     packed = template.copy()  # fresh each step: the array sent before may still be read by the device
     batch = jax.tree.unflatten(treedef, [packed[start:end].reshape(shape) for start, end, shape in spans])
     batch.__dict__[_PACKED] = packed  # not a field: pytree flattening leaves it out
@@ -70,10 +70,10 @@ _PACKED = "_packed_fields"
 
 
 @functools.lru_cache(maxsize=64)
-def _packed_template(num_tokens: int, max_num_seqs: int, pages_per_seq: int):
+def _packed_template(num_tokens: int, max_num_seqs: int, blocks_per_seq: int):
     """The packed array of an empty batch of one bucket, the batch's treedef, and each field's span in the array."""
     fields = StepInputs(token_ids=np.zeros(num_tokens, np.int32), positions=np.zeros(num_tokens, np.int32),
-                        attention=empty_attention_metadata(num_tokens, max_num_seqs, pages_per_seq),
+                        attention=empty_attention_metadata(num_tokens, max_num_seqs, blocks_per_seq),
                         sample_indices=np.zeros(max_num_seqs, np.int32),
                         prompt_logprob_targets=np.full(num_tokens, -1, np.int32),
                         token_sources=np.full(num_tokens, -1, np.int32))
@@ -91,9 +91,9 @@ def fill_step_inputs(scheduled: Sequence[ScheduledRequest], bucket: Bucket, bloc
     runner's, kept between steps) is brought up to date and copied in.
 
     Each field is gathered in a Python list and converted once. This runs with cold caches (the device step has
-    just streamed the weights through them), where what counts is how much code and data a step touches. At 64
-    decodes (AMD EPYC, AVX2): a numpy call per request and field took 0.32-0.34 ms, numpy-vectorised filling
-    0.37-0.40 ms (every numpy call is cold code), this loop 0.22 ms.
+    just streamed the weights through them), where what counts is how much code and data a step touches: a numpy
+    call per request and field, and numpy-vectorised filling (every numpy call is cold code), both measured slower
+    than this loop (docs/performance.md).
     """
     batch = empty_step_inputs(bucket.num_tokens, bucket.num_seqs, block_table.table.shape[1])
     attention = batch.attention
@@ -137,8 +137,8 @@ class PackedLayout:
     """Where each StepInputs field lies in the one int32 array a step's inputs travel in: a static argument of the
     compiled step (one per bucket), which cuts the array back into the fields on the device.
 
-    Why one array: `jax.device_put` of the 10-field pytree took 0.44 ms a step, warm (AMD EPYC Zen 4, the W1 bucket of
-    64 rows), one array of the same ints 0.07 ms; each field is a transfer of its own, with its own bookkeeping."""
+    Why one array: each field of the 10-field pytree would be a transfer of its own, with its own bookkeeping; one
+    array of the same ints costs a fraction of that (docs/performance.md has the figures)."""
 
     treedef: Any
     shapes: tuple[tuple[int, ...], ...]

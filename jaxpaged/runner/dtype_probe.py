@@ -21,12 +21,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpaged.atomic_file import write_atomically
+from jaxpaged.kernels.cpu_native import packed_matmul
+from jaxpaged.kernels.cpu_native.native_build import cpu_identity
 from jaxpaged.models.layers import matmul
 from jaxpaged.models.packed_weights import packs_weights_on
 from jaxpaged.timing import call_seconds
 from jaxpaged.weights.loader import cache_root
-from pallas_kernels.cpu_native import packed_matmul
-from pallas_kernels.cpu_native.native_build import cpu_identity
 
 logger = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpaged.config import CacheConfig
+from jaxpaged.kernels.ragged_paged_attention.kv_layout import cache_shape, packed_layout_for, physical_bytes
 from jaxpaged.models.model_config import ModelConfig
-from pallas_kernels.ragged_paged_attention.kv_layout import cache_shape, packed_layout_for, physical_bytes
 
 # On CPU the KV pool shares a 24 GiB machine with the weights, XLA's buffers and the rest of the box.
 CPU_DEFAULT_KV_CACHE_BYTES = 1 << 30
@@ -83,7 +83,7 @@ def _default_budget_bytes() -> int:
 
 def allocate_kv_cache(model: ModelConfig, num_blocks: int, block_size: int, dtype,
                       sharding: Optional[jax.sharding.Sharding] = None, layout: str = "interleaved") -> jax.Array:
-    """A zeroed pool of every layer's pages in `layout`, stacked on axis 0 and created in place on its devices
+    """A zeroed pool of every layer's blocks in `layout`, stacked on axis 0 and created in place on its devices
     (each shard allocates only its part); block 0 is the null block that padding writes to."""
     layer_shape, layer_dtype = cache_shape(num_blocks, block_size, model.num_kv_heads, model.head_dim, dtype, layout)
     shape = (model.num_layers, *layer_shape)

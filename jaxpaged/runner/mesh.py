@@ -1,7 +1,7 @@
 """The device mesh of one engine rank, and where every array of the step lives on it.
 
 The only module that knows the axis names. A rank's mesh has axes ("data", "model") with shape (1, tp): data
-parallelism is one rank per device group (each with its own page pool and scheduler, see engine.py), tensor
+parallelism is one rank per device group (each with its own block pool and scheduler, see engine/ranks.py), tensor
 parallelism is the "model" axis, Megatron style:
   - q/k/v and gate/up are column-parallel (their output axis sharded), o and down row-parallel (input axis
     sharded), so each layer needs one all-reduce after attention and one after the MLP; XLA's SPMD partitioner

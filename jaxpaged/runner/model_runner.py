@@ -93,9 +93,9 @@ class ModelRunner:
         self.num_kv_blocks, self.memory_plan = plan.num_kv_blocks, plan.memory
         self.block_size = config.cache.block_size
         sched = config.scheduler
-        self.pages_per_seq = -(-sched.max_model_len // self.block_size)
+        self.blocks_per_seq = -(-sched.max_model_len // self.block_size)
         self.ladder = BucketLadder(sched.max_num_batched_tokens, sched.max_num_seqs)
-        self.block_table = HostBlockTable(sched.max_num_seqs, self.pages_per_seq)
+        self.block_table = HostBlockTable(sched.max_num_seqs, self.blocks_per_seq)
         self._replicated = mesh_lib.replicated(self.mesh)
         graphdef = self._place_weights(params)
         kv_sharding = jax.sharding.NamedSharding(self.mesh, mesh_lib.kv_cache_spec(self.kv_layout))
@@ -183,7 +183,7 @@ class ModelRunner:
         assert self.tier_transfer is not None
         self.kv_cache, load_seconds = self.tier_transfer.measure_load_seconds(self.kv_cache)
         bucket = self.ladder.buckets()[-1]
-        batch = empty_step_inputs(bucket.num_tokens, bucket.num_seqs, self.pages_per_seq)
+        batch = empty_step_inputs(bucket.num_tokens, bucket.num_seqs, self.blocks_per_seq)
         seconds = []
         for _ in range(3):
             start = time.perf_counter()
@@ -205,9 +205,8 @@ class ModelRunner:
                 row_counts = {bucket.num_seqs for bucket in buckets} - {self.ladder.max_num_seqs}
                 tasks += [functools.partial(self._compile_pad, num_rows) for num_rows in sorted(row_counts)]
         # Side by side, the long step compiles first: tracing holds the GIL, but XLA's compile (or its
-        # persistent-cache load) releases it and is most of the time (SmolLM2 float32, W1's config, 2-core AVX2
-        # EPYC, alternated: 29.2-32.3 -> 23.3-24.5 s, cold or from the cache). With several processes the order
-        # stays fixed: each must build the same programs.
+        # persistent-cache load) releases it and is most of the time (the warm-up gain is in docs/performance.md).
+        # With several processes the order stays fixed: each must build the same programs.
         workers = min(len(tasks), os.cpu_count() or 1, MAX_PARALLEL_COMPILES) if jax.process_count() == 1 else 1
         with ThreadPoolExecutor(workers, thread_name_prefix="jaxpaged-compile") as pool:
             for future in [pool.submit(task) for task in tasks]:
@@ -217,7 +216,7 @@ class ModelRunner:
 
     def _executable(self, bucket: Bucket):
         if bucket not in self._compiled:
-            example = empty_step_inputs(bucket.num_tokens, bucket.num_seqs, self.pages_per_seq)
+            example = empty_step_inputs(bucket.num_tokens, bucket.num_seqs, self.blocks_per_seq)
             packed = jax.device_put(pack_step_inputs(example), self._replicated)
             self._compiled[bucket] = self._jitted.lower(self.state, self.kv_cache, packed, self._no_previous_tokens,
                                                         PackedLayout.of(example)).compile()

@@ -17,6 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpaged.config import EngineConfig
+from jaxpaged.kernels.cpu_native.paged_decode import native_decode_available
+from jaxpaged.kernels.ragged_paged_attention import resolve_attention_backend
 from jaxpaged.models.llama import unroll_layers_on
 from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.models.packed_weights import packs_weights_on
@@ -29,8 +31,6 @@ from jaxpaged.runner.memory_plan import (
     plan_memory,
     weight_bytes_per_device,
 )
-from pallas_kernels.cpu_native.paged_decode import native_decode_available
-from pallas_kernels.ragged_paged_attention import resolve_attention_backend
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class StartupPlan:
     native_decode: bool
     """Decode rows read their KV in place through the native CPU attention kernel (else the jnp path)."""
     kv_layout: str
-    """The KV pool's layout (pallas_kernels/ragged_paged_attention/kv_layout.py)."""
+    """The KV pool's layout (jaxpaged/kernels/ragged_paged_attention/kv_layout.py)."""
     num_kv_blocks: int
     """Blocks in the pool, the null block included."""
     memory: MemoryPlan

@@ -14,8 +14,8 @@ import numpy as np
 from jaxtyping import Bool, Float32, Int32, UInt32
 
 from jaxpaged.checks import is_int
+from jaxpaged.kernels.pytree import HostOrDeviceArray, register_pytree_dataclass
 from jaxpaged.sampling.params import MAX_LOGPROBS, SamplingParams
-from pallas_kernels.pytree import HostOrDeviceArray, register_pytree_dataclass
 
 SamplingMode = Literal["greedy", "random", "top_k_top_p"]
 SAMPLING_MODES: tuple[SamplingMode, ...] = ("greedy", "random", "top_k_top_p")
@@ -51,8 +51,8 @@ class SamplerFlags:
     """Penalties, logit_bias or suppressed ids: the dense [rows, vocab] arrays are in the batch."""
     return_logprobs: bool
     """Some row asked for logprobs (any number, 0 included): the sampled ids' logprobs and ranks and every row's top
-    min(20, vocab) come back. Otherwise only the ids: the log-softmax over the vocabulary and the rank pass are
-    skipped (~6 of the 6.5 ms a greedy 64 x 49,152 sample took on a 2-core Zen 4 EPYC)."""
+    min(20, vocab) come back. Otherwise only the ids: the log-softmax over the vocabulary and the rank pass, most of
+    a greedy sample's time, are skipped."""
 
 
 @register_pytree_dataclass

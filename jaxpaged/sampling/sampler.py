@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, UInt32
 
+from jaxpaged.kernels.pytree import HostOrDeviceArray, register_pytree_dataclass
 from jaxpaged.sampling.batch import (
     SAMPLING_MODES,
     SamplerFlags,
@@ -33,7 +34,6 @@ from jaxpaged.sampling.batch import (
     warmup_sampling_batch,
 )
 from jaxpaged.sampling.params import MAX_LOGPROBS
-from pallas_kernels.pytree import HostOrDeviceArray, register_pytree_dataclass
 
 __all__ = [
     "SAMPLING_MODES", "SamplerFlags", "SamplerOutput", "SamplingBatch", "SamplingRow",
@@ -180,11 +180,11 @@ _ARGMAX_BLOCK = 128
 def row_argmax(values: Float[Array, "num_rows n"]) -> Int[Array, " num_rows"]:
     """jnp.argmax(values, axis=-1), exactly (the first index of the maximum; a NaN counts as the maximum), in two
     levels: the maximum of each 128-column block, the first block holding the row's maximum, then the first index
-    in that block. XLA:CPU runs a variadic (value, index) reduction as a scalar loop: at 64 x 49,152 logits argmax
-    took 7.2-8.5 ms, a tenth of a bfloat16 decode step, where this takes 0.4-0.5 ms (2-core Zen 4 EPYC); a plain
-    max reduction vectorises, and what is left for argmax is 64 x 384 block maxima and one 128-column block per
-    row. The first block whose maximum equals the row's holds the row's first maximum, and a NaN makes its block's
-    maximum NaN, so both keep argmax's answer."""
+    in that block. XLA:CPU runs a variadic (value, index) reduction as a scalar loop, over a full vocabulary a
+    sizeable part of a decode step (docs/performance.md); a plain max reduction vectorises, and what is left
+    for argmax is the block maxima (384 per row at a 49,152 vocabulary) and one 128-column block per row. The
+    first block whose maximum equals the row's holds the row's first maximum, and a NaN makes its block's maximum
+    NaN, so both keep argmax's answer."""
     num_rows, n = values.shape
     num_blocks = -(-n // _ARGMAX_BLOCK)
     if num_blocks * _ARGMAX_BLOCK != n:  # -inf never beats a real entry; an all -inf row still answers 0

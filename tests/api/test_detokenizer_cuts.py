@@ -106,3 +106,26 @@ def test_a_multibyte_stop_prefix_cut_mid_character(smollm2_tokenizer, stop):
         assert stop not in expected
         assert "".join(deltas) == detokenizer.output_text == expected
         assert detokenizer.stop_string is None
+
+
+class _WithoutRustBackend:
+    """The tokenizer with only transformers' decode in reach: the detokenizer's window fallback runs."""
+
+    def __init__(self, tokenizer):
+        self.decode = tokenizer.decode
+
+
+@pytest.mark.parametrize("stop", [(), ("ść",), ("dź ",)])
+@pytest.mark.parametrize("text", MULTIBYTE_TEXTS)
+def test_the_decode_stream_releases_what_the_window_fallback_releases(smollm2_tokenizer, text, stop):
+    """At every cut of every multi-byte text, fed one and three ids at a time, the DecodeStream path's deltas,
+    final text and stop string are the window fallback's (an independent decode of the same ids)."""
+    tok = smollm2_tokenizer
+    ids = tok.encode(text) + tok.encode(" ok")
+    for cut in range(1, len(ids) + 1):
+        for chunk_size in (1, 3):
+            fast = IncrementalDetokenizer(tok, tok.encode("Say it:"), stop=stop)
+            slow = IncrementalDetokenizer(_WithoutRustBackend(tok), tok.encode("Say it:"), stop=stop)
+            assert fast._stream is not None and slow._stream is None
+            assert stream(fast, ids[:cut], chunk_size) == stream(slow, ids[:cut], chunk_size), (text, cut)
+            assert (fast.output_text, fast.stop_string) == (slow.output_text, slow.stop_string)

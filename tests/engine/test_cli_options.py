@@ -52,7 +52,7 @@ def test_every_config_field_has_a_documented_flag():
         assert parser._option_string_actions[flag].dest == name
         assert field_docs()[name], f"{name} has no docstring in config.py"
     assert list(engine_options()) == list(FIELDS)
-    assert field_docs()["block_size"] == "Tokens per KV block (page)."
+    assert field_docs()["block_size"] == "Tokens per KV block (the kernels call it a page)."
     # Nothing given: nothing set, so every EngineConfig default applies.
     assert _options([]) == {}
     assert EngineConfig.from_options(**_options([])) == EngineConfig()

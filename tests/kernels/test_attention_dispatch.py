@@ -5,14 +5,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels.ragged_paged_attention import (
+from jaxpaged.kernels.ragged_paged_attention import (
     AttentionMetadata,
     ragged_paged_attention,
     ragged_paged_attention_xla,
     resolve_attention_backend,
     write_kv,
 )
-from pallas_kernels.ragged_paged_attention.example_batch import make_ragged_batch
+from jaxpaged.kernels.ragged_paged_attention.example_batch import make_ragged_batch
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The native CPU kernel (pallas_kernels/cpu_native) inside the "xla" backend: it is really built and called, and it
+"""The native CPU kernel (jaxpaged/kernels/cpu_native) inside the "xla" backend: it is really built and called, and it
 equals the spec loop and the jnp passes at the edge lengths, with GQA, windows, soft caps and bf16, for decode rows
 and for prefill rows (each a decode at its own position)."""
 
@@ -9,10 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels.cpu_native.paged_decode import native_decode_available
-from pallas_kernels.ragged_paged_attention import xla
-from pallas_kernels.ragged_paged_attention.example_batch import make_ragged_batch
-from pallas_kernels.ragged_paged_attention.spec import ragged_paged_attention_spec
+from jaxpaged.kernels.cpu_native.paged_decode import native_decode_available
+from jaxpaged.kernels.ragged_paged_attention import xla
+from jaxpaged.kernels.ragged_paged_attention.example_batch import make_ragged_batch
+from jaxpaged.kernels.ragged_paged_attention.spec import ragged_paged_attention_spec
 
 PAGE = 16
 # Decode rows at kv lengths 1, page - 1, page, page + 1 and many pages, beside a prefill and a padded sequence.

@@ -1,4 +1,4 @@
-"""The native CPU matmul against packed weights (pallas_kernels/cpu_native/packed_matmul): it is really built and
+"""The native CPU matmul against packed weights (jaxpaged/kernels/cpu_native/packed_matmul): it is really built and
 called, and equals a float64 product at the edges of its tiling: 0 and 1 rows, the 6-row (AVX2) and 12-row (AVX-512)
 register tiles and one row either side, a 72-row work item and one row past it, several items; panel counts below, at
 and past a 4-panel item, odd ones (the AVX-512 tile takes two panels). The AVX2 tiling is also built and checked on a
@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels.cpu_native.native_build import register
-from pallas_kernels.cpu_native.packed_matmul import (
+from jaxpaged.kernels.cpu_native.native_build import register
+from jaxpaged.kernels.cpu_native.packed_matmul import (
     FLAGS,
     SOURCE,
     fills_whole_panels,
@@ -193,7 +193,7 @@ def test_every_bfloat16_output_column_comes_from_its_own_weight_column():
 
 
 def test_bfloat16_weights_pack_only_with_avx512_bf16_and_without_amx(monkeypatch):
-    from pallas_kernels.cpu_native import packed_matmul as module
+    from jaxpaged.kernels.cpu_native import packed_matmul as module
 
     decide = module.packed_bfloat16_available.__wrapped__  # uncached: the real verdict stays as it is
     for flags in ("avx2 fma", "avx512f avx512_bf16 amx_bf16 amx_tile"):

@@ -1,8 +1,8 @@
-"""The native kernels' build cache (pallas_kernels/cpu_native/native_build.py) keys a library by everything that
+"""The native kernels' build cache (jaxpaged/kernels/cpu_native/native_build.py) keys a library by everything that
 shapes it: a header beside the source (which the source may include) changes the key as the source itself does, so
 no stale build is loaded after either is edited."""
 
-from pallas_kernels.cpu_native.native_build import _build_key
+from jaxpaged.kernels.cpu_native.native_build import _build_key
 
 
 def test_the_key_follows_the_source_and_the_headers_beside_it(tmp_path):

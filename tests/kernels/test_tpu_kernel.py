@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from jax.experimental.pallas import tpu as pltpu
 
-from pallas_kernels.ragged_paged_attention.metadata import AttentionMetadata
-from pallas_kernels.ragged_paged_attention.tpu import ragged_paged_attention_tpu
-from pallas_kernels.ragged_paged_attention.xla import ragged_paged_attention_xla
+from jaxpaged.kernels.ragged_paged_attention.metadata import AttentionMetadata
+from jaxpaged.kernels.ragged_paged_attention.tpu import ragged_paged_attention_tpu
+from jaxpaged.kernels.ragged_paged_attention.xla import ragged_paged_attention_xla
 from tests.kernels.conftest import abstract_step, check_kernel_config
 
 # (page_size, head_dim, num_q_heads, num_kv_heads, dtype, kernel options): every page size, head dim,

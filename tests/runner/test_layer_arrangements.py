@@ -17,8 +17,8 @@ import pytest
 import jaxpaged.runner.startup as startup_module
 from jaxpaged.config import EngineConfig
 from jaxpaged.core.scheduler_output import SchedulerOutput
+from jaxpaged.kernels.cpu_native.packed_matmul import packed_bfloat16_available
 from jaxpaged.runner.model_runner import ModelRunner
-from pallas_kernels.cpu_native.packed_matmul import packed_bfloat16_available
 from tests.models.conftest import make_hf_checkpoint
 from tests.runner.test_step_preparation import _scheduled
 

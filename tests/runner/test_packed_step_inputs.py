@@ -9,9 +9,9 @@ import pytest
 from jaxpaged.runner.batch import PackedLayout, empty_step_inputs, pack_step_inputs, unpack_step_inputs
 
 
-@pytest.mark.parametrize("num_tokens,num_seqs,pages_per_seq", [(1, 1, 1), (16, 4, 3), (64, 64, 32)])
-def test_every_field_comes_back_from_the_packed_array(num_tokens, num_seqs, pages_per_seq):
-    batch = empty_step_inputs(num_tokens, num_seqs, pages_per_seq)
+@pytest.mark.parametrize("num_tokens,num_seqs,blocks_per_seq", [(1, 1, 1), (16, 4, 3), (64, 64, 32)])
+def test_every_field_comes_back_from_the_packed_array(num_tokens, num_seqs, blocks_per_seq):
+    batch = empty_step_inputs(num_tokens, num_seqs, blocks_per_seq)
     leaves, treedef = jax.tree.flatten(batch)
     rng = np.random.default_rng(num_tokens)
     filled = [rng.integers(-5, 10**6, leaf.shape).astype(np.int32) for leaf in leaves]  # every field its own values

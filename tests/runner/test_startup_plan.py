@@ -8,10 +8,10 @@ import logging
 import pytest
 
 from jaxpaged.config import EngineConfig
+from jaxpaged.kernels.cpu_native.packed_matmul import packed_matmul_available
+from jaxpaged.kernels.cpu_native.paged_decode import native_decode_available
 from jaxpaged.runner import mesh as mesh_lib
 from jaxpaged.runner.startup import StartupPlan, plan_startup
-from pallas_kernels.cpu_native.packed_matmul import packed_matmul_available
-from pallas_kernels.cpu_native.paged_decode import native_decode_available
 
 OPTIONS = dict(block_size=4, num_kv_blocks=32, max_model_len=64, max_num_batched_tokens=16, max_num_seqs=4,
                dtype="float32", attention_backend="xla")

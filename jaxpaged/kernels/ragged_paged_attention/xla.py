@@ -2,7 +2,7 @@
 
 This is the production CPU path, so its cost grows with the KV actually attended, never with the
 block table's width.
-  - On the CPU, every q row goes through the native kernel (pallas_kernels/cpu_native): each row reads its
+  - On the CPU, every q row goes through the native kernel (jaxpaged/kernels/cpu_native): each row reads its
     sequence's pages in place, up to its causal end, a prefill chunk's rows a block at a time.
   - Elsewhere (or without a compiler), loops with *traced* trip counts walk KV chunks of a few pages, in two
     passes. Decode pass: every sequence with one new token at once, each row gathering its own pages. Prefill
@@ -20,10 +20,10 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, Shaped
 
-from pallas_kernels.bfloat16_bits import from_bits
-from pallas_kernels.cpu_native.paged_decode import KV_DTYPES, native_decode_available, paged_decode
-from pallas_kernels.ragged_paged_attention.kv_layout import kv_storage
-from pallas_kernels.ragged_paged_attention.metadata import MASK_VALUE, AttentionMetadata
+from jaxpaged.kernels.bfloat16_bits import from_bits
+from jaxpaged.kernels.cpu_native.paged_decode import KV_DTYPES, native_decode_available, paged_decode
+from jaxpaged.kernels.ragged_paged_attention.kv_layout import kv_storage
+from jaxpaged.kernels.ragged_paged_attention.metadata import MASK_VALUE, AttentionMetadata
 
 # Pages gathered per loop step. 4 pages of 16 tokens = 64 KV tokens: big enough that the loop
 # overhead is small, small enough that decode rows waste little past their kv_len.

@@ -15,7 +15,7 @@ from typing import Optional
 
 import numpy as np
 
-from pallas_kernels.ragged_paged_attention.metadata import AttentionMetadata
+from jaxpaged.kernels.ragged_paged_attention.metadata import AttentionMetadata
 
 
 def ragged_paged_attention_spec(q, kv_pages, metadata: AttentionMetadata, *, sm_scale: float,

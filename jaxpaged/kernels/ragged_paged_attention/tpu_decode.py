@@ -24,9 +24,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jaxtyping import Array, Float, Int, UInt32
 
-from pallas_kernels.ragged_paged_attention.kv_layout import PackedLayout, kv_scratch_shape, load_head, rows_per_token
-from pallas_kernels.ragged_paged_attention.metadata import MASK_VALUE
-from pallas_kernels.ragged_paged_attention.tpu_online_softmax import accumulate_head
+from jaxpaged.kernels.ragged_paged_attention.kv_layout import PackedLayout, kv_scratch_shape, load_head, rows_per_token
+from jaxpaged.kernels.ragged_paged_attention.metadata import MASK_VALUE
+from jaxpaged.kernels.ragged_paged_attention.tpu_online_softmax import accumulate_head
 
 _LANES = 128
 DEFAULT_BLOCK_BYTES = 4 * 1024 * 1024  # per buffer; two buffers stay far below the VMEM limit

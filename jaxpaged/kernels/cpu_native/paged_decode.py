@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int, Shaped
 
-from pallas_kernels.cpu_native.native_build import BASE_FLAGS, register
+from jaxpaged.kernels.cpu_native.native_build import BASE_FLAGS, register
 
 SOURCE = pathlib.Path(__file__).with_name("paged_decode.cc")
 TARGET = "jaxpaged_paged_decode"

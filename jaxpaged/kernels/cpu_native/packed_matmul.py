@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
-from pallas_kernels.cpu_native.native_build import BASE_FLAGS, cpu_identity, register
+from jaxpaged.kernels.cpu_native.native_build import BASE_FLAGS, cpu_identity, register
 
 SOURCE = pathlib.Path(__file__).with_name("packed_matmul.cc")
 TARGET = "jaxpaged_packed_matmul"

@@ -17,17 +17,17 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from pallas_kernels.bfloat16_bits import BITS_DTYPE
-from pallas_kernels.ragged_paged_attention.kv_layout import KVPages
-from pallas_kernels.ragged_paged_attention.metadata import AttentionMetadata, validate_attention_inputs
-from pallas_kernels.ragged_paged_attention.xla import ragged_paged_attention_xla, write_kv_pages
+from jaxpaged.kernels.bfloat16_bits import BITS_DTYPE
+from jaxpaged.kernels.ragged_paged_attention.kv_layout import KVPages
+from jaxpaged.kernels.ragged_paged_attention.metadata import AttentionMetadata, validate_attention_inputs
+from jaxpaged.kernels.ragged_paged_attention.xla import ragged_paged_attention_xla, write_kv_pages
 
 ATTENTION_BACKENDS = ("auto", "xla", "pallas_tpu", "pallas_gpu")
 _AUTO_BY_PLATFORM = {"tpu": "pallas_tpu", "gpu": "pallas_gpu", "cuda": "pallas_gpu", "rocm": "pallas_gpu"}
 
 
 def _rows(num_kv_heads: int, head_dim: int, dtype) -> int:
-    from pallas_kernels.ragged_paged_attention.kv_layout import packed_layout_for
+    from jaxpaged.kernels.ragged_paged_attention.kv_layout import packed_layout_for
     return packed_layout_for(num_kv_heads, head_dim, dtype).rows_per_token
 
 
@@ -87,7 +87,7 @@ def ragged_paged_attention(
         page_size = kv_pages.shape[1] // _rows(num_kv_heads, q.shape[2], q.dtype)
         validate_attention_inputs(q, jnp.zeros((0, page_size, 2 * num_kv_heads, q.shape[2]), q.dtype), metadata,
                                   sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap)
-        from pallas_kernels.ragged_paged_attention.tpu import ragged_paged_attention_tpu
+        from jaxpaged.kernels.ragged_paged_attention.tpu import ragged_paged_attention_tpu
         return ragged_paged_attention_tpu(q, kv_pages, metadata, num_kv_heads=num_kv_heads,
                                           interpret=jax.default_backend() != "tpu", **options)
     _require_bits_reader(kv_pages, backend)
@@ -96,10 +96,10 @@ def ragged_paged_attention(
     if backend == "xla":
         return ragged_paged_attention_xla(q, kv_pages, metadata, native=native_decode, **options)
     if backend == "pallas_tpu":
-        from pallas_kernels.ragged_paged_attention.tpu import ragged_paged_attention_tpu
+        from jaxpaged.kernels.ragged_paged_attention.tpu import ragged_paged_attention_tpu
         return ragged_paged_attention_tpu(q, kv_pages, metadata, interpret=jax.default_backend() != "tpu",
                                           **options)
-    from pallas_kernels.ragged_paged_attention.gpu import ragged_paged_attention_gpu
+    from jaxpaged.kernels.ragged_paged_attention.gpu import ragged_paged_attention_gpu
     return ragged_paged_attention_gpu(q, kv_pages, metadata, interpret=jax.default_backend() != "gpu",
                                       **options)
 
@@ -126,7 +126,7 @@ def write_kv(
         raise ValueError(f"slot_mapping: must be [{k.shape[0]}], got {slot_mapping.shape}")
     if resolve_attention_backend(backend) == "pallas_tpu" or kv_pages.ndim == 3:
         # XLA's TPU scatter is a serial loop of row updates; the kernel DMAs the rows instead.
-        from pallas_kernels.ragged_paged_attention.kv_write_tpu import write_kv_pages_tpu
+        from jaxpaged.kernels.ragged_paged_attention.kv_write_tpu import write_kv_pages_tpu
         return write_kv_pages_tpu(kv_pages, k, v, slot_mapping, interpret=jax.default_backend() != "tpu")
     # XLA's scatter on CPU and GPU: in place on the donated cache, one parallel pass over new rows.
     return write_kv_pages(kv_pages, k, v, slot_mapping)

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Shaped, UInt32
 
-from pallas_kernels.bfloat16_bits import BITS_DTYPE, to_bits
+from jaxpaged.kernels.bfloat16_bits import BITS_DTYPE, to_bits
 
 LANES = 128
 LAYOUTS = ("interleaved", "interleaved_bits", "packed")

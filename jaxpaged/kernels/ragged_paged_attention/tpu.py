@@ -38,16 +38,16 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jaxtyping import Array, Float, UInt32
 
-from pallas_kernels.ragged_paged_attention.kv_layout import (
+from jaxpaged.kernels.ragged_paged_attention.kv_layout import (
     LANES,
     kv_scratch_shape,
     load_head,
     packed_layout_for,
     rows_per_token,
 )
-from pallas_kernels.ragged_paged_attention.metadata import MASK_VALUE, AttentionMetadata
-from pallas_kernels.ragged_paged_attention.tpu_decode import decode_pages_per_block, ragged_paged_attention_tpu_decode
-from pallas_kernels.ragged_paged_attention.tpu_online_softmax import accumulate_head
+from jaxpaged.kernels.ragged_paged_attention.metadata import MASK_VALUE, AttentionMetadata
+from jaxpaged.kernels.ragged_paged_attention.tpu_decode import decode_pages_per_block, ragged_paged_attention_tpu_decode
+from jaxpaged.kernels.ragged_paged_attention.tpu_online_softmax import accumulate_head
 
 _LANES = 128
 DEFAULT_Q_BLOCK_SIZE = 32

@@ -34,7 +34,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 from jaxtyping import Array, Float, Int
 
-from pallas_kernels.ragged_paged_attention.metadata import MASK_VALUE, AttentionMetadata
+from jaxpaged.kernels.ragged_paged_attention.metadata import MASK_VALUE, AttentionMetadata
 
 PREFILL_BLOCK_ROWS = 64
 DEFAULT_KV_CHUNK_TOKENS = 64

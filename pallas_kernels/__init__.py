@@ -1,1 +1,0 @@
-"""Attention kernels of jaxpaged: ragged paged attention for TPU (Mosaic), GPU (Triton) and CPU (XLA)."""
