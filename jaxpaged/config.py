@@ -4,6 +4,8 @@ Every user-facing knob lives here once. A YAML preset or sweep is only data that
 """
 
 import dataclasses
+import os
+from collections.abc import Mapping
 from typing import Literal, Optional, get_args
 
 from jaxpaged.checks import is_int, parse_byte_size
@@ -184,3 +186,16 @@ class EngineConfig:
                 raise ValueError(f"{key}: unknown engine option")
         return cls(cache=CacheConfig(**groups[CacheConfig]),
                    scheduler=SchedulerConfig(**groups[SchedulerConfig]), **groups[cls])
+
+
+KERNEL_ENVIRONMENT = {"cpu_matmul": "JAXPAGED_CPU_MATMUL", "cpu_attention": "JAXPAGED_CPU_ATTENTION"}
+"""The kernel fields' environment variables: the names scripts used before the choices were config fields."""
+
+
+def kernel_options_from_environment(given: Mapping[str, object],
+                                    environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The kernel fields that `given` (flat engine options) leaves unset, from their environment variables, for the
+    Python API (the command line reads every JAXPAGED_<OPTION> itself, below its flags); EngineConfig validates
+    them."""
+    return {field: environ[variable] for field, variable in KERNEL_ENVIRONMENT.items()
+            if field not in given and environ.get(variable)}

@@ -65,13 +65,25 @@ class IncrementalDetokenizer:
         """Stream path: the last few ids whose text was released, to decode held tokens against at the end."""
         self._held: list[int] = []
         """Stream path: ids fed to the stream since its last text (their character is incomplete so far)."""
-        if self._backend is not None:
-            self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
-            for token_id in self._token_ids:  # the prompt context; its text is the prompt's, not released
-                self._stream.step(self._backend, token_id)
+        # A prompt context ending inside a character would have the stream release that character's prompt bytes
+        # with the first output token: such a request stays on the window path.
+        if self._backend is not None and not self._decode(self._token_ids).endswith(_REPLACEMENT_CHAR):
+            self._stream = self._primed_stream(skip_special_tokens)
         self._finished = False
         self.stop_string: Optional[str] = None
         """The stop string that ended the completion, or None."""
+
+    def _primed_stream(self, skip_special_tokens: bool) -> Optional[DecodeStream]:
+        """A DecodeStream that has seen the prompt context (its text is the prompt's, not released); None if the
+        tokenizer refuses the context (see _stream_new_text)."""
+        assert self._backend is not None
+        stream = DecodeStream(skip_special_tokens=skip_special_tokens)
+        try:
+            for token_id in self._token_ids:
+                stream.step(self._backend, token_id)
+        except Exception:  # noqa: BLE001 (tokenizers raises a bare Exception)
+            return None
+        return stream
 
     @property
     def output_text(self) -> str:
@@ -192,14 +204,29 @@ class IncrementalDetokenizer:
             context_text = self._decode(self._context)
             return self._decode(self._context + held + unread)[len(context_text):].rstrip(_REPLACEMENT_CHAR)
         pieces = []
-        for token_id in unread:
-            piece = stream.step(backend, token_id)
+        for index, token_id in enumerate(unread):
+            try:
+                piece = stream.step(backend, token_id)
+            except Exception:  # noqa: BLE001 (tokenizers raises a bare Exception)
+                # A byte-fallback tokenizer can turn held bytes into U+FFFD that no longer extend the text the
+                # stream released ("€" then a stray byte): it refuses; the window path takes over from here.
+                return "".join(pieces) + self._fall_back_to_window(held + unread[index:])
             held.append(token_id)
             if piece is not None:
                 pieces.append(piece)
                 self._context = (self._context + held)[-_NUM_PROMPT_CONTEXT_TOKENS:]
                 held.clear()
         return "".join(pieces)
+
+    def _fall_back_to_window(self, pending: list[int]) -> str:
+        """Leave the stream for the window path: the released context is the window's prefix, `pending` (ids the
+        stream held or has not seen) its new tokens; their text so far (never final: only the stream steps fail)."""
+        self._stream = None
+        self._token_ids = self._context + pending
+        self._prefix_offset = 0
+        self._read_offset = self._checked_end = len(self._context)
+        self._held = []
+        return self._decode_new_text(final=False)
 
     def _take_text(self, new_text: str, *, final: bool) -> str:
         """Adds decoded text to the pending text, checks stop strings, and releases what is final."""

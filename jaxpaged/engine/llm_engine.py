@@ -16,7 +16,7 @@ from typing import Optional, Union
 import jax
 from transformers import PreTrainedTokenizerFast
 
-from jaxpaged.config import EngineConfig
+from jaxpaged.config import EngineConfig, kernel_options_from_environment
 from jaxpaged.core.request import RequestStatus
 from jaxpaged.core.scheduler import Scheduler
 from jaxpaged.core.scheduler_output import SchedulerOutput
@@ -82,8 +82,9 @@ class LLMEngine:
     def from_options(cls, model: Optional[str] = None, *, revision: Optional[str] = None,
                      distributed_timeout_s: Optional[float] = None, **engine_options) -> "LLMEngine":
         """Load `model` (None: the embedded SmolLM2-135M-Instruct; `revision`: of a Hugging Face repo id) with flat
-        engine options, and warm up."""
-        config = EngineConfig.from_options(**engine_options)
+        engine options (the kernel fields also from JAXPAGED_CPU_MATMUL / JAXPAGED_CPU_ATTENTION when not given), and
+        warm up."""
+        config = EngineConfig.from_options(**{**kernel_options_from_environment(engine_options), **engine_options})
         if config.compilation_cache_dir != "":
             enable_persistent_compilation_cache(config.compilation_cache_dir)
         return cls(load_model(model, revision=revision), config, distributed_timeout_s=distributed_timeout_s)
@@ -169,29 +170,34 @@ class LLMEngine:
             observer.after_step(outputs, self.timings)
         return outputs
 
-    def schedule(self) -> list[SchedulerOutput]:
-        """Phase 1: each rank's scheduler plans a step (held-back samples of n > 1 requests join first)."""
+    def release_held_back(self) -> None:
+        """Before a step: the later samples of n > 1 requests whose first sample has computed the prompt join their
+        scheduler (they find its blocks in the prefix cache)."""
         for dp_rank, sample in self.requests.release_held_back():
             self.ranks.schedulers[dp_rank].add_request(sample.request)
-        plans = []
-        for scheduler in self.ranks.schedulers:
-            start = time.perf_counter()
-            plans.append(scheduler.schedule())
-            self.timings.schedule_s += time.perf_counter() - start
-            for observer in self.observers:
-                observer.after_schedule(scheduler)
-        return plans
 
-    def execute(self, plans: list[SchedulerOutput]) -> list[LaunchedStep]:
-        """Phase 2: each rank's step (model + sampler) is dispatched to its devices. Every rank's step is
-        dispatched before any result is awaited, so the ranks' device groups run at the same time."""
-        launched = []
-        for dp_rank, (plan, runner) in enumerate(zip(plans, self.ranks.runners)):
-            pending = runner.launch(plan)
-            self.timings.prepare_s += runner.last_prepare_seconds
-            self.features.after_launch(pending)
-            launched.append(LaunchedStep(dp_rank, plan, pending))
-        return launched
+    def dp_ranks(self) -> range:
+        """The data-parallel ranks, in the order every step visits them."""
+        return range(len(self.ranks))
+
+    def schedule(self, dp_rank: int) -> SchedulerOutput:
+        """Phase 1: a rank's scheduler plans its step."""
+        scheduler = self.ranks.schedulers[dp_rank]
+        start = time.perf_counter()
+        plan = scheduler.schedule()
+        self.timings.schedule_s += time.perf_counter() - start
+        for observer in self.observers:
+            observer.after_schedule(scheduler)
+        return plan
+
+    def execute(self, dp_rank: int, plan: SchedulerOutput) -> LaunchedStep:
+        """Phase 2: a rank's step (model + sampler) is dispatched to its devices; its result is not awaited, so the
+        next rank's step can run on its own devices at the same time."""
+        runner = self.ranks.runners[dp_rank]
+        pending = runner.launch(plan)
+        self.timings.prepare_s += runner.last_prepare_seconds
+        self.features.after_launch(pending)
+        return LaunchedStep(dp_rank, plan, pending)
 
     def update(self, launched: list[LaunchedStep], final_only: bool = False) -> list[RequestOutput]:
         """Phase 3: each rank's sampled tokens (awaited now) are applied: scheduler state, stops, text, logprobs;

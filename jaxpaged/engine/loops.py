@@ -1,5 +1,7 @@
 """The two engine loops, side by side. Each step is schedule -> execute -> update (LLMEngine's three phases);
-the loops differ only in when the next step is planned.
+the loops differ only in when the next step is planned. Data-parallel ranks are visited in order, each scheduling
+then dispatching its step before the next rank plans (a rank's KV-tier saves land before the next one looks blocks
+up); no rank's result is awaited before every rank is dispatched, so their devices run together.
 
 - SynchronousLoop: a step's tokens reach the host before the next step is planned.
 - OverlappedLoop (async scheduling): the next step is planned and launched before this one's tokens are applied,
@@ -24,9 +26,13 @@ logger = logging.getLogger(__name__)
 class StepPhases(Protocol):
     """The engine's three phases, as the loops drive them (LLMEngine)."""
 
-    def schedule(self) -> list[SchedulerOutput]: ...
+    def release_held_back(self) -> None: ...
 
-    def execute(self, plans: list[SchedulerOutput]) -> list[LaunchedStep]: ...
+    def dp_ranks(self) -> range: ...
+
+    def schedule(self, dp_rank: int) -> SchedulerOutput: ...
+
+    def execute(self, dp_rank: int, plan: SchedulerOutput) -> LaunchedStep: ...
 
     def update(self, launched: list[LaunchedStep], final_only: bool) -> list[RequestOutput]: ...
 
@@ -43,9 +49,10 @@ class SynchronousLoop:
 
     def step(self, final_only: bool) -> tuple[list[RequestOutput], bool]:
         """One step; (its outputs, False: nothing ran beside the device)."""
-        plans = self.engine.schedule()
-        launched = self.engine.execute(plans)
-        return self.engine.update(launched, final_only), False
+        engine = self.engine
+        engine.release_held_back()
+        launched = [engine.execute(dp_rank, engine.schedule(dp_rank)) for dp_rank in engine.dp_ranks()]
+        return engine.update(launched, final_only), False
 
 
 class OverlappedLoop:
@@ -60,16 +67,21 @@ class OverlappedLoop:
         """One step; (its outputs, whether the next step was launched while the device still computed this one,
         so this call's host work ran beside the device's)."""
         engine = self.engine
-        launched = self.in_flight if self.in_flight is not None else engine.execute(engine.schedule())
+        engine.release_held_back()
+        launched = self.in_flight if self.in_flight is not None else self._launch()
         self.in_flight = None
         hidden = False
         if engine.may_plan_ahead():
-            self.in_flight = engine.execute(engine.schedule())
+            self.in_flight = self._launch()
             hidden = all(step.pending.is_running() for step in launched)
         outputs = engine.update(launched, final_only)
         if not engine.has_unfinished_requests():
             self.in_flight = None  # every request it computes for has finished: its tokens would be dropped
         return outputs, hidden
+
+    def _launch(self) -> list[LaunchedStep]:
+        engine = self.engine
+        return [engine.execute(dp_rank, engine.schedule(dp_rank)) for dp_rank in engine.dp_ranks()]
 
 
 def resolve_async_scheduling(config: EngineConfig, platform: str) -> bool:

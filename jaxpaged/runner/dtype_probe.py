@@ -57,15 +57,16 @@ def _layer_loop(x: jax.Array, ups: list[jax.Array], downs: list[jax.Array]) -> j
     return x
 
 
-def _packs(dtype) -> bool:
+def _packs(dtype, native_matmul: bool) -> bool:
     """Whether steps in `dtype` on this CPU (one device per rank, as every CPU rank is unless tensor parallel) run the
-    native packed matmul (models/packed_weights.py), as the probe then does too. Builds the kernel if needed."""
-    return packs_weights_on("cpu", dtype, 1)
+    native packed matmul (models/packed_weights.py; `native_matmul`: the config's cpu_matmul allows it), as the probe
+    then does too. Builds the kernel if needed."""
+    return native_matmul and packs_weights_on("cpu", dtype, 1)
 
 
-def _time_loop(dtype, rows: int, repeats: int = 5) -> float:
+def _time_loop(dtype, rows: int, native_matmul: bool, repeats: int = 5) -> float:
     keys = jax.random.split(jax.random.PRNGKey(0), 2 * PROBE_LAYERS + 1)
-    packed = _packs(dtype)
+    packed = _packs(dtype, native_matmul)
 
     def weight(key, shape):
         value = (jax.random.normal(key, shape, jnp.float32) * 0.02).astype(dtype)
@@ -78,14 +79,14 @@ def _time_loop(dtype, rows: int, repeats: int = 5) -> float:
     return statistics.median(call_seconds(lambda: run(x, ups, downs).block_until_ready(), repeats))
 
 
-def verdict_path() -> pathlib.Path:
+def verdict_path(native_matmul: bool = True) -> pathlib.Path:
     """Where this machine keeps its verdict: keyed by the CPU (model and every flag), JAX, the probe's shapes and each
     dtype's matmul path (the packed kernel's source, when it is built: this builds it)."""
     digest = hashlib.sha256()
     shapes = (PROBE_ROWS, PROBE_LAYERS, PROBE_HIDDEN, PROBE_INTERMEDIATE)
     # A new packed kernel (its source) may change either dtype's time, so it asks for a new verdict.
     source = hashlib.sha256(packed_matmul.SOURCE.read_bytes()).hexdigest()
-    paths = [source if _packs(dtype) else "xla" for dtype in (jnp.float32, jnp.bfloat16)]
+    paths = [source if _packs(dtype, native_matmul) else "xla" for dtype in (jnp.float32, jnp.bfloat16)]
     for part in (cpu_identity(), jax.__version__, repr(shapes), *paths):
         digest.update(part.encode())
     return cache_root() / "dtype_probe" / f"{digest.hexdigest()[:16]}.json"
@@ -112,15 +113,16 @@ def _keep_verdict(path: pathlib.Path, probe: DtypeProbe) -> None:
 
 
 @functools.cache
-def probe_cpu_dtype() -> DtypeProbe:
-    """Time the layer loop in float32 and bfloat16: once per machine (a few seconds, compiles included), then the
+def probe_cpu_dtype(native_matmul: bool = True) -> DtypeProbe:
+    """Time the layer loop in float32 and bfloat16, with the matmuls the engine will run (`native_matmul`: the
+    packed kernel where it builds, else XLA's dot): once per machine, a few seconds, compiles included; then the
     verdict kept under the cache directory answers (delete it to measure again)."""
-    path = verdict_path()
+    path = verdict_path(native_matmul)
     probe = _read_verdict(path)
     source = f"kept in {path}"
     if probe is None:
-        probe = DtypeProbe(sum(_time_loop(jnp.float32, rows) for rows in PROBE_ROWS),
-                           sum(_time_loop(jnp.bfloat16, rows) for rows in PROBE_ROWS))
+        probe = DtypeProbe(sum(_time_loop(jnp.float32, rows, native_matmul) for rows in PROBE_ROWS),
+                           sum(_time_loop(jnp.bfloat16, rows, native_matmul) for rows in PROBE_ROWS))
         _keep_verdict(path, probe)
         source = "measured now"
     logger.info("dtype auto on this CPU: %s (weight matmuls at %s rows took %.1f ms in bfloat16, %.1f ms in "

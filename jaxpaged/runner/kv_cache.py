@@ -52,14 +52,16 @@ def logical_bytes_per_block(model: ModelConfig, block_size: int, dtype) -> int:
 
 
 def num_kv_blocks_for(model: ModelConfig, cache: CacheConfig, dtype, num_shards: int = 1,
-                      layout: str = "interleaved") -> int:
+                      layout: str = "interleaved", pending_weight_bytes: int = 0) -> int:
     """Blocks in the pool (the null block included) from num_kv_blocks, kv_cache_memory or the device default.
 
     The budget is per device: with the cache split over num_shards devices, each holds 1/num_shards of a block.
+    `pending_weight_bytes`: weight bytes per device not placed yet (the start-up plan sizes the pool before the
+    weights are on the device), taken off the free memory the accelerator default is a fraction of.
     """
     if cache.num_kv_blocks is not None:
         return cache.num_kv_blocks
-    budget = cache.kv_cache_memory or _default_budget_bytes()
+    budget = cache.kv_cache_memory or _default_budget_bytes(pending_weight_bytes)
     block_bytes = bytes_per_block(model, cache.block_size, dtype, layout=layout)
     num_blocks = budget * num_shards // block_bytes
     if num_blocks < 2:
@@ -72,12 +74,12 @@ def num_kv_blocks_for(model: ModelConfig, cache: CacheConfig, dtype, num_shards:
     return int(num_blocks)
 
 
-def _default_budget_bytes() -> int:
+def _default_budget_bytes(pending_weight_bytes: int = 0) -> int:
     device = jax.local_devices()[0]
     if device.platform == "cpu":
         return CPU_DEFAULT_KV_CACHE_BYTES
     stats = device.memory_stats() or {}
-    free = stats.get("bytes_limit", 0) - stats.get("bytes_in_use", 0)
+    free = stats.get("bytes_limit", 0) - stats.get("bytes_in_use", 0) - pending_weight_bytes
     return int(free * ACCELERATOR_KV_CACHE_FRACTION) if free > 0 else CPU_DEFAULT_KV_CACHE_BYTES
 
 

@@ -269,6 +269,7 @@ class ModelRunner:
     def launch(self, output: SchedulerOutput) -> PendingSample:
         """execute() without the wait: the step and the sampler are dispatched, their results stay on the device
         until PendingSample.result(). The engine launches every data-parallel rank before waiting on any."""
+        self.last_prepare_seconds = 0.0
         if not output.scheduled:
             return PendingSample(None, 0, wants_logprobs=False)
         pending_saves = None

@@ -9,7 +9,6 @@ for the native CPU matmul, the native CPU attention kernel, the KV layout, the b
 
 import dataclasses
 import logging
-import os
 from typing import Optional
 
 import jax
@@ -34,13 +33,10 @@ from jaxpaged.runner.memory_plan import (
 
 logger = logging.getLogger(__name__)
 
-KERNEL_OVERRIDES = {"cpu_matmul": "JAXPAGED_CPU_MATMUL", "cpu_attention": "JAXPAGED_CPU_ATTENTION"}
-"""Config field -> the environment variable that overrides it (kept for scripts that set it; the plan reports it)."""
-
-
-def resolve_dtype(name: str) -> jnp.dtype:
-    """ "auto" is bfloat16 on TPU/GPU and, on a CPU, whichever the start-up probe finds faster (dtype_probe.py);
-    always a numpy dtype (its str is the plain name)."""
+def resolve_dtype(name: str, native_matmul: bool = True) -> jnp.dtype:
+    """ "auto" is bfloat16 on TPU/GPU and, on a CPU, whichever the start-up probe finds faster (dtype_probe.py) with
+    the matmuls the engine will run (`native_matmul`: config.cpu_matmul is "native"); always a numpy dtype (its str
+    is the plain name)."""
     if name != "auto":
         return jnp.dtype(name)
     if jax.default_backend() != "cpu":
@@ -48,15 +44,7 @@ def resolve_dtype(name: str) -> jnp.dtype:
     if jax.process_count() > 1:
         # Every process must build the same step; timings on different hosts could disagree.
         return jnp.dtype(jnp.float32)
-    return probe_cpu_dtype().choice
-
-
-def kernel_choice(config: EngineConfig, field: str) -> tuple[str, bool]:
-    """(the kernel `field` asks for, whether an environment variable overrode the config's value)."""
-    override = os.environ.get(KERNEL_OVERRIDES[field])
-    if override:
-        return override, override != getattr(config, field)
-    return getattr(config, field), False
+    return probe_cpu_dtype(native_matmul).choice
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,8 +72,6 @@ class StartupPlan:
     num_kv_blocks: int
     """Blocks in the pool, the null block included."""
     memory: MemoryPlan
-    overrides: tuple[str, ...] = ()
-    """Kernel choices an environment variable made instead of the config (reported, not hidden)."""
 
     def describe(self) -> str:
         """The plan as one log block, a decision per line."""
@@ -97,7 +83,6 @@ class StartupPlan:
                  f"  matmuls: {matmuls}; attention: {attention}",
                  f"  KV: {self.kv_layout} layout, {self.num_kv_blocks} blocks",
                  f"  {self.memory.describe()}"]
-        lines += [f"  override: {override}" for override in self.overrides]
         return "\n".join(lines)
 
 
@@ -108,26 +93,23 @@ def plan_startup(model: ModelConfig, params: dict[str, np.ndarray], config: Engi
     tp = mesh.shape["model"]
     first_device = mesh.devices.flat[0]
     platform = first_device.platform
-    dtype = resolve_dtype(config.dtype)
+    dtype = resolve_dtype(config.dtype, native_matmul=config.cpu_matmul == "native")
     backend = resolve_attention_backend(config.attention_backend)
     weight_bytes = weight_bytes_per_device(params, model, tp, dtype)
     check_weights_fit(weight_bytes, device_memory_bytes(first_device), tp, dtype)
-    matmul_kernel, matmul_overridden = kernel_choice(config, "cpu_matmul")
-    attention_kernel, attention_overridden = kernel_choice(config, "cpu_attention")
     per_layer = unroll_layers_on(platform)
-    packed = per_layer and matmul_kernel == "native" and packs_weights_on(platform, dtype, tp)
-    native_decode = (platform == "cpu" and backend == "xla" and attention_kernel == "native"
+    packed = per_layer and config.cpu_matmul == "native" and packs_weights_on(platform, dtype, tp)
+    native_decode = (platform == "cpu" and backend == "xla" and config.cpu_attention == "native"
                      and native_decode_available())
     kv_layout = choose_kv_layout(model, backend, dtype, tp)
-    num_kv_blocks = num_kv_blocks_for(model, config.cache, dtype, num_shards=tp, layout=kv_layout)
+    # NOTE: the weights are placed after the plan is made; the pool's default size leaves room for them.
+    num_kv_blocks = num_kv_blocks_for(model, config.cache, dtype, num_shards=tp, layout=kv_layout,
+                                      pending_weight_bytes=weight_bytes)
     memory = plan_memory(model, weight_bytes, num_kv_blocks, config.cache.block_size,
                          config.scheduler.max_model_len, dtype, tp, kv_layout)
     memory.check()
-    overrides = tuple(f"{KERNEL_OVERRIDES[field]}={os.environ[KERNEL_OVERRIDES[field]]}"
-                      for field, overridden in (("cpu_matmul", matmul_overridden),
-                                                ("cpu_attention", attention_overridden)) if overridden)
     return StartupPlan(platform, tuple(int(d.id) for d in mesh.devices.flat), tp, dtype, backend, per_layer, packed,
-                       native_decode, kv_layout, num_kv_blocks, memory, overrides)
+                       native_decode, kv_layout, num_kv_blocks, memory)
 
 
 def log_plan(plan: StartupPlan, rank: Optional[int] = None) -> None:

@@ -129,3 +129,46 @@ def test_the_decode_stream_releases_what_the_window_fallback_releases(smollm2_to
             assert fast._stream is not None and slow._stream is None
             assert stream(fast, ids[:cut], chunk_size) == stream(slow, ids[:cut], chunk_size), (text, cut)
             assert (fast.output_text, fast.stop_string) == (slow.output_text, slow.stop_string)
+
+
+def _byte_fallback_tokenizer():
+    """A Llama-2-style tokenizer built here: unknown text falls back to <0xXX> byte tokens, decoded by ByteFallback
+    (an invalid byte run becomes one U+FFFD per byte)."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "</s>": 1} | {f"<0x{byte:02X}>": 2 + byte for byte in range(256)}
+    vocab |= {piece: len(vocab) + i for i, piece in enumerate(["▁x", "▁", "x", "▁the"])}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], byte_fallback=True, unk_token="<unk>"))
+    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                         decoders.Strip(" ", 1, 0)])
+    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="</s>", unk_token="<unk>"), vocab
+
+
+@pytest.mark.parametrize("chunk_size", [1, 2])
+def test_a_stray_byte_after_released_text_falls_back_instead_of_raising(chunk_size):
+    """'€' is released, then a byte that cannot continue it: a byte-fallback decode of the run is '���� x', which
+    no longer starts with the released '€', and tokenizers' DecodeStream raises. The detokenizer goes on through the
+    window path and releases what the window path alone releases."""
+    tok, vocab = _byte_fallback_tokenizer()
+    byte = lambda value: vocab[f"<0x{value:02X}>"]
+    ids = [vocab["▁the"], byte(0xE2), byte(0x82), byte(0xAC), byte(0x80), vocab["▁x"], vocab["▁the"]]
+    fast = IncrementalDetokenizer(tok, [vocab["▁x"]])
+    slow = IncrementalDetokenizer(_WithoutRustBackend(tok), [vocab["▁x"]])
+    assert fast._stream is not None
+    assert stream(fast, ids, chunk_size) == stream(slow, ids, chunk_size)
+    assert fast._stream is None  # it fell back
+    assert fast.output_text == slow.output_text and fast.output_text.endswith(" x the")
+
+
+def test_a_prompt_ending_inside_a_character_keeps_its_bytes_out_of_the_output(smollm2_tokenizer):
+    """A token-id prompt whose last ids are the first bytes of a character: the output's first token completes it,
+    but the character is the prompt's. Such a request stays on the window path: no prompt bytes leak."""
+    tok = smollm2_tokenizer
+    emoji = tok.encode("👌")
+    assert len(emoji) > 1, "the emoji must span several byte tokens"
+    prompt = tok.encode("It costs 5") + emoji[:-1]
+    detokenizer = IncrementalDetokenizer(tok, prompt)
+    assert detokenizer._stream is None
+    deltas = stream(detokenizer, emoji[-1:] + tok.encode(" today"))
+    assert "".join(deltas) == detokenizer.output_text == " today"

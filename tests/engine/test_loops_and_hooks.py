@@ -10,7 +10,8 @@ from jaxpaged.features.base import EngineFeature, FeatureSet
 
 
 class RecordingPhases:
-    """StepPhases that log each call; step k's plan is "plan-k", its launch "launch-k", its outputs ["out-k"]."""
+    """StepPhases of one data-parallel rank that log each call; step k's plan is "plan-k", its launch "launch-k",
+    its outputs ["out-k"]."""
 
     def __init__(self, num_steps: int, plan_ahead: bool = True):
         self.log: list[str] = []
@@ -19,15 +20,21 @@ class RecordingPhases:
         self.num_steps = num_steps
         self.plan_ahead = plan_ahead
 
-    def schedule(self):
+    def release_held_back(self):
+        self.log.append("release")
+
+    def dp_ranks(self):
+        return range(1)
+
+    def schedule(self, dp_rank):
         self.num_planned += 1
         self.log.append(f"schedule-{self.num_planned}")
-        return [f"plan-{self.num_planned}"]
+        return f"plan-{self.num_planned}"
 
-    def execute(self, plans):
-        self.log.append(f"execute-{plans[0].split('-')[1]}")
+    def execute(self, dp_rank, plan):
+        self.log.append(f"execute-{plan.split('-')[1]}")
         running = types.SimpleNamespace(is_running=lambda: True)
-        return [types.SimpleNamespace(name=plans[0].replace("plan", "launch"), pending=running)]
+        return types.SimpleNamespace(name=plan.replace("plan", "launch"), pending=running)
 
     def update(self, launched, final_only):
         self.num_applied += 1
@@ -50,7 +57,8 @@ def test_the_synchronous_loop_is_schedule_execute_update_per_step():
     phases = RecordingPhases(num_steps=2)
     loop = SynchronousLoop(as_phases(phases))
     assert [loop.step(False) for _ in range(2)] == [(["out-1"], False), (["out-2"], False)]
-    assert phases.log == ["schedule-1", "execute-1", "update-1", "schedule-2", "execute-2", "update-2"]
+    assert phases.log == ["release", "schedule-1", "execute-1", "update-1",
+                          "release", "schedule-2", "execute-2", "update-2"]
 
 
 def test_the_overlapped_loop_launches_the_next_step_before_applying_this_one():
@@ -59,8 +67,8 @@ def test_the_overlapped_loop_launches_the_next_step_before_applying_this_one():
     results = [loop.step(False) for _ in range(3)]
     assert [outputs for outputs, _ in results] == [["out-1"], ["out-2"], ["out-3"]]
     assert [hidden for _, hidden in results] == [True, True, False]  # nothing left to plan beside step 3
-    assert phases.log == ["schedule-1", "execute-1", "schedule-2", "execute-2", "update-1",
-                          "schedule-3", "execute-3", "update-2", "update-3"]
+    assert phases.log == ["release", "schedule-1", "execute-1", "schedule-2", "execute-2", "update-1",
+                          "release", "schedule-3", "execute-3", "update-2", "release", "update-3"]
     assert loop.in_flight is None
 
 
@@ -68,7 +76,8 @@ def test_the_overlapped_loop_waits_when_a_request_needs_its_tokens_on_the_host()
     phases = RecordingPhases(num_steps=2, plan_ahead=False)
     loop = OverlappedLoop(as_phases(phases))
     assert [loop.step(False) for _ in range(2)] == [(["out-1"], False), (["out-2"], False)]
-    assert phases.log == ["schedule-1", "execute-1", "update-1", "schedule-2", "execute-2", "update-2"]
+    assert phases.log == ["release", "schedule-1", "execute-1", "update-1",
+                          "release", "schedule-2", "execute-2", "update-2"]
 
 
 class Recorder(EngineFeature):

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxpaged.kernels.cpu_native.packed_matmul import packed_matmul_available
 from jaxpaged.runner import dtype_probe
 from jaxpaged.runner.dtype_probe import DtypeProbe, probe_cpu_dtype
 from jaxpaged.runner.startup import resolve_dtype
@@ -48,8 +49,8 @@ def fake_timings(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     timed = []
 
-    def time_loop(dtype, rows):
-        timed.append((jnp.dtype(dtype).name, rows))
+    def time_loop(dtype, rows, native_matmul):
+        timed.append((jnp.dtype(dtype).name, rows, native_matmul))
         return 0.002 if dtype == jnp.float32 else 0.001
 
     monkeypatch.setattr(dtype_probe, "_time_loop", time_loop)
@@ -86,3 +87,15 @@ def test_another_probe_shape_keeps_its_own_verdict(fake_timings, monkeypatch):
     kept = dtype_probe.verdict_path()
     monkeypatch.setattr(dtype_probe, "PROBE_LAYERS", dtype_probe.PROBE_LAYERS + 1)
     assert dtype_probe.verdict_path() != kept and dtype_probe.verdict_path().parent == kept.parent
+
+
+def test_the_probe_times_the_matmuls_the_config_chose_and_keeps_a_verdict_for_each(fake_timings):
+    """cpu_matmul="xla" is probed with XLA's dot (not the packed kernel) and kept apart from the native verdict
+    wherever the packed kernel builds."""
+    probe_cpu_dtype(native_matmul=False)
+    assert {native for _, _, native in fake_timings} == {False}
+    probe_cpu_dtype(native_matmul=True)
+    assert {native for _, _, native in fake_timings} == {False, True}
+    if packed_matmul_available():
+        assert dtype_probe.verdict_path(native_matmul=False) != dtype_probe.verdict_path(native_matmul=True)
+    assert resolve_dtype("auto", native_matmul=False) == probe_cpu_dtype(native_matmul=False).choice

@@ -1,13 +1,13 @@
 """The start-up plan: every decision a rank runs with, made once from the config and the devices, reported as one
-log block; the kernel fields of EngineConfig choose the CPU kernels, and their environment variables override them
-visibly."""
+log block; the kernel fields of EngineConfig choose the CPU kernels (their old environment variables fill them in the
+Python API only when the caller left them unset)."""
 
 import dataclasses
 import logging
 
 import pytest
 
-from jaxpaged.config import EngineConfig
+from jaxpaged.config import EngineConfig, kernel_options_from_environment
 from jaxpaged.kernels.cpu_native.packed_matmul import packed_matmul_available
 from jaxpaged.kernels.cpu_native.paged_decode import native_decode_available
 from jaxpaged.runner import mesh as mesh_lib
@@ -37,7 +37,7 @@ def test_the_cpu_plan_unrolls_layers_and_uses_the_native_kernels_it_can_build(lo
     assert chosen.packed_weights == packed_matmul_available()
     assert chosen.native_decode == native_decode_available()
     assert (chosen.num_kv_blocks, chosen.memory.num_kv_blocks, chosen.kv_layout) == (32, 32, "interleaved")
-    assert str(chosen.dtype) == "float32" and chosen.overrides == ()
+    assert str(chosen.dtype) == "float32"
 
 
 def test_the_kernel_fields_turn_the_native_kernels_off(loaded, monkeypatch):
@@ -48,15 +48,24 @@ def test_the_kernel_fields_turn_the_native_kernels_off(loaded, monkeypatch):
     assert "matmuls: XLA dot; attention: xla\n" in chosen.describe() + "\n"
 
 
-def test_an_environment_override_wins_and_is_reported(loaded, monkeypatch):
+def test_the_kernel_variables_fill_only_the_kernel_fields_the_caller_left_unset():
+    """The Python API reads JAXPAGED_CPU_MATMUL / JAXPAGED_CPU_ATTENTION for the fields it was not given (a given
+    value wins, as a flag beats the environment on the command line); other variables are no kernel choice."""
+    environ = {"JAXPAGED_CPU_MATMUL": "xla", "JAXPAGED_CPU_ATTENTION": "jnp", "JAXPAGED_MAX_MODEL_LEN": "64"}
+    assert kernel_options_from_environment({}, environ) == dict(cpu_matmul="xla", cpu_attention="jnp")
+    assert kernel_options_from_environment({"cpu_matmul": "native"}, environ) == dict(cpu_attention="jnp")
+    assert kernel_options_from_environment({}, {"JAXPAGED_CPU_MATMUL": ""}) == {}
+    with pytest.raises(ValueError, match="cpu_matmul: must be one of"):
+        EngineConfig.from_options(**kernel_options_from_environment({}, {"JAXPAGED_CPU_MATMUL": "1"}))
+
+
+def test_the_plan_reads_no_environment(loaded, monkeypatch):
+    """The config alone decides: an exported kernel variable does not override a config the caller built."""
     monkeypatch.setenv("JAXPAGED_CPU_MATMUL", "xla")
-    monkeypatch.delenv("JAXPAGED_CPU_ATTENTION", raising=False)
-    chosen = plan(loaded, cpu_matmul="native")
-    assert not chosen.packed_weights
-    assert chosen.overrides == ("JAXPAGED_CPU_MATMUL=xla",)
-    assert chosen.describe().splitlines()[-1] == "  override: JAXPAGED_CPU_MATMUL=xla"
-    # The same value as the config is no override.
-    assert plan(loaded, cpu_matmul="xla").overrides == ()
+    monkeypatch.setenv("JAXPAGED_CPU_ATTENTION", "jnp")
+    chosen = plan(loaded, cpu_matmul="native", cpu_attention="native")
+    assert chosen.packed_weights == packed_matmul_available()
+    assert chosen.native_decode == native_decode_available()
 
 
 def test_the_plan_is_frozen_and_refuses_a_pool_too_small_for_one_sequence(loaded):

@@ -54,6 +54,24 @@ def test_kv_sizing_counts_every_layer_k_and_v():
         num_kv_blocks_for(model, CacheConfig(kv_cache_memory=per_block), np.float32)
 
 
+def test_the_accelerator_default_pool_leaves_room_for_weights_not_placed_yet(monkeypatch):
+    """The start-up plan sizes the pool before the weights are on the device: 0.6 of (limit - in use - the weights
+    still to come), the budget the old order (weights first) measured."""
+    import types
+
+    from jaxpaged.runner import kv_cache
+
+    model = _model()
+    per_block = bytes_per_block(model, 16, np.float32)
+    stats = {"bytes_limit": 1000 * per_block, "bytes_in_use": 100 * per_block}
+    gpu = types.SimpleNamespace(platform="gpu", memory_stats=lambda: stats)
+    monkeypatch.setattr(kv_cache.jax, "local_devices", lambda: [gpu])
+    assert num_kv_blocks_for(model, CacheConfig(), np.float32) == int(0.6 * 900)
+    assert num_kv_blocks_for(model, CacheConfig(), np.float32, pending_weight_bytes=400 * per_block) == int(0.6 * 500)
+    stats["bytes_in_use"] += 400 * per_block  # the weights placed: the same pool
+    assert num_kv_blocks_for(model, CacheConfig(), np.float32) == int(0.6 * 500)
+
+
 @pytest.fixture(scope="module")
 def runner(tiny_model_dir):
     from jaxpaged.runner.model_runner import ModelRunner
