@@ -5,6 +5,7 @@ import sys
 from typing import Optional
 
 from jaxpaged.cli_options import add_engine_arguments, engine_options_from_args
+from jaxpaged.logging_setup import LOG_LEVELS, configure_logging
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -93,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
     gen.add_argument("--top-k", type=int, default=0, help="top-k sampling (0: off)")
     gen.add_argument("--seed-sample", type=int, default=None, help="the request's sampling seed")
+    gen.add_argument("--log-level", default="info", choices=LOG_LEVELS, help="jaxpaged's log level, on stderr")
     add_engine_arguments(gen)
     gen.set_defaults(handler=_generate)
 
@@ -117,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[list[str]] = None) -> int:
     """Entry point of the console script."""
     args = build_parser().parse_args(argv)
+    configure_logging(getattr(args, "log_level", "info"))
     try:
         return args.handler(args)
     except (ValueError, FileNotFoundError) as error:

@@ -7,6 +7,8 @@ root conftest, which pytest imports (after the empty `tests/__init__.py`) before
 checked when they are traced.
 """
 
+import contextlib
+import logging
 import os
 import pathlib
 import shutil
@@ -72,6 +74,31 @@ def pytest_unconfigure(config) -> None:
     path = config.stash.get(_CACHE_OWNER, None)
     if path is not None:
         shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _jaxpaged_logger_kept():
+    logger = logging.getLogger("jaxpaged")
+    handlers, level, propagate = list(logger.handlers), logger.level, logger.propagate
+    yield
+    logger.handlers[:] = handlers
+    logger.setLevel(level)
+    logger.propagate = propagate
+
+
+@pytest.fixture(autouse=True)
+def _jaxpaged_logger_as_found():
+    """A test that runs the command line in-process (jaxpaged.cli.main) configures the "jaxpaged" logger for a
+    console (its own handler on the test's stderr, no propagation); later tests' caplog needs it as it was."""
+    with _jaxpaged_logger_kept():
+        yield
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _jaxpaged_logger_as_found_by_the_module():
+    """The same for module fixtures that run the command line (the bench sweep's)."""
+    with _jaxpaged_logger_kept():
+        yield
 
 
 @pytest.fixture(scope="session")

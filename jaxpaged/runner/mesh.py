@@ -16,6 +16,7 @@ parallelism is the "model" axis, Megatron style:
 
 import dataclasses
 import functools
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any, Optional, Union
 
@@ -23,6 +24,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
+from tqdm.auto import tqdm
 
 from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.models.packed_weights import is_packed, pack_param
@@ -129,13 +131,16 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 
 def place_params(params: dict[str, np.ndarray], model: ModelConfig, mesh: Mesh, dtype, *,
-                 per_layer: bool = False, pack: bool = False) -> dict[str, Union[jax.Array, list[jax.Array]]]:
+                 per_layer: bool = False, pack: bool = False,
+                 progress: Optional[bool] = None) -> dict[str, Union[jax.Array, list[jax.Array]]]:
     """Each device receives only its shard, converted to `dtype` slice by slice (no whole-model copy).
 
     per_layer: each stacked layer weight ("layers.*") becomes a list of one array per layer, placed layer by layer,
     so no stacked copy exists on the device even for a moment (llama.DecoderLayers says when the model wants that).
     pack: matmul weights are packed on the host into the native CPU matmul's panels first (packed_weights.py; one
     device, so nothing is split).
+    progress: a bar of weights placed on stderr (None: when stderr is a terminal); reading a checkpoint's bytes
+    happens here (the checkpoint is memory-mapped), so this is the weights' load.
     """
     tp = mesh.shape[MODEL_AXIS]
     if pack and (tp != 1 or not per_layer):
@@ -147,7 +152,9 @@ def place_params(params: dict[str, np.ndarray], model: ModelConfig, mesh: Mesh, 
                                             lambda index: np.asarray(host[index], dtype=dtype))
 
     placed: dict[str, Union[jax.Array, list[jax.Array]]] = {}
-    for name, value in params.items():
+    bar = tqdm(params.items(), desc="Loading weights", unit="tensor", file=sys.stderr, leave=False,
+               disable=None if progress is None else not progress)
+    for name, value in bar:
         spec = param_partition_spec(name, value.shape, model, tp)
         if pack and is_packed(name, value.shape, model):
             if name.startswith("layers."):

@@ -6,9 +6,10 @@ executable per bucket and the token sampler. Warm-up compiles them all; serving 
 
 import functools
 import os
+import sys
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Optional
 
 import jax
@@ -16,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jaxtyping import Array, Int
+from tqdm.auto import tqdm
 
 from jaxpaged.config import EngineConfig
 from jaxpaged.core.scheduler_output import SchedulerOutput
@@ -192,9 +194,10 @@ class ModelRunner:
         return load_seconds, sorted(seconds)[1] / bucket.num_tokens
 
     # ---- compilation -------------------------------------------------------------------------------------------
-    def warmup(self, sampler: bool = True) -> float:
+    def warmup(self, sampler: bool = True, progress: Optional[bool] = None) -> float:
         """Compile every bucket's step (and every sampler variant, unless a follower that never samples) ahead
-        of serving; returns the seconds it took."""
+        of serving; returns the seconds it took. `progress`: a bar of programs compiled on stderr (None: when
+        stderr is a terminal)."""
         start = time.perf_counter()
         buckets = self.ladder.buckets()
         tasks: list[Callable[[], object]] = [functools.partial(self._executable, bucket) for bucket in buckets]
@@ -208,9 +211,12 @@ class ModelRunner:
         # persistent-cache load) releases it and is most of the time (the warm-up gain is in docs/performance.md).
         # With several processes the order stays fixed: each must build the same programs.
         workers = min(len(tasks), os.cpu_count() or 1, MAX_PARALLEL_COMPILES) if jax.process_count() == 1 else 1
-        with ThreadPoolExecutor(workers, thread_name_prefix="jaxpaged-compile") as pool:
-            for future in [pool.submit(task) for task in tasks]:
+        bar = tqdm(total=len(tasks), desc="Compiling", unit="program", file=sys.stderr, leave=False,
+                   disable=None if progress is None else not progress)
+        with bar, ThreadPoolExecutor(workers, thread_name_prefix="jaxpaged-compile") as pool:
+            for future in as_completed([pool.submit(task) for task in tasks]):
                 future.result()  # re-raises a failed compile
+                bar.update(1)
         self.warmup_seconds = time.perf_counter() - start
         return self.warmup_seconds
 

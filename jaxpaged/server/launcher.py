@@ -11,11 +11,12 @@ import os
 import shlex
 import signal
 import sys
-from typing import Any
+from typing import Any, Optional
 
 import uvicorn
 
 from jaxpaged.async_engine import AsyncLLMEngine
+from jaxpaged.logging_setup import LOG_LEVELS
 from jaxpaged.multihost.runtime import add_distributed_arguments, is_leader, options_from_args
 from jaxpaged.server import multihost
 from jaxpaged.server.app import build_app
@@ -56,8 +57,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     _add_if_absent(parser, "--tool-call-parser", default=None, choices=list(TOOL_CALL_PARSERS),
                    help='parse the model\'s own tool-call syntax, so tool_choice "auto" works (hermes: Hermes, '
                         'Qwen 2.5 / 3 <tool_call> blocks)')
-    _add_if_absent(parser, "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
-                   help="uvicorn log level")
+    _add_if_absent(parser, "--log-level", default="info", choices=list(LOG_LEVELS),
+                   help="log level of jaxpaged (start-up plan, dtype choice) and uvicorn, on stderr")
+    parser.add_argument("model_path", nargs="?", default=None, metavar="MODEL",
+                        help="the model, as vLLM's `serve MODEL` takes it (the same as --model)")
     if "--coordinator-address" not in parser._option_string_actions:
         add_distributed_arguments(parser)
 
@@ -91,6 +94,15 @@ def _curl_example(host: str, port: int, model_name: str, needs_key: bool) -> str
             f"-d {shlex.quote(body)}")
 
 
+def model_argument(args: argparse.Namespace) -> Optional[str]:
+    """The model to serve: the positional MODEL (vLLM's `serve MODEL`) or --model; both, if they differ, is a
+    ValueError naming them."""
+    positional, flag = getattr(args, "model_path", None), getattr(args, "model", None)
+    if positional is not None and flag is not None and positional != flag:
+        raise ValueError(f"model: given twice, as MODEL ({positional!r}) and --model ({flag!r}); give one")
+    return positional if positional is not None else flag
+
+
 def serve_main(args: argparse.Namespace) -> int:
     """Builds the engine, serves until SIGTERM/SIGINT, drains, and returns the exit code (0).
 
@@ -101,6 +113,7 @@ def serve_main(args: argparse.Namespace) -> int:
     from jaxpaged.features.wiring import followers_of
 
     try:
+        args.model = model_argument(args)
         settings = settings_from_args(args)
         distributed = options_from_args(args)
         multihost.join_job(distributed)

@@ -34,6 +34,9 @@ def test_generate_streams_the_greedy_text(tiny_llm, tiny_model_dir):
         capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout == expected.outputs[0].text + "\n"
+    # At the default log level the start-up plan (dtype, kernels, KV, memory) reaches stderr, text stays on stdout.
+    assert "INFO jaxpaged.runner.startup: start-up plan: devices" in result.stderr
+    assert "dtype float32" in result.stderr and "memory plan per device" in result.stderr
 
 
 def test_generate_reports_bad_options_by_name(tiny_model_dir):
@@ -57,3 +60,21 @@ def test_convert_round_trips_through_orbax(tiny_llm, tiny_model_dir, tmp_path):
         outputs = engine.step()
     direct = tiny_llm.generate("Round trip", params, use_tqdm=False)
     assert outputs[0].outputs[0].token_ids == direct[0].outputs[0].token_ids
+
+
+@pytest.mark.parametrize("argv, expected", [(["serve"], None), (["serve", "org/model"], "org/model"),
+                                            (["serve", "--model", "org/model"], "org/model"),
+                                            (["serve", "org/model", "--model", "org/model"], "org/model")])
+def test_serve_takes_the_model_as_vllm_does_positionally_or_by_flag(argv, expected):
+    from jaxpaged.cli import build_parser
+    from jaxpaged.server.launcher import model_argument
+
+    assert model_argument(build_parser().parse_args(argv)) == expected
+
+
+def test_two_different_models_are_refused_naming_both():
+    from jaxpaged.cli import build_parser
+    from jaxpaged.server.launcher import model_argument
+
+    with pytest.raises(ValueError, match="model: given twice.*'a/b'.*'c/d'"):
+        model_argument(build_parser().parse_args(["serve", "a/b", "--model", "c/d"]))

@@ -91,3 +91,15 @@ def test_a_runner_logs_its_plan_as_one_block(loaded, caplog):
     blocks = [record.getMessage() for record in caplog.records if "start-up plan" in record.getMessage()]
     assert len(blocks) == 1
     assert blocks[0] == runner.plan.describe() and "memory plan per device" in blocks[0]
+
+
+def test_weight_loading_and_warm_up_show_progress_when_asked(loaded, capsys):
+    """In a terminal (here: progress=True) the weights' placement and the warm-up compiles show a bar on stderr."""
+    from jaxpaged.runner.model_runner import ModelRunner
+
+    config = EngineConfig.from_options(**OPTIONS)
+    runner = ModelRunner(loaded, config)
+    mesh_lib.place_params(loaded.params, runner.model_config, runner.mesh, runner.dtype, progress=True)
+    assert "Loading weights" in capsys.readouterr().err
+    runner.warmup(sampler=False, progress=True)
+    assert "Compiling" in capsys.readouterr().err
