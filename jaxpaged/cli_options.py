@@ -27,8 +27,7 @@ import yaml
 from jaxpaged import config
 from jaxpaged.checks import parse_byte_size
 
-ENV_PREFIX = "JAXPAGED_"
-"""An engine option's environment variable is this prefix + its field name in upper case."""
+ENV_PREFIX = config.ENV_PREFIX
 
 # vLLM's short forms, and the spelling of the prefix-caching switch that predates the generated flags.
 _ALIASES = {"tensor_parallel_size": ("-tp",), "data_parallel_size": ("-dp",),

@@ -188,8 +188,10 @@ class EngineConfig:
                    scheduler=SchedulerConfig(**groups[SchedulerConfig]), **groups[cls])
 
 
-KERNEL_ENVIRONMENT = {"cpu_matmul": "JAXPAGED_CPU_MATMUL", "cpu_attention": "JAXPAGED_CPU_ATTENTION"}
-"""The kernel fields' environment variables: the names scripts used before the choices were config fields."""
+ENV_PREFIX = "JAXPAGED_"
+"""An engine option's environment variable is this prefix + its field name in upper case (JAXPAGED_MAX_MODEL_LEN)."""
+KERNEL_FIELDS = ("cpu_matmul", "cpu_attention")
+"""Fields whose variables (JAXPAGED_CPU_MATMUL, JAXPAGED_CPU_ATTENTION) scripts set before they were config fields."""
 
 
 def kernel_options_from_environment(given: Mapping[str, object],
@@ -197,5 +199,5 @@ def kernel_options_from_environment(given: Mapping[str, object],
     """The kernel fields that `given` (flat engine options) leaves unset, from their environment variables, for the
     Python API (the command line reads every JAXPAGED_<OPTION> itself, below its flags); EngineConfig validates
     them."""
-    return {field: environ[variable] for field, variable in KERNEL_ENVIRONMENT.items()
-            if field not in given and environ.get(variable)}
+    return {field: environ[ENV_PREFIX + field.upper()] for field in KERNEL_FIELDS
+            if field not in given and environ.get(ENV_PREFIX + field.upper())}

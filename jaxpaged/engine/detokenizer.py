@@ -189,9 +189,8 @@ class IncrementalDetokenizer:
     def _stream_new_text(self, *, final: bool) -> str:
         """_decode_new_text through the DecodeStream, a token at a time (a list ending inside a character would hold
         back the whole list). The stream holds a token whose text ends in an incomplete character. When final, the
-        held and unread tokens are decoded in one call against the context before them, less an incomplete last
-        character's bytes: text in the same token as half a character is kept, and an offline completion read only
-        at the end is decoded once."""
+        window path decodes the held and unread tokens at once against the context before them: text in the same
+        token as half a character is kept, and an offline completion read only at the end is decoded once."""
         stream, backend = self._stream, self._backend
         assert stream is not None and backend is not None
         unread = self._token_ids[self._read_offset:]
@@ -199,10 +198,7 @@ class IncrementalDetokenizer:
         self._read_offset = self._prefix_offset = self._checked_end = 0
         held = self._held
         if final:
-            if not held and not unread:
-                return ""
-            context_text = self._decode(self._context)
-            return self._decode(self._context + held + unread)[len(context_text):].rstrip(_REPLACEMENT_CHAR)
+            return self._continue_on_window(held + unread, final=True)
         pieces = []
         for index, token_id in enumerate(unread):
             try:
@@ -210,7 +206,7 @@ class IncrementalDetokenizer:
             except Exception:  # noqa: BLE001 (tokenizers raises a bare Exception)
                 # A byte-fallback tokenizer can turn held bytes into U+FFFD that no longer extend the text the
                 # stream released ("€" then a stray byte): it refuses; the window path takes over from here.
-                return "".join(pieces) + self._fall_back_to_window(held + unread[index:])
+                return "".join(pieces) + self._continue_on_window(held + unread[index:], final=False)
             held.append(token_id)
             if piece is not None:
                 pieces.append(piece)
@@ -218,15 +214,16 @@ class IncrementalDetokenizer:
                 held.clear()
         return "".join(pieces)
 
-    def _fall_back_to_window(self, pending: list[int]) -> str:
+    def _continue_on_window(self, pending: list[int], *, final: bool) -> str:
         """Leave the stream for the window path: the released context is the window's prefix, `pending` (ids the
-        stream held or has not seen) its new tokens; their text so far (never final: only the stream steps fail)."""
+        stream held or has not seen) its new tokens; their text so far (all of it, less an incomplete last
+        character, when final)."""
         self._stream = None
         self._token_ids = self._context + pending
         self._prefix_offset = 0
         self._read_offset = self._checked_end = len(self._context)
         self._held = []
-        return self._decode_new_text(final=False)
+        return self._decode_new_text(final=final)
 
     def _take_text(self, new_text: str, *, final: bool) -> str:
         """Adds decoded text to the pending text, checks stop strings, and releases what is final."""

@@ -30,7 +30,7 @@ from jaxpaged.engine.step_timings import StepObserver, StepTimings
 from jaxpaged.features.wiring import build_features
 from jaxpaged.inputs import PromptInput, parse_prompt
 from jaxpaged.outputs import RequestOutput
-from jaxpaged.runner import build_rank_runners, compile_counter
+from jaxpaged.runner import ModelRunner, build_rank_runners, compile_counter
 from jaxpaged.sampling.batch import penalizes_output_tokens
 from jaxpaged.sampling.grammar import GrammarCompiler
 from jaxpaged.sampling.params import SamplingParams
@@ -90,7 +90,7 @@ class LLMEngine:
         return cls(load_model(model, revision=revision), config, distributed_timeout_s=distributed_timeout_s)
 
     @property
-    def runner(self):
+    def runner(self) -> ModelRunner:
         """Rank 0's model runner: the only one unless data_parallel_size > 1."""
         return self.ranks.runners[0]
 

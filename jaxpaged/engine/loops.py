@@ -41,6 +41,11 @@ class StepPhases(Protocol):
     def has_unfinished_requests(self) -> bool: ...
 
 
+def launch_every_rank(engine: StepPhases) -> list[LaunchedStep]:
+    """Schedule then execute, rank by rank; nothing is awaited (see the module docstring)."""
+    return [engine.execute(dp_rank, engine.schedule(dp_rank)) for dp_rank in engine.dp_ranks()]
+
+
 class SynchronousLoop:
     """schedule -> execute -> update, one step after the other."""
 
@@ -51,7 +56,7 @@ class SynchronousLoop:
         """One step; (its outputs, False: nothing ran beside the device)."""
         engine = self.engine
         engine.release_held_back()
-        launched = [engine.execute(dp_rank, engine.schedule(dp_rank)) for dp_rank in engine.dp_ranks()]
+        launched = launch_every_rank(engine)
         return engine.update(launched, final_only), False
 
 
@@ -68,20 +73,16 @@ class OverlappedLoop:
         so this call's host work ran beside the device's)."""
         engine = self.engine
         engine.release_held_back()
-        launched = self.in_flight if self.in_flight is not None else self._launch()
+        launched = self.in_flight if self.in_flight is not None else launch_every_rank(engine)
         self.in_flight = None
         hidden = False
         if engine.may_plan_ahead():
-            self.in_flight = self._launch()
+            self.in_flight = launch_every_rank(engine)
             hidden = all(step.pending.is_running() for step in launched)
         outputs = engine.update(launched, final_only)
         if not engine.has_unfinished_requests():
             self.in_flight = None  # every request it computes for has finished: its tokens would be dropped
         return outputs, hidden
-
-    def _launch(self) -> list[LaunchedStep]:
-        engine = self.engine
-        return [engine.execute(dp_rank, engine.schedule(dp_rank)) for dp_rank in engine.dp_ranks()]
 
 
 def resolve_async_scheduling(config: EngineConfig, platform: str) -> bool:

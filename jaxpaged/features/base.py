@@ -22,10 +22,6 @@ if TYPE_CHECKING:  # the engine's own types, for annotations only (the engine im
 class EngineFeature:
     """An optional feature of the engine; subclasses override the hooks they need."""
 
-    overlap_unsupported = False
-    """True when the feature needs each step's tokens on the host before the next is planned (no async
-    scheduling): the tiers' transfers and the followers' plan broadcasts do."""
-
     def after_warmup(self, ranks: "DataParallelRanks") -> None:
         """Every rank is built and compiled."""
 
@@ -62,7 +58,6 @@ class FeatureSet(EngineFeature):
         self.features = list(features)
         self.lower_tiers = lower_tiers
         """The KV tiers below the device, as the schedulers' prefix cache sees them (None: off)."""
-        self.overlap_unsupported = any(feature.overlap_unsupported for feature in self.features)
         # NOTE: the per-step hooks call only the features that override them (the advisor is on by default).
         self._guarding = [f for f in self.features if type(f).step_guard is not EngineFeature.step_guard]
         self._watching_launches = [f for f in self.features if type(f).after_launch is not EngineFeature.after_launch]

@@ -93,8 +93,6 @@ def tier_stats(tiers: KVTiers, runners: Sequence[ModelRunner], schedulers: Seque
 class KVTierFeature(EngineFeature):
     """Host and disk tiers below the device pools, shared by the data-parallel ranks."""
 
-    overlap_unsupported = True
-
     def __init__(self, tiers: KVTiers, min_load_blocks: Optional[int], max_model_len: int) -> None:
         self.tiers = tiers
         self._min_load_blocks = min_load_blocks

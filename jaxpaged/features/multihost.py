@@ -16,8 +16,6 @@ from jaxpaged.sampling.token_sampler import PendingSample
 class MultiHostFeature(EngineFeature):
     """Process 0's link to its followers, hooked into every rank's runner and the engine loop."""
 
-    overlap_unsupported = True
-
     def __init__(self, runners: Sequence[ModelRunner], timeout_s: float) -> None:
         runner = runners[0]
         self.followers = FollowerLink(runner.ladder.buckets(), runner.blocks_per_seq, timeout_s)

@@ -69,9 +69,12 @@ class StartupPlan:
     """Decode rows read their KV in place through the native CPU attention kernel (else the jnp path)."""
     kv_layout: str
     """The KV pool's layout (jaxpaged/kernels/ragged_paged_attention/kv_layout.py)."""
-    num_kv_blocks: int
-    """Blocks in the pool, the null block included."""
     memory: MemoryPlan
+
+    @property
+    def num_kv_blocks(self) -> int:
+        """Blocks in the pool, the null block included."""
+        return self.memory.num_kv_blocks
 
     def describe(self) -> str:
         """The plan as one log block, a decision per line."""
@@ -109,7 +112,7 @@ def plan_startup(model: ModelConfig, params: dict[str, np.ndarray], config: Engi
                          config.scheduler.max_model_len, dtype, tp, kv_layout)
     memory.check()
     return StartupPlan(platform, tuple(int(d.id) for d in mesh.devices.flat), tp, dtype, backend, per_layer, packed,
-                       native_decode, kv_layout, num_kv_blocks, memory)
+                       native_decode, kv_layout, memory)
 
 
 def log_plan(plan: StartupPlan, rank: Optional[int] = None) -> None:

@@ -95,8 +95,6 @@ class Recorder(EngineFeature):
 
 
 class Guarding(Recorder):
-    overlap_unsupported = True
-
     @contextlib.contextmanager
     def _guard(self):
         self.log.append(f"{self.name}.enter")
@@ -114,7 +112,6 @@ def test_a_feature_set_calls_every_feature_in_order_and_per_step_hooks_only_wher
     log: list[str] = []
     plain, guarding = Recorder("a", log), Guarding("b", log)
     features = FeatureSet([plain, guarding])
-    assert features.overlap_unsupported and not FeatureSet([plain]).overlap_unsupported
     assert features.find(Guarding) is guarding and FeatureSet([plain]).find(Guarding) is None
     features.after_warmup(None)  # type: ignore[arg-type]
     with features.step_guard():
@@ -128,4 +125,4 @@ def test_a_feature_set_calls_every_feature_in_order_and_per_step_hooks_only_wher
 def test_no_feature_means_no_guard_and_no_lower_tiers():
     features = FeatureSet()
     assert isinstance(features.step_guard(), contextlib.nullcontext)
-    assert features.lower_tiers is None and not features.overlap_unsupported
+    assert features.lower_tiers is None
