@@ -1,8 +1,9 @@
-"""AsyncLLMEngine: one loop thread owns the synchronous LLMEngine; asyncio callers stream from their own queues.
+"""AsyncLLMEngine: one loop thread owns the synchronous LLMEngine; asyncio callers stream from their own slots.
 
 The engine is not thread-safe, so every call into it (add, abort, step, get_stats) happens on the loop thread.
-Callers talk to that thread through a command queue; the thread hands outputs back to each caller's event loop
-with `call_soon_threadsafe`. Several event loops (several apps) may share one AsyncLLMEngine.
+Callers talk to that thread through a command queue; the thread leaves each request's newest output in its slot
+and wakes the caller's event loop with `call_soon_threadsafe`. Several event loops (several apps) may share one
+AsyncLLMEngine.
 """
 
 import asyncio
@@ -40,21 +41,52 @@ class _AbortCommand:
 
 
 class _OutputSink:
-    """Where the loop thread delivers one request's outputs: an asyncio queue on the caller's event loop."""
+    """Where the loop thread delivers one request's outputs: one slot that keeps the newest (outputs are
+    cumulative, so it says all the older ones did) and a wake-up for the reader on the caller's event loop, sent
+    only when none is pending. However far a reader lags, its stream holds one output, and the loop thread pays one
+    call_soon_threadsafe per reader wake-up, not per step."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, num_seqs: int) -> None:
         self.loop = loop
-        self.queue: asyncio.Queue = asyncio.Queue()
         self.num_seqs = num_seqs
         self.released = False  # guarded by AsyncLLMEngine._lock
+        self._lock = threading.Lock()
+        self._latest: Union[RequestOutput, BaseException, None] = None  # guarded by _lock
+        self._wake_pending = False  # guarded by _lock
+        self._ready = asyncio.Event()  # touched on the caller's loop only
 
     def deliver(self, item: Union[RequestOutput, BaseException]) -> bool:
         """Hands an output (or the error that ends the stream) over; False when the caller's loop is gone."""
+        if not self.put(item):
+            return True
         try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+            self.loop.call_soon_threadsafe(self.wake)
             return True
         except RuntimeError:  # the event loop was closed: nobody is listening any more
             return False
+
+    def put(self, item: Union[RequestOutput, BaseException]) -> bool:
+        """deliver() without the wake-up: True when the reader needs one (wake(), on its loop)."""
+        with self._lock:
+            self._latest = item
+            wake, self._wake_pending = not self._wake_pending, True
+        return wake
+
+    def wake(self) -> None:
+        """Wakes the reader (call on the caller's loop)."""
+        self._ready.set()
+
+    async def next(self) -> Union[RequestOutput, BaseException]:
+        """The newest item, waiting for one if none came since the last call."""
+        while True:
+            with self._lock:
+                item, self._latest = self._latest, None
+                self._wake_pending = False
+            if item is not None:
+                return item
+            # Runs on the caller's loop, like the scheduled set(): no set() can slip between the check and here.
+            self._ready.clear()
+            await self._ready.wait()
 
 
 class RequestStream:
@@ -79,10 +111,7 @@ class RequestStream:
     async def __anext__(self) -> RequestOutput:
         if self._finished or self._closed:
             raise StopAsyncIteration
-        item = await self._sink.queue.get()
-        # A slow reader may lag several steps behind; outputs are cumulative, so the newest one says it all.
-        while not isinstance(item, BaseException) and not item.finished and not self._sink.queue.empty():
-            item = self._sink.queue.get_nowait()
+        item = await self._sink.next()
         if isinstance(item, BaseException):
             self._finished = True
             raise item
@@ -263,6 +292,9 @@ class AsyncLLMEngine:
         self._release(sink)
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        """Each output into its stream's slot, then one wake-up call per caller event loop for all its readers
+        that need one (a call_soon_threadsafe per stream per step was most of this loop's hand-over time)."""
+        to_wake: dict[asyncio.AbstractEventLoop, list[tuple[str, _OutputSink]]] = {}
         for output in outputs:
             sink = self._sinks.get(output.request_id)
             if sink is None:
@@ -270,8 +302,14 @@ class AsyncLLMEngine:
             if output.finished:
                 del self._sinks[output.request_id]
                 self._release(sink)
-            if not sink.deliver(_snapshot(output)) and not output.finished:
-                self._abort(output.request_id)
+            if sink.put(output):
+                to_wake.setdefault(sink.loop, []).append((output.request_id, sink))
+        for loop, woken in to_wake.items():
+            try:
+                loop.call_soon_threadsafe(_wake_all, [sink for _, sink in woken])
+            except RuntimeError:  # that event loop was closed: nobody reads these streams any more
+                for request_id, _ in woken:
+                    self._abort(request_id)  # a no-op for the finished ones (no longer in _sinks)
 
     def _release(self, sink: _OutputSink) -> None:
         with self._lock:
@@ -297,9 +335,6 @@ class AsyncLLMEngine:
                         command.added.set_exception(error)
 
 
-def _snapshot(output: RequestOutput) -> RequestOutput:
-    """Copies the lists the engine may keep appending to, so the reader's thread sees a fixed state."""
-    samples = [dataclasses.replace(sample, token_ids=list(sample.token_ids),
-                                   logprobs=None if sample.logprobs is None else list(sample.logprobs))
-               for sample in output.outputs]
-    return dataclasses.replace(output, outputs=samples)
+def _wake_all(sinks: list[_OutputSink]) -> None:
+    for sink in sinks:
+        sink.wake()

@@ -8,6 +8,7 @@ Not thread-safe: the server's async engine owns it from a single loop thread.
 """
 
 import dataclasses
+import functools
 import random
 import time
 from collections.abc import Iterable
@@ -190,30 +191,67 @@ class LLMEngine:
             observer.after_schedule(scheduler)
         return plan
 
-    def execute(self, dp_rank: int, plan: SchedulerOutput) -> LaunchedStep:
+    def execute(self, dp_rank: int, plan: SchedulerOutput, defer_sampling: bool = False) -> LaunchedStep:
         """Phase 2: a rank's step (model + sampler) is dispatched to its devices; its result is not awaited, so the
-        next rank's step can run on its own devices at the same time."""
+        next rank's step can run on its own devices at the same time. `defer_sampling`: only the model is
+        dispatched; the sampler waits for sample_deferred()."""
         runner = self.ranks.runners[dp_rank]
-        pending = runner.launch(plan)
+        start = time.perf_counter()
+        forwarded = runner.forward(plan)
+        self.timings.launch_s += time.perf_counter() - start - runner.last_prepare_seconds
         self.timings.prepare_s += runner.last_prepare_seconds
-        self.features.after_launch(pending)
-        return LaunchedStep(dp_rank, plan, pending)
+        step = LaunchedStep(dp_rank, plan, None, forwarded)
+        if not defer_sampling:
+            self.sample_deferred(step)
+        return step
 
-    def update(self, launched: list[LaunchedStep], final_only: bool = False) -> list[RequestOutput]:
+    def sample_deferred(self, step: LaunchedStep) -> None:
+        """Dispatch the sampler of a step executed with defer_sampling, reading its requests' state now."""
+        assert step.forwarded is not None and step.pending is None
+        start = time.perf_counter()
+        step.pending = self.ranks.runners[step.dp_rank].sample(step.forwarded)
+        step.forwarded = None
+        self.timings.launch_s += time.perf_counter() - start
+        self.features.after_launch(step.pending)
+
+    def update(self, launched: list[LaunchedStep], final_only: bool = False,
+               sample_next: Optional[list[LaunchedStep]] = None) -> list[RequestOutput]:
         """Phase 3: each rank's sampled tokens (awaited now) are applied: scheduler state, stops, text, logprobs;
-        the RequestOutputs (with `final_only`, of finished requests only)."""
+        the RequestOutputs (with `final_only`, of finished requests only). `sample_next`: steps planned ahead
+        with their sampling deferred: each rank's is dispatched as soon as this step's tokens are in its
+        requests (scheduler and grammars), before the text and outputs are made."""
+        deferred = {step.dp_rank: step for step in sample_next or ()}
         outputs = []
         for step in launched:
-            result = step.pending.result()
             start = time.perf_counter()
-            outputs += self.processor.update(self.ranks.schedulers[step.dp_rank], step.output, result, final_only)
-            self.timings.process_s += time.perf_counter() - start
+            pending = step.sampled()
+            pending.wait()
+            ready = time.perf_counter()
+            result = pending.result()
+            self.timings.device_wait_s += ready - start
+            start = time.perf_counter()
+            self.timings.readback_s += start - ready
+            next_step = deferred.get(step.dp_rank)
+            then = None if next_step is None else functools.partial(self.sample_deferred, next_step)
+            launch_before = self.timings.launch_s
+            outputs += self.processor.update(self.ranks.schedulers[step.dp_rank], step.output, result, final_only,
+                                             then)
+            deferred_launch = self.timings.launch_s - launch_before  # booked as launch time, not processing
+            self.timings.process_s += time.perf_counter() - start - deferred_launch
+        for step in deferred.values():  # a rank with nothing to apply this time
+            if step.pending is None:
+                self.sample_deferred(step)
         return outputs
 
     def may_plan_ahead(self) -> bool:
         """The overlapped loop may plan the next step before this one's tokens are on the host: something is left
-        to run and no request needs its last token on the host to plan its next one."""
-        return not self.requests.needs_tokens_on_host and self.ranks.has_unfinished_requests()
+        to run."""
+        return self.ranks.has_unfinished_requests()
+
+    def sampling_needs_last_tokens(self) -> bool:
+        """Some request's next token depends on its last one on the host (a grammar, output penalties): a step
+        planned ahead dispatches its model at once and its sampler once the step before has applied its tokens."""
+        return bool(self.requests.needs_tokens_on_host)
 
     # ---- life cycle and stats --------------------------------------------------------------------------------
     def heartbeat(self) -> None:

@@ -7,7 +7,10 @@ up); no rank's result is awaited before every rank is dispatched, so their devic
 - OverlappedLoop (async scheduling): the next step is planned and launched before this one's tokens are applied,
   so the host's work runs while the device computes. Decode rows of the step planned ahead take their input token
   from the step in flight on the device (ModelRunner.launch); a request that finishes in this step has one more
-  row computed, whose token is dropped, and one that finishes by length is not planned past it.
+  row computed, whose token is dropped, and one that finishes by length is not planned past it. When a request's
+  next token depends on its last one on the host (a grammar's bitmask, output penalties), the step planned ahead
+  dispatches only its model; its sampler follows as soon as this step's tokens are in the requests and their
+  grammars, before this step's text and outputs are made (LLMEngine.update's sample_next).
 """
 
 import logging
@@ -32,18 +35,21 @@ class StepPhases(Protocol):
 
     def schedule(self, dp_rank: int) -> SchedulerOutput: ...
 
-    def execute(self, dp_rank: int, plan: SchedulerOutput) -> LaunchedStep: ...
+    def execute(self, dp_rank: int, plan: SchedulerOutput, defer_sampling: bool = False) -> LaunchedStep: ...
 
-    def update(self, launched: list[LaunchedStep], final_only: bool) -> list[RequestOutput]: ...
+    def update(self, launched: list[LaunchedStep], final_only: bool,
+               sample_next: Optional[list[LaunchedStep]] = None) -> list[RequestOutput]: ...
 
     def may_plan_ahead(self) -> bool: ...
+
+    def sampling_needs_last_tokens(self) -> bool: ...
 
     def has_unfinished_requests(self) -> bool: ...
 
 
-def launch_every_rank(engine: StepPhases) -> list[LaunchedStep]:
+def launch_every_rank(engine: StepPhases, defer_sampling: bool = False) -> list[LaunchedStep]:
     """Schedule then execute, rank by rank; nothing is awaited (see the module docstring)."""
-    return [engine.execute(dp_rank, engine.schedule(dp_rank)) for dp_rank in engine.dp_ranks()]
+    return [engine.execute(dp_rank, engine.schedule(dp_rank), defer_sampling) for dp_rank in engine.dp_ranks()]
 
 
 class SynchronousLoop:
@@ -76,10 +82,13 @@ class OverlappedLoop:
         launched = self.in_flight if self.in_flight is not None else launch_every_rank(engine)
         self.in_flight = None
         hidden = False
+        sample_next = None
         if engine.may_plan_ahead():
-            self.in_flight = launch_every_rank(engine)
-            hidden = all(step.pending.is_running() for step in launched)
-        outputs = engine.update(launched, final_only)
+            defer = engine.sampling_needs_last_tokens()
+            self.in_flight = launch_every_rank(engine, defer_sampling=defer)
+            sample_next = self.in_flight if defer else None
+            hidden = all(step.sampled().is_running() for step in launched)
+        outputs = engine.update(launched, final_only, sample_next)
         if not engine.has_unfinished_requests():
             self.in_flight = None  # every request it computes for has finished: its tokens would be dropped
         return outputs, hidden

@@ -6,7 +6,7 @@ sample finished, and builds the cumulative RequestOutput of each group that prog
 """
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Optional
 
 from jaxpaged.core.request import Request, RequestStatus
@@ -32,14 +32,31 @@ class OutputProcessor:
         """The engine's current step timings: update() adds the scheduler's share."""
         self.num_generated_tokens = 0
         """Sampled tokens applied so far (cumulative)."""
+        self._token_texts: dict[int, str] = {}
+        """Token id -> its text decoded alone: each logprob entry names its token, and a tokenizer call per entry
+        was most of a step's host time with top logprobs asked for (bounded by the vocabulary)."""
+
+    def token_text(self, token_id: int) -> str:
+        """The token's text decoded on its own (a logprob entry's decoded_token), memoized."""
+        text = self._token_texts.get(token_id)
+        if text is None:
+            text = self._token_texts[token_id] = self.tokenizer.decode([token_id])
+        return text
 
     def update(self, scheduler: Scheduler, output: SchedulerOutput, result: StepResult,
-               final_only: bool = False) -> list[RequestOutput]:
+               final_only: bool = False, tokens_applied: Optional[Callable[[], None]] = None) -> list[RequestOutput]:
         """Apply one rank's step: scheduler state, stop checks, text and logprobs; the RequestOutputs of the groups
-        that progressed (with `final_only`, of the finished ones only: vLLM's FINAL_ONLY output kind)."""
+        that progressed (with `final_only`, of the finished ones only: vLLM's FINAL_ONLY output kind).
+        `tokens_applied` is called once the tokens are in the scheduler's requests and their grammars, before the
+        text and outputs (the engine dispatches a deferred sampler there)."""
         start = time.perf_counter()
         updated = scheduler.update_from_output(output, result.token_ids)
         self.timings.scheduler_update_s += time.perf_counter() - start
+        for request in updated:
+            if request.grammar is not None and not request.is_finished():
+                request.grammar.accept(request.output_token_ids[-1])
+        if tokens_applied is not None:
+            tokens_applied()
         self._record_prompt_logprobs(result.prompt_logprobs)
         row_of = None
         if result.logprobs is not None:  # the row of each sampled request in the step's results
@@ -56,14 +73,17 @@ class OutputProcessor:
                 if not request.is_finished():
                     stopped_here.append(request.request_id)  # a stop string, or its grammar completed
                 sample_finished[group.request_id] = group
-            if not final_only:
+            if not final_only and group.params.output_kind == "cumulative":
                 touched[group.request_id] = group
         self.num_generated_tokens += len(updated)
         if stopped_here:
             scheduler.finish_requests(stopped_here, RequestStatus.FINISHED_STOPPED)
-        # A group finishes only in a step where one of its samples does: final_only asks just those.
-        candidates = sample_finished if final_only else touched
-        outputs = [group.to_output() for group in candidates.values() if not final_only or group.finished()]
+        # A group finishes only in a step where one of its samples does: a final-only output is one of those.
+        if not final_only:
+            sample_finished = {request_id: group for request_id, group in sample_finished.items()
+                               if request_id not in touched}
+        outputs = [group.to_output() for group in touched.values()]
+        outputs += [group.to_output() for group in sample_finished.values() if group.finished()]
         for out in outputs:
             if out.finished:
                 self.table.forget(out.request_id)
@@ -79,10 +99,8 @@ class OutputProcessor:
         if row_of is not None and result.logprobs is not None:
             logprob, top, token_rank = result.logprobs.row(row_of[request.request_id], group.params.logprobs or 0)
             self._record_logprobs(group, sample, token_id, logprob, top, token_rank)
-        grammar_complete = False
-        if request.grammar is not None and not request.is_finished():
-            request.grammar.accept(token_id)
-            grammar_complete = request.grammar.is_finished
+        # update() has already given the token to the request's grammar.
+        grammar_complete = request.grammar is not None and not request.is_finished() and request.grammar.is_finished
         finish_reason = None if request.status is _RUNNING else request.finish_reason
         detokenizer = sample.detokenizer
         if finish_reason is None and not grammar_complete:
@@ -109,18 +127,20 @@ class OutputProcessor:
         sampled token's exact rank from the sampler when it is outside the top ones)."""
         if group.params.logprobs is None:
             return
-        decode = self.tokenizer.decode
-        entry = {top_id: Logprob(top_logprob, token_rank, decode([top_id]))
+        decode = self.token_text
+        entry = {top_id: Logprob(top_logprob, token_rank, decode(top_id))
                  for token_rank, (top_id, top_logprob) in enumerate(top or [], start=1)}
         if token_id not in entry:  # outside the top-k asked for: the sampler counted its exact rank
             token_rank = sampled_rank if sampled_rank is not None else len(entry) + 1
-            entry[token_id] = Logprob(sampled_logprob, token_rank, decode([token_id]))
-        sample.logprobs = (sample.logprobs or []) + [entry]
+            entry[token_id] = Logprob(sampled_logprob, token_rank, decode(token_id))
+        if sample.logprobs is None:
+            sample.logprobs = []
+        sample.logprobs.append(entry)  # to_output() copies the list: an output never changes once made
         sample.cumulative_logprob = (sample.cumulative_logprob or 0.0) + sampled_logprob
 
     def _record_prompt_logprobs(self, entries: Sequence[PromptLogprobEntry]) -> None:
         """Prompt tokens' logprobs; a recomputed position (after preemption) keeps its first value."""
-        decode = self.tokenizer.decode
+        decode = self.token_text
         for entry in entries:
             owner = self.table.samples.get(entry.request_id)
             if owner is None:
@@ -129,7 +149,7 @@ class OutputProcessor:
             if group.prompt_logprobs is None or group.prompt_logprobs[entry.position] is not None:
                 continue
             token_id = group.prompt.token_ids[entry.position]
-            top = {top_id: Logprob(top_logprob, k, decode([top_id]))
+            top = {top_id: Logprob(top_logprob, k, decode(top_id))
                    for k, (top_id, top_logprob) in enumerate(entry.top[:group.params.prompt_logprobs or 0], start=1)}
-            top[token_id] = Logprob(entry.logprob, entry.rank, decode([token_id]))
+            top[token_id] = Logprob(entry.logprob, entry.rank, decode(token_id))
             group.prompt_logprobs[entry.position] = top

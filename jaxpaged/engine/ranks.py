@@ -7,12 +7,13 @@ data_parallel_size > 1), and where a new request goes among them.
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Optional
 
 from jaxpaged.core.request import Request
 from jaxpaged.core.router import PrefixAwareRouter
 from jaxpaged.core.scheduler import Scheduler
 from jaxpaged.core.scheduler_output import SchedulerOutput
-from jaxpaged.runner import ModelRunner
+from jaxpaged.runner import ForwardedStep, ModelRunner
 from jaxpaged.sampling.token_sampler import PendingSample
 
 
@@ -23,7 +24,15 @@ class LaunchedStep:
     dp_rank: int
     """The data-parallel rank: an index into DataParallelRanks.schedulers and .runners."""
     output: SchedulerOutput
-    pending: PendingSample
+    pending: Optional[PendingSample]
+    """None while the sampler waits to be dispatched (`forwarded`: LLMEngine.sample_deferred)."""
+    forwarded: Optional[ForwardedStep] = None
+    """The model's half of the step, whose sampler is deferred until the step before has applied its tokens."""
+
+    def sampled(self) -> PendingSample:
+        """The dispatched sampler's pending result."""
+        assert self.pending is not None, "the step's sampler was never dispatched"
+        return self.pending
 
 
 class DataParallelRanks:

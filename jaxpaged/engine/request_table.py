@@ -18,7 +18,8 @@ class RequestTable:
         """Request id -> the data-parallel rank all its samples run on."""
         self.needs_tokens_on_host: set[str] = set()
         """Requests whose next token depends on the last one on the host (a grammar, output penalties): while any
-        is unfinished, the overlapped loop waits for each step's tokens before planning the next."""
+        is unfinished, the overlapped loop dispatches a step's sampler only once the step before has applied its
+        tokens (the model still runs ahead)."""
         self._holding_back: dict[str, RequestGroup] = {}
         """Groups (n > 1) whose later samples wait for the first one's prefill; the only ones a step checks."""
 

@@ -68,17 +68,18 @@ class RequestGroup:
         return sum(len(sample.request.output_token_ids) for sample in self.samples)
 
     def to_output(self) -> RequestOutput:
-        """The cumulative RequestOutput of every sample."""
+        """The cumulative RequestOutput of every sample: a snapshot, whose lists the engine never touches again
+        (outputs cross to the server's thread while later steps go on)."""
         completions = [
             CompletionOutput(index=s.index, text=s.detokenizer.output_text,
                              token_ids=list(s.request.output_token_ids), cumulative_logprob=s.cumulative_logprob,
-                             logprobs=s.logprobs, finish_reason=s.finish_reason, stop_reason=s.stop_reason)
+                             logprobs=None if s.logprobs is None else list(s.logprobs),
+                             finish_reason=s.finish_reason, stop_reason=s.stop_reason)
             for s in self.samples]
         return RequestOutput(request_id=self.request_id, prompt=self.prompt.text,
                              prompt_token_ids=self.prompt.token_ids,
                              num_cached_tokens=self.samples[0].request.num_cached_tokens,
                              outputs=completions, finished=self.finished(), metrics=self.metrics,
-                             # A copy: outputs cross to the server's thread while later steps fill the list.
                              prompt_logprobs=None if self.prompt_logprobs is None else list(self.prompt_logprobs))
 
 

@@ -17,6 +17,12 @@ class StepTimings:
     """Scheduler.schedule."""
     prepare_s: float = 0.0
     """ModelRunner.prepare: padding the step's inputs into their bucket."""
+    launch_s: float = 0.0
+    """The rest of ModelRunner.launch: the inputs' transfer, the step's dispatch and the sampler's (its batch too)."""
+    device_wait_s: float = 0.0
+    """Waiting for the device to finish the step and the sampler: not host work."""
+    readback_s: float = 0.0
+    """Pulling the sampled ids (and logprobs) to the host once the device is done."""
     scheduler_update_s: float = 0.0
     """Scheduler.update_from_output (part of process_s)."""
     process_s: float = 0.0
@@ -29,12 +35,13 @@ class StepTimings:
 
     @property
     def host_s(self) -> float:
-        """The step's host work: schedule + prepare + process."""
-        return self.schedule_s + self.prepare_s + self.process_s
+        """The step's host work: every phase but the device wait (scheduler_update_s is part of process_s)."""
+        return self.schedule_s + self.prepare_s + self.launch_s + self.readback_s + self.process_s
 
     def reset(self) -> None:
         """Zero every phase for the next step (the object is reused: the engine fills it in place)."""
-        self.schedule_s = self.prepare_s = self.scheduler_update_s = self.process_s = self.step_s = 0.0
+        self.schedule_s = self.prepare_s = self.launch_s = self.device_wait_s = self.readback_s = 0.0
+        self.scheduler_update_s = self.process_s = self.step_s = 0.0
         self.hidden = False
 
 

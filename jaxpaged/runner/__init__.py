@@ -1,8 +1,9 @@
 """The runner: the device side of an engine step. Its public face is ModelRunner (one per data-parallel rank,
-built by build_rank_runners) and the compilation counter; everything else in the package is its internals
-(step inputs, buckets, KV allocation, the mesh, the start-up probes)."""
+built by build_rank_runners), the ForwardedStep its forward() hands to its sample(), and the compilation
+counter; everything else in the package is its internals (step inputs, buckets, KV allocation, the mesh, the
+start-up probes)."""
 
 from jaxpaged.runner import compile_counter
-from jaxpaged.runner.model_runner import ModelRunner, build_rank_runners
+from jaxpaged.runner.model_runner import ForwardedStep, ModelRunner, build_rank_runners
 
-__all__ = ["ModelRunner", "build_rank_runners", "compile_counter"]
+__all__ = ["ForwardedStep", "ModelRunner", "build_rank_runners", "compile_counter"]

@@ -4,6 +4,7 @@ It owns the parameters, the KV cache (donated to every step, so XLA updates it i
 executable per bucket and the token sampler. Warm-up compiles them all; serving then only looks them up.
 """
 
+import dataclasses
 import functools
 import os
 import sys
@@ -20,6 +21,7 @@ from jaxtyping import Array, Int
 from tqdm.auto import tqdm
 
 from jaxpaged.config import EngineConfig
+from jaxpaged.core.request import Request
 from jaxpaged.core.scheduler_output import SchedulerOutput
 from jaxpaged.kv_tiers import KVTiers
 from jaxpaged.models.layers import paged_attention
@@ -41,6 +43,7 @@ from jaxpaged.runner.kv_cache import allocate_kv_cache
 from jaxpaged.runner.startup import log_plan, plan_startup
 from jaxpaged.runner.tier_transfer import TierTransfer
 from jaxpaged.sampling.prompt_logprobs import (
+    PromptLogprobEntry,
     PromptLogprobStats,
     empty_prompt_logprob_stats,
     host_entries,
@@ -72,6 +75,18 @@ def _pad_rows(sampled: Int[Array, " num_rows"], size: int) -> Int[Array, " size"
     return jnp.zeros(size, jnp.int32).at[:sampled.shape[0]].set(sampled)
 
 
+@dataclasses.dataclass
+class ForwardedStep:
+    """A step whose model is dispatched and whose sampler is not yet (ModelRunner.forward -> .sample)."""
+
+    logits: Optional[jax.Array]
+    """The sampling rows' logits, on the device; None when the step scheduled nothing."""
+    sampling: list[Request]
+    """The requests that sample, in row order."""
+    prompt_logprobs: Optional[Callable[[], list[PromptLogprobEntry]]] = None
+    """Pulls the step's prompt logprobs to the host, when some row computed them."""
+
+
 MAX_PARALLEL_COMPILES = 4
 """Compiles run at once during warm-up, at most: each holds its own module and compiler state in host memory."""
 
@@ -99,6 +114,9 @@ class ModelRunner:
         self.ladder = BucketLadder(sched.max_num_batched_tokens, sched.max_num_seqs)
         self.block_table = HostBlockTable(sched.max_num_seqs, self.blocks_per_seq)
         self._replicated = mesh_lib.replicated(self.mesh)
+        self._inputs_need_device_put = jax.process_count() > 1
+        """The compiled step takes the packed numpy inputs as they are (its own transfer costs a fraction of
+        jax.device_put's, ~20 against ~50 us); a mesh over several processes needs them put as a global array."""
         graphdef = self._place_weights(params)
         kv_sharding = jax.sharding.NamedSharding(self.mesh, mesh_lib.kv_cache_spec(self.kv_layout))
         self.kv_cache = allocate_kv_cache(self.model_config, self.num_kv_blocks, self.block_size, self.dtype,
@@ -275,9 +293,15 @@ class ModelRunner:
     def launch(self, output: SchedulerOutput) -> PendingSample:
         """execute() without the wait: the step and the sampler are dispatched, their results stay on the device
         until PendingSample.result(). The engine launches every data-parallel rank before waiting on any."""
+        return self.sample(self.forward(output))
+
+    def forward(self, output: SchedulerOutput) -> ForwardedStep:
+        """The first half of launch(): the model's step is dispatched, the sampler not yet. Async scheduling with
+        a grammar or penalties samples later (sample()), once the step before has put its tokens on the host: the
+        model runs meanwhile."""
         self.last_prepare_seconds = 0.0
         if not output.scheduled:
-            return PendingSample(None, 0, wants_logprobs=False)
+            return ForwardedStep(None, [])
         pending_saves = None
         if output.kv_saves or output.kv_loads:
             assert self.tier_transfer is not None  # the scheduler only plans transfers when the tiers are on
@@ -297,16 +321,22 @@ class ModelRunner:
         logits, prompt_stats = self.run_step(bucket, batch, previous_tokens)  # row j: the j-th sampling request
         if self._samples_locally:
             logits = logits.addressable_data(0)
-        sampling = [item.request for item in output.scheduled if item.sample]
-        pending = self.sampler.launch(logits, sampling)
-        if self.async_scheduling:
-            self._previous_sampled = pending.device_token_ids
-            self._previous_rows = {request.request_id: row for row, request in enumerate(sampling)}
         if pending_saves is not None:
             assert self.tier_transfer is not None
             self.tier_transfer.finish_saves(pending_saves)  # host copies while the device runs the step
-        if prompt_rows:
-            pending.prompt_logprobs = lambda: host_entries(prompt_stats, prompt_rows)
+        prompt_logprobs = (lambda: host_entries(prompt_stats, prompt_rows)) if prompt_rows else None
+        return ForwardedStep(logits, [item.request for item in output.scheduled if item.sample], prompt_logprobs)
+
+    def sample(self, step: ForwardedStep) -> PendingSample:
+        """The second half of launch(): the sampler is dispatched on the step's logits, reading each request's
+        state now (its grammar, output tokens and count)."""
+        if step.logits is None:
+            return PendingSample(None, 0, wants_logprobs=False)
+        pending = self.sampler.launch(step.logits, step.sampling)
+        if self.async_scheduling:
+            self._previous_sampled = pending.device_token_ids
+            self._previous_rows = {request.request_id: row for row, request in enumerate(step.sampling)}
+        pending.prompt_logprobs = step.prompt_logprobs
         return pending
 
     def copy_blocks(self, pairs: np.ndarray) -> None:
@@ -322,7 +352,9 @@ class ModelRunner:
                  previous_tokens: Optional[Int[Array, " max_num_seqs"]] = None) -> tuple[jax.Array, PromptLogprobStats]:
         """compute_logits() plus the step's prompt-logprob stats (zeros unless a row has a target).
         `previous_tokens`: the ids host_batch.token_sources points into (async scheduling)."""
-        packed = jax.device_put(pack_step_inputs(host_batch), self._replicated)  # one transfer, one array
+        packed = pack_step_inputs(host_batch)  # one array, one transfer
+        if self._inputs_need_device_put:
+            packed = jax.device_put(packed, self._replicated)
         if previous_tokens is None:
             previous_tokens = self._no_previous_tokens
         logits, self.kv_cache, prompt_stats = self._executable(bucket)(self.state, self.kv_cache, packed,

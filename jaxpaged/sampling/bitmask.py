@@ -35,7 +35,10 @@ def apply_token_bitmask(logits: Float[Array, "num_rows vocab"],
 def fill_step_bitmask(requests: Sequence[Request], num_rows_padded: int,
                       vocab_size: int) -> Optional[np.ndarray]:
     """The step's bitmask (row j for requests[j]), or None when no request has a grammar (nothing to mask)."""
-    grammars = [(row, request.grammar) for row, request in enumerate(requests) if request.grammar is not None]
+    # A finished grammar (its request stops at this step's token) has no next token: its row, computed by a step
+    # planned ahead and dropped, stays all-allowed.
+    grammars = [(row, request.grammar) for row, request in enumerate(requests)
+                if request.grammar is not None and not request.grammar.is_finished]
     if not grammars:
         return None
     bitmask = np.full((num_rows_padded, bitmask_words(vocab_size)), -1, np.int32)

@@ -7,7 +7,7 @@ call, `validate_token_ids`, made by the engine on the host (JAX silently clamps 
 
 import dataclasses
 import math
-from typing import Optional, Union
+from typing import Literal, Optional, Union
 
 from jaxpaged.checks import is_int, is_number
 
@@ -25,6 +25,9 @@ MAX_ABS_LOGIT_BIAS = 100.0
 
 
 _CONSTRAINT_FIELDS = ("json", "regex", "choice", "grammar", "json_object")
+
+OutputKind = Literal["cumulative", "final_only"]
+OUTPUT_KINDS: tuple[OutputKind, ...] = ("cumulative", "final_only")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,6 +186,9 @@ class SamplingParams:
     prompt_logprobs: Optional[int] = None
     """Return each prompt token's logprob and this many top alternatives (0..20; the first token has none).
     Such a request computes its whole prompt (no prefix-cache hits), in the same compiled step."""
+    output_kind: OutputKind = "cumulative"
+    """"cumulative": an output after every step the request progressed in (to stream it); "final_only": only its
+    last one (vLLM's RequestOutputKind.FINAL_ONLY: nothing is built or handed over per step)."""
 
     def __post_init__(self) -> None:
         if not is_int(self.n) or self.n < 1:
@@ -213,6 +219,8 @@ class SamplingParams:
                 _fail(name, f"must be None or an int in [0, {MAX_LOGPROBS}]", value)
         for name in ("include_stop_str_in_output", "ignore_eos", "skip_special_tokens"):
             _check_bool(name, getattr(self, name))
+        if self.output_kind not in OUTPUT_KINDS:
+            _fail("output_kind", f"must be one of {list(OUTPUT_KINDS)}", self.output_kind)
         if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
             _fail("structured_outputs", "must be a StructuredOutputsParams or None", self.structured_outputs)
 

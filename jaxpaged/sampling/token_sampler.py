@@ -55,11 +55,11 @@ class TokenSampler:
 
     def _compile_variant(self, logits: Float[Array, "num_rows vocab"], flags: SamplerFlags) -> None:
         batch = warmup_sampling_batch(flags, logits.shape[0], self.vocab_size)
-        jax.block_until_ready(sample(logits, jax.device_put(batch, self.placement), flags).token_ids)
+        jax.block_until_ready(sample(logits, batch, flags).token_ids)  # numpy, as launch() passes it
 
     def _compile_bitmask(self, logits: Float[Array, "num_rows vocab"]) -> None:
         all_allowed = np.full((logits.shape[0], bitmask_words(self.vocab_size)), -1, np.int32)
-        jax.block_until_ready(apply_token_bitmask(logits, jax.device_put(all_allowed, self.placement)))
+        jax.block_until_ready(apply_token_bitmask(logits, all_allowed))
 
     def sample(self, logits: Float[Array, "num_rows_padded vocab"], requests: Sequence[Request]) -> StepResult:
         """Row j of logits belongs to requests[j]; each request carries its params and resolved seed."""
@@ -73,10 +73,13 @@ class TokenSampler:
         # Structured outputs: the grammars fill their rows on the host while the device still runs the step.
         bitmask = fill_step_bitmask(requests, logits.shape[0], self.vocab_size)
         if bitmask is not None:
-            logits = apply_token_bitmask(logits, jax.device_put(bitmask, self.placement))
+            logits = apply_token_bitmask(logits, bitmask)
         batch = build_sampling_batch(rows, logits.shape[0], self.vocab_size)
         flags = sampler_static_flags(batch)
-        result = sample(logits, jax.device_put(batch, self.placement), flags)
+        # The numpy batch goes to the jitted sampler as it is: jit's own transfer of its arguments is several
+        # times cheaper than jax.device_put of the ten-array pytree (which walks it in Python), and lands on the
+        # logits' devices (the sampler's placement is a single device or replicated over this process's devices).
+        result = sample(logits, batch, flags)
         return PendingSample(result, len(rows), wants_logprobs=flags.return_logprobs)
 
     def _row(self, request: Request) -> SamplingRow:
@@ -85,7 +88,8 @@ class TokenSampler:
             raise ValueError(f"sampling_seed: request {request.request_id!r} has no resolved seed")
         # num_pending_tokens counts this step's own token too (the scheduler adds it); any beyond it are in flight.
         in_flight = max(0, request.num_pending_tokens - 1)
-        suppress = min_tokens_suppress_ids(params, self.eos_token_ids, request.num_output_tokens + in_flight)
+        suppress = min_tokens_suppress_ids(params, self.eos_token_ids, request.num_output_tokens + in_flight) \
+            if params.min_tokens else ()
         return SamplingRow(params, request.sampling_seed, request.prompt_token_ids, request.output_token_ids,
                            suppress, in_flight)
 

@@ -69,10 +69,13 @@ class GenerationRun:
         self.finals: list[Optional[RequestOutput]] = [None] * len(prompts)
         """The last output of each prompt's engine request, once it finished."""
 
-    def submit(self) -> None:
-        """Admission checks, then every prompt handed to the engine loop (synchronously)."""
+    def submit(self, stream: bool = True) -> None:
+        """Admission checks, then every prompt handed to the engine loop (synchronously). Without `stream` only
+        each request's final output comes back (nothing is built or handed over per step)."""
         ensure_ready(self._context)
         check_capacity(self._context, sum(params.n for params in self._params))
+        if not stream:
+            self._params = [dataclasses.replace(params, output_kind="final_only") for params in self._params]
         for index, (prompt, params) in enumerate(zip(self.prompts, self._params)):
             engine_request_id = self.request_id if len(self.prompts) == 1 else f"{self.request_id}-{index}"
             try:
@@ -134,13 +137,22 @@ class GenerationRun:
         metrics, timing, now = self._context.metrics, self._timings[index], time.monotonic()
         num_tokens = max((len(sample.token_ids) for sample in output.outputs), default=0)
         num_new = num_tokens - timing.num_tokens
-        if num_new > 0:
+        engine_times = output.metrics
+        if num_new > 0 and timing.last_token is None and output.finished \
+                and engine_times.first_token_time is not None and engine_times.finish_time is not None:
+            # Every token in one (final-only) output: the engine's own clock saw the first and the rest arrive.
+            metrics.time_to_first_token.observe(engine_times.first_token_time - engine_times.arrival_time)
+            gap = (engine_times.finish_time - engine_times.first_token_time) / max(num_new - 1, 1)
+            for _ in range(num_new - 1):
+                metrics.inter_token_latency.observe(gap)
+        elif num_new > 0:
             if timing.last_token is None:
                 metrics.time_to_first_token.observe(now - timing.arrival)
             else:
                 gap = (now - timing.last_token) / num_new  # tokens that arrived together share the gap
                 for _ in range(num_new):
                     metrics.inter_token_latency.observe(gap)
+        if num_new > 0:
             timing.last_token, timing.num_tokens = now, num_tokens
         if output.finished:
             self.finals[index] = output
@@ -167,7 +179,7 @@ async def respond(request: Request, run: GenerationRun, stream: bool,
     A client that goes away, before or during the stream, closes the run, which aborts its requests.
     """
     try:
-        run.submit()
+        run.submit(stream)
         await run.wait_added()
     except BaseException:
         run.close()

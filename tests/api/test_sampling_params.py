@@ -19,7 +19,7 @@ def test_defaults_match_vllm():
     assert (params.stop, params.stop_token_ids) == ([], [])
     assert (params.max_tokens, params.min_tokens) == (16, 0)
     assert not params.ignore_eos and not params.include_stop_str_in_output and params.skip_special_tokens
-    assert not params.is_greedy
+    assert not params.is_greedy and params.output_kind == "cumulative"
 
 
 ACCEPTED = [
@@ -41,6 +41,7 @@ ACCEPTED = [
     ("ignore_eos", True),
     ("logprobs", None), ("logprobs", 0), ("logprobs", 1), ("logprobs", MAX_LOGPROBS),
     ("skip_special_tokens", False),
+    ("output_kind", "cumulative"), ("output_kind", "final_only"),
 ]
 
 
@@ -76,6 +77,7 @@ REJECTED = [
     ("ignore_eos", 0), ("ignore_eos", "yes"),
     ("logprobs", -1), ("logprobs", MAX_LOGPROBS + 1), ("logprobs", 1.0), ("logprobs", True),
     ("skip_special_tokens", None), ("skip_special_tokens", 1),
+    ("output_kind", "delta"), ("output_kind", None), ("output_kind", 1),
 ]
 
 

@@ -112,17 +112,17 @@ def test_the_next_step_is_launched_before_the_previous_tokens_are_read(async_llm
     engine = async_llm.engine
     runner = engine.runner
     events: list[str] = []
-    launch, result = runner.launch, PendingSample.result
+    forward, result = runner.forward, PendingSample.result
 
-    def logged_launch(output):
+    def logged_forward(output):
         events.append("launch")
-        return launch(output)
+        return forward(output)
 
     def logged_result(pending):
         events.append("result")
         return result(pending)
 
-    monkeypatch.setattr(runner, "launch", logged_launch)
+    monkeypatch.setattr(runner, "forward", logged_forward)
     monkeypatch.setattr(PendingSample, "result", logged_result)
     _token_ids(async_llm, _prompts([12, 30]), [SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)] * 2)
     monkeypatch.undo()
@@ -132,27 +132,42 @@ def test_the_next_step_is_launched_before_the_previous_tokens_are_read(async_llm
     assert engine.loop.in_flight is None or not engine.has_unfinished_requests()
 
 
-def test_a_penalty_or_grammar_request_makes_steps_wait_for_their_tokens(sync_llm, async_llm):
-    prompts = _prompts([10, 25], seed=4)
+ORDER_SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                                 "count": {"type": "integer"}}, "required": ["name", "count"]}
+
+
+def test_penalty_grammar_and_min_tokens_requests_are_planned_ahead_and_sample_after_their_tokens(
+        sync_llm, async_llm, monkeypatch):
+    # Their next token depends on the last one on the host (a bitmask, output counts, the min_tokens gate): the
+    # model of the step planned ahead runs at once, its sampler once the step before has applied its tokens.
+    prompts = _prompts([10, 25, 17, 6, 12], seed=4)
     params = [SamplingParams(temperature=0.0, max_tokens=12, repetition_penalty=1.3, presence_penalty=0.4,
                              ignore_eos=True),
-              SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)]
-    assert _token_ids(async_llm, prompts, params) == _token_ids(sync_llm, prompts, params)
-
-    choice = SamplingParams(temperature=0.0, max_tokens=8,
-                            structured_outputs=StructuredOutputsParams(choice=["yes", "no"]))
+              SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True),
+              SamplingParams(temperature=0.8, seed=21, max_tokens=30, frequency_penalty=0.5, n=2,
+                             structured_outputs=StructuredOutputsParams(json=ORDER_SCHEMA)),
+              SamplingParams(temperature=0.0, max_tokens=8,
+                             structured_outputs=StructuredOutputsParams(choice=["yes", "no"])),
+              SamplingParams(temperature=1.0, seed=5, max_tokens=10, min_tokens=6, logprobs=1)]
+    expected = sync_llm.generate(prompts, params, use_tqdm=False)
     engine = async_llm.engine
-    engine.add_request("constrained", "Is it?", choice)
-    engine.add_request("plain", _prompts([5])[0], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
-    texts, finished = {}, set()
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            texts[out.request_id] = out.outputs[0].text
-            if out.finished:
-                finished.add(out.request_id)
-        if "constrained" not in finished:
-            assert engine.loop.in_flight is None, "nothing may be planned ahead while the grammar request runs"
-    assert texts["constrained"] in ("yes", "no") and finished == {"constrained", "plain"}
+    runner = engine.runner
+    events: list[str] = []
+    forward, sample, result = runner.forward, runner.sample, PendingSample.result
+    monkeypatch.setattr(runner, "forward", lambda output: events.append("forward") or forward(output))
+    monkeypatch.setattr(runner, "sample", lambda step: events.append("sample") or sample(step))
+    monkeypatch.setattr(PendingSample, "result", lambda pending: events.append("result") or result(pending))
+    got = async_llm.generate(prompts, params, use_tqdm=False)
+    monkeypatch.undo()
+
+    for g, e in zip(got, expected):
+        assert [(list(o.token_ids), o.text, o.finish_reason) for o in g.outputs] == \
+            [(list(o.token_ids), o.text, o.finish_reason) for o in e.outputs]
+    assert got[3].outputs[0].text in ("yes", "no")
+    # Planned ahead: step N+1's model is dispatched before step N's tokens are read, its sampler after.
+    assert events[:5] == ["forward", "sample", "forward", "result", "sample"]
+    assert "result, result" not in ", ".join(events[:-2])
+    assert engine.scheduler.kv_cache_manager.usage == 0.0
 
 
 def test_an_abort_with_a_step_in_flight_loses_nothing_else(sync_llm, async_llm):

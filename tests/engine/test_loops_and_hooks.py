@@ -13,12 +13,13 @@ class RecordingPhases:
     """StepPhases of one data-parallel rank that log each call; step k's plan is "plan-k", its launch "launch-k",
     its outputs ["out-k"]."""
 
-    def __init__(self, num_steps: int, plan_ahead: bool = True):
+    def __init__(self, num_steps: int, plan_ahead: bool = True, needs_last_tokens: bool = False):
         self.log: list[str] = []
         self.num_planned = 0
         self.num_applied = 0
         self.num_steps = num_steps
         self.plan_ahead = plan_ahead
+        self.needs_last_tokens = needs_last_tokens
 
     def release_held_back(self):
         self.log.append("release")
@@ -31,18 +32,25 @@ class RecordingPhases:
         self.log.append(f"schedule-{self.num_planned}")
         return f"plan-{self.num_planned}"
 
-    def execute(self, dp_rank, plan):
-        self.log.append(f"execute-{plan.split('-')[1]}")
+    def execute(self, dp_rank, plan, defer_sampling=False):
+        number = plan.split('-')[1]
+        self.log.append(f"execute-{number}" + (" (model only)" if defer_sampling else ""))
         running = types.SimpleNamespace(is_running=lambda: True)
-        return types.SimpleNamespace(name=plan.replace("plan", "launch"), pending=running)
+        return types.SimpleNamespace(name=f"launch-{number}", sampled=lambda: running)
 
-    def update(self, launched, final_only):
+    def update(self, launched, final_only, sample_next=None):
         self.num_applied += 1
-        self.log.append(f"update-{launched[0].name.split('-')[1]}")
-        return [f"out-{launched[0].name.split('-')[1]}"]
+        number = launched[0].name.split('-')[1]
+        self.log.append(f"update-{number}")
+        if sample_next:
+            self.log.append(f"sample-{sample_next[0].name.split('-')[1]}")
+        return [f"out-{number}"]
 
     def may_plan_ahead(self):
         return self.plan_ahead and self.num_planned < self.num_steps
+
+    def sampling_needs_last_tokens(self):
+        return self.needs_last_tokens
 
     def has_unfinished_requests(self):
         return self.num_applied < self.num_steps
@@ -72,12 +80,22 @@ def test_the_overlapped_loop_launches_the_next_step_before_applying_this_one():
     assert loop.in_flight is None
 
 
-def test_the_overlapped_loop_waits_when_a_request_needs_its_tokens_on_the_host():
+def test_the_overlapped_loop_runs_step_by_step_when_it_may_not_plan_ahead():
     phases = RecordingPhases(num_steps=2, plan_ahead=False)
     loop = OverlappedLoop(as_phases(phases))
     assert [loop.step(False) for _ in range(2)] == [(["out-1"], False), (["out-2"], False)]
     assert phases.log == ["release", "schedule-1", "execute-1", "update-1",
                           "release", "schedule-2", "execute-2", "update-2"]
+
+
+def test_the_overlapped_loop_defers_the_next_sampler_when_a_request_needs_its_last_token_on_the_host():
+    phases = RecordingPhases(num_steps=3, needs_last_tokens=True)
+    loop = OverlappedLoop(as_phases(phases))
+    assert [outputs for outputs, _ in (loop.step(False) for _ in range(3))] == [["out-1"], ["out-2"], ["out-3"]]
+    # The model of step k+1 runs beside step k; its sampler is dispatched by update-k, once k's tokens are in.
+    assert phases.log == ["release", "schedule-1", "execute-1", "schedule-2", "execute-2 (model only)", "update-1",
+                          "sample-2", "release", "schedule-3", "execute-3 (model only)", "update-2", "sample-3",
+                          "release", "update-3"]
 
 
 class Recorder(EngineFeature):

@@ -19,11 +19,9 @@ def row(seed: int = 0, prompt=(1, 2, 3), output=(), suppress=(), **params) -> Sa
 
 
 def row_with_unchecked_seed(seed: object) -> SamplingRow:
-    """A row whose seed is not an int: set after construction, past the dataclass's own (run-time) type check,
-    so the builder's validation is what rejects it."""
-    bad = row()
-    object.__setattr__(bad, "seed", seed)  # frozen dataclass
-    return bad
+    """A row whose seed is not an int (a NamedTuple does not check types), so the builder's validation is what
+    rejects it."""
+    return row()._replace(seed=seed)
 
 
 def run(rows, logits, num_rows_padded: int = NUM_ROWS):

@@ -143,3 +143,45 @@ def test_async_scheduling_streams_the_synchronous_tokens_and_aborts_cleanly(tiny
         assert looped.num_unfinished_seqs == 0 and stats is not None and stats.kv_cache_usage == 0.0
     finally:
         looped.shutdown()
+
+
+def test_a_reader_that_stops_reading_holds_one_output_and_then_gets_the_newest(looped, tiny_engine):
+    """One slot per stream: however many steps pass unread, the stream keeps only the newest output (outputs are
+    cumulative), so a client that stops reading pins no more memory, and the reader resumes from the newest."""
+
+    async def scenario():
+        stream = looped.add_request("slow", {"prompt_token_ids": [1, 2, 3]}, _params(20))
+        await stream.wait_added()
+        first = await stream.__anext__()
+        for _ in range(400):  # let the engine run to the end while nobody reads
+            if not tiny_engine.has_unfinished_requests():
+                break
+            await asyncio.sleep(0.01)
+        held = stream._sink._latest
+        rest = [output async for output in stream]
+        return first, held, rest
+
+    first, held, rest = asyncio.run(scenario())
+    assert len(first.outputs[0].token_ids) < 20
+    assert held is not None and held.finished and len(held.outputs[0].token_ids) == 20
+    assert [output.finished for output in rest] == [True]  # the newest only: nothing queued behind it
+    assert rest[0] is held
+
+
+def test_a_final_only_request_gets_one_output_beside_a_streamed_one(looped):
+    """SamplingParams(output_kind="final_only"): the server's non-streaming requests get their last output
+    only; a streamed request beside it still gets one per step."""
+
+    async def scenario():
+        final_only = looped.add_request("final", {"prompt_token_ids": [5, 6]},
+                                        SamplingParams(max_tokens=9, temperature=0.0, ignore_eos=True,
+                                                       output_kind="final_only"))
+        streamed = looped.add_request("streamed", {"prompt_token_ids": [5, 6]}, _params(9))
+        streamed_lengths = [len(output.outputs[0].token_ids) async for output in streamed]
+        final_outputs = [output async for output in final_only]
+        return streamed_lengths, final_outputs
+
+    streamed_lengths, final_outputs = asyncio.run(scenario())
+    assert len(final_outputs) == 1 and final_outputs[0].finished
+    assert list(final_outputs[0].outputs[0].token_ids) != [] and len(final_outputs[0].outputs[0].token_ids) == 9
+    assert streamed_lengths[-1] == 9 and len(streamed_lengths) > 1

@@ -1,0 +1,266 @@
+"""The engine's host path per step, phase by phase, at 64 / 256 / 512 running decode requests.
+
+What an accelerator waits for: scheduling, building the step's inputs and sending them, dispatching the sampler,
+reading the sampled ids back, the scheduler's update, stops, detokenization, logprobs and the outputs. The host
+path does not depend on the device, so it is measured here on the CPU with a real LLMEngine (real scheduler,
+runner, sampler, detokenizer and output processor) over a model made tiny (one layer, hidden 64, SmolLM2's
+49,152-token vocabulary and tokenizer) so the device's share of a step stays small. Each phase is timed inside the
+engine (StepTimings); the device wait is reported apart and is not host work.
+
+    python -m benchmarks.host_path [--requests 64 256 512] [--steps 64] [--loop sync|async]
+                                   [--json-schema-fraction 0.1] [--n 1] [--stream] [--prefill-chunk 2048]
+
+Cases: every request decoding (the default), a share of them under a JSON schema, n > 1 samples per request,
+and a mixed step (one 2k-token prefill chunk beside the decodes). Prints median and p90 of each phase in ms.
+"""
+
+import argparse
+import asyncio
+import dataclasses
+import gc
+import json
+import statistics
+import sys
+import time
+from typing import Optional
+
+import numpy as np
+
+from benchmarks.stub_device import StubDevice
+from jaxpaged.async_engine import AsyncLLMEngine
+from jaxpaged.config import EngineConfig
+from jaxpaged.engine import LLMEngine
+from jaxpaged.engine.step_timings import StepTimings
+from jaxpaged.models.model_config import ModelConfig
+from jaxpaged.models.param_shapes import param_shapes
+from jaxpaged.sampling.params import SamplingParams, StructuredOutputsParams
+from jaxpaged.weights.loader import LoadedModel, locate_model
+
+PHASES = ("schedule_s", "prepare_s", "launch_s", "readback_s", "scheduler_update_s", "process_s")
+"""The host phases, in step order; process_s includes scheduler_update_s (shown apart as its share)."""
+
+TINY_HF_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 49152,
+                  "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 2,
+                  "num_key_value_heads": 1, "head_dim": 32, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+                  "max_position_embeddings": 4096, "tie_word_embeddings": True, "eos_token_id": 2}
+
+ORDER_SCHEMA = {"type": "object", "properties": {
+    "items": {"type": "array", "items": {"type": "object", "properties": {
+        "name": {"type": "string"}, "quantity": {"type": "integer"}}, "required": ["name", "quantity"]}},
+    "note": {"type": "string"}}, "required": ["items", "note"]}
+"""A schema a constrained request decodes under for its whole length (the array and the strings never close
+early under random weights)."""
+
+
+def tiny_model() -> LoadedModel:
+    """A random one-layer Llama with the embedded model's tokenizer: real detokenization, a cheap device step."""
+    tokenizer_dir = locate_model(None)[0]
+    config = ModelConfig.from_hf(TINY_HF_CONFIG)
+    rng = np.random.default_rng(0)
+    params = {name: (rng.standard_normal(shape) * 0.5).astype(np.float32)
+              for name, shape in param_shapes(config).items()}
+    return LoadedModel("tiny-host-path", TINY_HF_CONFIG, config, params, tokenizer_dir)
+
+
+@dataclasses.dataclass
+class Case:
+    num_requests: int
+    async_scheduling: bool
+    json_schema_fraction: float = 0.0
+    n: int = 1
+    prefill_chunk: int = 0
+    """Tokens of one long prompt admitted beside the decodes (0: a pure decode batch)."""
+    logprobs: Optional[int] = None
+    final_only: bool = True
+    """Offline callers ask for finished outputs only; a server streams (False: an output per request per step)."""
+
+
+LONG_PROMPT_CHUNKS = 4
+"""The mixed case's long prompts take this many steps' chunks each."""
+
+
+def build_engine(model: LoadedModel, case: Case, num_steps: int, max_model_len: int) -> LLMEngine:
+    rows = case.num_requests * case.n + (num_long_prompts(case, num_steps) if case.prefill_chunk else 0)
+    config = EngineConfig.from_options(
+        max_num_seqs=rows, max_num_batched_tokens=max(rows, case.prefill_chunk + rows, 256),
+        max_model_len=max(max_model_len, LONG_PROMPT_CHUNKS * case.prefill_chunk + 1), block_size=16,
+        num_kv_blocks=rows * 16 + (num_steps + 4) * case.prefill_chunk // 16 + 64,
+        async_scheduling=case.async_scheduling, dtype="float32", enable_prefix_caching=True)
+    return LLMEngine(model, config, warmup=False)  # the stub device compiles its own programs, cheaply
+
+
+def num_long_prompts(case: Case, num_steps: int) -> int:
+    return num_steps // LONG_PROMPT_CHUNKS + 1 if case.prefill_chunk else 0
+
+
+def run_case(model: LoadedModel, case: Case, num_steps: int, device_step_s: float,
+             max_model_len: int) -> dict[str, list[float]]:
+    """Per-step seconds of each phase over num_steps steady decode steps (after every prompt is in)."""
+    engine = build_engine(model, case, num_steps, max_model_len)
+    stub = StubDevice(engine.runner, device_step_s)
+    try:
+        return _measure(engine, case, num_steps)
+    finally:
+        stub.restore()
+
+
+def requests_of(case: Case, num_steps: int) -> list[tuple[str, dict, SamplingParams]]:
+    """(request id, prompt, params) of the case's decoding requests."""
+    rng = np.random.default_rng(1)
+    constrained = int(round(case.num_requests * case.json_schema_fraction))
+    requests = []
+    for index in range(case.num_requests):
+        structured = StructuredOutputsParams(json=ORDER_SCHEMA) if index < constrained else None
+        params = SamplingParams(max_tokens=num_steps * 3, ignore_eos=True, temperature=0.0 if case.n == 1 else 1.0,
+                                n=case.n, seed=index, logprobs=case.logprobs, structured_outputs=structured)
+        prompt = rng.integers(100, 40000, size=int(rng.integers(16, 48))).tolist()
+        requests.append((f"request-{index}", {"prompt_token_ids": prompt}, params))
+    return requests
+
+
+def _measure(engine: LLMEngine, case: Case, num_steps: int) -> dict[str, list[float]]:
+    if not case.final_only:
+        return _measure_streaming(engine, case, num_steps)
+    rng = np.random.default_rng(2)
+    for request_id, prompt, params in requests_of(case, num_steps):
+        engine.add_request(request_id, prompt, params)
+    while engine.scheduler.num_waiting or any(r.num_computed_tokens < r.num_tokens - 1
+                                              for r in engine.scheduler.running):
+        engine.step(final_only=case.final_only)
+    for _ in range(4):  # the held-back samples of n > 1 and the loop's first plan-ahead settle
+        engine.step(final_only=case.final_only)
+    for index in range(num_long_prompts(case, num_steps)):  # one after the other, a chunk beside every decode step
+        long_prompt = rng.integers(100, 40000, size=LONG_PROMPT_CHUNKS * case.prefill_chunk).tolist()
+        engine.add_request(f"long-{index}", {"prompt_token_ids": long_prompt}, SamplingParams(max_tokens=1))
+    samples: dict[str, list[float]] = {name: [] for name in SAMPLE_NAMES if name != "deliver_s"}
+    gc.collect()
+    for _ in range(num_steps):
+        engine.step(final_only=case.final_only)
+        record(engine.timings, samples)
+    engine.abort_request(list(engine.requests.groups))
+    return samples
+
+
+class _StepRecorder:
+    """An engine observer keeping every step's timings, and the time the server's loop then spent handing the
+    step's outputs to their streams (AsyncLLMEngine._dispatch, wrapped), as "deliver_s"."""
+
+    def __init__(self, async_engine: AsyncLLMEngine) -> None:
+        self.samples: dict[str, list[float]] = {name: [] for name in SAMPLE_NAMES}
+        self.steady = False
+        """Set once every request decodes: steps before are not kept."""
+        dispatch = async_engine._dispatch
+
+        def timed_dispatch(outputs):
+            start = time.perf_counter()
+            dispatch(outputs)
+            if self.steady and len(self.samples["deliver_s"]) < len(self.samples["host_s"]):
+                self.samples["deliver_s"].append(time.perf_counter() - start)
+
+        async_engine._dispatch = timed_dispatch
+
+    def after_schedule(self, scheduler) -> None:
+        pass
+
+    def after_step(self, outputs, timings: StepTimings) -> None:
+        if self.steady:
+            record(timings, self.samples)
+
+
+def _measure_streaming(engine: LLMEngine, case: Case, num_steps: int) -> dict[str, list[float]]:
+    """The server's way: an AsyncLLMEngine's loop thread steps the engine and hands every step's outputs to the
+    requests' streams, which asyncio readers on this thread consume (what the HTTP handlers do, less the HTTP)."""
+    async_engine = AsyncLLMEngine(engine)
+    recorder = _StepRecorder(async_engine)
+    engine.observers.append(recorder)
+    async_engine.start()
+
+    async def read(stream, counts: list[int]) -> None:
+        async for output in stream:
+            counts[0] = max(counts[0], len(output.outputs[0].token_ids))
+
+    async def run() -> None:
+        counts = [[0] for _ in range(case.num_requests)]
+        streams = [async_engine.add_request(request_id, prompt, params)
+                   for request_id, prompt, params in requests_of(case, num_steps)]
+        readers = [asyncio.ensure_future(read(stream, count)) for stream, count in zip(streams, counts)]
+        while min(count[0] for count in counts) < 4:  # every prompt is in and decoding
+            await asyncio.sleep(0.005)
+        recorder.steady = True
+        while len(recorder.samples["deliver_s"]) < num_steps:
+            await asyncio.sleep(0.005)
+        recorder.steady = False
+        for stream in streams:
+            stream.close()
+        await asyncio.gather(*readers, return_exceptions=True)
+
+    try:
+        asyncio.run(run())
+    finally:
+        async_engine.shutdown()
+    samples = {name: values[:num_steps] for name, values in recorder.samples.items()}
+    # Handing outputs over is host work of the step too (on the loop thread, after LLMEngine.step returns).
+    deliver = samples["deliver_s"]
+    samples["host_s"] = [host + d for host, d in zip(samples["host_s"], deliver)]
+    samples["exposed_s"] = [exposed + d if exposed else 0.0 for exposed, d in zip(samples["exposed_s"], deliver)]
+    return samples
+
+
+SAMPLE_NAMES = (*PHASES, "device_wait_s", "host_s", "exposed_s", "step_s", "deliver_s")
+
+
+def record(timings: StepTimings, samples: dict[str, list[float]]) -> None:
+    for name in PHASES:
+        samples[name].append(getattr(timings, name))
+    samples["device_wait_s"].append(timings.device_wait_s)
+    samples["host_s"].append(timings.host_s)
+    samples["exposed_s"].append(0.0 if timings.hidden else timings.host_s)
+    samples["step_s"].append(timings.step_s)
+
+
+def summarize(samples: dict[str, list[float]]) -> dict[str, tuple[float, float]]:
+    """(median, p90) in milliseconds per phase."""
+    return {name: (statistics.median(values) * 1e3, float(np.percentile(values, 90)) * 1e3)
+            for name, values in samples.items() if values}
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, nargs="+", default=[64, 256, 512])
+    parser.add_argument("--steps", type=int, default=64)
+    parser.add_argument("--loop", choices=("sync", "async"), nargs="+", default=["sync", "async"])
+    parser.add_argument("--json-schema-fraction", type=float, default=0.0)
+    parser.add_argument("--n", type=int, default=1)
+    parser.add_argument("--logprobs", type=int, default=None)
+    parser.add_argument("--prefill-chunk", type=int, default=0)
+    parser.add_argument("--stream", action="store_true", help="an output per request per step (a server's way)")
+    parser.add_argument("--device-step-ms", type=float, default=2.0,
+                        help="how long the stub device's step takes (an accelerator's decode step)")
+    parser.add_argument("--max-model-len", type=int, default=8192,
+                        help="sizes each row of the block table the step sends (SmolLM2's context: 8192)")
+    parser.add_argument("--json", dest="json_path", default=None, help="also write the summaries here")
+    args = parser.parse_args(argv)
+    model = tiny_model()
+    results = []
+    columns = (*PHASES, "deliver_s", "host_s", "exposed_s", "device_wait_s")
+    print("median (p90) ms per step" + "".join(f"{name[:-2]:>20}" for name in columns))
+    for loop in args.loop:
+        for num_requests in args.requests:
+            case = Case(num_requests, loop == "async", args.json_schema_fraction, args.n, args.prefill_chunk,
+                        args.logprobs, final_only=not args.stream)
+            start = time.perf_counter()
+            summary = summarize(run_case(model, case, args.steps, args.device_step_ms / 1e3, args.max_model_len))
+            label = (f"{loop} {num_requests} req n={case.n} json={case.json_schema_fraction:g} "
+                     f"chunk={case.prefill_chunk}{' stream' if args.stream else ''}")
+            cells = [f"{summary[name][0]:>11.3f} ({summary[name][1]:>6.3f})" if name in summary else f"{'-':>20}"
+                     for name in columns]
+            print(f"{label:<44}" + "".join(cells), flush=True)
+            results.append({"case": dataclasses.asdict(case), "summary_ms": summary,
+                            "seconds": time.perf_counter() - start})
+    if args.json_path:
+        with open(args.json_path, "w") as file:
+            json.dump({"argv": sys.argv[1:], "results": results}, file, indent=1)
+
+
+if __name__ == "__main__":
+    main()
