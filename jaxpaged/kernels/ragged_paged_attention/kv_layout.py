@@ -110,6 +110,14 @@ def cache_shape(num_pages: int, page_size: int, num_kv_heads: int, head_dim: int
     raise ValueError(f"layout: must be one of {LAYOUTS}, got {layout!r}")
 
 
+def tokens_per_page(kv_pages: KVPages, num_kv_heads: int, head_dim: int, dtype) -> int:
+    """Tokens one page of `kv_pages` holds, in any layout: axis 1 counts tokens, or the packed layout's word rows
+    (rows_per_token of them per token), which is not a page size: slots are counted in tokens."""
+    if kv_pages.ndim == 3:
+        return kv_pages.shape[1] // packed_layout_for(num_kv_heads, head_dim, dtype).rows_per_token
+    return kv_pages.shape[1]
+
+
 def physical_bytes(shape, dtype, platform: str) -> int:
     """Bytes an array occupies on `platform`: TPU pads its last two dims to (8 * packing, 128) tiles."""
     itemsize = jnp.dtype(dtype).itemsize
@@ -189,27 +197,33 @@ def kv_scratch_shape(layout, block_tokens: int, kv_heads_x2: int, head_dim: int,
     return (2, block_tokens * layout.rows_per_token, LANES), jnp.uint32
 
 
-def load_vector(buf_ref, slot, index: int, layout: PackedLayout, num_tokens: int):
-    """Vector `index` of every token in the slot: one sublane-strided uint32 load, then its half."""
+def load_vector(buf_ref, slot, index: int, layout: PackedLayout, num_tokens: int,
+                first_token: Union[int, jax.Array] = 0):
+    """Vector `index` of tokens first_token.. of the slot: one sublane-strided uint32 load, then its half."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import tpu as pltpu
 
-    rows = buf_ref[slot, pl.ds(index // layout.packing, num_tokens, stride=layout.rows_per_token), :]
+    first_row = first_token * layout.rows_per_token + index // layout.packing
+    rows = buf_ref[slot, pl.ds(first_row, num_tokens, stride=layout.rows_per_token), :]
     if layout.packing == 1:
         return pltpu.bitcast(rows, jnp.float32)
     half = rows >> 16 if index % 2 else rows & jnp.uint32(0xFFFF)
     return pltpu.bitcast(half.astype(jnp.uint16), jnp.bfloat16)
 
 
-def load_head(buf_ref, slot, head: int, layout, num_tokens: int):
-    """(keys, values) of one KV head for every token of the slot, [num_tokens, lanes] each.
+def load_head(buf_ref, slot, head: int, layout, num_tokens: int, first_token: Union[int, jax.Array] = 0):
+    """(keys, values) of one KV head for tokens first_token..first_token + num_tokens of the slot, [num_tokens,
+    lanes] each (first_token may be traced: the kernels walk a DMA block in compute chunks).
 
     Interleaved: sublane 2h / 2h + 1 of the [tokens, 2kv, d] buffer. Packed with head_dim 64: keys and
     values are the same [K | V] vector (q is zero-padded past lane 64, the output read from lane 64).
     """
     if layout is None:
-        return buf_ref[slot, :, 2 * head, :], buf_ref[slot, :, 2 * head + 1, :]
-    vectors = {i: load_vector(buf_ref, slot, i, layout, num_tokens)
+        from jax.experimental import pallas as pl
+
+        tokens = pl.ds(first_token, num_tokens)
+        return buf_ref[slot, tokens, 2 * head, :], buf_ref[slot, tokens, 2 * head + 1, :]
+    vectors = {i: load_vector(buf_ref, slot, i, layout, num_tokens, first_token)
                for i in sorted(set(layout.key_vectors(head) + layout.value_vectors(head)))}
     join = lambda indices: (vectors[indices[0]] if len(indices) == 1  # noqa: E731
                             else jnp.concatenate([vectors[i] for i in indices], axis=1))

@@ -46,13 +46,19 @@ from jaxpaged.kernels.ragged_paged_attention.kv_layout import (
     rows_per_token,
 )
 from jaxpaged.kernels.ragged_paged_attention.metadata import MASK_VALUE, AttentionMetadata
-from jaxpaged.kernels.ragged_paged_attention.tpu_decode import decode_pages_per_block, ragged_paged_attention_tpu_decode
+from jaxpaged.kernels.ragged_paged_attention.tpu_decode import ragged_paged_attention_tpu_decode
 from jaxpaged.kernels.ragged_paged_attention.tpu_online_softmax import accumulate_head
+from jaxpaged.kernels.ragged_paged_attention.tpu_vmem import (
+    decode_compute_pages,
+    decode_intermediate_bytes,
+    decode_pages_per_block,
+    default_vmem_limit_bytes,
+    token_bytes,
+)
 
 _LANES = 128
 DEFAULT_Q_BLOCK_SIZE = 32
 DEFAULT_KV_CHUNK_TOKENS = 128  # one lane-width of logits per chunk
-DEFAULT_VMEM_LIMIT_BYTES = 32 * 1024 * 1024
 # Scalar-prefetch budget: half of the 1 MiB SMEM of v5e/v6e, the rest left to Mosaic's own use.
 DEFAULT_SMEM_BUDGET_BYTES = 512 * 1024
 _SMEM_ROUNDING = 128
@@ -185,14 +191,14 @@ def _tile_sequence_ranges(cu_q_lens, num_seqs, num_tiles: int, q_block_size: int
     return jnp.stack([first, end], axis=1).reshape(-1)
 
 
-def vmem_bytes(num_q_heads, kv_heads_x2, head_dim, dtype, *, q_block_size, chunk_tokens) -> int:
-    """VMEM one grid step holds: KV double buffer, q/out tiles (double-buffered), f32 state."""
+def vmem_bytes(num_q_heads, kv_heads_x2, head_dim, dtype, *, q_block_size, chunk_tokens, layout=None,
+               intermediate_bytes: int = 0) -> int:
+    """VMEM one grid step holds: KV double buffer, q/out tiles (double-buffered), f32 state, intermediates."""
     itemsize = jnp.dtype(dtype).itemsize
-    sublanes = 8 * _packing(dtype)
-    kv = 2 * chunk_tokens * (-(-kv_heads_x2 // sublanes) * sublanes) * max(head_dim, _LANES) * itemsize
+    kv = 2 * chunk_tokens * token_bytes(kv_heads_x2, head_dim, dtype, layout)
     q_and_out = 2 * 2 * num_q_heads * q_block_size * max(head_dim, _LANES) * itemsize
     state = num_q_heads * q_block_size * (max(head_dim, _LANES) + 2 * _LANES) * 4
-    return kv + q_and_out + state
+    return kv + q_and_out + state + intermediate_bytes
 
 
 def _general(q, kv_pages, kv_lens, block_tables, cu_q_lens, num_seqs, *, sm_scale, sliding_window, soft_cap,
@@ -278,7 +284,7 @@ def ragged_paged_attention_tpu(
     case: Optional[str] = None,
     num_kv_heads: Optional[int] = None,
     interpret: Union[bool, pltpu.InterpretParams] = False,
-    vmem_limit_bytes: int = DEFAULT_VMEM_LIMIT_BYTES,
+    vmem_limit_bytes: Optional[int] = None,
     smem_budget_bytes: int = DEFAULT_SMEM_BUDGET_BYTES,
 ) -> Float[Array, "num_tokens num_q_heads head_dim"]:
     """The spec's contract on TPU; interpret=True (or InterpretParams) simulates a TPU on CPU.
@@ -287,6 +293,7 @@ def ragged_paged_attention_tpu(
     has one q row, else the tile kernel; "decode" / "general" force one (the caller vouches for
     "decode"). pages_per_chunk sizes the tile kernel's KV chunks, pages_per_block the decode DMAs.
     kv_pages: the interleaved cache, or the packed uint32 one of kv_layout.py (then num_kv_heads is required).
+    vmem_limit_bytes: None asks for most of the chip's VMEM (tpu_vmem.py); the decode blocks are sized to fit.
     """
     num_tokens, num_q_heads, head_dim = q.shape
     kv_lens, block_tables, cu_q_lens, num_seqs = (metadata.kv_lens, metadata.block_tables, metadata.cu_q_lens,
@@ -308,8 +315,11 @@ def ragged_paged_attention_tpu(
         raise ValueError(f"case: must be None, 'decode' or 'general', got {case!r}")
     if pages_per_chunk is None:
         pages_per_chunk = max(1, DEFAULT_KV_CHUNK_TOKENS // page_size)
+    if vmem_limit_bytes is None:
+        vmem_limit_bytes = default_vmem_limit_bytes()
     if pages_per_block is None:
-        pages_per_block = decode_pages_per_block(page_size, pages_per_seq, kv_heads_x2, head_dim, q.dtype)
+        pages_per_block = decode_pages_per_block(page_size, pages_per_seq, kv_heads_x2 // 2, head_dim, q.dtype,
+                                                 layout, vmem_limit_bytes)
     sublanes = 8 * _packing(q.dtype)
     if q_block_size % sublanes:
         raise ValueError(f"q_block_size: must be a multiple of {sublanes} for {q.dtype}, "
@@ -319,10 +329,12 @@ def ragged_paged_attention_tpu(
                            else (page_size * layout.rows_per_token, 8))
     if page_rows % row_tile:
         raise ValueError(f"kv_pages: page_size must make a page whole {row_tile}-row tiles on TPU, got {page_size}")
+    compute_tokens = decode_compute_pages(page_size, pages_per_block) * page_size
     needed = max(vmem_bytes(num_q_heads, kv_heads_x2, head_dim, q.dtype, q_block_size=q_block_size,
-                            chunk_tokens=pages_per_chunk * page_size),
+                            chunk_tokens=pages_per_chunk * page_size, layout=layout),
                  vmem_bytes(num_q_heads, kv_heads_x2, head_dim, q.dtype, q_block_size=1,
-                            chunk_tokens=pages_per_block * page_size))
+                            chunk_tokens=pages_per_block * page_size, layout=layout,
+                            intermediate_bytes=decode_intermediate_bytes(kv_heads_x2 // 2, head_dim, compute_tokens)))
     if needed > vmem_limit_bytes:
         raise ValueError(f"q_block_size/pages_per_chunk/pages_per_block: need {needed} bytes of VMEM, over "
                          f"vmem_limit_bytes={vmem_limit_bytes}; use smaller blocks")

@@ -5,9 +5,11 @@ general tile kernel would spend a 32-row q tile per sequence there, 31 rows of i
 sequence's rows are only its q heads: per KV head one [group_size, head_dim] operand.
 
 Memory traffic, the whole cost of decode:
-  - KV streams in blocks of `pages_per_block` pages (MiBs per block, sized by `block_bytes`), one
-    async copy per page, all on one DMA semaphore; only pages below kv_len are started, and one
-    wait with a descriptor covering exactly the started bytes retires them all.
+  - KV streams in blocks of `pages_per_block` pages (up to 4 MiB per block, sized from the chip's VMEM by
+    tpu_vmem.decode_pages_per_block), one async copy per page, all on one DMA semaphore; only pages below
+    kv_len are started, and one wait with a descriptor covering exactly the started bytes retires them all.
+  - A block is attended in compute chunks of ~256 tokens (a fori_loop): Mosaic keeps a chunk's keys, values
+    and masks in scoped VMEM, so unrolling over a 1k-token block overflowed v5e's limit (issue 40).
   - Blocks are double-buffered across sequences: the grid axis is sequential ("arbitrary") and the
     buffer slot lives in SMEM scratch, so the last block of sequence s overlaps the first DMA of s+1.
   - Page ids are clamped into the block table row, so bounds checks are disabled.
@@ -27,23 +29,9 @@ from jaxtyping import Array, Float, Int, UInt32
 from jaxpaged.kernels.ragged_paged_attention.kv_layout import PackedLayout, kv_scratch_shape, load_head, rows_per_token
 from jaxpaged.kernels.ragged_paged_attention.metadata import MASK_VALUE
 from jaxpaged.kernels.ragged_paged_attention.tpu_online_softmax import accumulate_head
+from jaxpaged.kernels.ragged_paged_attention.tpu_vmem import decode_compute_pages
 
 _LANES = 128
-DEFAULT_BLOCK_BYTES = 4 * 1024 * 1024  # per buffer; two buffers stay far below the VMEM limit
-
-
-def padded_token_bytes(kv_heads_x2: int, head_dim: int, dtype) -> int:
-    """VMEM bytes one token's [2 * num_kv_heads, head_dim] row takes once tiled (sublanes x 128 lanes)."""
-    itemsize = jnp.dtype(dtype).itemsize
-    sublanes = 8 * (4 // itemsize)
-    return -(-kv_heads_x2 // sublanes) * sublanes * (-(-head_dim // _LANES) * _LANES) * itemsize
-
-
-def decode_pages_per_block(page_size: int, pages_per_seq: int, kv_heads_x2: int, head_dim: int, dtype,
-                           block_bytes: int = DEFAULT_BLOCK_BYTES) -> int:
-    """Pages per DMA block: as many as fit block_bytes of VMEM, never more than a sequence can own."""
-    per_page = page_size * padded_token_bytes(kv_heads_x2, head_dim, dtype)
-    return max(1, min(pages_per_seq, block_bytes // per_page))
 
 
 def _kernel(num_seqs_ref, kv_lens_ref, tables_ref, cu_q_lens_ref,  # scalar prefetch (SMEM)
@@ -94,20 +82,32 @@ def _kernel(num_seqs_ref, kv_lens_ref, tables_ref, cu_q_lens_ref,  # scalar pref
             start_fetch(0, first, 0)
 
     precision = jax.lax.Precision.HIGHEST if q_ref.dtype == jnp.float32 else None
-    offsets = jax.lax.broadcasted_iota(jnp.int32, (group_size, block_tokens), 1)
-    value_offsets = jax.lax.broadcasted_iota(jnp.int32, (block_tokens, head_dim), 0)
+    compute_tokens = decode_compute_pages(page_size, pages_per_block) * page_size
+    offsets = jax.lax.broadcasted_iota(jnp.int32, (group_size, compute_tokens), 1)
+    value_offsets = jax.lax.broadcasted_iota(jnp.int32, (compute_tokens, head_dim), 0)
 
     def attend_block(block, slot):
+        # The block is walked in compute chunks (a fori_loop, not unrolled): the intermediates are one
+        # chunk's whatever the block's size, and chunks past kv_len are skipped.
         kv_len = kv_lens_ref[seq]
-        positions = block * block_tokens + offsets
-        mask = positions < kv_len
-        if sliding_window is not None:
-            mask &= positions >= kv_len - sliding_window
-        value_is_real = block * block_tokens + value_offsets < kv_len  # stale VMEM may hold NaNs
-        for head in range(num_kv_heads):
-            keys, values = load_head(kv_buf, slot, head, layout, block_tokens)
-            accumulate_head(q_ref[0, head], keys, values, mask, value_is_real, head, max_ref, sum_ref, acc_ref,
-                            sm_scale=sm_scale, soft_cap=soft_cap, precision=precision)
+        block_start = block * block_tokens
+        num_chunks = jnp.clip((kv_len - block_start + compute_tokens - 1) // compute_tokens, 0,
+                              block_tokens // compute_tokens)
+
+        def attend_chunk(chunk, carry):
+            first = pl.multiple_of(chunk * compute_tokens, compute_tokens)
+            positions = block_start + first + offsets
+            mask = positions < kv_len
+            if sliding_window is not None:
+                mask &= positions >= kv_len - sliding_window
+            value_is_real = block_start + first + value_offsets < kv_len  # stale VMEM may hold NaNs
+            for head in range(num_kv_heads):
+                keys, values = load_head(kv_buf, slot, head, layout, compute_tokens, first)
+                accumulate_head(q_ref[0, head], keys, values, mask, value_is_real, head, max_ref, sum_ref,
+                                acc_ref, sm_scale=sm_scale, soft_cap=soft_cap, precision=precision)
+            return carry
+
+        jax.lax.fori_loop(0, num_chunks, attend_chunk, ())
 
     @pl.when(seq < num_seqs)
     def _attend_sequence():

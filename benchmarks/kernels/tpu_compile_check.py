@@ -1,0 +1,135 @@
+"""Compile every TPU kernel with libtpu for v5e / v6e topologies on a CPU-only machine (`make tpu-compile`).
+
+Interpret mode and MLIR lowering never run libtpu's Mosaic passes; this does. JAX compiles ahead of time
+for a TPU topology without a TPU: inputs are ShapeDtypeStructs placed on one of the topology's devices,
+and the topology's device is the default device while tracing, so Pallas (`pltpu.get_tpu_info()`) and the
+kernels' VMEM plans read that chip. Prints one row per case: OK or the compiler's message, the VMEM limit
+the kernel asked for and its block plan, HBM argument and temporary bytes as XLA:TPU planned them
+(`compiled.memory_analysis()`). Exits 1 on any rejection.
+
+    .venv-tpu/bin/python -m benchmarks.kernels.tpu_compile_check [--full] [--chips v5e] [--shapes Llama-3-8B]
+"""
+
+import argparse
+import functools
+import importlib.metadata
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+
+from benchmarks.kernels.tpu_compile_grid import (
+    MAX_MODEL_LEN,
+    MAX_NUM_SEQS,
+    NUM_TOKENS,
+    POOL_TOKENS,
+    CompileCase,
+    ci_grid,
+    full_grid,
+)
+from jaxpaged.kernels.ragged_paged_attention.kv_layout import cache_shape, packed_layout_for
+from jaxpaged.kernels.ragged_paged_attention.kv_write_tpu import write_kv_pages_tpu
+from jaxpaged.kernels.ragged_paged_attention.metadata import AttentionMetadata
+from jaxpaged.kernels.ragged_paged_attention.tpu import DEFAULT_KV_CHUNK_TOKENS, ragged_paged_attention_tpu
+from jaxpaged.kernels.ragged_paged_attention.tpu_vmem import decode_pages_per_block, default_vmem_limit_bytes
+
+MIB = 1024 * 1024
+COLUMNS = ("model", "heads", "chip", "kernel", "layout", "dtype", "page", "result", "vmem_limit", "block",
+           "hbm_args", "hbm_temp", "seconds")
+
+
+def _step_function(case: CompileCase):
+    """(function, abstract args) of one kernel call at the grid's step size."""
+    shape, page_size, dtype = case.shape, case.page_size, jnp.dtype(case.dtype)
+    kv_heads, head_dim = shape.num_kv_heads, shape.head_dim
+    kv_pages = cache_shape(POOL_TOKENS // page_size, page_size, kv_heads, head_dim, dtype, case.layout)
+    int32 = lambda *dims: (dims, jnp.int32)  # noqa: E731
+    if case.kernel == "kv_write":
+        k = ((NUM_TOKENS, kv_heads, head_dim), dtype)
+        return (functools.partial(write_kv_pages_tpu, interpret=False), (kv_pages, k, k, int32(NUM_TOKENS)))
+    pages_per_seq = MAX_MODEL_LEN // page_size
+    fields = (int32(NUM_TOKENS), int32(MAX_NUM_SEQS), int32(MAX_NUM_SEQS, pages_per_seq),
+              int32(MAX_NUM_SEQS + 1), int32(1))
+
+    def attend(q, kv, *fields):
+        return ragged_paged_attention_tpu(
+            q, kv, AttentionMetadata(*fields), sm_scale=head_dim ** -0.5, sliding_window=shape.sliding_window,
+            soft_cap=shape.soft_cap, case=case.kernel, num_kv_heads=kv_heads, interpret=False)
+    return attend, (((NUM_TOKENS, shape.num_q_heads, head_dim), dtype), kv_pages, *fields)
+
+
+def _block_plan(case: CompileCase, vmem_limit: int) -> str:
+    """The kernel's own plan at this case: pages per decode DMA block or per tile-kernel chunk."""
+    if case.kernel == "general":
+        return f"{max(1, DEFAULT_KV_CHUNK_TOKENS // case.page_size)}p"
+    if case.kernel == "decode":
+        layout = packed_layout_for(case.shape.num_kv_heads, case.shape.head_dim, case.dtype) \
+            if case.layout == "packed" else None
+        return f"{decode_pages_per_block(case.page_size, MAX_MODEL_LEN // case.page_size, case.shape.num_kv_heads, case.shape.head_dim, case.dtype, layout, vmem_limit)}p"  # noqa: E501
+    return "-"
+
+
+def _message(error: Exception) -> str:
+    """The compiler's own words, on one line: its first line naming the failure, and the line sizing it."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    sizing = [line for line in lines if "exceeded" in line or "size" in line.lower()]
+    return " | ".join(dict.fromkeys(lines[:1] + sizing[:1]))[:240]
+
+
+def compile_case(case: CompileCase, device) -> dict:
+    """Compile one case for `device` (a topology's TPU device); the table row."""
+    row = dict(model=case.shape.name, heads=case.shape.heads, chip=case.chip, kernel=case.kernel,
+               layout=case.layout, dtype=case.dtype, page=case.page_size)
+    started = time.perf_counter()
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    with jax.default_device(device):
+        vmem_limit = default_vmem_limit_bytes()
+        row |= dict(vmem_limit=f"{vmem_limit / MIB:.0f}M", block=_block_plan(case, vmem_limit))
+        function, args = _step_function(case)
+        abstract = [jax.ShapeDtypeStruct(dims, dtype, sharding=sharding) for dims, dtype in args]
+        try:
+            stats = jax.jit(function).lower(*abstract).compile().memory_analysis()
+            assert stats is not None, "XLA:TPU plans memory for every executable"
+            row |= dict(result="OK", hbm_args=f"{stats.argument_size_in_bytes / MIB:.1f}M",
+                        hbm_temp=f"{stats.temp_size_in_bytes / MIB:.2f}M")
+        except Exception as error:  # noqa: BLE001 - the compiler's rejection is the row's result
+            row |= dict(result=_message(error), hbm_args="-", hbm_temp="-")
+    row["seconds"] = f"{time.perf_counter() - started:.1f}"
+    return row
+
+
+def print_table(rows: list[dict]) -> None:
+    """One markdown table (docs/tpu-compile.md keeps it)."""
+    print("| " + " | ".join(COLUMNS) + " |")
+    print("|" + "---|" * len(COLUMNS))
+    for row in rows:
+        print("| " + " | ".join(str(row[column]) for column in COLUMNS) + " |", flush=True)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="Compile every TPU kernel with libtpu for TPU topologies.")
+    parser.add_argument("--full", action="store_true", help="every shape x chip x kernel x layout x page x dtype")
+    parser.add_argument("--chips", nargs="+", help="only these chips (v5e, v6e)")
+    parser.add_argument("--shapes", nargs="+", help="only these model shapes (names as in tpu_compile_grid.py)")
+    options = parser.parse_args(argv)
+    from jax.experimental import topologies
+
+    cases = full_grid() if options.full else ci_grid()
+    cases = [case for case in cases if (not options.chips or case.chip in options.chips)
+             and (not options.shapes or case.shape.name in options.shapes)]
+    libtpu = importlib.metadata.version("libtpu")  # the TPU compiler this check proves the kernels against
+    print(f"jax {jax.__version__}, libtpu {libtpu}: {len(cases)} compiles", flush=True)
+    started = time.perf_counter()
+    rows = []
+    for chip in dict.fromkeys(case.chip for case in cases):
+        device = topologies.get_topology_desc(topology_name=f"{chip}:2x2", platform="tpu").devices[0]
+        rows += [compile_case(case, device) for case in cases if case.chip == chip]
+    print_table(rows)
+    rejected = [row for row in rows if row["result"] != "OK"]
+    print(f"{len(rows) - len(rejected)}/{len(rows)} compiled in {time.perf_counter() - started:.0f} s", flush=True)
+    return 1 if rejected else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""What `make tpu-compile` compiles: real models' attention shapes x TPU chips x kernels x layouts x pages x dtypes.
+
+The CI grid (the default) covers every shape and kernel on both chips in the packed layout the engine allocates at
+tp 1, plus the cases that were rejected or large before (interleaved Llama decode on v5e, head_dim 64
+interleaved), float32, and pages 32 / 64 at the Llama shape; `--full` is the whole product (~10x longer).
+"""
+
+import dataclasses
+import itertools
+from typing import Optional
+
+CHIPS = ("v5e", "v6e")
+KERNELS = ("decode", "general", "kv_write")
+LAYOUTS = ("packed", "interleaved")
+PAGE_SIZES = (16, 32, 64)
+DTYPES = ("bfloat16", "float32")
+# One step as the issue sized it: 256 tokens, 64 sequences of up to 2k tokens, a 64k-token pool.
+NUM_TOKENS = 256
+MAX_NUM_SEQS = 64
+MAX_MODEL_LEN = 2048
+POOL_TOKENS = 65536
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelShape:
+    """One model's attention as one device sees it (per tensor-parallel shard where named)."""
+
+    name: str
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    sliding_window: Optional[int] = None
+    soft_cap: Optional[float] = None
+
+    @property
+    def heads(self) -> str:
+        return f"({self.num_q_heads},{self.num_kv_heads},{self.head_dim})"
+
+
+SHAPES = (
+    ModelShape("SmolLM2-135M", 9, 3, 64),
+    ModelShape("Llama-3-8B", 32, 8, 128),
+    ModelShape("Llama-3-70B/tp4", 16, 2, 128),
+    ModelShape("Llama-3-70B/tp8", 8, 1, 128),
+    ModelShape("Gemma-2-2B", 8, 4, 256, sliding_window=4096, soft_cap=50.0),
+    ModelShape("Gemma-2-9B", 16, 8, 256, sliding_window=4096, soft_cap=50.0),
+    ModelShape("Gemma-3-1B", 4, 1, 256, sliding_window=512),
+    ModelShape("Gemma-3-27B", 32, 16, 128, sliding_window=1024),
+    ModelShape("hd256", 8, 1, 256),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileCase:
+    """One kernel compiled for one chip at one shape, layout, page size and dtype."""
+
+    shape: ModelShape
+    chip: str
+    kernel: str
+    layout: str
+    page_size: int
+    dtype: str
+
+
+def _cases(shapes, chips, kernels, layouts, pages, dtypes) -> list[CompileCase]:
+    return [CompileCase(shape, chip, kernel, layout, page, dtype) for shape, chip, kernel, layout, page, dtype
+            in itertools.product(shapes, chips, kernels, layouts, pages, dtypes)]
+
+
+def full_grid() -> list[CompileCase]:
+    """Every shape, chip, kernel, layout, page size and dtype."""
+    return _cases(SHAPES, CHIPS, KERNELS, LAYOUTS, PAGE_SIZES, DTYPES)
+
+
+def ci_grid() -> list[CompileCase]:
+    """The representative subset CI compiles (every shape and kernel once per chip, plus the known-hard cases)."""
+    by_name = {shape.name: shape for shape in SHAPES}
+    llama, smol = by_name["Llama-3-8B"], by_name["SmolLM2-135M"]
+    attention = ("decode", "general")
+    cases = _cases(SHAPES, CHIPS, KERNELS, ("packed",), (16,), ("bfloat16",))
+    cases += _cases((llama, smol), CHIPS, attention, ("interleaved",), (16,), ("bfloat16",))
+    cases += _cases((llama,), CHIPS, attention, ("packed",), (16,), ("float32",))
+    cases += _cases((llama,), CHIPS, attention, ("packed",), (32, 64), ("bfloat16",))
+    return cases
