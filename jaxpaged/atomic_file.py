@@ -11,12 +11,12 @@ TEMPORARY_SUFFIX = ".tmp"
 """Ends the name of a file still being written; one left by a crashed writer can be deleted."""
 
 
-def write_atomically(path: Path, parts: Iterable[Union[bytes, memoryview]]) -> None:
-    """Write `parts`, in order, as the file at `path` (its directory must exist). OSError propagates, with the
-    temporary file removed."""
+def write_atomically(path: Path, parts: Iterable[Union[bytes, memoryview]], mode: int = 0o666) -> None:
+    """Write `parts`, in order, as the file at `path` (its directory must exist), created with `mode` (less the
+    umask; 0o600: its owner only). OSError propagates, with the temporary file removed."""
     temporary = path.parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}{TEMPORARY_SUFFIX}"
     try:
-        with open(temporary, "wb") as file:
+        with open(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode), "wb") as file:
             for part in parts:
                 file.write(part)
         os.replace(temporary, path)

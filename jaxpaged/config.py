@@ -54,6 +54,10 @@ class CacheConfig:
     and a restarted engine with the same model, dtype, block size and layout hits them. None: off."""
     kv_offload_dir_max_bytes: int = 16 * 2**30
     """Bound of the disk tier in bytes (an int or a string like "100GiB")."""
+    kv_offload_key: Optional[str] = dataclasses.field(default=None, repr=False)
+    """A secret that signs every disk-tier file (HMAC-SHA256), so one planted by anyone else who can write the
+    directory is never read. None: files carry a CRC-32 only (accidents, not tampering). Better set through
+    JAXPAGED_KV_OFFLOAD_KEY than on a command line others can read."""
     kv_offload_min_load_blocks: Optional[int] = None
     """Lower-tier hits shorter than this many blocks are recomputed instead of loaded. None: measured at start-up
     (the shortest run whose load beats recomputing it)."""
@@ -81,6 +85,8 @@ class CacheConfig:
         _require(self.enable_prefix_caching or (self.kv_offload_memory == 0 and self.kv_offload_dir is None),
                  "kv_offload_memory", "the KV tiers (kv_offload_memory, kv_offload_dir) extend the prefix cache: "
                  "they need enable_prefix_caching")
+        _require(self.kv_offload_key is None or (isinstance(self.kv_offload_key, str) and self.kv_offload_key != ""),
+                 "kv_offload_key", "must be a non-empty string or None")  # never echo a secret
         if self.kv_offload_min_load_blocks is not None:
             minimum = self.kv_offload_min_load_blocks
             _require(is_int(minimum) and minimum >= 1, "kv_offload_min_load_blocks",

@@ -11,7 +11,7 @@ from jaxpaged.core.scheduler import Scheduler
 from jaxpaged.engine.ranks import DataParallelRanks
 from jaxpaged.engine.stats import EngineStats
 from jaxpaged.features.base import EngineFeature
-from jaxpaged.kv_tiers import KVTiers, TierStats, layout_fingerprint
+from jaxpaged.kv_tiers import KVTiers, TierStats, layout_fingerprint, weights_sample_digest
 from jaxpaged.multihost.runtime import is_multi_process
 from jaxpaged.runner.model_runner import ModelRunner
 from jaxpaged.runner.tier_transfer import TIER_TRANSFER_BATCH, min_blocks_worth_loading
@@ -29,10 +29,14 @@ def build_kv_tiers(loaded: LoadedModel, config: EngineConfig, runners: Sequence[
     cache = config.cache
     tp = config.tensor_parallel_size
     runner = runners[0]
+    weights = weights_sample_digest(loaded.params)
     fingerprints = [layout_fingerprint(loaded.name, loaded.hf_config, str(runner.dtype), cache.block_size,
-                                       runner.kv_layout, runner.tier_block_shape(), tp, shard)
+                                       runner.kv_layout, runner.tier_block_shape(), tp, shard, weights)
                     for shard in range(tp)]
-    tiers = KVTiers(fingerprints, cache.kv_offload_memory, cache.kv_offload_dir, cache.kv_offload_dir_max_bytes)
+    block_spec = (str(runner.kv_cache.dtype), tuple(runner.tier_block_shape()))
+    mac_key = cache.kv_offload_key.encode() if cache.kv_offload_key is not None else None
+    tiers = KVTiers(fingerprints, cache.kv_offload_memory, cache.kv_offload_dir, cache.kv_offload_dir_max_bytes,
+                    block_spec, mac_key)
     for each in runners:
         each.attach_kv_tiers(tiers)
     return tiers

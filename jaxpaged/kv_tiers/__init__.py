@@ -4,8 +4,8 @@ Keyed by the block's chain hash within a layout fingerprint (model, dtype, block
 see tiers.py for how they fit together and core/lower_tiers.py for what the scheduler sees of them.
 """
 
-from .fingerprint import layout_fingerprint
+from .fingerprint import layout_fingerprint, weights_sample_digest
 from .tier_stats import TierStats
 from .tiers import KVTiers
 
-__all__ = ["KVTiers", "TierStats", "layout_fingerprint"]
+__all__ = ["KVTiers", "TierStats", "layout_fingerprint", "weights_sample_digest"]

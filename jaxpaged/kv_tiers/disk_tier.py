@@ -4,11 +4,15 @@ Layout: <root>/<fingerprint>/<first two hex digits of the chain hash>/<chain has
 
     b"JPKVBLK1" | uint32 header length | JSON header | payload bytes
 
-The header names the fingerprint, the chain hash, the payload's dtype and shape and its CRC-32. A read that finds
-anything amiss (short file, wrong magic, fields or checksum) removes the file and is a miss: a corrupted entry
-costs a recompute, never wrong K/V. Writes go to a temporary file in the same directory and are renamed into
-place (os.replace is atomic), so two engines sharing a directory only ever see whole files; the last writer of
-a chain hash wins, with the same bytes.
+The header names the fingerprint, the chain hash, the payload's dtype and shape and its CRC-32, and with a key
+(kv_offload_key) an HMAC-SHA256 of header and payload. A read that finds anything amiss (short file, wrong magic,
+fields, a dtype or shape the pool does not use, checksum or MAC) removes the file and is a miss: a corrupted or
+planted entry costs a recompute, never wrong K/V. A CRC only catches accidents: anyone who can write the
+directory can compute one, so a shared or untrusted directory wants the key. Directories are made 0700 and files
+0600 (K/V is every tenant's prompt). Filesystem errors (another server removed a file or the directory, a full
+or read-only disk, permissions) cost the tier, never the engine. Writes go to a temporary file in the same
+directory and are renamed into place (os.replace is atomic), so two engines sharing a directory only ever see
+whole files; the last writer of a chain hash wins, with the same bytes.
 
 Eviction is least recently used: the index starts from the files' modification times (a read touches them), so a
 restarted engine keeps the order. Each engine enforces the bound on what it knows of (files written by another
@@ -16,6 +20,8 @@ engine since it started are adopted when first looked up).
 """
 
 import collections
+import hashlib
+import hmac
 import json
 import logging
 import os
@@ -39,20 +45,32 @@ _HEADER_LENGTH = struct.Struct("<I")
 SUFFIX = ".kv"
 STALE_TEMP_SECONDS = 600.0
 """A temporary file this old is left over from a crashed writer, and is removed at start-up."""
+PAYLOAD_DTYPES = frozenset({"float32", "bfloat16", "float16", "uint32", "int8", "uint8", "float8_e4m3fn",
+                            "float8_e5m2"})
+"""The dtypes a KV pool is stored in; a header naming any other (object, a structured dtype) is damage."""
+MAX_PAYLOAD_DIMS = 8
+BlockSpec = tuple[str, tuple[int, ...]]
+"""(dtype name, shape) of one block's payload, when the tier's owner knows it: a header must name exactly these."""
 
 
 class DiskTier:
     """One shard's blocks on disk under one fingerprint."""
 
-    def __init__(self, root: os.PathLike | str, fingerprint: str, capacity_bytes: int) -> None:
+    def __init__(self, root: os.PathLike | str, fingerprint: str, capacity_bytes: int,
+                 block_spec: Optional[BlockSpec] = None, mac_key: Optional[bytes] = None) -> None:
+        """`block_spec`: the payload every block has (checked on read); `mac_key`: a secret that signs every
+        file (files without its MAC are not read)."""
         self.directory = Path(root) / fingerprint
         """Where this fingerprint's files live."""
         self.fingerprint = fingerprint
         self.capacity_bytes = capacity_bytes
         """The most bytes of files this engine keeps here."""
+        self.block_spec = block_spec
+        self._mac_key = mac_key
         self.stats = TierStats(capacity_bytes=capacity_bytes)
         self._index: collections.OrderedDict[bytes, int] = collections.OrderedDict()  # key -> file bytes, LRU first
-        self.directory.mkdir(parents=True, exist_ok=True)
+        Path(root).mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.directory.mkdir(mode=0o700, exist_ok=True)
         self._scan()
 
     def __contains__(self, key: bytes) -> bool:
@@ -74,6 +92,10 @@ class DiskTier:
         except FileNotFoundError:
             self._forget(key)
             return None
+        except OSError as error:  # permissions, a directory in its place, an I/O error: a miss
+            logger.warning("KV disk tier: could not read %s: %s", path, error)
+            self._forget(key)
+            return None
         payload = self._decode(key, data)
         if payload is None:
             logger.warning("KV disk tier: %s is damaged; removed, its tokens are recomputed", path)
@@ -83,7 +105,10 @@ class DiskTier:
         if key not in self._index:
             self._adopt(key, len(data))
         self._index.move_to_end(key)
-        os.utime(path)  # the LRU order survives a restart
+        try:
+            os.utime(path)  # the LRU order survives a restart
+        except OSError:  # another engine on the directory removed it since: the bytes read are whole all the same
+            pass
         self.stats.bytes_out += payload.nbytes
         return payload
 
@@ -93,16 +118,19 @@ class DiskTier:
             self._index.move_to_end(key)
             return
         raw = np.ascontiguousarray(payload).reshape(-1).view(np.uint8)
-        header = json.dumps({"fingerprint": self.fingerprint, "key": key.hex(), "dtype": str(payload.dtype),
-                             "shape": list(payload.shape), "crc32": zlib.crc32(raw.data)}).encode()
+        fields = {"fingerprint": self.fingerprint, "key": key.hex(), "dtype": str(payload.dtype),
+                  "shape": list(payload.shape), "crc32": zlib.crc32(raw.data)}
+        if self._mac_key is not None:
+            fields["mac"] = self._mac(fields, raw.data)
+        header = json.dumps(fields, sort_keys=True).encode()
         size = len(MAGIC) + _HEADER_LENGTH.size + len(header) + raw.nbytes
         if size > self.capacity_bytes:
             return
         self._make_room(size)
         path = self._path(key)
-        path.parent.mkdir(exist_ok=True)
         try:
-            write_atomically(path, (MAGIC + _HEADER_LENGTH.pack(len(header)) + header, raw.data))
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # the directory may have been deleted
+            write_atomically(path, (MAGIC + _HEADER_LENGTH.pack(len(header)) + header, raw.data), mode=0o600)
         except OSError as error:  # a full or read-only disk costs the tier, never the request
             logger.warning("KV disk tier: could not write %s: %s", path, error)
             return
@@ -111,7 +139,10 @@ class DiskTier:
 
     def remove(self, key: bytes) -> None:
         """Delete the block's file (if any) and forget it."""
-        self._path(key).unlink(missing_ok=True)
+        try:
+            self._path(key).unlink(missing_ok=True)
+        except OSError as error:  # a read-only directory: forgotten all the same (the bound counts what it knows)
+            logger.warning("KV disk tier: could not remove %s: %s", self._path(key), error)
         self._forget(key)
 
     # ---- internals ----
@@ -127,17 +158,34 @@ class DiskTier:
         (header_length,) = _HEADER_LENGTH.unpack_from(data, len(MAGIC))
         try:
             header = json.loads(data[prefix:prefix + header_length])
+            if header["dtype"] not in PAYLOAD_DTYPES:  # never let a header pick object or a structured dtype
+                return None
             dtype = jnp.dtype(header["dtype"])
             shape = tuple(int(n) for n in header["shape"])
             expected_crc = int(header["crc32"])
             if header["fingerprint"] != self.fingerprint or header["key"] != key.hex():
                 return None
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             return None
+        if not 0 < len(shape) <= MAX_PAYLOAD_DIMS or min(shape) <= 0:
+            return None
+        if self.block_spec is not None and (header["dtype"], shape) != self.block_spec:
+            return None  # self-consistent, but not a block of this pool
         raw = memoryview(data)[prefix + header_length:]
         if len(raw) != int(np.prod(shape)) * dtype.itemsize or zlib.crc32(raw) != expected_crc:
             return None
+        if self._mac_key is not None:
+            mac = header.pop("mac", None)
+            if not isinstance(mac, str) or not hmac.compare_digest(mac, self._mac(header, raw)):
+                return None
         return np.frombuffer(raw, dtype=dtype).reshape(shape)
+
+    def _mac(self, fields: dict, raw: memoryview) -> str:
+        """HMAC-SHA256 of the header's other fields (canonical JSON) and the payload."""
+        assert self._mac_key is not None
+        signer = hmac.new(self._mac_key, json.dumps(fields, sort_keys=True).encode(), hashlib.sha256)
+        signer.update(raw)
+        return signer.hexdigest()
 
     def _scan(self) -> None:
         """Index the files already here (oldest first) and drop stale temporaries; then enforce the bound."""
@@ -147,7 +195,10 @@ class DiskTier:
             if not subdirectory.is_dir():
                 continue
             for entry in os.scandir(subdirectory):
-                stat = entry.stat()
+                try:
+                    stat = entry.stat()
+                except OSError:  # removed by another engine since the directory was listed
+                    continue
                 if entry.name.endswith(TEMPORARY_SUFFIX):
                     if now - stat.st_mtime > STALE_TEMP_SECONDS:
                         Path(entry.path).unlink(missing_ok=True)

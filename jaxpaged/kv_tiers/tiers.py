@@ -22,7 +22,7 @@ from typing import Optional
 
 import numpy as np
 
-from .disk_tier import DiskTier
+from .disk_tier import BlockSpec, DiskTier
 from .host_tier import HostTier
 from .tier_stats import TierStats
 
@@ -57,9 +57,11 @@ class KVTiers:
     """Host and disk tiers for the shards of one KV layout (see the module docstring); implements LowerTiers."""
 
     def __init__(self, fingerprints: Sequence[str], host_bytes: int = 0, disk_directory: Optional[str] = None,
-                 disk_bytes: int = 0) -> None:
+                 disk_bytes: int = 0, block_spec: Optional[BlockSpec] = None,
+                 disk_mac_key: Optional[bytes] = None) -> None:
         """fingerprints: one per tensor-parallel shard (fingerprint.layout_fingerprint); the byte bounds are for
-        all shards together."""
+        all shards together; block_spec: every shard's payload (dtype name, shape), which the disk tier checks on
+        read; disk_mac_key: signs and checks every disk file (disk_tier.py)."""
         if not fingerprints:
             raise ValueError("fingerprints: one per tensor-parallel shard, got none")
         if host_bytes <= 0 and disk_directory is None:
@@ -68,7 +70,8 @@ class KVTiers:
         self.fingerprints = tuple(fingerprints)
         self._shards = [
             _ShardTiers(HostTier(host_bytes // num_shards) if host_bytes > 0 else None,
-                        DiskTier(disk_directory, fp, disk_bytes // num_shards) if disk_directory is not None else None)
+                        DiskTier(disk_directory, fp, disk_bytes // num_shards, block_spec, disk_mac_key)
+                        if disk_directory is not None else None)
             for fp in fingerprints]
         self._hit_blocks = {"host": 0, "disk": 0}
         self.bytes_offloaded = 0

@@ -15,6 +15,7 @@ import numpy as np
 from jaxtyping import Array, Float, Int
 
 from jaxpaged.core.request import Request
+from jaxpaged.sampling.grammar import fill_bitmasks
 
 
 def bitmask_words(vocab_size: int) -> int:
@@ -42,6 +43,5 @@ def fill_step_bitmask(requests: Sequence[Request], num_rows_padded: int,
     if not grammars:
         return None
     bitmask = np.full((num_rows_padded, bitmask_words(vocab_size)), -1, np.int32)
-    for row, grammar in grammars:
-        grammar.fill_bitmask(bitmask, row)
+    fill_bitmasks([(grammar, row) for row, grammar in grammars], bitmask)
     return bitmask

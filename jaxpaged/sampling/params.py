@@ -23,6 +23,11 @@ MAX_ABS_PENALTY = 2.0
 MAX_ABS_LOGIT_BIAS = 100.0
 """A logit_bias value lies in [-MAX_ABS_LOGIT_BIAS, MAX_ABS_LOGIT_BIAS]."""
 
+MAX_STOP_STRINGS = 64
+MAX_STOP_STRING_CHARS = 1024
+"""Bounds on `stop`: the detokenizer looks for every stop string in the text each step, so their count and
+length bound a request's work per token (OpenAI allows 4 strings; these leave room for tool templates)."""
+
 
 _CONSTRAINT_FIELDS = ("json", "regex", "choice", "grammar", "json_object")
 
@@ -106,11 +111,15 @@ def _normalize_stop(stop) -> list[str]:
         stop = [stop]
     if not isinstance(stop, (list, tuple)):
         _fail("stop", "must be a str or a list of str", stop)
+    if len(stop) > MAX_STOP_STRINGS:
+        _fail("stop", f"must hold at most {MAX_STOP_STRINGS} strings", f"{len(stop)} strings")
     for item in stop:
         if not isinstance(item, str):
             _fail("stop", "must hold only strings", item)
         if not item:
             _fail("stop", "must not contain an empty string (it would match at once)", item)
+        if len(item) > MAX_STOP_STRING_CHARS:
+            _fail("stop", f"strings must be at most {MAX_STOP_STRING_CHARS} characters", f"{len(item)} characters")
     return list(stop)
 
 

@@ -5,6 +5,7 @@ the user set, so the server answers 400 before anything runs); a request never f
 grammar. llguidance (Rust, no torch) is what vLLM uses; its tokenizer view is built once per engine.
 """
 
+import collections
 import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -34,6 +35,8 @@ class GrammarCompiler:
         self._hf_tokenizer = hf_tokenizer
         self._eos_token_ids = list(eos_token_ids)
         self._tokenizer = None  # built on first use: ~0.4 s, and most engines never see a grammar
+        self._cache: collections.OrderedDict[tuple, str] = collections.OrderedDict()
+        """Valid grammars by their source (_cache_key), least recently used first."""
 
     @property
     def tokenizer(self) -> "llguidance.LLTokenizer":
@@ -44,15 +47,26 @@ class GrammarCompiler:
         return self._tokenizer
 
     def compile(self, params: StructuredOutputsParams) -> str:
-        """The llguidance grammar of `params`; ValueError "<params.field>: <why>" if it is not a valid one."""
+        """The llguidance grammar of `params`; ValueError "<params.field>: <why>" if it is not a valid one.
+
+        Valid grammars are kept by their source (the last GRAMMAR_CACHE_SIZE): a client sending the same schema
+        with every request (tools, response_format) pays llguidance's compile once, not on every add."""
         field = params.field
         try:
+            key = _cache_key(params)
+            grammar = self._cache.get(key)
+            if grammar is not None:
+                self._cache.move_to_end(key)
+                return grammar
             grammar = _grammar_of(params)
         except (TypeError, ValueError) as error:  # e.g. a schema that is no JSON
             raise ValueError(f"{field}: {error}") from None
         problem = llguidance.LLMatcher.validate_grammar(grammar, self.tokenizer)
         if problem:
             raise ValueError(f"{field}: {problem}")
+        self._cache[key] = grammar
+        if len(self._cache) > GRAMMAR_CACHE_SIZE:
+            self._cache.popitem(last=False)
         return grammar
 
     def new_request_grammar(self, grammar: str) -> RequestGrammar:
@@ -60,10 +74,47 @@ class GrammarCompiler:
         return RequestGrammar(llguidance.LLMatcher(self.tokenizer, grammar, log_level=0))
 
 
+GRAMMAR_CACHE_SIZE = 256
+MAX_SCHEMA_DEPTH = 64
+"""Most levels of nesting a JSON schema may have: deeper ones are refused before Python's recursion (a 500) or
+llguidance's (its stack) meets them."""
+
+
+def _schema_of(params: StructuredOutputsParams) -> Any:
+    """The JSON schema, parsed when given as text; ValueError if it is nested deeper than MAX_SCHEMA_DEPTH."""
+    if not isinstance(params.json, str):
+        schema = params.json
+    else:
+        try:
+            schema = json.loads(params.json)
+        except RecursionError:
+            raise ValueError(f"the schema is nested deeper than {MAX_SCHEMA_DEPTH} levels") from None
+    stack = [(schema, 1)]
+    while stack:  # iterative: the check itself must not recurse
+        value, depth = stack.pop()
+        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+        for child in children:
+            if isinstance(child, (dict, list)):
+                if depth + 1 > MAX_SCHEMA_DEPTH:
+                    raise ValueError(f"the schema is nested deeper than {MAX_SCHEMA_DEPTH} levels")
+                stack.append((child, depth + 1))
+    return schema
+
+
+def _cache_key(params: StructuredOutputsParams) -> tuple:
+    """What a grammar is made from, hashable: the same constraint sent twice has the same key."""
+    if params.json is not None:
+        return ("json", json.dumps(_schema_of(params), sort_keys=True))
+    if params.choice is not None:
+        return ("choice", tuple(params.choice))
+    return ("json_object",) if params.json_object else ("regex", params.regex) if params.regex is not None \
+        else ("grammar", params.grammar)
+
+
 def _grammar_of(params: StructuredOutputsParams) -> str:
     matcher = llguidance.LLMatcher
     if params.json is not None:
-        schema = json.loads(params.json) if isinstance(params.json, str) else params.json
+        schema = _schema_of(params)
         if not isinstance(schema, (dict, bool)):
             raise ValueError(f"a JSON schema must be an object or a boolean, got {type(schema).__name__}")
         return matcher.grammar_from_json_schema(schema if isinstance(schema, dict) else json.dumps(schema),

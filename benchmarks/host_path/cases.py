@@ -1,32 +1,20 @@
-"""The engine's host path per step, phase by phase, at 64 / 256 / 512 running decode requests.
+"""The host-path benchmark's cases: a real LLMEngine over a stub device, run to a steady batch, each host phase
+recorded per step (offline through LLMEngine.step, or the server's way through AsyncLLMEngine and asyncio readers).
 
-What an accelerator waits for: scheduling, building the step's inputs and sending them, dispatching the sampler,
-reading the sampled ids back, the scheduler's update, stops, detokenization, logprobs and the outputs. The host
-path does not depend on the device, so it is measured here on the CPU with a real LLMEngine (real scheduler,
-runner, sampler, detokenizer and output processor) over a model made tiny (one layer, hidden 64, SmolLM2's
-49,152-token vocabulary and tokenizer) so the device's share of a step stays small. Each phase is timed inside the
-engine (StepTimings); the device wait is reported apart and is not host work.
-
-    python -m benchmarks.host_path [--requests 64 256 512] [--steps 64] [--loop sync|async]
-                                   [--json-schema-fraction 0.1] [--n 1] [--stream] [--prefill-chunk 2048]
-
-Cases: every request decoding (the default), a share of them under a JSON schema, n > 1 samples per request,
-and a mixed step (one 2k-token prefill chunk beside the decodes). Prints median and p90 of each phase in ms.
+The model is a random one-layer Llama (hidden 64) with SmolLM2's 49,152-token vocabulary and tokenizer: the
+detokenizer and the grammars do real work; what the model computes does not matter, the stub device samples.
 """
 
-import argparse
 import asyncio
 import dataclasses
 import gc
-import json
 import statistics
-import sys
 import time
 from typing import Optional
 
 import numpy as np
 
-from benchmarks.stub_device import StubDevice
+from benchmarks.host_path.stub_device import StubDevice
 from jaxpaged.async_engine import AsyncLLMEngine
 from jaxpaged.config import EngineConfig
 from jaxpaged.engine import LLMEngine
@@ -47,9 +35,9 @@ TINY_HF_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", 
 ORDER_SCHEMA = {"type": "object", "properties": {
     "items": {"type": "array", "items": {"type": "object", "properties": {
         "name": {"type": "string"}, "quantity": {"type": "integer"}}, "required": ["name", "quantity"]}},
-    "note": {"type": "string"}}, "required": ["items", "note"]}
-"""A schema a constrained request decodes under for its whole length (the array and the strings never close
-early under random weights)."""
+    "note": {"type": "string", "minLength": 4000}}, "required": ["items", "note"]}
+"""A schema a constrained request decodes under for the whole measurement: the stub device picks an allowed token
+at random, which may close the array at any time, but the note cannot close before 4,000 characters."""
 
 
 def tiny_model() -> LoadedModel:
@@ -74,6 +62,16 @@ class Case:
     final_only: bool = True
     """Offline callers ask for finished outputs only; a server streams (False: an output per request per step)."""
 
+    @property
+    def label(self) -> str:
+        """E.g. "sync 256", "async 256 json 0.1", "sync 256 n=2 stream"."""
+        return (f"{'async' if self.async_scheduling else 'sync'} {self.num_requests}"
+                + (f" json {self.json_schema_fraction:g}" if self.json_schema_fraction else "")
+                + (f" n={self.n}" if self.n > 1 else "")
+                + (f" chunk {self.prefill_chunk}" if self.prefill_chunk else "")
+                + (f" logprobs {self.logprobs}" if self.logprobs is not None else "")
+                + ("" if self.final_only else " stream"))
+
 
 LONG_PROMPT_CHUNKS = 4
 """The mixed case's long prompts take this many steps' chunks each."""
@@ -82,7 +80,9 @@ LONG_PROMPT_CHUNKS = 4
 def build_engine(model: LoadedModel, case: Case, num_steps: int, max_model_len: int) -> LLMEngine:
     rows = case.num_requests * case.n + (num_long_prompts(case, num_steps) if case.prefill_chunk else 0)
     config = EngineConfig.from_options(
-        max_num_seqs=rows, max_num_batched_tokens=max(rows, case.prefill_chunk + rows, 256),
+        # Room for prefill beside a full decode batch: with a budget of exactly one token per row, the last
+        # prompts would prefill a few tokens a step while the first requests decode to their end.
+        max_num_seqs=rows, max_num_batched_tokens=rows + max(case.prefill_chunk, 512),
         max_model_len=max(max_model_len, LONG_PROMPT_CHUNKS * case.prefill_chunk + 1), block_size=16,
         num_kv_blocks=rows * 16 + (num_steps + 4) * case.prefill_chunk // 16 + 64,
         async_scheduling=case.async_scheduling, dtype="float32", enable_prefix_caching=True)
@@ -137,6 +137,9 @@ def _measure(engine: LLMEngine, case: Case, num_steps: int) -> dict[str, list[fl
     for _ in range(num_steps):
         engine.step(final_only=case.final_only)
         record(engine.timings, samples)
+    decoding = sum(1 for request in engine.scheduler.running if not request.request_id.startswith("long-"))
+    if decoding != case.num_requests * case.n:  # a request finished: the batch is not what the case says
+        raise RuntimeError(f"{decoding} requests decode at the end, not {case.num_requests * case.n}")
     engine.abort_request(list(engine.requests.groups))
     return samples
 
@@ -190,8 +193,9 @@ def _measure_streaming(engine: LLMEngine, case: Case, num_steps: int) -> dict[st
         while len(recorder.samples["deliver_s"]) < num_steps:
             await asyncio.sleep(0.005)
         recorder.steady = False
-        for stream in streams:
-            stream.close()
+        for stream, reader in zip(streams, readers):
+            stream.close()  # aborts the request; its reader waits for an output that will not come
+            reader.cancel()
         await asyncio.gather(*readers, return_exceptions=True)
 
     try:
@@ -222,45 +226,3 @@ def summarize(samples: dict[str, list[float]]) -> dict[str, tuple[float, float]]
     """(median, p90) in milliseconds per phase."""
     return {name: (statistics.median(values) * 1e3, float(np.percentile(values, 90)) * 1e3)
             for name, values in samples.items() if values}
-
-
-def main(argv: Optional[list[str]] = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--requests", type=int, nargs="+", default=[64, 256, 512])
-    parser.add_argument("--steps", type=int, default=64)
-    parser.add_argument("--loop", choices=("sync", "async"), nargs="+", default=["sync", "async"])
-    parser.add_argument("--json-schema-fraction", type=float, default=0.0)
-    parser.add_argument("--n", type=int, default=1)
-    parser.add_argument("--logprobs", type=int, default=None)
-    parser.add_argument("--prefill-chunk", type=int, default=0)
-    parser.add_argument("--stream", action="store_true", help="an output per request per step (a server's way)")
-    parser.add_argument("--device-step-ms", type=float, default=2.0,
-                        help="how long the stub device's step takes (an accelerator's decode step)")
-    parser.add_argument("--max-model-len", type=int, default=8192,
-                        help="sizes each row of the block table the step sends (SmolLM2's context: 8192)")
-    parser.add_argument("--json", dest="json_path", default=None, help="also write the summaries here")
-    args = parser.parse_args(argv)
-    model = tiny_model()
-    results = []
-    columns = (*PHASES, "deliver_s", "host_s", "exposed_s", "device_wait_s")
-    print("median (p90) ms per step" + "".join(f"{name[:-2]:>20}" for name in columns))
-    for loop in args.loop:
-        for num_requests in args.requests:
-            case = Case(num_requests, loop == "async", args.json_schema_fraction, args.n, args.prefill_chunk,
-                        args.logprobs, final_only=not args.stream)
-            start = time.perf_counter()
-            summary = summarize(run_case(model, case, args.steps, args.device_step_ms / 1e3, args.max_model_len))
-            label = (f"{loop} {num_requests} req n={case.n} json={case.json_schema_fraction:g} "
-                     f"chunk={case.prefill_chunk}{' stream' if args.stream else ''}")
-            cells = [f"{summary[name][0]:>11.3f} ({summary[name][1]:>6.3f})" if name in summary else f"{'-':>20}"
-                     for name in columns]
-            print(f"{label:<44}" + "".join(cells), flush=True)
-            results.append({"case": dataclasses.asdict(case), "summary_ms": summary,
-                            "seconds": time.perf_counter() - start})
-    if args.json_path:
-        with open(args.json_path, "w") as file:
-            json.dump({"argv": sys.argv[1:], "results": results}, file, indent=1)
-
-
-if __name__ == "__main__":
-    main()
