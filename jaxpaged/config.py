@@ -100,8 +100,9 @@ class SchedulerConfig:
     """Most requests running at once (and sequences in one step)."""
     max_num_batched_tokens: int = 512
     """Token budget of one step: prefill chunks and decodes together."""
-    max_model_len: int = 2048
-    """Longest prompt + output, in tokens."""
+    max_model_len: Optional[int] = None
+    """Longest prompt + output, in tokens. None: the model's context length (max_position_embeddings), lowered
+    with a logged reason when the KV pool cannot hold one sequence of it (as vLLM)."""
     long_prefill_token_threshold: int = 0
     """If > 0, caps how many prompt tokens one request may take in one step."""
     scheduling_policy: SchedulingPolicy = "fcfs"
@@ -110,6 +111,8 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
             value = getattr(self, name)
+            if name == "max_model_len" and value is None:
+                continue
             _require(is_int(value) and value >= 1, name, f"must be a positive int, got {value!r}")
         _require(is_int(self.long_prefill_token_threshold) and self.long_prefill_token_threshold >= 0,
                  "long_prefill_token_threshold",
@@ -140,6 +143,9 @@ class EngineConfig:
     """Devices each model replica is split over (the mesh's "model" axis; vLLM's name)."""
     data_parallel_size: int = 1
     """Model replicas, each with its own block pool and scheduler (the "data" axis; vLLM's name)."""
+    tokenizer: Optional[str] = None
+    """A tokenizer other than the model's: a directory of Hugging Face tokenizer files, or a Hub repo id already in
+    the local cache (read offline). None: the model's own (vLLM's --tokenizer)."""
     advisor_log_text: bool = False
     """Let the prefix-cache advisor's log line quote a few decoded prompt tokens (off: prompts can be private)."""
     async_scheduling: Optional[bool] = None
@@ -164,6 +170,8 @@ class EngineConfig:
         for name in ("tensor_parallel_size", "data_parallel_size"):
             value = getattr(self, name)
             _require(is_int(value) and value >= 1, name, f"must be a positive int, got {value!r}")
+        _require(self.tokenizer is None or (isinstance(self.tokenizer, str) and self.tokenizer != ""), "tokenizer",
+                 f"must be a directory, a Hugging Face repo id or None, got {self.tokenizer!r}")
         _require(isinstance(self.advisor_log_text, bool), "advisor_log_text",
                  f"must be a bool, got {self.advisor_log_text!r}")
         _require(self.cpu_matmul in _CPU_MATMULS, "cpu_matmul",
