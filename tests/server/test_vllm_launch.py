@@ -122,6 +122,8 @@ def test_metrics_carry_vllm_names_with_the_model_name(vllm_style_server, launche
     label = (("model_name", "x"),)
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
         assert samples[(name, label)] == 0.0
+    for name in ("vllm:num_preemptions_total", "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"):
+        assert samples[(name, label)] >= 0, name
     assert samples[("vllm:generation_tokens_total", label)] >= 3
     assert samples[("vllm:prompt_tokens_total", label)] == samples[("jaxpaged_prompt_tokens_total", ())]
     for name in ("vllm:time_to_first_token_seconds_count", "vllm:e2e_request_latency_seconds_count",

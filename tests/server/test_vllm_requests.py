@@ -154,6 +154,18 @@ def test_vllm_keys_at_their_off_values_pass(http, model_name):
     assert response.status_code == 400 and response.json()["error"]["param"] == "prompt_embeds"
 
 
+def test_continue_final_message_ends_the_prompt_inside_the_last_message(http, model_name):
+    messages = [*ASK, {"role": "assistant", "content": "The weather in Paris is"}]
+
+    def prompt_tokens(**keys: Any) -> int:
+        response = http.post("/v1/chat/completions", json={"model": model_name, "messages": messages,
+                                                           "max_tokens": 1, "add_generation_prompt": False, **keys})
+        assert response.status_code == 200, response.text
+        return response.json()["usage"]["prompt_tokens"]
+
+    assert prompt_tokens(continue_final_message=True) < prompt_tokens()  # no end-of-turn tokens after "is"
+
+
 @pytest.mark.parametrize("chat", [True, False])
 def test_continuous_usage_stats_count_each_choice_so_far(client, model_name, chat):
     options = {"include_usage": True, "continuous_usage_stats": True}
