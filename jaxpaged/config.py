@@ -8,7 +8,7 @@ import os
 from collections.abc import Mapping
 from typing import Literal, Optional, get_args
 
-from jaxpaged.checks import is_int, parse_byte_size
+from jaxpaged.checks import is_int, is_number, parse_byte_size
 
 SchedulingPolicy = Literal["fcfs", "priority"]
 AttentionBackendName = Literal["auto", "xla", "pallas_tpu", "pallas_gpu"]
@@ -41,6 +41,10 @@ class CacheConfig:
     kv_cache_memory: Optional[int] = None
     """KV pool size in bytes (an int, or a string like "4GiB"). None: a fraction of free device memory (a fixed
     default on CPU)."""
+    gpu_memory_utilization: Optional[float] = None
+    """vLLM's: on an accelerator, the share of each device's memory the engine may fill; the KV pool gets what the
+    weights and the buffers in use leave of it (XLA's step buffers come out of the rest). None: 60% of the memory
+    free after the weights. Not used on a CPU, nor with num_kv_blocks or kv_cache_memory."""
     enable_prefix_caching: bool = True
     """Reuse computed full blocks across requests by their chain hash."""
     prefix_caching_granularity: PrefixCachingGranularity = "token"
@@ -68,6 +72,9 @@ class CacheConfig:
             size = parse_byte_size(self.kv_cache_memory, "kv_cache_memory")
             _require(size > 0, "kv_cache_memory", f"must be a positive number of bytes, got {self.kv_cache_memory!r}")
             object.__setattr__(self, "kv_cache_memory", size)
+        if self.gpu_memory_utilization is not None:
+            _require(is_number(self.gpu_memory_utilization) and 0 < self.gpu_memory_utilization <= 1,
+                     "gpu_memory_utilization", f"must be a number in (0, 1], got {self.gpu_memory_utilization!r}")
         _require(isinstance(self.enable_prefix_caching, bool), "enable_prefix_caching",
                  f"must be a bool, got {self.enable_prefix_caching!r}")
         _require(self.prefix_caching_granularity in _GRANULARITIES, "prefix_caching_granularity",

@@ -152,7 +152,8 @@ class _ChatView:
                                    if delta.finish_reason is not None else {})
                     yield self._chunk(sample.index, content,
                                       self._logprobs(sample, delta.start_token, delta.end_token),
-                                      self._finish_reason(delta.finish_reason, "tool_calls" in content),
+                                      self._finish_reason(delta.finish_reason, "tool_calls" in content or (
+                                          text is not None and text.num_calls_sent > 0)),
                                       len(sample.token_ids))
             if self.request.stream_options is not None and self.request.stream_options.include_usage:
                 yield sse_event({**self.header, "object": "chat.completion.chunk", "choices": [],

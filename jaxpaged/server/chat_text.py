@@ -20,6 +20,8 @@ class ChoiceText:
         self.calling, self.reasoning, self.starts_in_reasoning = calling, reasoning, starts_in_reasoning
         self._reasoning_sent = 0
         self._content_sent = 0
+        self.num_calls_sent = 0
+        """Tool calls already streamed (each in one delta, as soon as the parser knows it complete)."""
 
     def _split(self, text: str, finished: bool) -> tuple[Optional[str], str]:
         if self.reasoning is None:
@@ -48,15 +50,19 @@ class ChoiceText:
         if reasoning is not None and len(reasoning) > self._reasoning_sent:
             delta["reasoning_content"] = reasoning[self._reasoning_sent:]
             self._reasoning_sent = len(reasoning)
-        calls: list[dict] = []
+        calls: list[tuple[str, str]] = []
         if self.calling is None or self.calling.parser is None:
             end = len(content)
         else:
-            calls = self.calling.calls(content) if finished else []
-            end = len(content) if finished and not calls else self.calling.parser.stream_content(content)
+            parser = self.calling.parser
+            calls = parser.calls(content) if finished else parser.stream_calls(content)
+            end = len(content) if finished and not calls else parser.stream_content(content)
         if end > self._content_sent:
             delta["content"] = content[self._content_sent:end]
             self._content_sent = end
-        if calls:
-            delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]
+        if len(calls) > self.num_calls_sent:
+            assert self.calling is not None
+            delta["tool_calls"] = [{"index": index, **self.calling.call(*calls[index])}
+                                   for index in range(self.num_calls_sent, len(calls))]
+            self.num_calls_sent = len(calls)
         return delta

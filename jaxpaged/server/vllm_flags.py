@@ -7,7 +7,8 @@
     quietly answer differently.
 
 vLLM flags with a jaxpaged counterpart are real flags elsewhere: the engine options share vLLM's names
-(--max-model-len, -tp, --dtype, --seed ...) and serve_flags.py has the server's (--served-model-name, CORS, TLS ...).
+(--max-model-len, -tp, --dtype, --seed, --gpu-memory-utilization ...) and serve_flags.py has the server's
+(--served-model-name, CORS, TLS ...).
 Any other unknown flag stays argparse's "unrecognized arguments" error, which names it too.
 """
 
@@ -31,8 +32,6 @@ IGNORED_WITH_VALUE = {
     "--max-log-len": "jaxpaged does not log prompts",
     "--load-format": "jaxpaged reads safetensors, GGUF and its own checkpoints by their files",
     "--distributed-executor-backend": "jaxpaged runs one process per host through jax.distributed",
-    "--gpu-memory-utilization": "jaxpaged sizes the KV pool with --kv-cache-memory (default: a fixed share of the "
-                                "memory left after the weights, 1 GiB on a CPU)",
 }
 """vLLM flags that take a value, accepted with a warning."""
 

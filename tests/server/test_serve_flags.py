@@ -29,10 +29,22 @@ def test_a_vllm_launch_line_parses_into_settings_and_engine_options(tmp_path):
     assert settings.enable_auto_tool_choice and settings.reasoning_parser == "qwen3"
     assert engine_options_from_args(args, environ={}) == {"max_num_seqs": 8, "max_model_len": 4096,
                                                           "tokenizer": "org/other-tokenizer",
-                                                          "tensor_parallel_size": 1}
+                                                          "gpu_memory_utilization": 0.9, "tensor_parallel_size": 1}
     warnings = ignored_flag_warnings(getattr(args, IGNORED_DEST))
     assert [line.split(":")[0] for line in warnings] == ["--trust-remote-code", "--disable-log-requests",
-                                                         "--gpu-memory-utilization", "--swap-space"]
+                                                         "--swap-space"]
+
+
+def test_gpu_memory_utilization_sizes_the_pool_up_to_that_share_of_the_device():
+    from jaxpaged.config import EngineConfig
+    from jaxpaged.runner.kv_cache import utilization_budget_bytes
+
+    gib = 2**30
+    assert utilization_budget_bytes(100 * gib, 2 * gib, 16 * gib, 0.9) == 72 * gib
+    with pytest.raises(ValueError, match="^gpu_memory_utilization: 0.1 of"):
+        utilization_budget_bytes(100 * gib, 2 * gib, 16 * gib, 0.1)
+    with pytest.raises(ValueError, match="^gpu_memory_utilization: must be a number in"):
+        EngineConfig.from_options(gpu_memory_utilization=1.5)
 
 
 @pytest.mark.parametrize("argv", [["--enable-lora"], ["--quantization", "awq"], ["-q", "awq"], ["-pp", "2"],
@@ -73,7 +85,8 @@ def test_cors_flags_take_vllm_json_lists():
 
 def test_tls_and_logging_flags_reach_uvicorn(tmp_path):
     key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-    key.write_text("key"), cert.write_text("cert")
+    key.write_text("key")
+    cert.write_text("cert")
     options = uvicorn_options(_args("--ssl-keyfile", str(key), "--ssl-certfile", str(cert), "--ssl-cert-reqs", "2",
                                     "--root-path", "/llm", "--uvicorn-log-level", "warning",
                                     "--disable-uvicorn-access-log", "--port", "9000"))

@@ -88,10 +88,9 @@ def test_streaming_deltas_add_up_to_the_whole_response(name, fixture):
     text, content, calls = fixture
     deltas = _stream(name, text)
     assert "".join(d.get("content", "") for d in deltas).rstrip() == (content or "")
-    streamed = [d["tool_calls"] for d in deltas if "tool_calls" in d]
-    assert len(streamed) == 1
-    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in streamed[0]] == calls
-    assert [c["index"] for c in streamed[0]] == list(range(len(calls)))
+    streamed = [call for d in deltas for call in d.get("tool_calls", [])]
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in streamed] == calls
+    assert [c["index"] for c in streamed] == list(range(len(calls)))
 
 
 @pytest.mark.parametrize("name", list(PLAIN))
@@ -123,3 +122,13 @@ def test_unknown_parsers_are_refused_naming_the_flag():
         ServerSettings(tool_call_parser="mystery")
     with pytest.raises(ValueError, match="^tool_call_parser: vLLM's parser 'granite' is not implemented"):
         ServerSettings(tool_call_parser="granite")
+
+
+@pytest.mark.parametrize("name", ["hermes", "deepseek_v3"])
+def test_block_formats_stream_each_call_as_soon_as_it_is_complete(name):
+    """hermes and DeepSeek close every call with its own end marker: the stream need not wait for the end."""
+    text = FIXTURES[name][0]
+    deltas = _stream(name, text)
+    sent = [(position, call["index"]) for position, d in enumerate(deltas) for call in d.get("tool_calls", [])]
+    assert [index for _, index in sent] == [0, 1]
+    assert sent[0][0] < len(text) - 1  # the first call went out before the text ended

@@ -138,5 +138,5 @@ def test_the_start_up_log_says_what_was_decided(vllm_style_server):
     assert f"max_model_len: {TINY_LLAMA['max_position_embeddings']} (the model's context length) lowered to " \
            f"{POOL_TOKENS}" in log
     assert "--trust-remote-code: vLLM's flag is accepted and ignored" in log
-    assert "--gpu-memory-utilization: vLLM's flag is accepted and ignored" in log
+    assert "--disable-log-requests: vLLM's flag is accepted and ignored" in log
     assert "start-up plan: devices" in log and "serving x on http://" in log

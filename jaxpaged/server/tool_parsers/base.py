@@ -42,6 +42,11 @@ class ToolParser:
             return []
         return self.parse_section(text[start:]) or []
 
+    def stream_calls(self, text: str) -> list[Call]:
+        """The calls already complete in a text that may still grow, for a stream to send before the end: the
+        first of the final calls(). By default none: a format whose section parses only as a whole waits."""
+        return []
+
     def content(self, text: str) -> Optional[str]:
         """The text besides the calls (None when it is empty and there are calls)."""
         if not self.calls(text):

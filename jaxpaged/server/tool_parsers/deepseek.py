@@ -48,3 +48,8 @@ class DeepSeekToolParser(ToolParser):
                 return None
             calls.append((name.strip(), arguments_text(arguments)))
         return calls
+
+    def stream_calls(self, text: str) -> list[Call]:
+        # Calls are read alike in a prefix that ends after a call's end token and in the whole text.
+        end = text.rfind(CALL_END)
+        return self.calls(text[:end + len(CALL_END)]) if end >= 0 else []

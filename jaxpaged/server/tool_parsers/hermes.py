@@ -29,3 +29,8 @@ class HermesToolParser(ToolParser):
             if call is not None:
                 calls.append(call)
         return calls
+
+    def stream_calls(self, text: str) -> list[Call]:
+        # Blocks are read alike in a prefix that ends after an end tag and in the whole text.
+        end = text.rfind(self.END)
+        return self.calls(text[:end + len(self.END)]) if end >= 0 else []
