@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", help="run the OpenAI-compatible HTTP server")
     add_engine_arguments(serve)
-    from jaxpaged.server.launcher import add_serve_arguments
+    from jaxpaged.server.serve_flags import add_serve_arguments
 
     add_serve_arguments(serve)
     serve.set_defaults(handler=_serve)

@@ -44,7 +44,7 @@ class EngineOption:
     name: str
     default: Any
     kind: Any
-    """The annotation without its Optional: int, str, bool or a Literal."""
+    """The annotation without its Optional: int, float, str, bool or a Literal."""
     doc: str
 
     @property
@@ -68,6 +68,11 @@ class EngineOption:
                 return int(text)
             except ValueError:
                 raise ValueError(f"{self.name}: must be an int, got {text!r}") from None
+        if self.kind is float:
+            try:
+                return float(text)
+            except ValueError:
+                raise ValueError(f"{self.name}: must be a number, got {text!r}") from None
         return text  # str and Literal fields: the config checks the choices and names the field
 
     def shown_default(self) -> str:

@@ -8,7 +8,7 @@ import os
 from collections.abc import Mapping
 from typing import Literal, Optional, get_args
 
-from jaxpaged.checks import is_int, parse_byte_size
+from jaxpaged.checks import is_int, is_number, parse_byte_size
 
 SchedulingPolicy = Literal["fcfs", "priority"]
 AttentionBackendName = Literal["auto", "xla", "pallas_tpu", "pallas_gpu"]
@@ -41,6 +41,10 @@ class CacheConfig:
     kv_cache_memory: Optional[int] = None
     """KV pool size in bytes (an int, or a string like "4GiB"). None: a fraction of free device memory (a fixed
     default on CPU)."""
+    gpu_memory_utilization: Optional[float] = None
+    """vLLM's: on an accelerator, the share of each device's memory the engine may fill; the KV pool gets what the
+    weights and the buffers in use leave of it (XLA's step buffers come out of the rest). None: 60% of the memory
+    free after the weights. Not used on a CPU, nor with num_kv_blocks or kv_cache_memory."""
     enable_prefix_caching: bool = True
     """Reuse computed full blocks across requests by their chain hash."""
     prefix_caching_granularity: PrefixCachingGranularity = "token"
@@ -72,6 +76,9 @@ class CacheConfig:
             size = parse_byte_size(self.kv_cache_memory, "kv_cache_memory")
             _require(size > 0, "kv_cache_memory", f"must be a positive number of bytes, got {self.kv_cache_memory!r}")
             object.__setattr__(self, "kv_cache_memory", size)
+        if self.gpu_memory_utilization is not None:
+            _require(is_number(self.gpu_memory_utilization) and 0 < self.gpu_memory_utilization <= 1,
+                     "gpu_memory_utilization", f"must be a number in (0, 1], got {self.gpu_memory_utilization!r}")
         _require(isinstance(self.enable_prefix_caching, bool), "enable_prefix_caching",
                  f"must be a bool, got {self.enable_prefix_caching!r}")
         _require(self.prefix_caching_granularity in _GRANULARITIES, "prefix_caching_granularity",
@@ -106,8 +113,9 @@ class SchedulerConfig:
     """Most requests running at once (and sequences in one step)."""
     max_num_batched_tokens: int = 512
     """Token budget of one step: prefill chunks and decodes together."""
-    max_model_len: int = 2048
-    """Longest prompt + output, in tokens."""
+    max_model_len: Optional[int] = None
+    """Longest prompt + output, in tokens. None: the model's context length (max_position_embeddings), lowered
+    with a logged reason when the KV pool cannot hold one sequence of it (as vLLM)."""
     long_prefill_token_threshold: int = 0
     """If > 0, caps how many prompt tokens one request may take in one step."""
     scheduling_policy: SchedulingPolicy = "fcfs"
@@ -116,6 +124,8 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
             value = getattr(self, name)
+            if name == "max_model_len" and value is None:
+                continue
             _require(is_int(value) and value >= 1, name, f"must be a positive int, got {value!r}")
         _require(is_int(self.long_prefill_token_threshold) and self.long_prefill_token_threshold >= 0,
                  "long_prefill_token_threshold",
@@ -146,6 +156,9 @@ class EngineConfig:
     """Devices each model replica is split over (the mesh's "model" axis; vLLM's name)."""
     data_parallel_size: int = 1
     """Model replicas, each with its own block pool and scheduler (the "data" axis; vLLM's name)."""
+    tokenizer: Optional[str] = None
+    """A tokenizer other than the model's: a directory of Hugging Face tokenizer files, or a Hub repo id already in
+    the local cache (read offline). None: the model's own (vLLM's --tokenizer)."""
     advisor_log_text: bool = False
     """Let the prefix-cache advisor's log line quote a few decoded prompt tokens (off: prompts can be private)."""
     async_scheduling: Optional[bool] = None
@@ -170,6 +183,8 @@ class EngineConfig:
         for name in ("tensor_parallel_size", "data_parallel_size"):
             value = getattr(self, name)
             _require(is_int(value) and value >= 1, name, f"must be a positive int, got {value!r}")
+        _require(self.tokenizer is None or (isinstance(self.tokenizer, str) and self.tokenizer != ""), "tokenizer",
+                 f"must be a directory, a Hugging Face repo id or None, got {self.tokenizer!r}")
         _require(isinstance(self.advisor_log_text, bool), "advisor_log_text",
                  f"must be a bool, got {self.advisor_log_text!r}")
         _require(self.cpu_matmul in _CPU_MATMULS, "cpu_matmul",

@@ -40,7 +40,9 @@ class Scheduler:
         """Block size and prefix caching."""
         self.max_num_seqs = scheduler_config.max_num_seqs
         self.max_num_batched_tokens = scheduler_config.max_num_batched_tokens
-        self.max_model_len = scheduler_config.max_model_len
+        if scheduler_config.max_model_len is None:  # the engine settles it from the model and the pool first
+            raise ValueError("max_model_len: the scheduler needs a number (None is resolved by the engine)")
+        self.max_model_len: int = scheduler_config.max_model_len
         self.long_prefill_token_threshold = scheduler_config.long_prefill_token_threshold
         self.block_size = cache_config.block_size
         self.kv_cache_manager = KVCacheManager(num_kv_blocks, cache_config.block_size,

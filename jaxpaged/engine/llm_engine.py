@@ -15,7 +15,6 @@ from collections.abc import Iterable
 from typing import Optional, Union
 
 import jax
-from transformers import PreTrainedTokenizerFast
 
 from jaxpaged.config import EngineConfig, kernel_options_from_environment
 from jaxpaged.core.request import RequestStatus
@@ -37,6 +36,7 @@ from jaxpaged.sampling.grammar import GrammarCompiler
 from jaxpaged.sampling.params import SamplingParams
 from jaxpaged.weights.generation_config import request_defaults
 from jaxpaged.weights.loader import LoadedModel, load_model
+from jaxpaged.weights.tokenizer_source import load_tokenizer
 
 
 class LLMEngine:
@@ -51,14 +51,17 @@ class LLMEngine:
         self.model_name = loaded.name
         self.model_config = loaded.config
         self.vocab_size = loaded.config.vocab_size
-        self.max_model_len = config.scheduler.max_model_len
         self.max_num_seqs = config.scheduler.max_num_seqs
-        self.tokenizer = PreTrainedTokenizerFast.from_pretrained(str(loaded.tokenizer_dir))
+        self.tokenizer = load_tokenizer(loaded.tokenizer_dir, config.tokenizer)
         self.sampling_defaults = request_defaults(loaded.generation_defaults)
         """Sampling fields from the model's generation_config.json, for requests that leave them unset."""
         self.eos_token_ids = list(loaded.config.eos_token_ids) or (
             [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else [])
         runners = build_rank_runners(loaded, config, self.eos_token_ids)
+        # NOTE: max_model_len None (the model's context length) is settled by the start-up plan, which knows the pool.
+        self.max_model_len = min(runner.max_model_len for runner in runners)
+        config = self.config = dataclasses.replace(
+            config, scheduler=dataclasses.replace(config.scheduler, max_model_len=self.max_model_len))
         self.features = build_features(loaded, config, runners, self.tokenizer, distributed_timeout_s)
         """The optional features this engine runs with, behind the loop's hooks."""
         schedulers = [Scheduler(config.scheduler, config.cache, runner.num_kv_blocks, self.features.lower_tiers)

@@ -23,7 +23,7 @@ def build_features(loaded: LoadedModel, config: EngineConfig, runners: list[Mode
 
         tiers = build_kv_tiers(loaded, config, runners)
         features.append(KVTierFeature(tiers, config.cache.kv_offload_min_load_blocks,
-                                      config.scheduler.max_model_len))
+                                      runners[0].max_model_len))
         lower_tiers = tiers
     if config.cache.enable_prefix_caching:
         from jaxpaged.features.prefix_advisor import PrefixAdvisorFeature

@@ -61,7 +61,7 @@ def num_kv_blocks_for(model: ModelConfig, cache: CacheConfig, dtype, num_shards:
     """
     if cache.num_kv_blocks is not None:
         return cache.num_kv_blocks
-    budget = cache.kv_cache_memory or _default_budget_bytes(pending_weight_bytes)
+    budget = cache.kv_cache_memory or _default_budget_bytes(pending_weight_bytes, cache.gpu_memory_utilization)
     block_bytes = bytes_per_block(model, cache.block_size, dtype, layout=layout)
     num_blocks = budget * num_shards // block_bytes
     if num_blocks < 2:
@@ -74,13 +74,26 @@ def num_kv_blocks_for(model: ModelConfig, cache: CacheConfig, dtype, num_shards:
     return int(num_blocks)
 
 
-def _default_budget_bytes(pending_weight_bytes: int = 0) -> int:
+def _default_budget_bytes(pending_weight_bytes: int = 0, utilization: Optional[float] = None) -> int:
     device = jax.local_devices()[0]
     if device.platform == "cpu":
         return CPU_DEFAULT_KV_CACHE_BYTES
     stats = device.memory_stats() or {}
+    if utilization is not None and stats.get("bytes_limit"):
+        return utilization_budget_bytes(stats["bytes_limit"], stats.get("bytes_in_use", 0), pending_weight_bytes,
+                                        utilization)
     free = stats.get("bytes_limit", 0) - stats.get("bytes_in_use", 0) - pending_weight_bytes
     return int(free * ACCELERATOR_KV_CACHE_FRACTION) if free > 0 else CPU_DEFAULT_KV_CACHE_BYTES
+
+
+def utilization_budget_bytes(limit: int, in_use: int, pending_weight_bytes: int, utilization: float) -> int:
+    """vLLM's --gpu-memory-utilization as a KV budget: the pool fills the device up to `utilization` of its memory,
+    after what is in use and the weights still to be placed; ValueError naming the option when nothing is left."""
+    budget = int(limit * utilization) - in_use - pending_weight_bytes
+    if budget <= 0:
+        raise ValueError(f"gpu_memory_utilization: {utilization} of {limit} bytes leaves no room for the KV cache "
+                         f"after {in_use + pending_weight_bytes} bytes of weights and buffers; raise it")
+    return budget
 
 
 def allocate_kv_cache(model: ModelConfig, num_blocks: int, block_size: int, dtype,

@@ -99,6 +99,18 @@ class MemoryPlan:
             f"{needed_blocks * self.kv_bytes_per_block_per_device} bytes per device)")
 
 
+def fit_max_model_len(context_len: int, num_kv_blocks: int, block_size: int) -> int:
+    """The default max_model_len: the model's context length, or what the pool holds (block 0 aside) when one
+    sequence of it does not fit, with the reason logged."""
+    usable_tokens = (num_kv_blocks - 1) * block_size
+    if context_len <= usable_tokens:
+        return context_len
+    logger.warning("max_model_len: %d (the model's context length) lowered to %d, the tokens the KV pool of %d "
+                   "blocks holds for one sequence; raise kv_cache_memory or num_kv_blocks to serve the whole context",
+                   context_len, usable_tokens, num_kv_blocks)
+    return usable_tokens
+
+
 def plan_memory(model: ModelConfig, weight_bytes: int, num_kv_blocks: int, block_size: int, max_model_len: int,
                 dtype, tp: int, layout: str) -> MemoryPlan:
     """The plan of a rank whose KV cache is split over tp devices on its kv-head axis."""

@@ -110,7 +110,9 @@ class ModelRunner:
         self.num_kv_blocks, self.memory_plan = plan.num_kv_blocks, plan.memory
         self.block_size = config.cache.block_size
         sched = config.scheduler
-        self.blocks_per_seq = -(-sched.max_model_len // self.block_size)
+        self.max_model_len = plan.memory.max_model_len
+        """config's max_model_len, or the model's context length the plan fitted to the pool when it was None."""
+        self.blocks_per_seq = -(-self.max_model_len // self.block_size)
         self.ladder = BucketLadder(sched.max_num_batched_tokens, sched.max_num_seqs)
         self.block_table = HostBlockTable(sched.max_num_seqs, self.blocks_per_seq)
         self._replicated = mesh_lib.replicated(self.mesh)

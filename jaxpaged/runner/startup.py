@@ -27,6 +27,7 @@ from jaxpaged.runner.memory_plan import (
     MemoryPlan,
     check_weights_fit,
     device_memory_bytes,
+    fit_max_model_len,
     plan_memory,
     weight_bytes_per_device,
 )
@@ -108,8 +109,11 @@ def plan_startup(model: ModelConfig, params: dict[str, np.ndarray], config: Engi
     # NOTE: the weights are placed after the plan is made; the pool's default size leaves room for them.
     num_kv_blocks = num_kv_blocks_for(model, config.cache, dtype, num_shards=tp, layout=kv_layout,
                                       pending_weight_bytes=weight_bytes)
-    memory = plan_memory(model, weight_bytes, num_kv_blocks, config.cache.block_size,
-                         config.scheduler.max_model_len, dtype, tp, kv_layout)
+    max_model_len = config.scheduler.max_model_len
+    if max_model_len is None:
+        max_model_len = fit_max_model_len(model.max_position_embeddings, num_kv_blocks, config.cache.block_size)
+    memory = plan_memory(model, weight_bytes, num_kv_blocks, config.cache.block_size, max_model_len, dtype, tp,
+                         kv_layout)
     memory.check()
     return StartupPlan(platform, tuple(int(d.id) for d in mesh.devices.flat), tp, dtype, backend, per_layer, packed,
                        native_decode, kv_layout, memory)

@@ -2,6 +2,7 @@
 
 from jaxpaged.server.app import build_app
 from jaxpaged.server.context import ServerSettings
-from jaxpaged.server.launcher import add_serve_arguments, serve_main
+from jaxpaged.server.launcher import serve_main
+from jaxpaged.server.serve_flags import add_serve_arguments
 
 __all__ = ["build_app", "ServerSettings", "add_serve_arguments", "serve_main"]

@@ -3,7 +3,8 @@
 import argparse
 import sys
 
-from jaxpaged.server.launcher import add_serve_arguments, serve_main
+from jaxpaged.server.launcher import serve_main
+from jaxpaged.server.serve_flags import add_serve_arguments
 
 
 def main() -> int:

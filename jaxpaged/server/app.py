@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Optional
 
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -28,7 +29,8 @@ def build_app(engine: AsyncLLMEngine, settings: Optional[ServerSettings] = None,
               owns_engine: bool = False) -> FastAPI:
     """The app; with owns_engine the app's shutdown (after uvicorn drained the requests) stops the engine loop."""
     settings = settings or ServerSettings()
-    context = ServerContext(engine=engine, settings=settings, metrics=ServerMetrics(engine))
+    model_name = (settings.served_model_names or (engine.model_name,))[0]
+    context = ServerContext(engine=engine, settings=settings, metrics=ServerMetrics(engine, model_name))
     created = int(time.time())
 
     @contextlib.asynccontextmanager
@@ -43,6 +45,11 @@ def build_app(engine: AsyncLLMEngine, settings: Optional[ServerSettings] = None,
     install_error_handlers(app)
     if settings.api_key is not None:
         app.add_middleware(BearerAuthMiddleware, api_key=settings.api_key)
+    if settings.allowed_origins:
+        # NOTE: added last, so it wraps the auth middleware: a browser's preflight OPTIONS carries no key.
+        app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins),
+                           allow_methods=list(settings.allowed_methods), allow_headers=list(settings.allowed_headers),
+                           allow_credentials=settings.allow_credentials)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -54,9 +61,9 @@ def build_app(engine: AsyncLLMEngine, settings: Optional[ServerSettings] = None,
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
-        card = {"id": engine.model_name, "object": "model", "created": created, "owned_by": "jaxpaged",
-                "max_model_len": engine.max_model_len}
-        return JSONResponse({"object": "list", "data": [card]})
+        cards = [{"id": name, "object": "model", "created": created, "owned_by": "jaxpaged", "root": engine.model_name,
+                  "parent": None, "max_model_len": engine.max_model_len} for name in context.model_names]
+        return JSONResponse({"object": "list", "data": cards})
 
     @app.post("/tokenize")
     async def tokenize_route(request: Request) -> JSONResponse:

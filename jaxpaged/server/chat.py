@@ -1,5 +1,6 @@
 """POST /v1/chat/completions: the chat template renders the messages, then the engine runs one prompt, n choices."""
 
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -10,15 +11,15 @@ from fastapi.responses import Response
 
 from jaxpaged.async_engine import EngineDeadError
 from jaxpaged.outputs import CompletionOutput, RequestOutput
+from jaxpaged.server.chat_text import ChoiceText
 from jaxpaged.server.context import ServerContext
 from jaxpaged.server.errors import APIError, error_body
 from jaxpaged.server.generation import GenerationRun, ensure_ready, respond
-from jaxpaged.server.prompts import chat_prompt
+from jaxpaged.server.prompts import ChatRendering, chat_prompt
 from jaxpaged.server.protocol import ChatCompletionRequest
 from jaxpaged.server.responses import SampleProgress, chat_logprobs, usage
 from jaxpaged.server.streaming import SSE_DONE, sse_event
 from jaxpaged.server.tool_calls import ToolCalling, tool_calling
-from jaxpaged.server.tool_parsers import make_tool_parser
 from jaxpaged.server.validation import (
     build_sampling_params,
     check_model_name,
@@ -26,18 +27,23 @@ from jaxpaged.server.validation import (
     read_json_body,
     resolve_max_tokens,
 )
+from jaxpaged.server.vllm_keys import reject_unhonoured_keys
 
 
 async def create_chat_completion(request: Request, context: ServerContext) -> Response:
     """Validates, admits and runs one chat completion request."""
     ensure_ready(context)
     engine = context.engine
-    body = parse_model(ChatCompletionRequest, await read_json_body(request, context.settings.max_request_body_bytes))
-    check_model_name(body.model, engine.model_name)
+    payload = await read_json_body(request, context.settings.max_request_body_bytes)
+    reject_unhonoured_keys(payload, chat=True)
+    body = parse_model(ChatCompletionRequest, payload)
+    check_model_name(body.model, context.model_names)
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs: needs logprobs=true", param="top_logprobs", code="invalid_value")
-    calling = tool_calling(body, make_tool_parser(context.settings.tool_call_parser))
-    prompt = await chat_prompt(engine.tokenizer, engine.vocab_size, body.messages, body.add_generation_prompt,
+    calling = tool_calling(body, context.tool_parser)
+    rendering = ChatRendering(body.add_generation_prompt, body.continue_final_message, context.settings.chat_template,
+                              body.chat_template_kwargs)
+    prompt = await chat_prompt(engine.tokenizer, engine.vocab_size, body.messages, rendering,
                                cache_salt=body.cache_salt, priority=body.priority,
                                tools=calling.tools if calling else None)
     field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
@@ -48,8 +54,18 @@ async def create_chat_completion(request: Request, context: ServerContext) -> Re
                                    else None, vocab_size=engine.vocab_size, max_n=context.settings.max_n,
                                    model_defaults=engine.sampling_defaults,
                                    tool_constraint=calling.constraint() if calling else None)
+    if calling is not None and calling.parser is not None and calling.parser.keeps_special_tokens \
+            and "skip_special_tokens" not in body.model_fields_set:
+        params = dataclasses.replace(params, skip_special_tokens=False)  # the call markers are special tokens
+    reasoning = context.reasoning_parser
+    # NOTE: a constrained output (a schema, a regex) starts with the answer, whatever the prompt opened.
+    starts_in_reasoning = reasoning is not None and params.structured_outputs is None \
+        and reasoning.starts_in_reasoning(prompt.text)
     run = GenerationRun(context, f"chatcmpl-{uuid.uuid4().hex}", [prompt], [params])
-    view = _ChatView(body, engine.tokenizer, engine.model_name, run.request_id, calling)
+    texts = [ChoiceText(calling, reasoning, starts_in_reasoning) if calling is None or calling.parser is not None
+             else None for _ in range(body.n)]
+    view = _ChatView(body, engine.tokenizer, context.model_name, run.request_id, calling, texts,
+                     len(prompt.token_ids))
     return await respond(request, run, body.stream, view.events, lambda finals: view.body(finals[0]))
 
 
@@ -57,8 +73,11 @@ class _ChatView:
     """Renders engine outputs as OpenAI chat completion objects (whole or chunked)."""
 
     def __init__(self, request: ChatCompletionRequest, tokenizer, model_name: str, response_id: str,
-                 calling: Optional[ToolCalling] = None) -> None:
+                 calling: Optional[ToolCalling], texts: list[Optional[ChoiceText]], num_prompt_tokens: int) -> None:
         self.request, self.tokenizer, self.calling = request, tokenizer, calling
+        self.texts = texts
+        """Per choice: its text's reasoning / content / "auto" calls (None for a forced or required call)."""
+        self.num_prompt_tokens = num_prompt_tokens
         self.num_top = request.top_logprobs or 0
         self.header = {"id": response_id, "created": int(time.time()), "model": model_name}
 
@@ -77,15 +96,11 @@ class _ChatView:
         return {**self.header, "object": "chat.completion", "choices": choices, "usage": usage([final])}
 
     def _message(self, sample: CompletionOutput) -> dict:
-        calling = self.calling
-        if calling is None:
-            return {"role": "assistant", "content": sample.text}
-        calls = calling.calls(sample.text)
-        if calling.parser is not None:  # "auto": text, calls, or both
-            if not calls:
-                return {"role": "assistant", "content": sample.text}
-            return {"role": "assistant", "content": calling.parser.content(sample.text), "tool_calls": calls}
-        return {"role": "assistant", "content": None, "tool_calls": calls}
+        text = self.texts[sample.index]
+        if text is not None:
+            return text.message(sample.text)
+        assert self.calling is not None
+        return {"role": "assistant", "content": None, "tool_calls": self.calling.calls(sample.text)}
 
     def _finish_reason(self, reason: Optional[str], called: bool) -> Optional[str]:
         """`called`: the response carries tool_calls. OpenAI: "tool_calls" when the model chose to call tools; a
@@ -93,19 +108,6 @@ class _ChatView:
         if reason == "stop" and called and self.calling is not None and not self.calling.streams_arguments:
             return "tool_calls"
         return reason
-
-    @staticmethod
-    def _auto_delta(text: str, finished: bool, calling: ToolCalling, content_sent: list[int], index: int) -> dict:
-        assert calling.parser is not None
-        calls = calling.calls(text) if finished else []
-        end = len(text) if finished and not calls else calling.parser.stream_content(text)
-        delta: dict = {}
-        if end > content_sent[index]:
-            delta["content"] = text[content_sent[index]:end]
-            content_sent[index] = end
-        if calls:
-            delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]
-        return delta
 
     def _first_delta(self) -> dict:
         if self.calling is None or self.calling.parser is not None:
@@ -115,14 +117,19 @@ class _ChatView:
         call = self.calling.call(self.calling.forced_name or "", "")
         return {"role": "assistant", "content": None, "tool_calls": [{"index": 0, **call}]}
 
-    def _chunk(self, index: int, delta: dict, logprobs: Optional[dict], finish_reason: Optional[str]) -> str:
+    def _chunk(self, index: int, delta: dict, logprobs: Optional[dict], finish_reason: Optional[str],
+               num_tokens: int = 0) -> str:
         choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
-        return sse_event({**self.header, "object": "chat.completion.chunk", "choices": [choice]})
+        chunk = {**self.header, "object": "chat.completion.chunk", "choices": [choice]}
+        options = self.request.stream_options
+        if options is not None and options.continuous_usage_stats:  # vLLM's: this choice's usage so far
+            chunk["usage"] = {"prompt_tokens": self.num_prompt_tokens, "completion_tokens": num_tokens,
+                              "total_tokens": self.num_prompt_tokens + num_tokens}
+        return sse_event(chunk)
 
     async def events(self, run: GenerationRun) -> AsyncIterator[str]:
         """The streaming response: a role chunk per choice, content deltas, optional usage, then [DONE]."""
         progress = [SampleProgress() for _ in range(self.request.n)]
-        content_sent = [0] * self.request.n  # "auto": characters of each choice's text sent as content
         calling = self.calling
         try:
             for index in range(self.request.n):
@@ -132,21 +139,22 @@ class _ChatView:
                     delta = progress[sample.index].advance(sample, with_logprobs=self.request.logprobs)
                     if delta is None:
                         continue
-                    if calling is None:
-                        content = {"content": delta.text} if delta.text else {}
-                    elif calling.parser is not None:  # "auto": content until a call may start, calls at the end
-                        content = self._auto_delta(sample.text, delta.finish_reason is not None, calling,
-                                                   content_sent, sample.index)
-                    elif calling.streams_arguments:  # the forced function's arguments, as they are sampled
+                    text = self.texts[sample.index]
+                    if text is not None:  # reasoning, then content until a call may start, "auto" calls at the end
+                        content = text.delta(sample.text, delta.finish_reason is not None)
+                    elif calling is not None and calling.streams_arguments:  # the forced function's arguments
                         content = ({"tool_calls": [{"index": 0, "function": {"arguments": delta.text}}]}
                                    if delta.text else {})
                     else:  # "required": the calls are known once the array is complete
+                        assert calling is not None
                         content = ({"tool_calls": [{"index": i, **call} for i, call in
                                                    enumerate(calling.calls(sample.text))]}
                                    if delta.finish_reason is not None else {})
                     yield self._chunk(sample.index, content,
                                       self._logprobs(sample, delta.start_token, delta.end_token),
-                                      self._finish_reason(delta.finish_reason, "tool_calls" in content))
+                                      self._finish_reason(delta.finish_reason, "tool_calls" in content or (
+                                          text is not None and text.num_calls_sent > 0)),
+                                      len(sample.token_ids))
             if self.request.stream_options is not None and self.request.stream_options.include_usage:
                 yield sse_event({**self.header, "object": "chat.completion.chunk", "choices": [],
                                  "usage": usage([final for final in run.finals if final is not None])})

@@ -31,6 +31,7 @@ from jaxpaged.server.validation import (
     read_json_body,
     resolve_max_tokens,
 )
+from jaxpaged.server.vllm_keys import reject_unhonoured_keys
 
 DEFAULT_MAX_TOKENS = 16
 """OpenAI's default max_tokens for completions (clipped to what fits in max_model_len)."""
@@ -40,8 +41,10 @@ async def create_completion(request: Request, context: ServerContext) -> Respons
     """Validates, admits and runs one completion request."""
     ensure_ready(context)
     engine = context.engine
-    body = parse_model(CompletionRequest, await read_json_body(request, context.settings.max_request_body_bytes))
-    check_model_name(body.model, engine.model_name)
+    payload = await read_json_body(request, context.settings.max_request_body_bytes)
+    reject_unhonoured_keys(payload, chat=False)
+    body = parse_model(CompletionRequest, payload)
+    check_model_name(body.model, context.model_names)
     _reject_unsupported(body)
     prompts = await completion_prompts(body, engine.tokenizer, engine.vocab_size)
     # max_tokens 0 (with echo: score the prompt) still samples one token, which the response leaves out.
@@ -54,7 +57,7 @@ async def create_completion(request: Request, context: ServerContext) -> Respons
     if body.echo and body.logprobs is not None:
         params = [dataclasses.replace(p, prompt_logprobs=body.logprobs) for p in params]
     run = GenerationRun(context, f"cmpl-{uuid.uuid4().hex}", prompts, params)
-    view = _CompletionView(body, prompts, engine.tokenizer, engine.model_name, run.request_id)
+    view = _CompletionView(body, prompts, engine.tokenizer, context.model_name, run.request_id)
     return await respond(request, run, body.stream, view.events, view.body)
 
 
@@ -111,9 +114,15 @@ class _CompletionView:
             total["completion_tokens"] = 0
         return {**self.header, "choices": choices, "usage": total}
 
-    def _chunk(self, index: int, text: str, logprobs, finish_reason) -> str:
+    def _chunk(self, index: int, text: str, logprobs, finish_reason, num_tokens: int = 0) -> str:
         choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
-        return sse_event({**self.header, "choices": [choice]})
+        chunk = {**self.header, "choices": [choice]}
+        options = self.request.stream_options
+        if options is not None and options.continuous_usage_stats:  # vLLM's: this choice's usage so far
+            num_prompt_tokens = len(self.prompts[index // self.request.n].token_ids)
+            chunk["usage"] = {"prompt_tokens": num_prompt_tokens, "completion_tokens": num_tokens,
+                              "total_tokens": num_prompt_tokens + num_tokens}
+        return sse_event(chunk)
 
     async def events(self, run: GenerationRun) -> AsyncIterator[str]:
         """The streaming response: one chunk per choice delta, optional usage, then [DONE]."""
@@ -147,7 +156,8 @@ class _CompletionView:
                         logprobs, text_offsets[(p, sample.index)] = completion_logprobs(
                             self.tokenizer, sample, delta.start_token, delta.end_token, num_logprobs,
                             text_offsets[(p, sample.index)])
-                    yield self._chunk(p * n + sample.index, delta.text, logprobs, delta.finish_reason)
+                    yield self._chunk(p * n + sample.index, delta.text, logprobs, delta.finish_reason,
+                                      len(sample.token_ids))
             if self.request.stream_options is not None and self.request.stream_options.include_usage:
                 finals = [final for final in run.finals if final is not None]
                 yield sse_event({**self.header, "choices": [], "usage": usage(finals)})

@@ -6,7 +6,8 @@ from typing import Optional
 from jaxpaged.async_engine import AsyncLLMEngine
 from jaxpaged.checks import is_int
 from jaxpaged.server.metrics import ServerMetrics
-from jaxpaged.server.tool_parsers import make_tool_parser
+from jaxpaged.server.reasoning_parsers import ReasoningParser, make_reasoning_parser
+from jaxpaged.server.tool_parsers import ToolParser, make_tool_parser
 
 DEFAULT_MAX_REQUEST_BODY_BYTES = 2 * 1024 * 1024
 
@@ -26,7 +27,24 @@ class ServerSettings:
     retry_after_s: int = 1
     """The Retry-After header of a 429."""
     tool_call_parser: Optional[str] = None
-    """Parser of the model's tool-call syntax (server/tool_parsers.py) that tool_choice "auto" needs."""
+    """Parser of the model's tool-call syntax (server/tool_parsers/) that tool_choice "auto" needs."""
+    enable_auto_tool_choice: bool = False
+    """vLLM's --enable-auto-tool-choice: accepted with a tool_call_parser (which alone already enables "auto")."""
+    reasoning_parser: Optional[str] = None
+    """Splits `<think>` reasoning into reasoning_content (server/reasoning_parsers.py)."""
+    served_model_names: tuple[str, ...] = ()
+    """The names requests may use for the model; the first is the one responses and /metrics carry. Empty: the
+    engine's model name."""
+    chat_template: Optional[str] = None
+    """A Jinja chat template used instead of the model's own."""
+    allowed_origins: tuple[str, ...] = ()
+    """CORS: origins allowed to call the API from a browser ("*": any). Empty: no CORS headers at all."""
+    allowed_methods: tuple[str, ...] = ("*",)
+    """CORS: methods allowed (with allowed_origins)."""
+    allowed_headers: tuple[str, ...] = ("*",)
+    """CORS: request headers allowed (with allowed_origins)."""
+    allow_credentials: bool = False
+    """CORS: allow cookies and Authorization on cross-origin requests (with allowed_origins)."""
 
     def __post_init__(self) -> None:
         if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key):
@@ -37,6 +55,13 @@ class ServerSettings:
             if not is_int(value) or value < minimum:
                 raise ValueError(f"{name}: must be an int >= {minimum}, got {value!r}")
         make_tool_parser(self.tool_call_parser)  # ValueError naming the flag for an unknown parser
+        make_reasoning_parser(self.reasoning_parser)
+        if self.enable_auto_tool_choice and self.tool_call_parser is None:
+            raise ValueError("enable_auto_tool_choice: --enable-auto-tool-choice needs --tool-call-parser NAME")
+        for name in ("served_model_names", "allowed_origins", "allowed_methods", "allowed_headers"):
+            value = getattr(self, name)
+            if not isinstance(value, tuple) or not all(isinstance(item, str) and item for item in value):
+                raise ValueError(f"{name}: must be a tuple of non-empty strings, got {value!r}")
 
     def __repr__(self) -> str:
         # NOTE: a repr that shows the key would leak it into any log line that prints the settings.
@@ -57,6 +82,24 @@ class ServerContext:
     """This app's Prometheus registry."""
     draining: bool = False
     """Set on SIGTERM: new work gets 503 while requests in flight finish."""
+    tool_parser: Optional[ToolParser] = dataclasses.field(init=False, default=None)
+    """The --tool-call-parser, built once."""
+    reasoning_parser: Optional[ReasoningParser] = dataclasses.field(init=False, default=None)
+    """The --reasoning-parser, built once."""
+
+    def __post_init__(self) -> None:
+        self.tool_parser = make_tool_parser(self.settings.tool_call_parser)
+        self.reasoning_parser = make_reasoning_parser(self.settings.reasoning_parser)
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        """Every name a request may give in `model` (--served-model-name, else the engine's model name)."""
+        return self.settings.served_model_names or (self.engine.model_name,)
+
+    @property
+    def model_name(self) -> str:
+        """The name responses and /metrics carry: the first served name."""
+        return self.model_names[0]
 
     @property
     def ready(self) -> bool:

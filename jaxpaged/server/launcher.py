@@ -8,7 +8,6 @@ import argparse
 import gc
 import json
 import logging
-import os
 import shlex
 import signal
 import sys
@@ -17,53 +16,16 @@ from typing import Any, Optional
 import uvicorn
 
 from jaxpaged.async_engine import AsyncLLMEngine
-from jaxpaged.logging_setup import LOG_LEVELS
-from jaxpaged.multihost.runtime import add_distributed_arguments, is_leader, options_from_args
+from jaxpaged.multihost.runtime import is_leader, options_from_args
 from jaxpaged.server import multihost
 from jaxpaged.server.app import build_app
-from jaxpaged.server.context import DEFAULT_MAX_REQUEST_BODY_BYTES, ServerContext, ServerSettings
-from jaxpaged.server.tool_parsers import TOOL_CALL_PARSERS
-
-API_KEY_ENV = "JAXPAGED_API_KEY"
-"""Environment variable read when --api-key is not given."""
+from jaxpaged.server.chat_template import check_chat_template
+from jaxpaged.server.context import ServerContext
+from jaxpaged.server.reasoning_parsers import check_reasoning_markers
+from jaxpaged.server.serve_flags import API_KEY_ENV, settings_from_args, uvicorn_options
+from jaxpaged.server.vllm_flags import IGNORED_DEST, ignored_flag_warnings
 
 logger = logging.getLogger(__name__)
-
-
-def _add_if_absent(parser: argparse.ArgumentParser, *flags: str, **kwargs: Any) -> None:
-    # The CLI may already have added a shared flag (say --model) to this subparser.
-    if not any(flag in parser._option_string_actions for flag in flags):
-        parser.add_argument(*flags, **kwargs)
-
-
-def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
-    """Adds the serve flags, and --model plus the engine flags unless the caller added them already."""
-    from jaxpaged.cli_options import add_engine_arguments
-
-    if "--max-model-len" not in parser._option_string_actions:
-        add_engine_arguments(parser)
-    _add_if_absent(parser, "--model", default=None,
-                   help="HF checkpoint dir or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
-    _add_if_absent(parser, "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    _add_if_absent(parser, "--port", type=int, default=8000, help="port to listen on (default 8000)")
-    _add_if_absent(parser, "--api-key", default=None,
-                   help=f"require `Authorization: Bearer KEY` on /v1/*, /tokenize, /detokenize "
-                        f"(default: ${API_KEY_ENV} if set)")
-    _add_if_absent(parser, "--max-queued-requests", type=int, default=ServerSettings.max_queued_requests,
-                   help="answer 429 when more sequences than this would wait for an engine slot")
-    _add_if_absent(parser, "--max-n", type=int, default=ServerSettings.max_n,
-                   help="largest n (choices per prompt) a request may ask for")
-    _add_if_absent(parser, "--max-request-body-bytes", type=int, default=DEFAULT_MAX_REQUEST_BODY_BYTES,
-                   help="answer 413 to larger request bodies (default 2 MiB)")
-    _add_if_absent(parser, "--tool-call-parser", default=None, choices=list(TOOL_CALL_PARSERS),
-                   help='parse the model\'s own tool-call syntax, so tool_choice "auto" works (hermes: Hermes, '
-                        'Qwen 2.5 / 3 <tool_call> blocks)')
-    _add_if_absent(parser, "--log-level", default="info", choices=list(LOG_LEVELS),
-                   help="log level of jaxpaged (start-up plan, dtype choice) and uvicorn, on stderr")
-    parser.add_argument("model_path", nargs="?", default=None, metavar="MODEL",
-                        help="the model, as vLLM's `serve MODEL` takes it (the same as --model)")
-    if "--coordinator-address" not in parser._option_string_actions:
-        add_distributed_arguments(parser)
 
 
 class _GracefulServer(uvicorn.Server):
@@ -78,20 +40,12 @@ class _GracefulServer(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-def settings_from_args(args: argparse.Namespace) -> ServerSettings:
-    """ServerSettings from parsed flags (the API key from the environment when the flag is absent)."""
-    api_key = args.api_key if args.api_key else os.environ.get(API_KEY_ENV) or None
-    return ServerSettings(api_key=api_key, max_queued_requests=args.max_queued_requests, max_n=args.max_n,
-                          max_request_body_bytes=args.max_request_body_bytes,
-                          tool_call_parser=getattr(args, "tool_call_parser", None))
-
-
-def _curl_example(host: str, port: int, model_name: str, needs_key: bool) -> str:
+def _curl_example(host: str, port: int, model_name: str, needs_key: bool, scheme: str = "http") -> str:
     shown_host = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
     body = json.dumps({"model": model_name, "messages": [{"role": "user", "content": "Say hello."}],
                        "max_tokens": 32})
     auth = f' -H "Authorization: Bearer ${API_KEY_ENV}"' if needs_key else ""  # never the key itself
-    return (f"curl http://{shown_host}:{port}/v1/chat/completions -H 'Content-Type: application/json'{auth} "
+    return (f"curl {scheme}://{shown_host}:{port}/v1/chat/completions -H 'Content-Type: application/json'{auth} "
             f"-d {shlex.quote(body)}")
 
 
@@ -113,9 +67,12 @@ def serve_main(args: argparse.Namespace) -> int:
     from jaxpaged.engine import LLMEngine
     from jaxpaged.features.wiring import followers_of
 
+    for line in ignored_flag_warnings(getattr(args, IGNORED_DEST, None) or []):
+        logger.warning("%s", line)
     try:
         args.model = model_argument(args)
         settings = settings_from_args(args)
+        server_options = uvicorn_options(args)
         distributed = options_from_args(args)
         multihost.join_job(distributed)
         if not is_leader():
@@ -125,6 +82,8 @@ def serve_main(args: argparse.Namespace) -> int:
             return code
         engine = LLMEngine.from_options(model=args.model, revision=getattr(args, "revision", None),
                                         distributed_timeout_s=distributed.timeout_s, **engine_options_from_args(args))
+        check_chat_template(engine.tokenizer, settings.chat_template)
+        check_reasoning_markers(settings.reasoning_parser, engine.tokenizer, settings.chat_template)
     except (ValueError, FileNotFoundError) as error:
         print(f"jaxpaged serve: {error}", file=sys.stderr)
         return 2
@@ -141,12 +100,11 @@ def serve_main(args: argparse.Namespace) -> int:
         multihost.fail_stop_on_lost_follower(async_engine, followers)
     async_engine.start()
     app = build_app(async_engine, settings, owns_engine=True)
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                            timeout_graceful_shutdown=None)
-    server = _GracefulServer(config, app.state.context)
-    print(f"jaxpaged: serving {async_engine.model_name} on http://{args.host}:{args.port} "
+    server = _GracefulServer(uvicorn.Config(app, **server_options), app.state.context)
+    scheme, model_name = ("https" if "ssl_certfile" in server_options else "http"), app.state.context.model_name
+    print(f"jaxpaged: serving {model_name} on {scheme}://{args.host}:{args.port} "
           f"(OpenAI API under /v1; /health, /metrics)\n  try: "
-          f"{_curl_example(args.host, args.port, async_engine.model_name, settings.api_key is not None)}",
+          f"{_curl_example(args.host, args.port, model_name, settings.api_key is not None, scheme)}",
           flush=True)
     # NOTE: uvicorn re-raises a caught SIGTERM once it has shut down, to exit "as killed". The drain already
     # happened, so the re-raised signal meets a no-op handler and the process exits 0.

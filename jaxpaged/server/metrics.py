@@ -5,12 +5,14 @@ the engine loop's latest stats snapshot at scrape time; latency histograms are o
 """
 
 from collections.abc import Iterator
+from typing import Any, Optional
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from jaxpaged.async_engine import AsyncLLMEngine
+from jaxpaged.server.vllm_metrics import TOKEN_BUCKETS, VllmRequestMetrics, VllmStatsCollector
 
 PREFIX = "jaxpaged_"
 
@@ -75,24 +77,58 @@ class _EngineStatsCollector(Collector):
                     yield metric
 
 
-class ServerMetrics:
-    """One app's registry: engine stats plus request latency histograms and request counters."""
+class _Both:
+    """A jaxpaged metric and its vLLM twin, observed (or counted) together."""
 
-    def __init__(self, engine: AsyncLLMEngine) -> None:
+    def __init__(self, own: Any, vllm: Any) -> None:
+        self._own, self._vllm = own, vllm
+
+    def observe(self, value: float) -> None:
+        self._own.observe(value)
+        self._vllm.observe(value)
+
+    def inc(self, amount: float = 1) -> None:
+        self._own.inc(amount)
+        self._vllm.inc(amount)
+
+
+class _FinishCounter:
+    """jaxpaged_sequences_finished{finish_reason} with vllm:request_success{model_name, finished_reason}."""
+
+    def __init__(self, own: Counter, vllm: VllmRequestMetrics) -> None:
+        self._own, self._vllm = own, vllm
+
+    def labels(self, finish_reason: str) -> _Both:
+        return _Both(self._own.labels(finish_reason), self._vllm.request_success(finish_reason))
+
+
+class ServerMetrics:
+    """One app's registry: engine stats plus request latency histograms and request counters, each under its
+    jaxpaged_* name and, where vLLM has one, its vllm:* name labelled with `model_name`."""
+
+    def __init__(self, engine: AsyncLLMEngine, model_name: Optional[str] = None) -> None:
+        model_name = model_name or engine.model_name
         self.registry = CollectorRegistry()
         self.registry.register(_EngineStatsCollector(engine))
-        self.time_to_first_token = Histogram(
+        self.registry.register(VllmStatsCollector(engine, model_name))
+        vllm = VllmRequestMetrics(self.registry, model_name, {"ttft": _TTFT_BUCKETS, "itl": _ITL_BUCKETS,
+                                                               "e2e": _E2E_BUCKETS, "tokens": TOKEN_BUCKETS})
+        self.time_to_first_token = _Both(Histogram(
             PREFIX + "time_to_first_token_seconds", "Seconds from a request's arrival to its first token.",
-            buckets=_TTFT_BUCKETS, registry=self.registry)
-        self.inter_token_latency = Histogram(
+            buckets=_TTFT_BUCKETS, registry=self.registry), vllm.time_to_first_token)
+        self.inter_token_latency = _Both(Histogram(
             PREFIX + "inter_token_latency_seconds", "Seconds between successive tokens of one sequence.",
-            buckets=_ITL_BUCKETS, registry=self.registry)
-        self.e2e_request_latency = Histogram(
+            buckets=_ITL_BUCKETS, registry=self.registry), vllm.inter_token_latency)
+        self.e2e_request_latency = _Both(Histogram(
             PREFIX + "e2e_request_latency_seconds", "Seconds from a request's arrival to its last token.",
-            buckets=_E2E_BUCKETS, registry=self.registry)
-        self.sequences_finished = Counter(
+            buckets=_E2E_BUCKETS, registry=self.registry), vllm.e2e_request_latency)
+        self.request_prompt_tokens = vllm.request_prompt_tokens
+        """vLLM only: prompt tokens per finished engine request."""
+        self.request_generation_tokens = vllm.request_generation_tokens
+        """vLLM only: generated tokens per finished engine request (all its choices)."""
+        self.sequences_finished = _FinishCounter(Counter(
             PREFIX + "sequences_finished", "Choices (sequences) that ended, by finish reason (abort: client gone).",
-            ["finish_reason"], registry=self.registry)
+            ["finish_reason"], registry=self.registry), vllm)
         self.requests_rejected = Counter(
             PREFIX + "requests_rejected", "HTTP requests refused before reaching the engine, by reason.",
             ["reason"], registry=self.registry)

@@ -4,6 +4,7 @@ The server tokenizes, so every length and vocabulary check happens here, before 
 Tokenizing runs in a worker thread: a 2 MiB prompt must not stall the event loop that streams other requests.
 """
 
+import dataclasses
 from typing import Any, Optional, Union, cast
 
 from starlette.concurrency import run_in_threadpool
@@ -71,30 +72,64 @@ def _message_dict(message: ChatMessage) -> dict:
     return rendered
 
 
-def render_chat(tokenizer: Any, messages: list[ChatMessage], add_generation_prompt: bool,
+_RESERVED_TEMPLATE_KWARGS = frozenset({
+    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict",
+    "return_assistant_tokens_mask", "tokenizer_kwargs"})
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatRendering:
+    """How a conversation is rendered: the template and its options besides the messages and tools."""
+
+    add_generation_prompt: bool = True
+    """End with the assistant header."""
+    continue_final_message: bool = False
+    """End inside the last message, for the output to continue it."""
+    chat_template: Optional[str] = None
+    """The server's --chat-template (None: the model's own)."""
+    template_kwargs: Optional[dict[str, Any]] = None
+    """The request's chat_template_kwargs: extra template variables."""
+
+    def check(self) -> None:
+        """400 naming the field for options that cannot be rendered."""
+        if self.continue_final_message and self.add_generation_prompt:
+            raise APIError(400, "continue_final_message: cannot be combined with add_generation_prompt=true",
+                           param="continue_final_message", code="invalid_value")
+        for key in self.template_kwargs or {}:
+            if key in _RESERVED_TEMPLATE_KWARGS or not key.isidentifier():
+                raise APIError(400, f"chat_template_kwargs.{key}: not a template variable a request may set",
+                               param=f"chat_template_kwargs.{key}", code="invalid_value")
+
+
+def render_chat(tokenizer: Any, messages: list[ChatMessage], rendering: ChatRendering,
                 tools: Optional[list[dict]] = None) -> str:
-    """The conversation rendered by the model's chat template; 400 if the template rejects it."""
-    if getattr(tokenizer, "chat_template", None) is None:
+    """The conversation rendered by the chat template; 400 if the template rejects it."""
+    rendering.check()
+    if rendering.chat_template is None and getattr(tokenizer, "chat_template", None) is None:
         raise APIError(400, "messages: this model has no chat template; use /v1/completions", param="messages",
                        code="invalid_value")
     try:
         return tokenizer.apply_chat_template([_message_dict(m) for m in messages], tokenize=False,
-                                             add_generation_prompt=add_generation_prompt, tools=tools)
+                                             add_generation_prompt=rendering.add_generation_prompt, tools=tools,
+                                             continue_final_message=rendering.continue_final_message,
+                                             chat_template=rendering.chat_template,
+                                             **(rendering.template_kwargs or {}))
     except Exception as error:  # jinja TemplateError and friends: the template refused these messages
         raise APIError(400, f"messages: the chat template rejected them ({type(error).__name__})",
                        param="messages", code="invalid_value") from None
 
 
-async def chat_prompt(tokenizer: Any, vocab_size: int, messages: list[ChatMessage], add_generation_prompt: bool, *,
+async def chat_prompt(tokenizer: Any, vocab_size: int, messages: list[ChatMessage], rendering: ChatRendering, *,
                       cache_salt: Optional[str], priority: int, tools: Optional[list[dict]] = None) -> ParsedPrompt:
     """The engine prompt of a chat: rendered (with the tools, for templates that show them) and tokenized (the
     template already holds the special tokens)."""
-    text, token_ids = await tokenize_chat(tokenizer, messages, add_generation_prompt, tools)
+    text, token_ids = await tokenize_chat(tokenizer, messages, rendering, tools)
     return _engine_prompt(token_ids, vocab_size, text, cache_salt, priority)
 
 
-async def tokenize_chat(tokenizer: Any, messages: list[ChatMessage], add_generation_prompt: bool,
+async def tokenize_chat(tokenizer: Any, messages: list[ChatMessage], rendering: ChatRendering,
                         tools: Optional[list[dict]] = None) -> tuple[str, list[int]]:
     """The chat rendered by its template, and its token ids."""
-    text = await run_in_threadpool(render_chat, tokenizer, messages, add_generation_prompt, tools)
+    text = await run_in_threadpool(render_chat, tokenizer, messages, rendering, tools)
     return text, await tokenize_text(tokenizer, text, add_special_tokens=False)

@@ -39,6 +39,23 @@ class StreamOptions(StrictModel):
 
     include_usage: bool = False
     """Send a last chunk (with no choices) that carries the usage."""
+    continuous_usage_stats: bool = False
+    """vLLM's: every chunk carries the usage of its choice so far."""
+
+
+class StructuredOutputs(StrictModel):
+    """vLLM's structured_outputs extra body: exactly one constraint on the output."""
+
+    json_: Union[dict[str, Any], str, None] = Field(None, alias="json")
+    """The output follows this JSON schema."""
+    regex: Optional[str] = None
+    """The output matches this regular expression."""
+    choice: Optional[list[str]] = Field(None, min_length=1)
+    """The output is one of these strings."""
+    grammar: Optional[str] = None
+    """The output follows this Lark grammar (llguidance's dialect)."""
+    json_object: Optional[bool] = None
+    """The output is any JSON object."""
 
 
 class JsonSchemaFormat(StrictModel):
@@ -108,6 +125,8 @@ class SamplingRequest(StrictModel):
     """Lower runs first under the priority scheduling policy."""
     response_format: Optional[ResponseFormat] = None
     """Structured output, OpenAI's way ("json_object" or "json_schema")."""
+    structured_outputs: Optional[StructuredOutputs] = None
+    """vLLM's extra body (since v0.12; guided_* before): json, regex, choice, grammar or json_object."""
     guided_json: Union[dict[str, Any], str, None] = None
     """vLLM's extra body: the output follows this JSON schema."""
     guided_regex: Optional[str] = None
@@ -215,6 +234,10 @@ class ChatCompletionRequest(SamplingRequest):
     """Functions the model may call."""
     tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None
     """"none", "auto" (the default with tools), "required", or {"type": "function", "function": {"name": ...}}."""
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+    """vLLM's: extra variables for the chat template (enable_thinking: false, ...)."""
+    continue_final_message: bool = False
+    """vLLM's: the prompt ends inside the last (assistant) message, which the output continues."""
 
 
 class TokenizeRequest(StrictModel):
@@ -227,6 +250,8 @@ class TokenizeRequest(StrictModel):
     """For a text prompt: let the tokenizer add its BOS etc."""
     add_generation_prompt: bool = True
     """For messages: end with the assistant header."""
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+    """For messages: extra variables for the chat template."""
 
 
 class DetokenizeRequest(StrictModel):

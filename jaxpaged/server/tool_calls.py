@@ -16,11 +16,7 @@ from typing import Optional
 from jaxpaged.sampling.params import StructuredOutputsParams
 from jaxpaged.server.errors import APIError
 from jaxpaged.server.protocol import ChatCompletionRequest, NamedToolChoice
-from jaxpaged.server.tool_parsers import HermesToolParser
-
-
-def _call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:24]}"
+from jaxpaged.server.tool_parsers import TOOL_CALL_PARSERS, ToolParser
 
 
 @dataclasses.dataclass
@@ -31,7 +27,7 @@ class ToolCalling:
     """The request's tools as the chat template takes them ({"type": "function", "function": {...}})."""
     forced_name: Optional[str]
     """tool_choice named this function: the whole output is its arguments."""
-    parser: Optional[HermesToolParser] = None
+    parser: Optional[ToolParser] = None
     """tool_choice "auto": the parser of the model's own syntax (no grammar; the model may answer in text)."""
 
     def constraint(self) -> Optional[StructuredOutputsParams]:
@@ -66,12 +62,13 @@ class ToolCalling:
             return []
         return [self.call(item["name"], json.dumps(item["parameters"], ensure_ascii=False)) for item in items]
 
-    @staticmethod
-    def call(name: str, arguments: str) -> dict:
-        return {"id": _call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
+    def call(self, name: str, arguments: str) -> dict:
+        """One OpenAI tool call, with a new id (in the layout the parser's chat templates expect)."""
+        call_id = self.parser.call_id() if self.parser is not None else f"call_{uuid.uuid4().hex[:24]}"
+        return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
-def tool_calling(request: ChatCompletionRequest, parser: Optional[HermesToolParser] = None) -> Optional[ToolCalling]:
+def tool_calling(request: ChatCompletionRequest, parser: Optional[ToolParser] = None) -> Optional[ToolCalling]:
     """The request's tool calling, or None when its output is plain text (no tools, or tool_choice "none");
     400 for what cannot work. `parser`: the server's --tool-call-parser, which "auto" needs."""
     if not request.tools:
@@ -87,9 +84,9 @@ def tool_calling(request: ChatCompletionRequest, parser: Optional[HermesToolPars
         raise APIError(400, "tools: function names must be unique", param="tools", code="invalid_value")
     if choice == "auto":
         if parser is None:
-            raise APIError(400, 'tool_choice: "auto" needs the server started with --tool-call-parser (available: '
-                           'hermes); or use "required" or name the function', param="tool_choice",
-                           code="invalid_value")
+            raise APIError(400, f'tool_choice: "auto" needs the server started with --enable-auto-tool-choice '
+                           f'--tool-call-parser NAME ({", ".join(TOOL_CALL_PARSERS)}); or use "required" or name '
+                           f'the function', param="tool_choice", code="invalid_value")
         return ToolCalling(tools, None, parser)
     if request.response_format is not None and request.response_format.type != "text":
         raise APIError(400, "response_format: cannot be combined with a tool_choice that calls tools",

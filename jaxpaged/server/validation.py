@@ -55,9 +55,9 @@ def parse_model(model_cls: type[ModelT], payload: Any) -> ModelT:
         raise from_validation_errors(error.errors(include_input=False, include_url=False)) from None
 
 
-def check_model_name(requested: Optional[str], served: str) -> None:
-    """404 unless the request names the served model (or names none)."""
-    if requested is not None and requested != served:
+def check_model_name(requested: Optional[str], served: Sequence[str]) -> None:
+    """404 unless the request names one of the served model's names (or names none)."""
+    if requested is not None and requested not in served:
         raise APIError(404, "the model does not exist; GET /v1/models lists the served one", param="model",
                        code="model_not_found")
 
@@ -139,18 +139,27 @@ _GUIDED_FIELDS = {"guided_json": "json", "guided_regex": "regex", "guided_choice
 
 
 def structured_outputs_of(request: SamplingRequest) -> Optional[StructuredOutputsParams]:
-    """The request's one output constraint (response_format or a guided_* field); 400 if it sets several."""
-    given = [name for name in ("response_format", *_GUIDED_FIELDS) if getattr(request, name) is not None]
+    """The request's one output constraint (structured_outputs, response_format or a guided_* field); 400 if it
+    sets several."""
+    given = [name for name in ("structured_outputs", "response_format", *_GUIDED_FIELDS)
+             if getattr(request, name) is not None]
     fmt = request.response_format
     if fmt is not None and fmt.type == "text":
         given.remove("response_format")
     if len(given) > 1:
-        raise APIError(400, f"{given[1]}: only one of response_format, guided_json, guided_regex, guided_choice "
-                       f"and guided_grammar may be set (got {', '.join(given)})", param=given[1],
-                       code="invalid_value")
+        raise APIError(400, f"{given[1]}: only one of structured_outputs, response_format, guided_json, "
+                       f"guided_regex, guided_choice and guided_grammar may be set (got {', '.join(given)})",
+                       param=given[1], code="invalid_value")
     if not given:
         return None
     name = given[0]
+    if name == "structured_outputs":
+        assert request.structured_outputs is not None
+        fields = request.structured_outputs.model_dump(by_alias=True, exclude_none=True)
+        try:
+            return StructuredOutputsParams(**fields)
+        except ValueError as error:
+            raise from_value_error(error) from None
     if name == "response_format":
         assert fmt is not None
         if fmt.type == "json_object":

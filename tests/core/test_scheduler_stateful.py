@@ -85,9 +85,9 @@ class SchedulerMachine(RuleBasedStateMachine):
                           eos_token_id=eos, stop_token_ids=stop, ignore_eos=ignore_eos, priority=priority,
                           cache_salt=salt, arrival_time=float(self.next_id))
         # Independent prediction of the add-time checks.
-        max_kv_tokens = max(len(prompt), min(len(prompt) + max_tokens, self.config.max_model_len) - 1)
+        max_kv_tokens = max(len(prompt), min(len(prompt) + max_tokens, self.scheduler.max_model_len) - 1)
         usable_blocks = self.scheduler.kv_cache_manager.block_pool.num_usable_blocks
-        expect_error = (request_id in live_ids or len(prompt) > self.config.max_model_len
+        expect_error = (request_id in live_ids or len(prompt) > self.scheduler.max_model_len
                         or -(-max_kv_tokens // self.block_size) > usable_blocks)
         before = (self.scheduler.num_running, self.scheduler.num_waiting, self.scheduler.stats())
         if expect_error:
@@ -211,7 +211,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def requests_respect_their_limits(self):
         for request in self.all_requests.values():
             assert request.num_output_tokens <= request.max_tokens
-            assert request.num_tokens <= max(self.config.max_model_len, request.num_prompt_tokens + 1)
+            assert request.num_tokens <= max(self.scheduler.max_model_len, request.num_prompt_tokens + 1)
             assert request.num_computed_tokens <= request.num_tokens
         for request in self.scheduler.running:
             assert request.status is RequestStatus.RUNNING

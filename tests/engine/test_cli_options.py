@@ -81,7 +81,7 @@ def test_serve_help_is_generated_from_the_config(capsys, monkeypatch):
         main(["serve", "--help"])
     assert exit_info.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
-    assert "--max-model-len MAX_MODEL_LEN Longest prompt + output, in tokens. (default: 2048)" in text
+    assert "--max-model-len MAX_MODEL_LEN Longest prompt + output, in tokens. None: the model's context length" in text
     assert "(default: 16GiB)" in text and "--config FILE.yaml" in text and "JAXPAGED_MAX_MODEL_LEN" in text
 
 

@@ -1,0 +1,146 @@
+"""The flags of `jaxpaged serve` besides the engine options, with vLLM's names where vLLM has the flag, and the
+ServerSettings and uvicorn options they make."""
+
+import argparse
+import json
+import os
+from typing import Any
+
+from jaxpaged.logging_setup import LOG_LEVELS
+from jaxpaged.multihost.runtime import add_distributed_arguments
+from jaxpaged.server.chat_template import load_chat_template
+from jaxpaged.server.context import DEFAULT_MAX_REQUEST_BODY_BYTES, ServerSettings
+from jaxpaged.server.reasoning_parsers import REASONING_PARSERS
+from jaxpaged.server.tool_parsers import TOOL_CALL_PARSERS
+from jaxpaged.server.vllm_flags import add_vllm_flags
+
+API_KEY_ENV = "JAXPAGED_API_KEY"
+"""Environment variable read when --api-key is not given."""
+
+
+def _add_if_absent(parser: argparse.ArgumentParser, *flags: str, **kwargs: Any) -> None:
+    # The CLI may already have added a shared flag (say --model) to this subparser.
+    if not any(flag in parser._option_string_actions for flag in flags):
+        parser.add_argument(*flags, **kwargs)
+
+
+def _json_list(text: str) -> list[str]:
+    """A CORS flag's value as vLLM takes it: a JSON list of strings ('["*"]')."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a JSON list of strings such as '[\"*\"]', got {text!r}") from None
+    if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
+        raise argparse.ArgumentTypeError(f"must be a JSON list of non-empty strings, got {text!r}")
+    return value
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """Adds the serve flags, and --model plus the engine flags unless the caller added them already."""
+    from jaxpaged.cli_options import add_engine_arguments
+
+    if "--max-model-len" not in parser._option_string_actions:
+        add_engine_arguments(parser)
+    _add_if_absent(parser, "--model", default=None,
+                   help="HF checkpoint dir or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
+    _add_if_absent(parser, "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    _add_if_absent(parser, "--port", type=int, default=8000, help="port to listen on (default 8000)")
+    _add_if_absent(parser, "--api-key", default=None,
+                   help=f"require `Authorization: Bearer KEY` on /v1/*, /tokenize, /detokenize "
+                        f"(default: ${API_KEY_ENV} if set)")
+    _add_if_absent(parser, "--max-queued-requests", type=int, default=ServerSettings.max_queued_requests,
+                   help="answer 429 when more sequences than this would wait for an engine slot")
+    _add_if_absent(parser, "--max-n", type=int, default=ServerSettings.max_n,
+                   help="largest n (choices per prompt) a request may ask for")
+    _add_if_absent(parser, "--max-request-body-bytes", type=int, default=DEFAULT_MAX_REQUEST_BODY_BYTES,
+                   help="answer 413 to larger request bodies (default 2 MiB)")
+    _add_if_absent(parser, "--log-level", default="info", choices=list(LOG_LEVELS),
+                   help="log level of jaxpaged (start-up plan, dtype choice) and uvicorn, on stderr")
+    parser.add_argument("model_path", nargs="?", default=None, metavar="MODEL",
+                        help="the model, as vLLM's `serve MODEL` takes it (the same as --model)")
+    _add_model_flags(parser.add_argument_group("model and chat (vLLM's flags)"))
+    _add_http_flags(parser.add_argument_group("HTTP: CORS, TLS, logging (vLLM's flags)"))
+    add_vllm_flags(parser)
+    if "--coordinator-address" not in parser._option_string_actions:
+        add_distributed_arguments(parser)
+
+
+def _add_model_flags(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                       help="the names requests may give as `model` (/v1/models lists them; responses and /metrics "
+                            "carry the first) (default: the model's name)")
+    group.add_argument("--chat-template", default=None, metavar="FILE_OR_TEMPLATE",
+                       help="a Jinja chat template, as a file or inline, used instead of the model's own")
+    group.add_argument("--tool-call-parser", default=None, metavar="NAME",
+                       help=f"parse the model's own tool-call syntax, so tool_choice \"auto\" works: "
+                            f"{', '.join(TOOL_CALL_PARSERS)}")
+    group.add_argument("--enable-auto-tool-choice", action="store_true",
+                       help="let the model choose to call tools (tool_choice \"auto\"); needs --tool-call-parser")
+    group.add_argument("--reasoning-parser", default=None, metavar="NAME",
+                       help=f"put a thinking model's <think> text in reasoning_content: {', '.join(REASONING_PARSERS)}")
+
+
+def _add_http_flags(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--allowed-origins", type=_json_list, default=None, metavar="JSON",
+                       help="CORS: origins allowed to call from a browser, a JSON list ('[\"*\"]' for any) "
+                            "(default: no CORS headers)")
+    group.add_argument("--allowed-methods", type=_json_list, default=None, metavar="JSON",
+                       help="CORS: allowed methods, a JSON list (default '[\"*\"]')")
+    group.add_argument("--allowed-headers", type=_json_list, default=None, metavar="JSON",
+                       help="CORS: allowed request headers, a JSON list (default '[\"*\"]')")
+    group.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials")
+    group.add_argument("--ssl-keyfile", default=None, help="TLS: the private key file (with --ssl-certfile)")
+    group.add_argument("--ssl-certfile", default=None, help="TLS: the certificate file; serves https")
+    group.add_argument("--ssl-ca-certs", default=None, help="TLS: CA certificates to verify clients with")
+    group.add_argument("--ssl-cert-reqs", type=int, default=0,
+                       help="TLS: whether clients need a certificate (Python's ssl.CERT_*: 0 none, 2 required)")
+    group.add_argument("--root-path", default=None, help="the path prefix a proxy serves the app under")
+    group.add_argument("--uvicorn-log-level", default=None, choices=[*LOG_LEVELS, "trace"],
+                       help="uvicorn's log level (default: --log-level)")
+    group.add_argument("--disable-uvicorn-access-log", action="store_true", help="no access log line per request")
+
+
+def settings_from_args(args: argparse.Namespace) -> ServerSettings:
+    """ServerSettings from parsed flags (the API key from the environment when the flag is absent); ValueError
+    naming the flag for a bad combination or a chat template file that does not exist."""
+    api_key = args.api_key if args.api_key else os.environ.get(API_KEY_ENV) or None
+    cors: dict[str, Any] = {}
+    if getattr(args, "allowed_origins", None):
+        cors = {"allowed_origins": tuple(args.allowed_origins), "allow_credentials": args.allow_credentials,
+                **{name: tuple(getattr(args, name)) for name in ("allowed_methods", "allowed_headers")
+                   if getattr(args, name, None) is not None}}
+    elif getattr(args, "allowed_methods", None) or getattr(args, "allowed_headers", None) \
+            or getattr(args, "allow_credentials", False):
+        raise ValueError("allowed_origins: --allowed-methods, --allowed-headers and --allow-credentials take effect "
+                         "with --allowed-origins; give it too")
+    return ServerSettings(api_key=api_key, max_queued_requests=args.max_queued_requests, max_n=args.max_n,
+                          max_request_body_bytes=args.max_request_body_bytes,
+                          tool_call_parser=getattr(args, "tool_call_parser", None),
+                          enable_auto_tool_choice=getattr(args, "enable_auto_tool_choice", False),
+                          reasoning_parser=getattr(args, "reasoning_parser", None),
+                          served_model_names=tuple(getattr(args, "served_model_name", None) or ()),
+                          chat_template=load_chat_template(getattr(args, "chat_template", None)), **cors)
+
+
+def uvicorn_options(args: argparse.Namespace) -> dict[str, Any]:
+    """uvicorn.Config's keyword options from the flags (address, TLS, logging, root path); ValueError naming the
+    flag for TLS files that are missing or given alone."""
+    options: dict[str, Any] = dict(host=args.host, port=args.port,
+                                   log_level=getattr(args, "uvicorn_log_level", None) or args.log_level,
+                                   timeout_graceful_shutdown=None)
+    if getattr(args, "disable_uvicorn_access_log", False):
+        options["access_log"] = False
+    if getattr(args, "root_path", None):
+        options["root_path"] = args.root_path
+    keyfile, certfile = getattr(args, "ssl_keyfile", None), getattr(args, "ssl_certfile", None)
+    if keyfile is not None and certfile is None:
+        raise ValueError("ssl_certfile: --ssl-keyfile needs --ssl-certfile")
+    for name, path in (("ssl_keyfile", keyfile), ("ssl_certfile", certfile),
+                       ("ssl_ca_certs", getattr(args, "ssl_ca_certs", None))):
+        if path is not None:
+            if not os.path.isfile(path):
+                raise ValueError(f"{name}: --{name.replace('_', '-')} {path!r} is not a file")
+            options[name] = path
+    if certfile is not None:
+        options["ssl_cert_reqs"] = getattr(args, "ssl_cert_reqs", 0)
+    return options

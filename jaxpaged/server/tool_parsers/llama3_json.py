@@ -1,0 +1,32 @@
+"""llama3_json: Llama 3.1 / 3.2 JSON tool calls: `{"name": ..., "parameters": {...}}` as the whole answer, several
+separated by `;`, optionally after the `<|python_tag|>` token."""
+
+from typing import Optional
+
+from jaxpaged.server.tool_parsers.base import Call, ToolParser, decode_json_objects, named_call
+
+
+class Llama3JsonToolParser(ToolParser):
+    """An answer that starts with `{` (or holds `<|python_tag|>`) is calls; anything else is content."""
+
+    name = "llama3_json"
+    PYTHON_TAG = "<|python_tag|>"
+    markers = (PYTHON_TAG,)
+
+    def section_start(self, text: str) -> int:
+        tag = text.find(self.PYTHON_TAG)
+        if tag >= 0:
+            return tag
+        stripped = text.lstrip()
+        return len(text) - len(stripped) if stripped.startswith("{") else -1
+
+    def parse_section(self, section: str) -> Optional[list[Call]]:
+        body = section[len(self.PYTHON_TAG):] if section.startswith(self.PYTHON_TAG) else section
+        items = decode_json_objects(body, separators=";")
+        calls = [named_call(item, "parameters", "arguments") for item in items or []]
+        return [call for call in calls if call is not None] if items and all(calls) else None
+
+    def stream_content(self, text: str) -> int:
+        if not text.strip():
+            return 0  # nothing but whitespace yet: a `{` may still come
+        return super().stream_content(text)

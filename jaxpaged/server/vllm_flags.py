@@ -1,0 +1,87 @@
+"""vLLM `serve` flags that jaxpaged has no use for, so that a vLLM launch line runs unedited where that is honest.
+
+  - IGNORED: flags about vLLM's own machinery (logging of requests, eager mode, CPU swap, remote code): accepted,
+    each with one warning at start-up saying why it changes nothing here;
+  - UNSUPPORTED: flags that would change the served model or its outputs (LoRA, quantization, speculative
+    decoding, pipeline parallelism): refused at parse time, naming the flag, since serving without them would
+    quietly answer differently.
+
+vLLM flags with a jaxpaged counterpart are real flags elsewhere: the engine options share vLLM's names
+(--max-model-len, -tp, --dtype, --seed, --gpu-memory-utilization ...) and serve_flags.py has the server's
+(--served-model-name, CORS, TLS ...).
+Any other unknown flag stays argparse's "unrecognized arguments" error, which names it too.
+"""
+
+import argparse
+from collections.abc import Sequence
+from typing import Any, Optional
+
+IGNORED_SWITCHES = {
+    "--trust-remote-code": "jaxpaged runs no Python code from a checkpoint; its own model code reads the weights",
+    "--disable-log-requests": "jaxpaged does not log requests",
+    "--enable-log-requests": "jaxpaged does not log requests",
+    "--disable-log-stats": "jaxpaged logs no periodic stats; /metrics has them",
+    "--enforce-eager": "jaxpaged compiles every bucket at start-up and never compiles while serving",
+    "--disable-frontend-multiprocessing": "jaxpaged's server and engine loop share one process",
+    "--disable-custom-all-reduce": "jaxpaged's collectives are XLA's",
+}
+"""vLLM switches accepted with a warning, and why they change nothing here."""
+
+IGNORED_WITH_VALUE = {
+    "--swap-space": "jaxpaged preempts by recomputing; host memory holds KV blocks only with --kv-offload-memory",
+    "--max-log-len": "jaxpaged does not log prompts",
+    "--load-format": "jaxpaged reads safetensors, GGUF and its own checkpoints by their files",
+    "--distributed-executor-backend": "jaxpaged runs one process per host through jax.distributed",
+}
+"""vLLM flags that take a value, accepted with a warning."""
+
+UNSUPPORTED = {
+    "--enable-lora": "LoRA adapters",
+    "--lora-modules": "LoRA adapters",
+    "--quantization": "quantized weights",
+    "--speculative-config": "speculative decoding",
+    "--pipeline-parallel-size": "pipeline parallelism (use -tp / -dp)",
+    "--kv-transfer-config": "disaggregated prefill",
+    "--cpu-offload-gb": "offloading weights to the host",
+    "--enable-expert-parallel": "mixture-of-experts models",
+    "--limit-mm-per-prompt": "multimodal inputs",
+}
+"""vLLM flags refused by name, and the feature jaxpaged lacks."""
+
+_SHORT_FORMS = {"--quantization": ("-q",), "--pipeline-parallel-size": ("-pp",)}
+IGNORED_DEST = "vllm_ignored_flags"
+"""The namespace attribute listing the ignored flags given (warned about once logging is set up)."""
+
+
+class _Ignored(argparse.Action):
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: Optional[str] = None) -> None:
+        given = list(getattr(namespace, IGNORED_DEST, None) or [])
+        given.append(self.option_strings[0])
+        setattr(namespace, IGNORED_DEST, given)
+
+
+class _Unsupported(argparse.Action):
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: Optional[str] = None) -> None:
+        flag = self.option_strings[0]
+        parser.error(f"{flag}: vLLM's flag for {UNSUPPORTED[flag]}, which jaxpaged does not support")
+
+
+def add_vllm_flags(parser: argparse.ArgumentParser) -> None:
+    """Adds the ignored and the refused vLLM flags to `parser` (hidden from --help; docs/vllm-compatibility.md
+    lists them)."""
+    parser.set_defaults(**{IGNORED_DEST: []})
+    for flag in IGNORED_SWITCHES:
+        parser.add_argument(flag, nargs=0, action=_Ignored, help=argparse.SUPPRESS)
+    for flag in IGNORED_WITH_VALUE:
+        parser.add_argument(flag, nargs=1, action=_Ignored, help=argparse.SUPPRESS)
+    for flag in UNSUPPORTED:
+        # nargs="?": refused the same way as a switch or with a value.
+        parser.add_argument(flag, *_SHORT_FORMS.get(flag, ()), nargs="?", action=_Unsupported, help=argparse.SUPPRESS)
+
+
+def ignored_flag_warnings(flags: Sequence[str]) -> list[str]:
+    """One warning line per ignored vLLM flag given, in the order given (each flag once)."""
+    reasons = {**IGNORED_SWITCHES, **IGNORED_WITH_VALUE}
+    return [f"{flag}: vLLM's flag is accepted and ignored: {reasons[flag]}" for flag in dict.fromkeys(flags)]

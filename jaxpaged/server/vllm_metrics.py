@@ -1,0 +1,75 @@
+"""vLLM's metric names (`vllm:*`, with a `model_name` label) beside jaxpaged's own, so vLLM's Grafana dashboards and
+the Kubernetes Gateway API inference extension (which reads vllm:num_requests_waiting, vllm:kv_cache_usage_perc and
+vllm:num_requests_running) work unchanged. Each one carries the same number as its jaxpaged_* counterpart."""
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from jaxpaged.async_engine import AsyncLLMEngine
+
+PREFIX = "vllm:"
+MODEL_LABEL = "model_name"
+
+# (engine stats field, vLLM's name without the prefix, help text).
+_GAUGES = (
+    ("num_running", "num_requests_running", "Number of requests in model execution batches."),
+    ("num_waiting", "num_requests_waiting", "Number of requests waiting to be processed."),
+    ("kv_cache_usage", "kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."),
+)
+_COUNTERS = (
+    ("prompt_tokens_total", "prompt_tokens", "Number of prefill tokens processed."),
+    ("generation_tokens_total", "generation_tokens", "Number of generation tokens processed."),
+    ("num_preemptions", "num_preemptions", "Cumulative number of preemptions from the engine."),
+    ("prefix_cache_queries", "prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens."),
+    ("prefix_cache_hits", "prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."),
+)
+TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
+
+
+class VllmStatsCollector(Collector):
+    """The engine's latest stats snapshot under vLLM's gauge and counter names, at each scrape."""
+
+    def __init__(self, engine: AsyncLLMEngine, model_name: str) -> None:
+        self._engine, self._model_name = engine, model_name
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._engine.get_stats()
+        if stats is None:
+            return
+        for fields, family in ((_GAUGES, GaugeMetricFamily), (_COUNTERS, CounterMetricFamily)):
+            for field, name, documentation in fields:
+                metric = family(PREFIX + name, documentation, labels=[MODEL_LABEL])
+                metric.add_metric([self._model_name], float(getattr(stats, field)))
+                yield metric
+
+
+class VllmRequestMetrics:
+    """vLLM's per-request histograms and its request_success counter, bound to one model name."""
+
+    def __init__(self, registry: CollectorRegistry, model_name: str, buckets: dict[str, tuple]) -> None:
+        def histogram(name: str, documentation: str, bucket_key: str) -> Any:
+            return Histogram(PREFIX + name, documentation, [MODEL_LABEL], buckets=buckets[bucket_key],
+                             registry=registry).labels(model_name)
+
+        self.time_to_first_token = histogram("time_to_first_token_seconds",
+                                             "Histogram of time to first token in seconds.", "ttft")
+        self.inter_token_latency = histogram("inter_token_latency_seconds",
+                                             "Histogram of inter-token latency in seconds.", "itl")
+        self.e2e_request_latency = histogram("e2e_request_latency_seconds",
+                                             "Histogram of e2e request latency in seconds.", "e2e")
+        self.request_prompt_tokens = histogram("request_prompt_tokens",
+                                               "Number of prefill tokens processed.", "tokens")
+        self.request_generation_tokens = histogram("request_generation_tokens",
+                                                   "Number of generation tokens processed.", "tokens")
+        self._success = Counter(PREFIX + "request_success", "Count of successfully processed requests.",
+                                [MODEL_LABEL, "finished_reason"], registry=registry)
+        self._model_name = model_name
+
+    def request_success(self, finished_reason: str) -> Any:
+        """The counter child of one finish reason (stop, length, abort)."""
+        return self._success.labels(self._model_name, finished_reason)
+

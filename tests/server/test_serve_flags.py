@@ -1,0 +1,114 @@
+"""`jaxpaged serve`'s vLLM flags, parsed without starting anything: names, chat template sources, CORS, TLS options
+reaching uvicorn, vLLM flags ignored with a warning or refused by name, and --tokenizer."""
+
+import argparse
+
+import pytest
+import uvicorn
+
+from jaxpaged.cli import build_parser
+from jaxpaged.cli_options import engine_options_from_args
+from jaxpaged.server.context import ServerSettings
+from jaxpaged.server.serve_flags import settings_from_args, uvicorn_options
+from jaxpaged.server.vllm_flags import IGNORED_DEST, ignored_flag_warnings
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    return build_parser().parse_args(["serve", *argv])
+
+
+def test_a_vllm_launch_line_parses_into_settings_and_engine_options(tmp_path):
+    config = tmp_path / "engine.yaml"
+    config.write_text("max-num-seqs: 8\n")
+    args = _args("org/model", "--served-model-name", "x", "y", "--enable-auto-tool-choice", "--tool-call-parser",
+                 "llama3_json", "--reasoning-parser", "qwen3", "--config", str(config), "--max-model-len", "4096",
+                 "--tokenizer", "org/other-tokenizer", "-tp", "1", "--trust-remote-code", "--disable-log-requests",
+                 "--gpu-memory-utilization", "0.9", "--swap-space", "4")
+    settings = settings_from_args(args)
+    assert settings.served_model_names == ("x", "y") and settings.tool_call_parser == "llama3_json"
+    assert settings.enable_auto_tool_choice and settings.reasoning_parser == "qwen3"
+    assert engine_options_from_args(args, environ={}) == {"max_num_seqs": 8, "max_model_len": 4096,
+                                                          "tokenizer": "org/other-tokenizer",
+                                                          "gpu_memory_utilization": 0.9, "tensor_parallel_size": 1}
+    warnings = ignored_flag_warnings(getattr(args, IGNORED_DEST))
+    assert [line.split(":")[0] for line in warnings] == ["--trust-remote-code", "--disable-log-requests",
+                                                         "--swap-space"]
+
+
+def test_gpu_memory_utilization_sizes_the_pool_up_to_that_share_of_the_device():
+    from jaxpaged.config import EngineConfig
+    from jaxpaged.runner.kv_cache import utilization_budget_bytes
+
+    gib = 2**30
+    assert utilization_budget_bytes(100 * gib, 2 * gib, 16 * gib, 0.9) == 72 * gib
+    with pytest.raises(ValueError, match="^gpu_memory_utilization: 0.1 of"):
+        utilization_budget_bytes(100 * gib, 2 * gib, 16 * gib, 0.1)
+    with pytest.raises(ValueError, match="^gpu_memory_utilization: must be a number in"):
+        EngineConfig.from_options(gpu_memory_utilization=1.5)
+
+
+@pytest.mark.parametrize("argv", [["--enable-lora"], ["--quantization", "awq"], ["-q", "awq"], ["-pp", "2"],
+                                  ["--speculative-config", "{}"]])
+def test_vllm_flags_for_missing_features_are_refused_by_name(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        _args("org/model", *argv)
+    assert exit_info.value.code == 2
+    flag = {"-q": "--quantization", "-pp": "--pipeline-parallel-size"}.get(argv[0], argv[0])
+    assert f"{flag}: vLLM's flag for " in capsys.readouterr().err
+
+
+def test_an_unknown_flag_is_named():
+    with pytest.raises(SystemExit):
+        _args("--no-such-vllm-flag")
+
+
+def test_chat_template_from_a_file_or_inline(tmp_path):
+    template = tmp_path / "template.jinja"
+    template.write_text("{{ messages[0].content }}")
+    assert settings_from_args(_args("--chat-template", str(template))).chat_template == "{{ messages[0].content }}"
+    assert settings_from_args(_args("--chat-template", "{{ 1 }}")).chat_template == "{{ 1 }}"
+    with pytest.raises(ValueError, match="^chat_template: --chat-template 'missing.jinja' is neither a file"):
+        settings_from_args(_args("--chat-template", "missing.jinja"))
+
+
+def test_cors_flags_take_vllm_json_lists():
+    settings = settings_from_args(_args("--allowed-origins", '["https://a.example"]', "--allowed-methods",
+                                        '["GET", "POST"]', "--allow-credentials"))
+    assert settings.allowed_origins == ("https://a.example",) and settings.allowed_methods == ("GET", "POST")
+    assert settings.allowed_headers == ("*",) and settings.allow_credentials
+    assert settings_from_args(_args()).allowed_origins == ()
+    with pytest.raises(ValueError, match="^allowed_origins: "):
+        settings_from_args(_args("--allow-credentials"))
+    with pytest.raises(SystemExit):
+        _args("--allowed-origins", "*")  # not JSON
+
+
+def test_tls_and_logging_flags_reach_uvicorn(tmp_path):
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    key.write_text("key")
+    cert.write_text("cert")
+    options = uvicorn_options(_args("--ssl-keyfile", str(key), "--ssl-certfile", str(cert), "--ssl-cert-reqs", "2",
+                                    "--root-path", "/llm", "--uvicorn-log-level", "warning",
+                                    "--disable-uvicorn-access-log", "--port", "9000"))
+    config = uvicorn.Config(lambda scope, receive, send: None, **options)
+    assert (config.ssl_keyfile, config.ssl_certfile, config.ssl_cert_reqs) == (str(key), str(cert), 2)
+    assert (config.root_path, config.log_level, config.access_log, config.port) == ("/llm", "warning", False, 9000)
+    with pytest.raises(ValueError, match="^ssl_certfile: --ssl-keyfile needs --ssl-certfile"):
+        uvicorn_options(_args("--ssl-keyfile", str(key)))
+    with pytest.raises(ValueError, match="^ssl_certfile: --ssl-certfile 'nope.pem' is not a file"):
+        uvicorn_options(_args("--ssl-certfile", "nope.pem"))
+
+
+def test_auto_tool_choice_needs_a_parser():
+    with pytest.raises(ValueError, match="^enable_auto_tool_choice: --enable-auto-tool-choice needs "
+                                         "--tool-call-parser"):
+        ServerSettings(enable_auto_tool_choice=True)
+
+
+def test_tokenizer_option_loads_another_tokenizer_offline(smollm2_tokenizer_dir):
+    from jaxpaged.weights.tokenizer_source import load_tokenizer
+
+    tokenizer = load_tokenizer("unused-model-dir", str(smollm2_tokenizer_dir))
+    assert tokenizer.encode("Hello") and tokenizer.eos_token is not None
+    with pytest.raises(ValueError, match="^tokenizer: cannot load 'no-org/no-such-tokenizer'"):
+        load_tokenizer("unused-model-dir", "no-org/no-such-tokenizer")
