@@ -12,7 +12,6 @@ import dataclasses
 import logging
 import queue
 import threading
-import time
 from typing import Optional, Union
 
 from jaxpaged.engine import LLMEngine
@@ -155,9 +154,6 @@ class AsyncLLMEngine:
         self._error: Optional[BaseException] = None
         self._stopping = threading.Event()
         self._thread: Optional[threading.Thread] = None
-        self._step_started_at: Optional[float] = None
-        """time.monotonic() when the running engine step began; None between steps (a fail-stop watchdog reads
-        it from another thread)."""
 
     # ----------------------------------------------------------------------------------------------- lifecycle
 
@@ -216,11 +212,6 @@ class AsyncLLMEngine:
         """Asks the loop to abort a request (a no-op for unknown or finished ids); its KV blocks are freed."""
         self._commands.put(_AbortCommand(request_id))
 
-    def step_running_s(self) -> float:
-        """Seconds the engine step now running has taken so far; 0 between steps."""
-        started = self._step_started_at
-        return 0.0 if started is None else time.monotonic() - started
-
     @property
     def num_unfinished_seqs(self) -> int:
         """Sequences (n per request) added and not yet finished or aborted: exact, updated at once."""
@@ -247,9 +238,7 @@ class AsyncLLMEngine:
                 if self._stopping.is_set():
                     break
                 if self.engine.has_unfinished_requests():
-                    self._step_started_at = time.monotonic()
                     outputs = self.engine.step()
-                    self._step_started_at = None
                     self._stats = self.engine.get_stats()
                     self._num_left_waiting = self._stats.num_waiting
                     self._dispatch(outputs)
