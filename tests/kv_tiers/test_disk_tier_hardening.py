@@ -85,7 +85,8 @@ def test_with_a_key_only_files_signed_with_it_are_read(tmp_path):
     signed = DiskTier(tmp_path, FINGERPRINT, 10 * 2**20, block_spec=SPEC, mac_key=b"s3cret")
     signed.write(key(1), block(1))
     again = DiskTier(tmp_path, FINGERPRINT, 10 * 2**20, block_spec=SPEC, mac_key=b"s3cret")  # a restart
-    assert again.read(key(1)).tobytes() == block(1).tobytes()
+    restored = again.read(key(1))
+    assert restored is not None and restored.tobytes() == block(1).tobytes()
     # A planter who can write the directory: a well-formed file with a valid CRC but no MAC, or a forged one.
     planter = DiskTier(tmp_path / "elsewhere", FINGERPRINT, 10 * 2**20)
     planter.write(key(2), block(7))
