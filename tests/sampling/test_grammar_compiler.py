@@ -38,7 +38,8 @@ def test_a_schema_nested_too_deep_is_bad_input_naming_the_field(compiler):
 def test_the_same_constraint_compiles_once(compiler, monkeypatch):
     compiled = []
     grammar_of = grammar_compiler._grammar_of
-    monkeypatch.setattr(grammar_compiler, "_grammar_of", lambda params: compiled.append(params) or grammar_of(params))
+    monkeypatch.setattr(grammar_compiler, "_grammar_of",
+                        lambda params, schema: compiled.append(params) or grammar_of(params, schema))
     schema = {"type": "object", "properties": {"name": {"type": "string"}, "n": {"type": "integer"}}}
     first = compiler.compile(StructuredOutputsParams(json=schema))
     # The same schema, as text with its keys in another order: one compile for both.

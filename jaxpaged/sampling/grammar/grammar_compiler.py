@@ -53,12 +53,13 @@ class GrammarCompiler:
         with every request (tools, response_format) pays llguidance's compile once, not on every add."""
         field = params.field
         try:
-            key = _cache_key(params)
+            schema = _schema_of(params) if params.json is not None else None  # parsed and checked once
+            key = _cache_key(params, schema)
             grammar = self._cache.get(key)
             if grammar is not None:
                 self._cache.move_to_end(key)
                 return grammar
-            grammar = _grammar_of(params)
+            grammar = _grammar_of(params, schema)
         except (TypeError, ValueError) as error:  # e.g. a schema that is no JSON
             raise ValueError(f"{field}: {error}") from None
         problem = llguidance.LLMatcher.validate_grammar(grammar, self.tokenizer)
@@ -101,20 +102,20 @@ def _schema_of(params: StructuredOutputsParams) -> Any:
     return schema
 
 
-def _cache_key(params: StructuredOutputsParams) -> tuple:
-    """What a grammar is made from, hashable: the same constraint sent twice has the same key."""
+def _cache_key(params: StructuredOutputsParams, schema: Any) -> tuple:
+    """What a grammar is made from, hashable: the same constraint sent twice has the same key (`schema`: the
+    parsed JSON schema, when params has one)."""
     if params.json is not None:
-        return ("json", json.dumps(_schema_of(params), sort_keys=True))
+        return ("json", json.dumps(schema, sort_keys=True))
     if params.choice is not None:
         return ("choice", tuple(params.choice))
     return ("json_object",) if params.json_object else ("regex", params.regex) if params.regex is not None \
         else ("grammar", params.grammar)
 
 
-def _grammar_of(params: StructuredOutputsParams) -> str:
+def _grammar_of(params: StructuredOutputsParams, schema: Any) -> str:
     matcher = llguidance.LLMatcher
     if params.json is not None:
-        schema = _schema_of(params)
         if not isinstance(schema, (dict, bool)):
             raise ValueError(f"a JSON schema must be an object or a boolean, got {type(schema).__name__}")
         return matcher.grammar_from_json_schema(schema if isinstance(schema, dict) else json.dumps(schema),

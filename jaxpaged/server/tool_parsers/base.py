@@ -98,3 +98,13 @@ def named_call(item: Any, *argument_keys: str) -> Optional[Call]:
         return None
     arguments = next((item[key] for key in argument_keys if key in item), {})
     return item["name"], arguments_text(arguments)
+
+
+def tag_or_leading(text: str, tag: str, opener: str) -> int:
+    """Where a call section starts: at `tag`, or where an answer whose first non-space character is `opener`
+    begins; -1 when neither."""
+    position = text.find(tag)
+    if position >= 0:
+        return position
+    stripped = text.lstrip()
+    return len(text) - len(stripped) if stripped.startswith(opener) else -1

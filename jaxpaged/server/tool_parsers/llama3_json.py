@@ -3,7 +3,7 @@ separated by `;`, optionally after the `<|python_tag|>` token."""
 
 from typing import Optional
 
-from jaxpaged.server.tool_parsers.base import Call, ToolParser, decode_json_objects, named_call
+from jaxpaged.server.tool_parsers.base import Call, ToolParser, decode_json_objects, named_call, tag_or_leading
 
 
 class Llama3JsonToolParser(ToolParser):
@@ -14,11 +14,7 @@ class Llama3JsonToolParser(ToolParser):
     markers = (PYTHON_TAG,)
 
     def section_start(self, text: str) -> int:
-        tag = text.find(self.PYTHON_TAG)
-        if tag >= 0:
-            return tag
-        stripped = text.lstrip()
-        return len(text) - len(stripped) if stripped.startswith("{") else -1
+        return tag_or_leading(text, self.PYTHON_TAG, "{")
 
     def parse_section(self, section: str) -> Optional[list[Call]]:
         body = section[len(self.PYTHON_TAG):] if section.startswith(self.PYTHON_TAG) else section

@@ -4,7 +4,7 @@ and Llama 4 write them (Llama 4 inside `<|python_start|>` ... `<|python_end|>`).
 import ast
 from typing import Optional
 
-from jaxpaged.server.tool_parsers.base import Call, ToolParser, arguments_text
+from jaxpaged.server.tool_parsers.base import Call, ToolParser, arguments_text, tag_or_leading
 
 
 class PythonicToolParser(ToolParser):
@@ -16,11 +16,7 @@ class PythonicToolParser(ToolParser):
     markers = (START,)
 
     def section_start(self, text: str) -> int:
-        tag = text.find(self.START)
-        if tag >= 0:
-            return tag
-        stripped = text.lstrip()
-        return len(text) - len(stripped) if stripped.startswith("[") else -1
+        return tag_or_leading(text, self.START, "[")
 
     def parse_section(self, section: str) -> Optional[list[Call]]:
         body = section.replace(self.START, "").replace(self.END, "").strip()
