@@ -16,6 +16,7 @@ PrefixCachingGranularity = Literal["token", "block"]
 DTypeName = Literal["auto", "float32", "bfloat16", "float16"]
 CpuMatmulKernel = Literal["native", "xla"]
 CpuAttentionKernel = Literal["native", "jnp"]
+SpeculativeMethod = Literal["ngram"]
 # The annotations are the one list of choices: the checks below and the CLI's --flag choices both read them.
 _POLICIES = get_args(SchedulingPolicy)
 _GRANULARITIES = get_args(PrefixCachingGranularity)
@@ -23,6 +24,7 @@ _BACKENDS = get_args(AttentionBackendName)
 _DTYPES = get_args(DTypeName)
 _CPU_MATMULS = get_args(CpuMatmulKernel)
 _CPU_ATTENTIONS = get_args(CpuAttentionKernel)
+_SPECULATIVE_METHODS = get_args(SpeculativeMethod)
 
 
 def _require(ok: bool, field: str, message: str) -> None:
@@ -137,11 +139,46 @@ class SchedulerConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding (docs/speculative-decoding.md): decode rows carry proposed tokens that the step verifies.
+    Field names are vLLM's speculative_config keys (prompt_lookup_*, num_speculative_tokens, disable_by_batch_size
+    with a speculative_ prefix)."""
+
+    speculative_method: Optional[SpeculativeMethod] = None
+    """None: off. "ngram": prompt lookup, proposals copied from where the request's latest tokens occurred before."""
+    num_speculative_tokens: int = 4
+    """Most tokens proposed per request per step (each verification row is one token of the step's budget)."""
+    prompt_lookup_min: int = 2
+    """Shortest suffix n-gram the n-gram proposer matches."""
+    prompt_lookup_max: int = 4
+    """Longest suffix n-gram it tries first."""
+    speculative_disable_by_batch_size: int = 16
+    """No proposals while this many requests or more run: a large batch keeps the device busy, and verifying
+    rejected tokens then costs more than it saves (measured in docs/speculative-decoding.md)."""
+
+    def __post_init__(self) -> None:
+        _require(self.speculative_method is None or self.speculative_method in _SPECULATIVE_METHODS,
+                 "speculative_method", f"must be one of {_SPECULATIVE_METHODS} or None, got "
+                 f"{self.speculative_method!r}")
+        for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max",
+                     "speculative_disable_by_batch_size"):
+            value = getattr(self, name)
+            _require(is_int(value) and value >= 1, name, f"must be a positive int, got {value!r}")
+        _require(self.prompt_lookup_min <= self.prompt_lookup_max, "prompt_lookup_min",
+                 f"must be <= prompt_lookup_max ({self.prompt_lookup_max}), got {self.prompt_lookup_min}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.speculative_method is not None
+
+
+@dataclasses.dataclass(frozen=True)
 class EngineConfig:
     """Everything the engine needs besides the model: cache, scheduler and device choices."""
 
     cache: CacheConfig = dataclasses.field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = dataclasses.field(default_factory=SchedulerConfig)
+    speculative: SpeculativeConfig = dataclasses.field(default_factory=SpeculativeConfig)
     dtype: DTypeName = "auto"
     """Parameter, activation and KV dtype (matmuls sum in float32; norms, softmax and sampling run in float32):
     "auto" is bfloat16 on TPU/GPU and, on a CPU, the faster of float32 and bfloat16 by a start-up probe
@@ -197,16 +234,35 @@ class EngineConfig:
     @classmethod
     def from_options(cls, **options) -> "EngineConfig":
         """Build from flat keyword options (block_size=..., max_num_seqs=..., dtype=...)."""
-        groups = {CacheConfig: {}, SchedulerConfig: {}, cls: {}}
+        groups = {CacheConfig: {}, SchedulerConfig: {}, SpeculativeConfig: {}, cls: {}}
+        speculative_config = options.pop("speculative_config", None)
+        options = {**options, **_flat_speculative_config(speculative_config)}
         for key, value in options.items():
             for group_cls, group in groups.items():
-                if key in {f.name for f in dataclasses.fields(group_cls)} and key not in ("cache", "scheduler"):
+                if key in {f.name for f in dataclasses.fields(group_cls)} and key not in _GROUP_FIELDS:
                     group[key] = value
                     break
             else:
                 raise ValueError(f"{key}: unknown engine option")
-        return cls(cache=CacheConfig(**groups[CacheConfig]),
-                   scheduler=SchedulerConfig(**groups[SchedulerConfig]), **groups[cls])
+        return cls(cache=CacheConfig(**groups[CacheConfig]), scheduler=SchedulerConfig(**groups[SchedulerConfig]),
+                   speculative=SpeculativeConfig(**groups[SpeculativeConfig]), **groups[cls])
+
+
+_GROUP_FIELDS = ("cache", "scheduler", "speculative")
+_VLLM_SPECULATIVE_KEYS = {"method": "speculative_method", "num_speculative_tokens": "num_speculative_tokens",
+                          "prompt_lookup_min": "prompt_lookup_min", "prompt_lookup_max": "prompt_lookup_max",
+                          "disable_by_batch_size": "speculative_disable_by_batch_size"}
+
+
+def _flat_speculative_config(value: object) -> dict[str, object]:
+    """vLLM's speculative_config mapping ({"method": "ngram", "num_speculative_tokens": 4, ...}) as flat options."""
+    if value is None:
+        return {}
+    _require(isinstance(value, Mapping), "speculative_config", f"must be a mapping, got {value!r}")
+    assert isinstance(value, Mapping)
+    unknown = sorted(set(value) - set(_VLLM_SPECULATIVE_KEYS))
+    _require(not unknown, "speculative_config", f"unknown keys {unknown}; known: {sorted(_VLLM_SPECULATIVE_KEYS)}")
+    return {_VLLM_SPECULATIVE_KEYS[key]: item for key, item in value.items()}
 
 
 ENV_PREFIX = "JAXPAGED_"

@@ -89,6 +89,16 @@ class BlockPool:
             if block.ref_cnt == 0:
                 self._free_queue.append(block)
 
+    def free_unwritten_blocks(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Free blocks of one request that hold no computed K/V (room a speculative step allocated for proposals it
+        rejected): they go to the head of the free queue, so the next allocation takes them before evicting any
+        cached block."""
+        for block in blocks:
+            if block.ref_cnt != 1 or block.block_hash is not None:
+                raise ValueError(f"block: {block.block_id} is shared or cached, not an unwritten block of one request")
+            block.ref_cnt = 0
+            self._free_queue.appendleft(block)
+
     def get_cached_block(self, block_hash: BlockHash) -> Optional[KVCacheBlock]:
         """The block holding the K/V of this chain hash, if it is still cached."""
         return self._cached_blocks.get(block_hash)

@@ -87,6 +87,16 @@ class FreeBlockQueue:
         self._tail.prev_free = block
         self.num_free_blocks += 1
 
+    def appendleft(self, block: KVCacheBlock) -> None:
+        """Put a block at the head (allocated next): it holds nothing worth keeping."""
+        first = self._head.next_free
+        assert first is not None  # the head sentinel always has a successor (the tail sentinel at least)
+        block.prev_free = self._head
+        block.next_free = first
+        first.prev_free = block
+        self._head.next_free = block
+        self.num_free_blocks += 1
+
     def __iter__(self) -> Iterator[KVCacheBlock]:
         block = self._head.next_free
         while block is not self._tail:

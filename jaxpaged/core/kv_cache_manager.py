@@ -269,6 +269,21 @@ class KVCacheManager:
             self._cache_block(request, block_index)
         self._num_cached_blocks[request_id] = num_full_blocks
 
+    def trim_blocks(self, request: Request) -> None:
+        """Free the request's blocks past its computed tokens: a speculative step allocated room for proposals it
+        then rejected, and num_computed_tokens was rolled back. The table becomes a new list: the runner's host
+        block table mirrors lists by identity and length, and a shrunk list regrown to the same length in place
+        would look unchanged to it."""
+        block_ids = self._block_ids.get(request.request_id)
+        if not block_ids:
+            return
+        num_needed = -(-request.num_computed_tokens // self.block_size)
+        if len(block_ids) <= num_needed:
+            return
+        blocks = self.block_pool.blocks
+        self.block_pool.free_unwritten_blocks(blocks[block_id] for block_id in reversed(block_ids[num_needed:]))
+        self._block_ids[request.request_id] = block_ids[:num_needed]
+
     def _cache_block(self, request: Request, block_index: int) -> None:
         """Register the request's full block block_index (its K/V written or being loaded) in the prefix cache."""
         block_size = self.block_size

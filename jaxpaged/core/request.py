@@ -64,7 +64,7 @@ class Request:
                  "num_cached_tokens", "status", "arrival_time", "priority", "cache_salt", "sampling_params",
                  "stop_reason", "max_tokens", "min_tokens", "eos_token_id", "stop_token_ids", "ignore_eos",
                  "num_preemptions", "block_hashes", "sampling_seed", "grammar", "computes_whole_prompt",
-                 "num_pending_tokens")
+                 "num_pending_tokens", "spec_token_ids", "num_step_tokens", "speculation")
 
     def __init__(self, request_id: str, prompt_token_ids: Sequence[int], *, max_tokens: int = 16,
                  min_tokens: int = 0, eos_token_id: Optional[int] = None, stop_token_ids: Sequence[int] = (),
@@ -120,6 +120,13 @@ class Request:
         Its blocks are still cached for other requests."""
         self.grammar: Any = None
         """Structured outputs: the sample's grammar state (a RequestGrammar; opaque to the core), else None."""
+        self.spec_token_ids: list[int] = []
+        """Speculative decoding: tokens proposed to follow all_token_ids, which the next step verifies (set by the
+        engine's proposer after each update; the scheduler may take fewer)."""
+        self.num_step_tokens = 0
+        """Tokens the last update_from_output() appended: 1, or up to 1 + the accepted proposals."""
+        self.speculation: Any = None
+        """Speculative decoding's per-request state (acceptance so far, the proposer's index); opaque to the core."""
 
     @property
     def num_tokens(self) -> int:
@@ -149,6 +156,16 @@ class Request:
         """Record one generated token."""
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
+
+    def drop_output_tokens(self, count: int) -> None:
+        """Forget the newest `count` generated tokens (a stop string ended the text before them, in a step that
+        accepted several): the request finishes next, and its K/V covers no token it no longer has."""
+        if count <= 0:
+            return
+        del self.output_token_ids[-count:]
+        del self.all_token_ids[-count:]
+        self.num_computed_tokens = min(self.num_computed_tokens, len(self.all_token_ids))
+        self.num_step_tokens -= count
 
     def __repr__(self) -> str:
         return (f"Request({self.request_id!r}, status={self.status.name}, num_tokens={self.num_tokens}, "

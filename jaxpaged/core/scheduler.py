@@ -8,6 +8,10 @@ as computed. update_from_output() then makes their full blocks hittable (the run
 by then) and appends the sampled tokens, whose K/V a later step computes. With async scheduling the engine calls
 schedule() for step N+1 before update_from_output() of step N: a request whose token is still in flight
 (Request.num_pending_tokens) gets a one-token step with a placeholder the runner fills on the device.
+
+Speculative decoding: a decoding request with proposals (Request.spec_token_ids, set by the engine's proposer) gets
+a row of its newest token and the proposals, within the budget. Its num_computed_tokens counts them all until
+update_from_output() keeps the accepted ones and rolls the rest back (_apply_verified_row).
 """
 
 from collections.abc import Iterable
@@ -21,6 +25,7 @@ from .request import Request, RequestStatus
 from .request_queue import make_request_queue
 from .scheduler_output import ScheduledRequest, SchedulerOutput
 from .scheduler_stats import SchedulerStats
+from .spec_decode_stats import SpecDecodeStats
 from .stop_criteria import check_stop, reaches_length_limit
 
 _RUNNING = RequestStatus.RUNNING
@@ -59,6 +64,8 @@ class Scheduler:
         self.num_preemptions = 0
         """Preemptions since start."""
         self._finished_request_ids: set[str] = set()
+        self.spec_stats = SpecDecodeStats()
+        """Speculative decoding: proposals verified and accepted so far (cumulative, by position)."""
 
     # ---- requests in and out ----
 
@@ -139,13 +146,14 @@ class Scheduler:
     def update_from_output(self, output: SchedulerOutput, sampled_token_ids: list[int]) -> list[Request]:
         """Cache the step's full blocks, append sampled tokens, apply stop criteria and free finished requests.
 
-        sampled_token_ids[i] (a plain int: pass ndarray.tolist()) belongs to the i-th scheduled request with
-        sample=True. Returns the requests that received a token, finished ones included.
+        sampled_token_ids (plain ints: pass ndarray.tolist()) holds, for each scheduled request with sample=True in
+        order, its draw, followed by one draw per proposal of a speculative row. Returns the requests that received
+        tokens (Request.num_step_tokens says how many), finished ones included.
         """
-        num_sampled_requests = output.num_sampled_requests
-        if len(sampled_token_ids) != num_sampled_requests:
-            raise ValueError(f"sampled_token_ids: expected {num_sampled_requests} (one per sampling request), "
-                             f"got {len(sampled_token_ids)}")
+        num_sampled_rows = output.num_sampled_rows
+        if len(sampled_token_ids) != num_sampled_rows:
+            raise ValueError(f"sampled_token_ids: expected {num_sampled_rows} (one per sampling request and "
+                             f"proposal), got {len(sampled_token_ids)}")
         cache_full_blocks = self.kv_cache_manager.cache_full_blocks
         block_size = self.block_size
         max_model_len = self.max_model_len
@@ -159,8 +167,18 @@ class Scheduler:
                 token_id = sampled_token_ids[sample_index]
                 sample_index += 1
             if request.status is not _RUNNING:
+                sample_index += scheduled_request.num_spec_tokens
                 continue  # finished by finish_requests() (or preempted) after this step was scheduled
+            if scheduled_request.num_spec_tokens:
+                num_rows = 1 + scheduled_request.num_spec_tokens
+                rows = sampled_token_ids[sample_index - 1:sample_index - 1 + num_rows]
+                sample_index += num_rows - 1
+                updated_requests.append(request)
+                if self._apply_verified_row(scheduled_request, rows):
+                    any_finished = True
+                continue
             if sample:
+                request.num_step_tokens = 1
                 request.append_output_token(token_id)
                 request.num_pending_tokens -= 1
                 updated_requests.append(request)
@@ -179,6 +197,41 @@ class Scheduler:
 
     # ---- internals ----
 
+    def _apply_verified_row(self, scheduled_request: ScheduledRequest, sampled: list[int]) -> bool:
+        """A speculative row's outcome: sampled[i] is the token drawn after the newest token and proposals[:i].
+        The proposals up to the first that differs from its draw are accepted, then that draw (or, all accepted,
+        the last one) follows: for a proposer whose proposal is a single token, accepting exactly when the target's
+        own draw equals it is the rejection-sampling rule, so greedy output equals non-speculative greedy output and
+        a sampled one keeps the target's distribution. The rejected proposals' K/V slots are rolled back (and blocks
+        allocated only for them freed); only computed, accepted tokens reach the prefix cache. True if the request
+        finished (and was released)."""
+        request = scheduled_request.request
+        proposals = scheduled_request.token_ids[1:]
+        num_accepted = 0
+        while num_accepted < len(proposals) and sampled[num_accepted] == proposals[num_accepted]:
+            num_accepted += 1
+        self.spec_stats.record(len(proposals), num_accepted)
+        request.num_pending_tokens -= 1
+        request.spec_token_ids = []  # consumed (the engine's proposer reads this as "verified")
+        finished = False
+        num_appended = 0
+        for token_id in sampled[:num_accepted + 1]:
+            request.append_output_token(token_id)
+            num_appended += 1
+            if check_stop(request, self.max_model_len):  # EOS, a stop id or a length limit among the accepted
+                finished = True
+                break
+        request.num_step_tokens = num_appended
+        # K/V was computed for the newest token and the accepted proposals (the last appended token's is not).
+        request.num_computed_tokens = min(scheduled_request.start_position + 1 + num_accepted,
+                                          len(request.all_token_ids) - (0 if finished else 1))
+        kv = self.kv_cache_manager
+        kv.trim_blocks(request)
+        kv.cache_full_blocks(request)
+        if finished:
+            self._release(request)
+        return finished
+
     def _cache_scheduled_blocks(self, scheduled: list[ScheduledRequest]) -> None:
         """Make the full blocks this step will write hittable now, not when its tokens come back.
 
@@ -191,8 +244,8 @@ class Scheduler:
         cache_full_blocks = self.kv_cache_manager.cache_full_blocks
         block_size = self.block_size
         for scheduled_request in scheduled:
-            if scheduled_request.input_in_flight:
-                continue
+            if scheduled_request.input_in_flight or scheduled_request.num_spec_tokens:
+                continue  # (a speculative row's num_computed_tokens counts proposals that may be rejected)
             if len(scheduled_request.token_ids) != 1 or (scheduled_request.start_position + 1) % block_size == 0:
                 cache_full_blocks(scheduled_request.request)
 
@@ -228,6 +281,10 @@ class Scheduler:
                 # ends the request by length (nothing is planned past it).
                 index += 1
                 continue
+            num_spec = 0
+            if request.spec_token_ids and num_new_tokens == 1 and not num_pending:
+                num_spec = self._num_verifiable(request, budget)
+                num_new_tokens += num_spec
             # Most decodes write into room left in their last block (its earlier slot is computed, so it is
             # held): only a chunk, or a token that opens a new block, needs allocating.
             if num_new_tokens != 1 or start % block_size == 0:
@@ -247,15 +304,27 @@ class Scheduler:
             if num_pending:  # a one-token step whose token is still on the device: a placeholder stands in
                 scheduled.append(ScheduledRequest(request, [0], start, get_block_ids(request.request_id), True,
                                                   input_in_flight=True))
+            elif num_spec:  # the newest token and the proposals after it, verified by sampling at each
+                scheduled.append(ScheduledRequest(request, [tokens[start], *request.spec_token_ids[:num_spec]],
+                                                  start, get_block_ids(request.request_id), True,
+                                                  num_spec_tokens=num_spec))
             else:
                 scheduled.append(ScheduledRequest(request, tokens[start:end], start,
                                                   get_block_ids(request.request_id), end == num_known))
-            if end == num_known + num_pending:
+            if end - num_spec == num_known + num_pending:
                 request.num_pending_tokens = num_pending + 1
             request.num_computed_tokens = end
             budget -= num_new_tokens
             index += 1
         return budget
+
+    def _num_verifiable(self, request: Request, budget: int) -> int:
+        """How many of a decoding request's proposals its step verifies: what the budget leaves beside its own token,
+        and no more than could be accepted before max_tokens or max_model_len (a step appends at most one token
+        past its accepted proposals)."""
+        return max(0, min(len(request.spec_token_ids), budget - 1,
+                          request.max_tokens - len(request.output_token_ids) - 1,
+                          self.max_model_len - len(request.all_token_ids) - 1))
 
     def _schedule_waiting(self, scheduled: list[ScheduledRequest], budget: int) -> int:
         """Admit waiting requests in policy order, each starting at its prefix-cache hit; the budget left."""

@@ -24,6 +24,9 @@ class ScheduledRequest:
     input_in_flight: bool = False
     """Async scheduling: token_ids is [a placeholder] for the token the step still in flight samples for this
     request; the runner feeds that step's sampled id to this one on the device."""
+    num_spec_tokens: int = 0
+    """Speculative decoding: the last num_spec_tokens of token_ids are proposals, not known tokens. The row samples
+    at each of its last 1 + num_spec_tokens positions; update_from_output keeps the proposals the samples confirm."""
 
 
 @dataclasses.dataclass
@@ -49,5 +52,11 @@ class SchedulerOutput:
 
     @property
     def num_sampled_requests(self) -> int:
-        """How many scheduled requests sample a token (the length update_from_output expects)."""
+        """How many scheduled requests sample a token."""
         return sum(1 for scheduled_request in self.scheduled if scheduled_request.sample)
+
+    @property
+    def num_sampled_rows(self) -> int:
+        """How many token rows sample (the length update_from_output expects): one per sampling request, plus one
+        per proposal it verifies."""
+        return sum(1 + item.num_spec_tokens for item in self.scheduled if item.sample)

@@ -34,6 +34,7 @@ from jaxpaged.runner import ModelRunner, build_rank_runners, compile_counter
 from jaxpaged.sampling.batch import penalizes_output_tokens
 from jaxpaged.sampling.grammar import GrammarCompiler
 from jaxpaged.sampling.params import SamplingParams
+from jaxpaged.speculative import build_speculator
 from jaxpaged.weights.generation_config import request_defaults
 from jaxpaged.weights.loader import LoadedModel, load_model
 from jaxpaged.weights.tokenizer_source import load_tokenizer
@@ -74,6 +75,8 @@ class LLMEngine:
         """The host time of the last step, by phase (filled in place)."""
         self.processor = OutputProcessor(self.requests, self.tokenizer, self.timings)
         self.loop = OverlappedLoop(self) if config.async_scheduling else SynchronousLoop(self)
+        self.speculator = build_speculator(config.speculative)
+        """Speculative decoding's proposer and policy, when speculative_method is set."""
         self.observers: list[StepObserver] = []
         """Watch every step (the bench's step probe); see step_timings.py."""
         self._seed_rng = random.Random(config.seed)
@@ -237,8 +240,10 @@ class LLMEngine:
             next_step = deferred.get(step.dp_rank)
             then = None if next_step is None else functools.partial(self.sample_deferred, next_step)
             launch_before = self.timings.launch_s
-            outputs += self.processor.update(self.ranks.schedulers[step.dp_rank], step.output, result, final_only,
-                                             then)
+            scheduler = self.ranks.schedulers[step.dp_rank]
+            outputs += self.processor.update(scheduler, step.output, result, final_only, then)
+            if self.speculator is not None:
+                self.speculator.after_update(scheduler)
             deferred_launch = self.timings.launch_s - launch_before  # booked as launch time, not processing
             self.timings.process_s += time.perf_counter() - start - deferred_launch
         for step in deferred.values():  # a rank with nothing to apply this time

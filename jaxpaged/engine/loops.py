@@ -99,14 +99,15 @@ def resolve_async_scheduling(config: EngineConfig, platform: str) -> bool:
     serving are on (whose transfers and follower broadcasts expect each step's tokens on the host before the next
     is planned). On the CPU too: there the "device" is the host's own cores, so the host work planned ahead shares
     them with XLA's threads, yet W1 gained there (docs/performance.md). True with the tiers or multi-host is a
-    ValueError. `platform` names the devices in the log line."""
-    unsupported = config.cache.kv_offload_enabled or jax.process_count() > 1
+    ValueError. Speculative decoding turns it off too. `platform` names the devices in the log line."""
+    unsupported = config.cache.kv_offload_enabled or jax.process_count() > 1 or config.speculative.enabled
     if config.async_scheduling is None:
         if unsupported:
-            logger.info("async scheduling off on %s: not supported with the KV tiers or multi-host serving",
-                        platform)
+            logger.info("async scheduling off on %s: not supported with the KV tiers, multi-host serving or "
+                        "speculative decoding", platform)
         return not unsupported
     if config.async_scheduling and unsupported:
-        raise ValueError("async_scheduling: not supported with the KV tiers (kv_offload_*) or multi-host serving; "
-                         "turn one of them off")
+        raise ValueError("async_scheduling: not supported with the KV tiers (kv_offload_*), multi-host serving or "
+                         "speculative decoding (speculative_method; a step's proposals follow the tokens the step "
+                         "before accepted); turn one of them off")
     return config.async_scheduling

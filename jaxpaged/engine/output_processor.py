@@ -54,28 +54,35 @@ class OutputProcessor:
         self.timings.scheduler_update_s += time.perf_counter() - start
         for request in updated:
             if request.grammar is not None and not request.is_finished():
-                request.grammar.accept(request.output_token_ids[-1])
+                for token_id in request.output_token_ids[-request.num_step_tokens:]:
+                    request.grammar.accept(token_id)
         if tokens_applied is not None:
             tokens_applied()
         self._record_prompt_logprobs(result.prompt_logprobs)
         row_of = None
-        if result.logprobs is not None:  # the row of each sampled request in the step's results
-            row_of = {item.request.request_id: row for row, item in enumerate(i for i in output.scheduled if i.sample)}
+        if result.logprobs is not None:  # the first row of each sampled request in the step's results
+            row_of = _first_rows(output)
         touched: dict[str, RequestGroup] = {}
         sample_finished: dict[str, RequestGroup] = {}
         stopped_here = []
         samples = self.table.samples
+        num_tokens = 0
         # NOTE: this loop runs for every running request, every step: what it reads is what a step's host time is.
         for request in updated:
             group, sample = samples[request.request_id]
-            self._record_token(group, sample, request, result, row_of)
+            row = None if row_of is None else row_of[request.request_id]
+            if request.num_step_tokens == 1:
+                self._record_token(group, sample, request, request.output_token_ids[-1], result, row, True)
+            else:
+                self._record_tokens(group, sample, request, result, row)
+            num_tokens += request.num_step_tokens
             if sample.finish_reason is not None:
                 if not request.is_finished():
                     stopped_here.append(request.request_id)  # a stop string, or its grammar completed
                 sample_finished[group.request_id] = group
             if not final_only and group.params.output_kind == "cumulative":
                 touched[group.request_id] = group
-        self.num_generated_tokens += len(updated)
+        self.num_generated_tokens += num_tokens
         if stopped_here:
             scheduler.finish_requests(stopped_here, RequestStatus.FINISHED_STOPPED)
         # A group finishes only in a step where one of its samples does: a final-only output is one of those.
@@ -89,19 +96,34 @@ class OutputProcessor:
                 self.table.forget(out.request_id)
         return outputs
 
-    def _record_token(self, group: RequestGroup, sample: Sample, request: Request, result: StepResult,
-                      row_of: Optional[dict[str, int]]) -> None:
-        """Account the step's token of one sample: logprobs, grammar, text, finish state."""
-        token_id = request.output_token_ids[-1]  # the step's token, just appended by update_from_output
+    def _record_tokens(self, group: RequestGroup, sample: Sample, request: Request, result: StepResult,
+                       first_row: Optional[int]) -> None:
+        """Account several tokens of one sample from one step (speculative decoding accepted proposals), in order. A
+        stop string among them ends the sample there: the tokens after it are dropped from the request, as if
+        they had never been generated."""
+        num_tokens = request.num_step_tokens
+        new_tokens = request.output_token_ids[-num_tokens:]
+        for index, token_id in enumerate(new_tokens):
+            row = None if first_row is None else first_row + index
+            last = index == num_tokens - 1
+            self._record_token(group, sample, request, token_id, result, row, last)
+            if sample.finish_reason is not None and not last:
+                request.drop_output_tokens(num_tokens - 1 - index)
+                return
+
+    def _record_token(self, group: RequestGroup, sample: Sample, request: Request, token_id: int,
+                      result: StepResult, row: Optional[int], last: bool) -> None:
+        """Account one token of one sample: logprobs (`row` of the step's results), text, finish state. `last`: the
+        sample's newest token (its request's status applies to it)."""
         if not group.has_first_token:
             group.has_first_token = True
             group.metrics.first_token_time = time.time()
-        if row_of is not None and result.logprobs is not None:
-            logprob, top, token_rank = result.logprobs.row(row_of[request.request_id], group.params.logprobs or 0)
+        if row is not None and result.logprobs is not None:
+            logprob, top, token_rank = result.logprobs.row(row, group.params.logprobs or 0)
             self._record_logprobs(group, sample, token_id, logprob, top, token_rank)
         # update() has already given the token to the request's grammar.
         grammar_complete = request.grammar is not None and not request.is_finished() and request.grammar.is_finished
-        finish_reason = None if request.status is _RUNNING else request.finish_reason
+        finish_reason = None if request.status is _RUNNING or not last else request.finish_reason
         detokenizer = sample.detokenizer
         if finish_reason is None and not grammar_complete:
             detokenizer.append_token(token_id)
@@ -153,3 +175,13 @@ class OutputProcessor:
                    for k, (top_id, top_logprob) in enumerate(entry.top[:group.params.prompt_logprobs or 0], start=1)}
             top[token_id] = Logprob(entry.logprob, entry.rank, decode(token_id))
             group.prompt_logprobs[entry.position] = top
+
+
+def _first_rows(output: SchedulerOutput) -> dict[str, int]:
+    """Each sampling request's first row in the step's results (a speculative row takes one per proposal more)."""
+    rows, row = {}, 0
+    for item in output.scheduled:
+        if item.sample:
+            rows[item.request.request_id] = row
+            row += 1 + item.num_spec_tokens
+    return rows

@@ -82,7 +82,10 @@ class ForwardedStep:
     logits: Optional[jax.Array]
     """The sampling rows' logits, on the device; None when the step scheduled nothing."""
     sampling: list[Request]
-    """The requests that sample, in row order."""
+    """The request of each sampling row, in row order (a speculative row's request once per row)."""
+    row_drafts: Optional[list[list[int]]] = None
+    """Speculative decoding: per sampling row, the proposals before it (its draw follows them), when some row of
+    the step verifies proposals; else None."""
     prompt_logprobs: Optional[Callable[[], list[PromptLogprobEntry]]] = None
     """Pulls the step's prompt logprobs to the host, when some row computed them."""
 
@@ -113,7 +116,9 @@ class ModelRunner:
         self.max_model_len = plan.memory.max_model_len
         """config's max_model_len, or the model's context length the plan fitted to the pool when it was None."""
         self.blocks_per_seq = -(-self.max_model_len // self.block_size)
-        self.ladder = BucketLadder(sched.max_num_batched_tokens, sched.max_num_seqs)
+        speculative = config.speculative
+        self.ladder = BucketLadder(sched.max_num_batched_tokens, sched.max_num_seqs,
+                                   speculative.num_speculative_tokens if speculative.enabled else 0)
         self.block_table = HostBlockTable(sched.max_num_seqs, self.blocks_per_seq)
         self._replicated = mesh_lib.replicated(self.mesh)
         self._inputs_need_device_put = jax.process_count() > 1
@@ -205,7 +210,7 @@ class ModelRunner:
         assert self.tier_transfer is not None
         self.kv_cache, load_seconds = self.tier_transfer.measure_load_seconds(self.kv_cache)
         bucket = self.ladder.buckets()[-1]
-        batch = empty_step_inputs(bucket.num_tokens, bucket.num_seqs, self.blocks_per_seq)
+        batch = empty_step_inputs(bucket.num_tokens, bucket.num_seqs, self.blocks_per_seq, bucket.num_sample_rows)
         seconds = []
         for _ in range(3):
             start = time.perf_counter()
@@ -223,7 +228,7 @@ class ModelRunner:
         tasks: list[Callable[[], object]] = [functools.partial(self._executable, bucket) for bucket in buckets]
         tasks.append(self._copy_executable)
         if sampler:
-            tasks += self.sampler.warmup_tasks(bucket.num_seqs for bucket in buckets)
+            tasks += self.sampler.warmup_tasks(bucket.num_sample_rows for bucket in buckets)
             if self.async_scheduling:  # a full row count needs no padding (_padded_previous_sampled)
                 row_counts = {bucket.num_seqs for bucket in buckets} - {self.ladder.max_num_seqs}
                 tasks += [functools.partial(self._compile_pad, num_rows) for num_rows in sorted(row_counts)]
@@ -242,7 +247,8 @@ class ModelRunner:
 
     def _executable(self, bucket: Bucket):
         if bucket not in self._compiled:
-            example = empty_step_inputs(bucket.num_tokens, bucket.num_seqs, self.blocks_per_seq)
+            example = empty_step_inputs(bucket.num_tokens, bucket.num_seqs, self.blocks_per_seq,
+                                        bucket.num_sample_rows)
             packed = jax.device_put(pack_step_inputs(example), self._replicated)
             self._compiled[bucket] = self._jitted.lower(self.state, self.kv_cache, packed, self._no_previous_tokens,
                                                         PackedLayout.of(example)).compile()
@@ -327,14 +333,23 @@ class ModelRunner:
             assert self.tier_transfer is not None
             self.tier_transfer.finish_saves(pending_saves)  # host copies while the device runs the step
         prompt_logprobs = (lambda: host_entries(prompt_stats, prompt_rows)) if prompt_rows else None
-        return ForwardedStep(logits, [item.request for item in output.scheduled if item.sample], prompt_logprobs)
+        if not any(item.num_spec_tokens for item in output.scheduled):
+            return ForwardedStep(logits, [item.request for item in output.scheduled if item.sample],
+                                 prompt_logprobs=prompt_logprobs)
+        sampling, row_drafts = [], []
+        for item in output.scheduled:
+            if item.sample:
+                for num_drafted in range(1 + item.num_spec_tokens):
+                    sampling.append(item.request)
+                    row_drafts.append(item.token_ids[1:1 + num_drafted])
+        return ForwardedStep(logits, sampling, row_drafts=row_drafts, prompt_logprobs=prompt_logprobs)
 
     def sample(self, step: ForwardedStep) -> PendingSample:
         """The second half of launch(): the sampler is dispatched on the step's logits, reading each request's
         state now (its grammar, output tokens and count)."""
         if step.logits is None:
             return PendingSample(None, 0, wants_logprobs=False)
-        pending = self.sampler.launch(step.logits, step.sampling)
+        pending = self.sampler.launch(step.logits, step.sampling, step.row_drafts)
         if self.async_scheduling:
             self._previous_sampled = pending.device_token_ids
             self._previous_rows = {request.request_id: row for row, request in enumerate(step.sampling)}

@@ -15,6 +15,7 @@ import numpy as np
 from jaxtyping import Array, Float, Int
 
 from jaxpaged.core.request import Request
+from jaxpaged.sampling.batch import penalizes_output_tokens
 from jaxpaged.sampling.bitmask import apply_token_bitmask, bitmask_words, fill_step_bitmask
 from jaxpaged.sampling.prompt_logprobs import PromptLogprobEntry
 from jaxpaged.sampling.sampler import (
@@ -65,11 +66,17 @@ class TokenSampler:
         """Row j of logits belongs to requests[j]; each request carries its params and resolved seed."""
         return self.launch(logits, requests).result()
 
-    def launch(self, logits: Float[Array, "num_rows_padded vocab"], requests: Sequence[Request]) -> "PendingSample":
-        """Like sample(), but returns at once: the device works while the host goes on (other ranks' steps)."""
+    def launch(self, logits: Float[Array, "num_rows_padded vocab"], requests: Sequence[Request],
+               row_drafts: Optional[Sequence[Sequence[int]]] = None) -> "PendingSample":
+        """Like sample(), but returns at once: the device works while the host goes on (other ranks' steps).
+        row_drafts (speculative decoding): per row, the proposals its draw follows; row j then samples as the
+        request would after output_token_ids + row_drafts[j] (its seed's step, penalties and min_tokens)."""
         if not requests:
             return PendingSample(None, 0, wants_logprobs=False)
-        rows = [self._row(request) for request in requests]
+        if row_drafts is None:
+            rows = [self._row(request) for request in requests]
+        else:
+            rows = [self._row(request, drafts) for request, drafts in zip(requests, row_drafts, strict=True)]
         # Structured outputs: the grammars fill their rows on the host while the device still runs the step.
         bitmask = fill_step_bitmask(requests, logits.shape[0], self.vocab_size)
         if bitmask is not None:
@@ -82,16 +89,20 @@ class TokenSampler:
         result = sample(logits, batch, flags)
         return PendingSample(result, len(rows), wants_logprobs=flags.return_logprobs)
 
-    def _row(self, request: Request) -> SamplingRow:
+    def _row(self, request: Request, drafts: Sequence[int] = ()) -> SamplingRow:
         params = request.sampling_params
         if request.sampling_seed is None:
             raise ValueError(f"sampling_seed: request {request.request_id!r} has no resolved seed")
         # num_pending_tokens counts this step's own token too (the scheduler adds it); any beyond it are in flight.
         in_flight = max(0, request.num_pending_tokens - 1)
-        suppress = min_tokens_suppress_ids(params, self.eos_token_ids, request.num_output_tokens + in_flight) \
-            if params.min_tokens else ()
-        return SamplingRow(params, request.sampling_seed, request.prompt_token_ids, request.output_token_ids,
-                           suppress, in_flight)
+        output_token_ids: Sequence[int] = request.output_token_ids
+        if drafts:  # the draw after proposals: as if they were generated (only penalties read the ids themselves)
+            output_token_ids = [*output_token_ids, *drafts] if penalizes_output_tokens(params) else output_token_ids
+            in_flight += 0 if penalizes_output_tokens(params) else len(drafts)
+        num_output = len(output_token_ids) + in_flight
+        suppress = min_tokens_suppress_ids(params, self.eos_token_ids, num_output) if params.min_tokens else ()
+        return SamplingRow(params, request.sampling_seed, request.prompt_token_ids, output_token_ids, suppress,
+                           in_flight)
 
 
 class PendingSample:

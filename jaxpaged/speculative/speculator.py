@@ -1,0 +1,94 @@
+"""Speculator: after each step, who proposes how many tokens (the adaptive part of speculative decoding).
+
+Each request's acceptance rate is tracked (an exponential average of accepted / proposed per verified row). If the
+proposals are accepted independently with probability a, the i-th is accepted with probability a^i; a proposal
+is worth a verification row while that is at least MIN_POSITION_ACCEPTANCE, so a request that keeps being rejected
+proposes fewer tokens, down to none (then one now and then, to notice when its output starts copying again). While
+speculative_disable_by_batch_size requests or more run nobody proposes: the step is then big enough that extra
+rows cost about what they return. Requests with a grammar never propose (their bitmask would have to follow each
+proposal): they decode as without speculation.
+"""
+
+import dataclasses
+from typing import Any, Protocol
+
+from jaxpaged.config import SpeculativeConfig
+from jaxpaged.core.request import Request
+from jaxpaged.core.scheduler import Scheduler
+
+INITIAL_ACCEPTANCE = 0.7
+"""A new request's acceptance estimate: optimistic, so it proposes its full count until measured."""
+ACCEPTANCE_SMOOTHING = 0.5
+"""Weight of the newest verified row in the average (a request's output changes character quickly)."""
+MIN_POSITION_ACCEPTANCE = 0.25
+"""The i-th proposal is made while acceptance^i is at least this."""
+PROBE_EVERY = 8
+"""A request whose estimate allows no proposal still proposes one token every this many steps."""
+
+
+class Proposer(Protocol):
+    """Where proposals come from: n-gram lookup now; a draft model or a head reading the target's hidden states
+    would implement the same call."""
+
+    def propose(self, request: Request, state: Any, max_tokens: int) -> tuple[list[int], Any]:
+        """Up to max_tokens tokens to follow request.all_token_ids, and the proposer's new per-request state."""
+        ...
+
+
+@dataclasses.dataclass(slots=True)
+class RequestSpeculation:
+    """One request's speculation state (Request.speculation)."""
+
+    acceptance: float = INITIAL_ACCEPTANCE
+    num_proposed: int = 0
+    """Tokens proposed after the last update (their verification, if it ran, is read at the next)."""
+    steps_without_proposal: int = 0
+    proposer_state: Any = None
+
+
+class Speculator:
+    """Sets Request.spec_token_ids on a scheduler's decoding requests after each update."""
+
+    def __init__(self, config: SpeculativeConfig, proposer: Proposer) -> None:
+        self.config = config
+        self.proposer = proposer
+
+    def after_update(self, scheduler: Scheduler) -> None:
+        """Read the outcome of the last proposals, then propose for the next step."""
+        running = scheduler.running
+        propose = len(running) < self.config.speculative_disable_by_batch_size
+        for request in running:
+            state = request.speculation
+            if state is None:
+                state = request.speculation = RequestSpeculation()
+            if state.num_proposed:
+                if not request.spec_token_ids:  # verified: the scheduler consumed them
+                    accepted = (request.num_step_tokens - 1) / state.num_proposed
+                    state.acceptance += ACCEPTANCE_SMOOTHING * (min(accepted, 1.0) - state.acceptance)
+                state.num_proposed = 0
+            # Every running request's proposals are set anew after every update: none outlives the tokens it
+            # was proposed after (a request still prefilling gets none; the scheduler verifies only decodes).
+            request.spec_token_ids = []
+            if not propose or request.grammar is not None or request.num_computed_tokens != request.num_tokens - 1:
+                continue
+            num_tokens = self._num_to_propose(state)
+            if num_tokens:
+                proposals, state.proposer_state = self.proposer.propose(request, state.proposer_state, num_tokens)
+                request.spec_token_ids = proposals
+                state.num_proposed = len(proposals)
+
+    def _num_to_propose(self, state: RequestSpeculation) -> int:
+        count, chance = 0, 1.0
+        while count < self.config.num_speculative_tokens:
+            chance *= state.acceptance
+            if chance < MIN_POSITION_ACCEPTANCE:
+                break
+            count += 1
+        if count:
+            state.steps_without_proposal = 0
+            return count
+        state.steps_without_proposal += 1
+        if state.steps_without_proposal >= PROBE_EVERY:
+            state.steps_without_proposal = 0
+            return 1
+        return 0
