@@ -222,9 +222,10 @@ class Scheduler:
                 finished = True
                 break
         request.num_step_tokens = num_appended
-        # K/V was computed for the newest token and the accepted proposals (the last appended token's is not).
-        request.num_computed_tokens = min(scheduled_request.start_position + 1 + num_accepted,
-                                          len(request.all_token_ids) - (0 if finished else 1))
+        # K/V was computed for the newest token and the accepted proposals, so for every token but the last
+        # appended (whose slot holds K/V too when a stop among the accepted ended the row: counted as not computed,
+        # as without speculation).
+        request.num_computed_tokens = len(request.all_token_ids) - 1
         kv = self.kv_cache_manager
         kv.trim_blocks(request)
         kv.cache_full_blocks(request)
