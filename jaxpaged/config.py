@@ -173,9 +173,9 @@ class SpeculativeConfig:
 
     @property
     def max_tokens_per_step(self) -> int:
-        """Most proposals one step verifies: k for each of the fewest running requests that still propose
-        (speculative_disable_by_batch_size - 1). It sizes the buckets' sampling rows beside one per sequence, so a
-        large batch, which never proposes, samples no padding rows for speculation."""
+        """Most proposals one step verifies: k for each of the most running requests that still propose
+        (speculative_disable_by_batch_size - 1); the scheduler also keeps sequences plus proposals within
+        max_num_seqs, the sampling rows every bucket has anyway."""
         if not self.enabled:
             return 0
         return (self.speculative_disable_by_batch_size - 1) * self.num_speculative_tokens

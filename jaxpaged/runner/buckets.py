@@ -4,10 +4,6 @@ num_tokens runs over powers of two from 16 up to max_num_batched_tokens (which i
 num_seqs is tied to the token bucket, min(num_tokens, max_num_seqs): a step never has more sequences than
 tokens, so one ladder covers both and warm-up compiles len(ladder) programs, not a grid of them. The price
 is a few extra logits rows in prefill-heavy steps, which is small next to the prefill itself.
-
-With speculative decoding a row also samples at each proposal it verifies, and a step verifies at most
-max_spec_rows proposals (SpeculativeConfig.max_tokens_per_step), so a bucket's sampling rows are
-min(num_tokens, num_seqs + max_spec_rows): still one shape per bucket, fixed at warm-up.
 """
 
 import bisect
@@ -22,12 +18,6 @@ class Bucket:
 
     num_tokens: int
     num_seqs: int
-    num_sample_rows: int = 0
-    """Rows whose logits the step computes and samples; 0 given means num_seqs (no speculative decoding)."""
-
-    def __post_init__(self) -> None:
-        if self.num_sample_rows == 0:
-            object.__setattr__(self, "num_sample_rows", self.num_seqs)
 
 
 def token_ladder(max_num_batched_tokens: int) -> list[int]:
@@ -44,11 +34,9 @@ def token_ladder(max_num_batched_tokens: int) -> list[int]:
 class BucketLadder:
     """Maps a step's real sizes to its padded bucket."""
 
-    def __init__(self, max_num_batched_tokens: int, max_num_seqs: int, max_spec_rows: int = 0):
-        """max_spec_rows: most proposals one step verifies (0: speculative decoding off)."""
+    def __init__(self, max_num_batched_tokens: int, max_num_seqs: int):
         self.token_sizes = token_ladder(max_num_batched_tokens)
         self.max_num_seqs = max_num_seqs
-        self.max_spec_rows = max_spec_rows
 
     def buckets(self) -> list[Bucket]:
         """Every bucket a step can land in: the list warm-up compiles."""
@@ -65,5 +53,4 @@ class BucketLadder:
         return bucket
 
     def _bucket(self, num_tokens: int) -> Bucket:
-        num_seqs = min(num_tokens, self.max_num_seqs)
-        return Bucket(num_tokens, num_seqs, min(num_tokens, num_seqs + self.max_spec_rows))
+        return Bucket(num_tokens, min(num_tokens, self.max_num_seqs))

@@ -132,3 +132,25 @@ def test_a_prefill_chunk_never_carries_proposals():
     scheduler.add_request(request)
     item = _only(scheduler.schedule())
     assert (len(item.token_ids), item.num_spec_tokens) == (10, 0)
+
+
+def test_sequences_and_proposals_share_the_steps_max_num_seqs_sampling_rows():
+    # max_num_seqs 4: two decodes leave two rows for proposals; the waiting request is admitted only when the step
+    # verifies fewer proposals than the rows left.
+    scheduler = build_scheduler(max_num_seqs=4, max_spec_tokens_per_step=32)
+    first, second = (make_request(name, 3, first_token=1000 + 10 * i, max_tokens=20) for i, name in enumerate("ab"))
+    for request in (first, second):
+        scheduler.add_request(request)
+    scheduler.update_from_output(scheduler.schedule(), [50, 51])
+    third = make_request("c", 3, first_token=3000)
+    scheduler.add_request(third)
+    first.spec_token_ids, second.spec_token_ids = [60, 61, 62], [70, 71, 72]
+    output = scheduler.schedule()
+    assert [item.num_spec_tokens for item in output.scheduled] == [2, 0]  # 2 sequences + 2 proposals = 4 rows
+    assert output.num_sampled_rows == 4 and third.status is RequestStatus.WAITING
+    scheduler.update_from_output(output, [60, 61, 99, 72])  # first keeps 60, 61 (and 99); second draws 72
+
+    first.spec_token_ids, second.spec_token_ids = [80], []  # the speculator sets every request's anew
+    output = scheduler.schedule()  # 2 sequences + 1 proposal: one row left for the admission
+    assert [item.request.request_id for item in output.scheduled] == ["a", "b", "c"]
+    assert output.num_sampled_rows == 4

@@ -76,11 +76,11 @@ def test_greedy_output_equals_the_model_without_speculation_at_edge_lengths(plai
 
 
 def test_preemption_in_a_tight_pool_keeps_the_tokens(plain_llm, spec_llm):
-    # 15 requests of up to 100 + 60 tokens cannot all fit the 48-block pool: requests are preempted (some with
-    # proposals scheduled in the very step) and recomputed.
+    # 15 requests of up to 150 + 100 tokens cannot all fit the 48-block pool: requests are preempted (also while
+    # few run and propose) and recomputed.
     rng = np.random.default_rng(3)
-    prompts = _prompts([int(n) for n in rng.integers(50, 100, 15)], seed=3, repeat=2)
-    params = [SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)] * len(prompts)
+    prompts = _prompts([int(n) for n in rng.integers(100, 150, 15)], seed=3, repeat=2)
+    params = [SamplingParams(temperature=0.0, max_tokens=100, ignore_eos=True)] * len(prompts)
     before = spec_llm.engine.get_stats()
 
     assert _outputs(spec_llm, prompts, params) == _outputs(plain_llm, prompts, params)
