@@ -23,6 +23,7 @@ from jaxpaged.server.tool_calls import ToolCalling, tool_calling
 from jaxpaged.server.validation import (
     build_sampling_params,
     check_model_name,
+    check_prompt_count,
     parse_model,
     read_json_body,
     resolve_max_tokens,
@@ -35,6 +36,7 @@ async def create_chat_completion(request: Request, context: ServerContext) -> Re
     ensure_ready(context)
     engine = context.engine
     payload = await read_json_body(request, context.settings.max_request_body_bytes)
+    check_prompt_count(payload, context.settings.max_prompts_per_request)  # n alone may pass the cap
     reject_unhonoured_keys(payload, chat=True)
     body = parse_model(ChatCompletionRequest, payload)
     check_model_name(body.model, context.model_names)

@@ -27,6 +27,7 @@ from jaxpaged.server.streaming import SSE_DONE, sse_event
 from jaxpaged.server.validation import (
     build_sampling_params,
     check_model_name,
+    check_prompt_count,
     parse_model,
     read_json_body,
     resolve_max_tokens,
@@ -42,6 +43,7 @@ async def create_completion(request: Request, context: ServerContext) -> Respons
     ensure_ready(context)
     engine = context.engine
     payload = await read_json_body(request, context.settings.max_request_body_bytes)
+    check_prompt_count(payload, context.settings.max_prompts_per_request)
     reject_unhonoured_keys(payload, chat=False)
     body = parse_model(CompletionRequest, payload)
     check_model_name(body.model, context.model_names)

@@ -10,6 +10,7 @@ from jaxpaged.server.reasoning_parsers import ReasoningParser, make_reasoning_pa
 from jaxpaged.server.tool_parsers import ToolParser, make_tool_parser
 
 DEFAULT_MAX_REQUEST_BODY_BYTES = 2 * 1024 * 1024
+DEFAULT_MAX_PROMPTS_PER_REQUEST = 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,6 +25,8 @@ class ServerSettings:
     """Largest n (choices per prompt) one request may ask for."""
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
     """Larger bodies get 413 before they are parsed."""
+    max_prompts_per_request: int = DEFAULT_MAX_PROMPTS_PER_REQUEST
+    """Most sequences (prompts in a completion batch × n) one request may start; 400 naming `prompt` beyond it."""
     retry_after_s: int = 1
     """The Retry-After header of a 429."""
     tool_call_parser: Optional[str] = None
@@ -50,7 +53,7 @@ class ServerSettings:
         if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key):
             raise ValueError("api_key: must be a non-empty str or None")  # never echo the key itself
         for name, minimum in (("max_queued_requests", 0), ("max_n", 1), ("max_request_body_bytes", 1),
-                              ("retry_after_s", 0)):
+                              ("max_prompts_per_request", 1), ("retry_after_s", 0)):
             value = getattr(self, name)
             if not is_int(value) or value < minimum:
                 raise ValueError(f"{name}: must be an int >= {minimum}, got {value!r}")

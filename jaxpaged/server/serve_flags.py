@@ -9,7 +9,7 @@ from typing import Any
 from jaxpaged.logging_setup import LOG_LEVELS
 from jaxpaged.multihost.runtime import add_distributed_arguments
 from jaxpaged.server.chat_template import load_chat_template
-from jaxpaged.server.context import DEFAULT_MAX_REQUEST_BODY_BYTES, ServerSettings
+from jaxpaged.server.context import DEFAULT_MAX_PROMPTS_PER_REQUEST, DEFAULT_MAX_REQUEST_BODY_BYTES, ServerSettings
 from jaxpaged.server.reasoning_parsers import REASONING_PARSERS
 from jaxpaged.server.tool_parsers import TOOL_CALL_PARSERS
 from jaxpaged.server.vllm_flags import add_vllm_flags
@@ -54,6 +54,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                    help="largest n (choices per prompt) a request may ask for")
     _add_if_absent(parser, "--max-request-body-bytes", type=int, default=DEFAULT_MAX_REQUEST_BODY_BYTES,
                    help="answer 413 to larger request bodies (default 2 MiB)")
+    _add_if_absent(parser, "--max-prompts-per-request", type=int, default=DEFAULT_MAX_PROMPTS_PER_REQUEST,
+                   help=f"answer 400 to a request that would start more sequences (prompts in a batch times n) "
+                        f"(default {DEFAULT_MAX_PROMPTS_PER_REQUEST})")
     _add_if_absent(parser, "--log-level", default="info", choices=list(LOG_LEVELS),
                    help="log level of jaxpaged (start-up plan, dtype choice) and uvicorn, on stderr")
     parser.add_argument("model_path", nargs="?", default=None, metavar="MODEL",
@@ -115,6 +118,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
                          "with --allowed-origins; give it too")
     return ServerSettings(api_key=api_key, max_queued_requests=args.max_queued_requests, max_n=args.max_n,
                           max_request_body_bytes=args.max_request_body_bytes,
+                          max_prompts_per_request=args.max_prompts_per_request,
                           tool_call_parser=getattr(args, "tool_call_parser", None),
                           enable_auto_tool_choice=getattr(args, "enable_auto_tool_choice", False),
                           reasoning_parser=getattr(args, "reasoning_parser", None),

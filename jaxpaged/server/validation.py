@@ -55,6 +55,25 @@ def parse_model(model_cls: type[ModelT], payload: Any) -> ModelT:
         raise from_validation_errors(error.errors(include_input=False, include_url=False)) from None
 
 
+def check_prompt_count(payload: Any, max_prompts: int) -> None:
+    """400 naming `prompt` when a completion body asks for more than max_prompts sequences (prompts × n).
+
+    Runs on the decoded JSON, before pydantic and tokenization build an object per prompt: a 2 MiB body of
+    `[[1],[1],...]` holds ~500k prompts, and validating them all on the event loop would stall every stream.
+    """
+    if not isinstance(payload, dict):
+        return  # parse_model names the shape error
+    prompt, n = payload.get("prompt"), payload.get("n")
+    # A batch is a list of strings or of token-id lists; one list of ints is a single prompt.
+    is_batch = isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], (str, list))
+    num_prompts = len(prompt) if is_batch else 1
+    num_choices = n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1
+    if num_prompts * num_choices > max_prompts:
+        raise APIError(400, f"prompt: a request may start at most {max_prompts} sequences (prompts in the batch "
+                            f"times n; the server's --max-prompts-per-request)", param="prompt",
+                       code="invalid_value")
+
+
 def check_model_name(requested: Optional[str], served: Sequence[str]) -> None:
     """404 unless the request names one of the served model's names (or names none)."""
     if requested is not None and requested not in served:

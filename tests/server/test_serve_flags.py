@@ -99,6 +99,13 @@ def test_tls_and_logging_flags_reach_uvicorn(tmp_path):
         uvicorn_options(_args("--ssl-certfile", "nope.pem"))
 
 
+def test_max_prompts_per_request_flag_reaches_the_settings():
+    assert settings_from_args(_args()).max_prompts_per_request == 1024
+    assert settings_from_args(_args("--max-prompts-per-request", "8")).max_prompts_per_request == 8
+    with pytest.raises(ValueError, match="^max_prompts_per_request: must be an int >= 1"):
+        settings_from_args(_args("--max-prompts-per-request", "0"))
+
+
 def test_auto_tool_choice_needs_a_parser():
     with pytest.raises(ValueError, match="^enable_auto_tool_choice: --enable-auto-tool-choice needs "
                                          "--tool-call-parser"):
