@@ -66,7 +66,7 @@ def check_prompt_count(payload: Any, max_prompts: int) -> None:
     prompt, n = payload.get("prompt"), payload.get("n")
     # A batch is a list of strings or of token-id lists; one list of ints is a single prompt.
     is_batch = isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], (str, list))
-    num_prompts = len(prompt) if is_batch else 1
+    num_prompts = len(prompt) if is_batch and isinstance(prompt, list) else 1
     num_choices = n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1
     if num_prompts * num_choices > max_prompts:
         raise APIError(400, f"prompt: a request may start at most {max_prompts} sequences (prompts in the batch "
