@@ -27,6 +27,9 @@ class ServerSettings:
     """Larger bodies get 413 before they are parsed."""
     max_prompts_per_request: int = DEFAULT_MAX_PROMPTS_PER_REQUEST
     """Most sequences (prompts in a completion batch × n) one request may start; 400 naming `prompt` beyond it."""
+    enable_prompt_tokens_details: bool = False
+    """vLLM's --enable-prompt-tokens-details: usage carries prompt_tokens_details.cached_tokens. Off by default: the
+    count of a token-granular prefix hit tells a client how much of its prompt another client already sent."""
     retry_after_s: int = 1
     """The Retry-After header of a 429."""
     tool_call_parser: Optional[str] = None

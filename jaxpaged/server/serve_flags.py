@@ -79,6 +79,9 @@ def _add_model_flags(group: argparse._ArgumentGroup) -> None:
                             f"{', '.join(TOOL_CALL_PARSERS)}")
     group.add_argument("--enable-auto-tool-choice", action="store_true",
                        help="let the model choose to call tools (tool_choice \"auto\"); needs --tool-call-parser")
+    group.add_argument("--enable-prompt-tokens-details", action="store_true",
+                       help="put usage.prompt_tokens_details.cached_tokens in responses (off: the prefix cache is "
+                            "shared by clients without a cache_salt, and the count would show another's prompt)")
     group.add_argument("--reasoning-parser", default=None, metavar="NAME",
                        help=f"put a thinking model's <think> text in reasoning_content: {', '.join(REASONING_PARSERS)}")
 
@@ -122,6 +125,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
                           tool_call_parser=getattr(args, "tool_call_parser", None),
                           enable_auto_tool_choice=getattr(args, "enable_auto_tool_choice", False),
                           reasoning_parser=getattr(args, "reasoning_parser", None),
+                          enable_prompt_tokens_details=getattr(args, "enable_prompt_tokens_details", False),
                           served_model_names=tuple(getattr(args, "served_model_name", None) or ()),
                           chat_template=load_chat_template(getattr(args, "chat_template", None)), **cors)
 

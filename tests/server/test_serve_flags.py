@@ -106,6 +106,11 @@ def test_max_prompts_per_request_flag_reaches_the_settings():
         settings_from_args(_args("--max-prompts-per-request", "0"))
 
 
+def test_enable_prompt_tokens_details_is_off_unless_given():
+    assert not settings_from_args(_args()).enable_prompt_tokens_details
+    assert settings_from_args(_args("--enable-prompt-tokens-details")).enable_prompt_tokens_details
+
+
 def test_auto_tool_choice_needs_a_parser():
     with pytest.raises(ValueError, match="^enable_auto_tool_choice: --enable-auto-tool-choice needs "
                                          "--tool-call-parser"):
