@@ -2,6 +2,7 @@
 
 import math
 
+import httpx
 import pytest
 
 pytestmark = pytest.mark.xdist_group("server")
@@ -110,20 +111,18 @@ def test_batch_of_prompts(client, model_name):
 def test_prefix_cache_reported_in_usage(details_server, http, model_name):
     """With --enable-prompt-tokens-details, a repeated 40-token prompt finds all but its last token cached: two
     full 16-token blocks and 7 tokens the first request's last, partly filled block holds (token-granular hits)."""
-    import openai
-
-    client = openai.OpenAI(base_url=details_server.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
     prompt = " ".join(f"word{i}" for i in range(60))
     token_ids = http.post("/tokenize", json={"prompt": prompt}).json()["tokens"][:40]
-    client.completions.create(model=model_name, prompt=token_ids, max_tokens=1,
-                              extra_body={"cache_salt": "usage-test"})
-    again = client.completions.create(model=model_name, prompt=token_ids, max_tokens=1,
-                                      extra_body={"cache_salt": "usage-test"})
-    assert again.usage.prompt_tokens == 40
-    assert again.usage.prompt_tokens_details.cached_tokens == 39
-    other_salt = client.completions.create(model=model_name, prompt=token_ids, max_tokens=1,
-                                           extra_body={"cache_salt": "another-salt"})
-    assert other_salt.usage.prompt_tokens_details.cached_tokens == 0
+
+    def usage_of(salt: str) -> dict:
+        body = {"model": model_name, "prompt": token_ids, "max_tokens": 1, "cache_salt": salt}
+        return httpx.post(details_server.base_url + "/v1/completions", json=body, timeout=120).json()["usage"]
+
+    usage_of("usage-test")
+    again = usage_of("usage-test")
+    assert again["prompt_tokens"] == 40
+    assert again["prompt_tokens_details"]["cached_tokens"] == 39
+    assert usage_of("another-salt")["prompt_tokens_details"]["cached_tokens"] == 0
 
 
 def test_cached_tokens_hidden_by_default(http, model_name):
