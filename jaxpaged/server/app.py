@@ -21,6 +21,7 @@ from jaxpaged.server.chat import create_chat_completion
 from jaxpaged.server.completions import create_completion
 from jaxpaged.server.context import ServerContext, ServerSettings
 from jaxpaged.server.errors import error_body, install_error_handlers
+from jaxpaged.server.host_guard import AllowedHostsMiddleware
 from jaxpaged.server.metrics import ServerMetrics
 from jaxpaged.server.tokenization import detokenize, tokenize
 
@@ -50,6 +51,9 @@ def build_app(engine: AsyncLLMEngine, settings: Optional[ServerSettings] = None,
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins),
                            allow_methods=list(settings.allowed_methods), allow_headers=list(settings.allowed_headers),
                            allow_credentials=settings.allow_credentials)
+    if settings.allowed_hosts:
+        # NOTE: outermost: a rebound name is refused before CORS or auth look at the request.
+        app.add_middleware(AllowedHostsMiddleware, allowed_hosts=list(settings.allowed_hosts))
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:

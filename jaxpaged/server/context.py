@@ -5,6 +5,7 @@ from typing import Optional
 
 from jaxpaged.async_engine import AsyncLLMEngine
 from jaxpaged.checks import is_int
+from jaxpaged.server.host_guard import check_host_patterns
 from jaxpaged.server.metrics import ServerMetrics
 from jaxpaged.server.reasoning_parsers import ReasoningParser, make_reasoning_parser
 from jaxpaged.server.tool_parsers import ToolParser, make_tool_parser
@@ -51,6 +52,8 @@ class ServerSettings:
     """CORS: request headers allowed (with allowed_origins)."""
     allow_credentials: bool = False
     """CORS: allow cookies and Authorization on cross-origin requests (with allowed_origins)."""
+    allowed_hosts: tuple[str, ...] = ()
+    """Host header allow-list against DNS rebinding (names, addresses, "*.example.com"). Empty: any host."""
 
     def __post_init__(self) -> None:
         if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key):
@@ -64,10 +67,11 @@ class ServerSettings:
         make_reasoning_parser(self.reasoning_parser)
         if self.enable_auto_tool_choice and self.tool_call_parser is None:
             raise ValueError("enable_auto_tool_choice: --enable-auto-tool-choice needs --tool-call-parser NAME")
-        for name in ("served_model_names", "allowed_origins", "allowed_methods", "allowed_headers"):
+        for name in ("served_model_names", "allowed_origins", "allowed_methods", "allowed_headers", "allowed_hosts"):
             value = getattr(self, name)
             if not isinstance(value, tuple) or not all(isinstance(item, str) and item for item in value):
                 raise ValueError(f"{name}: must be a tuple of non-empty strings, got {value!r}")
+        check_host_patterns(self.allowed_hosts)
 
     def __repr__(self) -> str:
         # NOTE: a repr that shows the key would leak it into any log line that prints the settings.

@@ -95,6 +95,10 @@ def _add_http_flags(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--allowed-headers", type=_json_list, default=None, metavar="JSON",
                        help="CORS: allowed request headers, a JSON list (default '[\"*\"]')")
     group.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials")
+    group.add_argument("--allowed-hosts", type=_json_list, default=None, metavar="JSON",
+                       help="answer 400 unless the Host header names one of these hosts, a JSON list such as "
+                            "'[\"localhost\", \"127.0.0.1\", \"*.example.com\"]' (against DNS rebinding) "
+                            "(default: any host)")
     group.add_argument("--ssl-keyfile", default=None, help="TLS: the private key file (with --ssl-certfile)")
     group.add_argument("--ssl-certfile", default=None, help="TLS: the certificate file; serves https")
     group.add_argument("--ssl-ca-certs", default=None, help="TLS: CA certificates to verify clients with")
@@ -127,6 +131,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
                           reasoning_parser=getattr(args, "reasoning_parser", None),
                           enable_prompt_tokens_details=getattr(args, "enable_prompt_tokens_details", False),
                           served_model_names=tuple(getattr(args, "served_model_name", None) or ()),
+                          allowed_hosts=tuple(getattr(args, "allowed_hosts", None) or ()),
                           chat_template=load_chat_template(getattr(args, "chat_template", None)), **cors)
 
 

@@ -20,8 +20,24 @@ from jaxpaged.server.protocol import MAX_STOP_STRINGS, SamplingRequest
 ModelT = TypeVar("ModelT", bound=pydantic.BaseModel)
 
 
+def check_json_content_type(request: Request) -> None:
+    """415 unless the body is declared `application/json` (parameters such as charset allowed).
+
+    A web page may POST text/plain or form bodies to any origin without a CORS preflight; refusing every other
+    type keeps a browser from driving a keyless server on 127.0.0.1 (CSRF). 415 is HTTP's status for exactly this
+    (RFC 9110 15.5.16), and vLLM's first version of the same check answered it; the body is the OpenAI error
+    object, so clients handle it as any other 4xx.
+    """
+    media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media_type != "application/json":
+        raise APIError(415, "Content-Type: the request body must be sent as application/json",
+                       param="Content-Type", code="unsupported_media_type")
+
+
 async def read_json_body(request: Request, max_body_bytes: int) -> Any:
-    """The request body as JSON: size-capped (413), strict UTF-8, no NaN/Infinity, no lone surrogates (400)."""
+    """The request body as JSON: declared application/json (415), size-capped (413), strict UTF-8, no
+    NaN/Infinity, no lone surrogates (400)."""
+    check_json_content_type(request)
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
         raise _too_large(max_body_bytes)

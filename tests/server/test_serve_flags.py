@@ -111,6 +111,12 @@ def test_enable_prompt_tokens_details_is_off_unless_given():
     assert settings_from_args(_args("--enable-prompt-tokens-details")).enable_prompt_tokens_details
 
 
+def test_allowed_hosts_flag_takes_a_json_list():
+    assert settings_from_args(_args()).allowed_hosts == ()
+    hosts = settings_from_args(_args("--allowed-hosts", '["localhost", "*.example.com"]')).allowed_hosts
+    assert hosts == ("localhost", "*.example.com")
+
+
 def test_auto_tool_choice_needs_a_parser():
     with pytest.raises(ValueError, match="^enable_auto_tool_choice: --enable-auto-tool-choice needs "
                                          "--tool-call-parser"):
