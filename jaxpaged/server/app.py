@@ -17,6 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 import jaxpaged
 from jaxpaged.async_engine import AsyncLLMEngine
 from jaxpaged.server.auth import BearerAuthMiddleware
+from jaxpaged.server.body_deadline import BodyDeadlineMiddleware
 from jaxpaged.server.chat import create_chat_completion
 from jaxpaged.server.completions import create_completion
 from jaxpaged.server.context import ServerContext, ServerSettings
@@ -44,6 +45,7 @@ def build_app(engine: AsyncLLMEngine, settings: Optional[ServerSettings] = None,
     app = FastAPI(title="jaxpaged", version=jaxpaged.__version__, lifespan=lifespan)
     app.state.context = context
     install_error_handlers(app)
+    app.add_middleware(BodyDeadlineMiddleware, timeout_s=settings.request_body_timeout_s)
     if settings.api_key is not None:
         app.add_middleware(BearerAuthMiddleware, api_key=settings.api_key)
     if settings.allowed_origins:

@@ -5,6 +5,7 @@ from typing import Optional
 
 from jaxpaged.async_engine import AsyncLLMEngine
 from jaxpaged.checks import is_int
+from jaxpaged.server.body_deadline import DEFAULT_REQUEST_BODY_TIMEOUT_S
 from jaxpaged.server.host_guard import check_host_patterns
 from jaxpaged.server.metrics import ServerMetrics
 from jaxpaged.server.reasoning_parsers import ReasoningParser, make_reasoning_parser
@@ -31,6 +32,8 @@ class ServerSettings:
     enable_prompt_tokens_details: bool = False
     """vLLM's --enable-prompt-tokens-details: usage carries prompt_tokens_details.cached_tokens. Off by default: the
     count of a token-granular prefix hit tells a client how much of its prompt another client already sent."""
+    request_body_timeout_s: float = DEFAULT_REQUEST_BODY_TIMEOUT_S
+    """Seconds a request body may take to arrive after its headers; 408 and the connection closed beyond it."""
     retry_after_s: int = 1
     """The Retry-After header of a 429."""
     tool_call_parser: Optional[str] = None
@@ -63,6 +66,9 @@ class ServerSettings:
             value = getattr(self, name)
             if not is_int(value) or value < minimum:
                 raise ValueError(f"{name}: must be an int >= {minimum}, got {value!r}")
+        timeout_s = self.request_body_timeout_s
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
+            raise ValueError(f"request_body_timeout_s: must be a number of seconds > 0, got {timeout_s!r}")
         make_tool_parser(self.tool_call_parser)  # ValueError naming the flag for an unknown parser
         make_reasoning_parser(self.reasoning_parser)
         if self.enable_auto_tool_choice and self.tool_call_parser is None:

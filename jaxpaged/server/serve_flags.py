@@ -8,6 +8,7 @@ from typing import Any
 
 from jaxpaged.logging_setup import LOG_LEVELS
 from jaxpaged.multihost.runtime import add_distributed_arguments
+from jaxpaged.server.body_deadline import DEFAULT_REQUEST_BODY_TIMEOUT_S
 from jaxpaged.server.chat_template import load_chat_template
 from jaxpaged.server.context import DEFAULT_MAX_PROMPTS_PER_REQUEST, DEFAULT_MAX_REQUEST_BODY_BYTES, ServerSettings
 from jaxpaged.server.reasoning_parsers import REASONING_PARSERS
@@ -16,6 +17,10 @@ from jaxpaged.server.vllm_flags import add_vllm_flags
 
 API_KEY_ENV = "JAXPAGED_API_KEY"
 """Environment variable read when --api-key is not given."""
+DEFAULT_LIMIT_CONCURRENCY = 2048
+"""uvicorn's limit_concurrency: open connections (idle ones too) beyond which new requests get 503."""
+DEFAULT_TIMEOUT_KEEP_ALIVE_S = 5
+"""uvicorn's timeout_keep_alive: an idle keep-alive connection is closed after this many seconds."""
 
 
 def _add_if_absent(parser: argparse.ArgumentParser, *flags: str, **kwargs: Any) -> None:
@@ -57,6 +62,14 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     _add_if_absent(parser, "--max-prompts-per-request", type=int, default=DEFAULT_MAX_PROMPTS_PER_REQUEST,
                    help=f"answer 400 to a request that would start more sequences (prompts in a batch times n) "
                         f"(default {DEFAULT_MAX_PROMPTS_PER_REQUEST})")
+    _add_if_absent(parser, "--request-body-timeout", type=float, default=DEFAULT_REQUEST_BODY_TIMEOUT_S,
+                   metavar="SECONDS", help=f"answer 408 and close the connection when a request body takes longer "
+                                           f"to arrive (default {DEFAULT_REQUEST_BODY_TIMEOUT_S:g})")
+    _add_if_absent(parser, "--limit-concurrency", type=int, default=DEFAULT_LIMIT_CONCURRENCY,
+                   help=f"uvicorn answers 503 to new requests while this many connections are open "
+                        f"(default {DEFAULT_LIMIT_CONCURRENCY})")
+    _add_if_absent(parser, "--timeout-keep-alive", type=int, default=DEFAULT_TIMEOUT_KEEP_ALIVE_S, metavar="SECONDS",
+                   help=f"close idle keep-alive connections after this long (default {DEFAULT_TIMEOUT_KEEP_ALIVE_S})")
     _add_if_absent(parser, "--log-level", default="info", choices=list(LOG_LEVELS),
                    help="log level of jaxpaged (start-up plan, dtype choice) and uvicorn, on stderr")
     parser.add_argument("model_path", nargs="?", default=None, metavar="MODEL",
@@ -126,6 +139,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     return ServerSettings(api_key=api_key, max_queued_requests=args.max_queued_requests, max_n=args.max_n,
                           max_request_body_bytes=args.max_request_body_bytes,
                           max_prompts_per_request=args.max_prompts_per_request,
+                          request_body_timeout_s=args.request_body_timeout,
                           tool_call_parser=getattr(args, "tool_call_parser", None),
                           enable_auto_tool_choice=getattr(args, "enable_auto_tool_choice", False),
                           reasoning_parser=getattr(args, "reasoning_parser", None),
@@ -140,7 +154,11 @@ def uvicorn_options(args: argparse.Namespace) -> dict[str, Any]:
     flag for TLS files that are missing or given alone."""
     options: dict[str, Any] = dict(host=args.host, port=args.port,
                                    log_level=getattr(args, "uvicorn_log_level", None) or args.log_level,
-                                   timeout_graceful_shutdown=None)
+                                   timeout_graceful_shutdown=None,
+                                   limit_concurrency=args.limit_concurrency, timeout_keep_alive=args.timeout_keep_alive)
+    for flag, value in (("limit_concurrency", args.limit_concurrency), ("timeout_keep_alive", args.timeout_keep_alive)):
+        if value < 1:
+            raise ValueError(f"{flag}: --{flag.replace('_', '-')} must be >= 1, got {value}")
     if getattr(args, "disable_uvicorn_access_log", False):
         options["access_log"] = False
     if getattr(args, "root_path", None):

@@ -99,6 +99,19 @@ def test_tls_and_logging_flags_reach_uvicorn(tmp_path):
         uvicorn_options(_args("--ssl-certfile", "nope.pem"))
 
 
+def test_slow_client_limits_reach_uvicorn_and_the_settings():
+    defaults = uvicorn.Config(lambda scope, receive, send: None, **uvicorn_options(_args()))
+    assert (defaults.limit_concurrency, defaults.timeout_keep_alive) == (2048, 5)
+    assert settings_from_args(_args()).request_body_timeout_s == 60.0
+    args = _args("--limit-concurrency", "64", "--timeout-keep-alive", "2", "--request-body-timeout", "7.5")
+    assert (uvicorn_options(args)["limit_concurrency"], uvicorn_options(args)["timeout_keep_alive"]) == (64, 2)
+    assert settings_from_args(args).request_body_timeout_s == 7.5
+    with pytest.raises(ValueError, match="^limit_concurrency: --limit-concurrency must be >= 1"):
+        uvicorn_options(_args("--limit-concurrency", "0"))
+    with pytest.raises(ValueError, match="^request_body_timeout_s: must be a number of seconds > 0"):
+        settings_from_args(_args("--request-body-timeout", "0"))
+
+
 def test_max_prompts_per_request_flag_reaches_the_settings():
     assert settings_from_args(_args()).max_prompts_per_request == 1024
     assert settings_from_args(_args("--max-prompts-per-request", "8")).max_prompts_per_request == 8
