@@ -1,7 +1,8 @@
 """`jaxpaged serve`: flags, engine start-up (compiles before the port opens), uvicorn, graceful SIGTERM.
 
 On SIGTERM the server stops accepting (new work gets 503, the listening socket closes), lets requests in flight
-finish, stops the engine loop and exits 0.
+finish (for up to --shutdown-timeout; then they are cancelled), stops the engine loop (persisting the KV cache to
+the disk tier for up to --kv-persist-timeout, logging what it left out) and exits 0.
 """
 
 import argparse
@@ -99,7 +100,8 @@ def serve_main(args: argparse.Namespace) -> int:
     if followers is not None:
         multihost.fail_stop_on_lost_follower(async_engine, followers)
     async_engine.start()
-    app = build_app(async_engine, settings, owns_engine=True)
+    # NOTE: the engine is stopped below, not by the app's shutdown, so that its persist gets its own time bound.
+    app = build_app(async_engine, settings)
     server = _GracefulServer(uvicorn.Config(app, **server_options), app.state.context)
     scheme, model_name = ("https" if "ssl_certfile" in server_options else "http"), app.state.context.model_name
     print(f"jaxpaged: serving {model_name} on {scheme}://{args.host}:{args.port} "
@@ -113,5 +115,5 @@ def serve_main(args: argparse.Namespace) -> int:
         server.run()
     finally:
         signal.signal(signal.SIGTERM, previous)
-        async_engine.shutdown()
+        async_engine.shutdown(timeout_s=args.kv_persist_timeout)
     return 0 if server.started else 1

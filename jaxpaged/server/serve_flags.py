@@ -21,6 +21,10 @@ DEFAULT_LIMIT_CONCURRENCY = 2048
 """uvicorn's limit_concurrency: open connections (idle ones too) beyond which new requests get 503."""
 DEFAULT_TIMEOUT_KEEP_ALIVE_S = 5
 """uvicorn's timeout_keep_alive: an idle keep-alive connection is closed after this many seconds."""
+DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
+"""On SIGTERM, seconds requests in flight may take to finish before uvicorn cancels them."""
+DEFAULT_KV_PERSIST_TIMEOUT_S = 30.0
+"""After the drain, seconds the engine may take to stop, persisting the KV cache to the disk tier."""
 
 
 def _add_if_absent(parser: argparse.ArgumentParser, *flags: str, **kwargs: Any) -> None:
@@ -70,6 +74,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         f"(default {DEFAULT_LIMIT_CONCURRENCY})")
     _add_if_absent(parser, "--timeout-keep-alive", type=int, default=DEFAULT_TIMEOUT_KEEP_ALIVE_S, metavar="SECONDS",
                    help=f"close idle keep-alive connections after this long (default {DEFAULT_TIMEOUT_KEEP_ALIVE_S})")
+    _add_if_absent(parser, "--shutdown-timeout", type=float, default=DEFAULT_SHUTDOWN_TIMEOUT_S, metavar="SECONDS",
+                   help=f"on SIGTERM, cancel the requests still running after this long "
+                        f"(default {DEFAULT_SHUTDOWN_TIMEOUT_S:g})")
+    _add_if_absent(parser, "--kv-persist-timeout", type=float, default=DEFAULT_KV_PERSIST_TIMEOUT_S,
+                   metavar="SECONDS", help=f"after the drain, stop persisting the KV cache to the disk tier after "
+                                           f"this long, logging what was left out "
+                                           f"(default {DEFAULT_KV_PERSIST_TIMEOUT_S:g})")
     _add_if_absent(parser, "--log-level", default="info", choices=list(LOG_LEVELS),
                    help="log level of jaxpaged (start-up plan, dtype choice) and uvicorn, on stderr")
     parser.add_argument("model_path", nargs="?", default=None, metavar="MODEL",
@@ -154,11 +165,14 @@ def uvicorn_options(args: argparse.Namespace) -> dict[str, Any]:
     flag for TLS files that are missing or given alone."""
     options: dict[str, Any] = dict(host=args.host, port=args.port,
                                    log_level=getattr(args, "uvicorn_log_level", None) or args.log_level,
-                                   timeout_graceful_shutdown=None,
+                                   timeout_graceful_shutdown=args.shutdown_timeout,
                                    limit_concurrency=args.limit_concurrency, timeout_keep_alive=args.timeout_keep_alive)
-    for flag, value in (("limit_concurrency", args.limit_concurrency), ("timeout_keep_alive", args.timeout_keep_alive)):
-        if value < 1:
-            raise ValueError(f"{flag}: --{flag.replace('_', '-')} must be >= 1, got {value}")
+    for flag, value, minimum in (("limit_concurrency", args.limit_concurrency, 1),
+                                 ("timeout_keep_alive", args.timeout_keep_alive, 1),
+                                 ("shutdown_timeout", args.shutdown_timeout, 0),
+                                 ("kv_persist_timeout", args.kv_persist_timeout, 0)):
+        if not value >= minimum:  # NaN too
+            raise ValueError(f"{flag}: --{flag.replace('_', '-')} must be >= {minimum}, got {value}")
     if getattr(args, "disable_uvicorn_access_log", False):
         options["access_log"] = False
     if getattr(args, "root_path", None):

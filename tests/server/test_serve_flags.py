@@ -112,6 +112,14 @@ def test_slow_client_limits_reach_uvicorn_and_the_settings():
         settings_from_args(_args("--request-body-timeout", "0"))
 
 
+def test_shutdown_timeouts_bound_the_drain_and_the_persist():
+    assert uvicorn_options(_args())["timeout_graceful_shutdown"] == 30.0
+    args = _args("--shutdown-timeout", "5", "--kv-persist-timeout", "90")
+    assert uvicorn_options(args)["timeout_graceful_shutdown"] == 5.0 and args.kv_persist_timeout == 90.0
+    with pytest.raises(ValueError, match="^shutdown_timeout: --shutdown-timeout must be >= 0"):
+        uvicorn_options(_args("--shutdown-timeout", "-1"))
+
+
 def test_max_prompts_per_request_flag_reaches_the_settings():
     assert settings_from_args(_args()).max_prompts_per_request == 1024
     assert settings_from_args(_args("--max-prompts-per-request", "8")).max_prompts_per_request == 8
