@@ -160,6 +160,7 @@ class AsyncLLMEngine:
         self._stopping = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._close_deadline: Optional[float] = None
+        self._last_progress = time.monotonic()  # written by the loop thread only
 
     # ----------------------------------------------------------------------------------------------- lifecycle
 
@@ -168,6 +169,7 @@ class AsyncLLMEngine:
         if self._thread is not None:
             raise RuntimeError("AsyncLLMEngine.start: already started")
         self._stats = self.engine.get_stats()
+        self._last_progress = time.monotonic()
         self._thread = threading.Thread(target=self._run_loop, name="jaxpaged-engine-loop", daemon=True)
         self._thread.start()
 
@@ -233,6 +235,14 @@ class AsyncLLMEngine:
         self._commands.put(_AbortCommand(request_id))
 
     @property
+    def seconds_without_progress(self) -> float:
+        """While sequences are unfinished, the seconds since the loop last finished a step or an idle wait (how
+        long a hung step has held the engine); 0 when nothing is pending."""
+        if self._num_unfinished_seqs == 0:
+            return 0.0
+        return time.monotonic() - self._last_progress
+
+    @property
     def num_unfinished_seqs(self) -> int:
         """Sequences (n per request) added and not yet finished or aborted: exact, updated at once."""
         return self._num_unfinished_seqs
@@ -264,6 +274,7 @@ class AsyncLLMEngine:
                     self._dispatch(outputs)
                 else:
                     self.engine.heartbeat()
+                self._last_progress = time.monotonic()
             self.engine.close(self._close_deadline)
         except BaseException as error:  # an engine failure must not hang the clients: fail them all
             logger.exception("engine loop failed; failing every request in flight")

@@ -82,6 +82,11 @@ def build_app(engine: AsyncLLMEngine, settings: Optional[ServerSettings] = None,
     @app.get("/health")
     async def health() -> Response:
         if context.ready:
+            stalled_s = engine.seconds_without_progress
+            if stalled_s > settings.engine_step_timeout_s:  # a hung step: the loop lives but serves nobody
+                return JSONResponse(error_body(503, f"no engine step has finished for {stalled_s:.0f} s while requests "
+                                                    f"are pending (--engine-step-timeout)", code="engine_stalled"),
+                                    status_code=503)
             return JSONResponse({"status": "ok"})
         message = "the server is shutting down" if context.draining else "the engine loop is not running"
         return JSONResponse(error_body(503, message, code="unavailable"), status_code=503)

@@ -10,6 +10,7 @@ from jaxpaged.server.host_guard import check_host_patterns
 from jaxpaged.server.metrics import ServerMetrics
 from jaxpaged.server.reasoning_parsers import ReasoningParser, make_reasoning_parser
 from jaxpaged.server.tool_parsers import ToolParser, make_tool_parser
+from jaxpaged.server.watchdog import DEFAULT_ENGINE_STEP_TIMEOUT_S
 
 DEFAULT_MAX_REQUEST_BODY_BYTES = 2 * 1024 * 1024
 DEFAULT_MAX_PROMPTS_PER_REQUEST = 1024
@@ -34,6 +35,8 @@ class ServerSettings:
     count of a token-granular prefix hit tells a client how much of its prompt another client already sent."""
     request_body_timeout_s: float = DEFAULT_REQUEST_BODY_TIMEOUT_S
     """Seconds a request body may take to arrive after its headers; 408 and the connection closed beyond it."""
+    engine_step_timeout_s: float = DEFAULT_ENGINE_STEP_TIMEOUT_S
+    """/health answers 503 when no engine step has finished for this long while requests are pending (a hang)."""
     retry_after_s: int = 1
     """The Retry-After header of a 429."""
     tool_call_parser: Optional[str] = None
@@ -66,9 +69,10 @@ class ServerSettings:
             value = getattr(self, name)
             if not is_int(value) or value < minimum:
                 raise ValueError(f"{name}: must be an int >= {minimum}, got {value!r}")
-        timeout_s = self.request_body_timeout_s
-        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
-            raise ValueError(f"request_body_timeout_s: must be a number of seconds > 0, got {timeout_s!r}")
+        for name in ("request_body_timeout_s", "engine_step_timeout_s"):
+            timeout_s = getattr(self, name)
+            if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
+                raise ValueError(f"{name}: must be a number of seconds > 0, got {timeout_s!r}")
         make_tool_parser(self.tool_call_parser)  # ValueError naming the flag for an unknown parser
         make_reasoning_parser(self.reasoning_parser)
         if self.enable_auto_tool_choice and self.tool_call_parser is None:

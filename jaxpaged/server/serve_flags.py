@@ -14,6 +14,7 @@ from jaxpaged.server.context import DEFAULT_MAX_PROMPTS_PER_REQUEST, DEFAULT_MAX
 from jaxpaged.server.reasoning_parsers import REASONING_PARSERS
 from jaxpaged.server.tool_parsers import TOOL_CALL_PARSERS
 from jaxpaged.server.vllm_flags import add_vllm_flags
+from jaxpaged.server.watchdog import DEFAULT_ENGINE_STEP_TIMEOUT_S
 
 API_KEY_ENV = "JAXPAGED_API_KEY"
 """Environment variable read when --api-key is not given."""
@@ -81,6 +82,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                    metavar="SECONDS", help=f"after the drain, stop persisting the KV cache to the disk tier after "
                                            f"this long, logging what was left out "
                                            f"(default {DEFAULT_KV_PERSIST_TIMEOUT_S:g})")
+    _add_if_absent(parser, "--engine-step-timeout", type=float, default=DEFAULT_ENGINE_STEP_TIMEOUT_S,
+                   metavar="SECONDS", help=f"/health answers 503 when no engine step has finished for this long while "
+                                           f"requests are pending (default {DEFAULT_ENGINE_STEP_TIMEOUT_S:g})")
     _add_if_absent(parser, "--log-level", default="info", choices=list(LOG_LEVELS),
                    help="log level of jaxpaged (start-up plan, dtype choice) and uvicorn, on stderr")
     parser.add_argument("model_path", nargs="?", default=None, metavar="MODEL",
@@ -151,6 +155,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
                           max_request_body_bytes=args.max_request_body_bytes,
                           max_prompts_per_request=args.max_prompts_per_request,
                           request_body_timeout_s=args.request_body_timeout,
+                          engine_step_timeout_s=args.engine_step_timeout,
                           tool_call_parser=getattr(args, "tool_call_parser", None),
                           enable_auto_tool_choice=getattr(args, "enable_auto_tool_choice", False),
                           reasoning_parser=getattr(args, "reasoning_parser", None),

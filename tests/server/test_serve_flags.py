@@ -112,6 +112,13 @@ def test_slow_client_limits_reach_uvicorn_and_the_settings():
         settings_from_args(_args("--request-body-timeout", "0"))
 
 
+def test_engine_step_timeout_reaches_the_settings():
+    assert settings_from_args(_args()).engine_step_timeout_s == 120.0
+    assert settings_from_args(_args("--engine-step-timeout", "600")).engine_step_timeout_s == 600.0
+    with pytest.raises(ValueError, match="^engine_step_timeout_s: must be a number of seconds > 0"):
+        settings_from_args(_args("--engine-step-timeout", "0"))
+
+
 def test_shutdown_timeouts_bound_the_drain_and_the_persist():
     assert uvicorn_options(_args())["timeout_graceful_shutdown"] == 30.0
     args = _args("--shutdown-timeout", "5", "--kv-persist-timeout", "90")

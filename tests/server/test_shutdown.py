@@ -39,8 +39,8 @@ def _wait_healthy(base_url: str, process: subprocess.Popen, log_path) -> None:
     pytest.fail(f"server not healthy after {STARTUP_TIMEOUT_S}s:\n{log_path.read_text()[-3000:]}")
 
 
-def _server_command(model_dir, port: int, *flags: str) -> list[str]:
-    return [sys.executable, "-m", "jaxpaged.server", "--model", str(model_dir), "--port", str(port),
+def _server_command(model_dir, port: int, *flags: str, module: str = "jaxpaged.server") -> list[str]:
+    return [sys.executable, "-m", module, "--model", str(model_dir), "--port", str(port),
             "--max-model-len", "128", "--max-num-seqs", "4", "--max-num-batched-tokens", "16",
             "--dtype", "float32", "--attention-backend", "xla", "--compilation-cache-dir", "", *flags]
 
@@ -118,3 +118,32 @@ def test_the_drain_is_bounded_by_shutdown_timeout(tiny_model_dir, tmp_path):
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_a_failed_engine_loop_exits_the_process_non_zero(tiny_model_dir, tmp_path):
+    """When an engine step raises, the request gets an error, /health turns 503, and the process exits with
+    EXIT_ENGINE_FAILED within ~5 s, so an orchestrator restarts it."""
+    from jaxpaged.server.watchdog import EXIT_ENGINE_FAILED
+
+    port = _free_port()
+    base_url = f"http://127.0.0.1:{port}"
+    log_path = tmp_path / "server.log"
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(_server_command(tiny_model_dir, port, module="tests.server.faulty_server"),
+                                   stdout=log, stderr=subprocess.STDOUT)
+    try:
+        _wait_healthy(base_url, process, log_path)
+        failed = httpx.post(base_url + "/v1/completions", json={"prompt": "hello", "max_tokens": 4}, timeout=60)
+        failed_at = time.monotonic()
+        assert failed.status_code == 503 and failed.json()["error"]["code"] == "engine_unavailable"
+        try:
+            assert httpx.get(base_url + "/health", timeout=5).status_code == 503
+        except httpx.TransportError:
+            pass  # already gone
+        assert process.wait(30) == EXIT_ENGINE_FAILED
+        assert time.monotonic() - failed_at < 5
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert "the engine loop failed (RuntimeError)" in log_path.read_text()
