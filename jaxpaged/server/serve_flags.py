@@ -11,6 +11,7 @@ from jaxpaged.multihost.runtime import add_distributed_arguments
 from jaxpaged.server.body_deadline import DEFAULT_REQUEST_BODY_TIMEOUT_S
 from jaxpaged.server.chat_template import load_chat_template
 from jaxpaged.server.context import DEFAULT_MAX_PROMPTS_PER_REQUEST, DEFAULT_MAX_REQUEST_BODY_BYTES, ServerSettings
+from jaxpaged.server.header_deadline import DEFAULT_REQUEST_HEADER_TIMEOUT_S, header_deadline_protocol
 from jaxpaged.server.reasoning_parsers import REASONING_PARSERS
 from jaxpaged.server.tool_parsers import TOOL_CALL_PARSERS
 from jaxpaged.server.vllm_flags import add_vllm_flags
@@ -70,6 +71,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     _add_if_absent(parser, "--request-body-timeout", type=float, default=DEFAULT_REQUEST_BODY_TIMEOUT_S,
                    metavar="SECONDS", help=f"answer 408 and close the connection when a request body takes longer "
                                            f"to arrive (default {DEFAULT_REQUEST_BODY_TIMEOUT_S:g})")
+    _add_if_absent(parser, "--request-header-timeout", type=float, default=DEFAULT_REQUEST_HEADER_TIMEOUT_S,
+                   metavar="SECONDS", help=f"close a connection that has not sent a request's headers this long after "
+                                           f"it opened or after its last response "
+                                           f"(default {DEFAULT_REQUEST_HEADER_TIMEOUT_S:g})")
     _add_if_absent(parser, "--limit-concurrency", type=int, default=DEFAULT_LIMIT_CONCURRENCY,
                    help=f"uvicorn answers 503 to new requests while this many connections are open "
                         f"(default {DEFAULT_LIMIT_CONCURRENCY})")
@@ -175,9 +180,11 @@ def uvicorn_options(args: argparse.Namespace) -> dict[str, Any]:
     for flag, value, minimum in (("limit_concurrency", args.limit_concurrency, 1),
                                  ("timeout_keep_alive", args.timeout_keep_alive, 1),
                                  ("shutdown_timeout", args.shutdown_timeout, 0),
+                                 ("request_header_timeout", args.request_header_timeout, 1e-3),
                                  ("kv_persist_timeout", args.kv_persist_timeout, 0)):
         if not value >= minimum:  # NaN too
             raise ValueError(f"{flag}: --{flag.replace('_', '-')} must be >= {minimum}, got {value}")
+    options["http"] = header_deadline_protocol(args.request_header_timeout)
     if getattr(args, "disable_uvicorn_access_log", False):
         options["access_log"] = False
     if getattr(args, "root_path", None):

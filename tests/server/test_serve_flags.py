@@ -106,6 +106,8 @@ def test_slow_client_limits_reach_uvicorn_and_the_settings():
     args = _args("--limit-concurrency", "64", "--timeout-keep-alive", "2", "--request-body-timeout", "7.5")
     assert (uvicorn_options(args)["limit_concurrency"], uvicorn_options(args)["timeout_keep_alive"]) == (64, 2)
     assert settings_from_args(args).request_body_timeout_s == 7.5
+    header_deadline = uvicorn_options(_args("--request-header-timeout", "3"))["http"]
+    assert header_deadline.header_timeout_s == 3.0 and uvicorn_options(_args())["http"].header_timeout_s == 30.0
     with pytest.raises(ValueError, match="^limit_concurrency: --limit-concurrency must be >= 1"):
         uvicorn_options(_args("--limit-concurrency", "0"))
     with pytest.raises(ValueError, match="^request_body_timeout_s: must be a number of seconds > 0"):

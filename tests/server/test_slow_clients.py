@@ -1,7 +1,9 @@
 """Slow clients cannot hold the server: a body that stalls after its headers gets 408 and a closed connection
-within --request-body-timeout while others are served, and beyond --limit-concurrency open connections new
-requests get 503 until some close."""
+within --request-body-timeout while others are served, headers that never complete get the connection closed
+within --request-header-timeout, and beyond --limit-concurrency open connections new requests get 503 until some
+close."""
 
+import json
 import socket
 import time
 from collections.abc import Iterator
@@ -10,12 +12,14 @@ import httpx
 import pytest
 
 from jaxpaged.server import ServerSettings, build_app
+from jaxpaged.server.header_deadline import header_deadline_protocol
 from tests.server.server_helpers import ServerThread
 
 pytestmark = pytest.mark.xdist_group("server")
 
 BODY_TIMEOUT_S = 1.0
 LIMIT_CONCURRENCY = 4
+HEADER_TIMEOUT_S = 1.0
 
 
 @pytest.fixture(scope="module")
@@ -88,3 +92,46 @@ def test_a_body_within_the_deadline_is_unaffected(strict_server, model_name):
         with session.stream("POST", "/v1/completions", json=body) as response:
             lines = [line for line in response.iter_lines() if line.startswith("data: ")]
     assert response.status_code == 200 and lines[-1] == "data: [DONE]"
+
+
+@pytest.fixture(scope="module")
+def header_deadline_server(async_engine) -> Iterator[ServerThread]:
+    """A server whose connections must send a request's headers within 1 s."""
+    with ServerThread(build_app(async_engine, ServerSettings()),
+                      http=header_deadline_protocol(HEADER_TIMEOUT_S)) as running:
+        yield running
+
+
+@pytest.mark.parametrize("sent", [b"", b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Ty"],
+                         ids=["nothing", "partial-headers"])
+def test_a_connection_without_complete_headers_is_closed(header_deadline_server, sent):
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", header_deadline_server.port), timeout=30) as slow:
+        slow.sendall(sent)
+        assert _read_until_closed(slow) == b""
+    assert HEADER_TIMEOUT_S * 0.9 <= time.monotonic() - started < HEADER_TIMEOUT_S + 5
+    assert httpx.get(header_deadline_server.base_url + "/health", timeout=30).status_code == 200
+
+
+def test_the_next_request_on_a_kept_alive_connection_has_its_own_header_deadline(header_deadline_server):
+    """After a response, partial headers of the next request (which stop uvicorn's keep-alive timer) are cut off
+    too."""
+    with socket.create_connection(("127.0.0.1", header_deadline_server.port), timeout=30) as kept:
+        time.sleep(HEADER_TIMEOUT_S * 0.6)
+        kept.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        assert kept.recv(65536).startswith(b"HTTP/1.1 200")
+        started = time.monotonic()
+        kept.sendall(b"GET /health HTTP/1.1\r\nHo")
+        assert _read_until_closed(kept) == b""
+    assert HEADER_TIMEOUT_S * 0.9 <= time.monotonic() - started < HEADER_TIMEOUT_S + 5
+
+
+def test_a_request_whose_headers_arrived_is_not_cut_by_the_header_deadline(header_deadline_server, model_name):
+    """Past the header deadline, a request in progress (its body still coming, within its own deadline) is served."""
+    body = json.dumps({"model": model_name, "prompt": "hi", "max_tokens": 1}).encode()
+    with socket.create_connection(("127.0.0.1", header_deadline_server.port), timeout=30) as unhurried:
+        unhurried.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                          b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body) + body[:10])
+        time.sleep(HEADER_TIMEOUT_S * 2)
+        unhurried.sendall(body[10:])
+        assert _read_until_closed(unhurried).startswith(b"HTTP/1.1 200")
