@@ -68,6 +68,20 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     _add_if_absent(parser, "--max-prompts-per-request", type=int, default=DEFAULT_MAX_PROMPTS_PER_REQUEST,
                    help=f"answer 400 to a request that would start more sequences (prompts in a batch times n) "
                         f"(default {DEFAULT_MAX_PROMPTS_PER_REQUEST})")
+    _add_limit_flags(parser)
+    _add_if_absent(parser, "--log-level", default="info", choices=list(LOG_LEVELS),
+                   help="log level of jaxpaged (start-up plan, dtype choice) and uvicorn, on stderr")
+    parser.add_argument("model_path", nargs="?", default=None, metavar="MODEL",
+                        help="the model, as vLLM's `serve MODEL` takes it (the same as --model)")
+    _add_model_flags(parser.add_argument_group("model and chat (vLLM's flags)"))
+    _add_http_flags(parser.add_argument_group("HTTP: CORS, TLS, logging (vLLM's flags)"))
+    add_vllm_flags(parser)
+    if "--coordinator-address" not in parser._option_string_actions:
+        add_distributed_arguments(parser)
+
+
+def _add_limit_flags(parser: argparse.ArgumentParser) -> None:
+    """Slow clients, connections, shutdown and the engine watchdog."""
     _add_if_absent(parser, "--request-body-timeout", type=float, default=DEFAULT_REQUEST_BODY_TIMEOUT_S,
                    metavar="SECONDS", help=f"answer 408 and close the connection when a request body takes longer "
                                            f"to arrive (default {DEFAULT_REQUEST_BODY_TIMEOUT_S:g})")
@@ -90,15 +104,6 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     _add_if_absent(parser, "--engine-step-timeout", type=float, default=DEFAULT_ENGINE_STEP_TIMEOUT_S,
                    metavar="SECONDS", help=f"/health answers 503 when no engine step has finished for this long while "
                                            f"requests are pending (default {DEFAULT_ENGINE_STEP_TIMEOUT_S:g})")
-    _add_if_absent(parser, "--log-level", default="info", choices=list(LOG_LEVELS),
-                   help="log level of jaxpaged (start-up plan, dtype choice) and uvicorn, on stderr")
-    parser.add_argument("model_path", nargs="?", default=None, metavar="MODEL",
-                        help="the model, as vLLM's `serve MODEL` takes it (the same as --model)")
-    _add_model_flags(parser.add_argument_group("model and chat (vLLM's flags)"))
-    _add_http_flags(parser.add_argument_group("HTTP: CORS, TLS, logging (vLLM's flags)"))
-    add_vllm_flags(parser)
-    if "--coordinator-address" not in parser._option_string_actions:
-        add_distributed_arguments(parser)
 
 
 def _add_model_flags(group: argparse._ArgumentGroup) -> None:
@@ -171,8 +176,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
 
 
 def uvicorn_options(args: argparse.Namespace) -> dict[str, Any]:
-    """uvicorn.Config's keyword options from the flags (address, TLS, logging, root path); ValueError naming the
-    flag for TLS files that are missing or given alone."""
+    """uvicorn.Config's keyword options from the flags (address, TLS, logging, root path, connection limits and
+    timeouts); ValueError naming the flag for TLS files that are missing or given alone, or a limit out of range."""
     options: dict[str, Any] = dict(host=args.host, port=args.port,
                                    log_level=getattr(args, "uvicorn_log_level", None) or args.log_level,
                                    timeout_graceful_shutdown=args.shutdown_timeout,
@@ -180,10 +185,12 @@ def uvicorn_options(args: argparse.Namespace) -> dict[str, Any]:
     for flag, value, minimum in (("limit_concurrency", args.limit_concurrency, 1),
                                  ("timeout_keep_alive", args.timeout_keep_alive, 1),
                                  ("shutdown_timeout", args.shutdown_timeout, 0),
-                                 ("request_header_timeout", args.request_header_timeout, 1e-3),
                                  ("kv_persist_timeout", args.kv_persist_timeout, 0)):
         if not value >= minimum:  # NaN too
             raise ValueError(f"{flag}: --{flag.replace('_', '-')} must be >= {minimum}, got {value}")
+    if not args.request_header_timeout > 0:
+        raise ValueError(f"request_header_timeout: --request-header-timeout must be > 0, "
+                         f"got {args.request_header_timeout}")
     options["http"] = header_deadline_protocol(args.request_header_timeout)
     if getattr(args, "disable_uvicorn_access_log", False):
         options["access_log"] = False
