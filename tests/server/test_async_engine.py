@@ -118,9 +118,12 @@ def test_health_reports_a_hung_step(looped, tiny_engine, monkeypatch):
         client = threading.Thread(target=lambda: answers.append(
             httpx.post(running.base_url + "/v1/completions", json=body, timeout=60)))
         client.start()
-        time.sleep(1.5)
-        stalled = httpx.get(health)
+        deadline = time.monotonic() + 30
+        while (stalled := httpx.get(health)).status_code == 200:
+            assert time.monotonic() < deadline, "/health stayed 200 with a step hung"
+            time.sleep(0.1)
         assert stalled.status_code == 503 and stalled.json()["error"]["code"] == "engine_stalled"
+        assert looped.seconds_without_progress > 0.5 and looped.num_unfinished_seqs == 1
         release.set()
         client.join(60)
         assert answers and answers[0].status_code == 200
