@@ -269,10 +269,11 @@ class LLMEngine:
         """Called while idle (multi-host: checks the followers are alive every so often)."""
         self.features.on_idle()
 
-    def close(self) -> None:
+    def close(self, deadline: Optional[float] = None) -> None:
         """Persists the KV cache to the disk tier (when one is on) and, multi-host, tells the followers to exit.
-        Call once no step will run again."""
-        self.features.close(self.ranks)
+        Call once no step will run again. `deadline` (time.monotonic()): the persist stops there, logging how many
+        blocks it wrote and how many it did not."""
+        self.features.close(self.ranks, deadline)
 
     def _add_spec_decode_stats(self, stats: EngineStats) -> None:
         (stats.spec_decode_num_drafts, stats.spec_decode_num_draft_tokens, stats.spec_decode_num_accepted_tokens,

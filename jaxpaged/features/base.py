@@ -44,8 +44,9 @@ class EngineFeature:
     def add_stats(self, stats: "EngineStats", ranks: "DataParallelRanks") -> None:
         """Fill the feature's fields of a stats snapshot."""
 
-    def close(self, ranks: "DataParallelRanks") -> None:
-        """No step will run again."""
+    def close(self, ranks: "DataParallelRanks", deadline: Optional[float] = None) -> None:
+        """No step will run again. `deadline`: the time.monotonic() by which closing should be done (work that
+        can be cut short, such as persisting the KV cache, stops there and logs what it left out; None: no bound)."""
 
 
 _NO_GUARD = contextlib.nullcontext()
@@ -100,6 +101,6 @@ class FeatureSet(EngineFeature):
         for feature in self.features:
             feature.add_stats(stats, ranks)
 
-    def close(self, ranks: "DataParallelRanks") -> None:
+    def close(self, ranks: "DataParallelRanks", deadline: Optional[float] = None) -> None:
         for feature in self.features:
-            feature.close(ranks)
+            feature.close(ranks, deadline)

@@ -99,6 +99,54 @@ def test_tls_and_logging_flags_reach_uvicorn(tmp_path):
         uvicorn_options(_args("--ssl-certfile", "nope.pem"))
 
 
+def test_slow_client_limits_reach_uvicorn_and_the_settings():
+    defaults = uvicorn.Config(lambda scope, receive, send: None, **uvicorn_options(_args()))
+    assert (defaults.limit_concurrency, defaults.timeout_keep_alive) == (2048, 5)
+    assert settings_from_args(_args()).request_body_timeout_s == 60.0
+    args = _args("--limit-concurrency", "64", "--timeout-keep-alive", "2", "--request-body-timeout", "7.5")
+    assert (uvicorn_options(args)["limit_concurrency"], uvicorn_options(args)["timeout_keep_alive"]) == (64, 2)
+    assert settings_from_args(args).request_body_timeout_s == 7.5
+    header_deadline = uvicorn_options(_args("--request-header-timeout", "3"))["http"]
+    assert header_deadline.header_timeout_s == 3.0 and uvicorn_options(_args())["http"].header_timeout_s == 30.0
+    with pytest.raises(ValueError, match="^limit_concurrency: --limit-concurrency must be >= 1"):
+        uvicorn_options(_args("--limit-concurrency", "0"))
+    with pytest.raises(ValueError, match="^request_body_timeout_s: must be a number of seconds > 0"):
+        settings_from_args(_args("--request-body-timeout", "0"))
+
+
+def test_engine_step_timeout_reaches_the_settings():
+    assert settings_from_args(_args()).engine_step_timeout_s == 120.0
+    assert settings_from_args(_args("--engine-step-timeout", "600")).engine_step_timeout_s == 600.0
+    with pytest.raises(ValueError, match="^engine_step_timeout_s: must be a number of seconds > 0"):
+        settings_from_args(_args("--engine-step-timeout", "0"))
+
+
+def test_shutdown_timeouts_bound_the_drain_and_the_persist():
+    assert uvicorn_options(_args())["timeout_graceful_shutdown"] == 30.0
+    args = _args("--shutdown-timeout", "5", "--kv-persist-timeout", "90")
+    assert uvicorn_options(args)["timeout_graceful_shutdown"] == 5.0 and args.kv_persist_timeout == 90.0
+    with pytest.raises(ValueError, match="^shutdown_timeout: --shutdown-timeout must be >= 0"):
+        uvicorn_options(_args("--shutdown-timeout", "-1"))
+
+
+def test_max_prompts_per_request_flag_reaches_the_settings():
+    assert settings_from_args(_args()).max_prompts_per_request == 1024
+    assert settings_from_args(_args("--max-prompts-per-request", "8")).max_prompts_per_request == 8
+    with pytest.raises(ValueError, match="^max_prompts_per_request: must be an int >= 1"):
+        settings_from_args(_args("--max-prompts-per-request", "0"))
+
+
+def test_enable_prompt_tokens_details_is_off_unless_given():
+    assert not settings_from_args(_args()).enable_prompt_tokens_details
+    assert settings_from_args(_args("--enable-prompt-tokens-details")).enable_prompt_tokens_details
+
+
+def test_allowed_hosts_flag_takes_a_json_list():
+    assert settings_from_args(_args()).allowed_hosts == ()
+    hosts = settings_from_args(_args("--allowed-hosts", '["localhost", "*.example.com"]')).allowed_hosts
+    assert hosts == ("localhost", "*.example.com")
+
+
 def test_auto_tool_choice_needs_a_parser():
     with pytest.raises(ValueError, match="^enable_auto_tool_choice: --enable-auto-tool-choice needs "
                                          "--tool-call-parser"):
