@@ -37,7 +37,8 @@ def test_installs_the_right_extra_at_the_pinned_versions(dockerfile):
     extra, path = dockerfile
     build, _ = read_stages(path)
     assert any("constraints.txt" in copy.arguments.split() for copy in build.all("COPY"))
-    installs = [command for run in build.all("RUN") for command in run.arguments.split("&&") if "pip install" in command]
+    commands = [command for run in build.all("RUN") for command in run.arguments.split("&&")]
+    installs = [command for command in commands if "pip install" in command]
     assert installs and all(" -c constraints.txt " in f" {command} " for command in installs), installs
     packages = [word for command in installs for word in shlex.split(command) if not word.startswith("-")]
     assert f".[{extra}]" in packages
