@@ -12,11 +12,9 @@ from typing import Optional, Union
 
 from .hashing import BlockHash
 
-# Where a block's K/V lives, in vLLM's words: consumers already tell "GPU" (accelerator memory, a TPU's HBM included)
-# from "CPU" (host memory, vLLM's CPU offloading); jaxpaged's disk tier adds "DISK".
+# Where a block's K/V lives, in vLLM's words: consumers tell "GPU" (accelerator memory; a TPU's HBM too) from "CPU"
+# (vLLM's CPU offloading). Only the device pool publishes events so far: the KV tiers below it do not.
 MEDIUM_DEVICE = "GPU"
-MEDIUM_HOST = "CPU"
-MEDIUM_DISK = "DISK"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +37,7 @@ class BlockStored:
 
 @dataclasses.dataclass(frozen=True)
 class BlockRemoved:
-    """Blocks stopped being hittable in `medium` (evicted, or moved down a tier)."""
+    """Blocks stopped being hittable in `medium` (allocation evicted them)."""
 
     block_hashes: tuple[BlockHash, ...]
     medium: str
@@ -47,7 +45,7 @@ class BlockRemoved:
 
 @dataclasses.dataclass(frozen=True)
 class AllBlocksCleared:
-    """The prefix cache was reset: every block of every medium is gone."""
+    """The prefix cache was reset: every block announced before is gone."""
 
 
 KVCacheEvent = Union[BlockStored, BlockRemoved, AllBlocksCleared]
@@ -71,7 +69,7 @@ class KVEventLog:
         self._events.append(BlockRemoved((block_hash,), medium))
 
     def cleared(self) -> None:
-        """Every block of every medium is gone; events before this one no longer matter."""
+        """Every block is gone; events before this one no longer matter."""
         self._events = [AllBlocksCleared()]
 
     def take(self) -> list[KVCacheEvent]:
