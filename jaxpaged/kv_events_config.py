@@ -2,7 +2,8 @@
 
 {"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557", "topic": "kv-events"}
 
-Only the keys jaxpaged acts on are accepted (a replay socket, say, is refused rather than silently missing).
+Only the keys jaxpaged acts on are accepted (a replay socket, say, is refused rather than silently missing), plus
+one of its own: "event_layout".
 """
 
 import dataclasses
@@ -11,6 +12,8 @@ from typing import Any, Literal
 
 PublisherName = Literal["zmq", "null"]
 _PUBLISHERS = ("zmq", "null")
+EventLayout = Literal["map", "array"]
+_LAYOUTS = ("map", "array")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,6 +31,9 @@ class KVEventsConfig:
     """The first frame of every message; subscribers filter on its prefix."""
     hwm: int = 100_000
     """ZeroMQ's high-water mark: messages queued for a slow subscriber before newer ones are dropped."""
+    event_layout: EventLayout = "map"
+    """jaxpaged's own key: "map" sends each event as a map tagged by its type (vLLM today); "array" as the
+    positional array older vLLM sent, for subscribers that decode only that."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.enable_kv_cache_events, bool):
@@ -40,6 +46,8 @@ class KVEventsConfig:
                              f"{self.endpoint!r}")
         if not isinstance(self.topic, str):
             raise ValueError(f"kv_events_config: topic must be a string, got {self.topic!r}")
+        if self.event_layout not in _LAYOUTS:
+            raise ValueError(f"kv_events_config: event_layout must be one of {_LAYOUTS}, got {self.event_layout!r}")
         if not isinstance(self.hwm, int) or isinstance(self.hwm, bool) or self.hwm < 0:
             raise ValueError(f"kv_events_config: hwm must be an int >= 0, got {self.hwm!r}")
 

@@ -2,12 +2,15 @@
 (core/kv_events.py), and after each step the feature publishes the new events as vLLM does, so a KV-aware router
 written for vLLM follows jaxpaged's caches too.
 
-The wire format is vLLM's (vllm/distributed/kv_events.py, its msgspec structs in their array layout): a ZeroMQ PUB
-message of three frames, (topic, sequence number as 8 big-endian bytes, msgpack payload), the payload an EventBatch
-[ts, [event, ...], data_parallel_rank] and each event a list that starts with its type:
-["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium, lora_name, extra_keys],
-["BlockRemoved", block_hashes, medium] or ["AllBlocksCleared"]. Block hashes are jaxpaged's 32-byte chain hashes
-(msgpack bin). One socket carries every data-parallel rank, each batch naming its rank (vLLM opens one per rank).
+The wire format is vLLM's (vllm/distributed/kv_events.py, its msgspec structs): a ZeroMQ PUB message of three
+frames, (topic, sequence number as 8 big-endian bytes, msgpack payload), the payload an EventBatch
+[ts, [event, ...], data_parallel_rank]. Each event is a map tagged by its type, as vLLM sends them since it moved
+off positional arrays (vllm-project/vllm#42892): {"type": "BlockStored", "block_hashes", "parent_block_hash",
+"token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys"}, {"type": "BlockRemoved",
+"block_hashes", "medium"} or {"type": "AllBlocksCleared"}; "event_layout": "array" sends the same fields as the
+older positional arrays (["BlockStored", block_hashes, ...]) for subscribers that decode only those. Block hashes
+are jaxpaged's 32-byte chain hashes (msgpack bin). One socket carries every data-parallel rank, each batch naming
+its rank (vLLM opens one per rank).
 
 pyzmq and msgpack are imported only when the events are on.
 """
@@ -18,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Optional, cast
 
 from jaxpaged.core.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent, KVEventLog
 from jaxpaged.features.base import EngineFeature
-from jaxpaged.kv_events_config import KVEventsConfig
+from jaxpaged.kv_events_config import EventLayout, KVEventsConfig
 
 if TYPE_CHECKING:
     from jaxpaged.engine.ranks import DataParallelRanks
@@ -26,27 +29,30 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def event_fields(event: KVCacheEvent) -> list[Any]:
-    """One event as vLLM's msgspec array layout encodes it: its type's name, then its fields in order (a trailing
-    field at its default left out, as msgspec's omit_defaults does)."""
+def named_fields(event: KVCacheEvent) -> dict[str, Any]:
+    """One event's fields under vLLM's names, its type first and the rest in vLLM's order (fields at their
+    defaults left out, as vLLM's omit_defaults does: lora_id and lora_name are sent, as None)."""
     if isinstance(event, BlockStored):
-        fields: list[Any] = ["BlockStored", list(event.block_hashes), event.parent_block_hash, list(event.token_ids),
-                             event.block_size, None, event.medium, None]
-        if any(keys is not None for keys in event.extra_keys):
-            fields.append([list(keys) if keys is not None else None for keys in event.extra_keys])
-        return fields
+        return {"type": "BlockStored", "block_hashes": list(event.block_hashes),
+                "parent_block_hash": event.parent_block_hash, "token_ids": list(event.token_ids),
+                "block_size": event.block_size, "lora_id": None, "medium": event.medium, "lora_name": None,
+                "extra_keys": [list(keys) if keys is not None else None for keys in event.extra_keys]}
     if isinstance(event, BlockRemoved):
-        return ["BlockRemoved", list(event.block_hashes), event.medium]
+        return {"type": "BlockRemoved", "block_hashes": list(event.block_hashes), "medium": event.medium}
     if isinstance(event, AllBlocksCleared):
-        return ["AllBlocksCleared"]
+        return {"type": "AllBlocksCleared"}
     raise TypeError(f"not a KV cache event: {event!r}")
 
 
-def encode_batch(events: list[KVCacheEvent], data_parallel_rank: int, ts: Optional[float] = None) -> bytes:
-    """An EventBatch's msgpack payload."""
+def encode_batch(events: list[KVCacheEvent], data_parallel_rank: int, layout: EventLayout = "map",
+                 ts: Optional[float] = None) -> bytes:
+    """An EventBatch's msgpack payload, its events as maps or (layout "array") as positional arrays."""
     import msgpack
 
-    batch = [time.time() if ts is None else ts, [event_fields(event) for event in events], data_parallel_rank]
+    encoded = [named_fields(event) for event in events]
+    if layout == "array":
+        encoded = [list(fields.values()) for fields in encoded]
+    batch = [time.time() if ts is None else ts, encoded, data_parallel_rank]
     return cast(bytes, msgpack.packb(batch, use_bin_type=True))  # None only for a Packer that does not reset
 
 
@@ -88,6 +94,7 @@ class KVEventsFeature(EngineFeature):
 
     def __init__(self, config: KVEventsConfig) -> None:
         self._publisher = ZmqEventPublisher(config) if config.publisher == "zmq" else None
+        self._layout: EventLayout = config.event_layout
         self._logs: list[KVEventLog] = []
 
     def after_warmup(self, ranks: "DataParallelRanks") -> None:
@@ -97,7 +104,7 @@ class KVEventsFeature(EngineFeature):
         for dp_rank, log in enumerate(self._logs):
             events = log.take()
             if events and self._publisher is not None:
-                self._publisher.publish(encode_batch(events, dp_rank))
+                self._publisher.publish(encode_batch(events, dp_rank, self._layout))
 
     def close(self, ranks: "DataParallelRanks") -> None:
         self.after_step(ranks)

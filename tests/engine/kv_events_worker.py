@@ -23,7 +23,8 @@ ENGINE_OPTIONS = dict(max_model_len=128, max_num_seqs=4, max_num_batched_tokens=
 
 def main(model_dir: str) -> None:
     endpoint, topic = f"inproc://kv-events-{uuid.uuid4().hex}", "kv"
-    config = json.dumps({"enable_kv_cache_events": True, "endpoint": endpoint, "topic": topic})
+    config = json.dumps({"enable_kv_cache_events": True, "endpoint": endpoint, "topic": topic,
+                         "event_layout": "array"})
     engine = LLMEngine(load_model(model_dir), EngineConfig.from_options(**ENGINE_OPTIONS, kv_events_config=config),
                        warmup=False)
     subscriber = Subscriber(endpoint, topic, block_size=16)

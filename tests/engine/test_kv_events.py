@@ -10,7 +10,7 @@ import pytest
 
 from jaxpaged.config import EngineConfig
 from jaxpaged.engine import LLMEngine
-from jaxpaged.features.kv_events import encode_batch, event_fields
+from jaxpaged.features.kv_events import encode_batch, named_fields
 from jaxpaged.kv_events_config import parse_kv_events_config
 from jaxpaged.sampling.params import SamplingParams
 from jaxpaged.weights.loader import load_model
@@ -85,9 +85,10 @@ def test_salted_first_block_carries_its_salt_and_differs_from_the_unsalted_one(e
     run(engine, [{"prompt_token_ids": tokens, "cache_salt": "tenant-a"}], max_tokens=1)
     run(engine, [{"prompt_token_ids": tokens}], max_tokens=1)
     subscriber.drain()
-    firsts = [event for event in subscriber.events if event[0] == "BlockStored" and event[2] is None]
-    assert [event[8] if len(event) > 8 else None for event in firsts] == [[["cache_salt", "tenant-a"]], None]
-    assert firsts[0][1] != firsts[1][1]  # the same tokens, another tenant: another chain
+    firsts = [event for event in subscriber.events
+              if event["type"] == "BlockStored" and event["parent_block_hash"] is None]
+    assert [event["extra_keys"] for event in firsts] == [[["cache_salt", "tenant-a"]], [None]]
+    assert firsts[0]["block_hashes"] != firsts[1]["block_hashes"]  # the same tokens, another tenant: another chain
 
 
 def test_events_are_off_unless_enabled(tiny_model_dir):
@@ -96,26 +97,30 @@ def test_events_are_off_unless_enabled(tiny_model_dir):
     assert engine.scheduler.kv_cache_manager.block_pool.events is None
 
 
-def test_wire_layout_matches_vllms_array_structs():
+def test_wire_layouts_match_vllms_structs_as_maps_and_as_arrays():
     from jaxpaged.core.kv_events import KVEventLog
 
     log = KVEventLog(block_size=16)
     log.stored(b"h" * 32, None, tuple(range(16)), ("cache_salt", "s"))
     log.removed(b"h" * 32)
     events = log.take()
-    assert [event_fields(event)[0] for event in events] == ["BlockStored", "BlockRemoved"]
-    assert msgpack.unpackb(encode_batch(events, 3, ts=1.5)) == [
+    stored = {"type": "BlockStored", "block_hashes": [b"h" * 32], "parent_block_hash": None,
+              "token_ids": list(range(16)), "block_size": 16, "lora_id": None, "medium": "GPU", "lora_name": None,
+              "extra_keys": [["cache_salt", "s"]]}
+    removed = {"type": "BlockRemoved", "block_hashes": [b"h" * 32], "medium": "GPU"}
+    assert msgpack.unpackb(encode_batch(events, 3, ts=1.5)) == [1.5, [stored, removed], 3]
+    assert msgpack.unpackb(encode_batch(events, 3, "array", ts=1.5)) == [
         1.5, [["BlockStored", [b"h" * 32], None, list(range(16)), 16, None, "GPU", None, [["cache_salt", "s"]]],
               ["BlockRemoved", [b"h" * 32], "GPU"]], 3]
     log.stored(b"x" * 32, None, tuple(range(16)))
     log.cleared()  # a reset supersedes what came before it
-    assert [event_fields(event) for event in log.take()] == [["AllBlocksCleared"]]
+    assert [named_fields(event) for event in log.take()] == [{"type": "AllBlocksCleared"}]
 
 
 @pytest.mark.parametrize("text, message", [
     ('{"enable_kv_cache_events": true, "replay_endpoint": "tcp://*:5558"}', "unsupported keys"),
     ('{"publisher": "kafka"}', "publisher"), ("[1]", "JSON object"), ("{", "not valid JSON"),
-    ('{"endpoint": "5557"}', "endpoint")])
+    ('{"endpoint": "5557"}', "endpoint"), ('{"event_layout": "tuple"}', "event_layout")])
 def test_bad_configs_are_refused_naming_the_problem(text, message):
     with pytest.raises(ValueError, match=f"kv_events_config: .*{message}"):
         parse_kv_events_config(text)
@@ -124,7 +129,8 @@ def test_bad_configs_are_refused_naming_the_problem(text, message):
 
 
 def test_each_data_parallel_rank_publishes_its_own_cache(tmp_path, smollm2_tokenizer_dir):
-    """dp=2 on two forced CPU devices: batches name their rank, and each rank's rebuilt set is that rank's cache."""
+    """dp=2 on two forced CPU devices: batches name their rank, and each rank's rebuilt set is that rank's cache
+    (events sent in the older positional-array layout)."""
     model_dir = save_tiny_llama(tmp_path / "mha", smollm2_tokenizer_dir,
                                 TINY_LLAMA | dict(num_attention_heads=4, num_key_value_heads=4))
     result = run_json_worker("tests.engine.kv_events_worker", [str(model_dir)], 2, 300)
