@@ -172,6 +172,15 @@ class SpeculativeConfig:
     def enabled(self) -> bool:
         return self.speculative_method is not None
 
+    @property
+    def max_tokens_per_step(self) -> int:
+        """Most proposals one step verifies: k for each of the fewest running requests that still propose
+        (speculative_disable_by_batch_size - 1). It sizes the buckets' sampling rows beside one per sequence, so a
+        large batch, which never proposes, samples no padding rows for speculation."""
+        if not self.enabled:
+            return 0
+        return (self.speculative_disable_by_batch_size - 1) * self.num_speculative_tokens
+
 
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
@@ -239,6 +248,10 @@ class EngineConfig:
             _require(isinstance(self.kv_events_config, str), "kv_events_config",
                      f"must be a JSON object as a string, got {self.kv_events_config!r}")
             parse_kv_events_config(self.kv_events_config)  # ValueError naming kv_events_config
+        if self.speculative.enabled:  # a decode row and its proposals must fit one step's budget
+            budget = self.scheduler.max_num_batched_tokens
+            _require(self.speculative.num_speculative_tokens < budget, "num_speculative_tokens",
+                     f"must be < max_num_batched_tokens ({budget}), got {self.speculative.num_speculative_tokens}")
 
     @classmethod
     def from_options(cls, **options) -> "EngineConfig":
@@ -258,7 +271,7 @@ class EngineConfig:
 
 
 _GROUP_FIELDS = ("cache", "scheduler", "speculative")
-_VLLM_SPECULATIVE_KEYS = {"method": "speculative_method", "num_speculative_tokens": "num_speculative_tokens",
+VLLM_SPECULATIVE_KEYS = {"method": "speculative_method", "num_speculative_tokens": "num_speculative_tokens",
                           "prompt_lookup_min": "prompt_lookup_min", "prompt_lookup_max": "prompt_lookup_max",
                           "disable_by_batch_size": "speculative_disable_by_batch_size"}
 
@@ -269,9 +282,9 @@ def _flat_speculative_config(value: object) -> dict[str, object]:
         return {}
     _require(isinstance(value, Mapping), "speculative_config", f"must be a mapping, got {value!r}")
     assert isinstance(value, Mapping)
-    unknown = sorted(set(value) - set(_VLLM_SPECULATIVE_KEYS))
-    _require(not unknown, "speculative_config", f"unknown keys {unknown}; known: {sorted(_VLLM_SPECULATIVE_KEYS)}")
-    return {_VLLM_SPECULATIVE_KEYS[key]: item for key, item in value.items()}
+    unknown = sorted(set(value) - set(VLLM_SPECULATIVE_KEYS))
+    _require(not unknown, "speculative_config", f"unknown keys {unknown}; known: {sorted(VLLM_SPECULATIVE_KEYS)}")
+    return {VLLM_SPECULATIVE_KEYS[key]: item for key, item in value.items()}
 
 
 ENV_PREFIX = "JAXPAGED_"

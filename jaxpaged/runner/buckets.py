@@ -5,8 +5,9 @@ num_seqs is tied to the token bucket, min(num_tokens, max_num_seqs): a step neve
 tokens, so one ladder covers both and warm-up compiles len(ladder) programs, not a grid of them. The price
 is a few extra logits rows in prefill-heavy steps, which is small next to the prefill itself.
 
-With speculative decoding a sequence samples at up to 1 + k rows (its token and k proposals), so a bucket's
-sampling rows are min(num_tokens, num_seqs * (1 + k)): still one shape per bucket, fixed at warm-up.
+With speculative decoding a row also samples at each proposal it verifies, and a step verifies at most
+max_spec_rows proposals (SpeculativeConfig.max_tokens_per_step), so a bucket's sampling rows are
+min(num_tokens, num_seqs + max_spec_rows): still one shape per bucket, fixed at warm-up.
 """
 
 import bisect
@@ -43,11 +44,11 @@ def token_ladder(max_num_batched_tokens: int) -> list[int]:
 class BucketLadder:
     """Maps a step's real sizes to its padded bucket."""
 
-    def __init__(self, max_num_batched_tokens: int, max_num_seqs: int, num_speculative_tokens: int = 0):
-        """num_speculative_tokens: most proposals a sequence verifies in one step (0: speculative decoding off)."""
+    def __init__(self, max_num_batched_tokens: int, max_num_seqs: int, max_spec_rows: int = 0):
+        """max_spec_rows: most proposals one step verifies (0: speculative decoding off)."""
         self.token_sizes = token_ladder(max_num_batched_tokens)
         self.max_num_seqs = max_num_seqs
-        self.rows_per_seq = 1 + num_speculative_tokens
+        self.max_spec_rows = max_spec_rows
 
     def buckets(self) -> list[Bucket]:
         """Every bucket a step can land in: the list warm-up compiles."""
@@ -65,4 +66,4 @@ class BucketLadder:
 
     def _bucket(self, num_tokens: int) -> Bucket:
         num_seqs = min(num_tokens, self.max_num_seqs)
-        return Bucket(num_tokens, num_seqs, min(num_tokens, num_seqs * self.rows_per_seq))
+        return Bucket(num_tokens, num_seqs, min(num_tokens, num_seqs + self.max_spec_rows))

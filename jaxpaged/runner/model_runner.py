@@ -55,7 +55,7 @@ from jaxpaged.weights.loader import LoadedModel
 
 
 def _forward(graphdef, attend: Callable, state, kv_cache, packed_batch: Int[Array, " total"],
-             previous_tokens: Int[Array, " max_num_seqs"], layout: PackedLayout):
+             previous_tokens: Int[Array, " max_sample_rows"], layout: PackedLayout):
     batch = unpack_step_inputs(packed_batch, layout)
     model = nnx.merge(graphdef, state)
     # Async scheduling: rows whose token the previous step sampled take it from that step's output, on the device.
@@ -116,9 +116,8 @@ class ModelRunner:
         self.max_model_len = plan.memory.max_model_len
         """config's max_model_len, or the model's context length the plan fitted to the pool when it was None."""
         self.blocks_per_seq = -(-self.max_model_len // self.block_size)
-        speculative = config.speculative
         self.ladder = BucketLadder(sched.max_num_batched_tokens, sched.max_num_seqs,
-                                   speculative.num_speculative_tokens if speculative.enabled else 0)
+                                   config.speculative.max_tokens_per_step)
         self.block_table = HostBlockTable(sched.max_num_seqs, self.blocks_per_seq)
         self._replicated = mesh_lib.replicated(self.mesh)
         self._inputs_need_device_put = jax.process_count() > 1
@@ -183,9 +182,11 @@ class ModelRunner:
         """Steps may be planned while the one before is in flight: decode rows then take their token from the
         previous step's sampled ids on the device (StepInputs.token_sources). LLMEngine resolves the option's None
         before building runners; a runner built on its own (a multi-host follower) reads None as off."""
-        max_num_seqs = config.scheduler.max_num_seqs
-        self._no_previous_tokens = jax.device_put(np.zeros(max_num_seqs, np.int32), self._replicated)
-        self._pad_sampled = jax.jit(functools.partial(_pad_rows, size=max_num_seqs), out_shardings=self._replicated)
+        # The largest bucket's sampling rows (max_num_seqs, more with speculative decoding's verification rows).
+        self._max_sample_rows = max(bucket.num_sample_rows for bucket in self.ladder.buckets())
+        self._no_previous_tokens = jax.device_put(np.zeros(self._max_sample_rows, np.int32), self._replicated)
+        self._pad_sampled = jax.jit(functools.partial(_pad_rows, size=self._max_sample_rows),
+                                    out_shardings=self._replicated)
         self._previous_sampled: Optional[jax.Array] = None
         """The last launched step's sampled ids, on the device (async scheduling)."""
         self._previous_rows: dict[str, int] = {}
@@ -230,7 +231,7 @@ class ModelRunner:
         if sampler:
             tasks += self.sampler.warmup_tasks(bucket.num_sample_rows for bucket in buckets)
             if self.async_scheduling:  # a full row count needs no padding (_padded_previous_sampled)
-                row_counts = {bucket.num_seqs for bucket in buckets} - {self.ladder.max_num_seqs}
+                row_counts = {bucket.num_sample_rows for bucket in buckets} - {self._max_sample_rows}
                 tasks += [functools.partial(self._compile_pad, num_rows) for num_rows in sorted(row_counts)]
         # Side by side, the long step compiles first: tracing holds the GIL, but XLA's compile (or its
         # persistent-cache load) releases it and is most of the time (the warm-up gain is in docs/performance.md).
@@ -366,7 +367,8 @@ class ModelRunner:
         return self.run_step(bucket, host_batch)[0]
 
     def run_step(self, bucket: Bucket, host_batch: StepInputs,
-                 previous_tokens: Optional[Int[Array, " max_num_seqs"]] = None) -> tuple[jax.Array, PromptLogprobStats]:
+                 previous_tokens: Optional[Int[Array, " max_sample_rows"]] = None,
+                 ) -> tuple[jax.Array, PromptLogprobStats]:
         """compute_logits() plus the step's prompt-logprob stats (zeros unless a row has a target).
         `previous_tokens`: the ids host_batch.token_sources points into (async scheduling)."""
         packed = pack_step_inputs(host_batch)  # one array, one transfer
@@ -378,10 +380,10 @@ class ModelRunner:
                                                                        previous_tokens)
         return logits, prompt_stats
 
-    def _padded_previous_sampled(self) -> Int[Array, " max_num_seqs"]:
+    def _padded_previous_sampled(self) -> Int[Array, " max_sample_rows"]:
         sampled = self._previous_sampled
         assert sampled is not None, "a row takes its token from a step that sampled nothing"
-        if sampled.shape[0] == self.ladder.max_num_seqs:
+        if sampled.shape[0] == self._max_sample_rows:
             return sampled
         return self._pad_sampled(sampled)
 

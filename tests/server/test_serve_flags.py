@@ -8,6 +8,7 @@ import uvicorn
 
 from jaxpaged.cli import build_parser
 from jaxpaged.cli_options import engine_options_from_args
+from jaxpaged.config import EngineConfig
 from jaxpaged.server.context import ServerSettings
 from jaxpaged.server.serve_flags import settings_from_args, uvicorn_options
 from jaxpaged.server.vllm_flags import IGNORED_DEST, ignored_flag_warnings
@@ -47,8 +48,7 @@ def test_gpu_memory_utilization_sizes_the_pool_up_to_that_share_of_the_device():
         EngineConfig.from_options(gpu_memory_utilization=1.5)
 
 
-@pytest.mark.parametrize("argv", [["--enable-lora"], ["--quantization", "awq"], ["-q", "awq"], ["-pp", "2"],
-                                  ["--speculative-config", "{}"]])
+@pytest.mark.parametrize("argv", [["--enable-lora"], ["--quantization", "awq"], ["-q", "awq"], ["-pp", "2"]])
 def test_vllm_flags_for_missing_features_are_refused_by_name(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
         _args("org/model", *argv)
@@ -112,3 +112,21 @@ def test_tokenizer_option_loads_another_tokenizer_offline(smollm2_tokenizer_dir)
     assert tokenizer.encode("Hello") and tokenizer.eos_token is not None
     with pytest.raises(ValueError, match="^tokenizer: cannot load 'no-org/no-such-tokenizer'"):
         load_tokenizer("unused-model-dir", "no-org/no-such-tokenizer")
+
+
+def test_vllm_speculative_config_sets_the_speculative_options():
+    args = _args("org/model", "--speculative-config",
+                 '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 5}')
+    options = engine_options_from_args(args, environ={})
+    assert (options["speculative_method"], options["num_speculative_tokens"], options["prompt_lookup_max"]) == \
+        ("ngram", 3, 5)
+    config = EngineConfig.from_options(**options)
+    assert (config.speculative.enabled, config.speculative.prompt_lookup_min) == (True, 2)
+
+
+@pytest.mark.parametrize("text, message", [('{"method": "ngram", "draft": 1}', "unknown keys ['draft']"),
+                                           ("[1]", "must be a JSON object"), ("{", "not JSON")])
+def test_a_bad_speculative_config_is_refused_by_name(text, message, capsys):
+    with pytest.raises(SystemExit):
+        _args("org/model", "--speculative-config", text)
+    assert f"--speculative-config: {message}" in capsys.readouterr().err
