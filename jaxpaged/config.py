@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Literal, Optional, get_args
 
 from jaxpaged.checks import is_int, is_number, parse_byte_size
+from jaxpaged.kv_events_config import parse_kv_events_config
 
 SchedulingPolicy = Literal["fcfs", "priority"]
 AttentionBackendName = Literal["auto", "xla", "pallas_tpu", "pallas_gpu"]
@@ -220,6 +221,10 @@ class EngineConfig:
     cpu_attention: CpuAttentionKernel = "native"
     """CPU attention (the "xla" backend): "native" reads decode KV in place with the native C++ kernel where it
     builds, "jnp" keeps every row on the jnp path."""
+    kv_events_config: Optional[str] = None
+    """KV cache events as vLLM publishes them (blocks stored, removed, cleared; ZeroMQ + msgpack), for a KV-aware
+    router: a JSON object such as '{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint":
+    "tcp://*:5557", "topic": "kv-events"}' (vLLM's --kv-events-config; features/kv_events.py). None: off."""
 
     def __post_init__(self) -> None:
         _require(self.dtype in _DTYPES, "dtype", f"must be one of {_DTYPES}, got {self.dtype!r}")
@@ -239,6 +244,10 @@ class EngineConfig:
                  f"must be one of {_CPU_ATTENTIONS}, got {self.cpu_attention!r}")
         _require(self.async_scheduling is None or isinstance(self.async_scheduling, bool), "async_scheduling",
                  f"must be a bool or None (on where supported), got {self.async_scheduling!r}")
+        if self.kv_events_config is not None:
+            _require(isinstance(self.kv_events_config, str), "kv_events_config",
+                     f"must be a JSON object as a string, got {self.kv_events_config!r}")
+            parse_kv_events_config(self.kv_events_config)  # ValueError naming kv_events_config
         if self.speculative.enabled:  # a decode row and its proposals must fit one step's budget
             budget = self.scheduler.max_num_batched_tokens
             _require(self.speculative.num_speculative_tokens < budget, "num_speculative_tokens",

@@ -156,7 +156,9 @@ class LLMEngine:
         if self.has_unfinished_requests():
             return False
         self.features.on_reset()
-        return all([scheduler.reset_prefix_cache() for scheduler in self.ranks.schedulers])
+        reset = all([scheduler.reset_prefix_cache() for scheduler in self.ranks.schedulers])
+        self.features.after_step(self.ranks)
+        return reset
 
     def output_token_counts(self) -> dict[str, int]:
         """Tokens generated so far by each unfinished request (all its samples), without building its output."""
@@ -171,6 +173,7 @@ class LLMEngine:
         start = time.perf_counter()
         with self.features.step_guard():
             outputs, self.timings.hidden = self.loop.step(final_only)
+        self.features.after_step(self.ranks)
         self._num_steps += 1
         self.timings.step_s = time.perf_counter() - start
         for observer in self.observers:
