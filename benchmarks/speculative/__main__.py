@@ -4,8 +4,12 @@ off against n-gram proposals, on copy-heavy chat requests at batch sizes 1, 8 an
 Copy-heavy requests are built from text that ships with the project (its docs and its own Python source): "repeat
 this passage", "rename this identifier in this code", "quote the sentence about X" — what n-gram lookup exists for.
 Each batch size runs the same requests with speculation off and on, alternated `--repeats` times; medians.
+`--workload w1` runs W1 instead (random-token prompts of 32-256 tokens, exactly 64 greedy tokens, the engine sized as
+configs/bench/w1_offline.yaml), alternated the same way: at a batch where nobody proposes, the two engines do the
+same work, and alternating keeps a shared machine's load changes out of the ratio.
 
-    python -m benchmarks.speculative [--batch-sizes 1 8 64] [--max-tokens 128] [--repeats 3] [--out DIR]
+    python -m benchmarks.speculative [--workload copy|w1] [--batch-sizes 1 8 64] [--max-tokens 128] [--repeats 3]
+                                     [--out DIR]
 
 Prints a markdown table (and writes results.json and speedup.png under --out).
 """
@@ -73,19 +77,30 @@ def _passage(text: str, num_chars: int) -> str:
     return "\n\n".join(chosen) if chosen else text[:num_chars]
 
 
-def run_batch(llm, messages: list[list[dict[str, str]]], max_tokens: int) -> dict[str, Any]:
+def w1_prompts(count: int, seed: int = 0) -> list[dict[str, list[int]]]:
+    """W1's prompts: `count` random-token prompts of uniform length 32-256."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return [{"prompt_token_ids": rng.integers(100, 40000, int(rng.integers(32, 257))).tolist()} for _ in range(count)]
+
+
+def run_batch(llm, requests: list, max_tokens: int, workload: str) -> dict[str, Any]:
     from jaxpaged.sampling.params import SamplingParams
 
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     stats = llm.engine.scheduler.spec_stats
     drafted, accepted, drafts = stats.num_draft_tokens, stats.num_accepted_tokens, stats.num_drafts
     start = time.perf_counter()
-    outputs = llm.chat(messages, params, use_tqdm=False)
+    if workload == "w1":
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        outputs = llm.generate(requests, params, use_tqdm=False)
+    else:
+        outputs = llm.chat(requests, SamplingParams(temperature=0.0, max_tokens=max_tokens), use_tqdm=False)
     seconds = time.perf_counter() - start
     num_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     rows = stats.num_drafts - drafts
     return {"seconds": seconds, "output_tokens": num_tokens, "output_tokens_per_s": num_tokens / seconds,
-            "ms_per_output_token_per_request": 1000 * seconds * len(messages) / num_tokens,
+            "ms_per_output_token_per_request": 1000 * seconds * len(requests) / num_tokens,
             "draft_tokens": stats.num_draft_tokens - drafted, "accepted_tokens": stats.num_accepted_tokens - accepted,
             "mean_accepted_length": 1 + (stats.num_accepted_tokens - accepted) / rows if rows else 0.0,
             "token_ids": [list(o.outputs[0].token_ids) for o in outputs]}
@@ -93,26 +108,30 @@ def run_batch(llm, messages: list[list[dict[str, str]]], max_tokens: int) -> dic
 
 def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 64])
-    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--workload", choices=["copy", "w1"], default="copy")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=None, help="default: 1 8 64 (w1: 64)")
+    parser.add_argument("--max-tokens", type=int, default=None, help="default: 128 (w1: 64)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--num-speculative-tokens", type=int, default=NGRAM["num_speculative_tokens"])
     parser.add_argument("--out", type=pathlib.Path, default=None)
     args = parser.parse_args(argv)
+    w1 = args.workload == "w1"
+    args.batch_sizes = args.batch_sizes or ([64] if w1 else [1, 8, 64])
+    args.max_tokens = args.max_tokens or (64 if w1 else 128)
     from jaxpaged.llm import LLM
 
-    common = dict(dtype=args.dtype, max_model_len=1024, max_num_seqs=max(args.batch_sizes),
-                  max_num_batched_tokens=1024)
+    common = dict(dtype=args.dtype, max_model_len=512 if w1 else 1024, max_num_seqs=max(args.batch_sizes),
+                  max_num_batched_tokens=512 if w1 else 1024)
     ngram = {**NGRAM, "num_speculative_tokens": args.num_speculative_tokens}
     engines = {"off": LLM(None, **common), "ngram": LLM(None, **common, speculative_config=ngram)}
     rows: list[dict[str, Any]] = []
     for batch_size in args.batch_sizes:
-        messages = copy_heavy_messages(batch_size)
+        requests = w1_prompts(batch_size) if w1 else copy_heavy_messages(batch_size)
         runs: dict[str, list[dict[str, float]]] = {"off": [], "ngram": []}
         for _ in range(args.repeats):
             for name, llm in engines.items():
-                runs[name].append(run_batch(llm, messages, args.max_tokens))
+                runs[name].append(run_batch(llm, requests, args.max_tokens, args.workload))
         same = runs["off"][0]["token_ids"] == runs["ngram"][0]["token_ids"]
         for name, results in runs.items():
             row = {key: statistics.median(r[key] for r in results) for key in results[0] if key != "token_ids"}
@@ -146,7 +165,7 @@ def _plot(rows: list[dict[str, Any]], path: pathlib.Path) -> None:
     fig, ax = plt.subplots(figsize=(5, 3.2))
     ax.bar([str(b) for b, _ in speedups], [s for _, s in speedups], color="tab:blue")
     ax.axhline(1.0, color="gray", lw=1)
-    ax.set_xlabel("batch size (copy-heavy requests)")
+    ax.set_xlabel("batch size")
     ax.set_ylabel("output tok/s, n-gram / off")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
