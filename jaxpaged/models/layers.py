@@ -14,6 +14,7 @@ from jaxtyping import Array, Bool, Float, Int
 from jaxpaged.kernels.cpu_native.packed_matmul import packed_matmul, packed_matmuls
 from jaxpaged.kernels.ragged_paged_attention import AttentionMetadata, KVPages, ragged_paged_attention, write_kv
 from jaxpaged.kernels.ragged_paged_attention.kv_layout import tokens_per_page
+from jaxpaged.models.int8_weights import Int8Weight
 from jaxpaged.models.model_config import RopeScaling
 
 
@@ -73,8 +74,9 @@ def apply_rope(x: Float[Array, "tokens heads head_dim"], tables: RopeTables) -> 
     return rotated.astype(x.dtype)
 
 
-MatmulWeight = Union[Float[Array, "_inner _outer"], Float[Array, "_panels _inner 16"]]
-"""A weight [inner, outer], or float32 packed into panels [outer / 16, inner, 16] (models/packed_weights.py)."""
+MatmulWeight = Union[Float[Array, "_inner _outer"], Float[Array, "_panels _inner 16"], Int8Weight]
+"""A weight [inner, outer], float32 packed into panels [outer / 16, inner, 16] (models/packed_weights.py), or int8
+values with per-column scales (models/int8_weights.py)."""
 
 
 def matmul(x: Float[Array, "tokens inner"], weight: MatmulWeight, out_dtype=None,
@@ -90,16 +92,30 @@ def matmuls(x: Float[Array, "tokens inner"], weights: Sequence[MatmulWeight], ou
     3-D weights are packed into panels (models/packed_weights.py; float32, or bfloat16 with AVX512-BF16) and run the
     native CPU matmul, which rounds a bfloat16 result itself; packed weights of one dtype run as one native call (q, k
     and v, or gate and up: the products share the threads and x's rows while they are in cache, a few percent more
-    GFLOP/s than separate calls; docs/performance.md). `num_rows`:
-    rows from it on are padding, which the native matmul skips (their results are zeros there; XLA's dot computes
-    them as it must, static shapes)."""
+    GFLOP/s than separate calls; docs/performance.md). An int8 weight is (x @ values) * scale (_int8_product).
+    `num_rows`: rows from it on are padding, which the native matmul skips (their results are zeros there; XLA's dot
+    computes them as it must, static shapes)."""
     out_dtype = x.dtype if out_dtype is None else out_dtype
-    if all(weight.ndim == 3 for weight in weights) and len({weight.dtype for weight in weights}) == 1:
+    if all(_is_panels(weight) for weight in weights) and len({weight.dtype for weight in weights}) == 1:
         products = packed_matmuls(x, weights, out_dtype, num_rows)
     else:
-        products = tuple(packed_matmul(x, weight, out_dtype, num_rows) if weight.ndim == 3
+        products = tuple(_int8_product(x, weight) if isinstance(weight, Int8Weight)
+                         else packed_matmul(x, weight, out_dtype, num_rows) if _is_panels(weight)
                          else jnp.dot(x, weight, preferred_element_type=jnp.float32) for weight in weights)
     return tuple(product.astype(out_dtype) for product in products)
+
+
+def _is_panels(weight: MatmulWeight) -> bool:
+    """A float weight packed into the native matmul's panels."""
+    return not isinstance(weight, Int8Weight) and weight.ndim == 3
+
+
+def _int8_product(x: Float[Array, "tokens inner"], weight: Int8Weight) -> Float[Array, "tokens outer"]:
+    """x @ (values * scale) as (x @ values) * scale in float32. NOTE: the scale multiplies the [tokens, outer]
+    product, not the [inner, outer] weight: XLA fuses the int8 convert into the dot's operand read, so the weight's
+    bytes cross memory once, as int8, and no dequantized copy is made."""
+    product = jnp.dot(x, weight.values.astype(x.dtype), preferred_element_type=jnp.float32)
+    return product * weight.scale
 
 
 def gated_mlp(x: Float[Array, "tokens hidden"], gate: MatmulWeight, up: MatmulWeight, down: MatmulWeight,

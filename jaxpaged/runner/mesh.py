@@ -26,6 +26,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from tqdm.auto import tqdm
 
+from jaxpaged.models.int8_weights import SCALE_SUFFIX, is_scale, stored_dtype
 from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.models.packed_weights import is_packed, pack_param
 
@@ -94,7 +95,8 @@ def replicate_kv_heads(params: dict[str, np.ndarray], model: ModelConfig,
     repeats = tensor_parallel_size // model.num_kv_heads
     head_dim = model.head_dim
     out = dict(params)
-    for name in ("layers.k_proj", "layers.v_proj", "layers.k_bias", "layers.v_bias"):
+    for name in ("layers.k_proj", "layers.v_proj", "layers.k_bias", "layers.v_bias", "layers.k_proj_scale",
+                 "layers.v_proj_scale"):
         if name in params:
             weight = params[name]
             heads = weight.reshape(*weight.shape[:-1], model.num_kv_heads, head_dim)
@@ -103,7 +105,12 @@ def replicate_kv_heads(params: dict[str, np.ndarray], model: ModelConfig,
 
 
 def param_partition_spec(name: str, shape: tuple[int, ...], model: ModelConfig, tp: int) -> P:
-    """The PartitionSpec of one parameter (stacked layer weights have a leading, unsplit layer axis)."""
+    """The PartitionSpec of one parameter (stacked layer weights have a leading, unsplit layer axis). An int8
+    weight splits as its float would; its scales [layers, outer] split as its output axis: a column-parallel
+    projection's with it, a row-parallel one's (output: the hidden size) not at all."""
+    if is_scale(name):
+        base = name[len("layers."):-len(SCALE_SUFFIX)]
+        return P(*([None] * (len(shape) - 1)), MODEL_AXIS) if base in _COLUMN_PARALLEL else P()
     if name.startswith("layers."):
         base = name[len("layers."):]
         if base in _COLUMN_PARALLEL or base in _HEAD_BIASES:
@@ -148,15 +155,16 @@ def place_params(params: dict[str, np.ndarray], model: ModelConfig, mesh: Mesh, 
                          f"per_layer={per_layer}")
 
     def place(host: np.ndarray, spec: P) -> jax.Array:
+        target = stored_dtype(name, host.dtype, dtype)  # int8 weights and their scales keep their own dtypes
         return jax.make_array_from_callback(host.shape, NamedSharding(mesh, spec),
-                                            lambda index: np.asarray(host[index], dtype=dtype))
+                                            lambda index: np.asarray(host[index], dtype=target))
 
     placed: dict[str, Union[jax.Array, list[jax.Array]]] = {}
     bar = tqdm(params.items(), desc="Loading weights", unit="tensor", file=sys.stderr, leave=False,
                disable=None if progress is None else not progress)
     for name, value in bar:
         spec = param_partition_spec(name, value.shape, model, tp)
-        if pack and is_packed(name, value.shape, model):
+        if pack and is_packed(name, value.shape, model) and value.dtype != np.int8:
             if name.startswith("layers."):
                 placed[name] = [place(pack_param(name, layer, dtype), P()) for layer in value]
             else:

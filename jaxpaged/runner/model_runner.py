@@ -24,6 +24,7 @@ from jaxpaged.config import EngineConfig
 from jaxpaged.core.request import Request
 from jaxpaged.core.scheduler_output import SchedulerOutput
 from jaxpaged.kv_tiers import KVTiers
+from jaxpaged.models.int8_weights import quantize_params
 from jaxpaged.models.layers import paged_attention
 from jaxpaged.models.llama import LlamaForCausalLM
 from jaxpaged.runner import compile_counter
@@ -104,7 +105,9 @@ class ModelRunner:
         (compiled by warmup())."""
         compile_counter.install()
         self.mesh = mesh or mesh_lib.rank_meshes(1, 1)[0]
-        params, self.model_config = mesh_lib.replicate_kv_heads(loaded.params, loaded.config,
+        # A model loaded without config.quantization is quantized here (one loaded with it already is).
+        params = quantize_params(dict(loaded.params), config.quantization)
+        params, self.model_config = mesh_lib.replicate_kv_heads(params, loaded.config,
                                                                 self.mesh.shape[mesh_lib.MODEL_AXIS])
         self.plan = plan_startup(self.model_config, params, config, self.mesh)
         """Every start-up decision of this rank (dtype, layers, packing, kernels, KV layout and size, memory)."""
