@@ -28,7 +28,7 @@ _CPU_ATTENTIONS = get_args(CpuAttentionKernel)
 _SPECULATIVE_METHODS = get_args(SpeculativeMethod)
 _QUANTIZATIONS = get_args(QuantizationName)
 _QUANTIZATION_ALIASES = {"tpu_int8": "int8"}
-"""vLLM's names for a scheme jaxpaged runs under its own name: its tpu_int8 is the same weight-only, per-channel int8."""
+"""vLLM's names of schemes jaxpaged runs under its own name: its tpu_int8 is the same weight-only per-channel int8."""
 
 
 def _require(ok: bool, field: str, message: str) -> None:

@@ -17,6 +17,7 @@ from jaxtyping import Array, Float, Int, Shaped, UInt32
 
 from jaxpaged.kernels.bfloat16_bits import from_bits, to_bits
 from jaxpaged.kernels.ragged_paged_attention import AttentionMetadata
+from jaxpaged.models.int8_weights import Int8Weight, scale_name, scale_shapes
 from jaxpaged.models.layers import (
     RopeTables,
     apply_rope,
@@ -27,7 +28,6 @@ from jaxpaged.models.layers import (
     rope_inverse_frequencies,
     rope_tables,
 )
-from jaxpaged.models.int8_weights import Int8Weight, scale_name, scale_shapes
 from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.models.packed_weights import embedding_rows, is_packed, packed_shape
 from jaxpaged.models.param_shapes import param_shapes

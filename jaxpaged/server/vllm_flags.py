@@ -7,8 +7,8 @@
     quietly answer differently.
 
 vLLM flags with a jaxpaged counterpart are real flags elsewhere: the engine options share vLLM's names
-(--max-model-len, -tp, --dtype, --seed, --gpu-memory-utilization, --quantization / -q ...) and serve_flags.py has the server's
-(--served-model-name, CORS, TLS ...).
+(--max-model-len, -tp, --dtype, --seed, --gpu-memory-utilization, --quantization / -q ...) and serve_flags.py has the
+server's (--served-model-name, CORS, TLS ...).
 Any other unknown flag stays argparse's "unrecognized arguments" error, which names it too.
 """
 

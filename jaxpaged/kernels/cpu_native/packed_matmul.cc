@@ -1,5 +1,6 @@
-// x @ W on the CPU against weights packed once at load time, as XLA FFI custom calls: float32, and bfloat16 where
-// the CPU has AVX512-BF16. One call multiplies x by 1 to 4 weights (q, k and v; gate and up), one result each.
+// x @ W on the CPU against weights packed once at load time, as XLA FFI custom calls: float32, bfloat16 where the
+// CPU has AVX512-BF16, and int8 weights with float32 scales per column (weight-only int8, models/int8_weights.py).
+// One call multiplies x by 1 to 4 weights (q, k and v; gate and up), one result each.
 //
 // Why: XLA:CPU's dot library repacks the weight into its kernel's tile layout on every call. At a decode step's
 // 64 rows that packing is a fifth of the step (the weight is read, written and read again); packed here once, the
@@ -13,6 +14,10 @@
 //             inner / 2 rows of 32 values, one per pair of inner indices 2i, 2i + 1, holding (W[2i, c], W[2i + 1, c])
 //             for the panel's 16 columns c in turn: the operand order of VDPBF16PS, which multiplies such pairs and
 //             adds both products to a float32 sum. (The float32 shape keeps the model's parameter shapes per dtype.)
+//   int8      x f32 [rows, inner]; panels s8 [outer / 16, inner, 16] in the float32 order; after every weight's
+//             panels, each weight's scales f32 [outer]. The int8 values are widened to float32 in registers
+//             (VPMOVSXBD, VCVTDQ2PS) and summed in float32; each column's sum is multiplied by its scale once, at the
+//             end. Memory reads a quarter of float32's weight bytes, which is what bounds a decode step.
 //   num_rows  s32 []: the rows that hold real work (a step's real tokens; the rest of its bucket is padding). Only
 //             rows [0, num_rows) are multiplied; the others are written as zeros. Clamped to [0, rows].
 // Results, one per weight: f32 [rows, outer] = x @ W, float32 sums; the bfloat16 kernel also has a bfloat16 result
@@ -79,7 +84,9 @@ typedef float Vec __attribute__((vector_size(kLanes * sizeof(float)), aligned(4)
 // float32: a panel row is kPanelWidth / kLanes vectors of 16 columns' weights for one inner index; each is multiplied
 // by the broadcast x[r, i] and added.
 struct Float32 {
-  using Element = float;
+  using Element = float;                                      // the panels' elements
+  using XElement = float;                                     // x's elements
+  static constexpr bool kScaled = false;                      // sums multiplied by per-column scales at the end
   static constexpr int kInnerStep = 1;                        // inner indices per panel row
   static constexpr int kVectorsPerRow = kPanelWidth / kLanes;  // 2 (AVX2) or 1 (AVX-512)
   using Weight = Vec;
@@ -93,6 +100,8 @@ struct Float32 {
 // broadcast as one 32-bit value and VDPBF16PS adds x[r, 2i] W[2i, c] + x[r, 2i + 1] W[2i + 1, c] to column c's sum.
 struct Bfloat16 {
   using Element = uint16_t;  // bfloat16 bits, as XLA's FFI hands them over
+  using XElement = uint16_t;
+  static constexpr bool kScaled = false;
   static constexpr int kInnerStep = 2;
   static constexpr int kVectorsPerRow = 1;
   using Weight = __m512bh;
@@ -108,6 +117,30 @@ struct Bfloat16 {
 };
 #endif
 
+// int8: a panel row is 16 int8 values (16 bytes), widened to float32 vectors as they are loaded; x stays float32, so
+// the multiply-adds are Float32's. The column scales are applied to the finished sums (Problem::scales).
+struct Int8 {
+  using Element = int8_t;
+  using XElement = float;
+  static constexpr bool kScaled = true;
+  static constexpr int kInnerStep = 1;
+  static constexpr int kVectorsPerRow = kPanelWidth / kLanes;
+  using Weight = Vec;
+  static Weight Load(const Element* at) {
+#if defined(__AVX512F__)
+    return (Vec)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at))));
+#elif defined(__AVX2__)
+    return (Vec)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(at))));
+#else
+    Vec widened;
+    for (int k = 0; k < kLanes; ++k) widened[k] = static_cast<float>(at[k]);
+    return widened;
+#endif
+  }
+  static XElement BroadcastSource(const XElement* x) { return *x; }
+  static void Accumulate(Vec& sum, XElement x, const Weight& weight) { sum += x * weight; }
+};
+
 // A tile's float32 sums written as bfloat16: only the bfloat16 kernel asks for that, built only with AVX512-BF16.
 inline void StoreBfloat16(uint16_t* out, const Vec& sums) {
 #if defined(__AVX512BF16__)
@@ -121,11 +154,12 @@ inline void StoreBfloat16(uint16_t* out, const Vec& sums) {
 
 template <typename T>
 struct Problem {
-  const typename T::Element* x;
+  const typename T::XElement* x;
   const typename T::Element* panels;
   float* out;                            // the float32 result, or nullptr when it is rounded to bfloat16:
   uint16_t* out_bfloat16 = nullptr;      // the sums rounded to nearest even, as XLA's convert does
   int64_t rows, inner, outer;  // rows: the rows multiplied (num_rows), not the padding after them
+  const float* scales = nullptr;  // int8: one per output column, multiplied into the finished sums
   // Elements per panel: inner x 16 in both layouts (inner / 2 rows of 32 bfloat16 values).
   int64_t panel_size() const { return inner * kPanelWidth; }
 };
@@ -143,7 +177,7 @@ inline void MultiplyTile(const Problem<T>& p, int64_t row, const typename T::Ele
   for (int r = 0; r < kRows; ++r) {
     for (int v = 0; v < kVectors; ++v) sums[r][v] = Vec{};
   }
-  const typename T::Element* x = p.x + row * p.inner;
+  const typename T::XElement* x = p.x + row * p.inner;
   int64_t steps_to_prefetch = phase + 1;  // a counter, not i % stride: no division in the inner loop
   // Inner step i starts panel row i / kInnerStep, kPanelWidth * kInnerStep elements (64 bytes) each.
   for (int64_t i = 0; i < p.inner; i += T::kInnerStep) {
@@ -160,6 +194,12 @@ inline void MultiplyTile(const Problem<T>& p, int64_t row, const typename T::Ele
     for (int r = 0; r < kRows; ++r) {
       const auto value = T::BroadcastSource(x + r * p.inner + i);
       for (int v = 0; v < kVectors; ++v) T::Accumulate(sums[r][v], value, weights[v]);
+    }
+  }
+  if constexpr (T::kScaled) {
+    for (int v = 0; v < kVectors; ++v) {
+      const Vec scale = *reinterpret_cast<const Vec*>(p.scales + column + v * kLanes);
+      for (int r = 0; r < kRows; ++r) sums[r][v] *= scale;
     }
   }
   for (int r = 0; r < kRows; ++r) {
@@ -308,7 +348,8 @@ void RunAll(const Problem<T>* problems, int num_problems, ffi::ThreadPool& pool)
 
 // Checks the operands' shapes and runs x times each weight into its float32 or bfloat16 result: each handler below is
 // one instance of it. Operands: x, num_rows, then the weights' panels; results: one per weight, in order.
-template <typename T, ffi::DataType kType, ffi::DataType kOutType>
+// kType: x's element type; kWeightType: the panels' (int8 panels are followed by one f32 scale vector per weight).
+template <typename T, ffi::DataType kType, ffi::DataType kOutType, ffi::DataType kWeightType = kType>
 ffi::Error Run(ffi::ThreadPool pool, ffi::Buffer<kType> x, ffi::Buffer<ffi::S32> num_rows, ffi::RemainingArgs weights,
                ffi::RemainingRets results) {
   auto x_dims = x.dimensions();
@@ -318,15 +359,16 @@ ffi::Error Run(ffi::ThreadPool pool, ffi::Buffer<kType> x, ffi::Buffer<ffi::S32>
   if (num_rows.element_count() != 1) {
     return ffi::Error::InvalidArgument("packed_matmul: num_rows must be one int32");
   }
-  const int num_weights = static_cast<int>(weights.size());
-  if (num_weights < 1 || num_weights > kMaxWeights || results.size() != weights.size()) {
-    return ffi::Error::InvalidArgument("packed_matmul: 1 to 4 weights, one result each");
+  const int num_weights = static_cast<int>(weights.size()) / (T::kScaled ? 2 : 1);
+  if (num_weights < 1 || num_weights > kMaxWeights || static_cast<int>(results.size()) != num_weights ||
+      (T::kScaled && weights.size() % 2)) {
+    return ffi::Error::InvalidArgument("packed_matmul: 1 to 4 weights (int8: each with its scales), one result each");
   }
   const int64_t all_rows = x_dims[0];
   const int64_t rows = std::clamp<int64_t>(num_rows.typed_data()[0], 0, all_rows);
   Problem<T> problems[kMaxWeights];
   for (int w = 0; w < num_weights; ++w) {
-    auto panels = weights.get<ffi::Buffer<kType>>(w);
+    auto panels = weights.get<ffi::Buffer<kWeightType>>(w);
     auto out = results.get<ffi::Buffer<kOutType>>(w);
     if (panels.has_error()) return panels.error();
     if (out.has_error()) return out.error();
@@ -339,6 +381,14 @@ ffi::Error Run(ffi::ThreadPool pool, ffi::Buffer<kType> x, ffi::Buffer<ffi::S32>
     }
     const int64_t outer = out_dims[1];
     problems[w] = Problem<T>{x.typed_data(), panels->typed_data(), nullptr, nullptr, rows, x_dims[1], outer};
+    if constexpr (T::kScaled) {
+      auto scales = weights.get<ffi::Buffer<ffi::F32>>(num_weights + w);
+      if (scales.has_error()) return scales.error();
+      if (scales->element_count() != static_cast<size_t>(outer)) {
+        return ffi::Error::InvalidArgument("packed_matmul: int8 scales must be [outer], one per column");
+      }
+      problems[w].scales = scales->typed_data();
+    }
     // The padding rows' results are zeros: finite, whatever runs on them next.
     if constexpr (kOutType == ffi::DataType::F32) {
       problems[w].out = (*out)->typed_data();
@@ -354,6 +404,7 @@ ffi::Error Run(ffi::ThreadPool pool, ffi::Buffer<kType> x, ffi::Buffer<ffi::S32>
 }
 
 constexpr auto PackedMatmulImpl = Run<Float32, ffi::DataType::F32, ffi::DataType::F32>;
+constexpr auto PackedMatmulInt8Impl = Run<Int8, ffi::DataType::F32, ffi::DataType::F32, ffi::DataType::S8>;
 #if defined(__AVX512BF16__)
 constexpr auto PackedMatmulBfloat16Impl = Run<Bfloat16, ffi::DataType::BF16, ffi::DataType::F32>;
 // The layers' matmuls want bfloat16 results: rounded here, the float32 result never goes through memory (at a
@@ -364,6 +415,14 @@ constexpr auto PackedMatmulBfloat16OutImpl = Run<Bfloat16, ffi::DataType::BF16, 
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpagedPackedMatmul, PackedMatmulImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .RemainingArgs()
+                                  .RemainingRets());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpagedPackedMatmulInt8, PackedMatmulInt8Impl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
