@@ -89,17 +89,19 @@ class DecoderLayers(nnx.Module):
 class LlamaForCausalLM(nnx.Module):
     """Decoder-only transformer; logits only for the rows that are sampled."""
 
-    def __init__(self, cfg: ModelConfig, params: dict[str, LayerWeight], packed: bool = False):
+    def __init__(self, cfg: ModelConfig, params: dict[str, LayerWeight], packed: bool = False,
+                 packed_int8: bool = False):
         """`params`: the loaders' flat names; layer weights stacked, or listed per layer (DecoderLayers).
         `packed`: the matmul weights that pack are panels for the native CPU matmul (packed_weights.py). An int8
-        projection comes with its scales under scale_name (int8_weights.py)."""
+        projection comes with its scales under scale_name (int8_weights.py); `packed_int8`: its values are int8
+        panels for the native int8 matmul."""
         expected = param_shapes(cfg) | scale_shapes(cfg, set(params))
         if set(params) != set(expected):
             raise ValueError(f"params: expected names {sorted(expected)}, got {sorted(params)}")
         for name, shape in expected.items():
             value = params[name]
             got = (len(value), *value[0].shape) if isinstance(value, list) else tuple(value.shape)
-            if packed and is_packed(name, shape, cfg) and scale_name(name) not in params:
+            if (packed_int8 if scale_name(name) in params else packed) and is_packed(name, shape, cfg):
                 shape = packed_shape(name, shape, cfg)
             if got != shape:
                 raise ValueError(f"params[{name!r}]: expected shape {shape}, got {got}")

@@ -138,19 +138,19 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 
 def place_params(params: dict[str, np.ndarray], model: ModelConfig, mesh: Mesh, dtype, *,
-                 per_layer: bool = False, pack: bool = False,
+                 per_layer: bool = False, pack: bool = False, pack_int8: bool = False,
                  progress: Optional[bool] = None) -> dict[str, Union[jax.Array, list[jax.Array]]]:
     """Each device receives only its shard, converted to `dtype` slice by slice (no whole-model copy).
 
     per_layer: each stacked layer weight ("layers.*") becomes a list of one array per layer, placed layer by layer,
     so no stacked copy exists on the device even for a moment (llama.DecoderLayers says when the model wants that).
     pack: matmul weights are packed on the host into the native CPU matmul's panels first (packed_weights.py; one
-    device, so nothing is split).
+    device, so nothing is split). pack_int8: the same for int8 projections (their scales stay [outer] per layer).
     progress: a bar of weights placed on stderr (None: when stderr is a terminal); reading a checkpoint's bytes
     happens here (the checkpoint is memory-mapped), so this is the weights' load.
     """
     tp = mesh.shape[MODEL_AXIS]
-    if pack and (tp != 1 or not per_layer):
+    if (pack or pack_int8) and (tp != 1 or not per_layer):
         raise ValueError(f"packed weights are placed per layer on one device per rank, got tp={tp}, "
                          f"per_layer={per_layer}")
 
@@ -164,9 +164,11 @@ def place_params(params: dict[str, np.ndarray], model: ModelConfig, mesh: Mesh, 
                disable=None if progress is None else not progress)
     for name, value in bar:
         spec = param_partition_spec(name, value.shape, model, tp)
-        if pack and is_packed(name, value.shape, model) and value.dtype != np.int8:
+        quantized = value.dtype == np.int8
+        if (pack_int8 if quantized else pack) and is_packed(name, value.shape, model):
+            packed_dtype = np.int8 if quantized else dtype
             if name.startswith("layers."):
-                placed[name] = [place(pack_param(name, layer, dtype), P()) for layer in value]
+                placed[name] = [place(pack_param(name, layer, packed_dtype), P()) for layer in value]
             else:
                 placed[name] = place(pack_param(name, value, dtype), P())
         elif per_layer and name.startswith("layers."):

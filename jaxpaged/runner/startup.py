@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpaged.config import EngineConfig
+from jaxpaged.kernels.cpu_native.packed_matmul import packed_int8_available
 from jaxpaged.kernels.cpu_native.paged_decode import native_decode_available
 from jaxpaged.kernels.ragged_paged_attention import resolve_attention_backend
 from jaxpaged.models.llama import unroll_layers_on
@@ -73,7 +74,10 @@ class StartupPlan:
     """The KV pool's layout (jaxpaged/kernels/ragged_paged_attention/kv_layout.py)."""
     memory: MemoryPlan
     quantization: Optional[str] = None
-    """"int8": the projections are int8 with per-column scales (models/int8_weights.py), run by XLA's dot."""
+    """"int8": the projections are int8 with per-column scales (models/int8_weights.py)."""
+    packed_int8: bool = False
+    """The int8 projections packed into panels for the native CPU int8 matmul (else XLA's dot, scales on the
+    output)."""
 
     @property
     def num_kv_blocks(self) -> int:
@@ -84,7 +88,8 @@ class StartupPlan:
         """The plan as one log block, a decision per line."""
         matmuls = "native, packed weights" if self.packed_weights else "XLA dot"
         if self.quantization is not None:
-            matmuls += f"; {self.quantization} projections: XLA dot, scales on the output"
+            kernel = "native, packed int8 panels" if self.packed_int8 else "XLA dot, scales on the output"
+            matmuls += f"; {self.quantization} projections: {kernel}"
         attention = self.attention_backend + (" + native CPU decode" if self.native_decode else "")
         lines = [f"start-up plan: devices [{', '.join(map(str, self.devices))}] ({self.platform}, "
                  f"tp={self.tensor_parallel_size})",
@@ -121,8 +126,11 @@ def plan_startup(model: ModelConfig, params: dict[str, np.ndarray], config: Engi
                          kv_layout, weight_format(params, dtype))
     memory.check()
     quantized = any(value.dtype == np.int8 for value in params.values())
+    # int8 panels need no bfloat16 units: they pack wherever the native kernel builds, whatever the dtype.
+    packed_int8 = (quantized and per_layer and config.cpu_matmul == "native" and platform == "cpu" and tp == 1
+                   and packed_int8_available())
     return StartupPlan(platform, tuple(int(d.id) for d in mesh.devices.flat), tp, dtype, backend, per_layer, packed,
-                       native_decode, kv_layout, memory, "int8" if quantized else None)
+                       native_decode, kv_layout, memory, "int8" if quantized else None, packed_int8)
 
 
 def log_plan(plan: StartupPlan, rank: Optional[int] = None) -> None:

@@ -39,26 +39,30 @@ def _fake_quantized_checkpoint(source: pathlib.Path, target: pathlib.Path) -> pa
 
 
 @pytest.fixture(scope="module")
-def greedy_pair(tiny_model_dir, tmp_path_factory):
-    """(the int8 engine's LLM, the fake-quantized float32 engine's LLM) over the tiny model."""
+def reference(tiny_model_dir, tmp_path_factory):
+    """The fake-quantized float32 checkpoint's LLM."""
     from jaxpaged.llm import LLM
 
-    reference_dir = _fake_quantized_checkpoint(tiny_model_dir, tmp_path_factory.mktemp("fake-int8") / "model")
-    quantized = LLM(str(tiny_model_dir), quantization="int8", **TINY_ENGINE_OPTIONS)
-    reference = LLM(str(reference_dir), **TINY_ENGINE_OPTIONS)
-    return quantized, reference
+    return LLM(str(_fake_quantized_checkpoint(tiny_model_dir, tmp_path_factory.mktemp("fake-int8") / "model")),
+               **TINY_ENGINE_OPTIONS)
 
 
-def test_int8_engine_generates_the_fake_quantized_models_greedy_tokens(greedy_pair):
-    quantized, reference = greedy_pair
+@pytest.fixture(scope="module", params=["native", "xla"])
+def quantized(request, tiny_model_dir):
+    """The int8 engine's LLM: int8 panels in the native CPU matmul, or XLA's dot with the scales on its output."""
+    from jaxpaged.llm import LLM
+
+    return LLM(str(tiny_model_dir), quantization="int8", cpu_matmul=request.param, **TINY_ENGINE_OPTIONS)
+
+
+def test_int8_engine_generates_the_fake_quantized_models_greedy_tokens(quantized, reference):
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     got = [output.outputs[0].token_ids for output in quantized.generate(_PROMPTS, params)]
     expected = [output.outputs[0].token_ids for output in reference.generate(_PROMPTS, params)]
     assert got == expected
 
 
-def test_the_plan_counts_int8_projection_bytes_and_names_the_format(greedy_pair):
-    quantized, reference = greedy_pair
+def test_the_plan_counts_int8_projection_bytes_and_names_the_format(quantized, reference):
     hidden, inner, layers = TINY_LLAMA["hidden_size"], TINY_LLAMA["intermediate_size"], TINY_LLAMA["num_hidden_layers"]
     q_dim = TINY_LLAMA["num_attention_heads"] * TINY_LLAMA["head_dim"]
     kv_dim = TINY_LLAMA["num_key_value_heads"] * TINY_LLAMA["head_dim"]
@@ -69,7 +73,10 @@ def test_the_plan_counts_int8_projection_bytes_and_names_the_format(greedy_pair)
     plan, reference_plan = quantized.engine.runner.plan, reference.engine.runner.plan
     assert reference_plan.memory.weight_bytes_per_device - plan.memory.weight_bytes_per_device == saved
     assert plan.quantization == "int8" and reference_plan.quantization is None
-    assert "weights" in plan.describe() and "MiB (int8 projections + float32)" in plan.describe()
+    assert plan.packed_int8 == (quantized.engine.config.cpu_matmul == "native")
+    kernel = "native, packed int8 panels" if plan.packed_int8 else "XLA dot, scales on the output"
+    assert f"int8 projections: {kernel}" in plan.describe()
+    assert "MiB (int8 projections + float32)" in plan.describe()
     assert "MiB (float32)" in reference_plan.describe()
 
 
