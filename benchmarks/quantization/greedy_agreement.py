@@ -12,10 +12,10 @@ beside the int8 one: the prefill path against the decode steps that chose the to
 import argparse
 import json
 import pathlib
-import platform
 import time
 from typing import Any, Optional
 
+from benchmarks.sweep.machine_info import describe_machine, load_average, machine_info
 from jaxpaged.llm import LLM
 from jaxpaged.sampling.params import SamplingParams
 
@@ -72,7 +72,8 @@ def measure(model: Optional[str], num_tokens: int, dtype: str) -> dict[str, Any]
     prefixes = [_common_prefix(ours[1], theirs[1]) for ours, theirs in zip(int8_pairs, pairs)]
     return {
         "model": model or "SmolLM2-135M-Instruct (embedded)", "dtype": dtype, "num_prompts": len(PROMPTS),
-        "num_tokens": num_tokens, "cpu": _cpu_name(), "seconds": round(time.time() - started, 1),
+        "num_tokens": num_tokens, "machine": describe_machine(machine_info()),
+        "load_average": load_average(), "seconds": round(time.time() - started, 1),
         "teacher_forced_agreement_int8": _share(int8_ranks),
         "teacher_forced_agreement_unquantized": _share(unquantized_ranks),
         "int8_rank_histogram": _histogram(int8_ranks),
@@ -84,13 +85,6 @@ def measure(model: Optional[str], num_tokens: int, dtype: str) -> dict[str, Any]
 def _histogram(ranks: list[list[int]]) -> dict[str, int]:
     flat = [rank for row in ranks for rank in row]
     return {"1": sum(r == 1 for r in flat), "2": sum(r == 2 for r in flat), "3+": sum(r >= 3 for r in flat)}
-
-
-def _cpu_name() -> str:
-    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines() if pathlib.Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 def main(argv: Optional[list[str]] = None) -> None:
