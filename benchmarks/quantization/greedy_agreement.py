@@ -88,7 +88,7 @@ def _histogram(ranks: list[list[int]]) -> dict[str, int]:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--model", default=None, help="default: the embedded SmolLM2-135M-Instruct")
     parser.add_argument("--num-tokens", type=int, default=64)
     parser.add_argument("--dtype", default="float32")
