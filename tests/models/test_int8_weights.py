@@ -110,3 +110,33 @@ def test_scales_shard_with_their_output_axis_and_count_as_float32():
 def test_an_unknown_scheme_is_refused_naming_the_field():
     with pytest.raises(ValueError, match="^quantization: unknown scheme 'int4'"):
         quantize_params({}, "int4")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("packed", [False, True])
+def test_int8_matmuls_equal_the_dequantized_product(dtype, packed):
+    """layers.matmuls on int8 weights (XLA's dot with the scales on its output, or int8 panels in the native kernel,
+    q/k/v-like in one call) gives x @ dequantized W, rounded to x's dtype; padding rows are zero when packed."""
+    import jax.numpy as jnp
+
+    from jaxpaged.kernels.cpu_native.packed_matmul import pack_panels, packed_int8_available
+    from jaxpaged.models.int8_weights import Int8Weight
+    from jaxpaged.models.layers import matmuls
+
+    assert packed_int8_available()
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((9, 64)).astype(np.float32)
+    quantized = [quantize_int8(rng.standard_normal((64, outer)).astype(np.float32)) for outer in (64, 32, 48)]
+    weights = [Int8Weight(jnp.asarray(pack_panels(values) if packed else values), jnp.asarray(scale))
+               for values, scale in quantized]
+    x_in = jnp.asarray(x, dtype)
+    got = matmuls(x_in, weights, num_rows=jnp.int32(7) if packed else None)
+    for product, (values, scale) in zip(got, quantized):
+        assert product.dtype == jnp.dtype(dtype)
+        expected = np.asarray(x_in, np.float64) @ dequantize_int8(values, scale).astype(np.float64)
+        rows = 7 if packed else 9
+        tolerance = 1e-5 if dtype == "float32" else 1e-2
+        np.testing.assert_allclose(np.asarray(product[:rows], np.float64), expected[:rows], rtol=tolerance,
+                                   atol=tolerance * np.abs(expected).max())
+        if packed:
+            assert np.all(np.asarray(product[rows:], np.float32) == 0)
