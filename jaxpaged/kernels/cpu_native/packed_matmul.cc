@@ -274,8 +274,9 @@ struct WidenedInt8 : Float32 {
 // once, into a per-thread buffer that stays in L2 (2 panels x 1,536 inner x 16 floats: 192 KiB at SmolLM2's widest),
 // and every tile of the block runs the float32 tile over it. Widening inside each tile repeated it once per tile,
 // 6 times for a 64-row decode block, and the widening instructions share the FMA ports: a whole step's matmuls ran
-// at 0.66x float32's at 512 rows, 1.0x at 64 (Xeon with AVX-512, 2026-12-05). Memory still delivers int8 bytes: the
-// widening reads each panel once, and asks for the `upcoming` int8 panels as it goes.
+// at 0.66x float32's at 512 rows that way, 1.01x and 1.47x in two runs this way (2-core Xeon with AVX-512, loaded,
+// 2026-12-05; benchmarks/quantization/int8_matmul.py). Memory still delivers int8 bytes: the widening reads each
+// panel once, and asks for the `upcoming` int8 panels as it goes.
 template <int kPanels>
 void MultiplyInt8Panels(const Problem<Int8>& p, int64_t first, int64_t end, int64_t panel_index,
                         const int8_t* upcoming) {
