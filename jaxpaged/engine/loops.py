@@ -10,7 +10,9 @@ up); no rank's result is awaited before every rank is dispatched, so their devic
   row computed, whose token is dropped, and one that finishes by length is not planned past it. When a request's
   next token depends on its last one on the host (a grammar's bitmask, output penalties), the step planned ahead
   dispatches only its model; its sampler follows as soon as this step's tokens are in the requests and their
-  grammars, before this step's text and outputs are made (LLMEngine.update's sample_next).
+  grammars, before this step's text and outputs are made (LLMEngine.update's sample_next). With speculative
+  decoding, steps are planned ahead only while nobody proposes (a batch at or above the size that turns proposals
+  off): a row's proposals follow the tokens the step before kept, so those steps run one after the other.
 """
 
 import logging
@@ -99,15 +101,14 @@ def resolve_async_scheduling(config: EngineConfig, platform: str) -> bool:
     serving are on (whose transfers and follower broadcasts expect each step's tokens on the host before the next
     is planned). On the CPU too: there the "device" is the host's own cores, so the host work planned ahead shares
     them with XLA's threads, yet W1 gained there (docs/performance.md). True with the tiers or multi-host is a
-    ValueError. Speculative decoding turns it off too. `platform` names the devices in the log line."""
-    unsupported = config.cache.kv_offload_enabled or jax.process_count() > 1 or config.speculative.enabled
+    ValueError. `platform` names the devices in the log line."""
+    unsupported = config.cache.kv_offload_enabled or jax.process_count() > 1
     if config.async_scheduling is None:
         if unsupported:
-            logger.info("async scheduling off on %s: not supported with the KV tiers, multi-host serving or "
-                        "speculative decoding", platform)
+            logger.info("async scheduling off on %s: not supported with the KV tiers or multi-host serving",
+                        platform)
         return not unsupported
     if config.async_scheduling and unsupported:
-        raise ValueError("async_scheduling: not supported with the KV tiers (kv_offload_*), multi-host serving or "
-                         "speculative decoding (speculative_method; a step's proposals follow the tokens the step "
-                         "before accepted); turn one of them off")
+        raise ValueError("async_scheduling: not supported with the KV tiers (kv_offload_*) or multi-host serving; "
+                         "turn one of them off")
     return config.async_scheduling

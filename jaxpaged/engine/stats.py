@@ -36,6 +36,14 @@ class EngineStats:
     prefix_cache_missed_reusable_tokens: int = 0
     """Prompt tokens recomputed although their content was seen before, after the prompt diverged (cumulative;
     core/prefix_advisor.py)."""
+    spec_decode_num_drafts: int = 0
+    """Speculative decoding: rows that verified proposals (cumulative; vLLM's spec_decode_num_drafts)."""
+    spec_decode_num_draft_tokens: int = 0
+    """Proposed tokens verified (cumulative)."""
+    spec_decode_num_accepted_tokens: int = 0
+    """Proposed tokens accepted (cumulative)."""
+    spec_decode_num_accepted_tokens_per_pos: list[int] = dataclasses.field(default_factory=list)
+    """Per proposal position (0 = the first proposed token): rows that accepted it (cumulative)."""
     kv_tiers: dict[str, "TierStats"] = dataclasses.field(default_factory=dict)
     """Per KV tier while the tiers below the device are on ("device", then "host" and "disk" when on): hits, bytes
     moved, usage. Empty when they are off."""

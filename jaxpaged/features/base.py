@@ -1,7 +1,8 @@
 """EngineFeature: the named points of the engine loop an optional feature plugs into, and FeatureSet.
 
 The loop (engine/loops.py) calls, in order: `step_guard` around a step, `after_launch` once a rank's step is
-dispatched (before its results are awaited), and the engine calls the lifecycle hooks: `after_warmup` once the
+dispatched (before its results are awaited), `after_step` once a step's results are applied (and after a prefix-cache
+reset), and the engine calls the lifecycle hooks: `after_warmup` once the
 ranks are compiled, `on_add` when a request is queued, `on_idle` while nothing runs, `on_reset` when the prefix
 cache is cleared, `add_stats` when stats are read and `close` at shutdown. Every hook is a no-op here.
 """
@@ -35,6 +36,9 @@ class EngineFeature:
     def after_launch(self, pending: "PendingSample") -> None:
         """A rank's step was dispatched to its devices."""
 
+    def after_step(self, ranks: "DataParallelRanks") -> None:
+        """A step's results are applied to the schedulers (or the prefix cache was reset): their caches changed."""
+
     def on_idle(self) -> None:
         """Called between steps while no request runs."""
 
@@ -44,8 +48,9 @@ class EngineFeature:
     def add_stats(self, stats: "EngineStats", ranks: "DataParallelRanks") -> None:
         """Fill the feature's fields of a stats snapshot."""
 
-    def close(self, ranks: "DataParallelRanks") -> None:
-        """No step will run again."""
+    def close(self, ranks: "DataParallelRanks", deadline: Optional[float] = None) -> None:
+        """No step will run again. `deadline`: the time.monotonic() by which closing should be done (work that
+        can be cut short, such as persisting the KV cache, stops there and logs what it left out; None: no bound)."""
 
 
 _NO_GUARD = contextlib.nullcontext()
@@ -61,6 +66,7 @@ class FeatureSet(EngineFeature):
         # NOTE: the per-step hooks call only the features that override them (the advisor is on by default).
         self._guarding = [f for f in self.features if type(f).step_guard is not EngineFeature.step_guard]
         self._watching_launches = [f for f in self.features if type(f).after_launch is not EngineFeature.after_launch]
+        self._watching_steps = [f for f in self.features if type(f).after_step is not EngineFeature.after_step]
 
     def find(self, kind: type) -> Optional[EngineFeature]:
         """The feature of type `kind`, if on."""
@@ -88,6 +94,10 @@ class FeatureSet(EngineFeature):
         for feature in self._watching_launches:
             feature.after_launch(pending)
 
+    def after_step(self, ranks: "DataParallelRanks") -> None:
+        for feature in self._watching_steps:
+            feature.after_step(ranks)
+
     def on_idle(self) -> None:
         for feature in self.features:
             feature.on_idle()
@@ -100,6 +110,6 @@ class FeatureSet(EngineFeature):
         for feature in self.features:
             feature.add_stats(stats, ranks)
 
-    def close(self, ranks: "DataParallelRanks") -> None:
+    def close(self, ranks: "DataParallelRanks", deadline: Optional[float] = None) -> None:
         for feature in self.features:
-            feature.close(ranks)
+            feature.close(ranks, deadline)

@@ -62,21 +62,37 @@ def choose_min_load_blocks(configured: Optional[int], runner: ModelRunner, sched
     return configured
 
 
-def persist_kv_cache(tiers: KVTiers, runners: Sequence[ModelRunner], schedulers: Sequence[Scheduler]) -> int:
+def persist_kv_cache(tiers: KVTiers, runners: Sequence[ModelRunner], schedulers: Sequence[Scheduler],
+                     deadline: Optional[float] = None) -> int:
     """Write what host memory and the device pools cache to the disk tier, coldest first, so the next engine on
     the directory starts warm (the disk's bound still holds: when it is full, the hottest blocks win); returns
-    how many blocks were written."""
-    start = time.perf_counter()
-    num_blocks = tiers.flush_host_to_disk()
+    how many blocks were written.
+
+    With a `deadline` (time.monotonic()) it stops there, between batches of TIER_TRANSFER_BATCH blocks, and logs
+    a warning with how many blocks were written and how many were not: a shutdown that runs out of time leaves
+    the disk tier consistent (each block is its own file) and says so, instead of being killed mid-write unseen.
+    """
+    start = time.monotonic()
+    num_written, num_left = tiers.flush_host_to_disk(deadline)
     for scheduler, runner in zip(schedulers, runners):
         saves = [(block_id, block_hash) for block_id, block_hash in scheduler.kv_cache_manager.cached_blocks()
                  if not tiers.on_disk(block_hash)]
         transfer = runner.tier_transfer
         assert transfer is not None  # attached by build_kv_tiers
-        transfer.finish_saves(transfer.start_saves(runner.kv_cache, saves), straight_to_disk=True)
-        num_blocks += len(saves)
-    logger.info("KV tiers: %d blocks persisted to disk in %.2f s", num_blocks, time.perf_counter() - start)
-    return num_blocks
+        for begin in range(0, len(saves), TIER_TRANSFER_BATCH):
+            if deadline is not None and time.monotonic() >= deadline:
+                num_left += len(saves) - begin
+                break
+            batch = saves[begin:begin + TIER_TRANSFER_BATCH]
+            transfer.finish_saves(transfer.start_saves(runner.kv_cache, batch), straight_to_disk=True)
+            num_written += len(batch)
+    elapsed = time.monotonic() - start
+    if num_left:
+        logger.warning("KV tiers: %d blocks persisted to disk in %.2f s; %d cached blocks NOT persisted: the "
+                       "shutdown's time for it ran out (--kv-persist-timeout)", num_written, elapsed, num_left)
+    else:
+        logger.info("KV tiers: %d blocks persisted to disk in %.2f s", num_written, elapsed)
+    return num_written
 
 
 def tier_stats(tiers: KVTiers, runners: Sequence[ModelRunner], schedulers: Sequence[Scheduler],
@@ -115,6 +131,6 @@ class KVTierFeature(EngineFeature):
         stats.kv_tiers = tier_stats(self.tiers, ranks.runners, ranks.schedulers, stats.prefix_cache_hits,
                                     stats.kv_cache_usage)
 
-    def close(self, ranks: DataParallelRanks) -> None:
+    def close(self, ranks: DataParallelRanks, deadline: Optional[float] = None) -> None:
         if self.tiers.has_disk:
-            persist_kv_cache(self.tiers, ranks.runners, ranks.schedulers)
+            persist_kv_cache(self.tiers, ranks.runners, ranks.schedulers, deadline)

@@ -5,6 +5,7 @@ heartbeats, and shutdown tells the followers to exit (the followers' side: jaxpa
 import contextlib
 import functools
 from collections.abc import Sequence
+from typing import Optional
 
 from jaxpaged.engine.ranks import DataParallelRanks
 from jaxpaged.features.base import EngineFeature
@@ -37,5 +38,5 @@ class MultiHostFeature(EngineFeature):
     def on_idle(self) -> None:
         self.followers.heartbeat_if_due()
 
-    def close(self, ranks: DataParallelRanks) -> None:
+    def close(self, ranks: DataParallelRanks, deadline: Optional[float] = None) -> None:
         self.followers.shutdown_followers()

@@ -29,6 +29,14 @@ def build_features(loaded: LoadedModel, config: EngineConfig, runners: list[Mode
         from jaxpaged.features.prefix_advisor import PrefixAdvisorFeature
 
         features.append(PrefixAdvisorFeature(tokenizer, config.advisor_log_text))
+    if config.kv_events_config is not None:
+        from jaxpaged.kv_events_config import parse_kv_events_config
+
+        events_config = parse_kv_events_config(config.kv_events_config)
+        if events_config.enable_kv_cache_events:
+            from jaxpaged.features.kv_events import KVEventsFeature
+
+            features.append(KVEventsFeature(events_config))
     if jax.process_count() > 1:
         from jaxpaged.features.multihost import MultiHostFeature
         from jaxpaged.multihost.runtime import DEFAULT_TIMEOUT_S

@@ -17,6 +17,7 @@ counts as held only when every shard holds it.
 import dataclasses
 import logging
 import os
+import time
 from collections.abc import Sequence
 from typing import Optional
 
@@ -150,18 +151,23 @@ class KVTiers:
                 shard.disk.write(block_hash, payload)
         self.bytes_offloaded += sum(payload.nbytes for payload in shards)
 
-    def flush_host_to_disk(self) -> int:
+    def flush_host_to_disk(self, deadline: Optional[float] = None) -> tuple[int, int]:
         """Write every host block that is not on disk yet, least recently used first (so a full disk keeps the
-        most recent); returns how many blocks were written."""
-        written = 0
+        most recent), until `deadline` (time.monotonic(); None: no bound); returns how many blocks were written and
+        how many were left out."""
+        written = left = 0
         for shard in self._shards:
             if shard.host is None or shard.disk is None:
                 continue
             for key, payload in shard.host.items():
-                if key not in shard.disk:
-                    shard.disk.write(key, payload)
-                    written += 1
-        return written // len(self._shards)
+                if key in shard.disk:
+                    continue
+                if deadline is not None and time.monotonic() >= deadline:
+                    left += 1
+                    continue
+                shard.disk.write(key, payload)
+                written += 1
+        return written // len(self._shards), -(-left // len(self._shards))
 
     def clear_host(self) -> None:
         """Drop the host tier (a prefix-cache reset); the disk tier persists by design."""

@@ -75,4 +75,4 @@ class StepPlanChannel:
             multihost_utils.broadcast_one_to_all(self._empty(bucket))
 
     def _empty(self, bucket: Bucket) -> StepInputs:
-        return empty_step_inputs(bucket.num_tokens, bucket.num_seqs, self.blocks_per_seq, bucket.num_sample_rows)
+        return empty_step_inputs(bucket.num_tokens, bucket.num_seqs, self.blocks_per_seq)

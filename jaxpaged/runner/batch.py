@@ -10,7 +10,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Sequence
-from typing import Any, Optional
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -35,9 +35,10 @@ class StepInputs:
     """Absolute position of each token in its sequence."""
     attention: AttentionMetadata
     """Slots, KV lengths, block tables, query offsets and the real sequence count."""
-    sample_indices: Int[HostOrDeviceArray, " num_sample_rows"]
+    sample_indices: Int[HostOrDeviceArray, " max_num_seqs"]
     """Token rows whose logits are sampled, in increasing order: the last token of each sampling sequence (and,
-    with speculative decoding, each row verifying a proposal before it); padded entries point at row 0."""
+    with speculative decoding, each row verifying a proposal before it: the scheduler keeps sequences plus proposals
+    within max_num_seqs); padded entries point at row 0."""
     prompt_logprob_targets: Int[HostOrDeviceArray, " num_tokens"]
     """Prompt logprobs: the next prompt token, whose logprob this row's logits give, or -1 (the usual case: the
     step then skips the whole-vocabulary projection of every row)."""
@@ -54,14 +55,12 @@ class StepInputs:
         return jnp.max(jnp.where(indices > 0, positions, 1))
 
 
-def empty_step_inputs(num_tokens: int, max_num_seqs: int, blocks_per_seq: int,
-                      num_sample_rows: Optional[int] = None) -> StepInputs:
+def empty_step_inputs(num_tokens: int, max_num_seqs: int, blocks_per_seq: int) -> StepInputs:
     """A host batch of the given bucket (numpy, filled by the model runner): token ids, positions and attention
     metadata zero, prompt-logprob targets and token sources -1. Every field is a view of one int32 array, laid out
     as pack_step_inputs sends it, so sending the batch copies nothing: one allocation a step instead of eight and
-    a concatenation. num_sample_rows: the bucket's (None: max_num_seqs)."""
-    template, treedef, spans = _packed_template(num_tokens, max_num_seqs, blocks_per_seq,
-                                                max_num_seqs if num_sample_rows is None else num_sample_rows)
+    a concatenation."""
+    template, treedef, spans = _packed_template(num_tokens, max_num_seqs, blocks_per_seq)
     packed = template.copy()  # fresh each step: the array sent before may still be read by the device
     batch = jax.tree.unflatten(treedef, [packed[start:end].reshape(shape) for start, end, shape in spans])
     batch.__dict__[_PACKED] = packed  # not a field: pytree flattening leaves it out
@@ -73,11 +72,11 @@ _PACKED = "_packed_fields"
 
 
 @functools.lru_cache(maxsize=64)
-def _packed_template(num_tokens: int, max_num_seqs: int, blocks_per_seq: int, num_sample_rows: int):
+def _packed_template(num_tokens: int, max_num_seqs: int, blocks_per_seq: int):
     """The packed array of an empty batch of one bucket, the batch's treedef, and each field's span in the array."""
     fields = StepInputs(token_ids=np.zeros(num_tokens, np.int32), positions=np.zeros(num_tokens, np.int32),
                         attention=empty_attention_metadata(num_tokens, max_num_seqs, blocks_per_seq),
-                        sample_indices=np.zeros(num_sample_rows, np.int32),
+                        sample_indices=np.zeros(max_num_seqs, np.int32),
                         prompt_logprob_targets=np.full(num_tokens, -1, np.int32),
                         token_sources=np.full(num_tokens, -1, np.int32))
     leaves, treedef = jax.tree.flatten(fields)
@@ -98,7 +97,7 @@ def fill_step_inputs(scheduled: Sequence[ScheduledRequest], bucket: Bucket, bloc
     call per request and field, and numpy-vectorised filling (every numpy call is cold code), both measured slower
     than this loop (docs/performance.md).
     """
-    batch = empty_step_inputs(bucket.num_tokens, bucket.num_seqs, block_table.table.shape[1], bucket.num_sample_rows)
+    batch = empty_step_inputs(bucket.num_tokens, bucket.num_seqs, block_table.table.shape[1])
     attention = batch.attention
     num_seqs = len(scheduled)
     attention.block_tables[:num_seqs] = block_table.update([item.block_ids for item in scheduled])[:num_seqs]

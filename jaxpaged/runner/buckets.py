@@ -4,9 +4,6 @@ num_tokens runs over powers of two from 16 up to max_num_batched_tokens (which i
 num_seqs is tied to the token bucket, min(num_tokens, max_num_seqs): a step never has more sequences than
 tokens, so one ladder covers both and warm-up compiles len(ladder) programs, not a grid of them. The price
 is a few extra logits rows in prefill-heavy steps, which is small next to the prefill itself.
-
-With speculative decoding a sequence samples at up to 1 + k rows (its token and k proposals), so a bucket's
-sampling rows are min(num_tokens, num_seqs * (1 + k)): still one shape per bucket, fixed at warm-up.
 """
 
 import bisect
@@ -21,12 +18,6 @@ class Bucket:
 
     num_tokens: int
     num_seqs: int
-    num_sample_rows: int = 0
-    """Rows whose logits the step computes and samples; 0 given means num_seqs (no speculative decoding)."""
-
-    def __post_init__(self) -> None:
-        if self.num_sample_rows == 0:
-            object.__setattr__(self, "num_sample_rows", self.num_seqs)
 
 
 def token_ladder(max_num_batched_tokens: int) -> list[int]:
@@ -43,11 +34,9 @@ def token_ladder(max_num_batched_tokens: int) -> list[int]:
 class BucketLadder:
     """Maps a step's real sizes to its padded bucket."""
 
-    def __init__(self, max_num_batched_tokens: int, max_num_seqs: int, num_speculative_tokens: int = 0):
-        """num_speculative_tokens: most proposals a sequence verifies in one step (0: speculative decoding off)."""
+    def __init__(self, max_num_batched_tokens: int, max_num_seqs: int):
         self.token_sizes = token_ladder(max_num_batched_tokens)
         self.max_num_seqs = max_num_seqs
-        self.rows_per_seq = 1 + num_speculative_tokens
 
     def buckets(self) -> list[Bucket]:
         """Every bucket a step can land in: the list warm-up compiles."""
@@ -64,5 +53,4 @@ class BucketLadder:
         return bucket
 
     def _bucket(self, num_tokens: int) -> Bucket:
-        num_seqs = min(num_tokens, self.max_num_seqs)
-        return Bucket(num_tokens, num_seqs, min(num_tokens, num_seqs * self.rows_per_seq))
+        return Bucket(num_tokens, min(num_tokens, self.max_num_seqs))

@@ -119,9 +119,7 @@ class ModelRunner:
         self.max_model_len = plan.memory.max_model_len
         """config's max_model_len, or the model's context length the plan fitted to the pool when it was None."""
         self.blocks_per_seq = -(-self.max_model_len // self.block_size)
-        speculative = config.speculative
-        self.ladder = BucketLadder(sched.max_num_batched_tokens, sched.max_num_seqs,
-                                   speculative.num_speculative_tokens if speculative.enabled else 0)
+        self.ladder = BucketLadder(sched.max_num_batched_tokens, sched.max_num_seqs)
         self.block_table = HostBlockTable(sched.max_num_seqs, self.blocks_per_seq)
         self._replicated = mesh_lib.replicated(self.mesh)
         self._inputs_need_device_put = jax.process_count() > 1
@@ -214,7 +212,7 @@ class ModelRunner:
         assert self.tier_transfer is not None
         self.kv_cache, load_seconds = self.tier_transfer.measure_load_seconds(self.kv_cache)
         bucket = self.ladder.buckets()[-1]
-        batch = empty_step_inputs(bucket.num_tokens, bucket.num_seqs, self.blocks_per_seq, bucket.num_sample_rows)
+        batch = empty_step_inputs(bucket.num_tokens, bucket.num_seqs, self.blocks_per_seq)
         seconds = []
         for _ in range(3):
             start = time.perf_counter()
@@ -232,7 +230,7 @@ class ModelRunner:
         tasks: list[Callable[[], object]] = [functools.partial(self._executable, bucket) for bucket in buckets]
         tasks.append(self._copy_executable)
         if sampler:
-            tasks += self.sampler.warmup_tasks(bucket.num_sample_rows for bucket in buckets)
+            tasks += self.sampler.warmup_tasks(bucket.num_seqs for bucket in buckets)
             if self.async_scheduling:  # a full row count needs no padding (_padded_previous_sampled)
                 row_counts = {bucket.num_seqs for bucket in buckets} - {self.ladder.max_num_seqs}
                 tasks += [functools.partial(self._compile_pad, num_rows) for num_rows in sorted(row_counts)]
@@ -251,8 +249,7 @@ class ModelRunner:
 
     def _executable(self, bucket: Bucket):
         if bucket not in self._compiled:
-            example = empty_step_inputs(bucket.num_tokens, bucket.num_seqs, self.blocks_per_seq,
-                                        bucket.num_sample_rows)
+            example = empty_step_inputs(bucket.num_tokens, bucket.num_seqs, self.blocks_per_seq)
             packed = jax.device_put(pack_step_inputs(example), self._replicated)
             self._compiled[bucket] = self._jitted.lower(self.state, self.kv_cache, packed, self._no_previous_tokens,
                                                         PackedLayout.of(example)).compile()
@@ -370,7 +367,8 @@ class ModelRunner:
         return self.run_step(bucket, host_batch)[0]
 
     def run_step(self, bucket: Bucket, host_batch: StepInputs,
-                 previous_tokens: Optional[Int[Array, " max_num_seqs"]] = None) -> tuple[jax.Array, PromptLogprobStats]:
+                 previous_tokens: Optional[Int[Array, " max_num_seqs"]] = None,
+                 ) -> tuple[jax.Array, PromptLogprobStats]:
         """compute_logits() plus the step's prompt-logprob stats (zeros unless a row has a target).
         `previous_tokens`: the ids host_batch.token_sources points into (async scheduling)."""
         packed = pack_step_inputs(host_batch)  # one array, one transfer

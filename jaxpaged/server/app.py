@@ -17,10 +17,12 @@ from prometheus_client import CONTENT_TYPE_LATEST
 import jaxpaged
 from jaxpaged.async_engine import AsyncLLMEngine
 from jaxpaged.server.auth import BearerAuthMiddleware
+from jaxpaged.server.body_deadline import BodyDeadlineMiddleware
 from jaxpaged.server.chat import create_chat_completion
 from jaxpaged.server.completions import create_completion
 from jaxpaged.server.context import ServerContext, ServerSettings
 from jaxpaged.server.errors import error_body, install_error_handlers
+from jaxpaged.server.host_guard import AllowedHostsMiddleware
 from jaxpaged.server.metrics import ServerMetrics
 from jaxpaged.server.tokenization import detokenize, tokenize
 
@@ -43,6 +45,7 @@ def build_app(engine: AsyncLLMEngine, settings: Optional[ServerSettings] = None,
     app = FastAPI(title="jaxpaged", version=jaxpaged.__version__, lifespan=lifespan)
     app.state.context = context
     install_error_handlers(app)
+    app.add_middleware(BodyDeadlineMiddleware, timeout_s=settings.request_body_timeout_s)
     if settings.api_key is not None:
         app.add_middleware(BearerAuthMiddleware, api_key=settings.api_key)
     if settings.allowed_origins:
@@ -50,6 +53,9 @@ def build_app(engine: AsyncLLMEngine, settings: Optional[ServerSettings] = None,
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins),
                            allow_methods=list(settings.allowed_methods), allow_headers=list(settings.allowed_headers),
                            allow_credentials=settings.allow_credentials)
+    if settings.allowed_hosts:
+        # NOTE: outermost: a rebound name is refused before CORS or auth look at the request.
+        app.add_middleware(AllowedHostsMiddleware, allowed_hosts=list(settings.allowed_hosts))
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -76,6 +82,11 @@ def build_app(engine: AsyncLLMEngine, settings: Optional[ServerSettings] = None,
     @app.get("/health")
     async def health() -> Response:
         if context.ready:
+            stalled_s = engine.seconds_without_progress
+            if stalled_s > settings.engine_step_timeout_s:  # a hung step: the loop lives but serves nobody
+                return JSONResponse(error_body(503, f"no engine step has finished for {stalled_s:.0f} s while requests "
+                                                    f"are pending (--engine-step-timeout)", code="engine_stalled"),
+                                    status_code=503)
             return JSONResponse({"status": "ok"})
         message = "the server is shutting down" if context.draining else "the engine loop is not running"
         return JSONResponse(error_body(503, message, code="unavailable"), status_code=503)

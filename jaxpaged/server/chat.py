@@ -23,6 +23,7 @@ from jaxpaged.server.tool_calls import ToolCalling, tool_calling
 from jaxpaged.server.validation import (
     build_sampling_params,
     check_model_name,
+    check_prompt_count,
     parse_model,
     read_json_body,
     resolve_max_tokens,
@@ -35,6 +36,7 @@ async def create_chat_completion(request: Request, context: ServerContext) -> Re
     ensure_ready(context)
     engine = context.engine
     payload = await read_json_body(request, context.settings.max_request_body_bytes)
+    check_prompt_count(payload, context.settings.max_prompts_per_request)  # n alone may pass the cap
     reject_unhonoured_keys(payload, chat=True)
     body = parse_model(ChatCompletionRequest, payload)
     check_model_name(body.model, context.model_names)
@@ -65,7 +67,7 @@ async def create_chat_completion(request: Request, context: ServerContext) -> Re
     texts = [ChoiceText(calling, reasoning, starts_in_reasoning) if calling is None or calling.parser is not None
              else None for _ in range(body.n)]
     view = _ChatView(body, engine.tokenizer, context.model_name, run.request_id, calling, texts,
-                     len(prompt.token_ids))
+                     len(prompt.token_ids), context.settings.enable_prompt_tokens_details)
     return await respond(request, run, body.stream, view.events, lambda finals: view.body(finals[0]))
 
 
@@ -73,8 +75,10 @@ class _ChatView:
     """Renders engine outputs as OpenAI chat completion objects (whole or chunked)."""
 
     def __init__(self, request: ChatCompletionRequest, tokenizer, model_name: str, response_id: str,
-                 calling: Optional[ToolCalling], texts: list[Optional[ChoiceText]], num_prompt_tokens: int) -> None:
+                 calling: Optional[ToolCalling], texts: list[Optional[ChoiceText]], num_prompt_tokens: int,
+                 with_cached_tokens: bool) -> None:
         self.request, self.tokenizer, self.calling = request, tokenizer, calling
+        self.with_cached_tokens = with_cached_tokens
         self.texts = texts
         """Per choice: its text's reasoning / content / "auto" calls (None for a forced or required call)."""
         self.num_prompt_tokens = num_prompt_tokens
@@ -93,7 +97,8 @@ class _ChatView:
                             "logprobs": self._logprobs(sample, 0, len(sample.token_ids)),
                             "finish_reason": self._finish_reason(sample.finish_reason, "tool_calls" in message),
                             "stop_reason": sample.stop_reason})
-        return {**self.header, "object": "chat.completion", "choices": choices, "usage": usage([final])}
+        return {**self.header, "object": "chat.completion", "choices": choices,
+                "usage": usage([final], with_cached_tokens=self.with_cached_tokens)}
 
     def _message(self, sample: CompletionOutput) -> dict:
         text = self.texts[sample.index]
@@ -157,7 +162,8 @@ class _ChatView:
                                       len(sample.token_ids))
             if self.request.stream_options is not None and self.request.stream_options.include_usage:
                 yield sse_event({**self.header, "object": "chat.completion.chunk", "choices": [],
-                                 "usage": usage([final for final in run.finals if final is not None])})
+                                 "usage": usage([final for final in run.finals if final is not None],
+                                               with_cached_tokens=self.with_cached_tokens)})
         except EngineDeadError:
             yield sse_event(error_body(503, "the engine stopped before the request finished",
                                        code="engine_unavailable"))

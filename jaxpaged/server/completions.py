@@ -27,6 +27,7 @@ from jaxpaged.server.streaming import SSE_DONE, sse_event
 from jaxpaged.server.validation import (
     build_sampling_params,
     check_model_name,
+    check_prompt_count,
     parse_model,
     read_json_body,
     resolve_max_tokens,
@@ -42,6 +43,7 @@ async def create_completion(request: Request, context: ServerContext) -> Respons
     ensure_ready(context)
     engine = context.engine
     payload = await read_json_body(request, context.settings.max_request_body_bytes)
+    check_prompt_count(payload, context.settings.max_prompts_per_request)
     reject_unhonoured_keys(payload, chat=False)
     body = parse_model(CompletionRequest, payload)
     check_model_name(body.model, context.model_names)
@@ -57,7 +59,8 @@ async def create_completion(request: Request, context: ServerContext) -> Respons
     if body.echo and body.logprobs is not None:
         params = [dataclasses.replace(p, prompt_logprobs=body.logprobs) for p in params]
     run = GenerationRun(context, f"cmpl-{uuid.uuid4().hex}", prompts, params)
-    view = _CompletionView(body, prompts, engine.tokenizer, context.model_name, run.request_id)
+    view = _CompletionView(body, prompts, engine.tokenizer, context.model_name, run.request_id,
+                           context.settings.enable_prompt_tokens_details)
     return await respond(request, run, body.stream, view.events, view.body)
 
 
@@ -78,8 +81,9 @@ class _CompletionView:
     """Renders engine outputs as OpenAI completion objects (whole or chunked)."""
 
     def __init__(self, body: CompletionRequest, prompts: list[ParsedPrompt], tokenizer, model_name: str,
-                 response_id: str) -> None:
+                 response_id: str, with_cached_tokens: bool) -> None:
         self.request, self.prompts, self.tokenizer = body, prompts, tokenizer
+        self.with_cached_tokens = with_cached_tokens
         self.header = {"id": response_id, "object": "text_completion", "created": int(time.time()),
                        "model": model_name}
 
@@ -108,7 +112,7 @@ class _CompletionView:
                                 "finish_reason": "length" if scoring_only else sample.finish_reason,
                                 "stop_reason": None if scoring_only else sample.stop_reason})
         choices.sort(key=lambda choice: choice["index"])
-        total = usage(finals)
+        total = usage(finals, with_cached_tokens=self.with_cached_tokens)
         if scoring_only:
             total["total_tokens"] -= total["completion_tokens"]
             total["completion_tokens"] = 0
@@ -160,7 +164,8 @@ class _CompletionView:
                                       len(sample.token_ids))
             if self.request.stream_options is not None and self.request.stream_options.include_usage:
                 finals = [final for final in run.finals if final is not None]
-                yield sse_event({**self.header, "choices": [], "usage": usage(finals)})
+                total = usage(finals, with_cached_tokens=self.with_cached_tokens)
+                yield sse_event({**self.header, "choices": [], "usage": total})
         except EngineDeadError:
             yield sse_event(error_body(503, "the engine stopped before the request finished",
                                        code="engine_unavailable"))

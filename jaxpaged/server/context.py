@@ -5,11 +5,15 @@ from typing import Optional
 
 from jaxpaged.async_engine import AsyncLLMEngine
 from jaxpaged.checks import is_int
+from jaxpaged.server.body_deadline import DEFAULT_REQUEST_BODY_TIMEOUT_S
+from jaxpaged.server.host_guard import check_host_patterns
 from jaxpaged.server.metrics import ServerMetrics
 from jaxpaged.server.reasoning_parsers import ReasoningParser, make_reasoning_parser
 from jaxpaged.server.tool_parsers import ToolParser, make_tool_parser
+from jaxpaged.server.watchdog import DEFAULT_ENGINE_STEP_TIMEOUT_S
 
 DEFAULT_MAX_REQUEST_BODY_BYTES = 2 * 1024 * 1024
+DEFAULT_MAX_PROMPTS_PER_REQUEST = 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,6 +28,15 @@ class ServerSettings:
     """Largest n (choices per prompt) one request may ask for."""
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
     """Larger bodies get 413 before they are parsed."""
+    max_prompts_per_request: int = DEFAULT_MAX_PROMPTS_PER_REQUEST
+    """Most sequences (prompts in a completion batch × n) one request may start; 400 naming `prompt` beyond it."""
+    enable_prompt_tokens_details: bool = False
+    """vLLM's --enable-prompt-tokens-details: usage carries prompt_tokens_details.cached_tokens. Off by default: the
+    count of a token-granular prefix hit tells a client how much of its prompt another client already sent."""
+    request_body_timeout_s: float = DEFAULT_REQUEST_BODY_TIMEOUT_S
+    """Seconds a request body may take to arrive after its headers; 408 and the connection closed beyond it."""
+    engine_step_timeout_s: float = DEFAULT_ENGINE_STEP_TIMEOUT_S
+    """/health answers 503 when no engine step has finished for this long while requests are pending (a hang)."""
     retry_after_s: int = 1
     """The Retry-After header of a 429."""
     tool_call_parser: Optional[str] = None
@@ -45,23 +58,30 @@ class ServerSettings:
     """CORS: request headers allowed (with allowed_origins)."""
     allow_credentials: bool = False
     """CORS: allow cookies and Authorization on cross-origin requests (with allowed_origins)."""
+    allowed_hosts: tuple[str, ...] = ()
+    """Host header allow-list against DNS rebinding (names, addresses, "*.example.com"). Empty: any host."""
 
     def __post_init__(self) -> None:
         if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key):
             raise ValueError("api_key: must be a non-empty str or None")  # never echo the key itself
         for name, minimum in (("max_queued_requests", 0), ("max_n", 1), ("max_request_body_bytes", 1),
-                              ("retry_after_s", 0)):
+                              ("max_prompts_per_request", 1), ("retry_after_s", 0)):
             value = getattr(self, name)
             if not is_int(value) or value < minimum:
                 raise ValueError(f"{name}: must be an int >= {minimum}, got {value!r}")
+        for name in ("request_body_timeout_s", "engine_step_timeout_s"):
+            timeout_s = getattr(self, name)
+            if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
+                raise ValueError(f"{name}: must be a number of seconds > 0, got {timeout_s!r}")
         make_tool_parser(self.tool_call_parser)  # ValueError naming the flag for an unknown parser
         make_reasoning_parser(self.reasoning_parser)
         if self.enable_auto_tool_choice and self.tool_call_parser is None:
             raise ValueError("enable_auto_tool_choice: --enable-auto-tool-choice needs --tool-call-parser NAME")
-        for name in ("served_model_names", "allowed_origins", "allowed_methods", "allowed_headers"):
+        for name in ("served_model_names", "allowed_origins", "allowed_methods", "allowed_headers", "allowed_hosts"):
             value = getattr(self, name)
             if not isinstance(value, tuple) or not all(isinstance(item, str) and item for item in value):
                 raise ValueError(f"{name}: must be a tuple of non-empty strings, got {value!r}")
+        check_host_patterns(self.allowed_hosts)
 
     def __repr__(self) -> str:
         # NOTE: a repr that shows the key would leak it into any log line that prints the settings.

@@ -1,7 +1,9 @@
 """`jaxpaged serve`: flags, engine start-up (compiles before the port opens), uvicorn, graceful SIGTERM.
 
 On SIGTERM the server stops accepting (new work gets 503, the listening socket closes), lets requests in flight
-finish, stops the engine loop and exits 0.
+finish (for up to --shutdown-timeout; then they are cancelled), stops the engine loop (persisting the KV cache to
+the disk tier for up to --kv-persist-timeout, logging what it left out) and exits 0. If the engine loop fails
+instead, the process exits with watchdog.EXIT_ENGINE_FAILED (server/watchdog.py), for an orchestrator to restart it.
 """
 
 import argparse
@@ -24,6 +26,7 @@ from jaxpaged.server.context import ServerContext
 from jaxpaged.server.reasoning_parsers import check_reasoning_markers
 from jaxpaged.server.serve_flags import API_KEY_ENV, settings_from_args, uvicorn_options
 from jaxpaged.server.vllm_flags import IGNORED_DEST, ignored_flag_warnings
+from jaxpaged.server.watchdog import fail_stop_on_engine_failure
 
 logger = logging.getLogger(__name__)
 
@@ -98,8 +101,11 @@ def serve_main(args: argparse.Namespace) -> int:
     followers = followers_of(engine.features)
     if followers is not None:
         multihost.fail_stop_on_lost_follower(async_engine, followers)
+    else:
+        fail_stop_on_engine_failure(async_engine)
     async_engine.start()
-    app = build_app(async_engine, settings, owns_engine=True)
+    # NOTE: the engine is stopped below, not by the app's shutdown, so that its persist gets its own time bound.
+    app = build_app(async_engine, settings)
     server = _GracefulServer(uvicorn.Config(app, **server_options), app.state.context)
     scheme, model_name = ("https" if "ssl_certfile" in server_options else "http"), app.state.context.model_name
     print(f"jaxpaged: serving {model_name} on {scheme}://{args.host}:{args.port} "
@@ -113,5 +119,5 @@ def serve_main(args: argparse.Namespace) -> int:
         server.run()
     finally:
         signal.signal(signal.SIGTERM, previous)
-        async_engine.shutdown()
+        async_engine.shutdown(timeout_s=args.kv_persist_timeout)
     return 0 if server.started else 1

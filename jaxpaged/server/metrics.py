@@ -35,6 +35,9 @@ _COUNTERS = (
     ("prompt_tokens_total", "prompt_tokens", "Prompt tokens processed (prefill)."),
     ("generation_tokens_total", "generation_tokens", "Tokens generated (decode)."),
     ("num_compilations", "xla_compilations", "XLA compilations of the engine's jitted functions."),
+    ("spec_decode_num_draft_tokens", "spec_decode_draft_tokens", "Speculative decoding: proposed tokens verified."),
+    ("spec_decode_num_accepted_tokens", "spec_decode_accepted_tokens",
+     "Speculative decoding: proposed tokens accepted."),
 )
 # Per KV tier (label "tier": device, host, disk), while the tiers below the device are on.
 _TIER_COUNTERS = (

@@ -51,14 +51,20 @@ class SampleProgress:
         return SampleDelta(text, start, end, finish_reason)
 
 
-def usage(finals: Sequence[RequestOutput]) -> dict:
-    """OpenAI usage over the engine requests of one HTTP request (each prompt counted once, every choice)."""
+def usage(finals: Sequence[RequestOutput], *, with_cached_tokens: bool = False) -> dict:
+    """OpenAI usage over the engine requests of one HTTP request (each prompt counted once, every choice).
+
+    `with_cached_tokens` (--enable-prompt-tokens-details) adds prompt_tokens_details.cached_tokens. Off by default,
+    as in vLLM: prefix hits are token-granular and unsalted prefixes are shared between clients, so the count would
+    let one client probe another's prompt a token at a time.
+    """
     prompt_tokens = sum(len(output.prompt_token_ids) for output in finals)
     completion_tokens = sum(len(sample.token_ids) for output in finals for sample in output.outputs)
-    cached_tokens = sum(output.num_cached_tokens for output in finals)
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+    counts: dict = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                    "total_tokens": prompt_tokens + completion_tokens}
+    if with_cached_tokens:
+        counts["prompt_tokens_details"] = {"cached_tokens": sum(output.num_cached_tokens for output in finals)}
+    return counts
 
 
 def token_text(tokenizer: Any, token_id: int, logprob: Optional[Logprob] = None) -> str:

@@ -8,14 +8,25 @@ from typing import Any
 
 from jaxpaged.logging_setup import LOG_LEVELS
 from jaxpaged.multihost.runtime import add_distributed_arguments
+from jaxpaged.server.body_deadline import DEFAULT_REQUEST_BODY_TIMEOUT_S
 from jaxpaged.server.chat_template import load_chat_template
-from jaxpaged.server.context import DEFAULT_MAX_REQUEST_BODY_BYTES, ServerSettings
+from jaxpaged.server.context import DEFAULT_MAX_PROMPTS_PER_REQUEST, DEFAULT_MAX_REQUEST_BODY_BYTES, ServerSettings
+from jaxpaged.server.header_deadline import DEFAULT_REQUEST_HEADER_TIMEOUT_S, header_deadline_protocol
 from jaxpaged.server.reasoning_parsers import REASONING_PARSERS
 from jaxpaged.server.tool_parsers import TOOL_CALL_PARSERS
 from jaxpaged.server.vllm_flags import add_vllm_flags
+from jaxpaged.server.watchdog import DEFAULT_ENGINE_STEP_TIMEOUT_S
 
 API_KEY_ENV = "JAXPAGED_API_KEY"
 """Environment variable read when --api-key is not given."""
+DEFAULT_LIMIT_CONCURRENCY = 2048
+"""uvicorn's limit_concurrency: open connections (idle ones too) beyond which new requests get 503."""
+DEFAULT_TIMEOUT_KEEP_ALIVE_S = 5
+"""uvicorn's timeout_keep_alive: an idle keep-alive connection is closed after this many seconds."""
+DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
+"""On SIGTERM, seconds requests in flight may take to finish before uvicorn cancels them."""
+DEFAULT_KV_PERSIST_TIMEOUT_S = 30.0
+"""After the drain, seconds the engine may take to stop, persisting the KV cache to the disk tier."""
 
 
 def _add_if_absent(parser: argparse.ArgumentParser, *flags: str, **kwargs: Any) -> None:
@@ -54,6 +65,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                    help="largest n (choices per prompt) a request may ask for")
     _add_if_absent(parser, "--max-request-body-bytes", type=int, default=DEFAULT_MAX_REQUEST_BODY_BYTES,
                    help="answer 413 to larger request bodies (default 2 MiB)")
+    _add_if_absent(parser, "--max-prompts-per-request", type=int, default=DEFAULT_MAX_PROMPTS_PER_REQUEST,
+                   help=f"answer 400 to a request that would start more sequences (prompts in a batch times n) "
+                        f"(default {DEFAULT_MAX_PROMPTS_PER_REQUEST})")
+    _add_limit_flags(parser)
     _add_if_absent(parser, "--log-level", default="info", choices=list(LOG_LEVELS),
                    help="log level of jaxpaged (start-up plan, dtype choice) and uvicorn, on stderr")
     parser.add_argument("model_path", nargs="?", default=None, metavar="MODEL",
@@ -63,6 +78,32 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add_vllm_flags(parser)
     if "--coordinator-address" not in parser._option_string_actions:
         add_distributed_arguments(parser)
+
+
+def _add_limit_flags(parser: argparse.ArgumentParser) -> None:
+    """Slow clients, connections, shutdown and the engine watchdog."""
+    _add_if_absent(parser, "--request-body-timeout", type=float, default=DEFAULT_REQUEST_BODY_TIMEOUT_S,
+                   metavar="SECONDS", help=f"answer 408 and close the connection when a request body takes longer "
+                                           f"to arrive (default {DEFAULT_REQUEST_BODY_TIMEOUT_S:g})")
+    _add_if_absent(parser, "--request-header-timeout", type=float, default=DEFAULT_REQUEST_HEADER_TIMEOUT_S,
+                   metavar="SECONDS", help=f"close a connection that has not sent a request's headers this long after "
+                                           f"it opened or after its last response "
+                                           f"(default {DEFAULT_REQUEST_HEADER_TIMEOUT_S:g})")
+    _add_if_absent(parser, "--limit-concurrency", type=int, default=DEFAULT_LIMIT_CONCURRENCY,
+                   help=f"uvicorn answers 503 to new requests while this many connections are open "
+                        f"(default {DEFAULT_LIMIT_CONCURRENCY})")
+    _add_if_absent(parser, "--timeout-keep-alive", type=int, default=DEFAULT_TIMEOUT_KEEP_ALIVE_S, metavar="SECONDS",
+                   help=f"close idle keep-alive connections after this long (default {DEFAULT_TIMEOUT_KEEP_ALIVE_S})")
+    _add_if_absent(parser, "--shutdown-timeout", type=float, default=DEFAULT_SHUTDOWN_TIMEOUT_S, metavar="SECONDS",
+                   help=f"on SIGTERM, cancel the requests still running after this long "
+                        f"(default {DEFAULT_SHUTDOWN_TIMEOUT_S:g})")
+    _add_if_absent(parser, "--kv-persist-timeout", type=float, default=DEFAULT_KV_PERSIST_TIMEOUT_S,
+                   metavar="SECONDS", help=f"after the drain, stop persisting the KV cache to the disk tier after "
+                                           f"this long, logging what was left out "
+                                           f"(default {DEFAULT_KV_PERSIST_TIMEOUT_S:g})")
+    _add_if_absent(parser, "--engine-step-timeout", type=float, default=DEFAULT_ENGINE_STEP_TIMEOUT_S,
+                   metavar="SECONDS", help=f"/health answers 503 when no engine step has finished for this long while "
+                                           f"requests are pending (default {DEFAULT_ENGINE_STEP_TIMEOUT_S:g})")
 
 
 def _add_model_flags(group: argparse._ArgumentGroup) -> None:
@@ -76,6 +117,9 @@ def _add_model_flags(group: argparse._ArgumentGroup) -> None:
                             f"{', '.join(TOOL_CALL_PARSERS)}")
     group.add_argument("--enable-auto-tool-choice", action="store_true",
                        help="let the model choose to call tools (tool_choice \"auto\"); needs --tool-call-parser")
+    group.add_argument("--enable-prompt-tokens-details", action="store_true",
+                       help="put usage.prompt_tokens_details.cached_tokens in responses (off: the prefix cache is "
+                            "shared by clients without a cache_salt, and the count would show another's prompt)")
     group.add_argument("--reasoning-parser", default=None, metavar="NAME",
                        help=f"put a thinking model's <think> text in reasoning_content: {', '.join(REASONING_PARSERS)}")
 
@@ -89,6 +133,10 @@ def _add_http_flags(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--allowed-headers", type=_json_list, default=None, metavar="JSON",
                        help="CORS: allowed request headers, a JSON list (default '[\"*\"]')")
     group.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials")
+    group.add_argument("--allowed-hosts", type=_json_list, default=None, metavar="JSON",
+                       help="answer 400 unless the Host header names one of these hosts, a JSON list such as "
+                            "'[\"localhost\", \"127.0.0.1\", \"*.example.com\"]' (against DNS rebinding) "
+                            "(default: any host)")
     group.add_argument("--ssl-keyfile", default=None, help="TLS: the private key file (with --ssl-certfile)")
     group.add_argument("--ssl-certfile", default=None, help="TLS: the certificate file; serves https")
     group.add_argument("--ssl-ca-certs", default=None, help="TLS: CA certificates to verify clients with")
@@ -115,19 +163,35 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
                          "with --allowed-origins; give it too")
     return ServerSettings(api_key=api_key, max_queued_requests=args.max_queued_requests, max_n=args.max_n,
                           max_request_body_bytes=args.max_request_body_bytes,
+                          max_prompts_per_request=args.max_prompts_per_request,
+                          request_body_timeout_s=args.request_body_timeout,
+                          engine_step_timeout_s=args.engine_step_timeout,
                           tool_call_parser=getattr(args, "tool_call_parser", None),
                           enable_auto_tool_choice=getattr(args, "enable_auto_tool_choice", False),
                           reasoning_parser=getattr(args, "reasoning_parser", None),
+                          enable_prompt_tokens_details=getattr(args, "enable_prompt_tokens_details", False),
                           served_model_names=tuple(getattr(args, "served_model_name", None) or ()),
+                          allowed_hosts=tuple(getattr(args, "allowed_hosts", None) or ()),
                           chat_template=load_chat_template(getattr(args, "chat_template", None)), **cors)
 
 
 def uvicorn_options(args: argparse.Namespace) -> dict[str, Any]:
-    """uvicorn.Config's keyword options from the flags (address, TLS, logging, root path); ValueError naming the
-    flag for TLS files that are missing or given alone."""
+    """uvicorn.Config's keyword options from the flags (address, TLS, logging, root path, connection limits and
+    timeouts); ValueError naming the flag for TLS files that are missing or given alone, or a limit out of range."""
     options: dict[str, Any] = dict(host=args.host, port=args.port,
                                    log_level=getattr(args, "uvicorn_log_level", None) or args.log_level,
-                                   timeout_graceful_shutdown=None)
+                                   timeout_graceful_shutdown=args.shutdown_timeout,
+                                   limit_concurrency=args.limit_concurrency, timeout_keep_alive=args.timeout_keep_alive)
+    for flag, value, minimum in (("limit_concurrency", args.limit_concurrency, 1),
+                                 ("timeout_keep_alive", args.timeout_keep_alive, 1),
+                                 ("shutdown_timeout", args.shutdown_timeout, 0),
+                                 ("kv_persist_timeout", args.kv_persist_timeout, 0)):
+        if not value >= minimum:  # NaN too
+            raise ValueError(f"{flag}: --{flag.replace('_', '-')} must be >= {minimum}, got {value}")
+    if not args.request_header_timeout > 0:
+        raise ValueError(f"request_header_timeout: --request-header-timeout must be > 0, "
+                         f"got {args.request_header_timeout}")
+    options["http"] = header_deadline_protocol(args.request_header_timeout)
     if getattr(args, "disable_uvicorn_access_log", False):
         options["access_log"] = False
     if getattr(args, "root_path", None):

@@ -18,6 +18,23 @@ from jaxpaged.server.errors import APIError
 from jaxpaged.server.protocol import ChatCompletionRequest, NamedToolChoice
 from jaxpaged.server.tool_parsers import TOOL_CALL_PARSERS, ToolParser
 
+MAX_SHOWN_NAMES = 10
+"""Most tool names an error message lists."""
+MAX_SHOWN_NAME_CHARS = 32
+"""Longer tool names are cut to this many characters in an error message."""
+
+
+def shown_names(names: list[str]) -> str:
+    """The request's tool names as an error message lists them: the first few, each cut short, and how many more.
+
+    The names are the client's own input; echoed whole, thousands of long names would make an error body as large
+    as the request.
+    """
+    shown = [repr(name if len(name) <= MAX_SHOWN_NAME_CHARS else name[:MAX_SHOWN_NAME_CHARS] + "...")
+             for name in names[:MAX_SHOWN_NAMES]]
+    more = len(names) - len(shown)
+    return ", ".join(shown) + (f" and {more} more" if more > 0 else "")
+
 
 @dataclasses.dataclass
 class ToolCalling:
@@ -93,7 +110,7 @@ def tool_calling(request: ChatCompletionRequest, parser: Optional[ToolParser] = 
                        param="response_format", code="invalid_value")
     if isinstance(choice, NamedToolChoice):
         if choice.function.name not in names:
-            raise APIError(400, f"tool_choice: names no function in tools (have {names})", param="tool_choice",
-                           code="invalid_value")
+            raise APIError(400, f"tool_choice: names no function in tools (have {shown_names(names)})",
+                           param="tool_choice", code="invalid_value")
         return ToolCalling(tools, choice.function.name)
     return ToolCalling(tools, None)

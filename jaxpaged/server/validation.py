@@ -20,8 +20,24 @@ from jaxpaged.server.protocol import MAX_STOP_STRINGS, SamplingRequest
 ModelT = TypeVar("ModelT", bound=pydantic.BaseModel)
 
 
+def check_json_content_type(request: Request) -> None:
+    """415 unless the body is declared `application/json` (parameters such as charset allowed).
+
+    A web page may POST text/plain or form bodies to any origin without a CORS preflight; refusing every other
+    type keeps a browser from driving a keyless server on 127.0.0.1 (CSRF). 415 is HTTP's status for exactly this
+    (RFC 9110 15.5.16), and vLLM's first version of the same check answered it; the body is the OpenAI error
+    object, so clients handle it as any other 4xx.
+    """
+    media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media_type != "application/json":
+        raise APIError(415, "Content-Type: the request body must be sent as application/json",
+                       param="Content-Type", code="unsupported_media_type")
+
+
 async def read_json_body(request: Request, max_body_bytes: int) -> Any:
-    """The request body as JSON: size-capped (413), strict UTF-8, no NaN/Infinity, no lone surrogates (400)."""
+    """The request body as JSON: declared application/json (415), size-capped (413), strict UTF-8, no
+    NaN/Infinity, no lone surrogates (400)."""
+    check_json_content_type(request)
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
         raise _too_large(max_body_bytes)
@@ -53,6 +69,25 @@ def parse_model(model_cls: type[ModelT], payload: Any) -> ModelT:
         return model_cls.model_validate(payload)
     except pydantic.ValidationError as error:
         raise from_validation_errors(error.errors(include_input=False, include_url=False)) from None
+
+
+def check_prompt_count(payload: Any, max_prompts: int) -> None:
+    """400 naming `prompt` when a completion body asks for more than max_prompts sequences (prompts × n).
+
+    Runs on the decoded JSON, before pydantic and tokenization build an object per prompt: a 2 MiB body of
+    `[[1],[1],...]` holds ~500k prompts, and validating them all on the event loop would stall every stream.
+    """
+    if not isinstance(payload, dict):
+        return  # parse_model names the shape error
+    prompt, n = payload.get("prompt"), payload.get("n")
+    # A batch is a list of strings or of token-id lists; one list of ints is a single prompt.
+    is_batch = isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], (str, list))
+    num_prompts = len(prompt) if is_batch and isinstance(prompt, list) else 1
+    num_choices = n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1
+    if num_prompts * num_choices > max_prompts:
+        raise APIError(400, f"prompt: a request may start at most {max_prompts} sequences (prompts in the batch "
+                            f"times n; the server's --max-prompts-per-request)", param="prompt",
+                       code="invalid_value")
 
 
 def check_model_name(requested: Optional[str], served: Sequence[str]) -> None:

@@ -2,9 +2,9 @@
 
   - IGNORED: flags about vLLM's own machinery (logging of requests, eager mode, CPU swap, remote code): accepted,
     each with one warning at start-up saying why it changes nothing here;
-  - UNSUPPORTED: flags that would change the served model or its outputs (LoRA, speculative decoding,
-    pipeline parallelism): refused at parse time, naming the flag, since serving without them would
-    quietly answer differently.
+  - UNSUPPORTED: flags that would change the served model or its outputs (LoRA, pipeline parallelism): refused
+    at parse time, naming the flag, since serving without them would quietly answer differently;
+  - --speculative-config: vLLM's JSON, read into the flat speculative engine options (--speculative-method ...).
 
 vLLM flags with a jaxpaged counterpart are real flags elsewhere: the engine options share vLLM's names
 (--max-model-len, -tp, --dtype, --seed, --gpu-memory-utilization, --quantization / -q ...) and serve_flags.py has the
@@ -13,8 +13,11 @@ Any other unknown flag stays argparse's "unrecognized arguments" error, which na
 """
 
 import argparse
+import json
 from collections.abc import Sequence
 from typing import Any, Optional
+
+from jaxpaged.config import VLLM_SPECULATIVE_KEYS
 
 IGNORED_SWITCHES = {
     "--trust-remote-code": "jaxpaged runs no Python code from a checkpoint; its own model code reads the weights",
@@ -38,7 +41,6 @@ IGNORED_WITH_VALUE = {
 UNSUPPORTED = {
     "--enable-lora": "LoRA adapters",
     "--lora-modules": "LoRA adapters",
-    "--speculative-config": "speculative decoding",
     "--pipeline-parallel-size": "pipeline parallelism (use -tp / -dp)",
     "--kv-transfer-config": "disaggregated prefill",
     "--cpu-offload-gb": "offloading weights to the host",
@@ -67,6 +69,24 @@ class _Unsupported(argparse.Action):
         parser.error(f"{flag}: vLLM's flag for {UNSUPPORTED[flag]}, which jaxpaged does not support")
 
 
+class _SpeculativeConfig(argparse.Action):
+    """vLLM's --speculative-config '{"method": "ngram", "num_speculative_tokens": 4, ...}' as the flat options."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: Optional[str] = None) -> None:
+        try:
+            mapping = json.loads(values)
+        except json.JSONDecodeError as error:
+            parser.error(f"--speculative-config: not JSON ({error})")
+        if not isinstance(mapping, dict):
+            parser.error(f"--speculative-config: must be a JSON object, got {values!r}")
+        unknown = sorted(set(mapping) - set(VLLM_SPECULATIVE_KEYS))
+        if unknown:
+            parser.error(f"--speculative-config: unknown keys {unknown}; known: {sorted(VLLM_SPECULATIVE_KEYS)}")
+        for key, value in mapping.items():
+            setattr(namespace, VLLM_SPECULATIVE_KEYS[key], value)
+
+
 def add_vllm_flags(parser: argparse.ArgumentParser) -> None:
     """Adds the ignored and the refused vLLM flags to `parser` (hidden from --help; docs/vllm-compatibility.md
     lists them)."""
@@ -75,6 +95,9 @@ def add_vllm_flags(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(flag, nargs=0, action=_Ignored, help=argparse.SUPPRESS)
     for flag in IGNORED_WITH_VALUE:
         parser.add_argument(flag, nargs=1, action=_Ignored, help=argparse.SUPPRESS)
+    parser.add_argument("--speculative-config", action=_SpeculativeConfig, metavar="JSON",
+                        help="vLLM's speculative_config as JSON (method, num_speculative_tokens, prompt_lookup_min, "
+                             "prompt_lookup_max, disable_by_batch_size): the --speculative-* options in one flag")
     for flag in UNSUPPORTED:
         # nargs="?": refused the same way as a switch or with a value.
         parser.add_argument(flag, *_SHORT_FORMS.get(flag, ()), nargs="?", action=_Unsupported, help=argparse.SUPPRESS)

@@ -26,6 +26,9 @@ _COUNTERS = (
     ("num_preemptions", "num_preemptions", "Cumulative number of preemptions from the engine."),
     ("prefix_cache_queries", "prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens."),
     ("prefix_cache_hits", "prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."),
+    ("spec_decode_num_drafts", "spec_decode_num_drafts", "Number of spec decoding drafts."),
+    ("spec_decode_num_draft_tokens", "spec_decode_num_draft_tokens", "Number of draft tokens."),
+    ("spec_decode_num_accepted_tokens", "spec_decode_num_accepted_tokens", "Number of accepted tokens."),
 )
 TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
 
@@ -45,6 +48,11 @@ class VllmStatsCollector(Collector):
                 metric = family(PREFIX + name, documentation, labels=[MODEL_LABEL])
                 metric.add_metric([self._model_name], float(getattr(stats, field)))
                 yield metric
+        per_position = CounterMetricFamily(PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+                                           "Accepted tokens per draft position.", labels=[MODEL_LABEL, "position"])
+        for position, count in enumerate(stats.spec_decode_num_accepted_tokens_per_pos):
+            per_position.add_metric([self._model_name, str(position)], float(count))
+        yield per_position
 
 
 class VllmRequestMetrics:

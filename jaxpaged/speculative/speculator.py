@@ -20,7 +20,7 @@ INITIAL_ACCEPTANCE = 0.7
 """A new request's acceptance estimate: optimistic, so it proposes its full count until measured."""
 ACCEPTANCE_SMOOTHING = 0.5
 """Weight of the newest verified row in the average (a request's output changes character quickly)."""
-MIN_POSITION_ACCEPTANCE = 0.25
+MIN_POSITION_ACCEPTANCE = 0.1
 """The i-th proposal is made while acceptance^i is at least this."""
 PROBE_EVERY = 8
 """A request whose estimate allows no proposal still proposes one token every this many steps."""
@@ -53,8 +53,15 @@ class Speculator:
         self.config = config
         self.proposer = proposer
 
+    def proposes_at(self, scheduler: Scheduler) -> bool:
+        """Whether the scheduler's batch is small enough for proposals. While it is, the engine plans no step
+        ahead: proposals follow the tokens the step before kept, and a request whose token is still in flight
+        gets none."""
+        return 0 < len(scheduler.running) < self.config.speculative_disable_by_batch_size
+
     def after_update(self, scheduler: Scheduler) -> None:
-        """Read the outcome of the last proposals, then propose for the next step."""
+        """Read the outcome of the last proposals, then propose for the next step (requests with a token still in
+        flight excepted)."""
         running = scheduler.running
         propose = len(running) < self.config.speculative_disable_by_batch_size
         for request in running:

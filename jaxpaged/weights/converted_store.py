@@ -6,9 +6,12 @@ the conversion.
 
 import json
 import pathlib
+from typing import Any, Optional
 
 import numpy as np
 import orbax.checkpoint as ocp
+
+from jaxpaged.weights.generation_config import GENERATION_CONFIG_FILE
 
 MARKER_FILE = "jaxpaged.json"
 FORMAT_VERSION = 1
@@ -20,11 +23,14 @@ def is_converted_checkpoint(path: pathlib.Path) -> bool:
 
 
 def save_converted(path: pathlib.Path, hf_config: dict, params: dict[str, np.ndarray], tokenizer,
-                   model_name: str) -> None:
-    """Write config, tokenizer and params under path (created; must not hold a checkpoint already)."""
+                   model_name: str, generation_config: Optional[dict[str, Any]] = None) -> None:
+    """Write config, tokenizer and params under path (created; must not hold a checkpoint already), and the
+    source's generation_config.json when it has one (its EOS ids and sampling defaults load from there)."""
     path = path.absolute()
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(hf_config, indent=1))
+    if generation_config:
+        (path / GENERATION_CONFIG_FILE).write_text(json.dumps(generation_config, indent=1))
     tokenizer.save_pretrained(str(path))
     checkpointer = ocp.StandardCheckpointer()
     checkpointer.save(path / "params", {k: np.asarray(v) for k, v in params.items()}, force=True)

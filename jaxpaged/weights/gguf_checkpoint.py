@@ -99,8 +99,8 @@ def load_gguf_checkpoint(path: pathlib.Path) -> tuple[dict, dict[str, np.ndarray
 def convert_gguf_tokenizer(path: pathlib.Path, out_dir: pathlib.Path) -> None:
     """Write the GGUF's tokenizer as HF tokenizer files into out_dir.
 
-    transformers' GGUF tokenizer converter imports torch, which the engine process never does, so it runs in a
-    child process once; the result is cached with the converted weights.
+    Runs once in a child process (jaxpaged.weights.gguf_tokenizer, torch-free), so transformers' converters and
+    their vocabulary tables never stay in the engine process; the result is cached with the converted weights.
     """
     subprocess.run([sys.executable, "-m", "jaxpaged.weights.gguf_tokenizer", str(path), str(out_dir)],
                    check=True, stdout=subprocess.DEVNULL)

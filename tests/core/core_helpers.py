@@ -9,7 +9,8 @@ from jaxpaged.core import Request, Scheduler, SchedulerOutput
 
 
 def build_scheduler(*, num_kv_blocks: int = 64, block_size: int = 4, enable_prefix_caching: bool = True,
-                    prefix_caching_granularity: str = "token", **scheduler_options) -> Scheduler:
+                    prefix_caching_granularity: str = "token", max_spec_tokens_per_step: int = 0,
+                    **scheduler_options) -> Scheduler:
     """A scheduler with tiny blocks (4 tokens) unless told otherwise."""
     scheduler_options.setdefault("max_num_seqs", 8)
     scheduler_options.setdefault("max_num_batched_tokens", 64)
@@ -17,7 +18,7 @@ def build_scheduler(*, num_kv_blocks: int = 64, block_size: int = 4, enable_pref
     return Scheduler(SchedulerConfig(**scheduler_options),
                      CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching,
                                  prefix_caching_granularity=prefix_caching_granularity),  # type: ignore[arg-type]
-                     num_kv_blocks)
+                     num_kv_blocks, max_spec_tokens_per_step=max_spec_tokens_per_step)
 
 
 def run_step(scheduler: Scheduler, sampled_token_id: int = 7) -> SchedulerOutput:

@@ -108,7 +108,7 @@ class Recorder(EngineFeature):
     def on_reset(self):
         self.log.append(f"{self.name}.on_reset")
 
-    def close(self, ranks):
+    def close(self, ranks, deadline=None):
         self.log.append(f"{self.name}.close")
 
 

@@ -1,6 +1,6 @@
 """Speculative decoding (n-gram): the tokens are the target model's, whatever was proposed.
 
-Reference: the same tiny model without speculation (synchronous, as the speculative engine runs). Greedy output must
+Reference: the same tiny model without speculation, stepped synchronously. Greedy output must
 be equal token for token; seeded sampling too (a row's draw is keyed by the tokens before it, so accepting proposals
 changes no draw); unseeded sampling must draw from the same distribution (chi-square against the reference's draws);
 and what the pool and the prefix cache hold afterwards must be what they hold without speculation.
@@ -19,7 +19,10 @@ pytestmark = pytest.mark.xdist_group("tiny_llm")
 BLOCK_SIZE = 16
 CHI2_CRITICAL_AT_0_001 = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 6: 22.46, 7: 24.32}
 """The chi-square statistic a true null exceeds with probability 0.001, by degrees of freedom."""
-NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+# Proposals stop at 6 running requests: workloads of more switch between planning ahead (async scheduling, no
+# proposals) and speculating one step after the other as requests finish.
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3,
+         "disable_by_batch_size": 6}
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +37,7 @@ def spec_llm(tiny_model_dir):
     from jaxpaged.llm import LLM
 
     llm = LLM(str(tiny_model_dir), **TINY_ENGINE_OPTIONS, speculative_config=NGRAM)
-    assert llm.engine.config.async_scheduling is False  # speculation plans each step after the last one's tokens
+    assert llm.engine.config.async_scheduling is True  # on while the batch is too large to propose
     return llm
 
 
@@ -73,11 +76,11 @@ def test_greedy_output_equals_the_model_without_speculation_at_edge_lengths(plai
 
 
 def test_preemption_in_a_tight_pool_keeps_the_tokens(plain_llm, spec_llm):
-    # 15 requests of up to 100 + 60 tokens cannot all fit the 48-block pool: requests are preempted (some with
-    # proposals scheduled in the very step) and recomputed.
+    # 15 requests of up to 150 + 100 tokens cannot all fit the 48-block pool: requests are preempted (also while
+    # few run and propose) and recomputed.
     rng = np.random.default_rng(3)
-    prompts = _prompts([int(n) for n in rng.integers(50, 100, 15)], seed=3, repeat=2)
-    params = [SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)] * len(prompts)
+    prompts = _prompts([int(n) for n in rng.integers(100, 150, 15)], seed=3, repeat=2)
+    params = [SamplingParams(temperature=0.0, max_tokens=100, ignore_eos=True)] * len(prompts)
     before = spec_llm.engine.get_stats()
 
     assert _outputs(spec_llm, prompts, params) == _outputs(plain_llm, prompts, params)
@@ -155,7 +158,8 @@ def test_unseeded_draws_follow_the_target_distribution(plain_llm, spec_llm):
     drafted, accepted = _spec_counts(spec_llm)
     counts = []
     for llm in (plain_llm, spec_llm):
-        outs = llm.generate(prompt * 800, params, use_tqdm=False)
+        # Five at a time: below the batch size that switches proposals off.
+        outs = [out for _ in range(160) for out in llm.generate(prompt * 5, params, use_tqdm=False)]
         counts.append(collections.Counter(tuple(out.outputs[0].token_ids) for out in outs))
     new_drafted, new_accepted = _spec_counts(spec_llm)
     assert new_accepted > accepted and new_drafted - drafted > new_accepted - accepted  # some kept, some rejected

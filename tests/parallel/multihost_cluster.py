@@ -41,7 +41,7 @@ class Cluster:
         self.processes: list[subprocess.Popen] = []
         for process_id in range(num_processes):
             command = [sys.executable, "-m", "jaxpaged.server", "--model", str(model_dir), "--port", str(self.port),
-                       *ENGINE_FLAGS, "-tp", str(tp), "-dp", str(data_parallel_size),
+                       *ENGINE_FLAGS, "--enable-prompt-tokens-details", "-tp", str(tp), "-dp", str(data_parallel_size),
                        "--coordinator-address", coordinator,
                        "--num-processes", str(num_processes), "--process-id", str(process_id),
                        "--distributed-timeout", str(DISTRIBUTED_TIMEOUT_S)]

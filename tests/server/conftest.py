@@ -54,6 +54,13 @@ def hermes_server(async_engine) -> Iterator[ServerThread]:
         yield running
 
 
+@pytest.fixture(scope="session")
+def details_server(async_engine) -> Iterator[ServerThread]:
+    """A server started with --enable-prompt-tokens-details (usage shows cached_tokens)."""
+    with ServerThread(build_app(async_engine, ServerSettings(enable_prompt_tokens_details=True))) as running:
+        yield running
+
+
 @pytest.fixture(autouse=True)
 def engine_left_idle(request) -> Iterator[None]:
     """After each test that used the engine: every request finished or aborted, every KV block released."""

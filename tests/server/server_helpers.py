@@ -19,12 +19,13 @@ IDLE_TIMEOUT_S = 60.0
 class ServerThread:
     """uvicorn serving one app from a background thread, on a socket bound here (no port race)."""
 
-    def __init__(self, app) -> None:
+    def __init__(self, app, **uvicorn_options: Any) -> None:
+        """uvicorn_options: uvicorn.Config's keywords (limit_concurrency, ...)."""
         self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.socket.bind(("127.0.0.1", 0))
         self.port = self.socket.getsockname()[1]
         self.base_url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", **uvicorn_options))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]}, daemon=True)
 
     def __enter__(self) -> "ServerThread":

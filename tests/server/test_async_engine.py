@@ -2,6 +2,7 @@
 (after which /health and new requests get 503)."""
 
 import asyncio
+import threading
 import time
 
 import httpx
@@ -95,6 +96,38 @@ def test_failing_step_fails_every_stream(looped, tiny_engine, monkeypatch):
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "engine_unavailable"
     monkeypatch.undo()
     tiny_engine.abort_request("doomed")
+
+
+def test_health_reports_a_hung_step(looped, tiny_engine, monkeypatch):
+    """A hung step raises nothing: /health answers 503 once no step has finished for engine_step_timeout_s while
+    a request is pending (never while idle), and 200 again once steps resume."""
+    release = threading.Event()
+    real_step = tiny_engine.step
+
+    def hanging_step():
+        release.wait(60)
+        return real_step()
+
+    monkeypatch.setattr(tiny_engine, "step", hanging_step)
+    with ServerThread(build_app(looped, ServerSettings(engine_step_timeout_s=0.5))) as running:
+        health = running.base_url + "/health"
+        time.sleep(1.0)
+        assert httpx.get(health).status_code == 200  # idle for longer than the bound: not a hang
+        answers = []
+        body = {"prompt": "hi", "max_tokens": 2}
+        client = threading.Thread(target=lambda: answers.append(
+            httpx.post(running.base_url + "/v1/completions", json=body, timeout=60)))
+        client.start()
+        deadline = time.monotonic() + 30
+        while (stalled := httpx.get(health)).status_code == 200:
+            assert time.monotonic() < deadline, "/health stayed 200 with a step hung"
+            time.sleep(0.1)
+        assert stalled.status_code == 503 and stalled.json()["error"]["code"] == "engine_stalled"
+        assert looped.seconds_without_progress > 0.5 and looped.num_unfinished_seqs == 1
+        release.set()
+        client.join(60)
+        assert answers and answers[0].status_code == 200
+        assert httpx.get(health).status_code == 200
 
 
 async def _add_one(engine: AsyncLLMEngine) -> None:

@@ -59,6 +59,8 @@ CASES = [
     ("top-logprobs-without-logprobs", CHAT, json.dumps({"messages": USER, "top_logprobs": 2}).encode(), 400,
      "top_logprobs", None),
     ("n-over-max-n", COMPLETIONS, _body(n=17), 400, "n", None),
+    ("prompts-over-cap", COMPLETIONS, _body(prompt=[[1]] * 1025), 400, "prompt", None),
+    ("prompts-times-n-over-cap", COMPLETIONS, _body(prompt=["hi"] * 600, n=2), 400, "prompt", None),
     ("malformed-json", COMPLETIONS, b'{"prompt": "hi", ', 400, None, None),
     ("json-not-an-object", COMPLETIONS, b'["hi"]', 400, None, None),
     ("huge-integer-literal", COMPLETIONS, b'{"prompt": "hi", "max_tokens": ' + b"9" * 5000 + b"}", 400, None, "999"),

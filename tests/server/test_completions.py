@@ -2,6 +2,7 @@
 
 import math
 
+import httpx
 import pytest
 
 pytestmark = pytest.mark.xdist_group("server")
@@ -107,20 +108,35 @@ def test_batch_of_prompts(client, model_name):
     assert batch.usage.prompt_tokens == num_prompt_tokens
 
 
-def test_prefix_cache_reported_in_usage(client, http, model_name):
-    """A repeated 40-token prompt finds all but its last token cached: two full 16-token blocks and 7 tokens the
-    first request's last, partly filled block holds (token-granular hits)."""
+def test_prefix_cache_reported_in_usage(details_server, http, model_name):
+    """With --enable-prompt-tokens-details, a repeated 40-token prompt finds all but its last token cached: two
+    full 16-token blocks and 7 tokens the first request's last, partly filled block holds (token-granular hits)."""
     prompt = " ".join(f"word{i}" for i in range(60))
     token_ids = http.post("/tokenize", json={"prompt": prompt}).json()["tokens"][:40]
-    client.completions.create(model=model_name, prompt=token_ids, max_tokens=1,
-                              extra_body={"cache_salt": "usage-test"})
-    again = client.completions.create(model=model_name, prompt=token_ids, max_tokens=1,
-                                      extra_body={"cache_salt": "usage-test"})
-    assert again.usage.prompt_tokens == 40
-    assert again.usage.prompt_tokens_details.cached_tokens == 39
-    other_salt = client.completions.create(model=model_name, prompt=token_ids, max_tokens=1,
-                                           extra_body={"cache_salt": "another-salt"})
-    assert other_salt.usage.prompt_tokens_details.cached_tokens == 0
+
+    def usage_of(salt: str) -> dict:
+        body = {"model": model_name, "prompt": token_ids, "max_tokens": 1, "cache_salt": salt}
+        return httpx.post(details_server.base_url + "/v1/completions", json=body, timeout=120).json()["usage"]
+
+    usage_of("usage-test")
+    again = usage_of("usage-test")
+    assert again["prompt_tokens"] == 40
+    assert again["prompt_tokens_details"]["cached_tokens"] == 39
+    assert usage_of("another-salt")["prompt_tokens_details"]["cached_tokens"] == 0
+
+
+def test_cached_tokens_hidden_by_default(http, model_name):
+    """Without --enable-prompt-tokens-details no usage (whole or streamed) tells a client how much of its prompt
+    was already cached: unsalted prefixes are shared, so the count would reveal another client's prompt."""
+    body = {"model": model_name, "prompt": " ".join(f"probe{i}" for i in range(30)), "max_tokens": 1}
+    for _ in range(2):  # the second one hits the prefix cache
+        usage = http.post("/v1/completions", json=body).json()["usage"]
+        assert usage["prompt_tokens"] > 0 and "prompt_tokens_details" not in usage
+    streamed = http.post("/v1/completions", json=body | {"stream": True, "stream_options": {"include_usage": True}})
+    assert '"prompt_tokens"' in streamed.text and "prompt_tokens_details" not in streamed.text
+    chat = http.post("/v1/chat/completions", json={"model": model_name, "max_tokens": 1,
+                                                    "messages": [{"role": "user", "content": "hi"}]}).json()
+    assert "prompt_tokens_details" not in chat["usage"]
 
 
 def test_stream_deltas_add_up(client, model_name):

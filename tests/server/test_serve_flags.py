@@ -8,6 +8,7 @@ import uvicorn
 
 from jaxpaged.cli import build_parser
 from jaxpaged.cli_options import engine_options_from_args
+from jaxpaged.config import EngineConfig
 from jaxpaged.server.context import ServerSettings
 from jaxpaged.server.serve_flags import settings_from_args, uvicorn_options
 from jaxpaged.server.vllm_flags import IGNORED_DEST, ignored_flag_warnings
@@ -47,7 +48,7 @@ def test_gpu_memory_utilization_sizes_the_pool_up_to_that_share_of_the_device():
         EngineConfig.from_options(gpu_memory_utilization=1.5)
 
 
-@pytest.mark.parametrize("argv", [["--enable-lora"], ["-pp", "2"], ["--speculative-config", "{}"]])
+@pytest.mark.parametrize("argv", [["--enable-lora"], ["-pp", "2"]])
 def test_vllm_flags_for_missing_features_are_refused_by_name(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
         _args("org/model", *argv)
@@ -115,6 +116,54 @@ def test_tls_and_logging_flags_reach_uvicorn(tmp_path):
         uvicorn_options(_args("--ssl-certfile", "nope.pem"))
 
 
+def test_slow_client_limits_reach_uvicorn_and_the_settings():
+    defaults = uvicorn.Config(lambda scope, receive, send: None, **uvicorn_options(_args()))
+    assert (defaults.limit_concurrency, defaults.timeout_keep_alive) == (2048, 5)
+    assert settings_from_args(_args()).request_body_timeout_s == 60.0
+    args = _args("--limit-concurrency", "64", "--timeout-keep-alive", "2", "--request-body-timeout", "7.5")
+    assert (uvicorn_options(args)["limit_concurrency"], uvicorn_options(args)["timeout_keep_alive"]) == (64, 2)
+    assert settings_from_args(args).request_body_timeout_s == 7.5
+    header_deadline = uvicorn_options(_args("--request-header-timeout", "3"))["http"]
+    assert header_deadline.header_timeout_s == 3.0 and uvicorn_options(_args())["http"].header_timeout_s == 30.0
+    with pytest.raises(ValueError, match="^limit_concurrency: --limit-concurrency must be >= 1"):
+        uvicorn_options(_args("--limit-concurrency", "0"))
+    with pytest.raises(ValueError, match="^request_body_timeout_s: must be a number of seconds > 0"):
+        settings_from_args(_args("--request-body-timeout", "0"))
+
+
+def test_engine_step_timeout_reaches_the_settings():
+    assert settings_from_args(_args()).engine_step_timeout_s == 120.0
+    assert settings_from_args(_args("--engine-step-timeout", "600")).engine_step_timeout_s == 600.0
+    with pytest.raises(ValueError, match="^engine_step_timeout_s: must be a number of seconds > 0"):
+        settings_from_args(_args("--engine-step-timeout", "0"))
+
+
+def test_shutdown_timeouts_bound_the_drain_and_the_persist():
+    assert uvicorn_options(_args())["timeout_graceful_shutdown"] == 30.0
+    args = _args("--shutdown-timeout", "5", "--kv-persist-timeout", "90")
+    assert uvicorn_options(args)["timeout_graceful_shutdown"] == 5.0 and args.kv_persist_timeout == 90.0
+    with pytest.raises(ValueError, match="^shutdown_timeout: --shutdown-timeout must be >= 0"):
+        uvicorn_options(_args("--shutdown-timeout", "-1"))
+
+
+def test_max_prompts_per_request_flag_reaches_the_settings():
+    assert settings_from_args(_args()).max_prompts_per_request == 1024
+    assert settings_from_args(_args("--max-prompts-per-request", "8")).max_prompts_per_request == 8
+    with pytest.raises(ValueError, match="^max_prompts_per_request: must be an int >= 1"):
+        settings_from_args(_args("--max-prompts-per-request", "0"))
+
+
+def test_enable_prompt_tokens_details_is_off_unless_given():
+    assert not settings_from_args(_args()).enable_prompt_tokens_details
+    assert settings_from_args(_args("--enable-prompt-tokens-details")).enable_prompt_tokens_details
+
+
+def test_allowed_hosts_flag_takes_a_json_list():
+    assert settings_from_args(_args()).allowed_hosts == ()
+    hosts = settings_from_args(_args("--allowed-hosts", '["localhost", "*.example.com"]')).allowed_hosts
+    assert hosts == ("localhost", "*.example.com")
+
+
 def test_auto_tool_choice_needs_a_parser():
     with pytest.raises(ValueError, match="^enable_auto_tool_choice: --enable-auto-tool-choice needs "
                                          "--tool-call-parser"):
@@ -128,3 +177,21 @@ def test_tokenizer_option_loads_another_tokenizer_offline(smollm2_tokenizer_dir)
     assert tokenizer.encode("Hello") and tokenizer.eos_token is not None
     with pytest.raises(ValueError, match="^tokenizer: cannot load 'no-org/no-such-tokenizer'"):
         load_tokenizer("unused-model-dir", "no-org/no-such-tokenizer")
+
+
+def test_vllm_speculative_config_sets_the_speculative_options():
+    args = _args("org/model", "--speculative-config",
+                 '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 5}')
+    options = engine_options_from_args(args, environ={})
+    assert (options["speculative_method"], options["num_speculative_tokens"], options["prompt_lookup_max"]) == \
+        ("ngram", 3, 5)
+    config = EngineConfig.from_options(**options)
+    assert (config.speculative.enabled, config.speculative.prompt_lookup_min) == (True, 2)
+
+
+@pytest.mark.parametrize("text, message", [('{"method": "ngram", "draft": 1}', "unknown keys ['draft']"),
+                                           ("[1]", "must be a JSON object"), ("{", "not JSON")])
+def test_a_bad_speculative_config_is_refused_by_name(text, message, capsys):
+    with pytest.raises(SystemExit):
+        _args("org/model", "--speculative-config", text)
+    assert f"--speculative-config: {message}" in capsys.readouterr().err

@@ -114,9 +114,11 @@ def test_usage_counts_each_prompt_once():
         samples = [_sample("", list(range(n))) for n in lens]
         return RequestOutput("r", None, list(range(num_prompt)), num_cached, samples, True, RequestMetrics(0.0))
 
-    assert usage([output(10, 0, [3, 4]), output(5, 2, [1])]) == {
+    finals = [output(10, 0, [3, 4]), output(5, 2, [1])]
+    assert usage(finals, with_cached_tokens=True) == {
         "prompt_tokens": 15, "completion_tokens": 8, "total_tokens": 23,
         "prompt_tokens_details": {"cached_tokens": 2}}
+    assert usage(finals) == {"prompt_tokens": 15, "completion_tokens": 8, "total_tokens": 23}
 
 
 def test_server_settings_validate():

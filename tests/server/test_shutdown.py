@@ -39,15 +39,19 @@ def _wait_healthy(base_url: str, process: subprocess.Popen, log_path) -> None:
     pytest.fail(f"server not healthy after {STARTUP_TIMEOUT_S}s:\n{log_path.read_text()[-3000:]}")
 
 
+def _server_command(model_dir, port: int, *flags: str, module: str = "jaxpaged.server") -> list[str]:
+    return [sys.executable, "-m", module, "--model", str(model_dir), "--port", str(port),
+            "--max-model-len", "128", "--max-num-seqs", "4", "--max-num-batched-tokens", "16",
+            "--dtype", "float32", "--attention-backend", "xla", "--compilation-cache-dir", "", *flags]
+
+
 def test_sigterm_drains_and_exits_0(tiny_model_dir, tmp_path):
     """SIGTERM mid-stream: the stream still ends with all its tokens and [DONE], new requests are refused
     (503 or connection refused), the process exits 0, and the key from the environment never shows."""
     port = _free_port()
     base_url = f"http://127.0.0.1:{port}"
     log_path = tmp_path / "server.log"
-    command = [sys.executable, "-m", "jaxpaged.server", "--model", str(tiny_model_dir), "--port", str(port),
-               "--max-model-len", "128", "--max-num-seqs", "4", "--max-num-batched-tokens", "16",
-               "--dtype", "float32", "--attention-backend", "xla", "--compilation-cache-dir", ""]
+    command = _server_command(tiny_model_dir, port)
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                    env={**os.environ, "JAXPAGED_API_KEY": API_KEY})
@@ -90,3 +94,56 @@ def test_sigterm_drains_and_exits_0(tiny_model_dir, tmp_path):
     log_text = log_path.read_text()
     assert "curl http://127.0.0.1:" in log_text and "$JAXPAGED_API_KEY" in log_text
     assert API_KEY not in log_text
+
+
+def test_the_drain_is_bounded_by_shutdown_timeout(tiny_model_dir, tmp_path):
+    """A request that cannot finish (its body stalls, with a long body deadline) holds a SIGTERM drain for
+    --shutdown-timeout at most: then it is cancelled and the process exits 0."""
+    port = _free_port()
+    log_path = tmp_path / "server.log"
+    command = _server_command(tiny_model_dir, port, "--shutdown-timeout", "2", "--request-body-timeout", "600")
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        _wait_healthy(f"http://127.0.0.1:{port}", process, log_path)
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as stalled:
+            stalled.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                            b"Content-Length: 60\r\n\r\n{\"prompt\": ")
+            time.sleep(0.5)  # the request is in flight, waiting for the rest of its body
+            started = time.monotonic()
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(30) == 0
+            assert time.monotonic() - started < 2 + 15
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def test_a_failed_engine_loop_exits_the_process_non_zero(tiny_model_dir, tmp_path):
+    """When an engine step raises, the request gets an error, /health turns 503, and the process exits with
+    EXIT_ENGINE_FAILED within ~5 s, so an orchestrator restarts it."""
+    from jaxpaged.server.watchdog import EXIT_ENGINE_FAILED
+
+    port = _free_port()
+    base_url = f"http://127.0.0.1:{port}"
+    log_path = tmp_path / "server.log"
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(_server_command(tiny_model_dir, port, module="tests.server.faulty_server"),
+                                   stdout=log, stderr=subprocess.STDOUT)
+    try:
+        _wait_healthy(base_url, process, log_path)
+        failed = httpx.post(base_url + "/v1/completions", json={"prompt": "hello", "max_tokens": 4}, timeout=60)
+        failed_at = time.monotonic()
+        assert failed.status_code == 503 and failed.json()["error"]["code"] == "engine_unavailable"
+        try:
+            assert httpx.get(base_url + "/health", timeout=5).status_code == 503
+        except httpx.TransportError:
+            pass  # already gone
+        assert process.wait(30) == EXIT_ENGINE_FAILED
+        assert time.monotonic() - failed_at < 5
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert "the engine loop failed (RuntimeError)" in log_path.read_text()

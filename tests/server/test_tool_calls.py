@@ -118,3 +118,22 @@ def test_auto_with_the_hermes_parser_answers_in_text_or_calls(hermes_server, mod
         assert all(isinstance(json.loads(c["arguments"]), dict) for c in calls)
     else:
         assert finish in ("stop", "length") and text and "<tool_call>" not in text
+
+
+def test_unknown_named_tool_error_lists_few_names_cut_short():
+    """An unknown tool_choice name lists at most 10 of the tools' names, each cut to 32 characters, and how many
+    more: a request with thousands of 64-character names must not get them all echoed back."""
+    from jaxpaged.server.errors import APIError
+    from jaxpaged.server.protocol import ChatCompletionRequest
+    from jaxpaged.server.tool_calls import tool_calling
+
+    names = [f"tool_{i:04d}_" + "x" * 54 for i in range(2000)]
+    request = ChatCompletionRequest.model_validate({
+        "messages": ASK, "tools": [{"type": "function", "function": {"name": name}} for name in names],
+        "tool_choice": {"type": "function", "function": {"name": "missing"}}})
+    with pytest.raises(APIError) as raised:
+        tool_calling(request)
+    message = raised.value.message
+    assert raised.value.param == "tool_choice" and len(message) < 600
+    assert "tool_0009_" in message and "tool_0010_" not in message and names[0] not in message
+    assert message.endswith("and 1990 more)")

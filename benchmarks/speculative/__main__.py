@@ -1,0 +1,156 @@
+"""Speculative decoding (issue 42) on the embedded model: time per output token and output tokens/s, speculation
+off against n-gram proposals, on copy-heavy chat requests at batch sizes 1, 8 and 64, in one run.
+
+Copy-heavy requests are built from text that ships with the project (its docs and its own Python source): "repeat
+this passage", "rename this identifier in this code", "quote the sentence about X" — what n-gram lookup exists for.
+Each batch size runs the same requests with speculation off and on, alternated `--repeats` times; medians.
+
+    python -m benchmarks.speculative [--batch-sizes 1 8 64] [--max-tokens 128] [--repeats 3] [--out DIR]
+
+Prints a markdown table (and writes results.json and speedup.png under --out).
+"""
+
+import argparse
+import json
+import pathlib
+import statistics
+import sys
+import time
+from typing import Any, Optional
+
+from benchmarks.sweep.machine_info import describe_machine, machine_info
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+
+
+def copy_heavy_messages(count: int) -> list[list[dict[str, str]]]:
+    """`count` chat requests, cycling over three copy-heavy tasks on passages of the project's docs and code."""
+    docs = [p for p in (ROOT / "docs").glob("*.md")]
+    code = sorted((ROOT / "jaxpaged" / "core").glob("*.py"))
+    passages = [_passage(path.read_text(), 900) for path in sorted(docs)[:8]]
+    functions = [_code(path.read_text(), 700) for path in code[:8]]
+    requests = []
+    for index in range(count):
+        task = index % 3
+        if task == 0:
+            text = passages[index % len(passages)]
+            prompt = f"Repeat the following text exactly, word for word:\n\n{text}"
+        elif task == 1:
+            text = functions[index % len(functions)]
+            prompt = ("Rewrite this Python code with the variable `request` renamed to `req`. Output only code."
+                      f"\n\n{text}")
+        else:
+            text = passages[(index + 3) % len(passages)]
+            prompt = f"Here is a document:\n\n{text}\n\nCopy its first three sentences."
+        requests.append([{"role": "user", "content": prompt}])
+    return requests
+
+
+def _code(text: str, num_chars: int) -> str:
+    """A run of whole lines of Python source from the first `def` on, up to about num_chars characters."""
+    start = max(0, text.find("\n    def "))
+    lines, total = [], 0
+    for line in text[start:].splitlines():
+        lines.append(line)
+        total += len(line) + 1
+        if total >= num_chars:
+            break
+    return "\n".join(lines).strip("\n")
+
+
+def _passage(text: str, num_chars: int) -> str:
+    """Whole paragraphs of prose (no headings, tables or lists) from the second quarter of `text` on, up to about
+    num_chars characters."""
+    paragraphs = [p.strip() for p in text[len(text) // 4:].split("\n\n")]
+    chosen: list[str] = []
+    for paragraph in paragraphs:
+        if not paragraph or paragraph[0] in "#|-*`>" or len(paragraph) < 80:
+            continue
+        chosen.append(paragraph)
+        if sum(len(p) for p in chosen) >= num_chars:
+            break
+    return "\n\n".join(chosen) if chosen else text[:num_chars]
+
+
+def run_batch(llm, messages: list[list[dict[str, str]]], max_tokens: int) -> dict[str, Any]:
+    from jaxpaged.sampling.params import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    stats = llm.engine.scheduler.spec_stats
+    drafted, accepted, drafts = stats.num_draft_tokens, stats.num_accepted_tokens, stats.num_drafts
+    start = time.perf_counter()
+    outputs = llm.chat(messages, params, use_tqdm=False)
+    seconds = time.perf_counter() - start
+    num_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    rows = stats.num_drafts - drafts
+    return {"seconds": seconds, "output_tokens": num_tokens, "output_tokens_per_s": num_tokens / seconds,
+            "ms_per_output_token_per_request": 1000 * seconds * len(messages) / num_tokens,
+            "draft_tokens": stats.num_draft_tokens - drafted, "accepted_tokens": stats.num_accepted_tokens - accepted,
+            "mean_accepted_length": 1 + (stats.num_accepted_tokens - accepted) / rows if rows else 0.0,
+            "token_ids": [list(o.outputs[0].token_ids) for o in outputs]}
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 64])
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--num-speculative-tokens", type=int, default=NGRAM["num_speculative_tokens"])
+    parser.add_argument("--out", type=pathlib.Path, default=None)
+    args = parser.parse_args(argv)
+    from jaxpaged.llm import LLM
+
+    common = dict(dtype=args.dtype, max_model_len=1024, max_num_seqs=max(args.batch_sizes),
+                  max_num_batched_tokens=1024)
+    ngram = {**NGRAM, "num_speculative_tokens": args.num_speculative_tokens}
+    engines = {"off": LLM(None, **common), "ngram": LLM(None, **common, speculative_config=ngram)}
+    rows: list[dict[str, Any]] = []
+    for batch_size in args.batch_sizes:
+        messages = copy_heavy_messages(batch_size)
+        runs: dict[str, list[dict[str, float]]] = {"off": [], "ngram": []}
+        for _ in range(args.repeats):
+            for name, llm in engines.items():
+                runs[name].append(run_batch(llm, messages, args.max_tokens))
+        same = runs["off"][0]["token_ids"] == runs["ngram"][0]["token_ids"]
+        for name, results in runs.items():
+            row = {key: statistics.median(r[key] for r in results) for key in results[0] if key != "token_ids"}
+            rows.append({"batch_size": batch_size, "speculation": name, "same_tokens_as_off": same, **row})
+        off, on = rows[-2], rows[-1]
+        on["speedup_tok_per_s"] = on["output_tokens_per_s"] / off["output_tokens_per_s"]
+        print(f"batch {batch_size}: {on['speedup_tok_per_s']:.2f}x", file=sys.stderr)
+    machine = machine_info()
+    print(f"\nMachine: {describe_machine(machine)}, load {machine.get('load_average')}\n")
+    print("| batch | speculation | output tok/s | ms/token/request | speedup | drafted | accepted | mean accepted "
+          "length | same tokens |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        print(f"| {row['batch_size']} | {row['speculation']} | {row['output_tokens_per_s']:.1f} | "
+              f"{row['ms_per_output_token_per_request']:.1f} | {row.get('speedup_tok_per_s', 1.0):.2f} | "
+              f"{row['draft_tokens']:.0f} | {row['accepted_tokens']:.0f} | {row['mean_accepted_length']:.2f} | "
+              f"{row['same_tokens_as_off']} |")
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "results.json").write_text(json.dumps({"machine": machine, "rows": rows}, indent=2))
+        _plot(rows, args.out / "speedup.png")
+
+
+def _plot(rows: list[dict[str, Any]], path: pathlib.Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    speedups = [(row["batch_size"], row["speedup_tok_per_s"]) for row in rows if "speedup_tok_per_s" in row]
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    ax.bar([str(b) for b, _ in speedups], [s for _, s in speedups], color="tab:blue")
+    ax.axhline(1.0, color="gray", lw=1)
+    ax.set_xlabel("batch size (copy-heavy requests)")
+    ax.set_ylabel("output tok/s, n-gram / off")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""KV cache events: which blocks the prefix cache holds, as the cache changes, for a router outside the engine.
+
+The records follow vLLM's KV events (vllm/distributed/kv_events.py) field for field, so a consumer written for vLLM
+(a KV-aware router) reads jaxpaged's too: a block stored (its chain hash, its parent's, its tokens), blocks removed,
+everything cleared. The KV cache manager and the block pool append them to a KVEventLog as they cache, evict and
+reset; features/kv_events.py drains the logs after each step and publishes them. Plain Python: core/ stays free of
+JAX and of the publisher's packages.
+"""
+
+import dataclasses
+from typing import Optional, Union
+
+from .hashing import BlockHash
+
+# Where a block's K/V lives, in vLLM's words: consumers tell "GPU" (accelerator memory; a TPU's HBM too) from "CPU"
+# (vLLM's CPU offloading). Only the device pool publishes events so far: the KV tiers below it do not.
+MEDIUM_DEVICE = "GPU"
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockStored:
+    """Blocks became hittable in `medium`; each block's parent is the one before it, the first one's
+    parent_block_hash."""
+
+    block_hashes: tuple[BlockHash, ...]
+    """Chain hashes, in chain order."""
+    parent_block_hash: Optional[BlockHash]
+    """The chain hash of the block before the first one; None when the first one starts its prompt."""
+    token_ids: tuple[int, ...]
+    """The blocks' tokens, block_size per block."""
+    block_size: int
+    medium: str
+    extra_keys: tuple[Optional[tuple], ...]
+    """Per block, what besides its tokens went into its hash: ("cache_salt", salt) for a salted prompt's first block,
+    else None (a consumer recomputing hashes needs it; the salt also scopes the chain to one tenant)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockRemoved:
+    """Blocks stopped being hittable in `medium` (allocation evicted them)."""
+
+    block_hashes: tuple[BlockHash, ...]
+    medium: str
+
+
+@dataclasses.dataclass(frozen=True)
+class AllBlocksCleared:
+    """The prefix cache was reset: every block announced before is gone."""
+
+
+KVCacheEvent = Union[BlockStored, BlockRemoved, AllBlocksCleared]
+
+
+class KVEventLog:
+    """The events of one data-parallel rank's cache since they were last taken, in the order they happened."""
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self._events: list[KVCacheEvent] = []
+
+    def stored(self, block_hash: BlockHash, parent_block_hash: Optional[BlockHash], token_ids: tuple[int, ...],
+               extra_keys: tuple = (), medium: str = MEDIUM_DEVICE) -> None:
+        """One block became hittable."""
+        self._events.append(BlockStored((block_hash,), parent_block_hash, token_ids, self.block_size, medium,
+                                        (extra_keys or None,)))
+
+    def removed(self, block_hash: BlockHash, medium: str = MEDIUM_DEVICE) -> None:
+        """One block stopped being hittable."""
+        self._events.append(BlockRemoved((block_hash,), medium))
+
+    def cleared(self) -> None:
+        """Every block is gone; events before this one no longer matter."""
+        self._events = [AllBlocksCleared()]
+
+    def take(self) -> list[KVCacheEvent]:
+        """The events since the last call, oldest first."""
+        events, self._events = self._events, []
+        return events

@@ -1,0 +1,115 @@
+"""KV cache events as an engine feature: every rank's prefix cache records what it stores, evicts and clears
+(core/kv_events.py), and after each step the feature publishes the new events as vLLM does, so a KV-aware router
+written for vLLM follows jaxpaged's caches too.
+
+The wire format is vLLM's (vllm/distributed/kv_events.py, its msgspec structs): a ZeroMQ PUB message of three
+frames, (topic, sequence number as 8 big-endian bytes, msgpack payload), the payload an EventBatch
+[ts, [event, ...], data_parallel_rank]. Each event is a map tagged by its type, as vLLM sends them since it moved
+off positional arrays (vllm-project/vllm#42892): {"type": "BlockStored", "block_hashes", "parent_block_hash",
+"token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys"}, {"type": "BlockRemoved",
+"block_hashes", "medium"} or {"type": "AllBlocksCleared"}; "event_layout": "array" sends the same fields as the
+older positional arrays (["BlockStored", block_hashes, ...]) for subscribers that decode only those. Block hashes
+are jaxpaged's 32-byte chain hashes (msgpack bin). One socket carries every data-parallel rank, each batch naming
+its rank (vLLM opens one per rank).
+
+pyzmq and msgpack are imported only when the events are on.
+"""
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Optional, cast
+
+from jaxpaged.core.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent, KVEventLog
+from jaxpaged.features.base import EngineFeature
+from jaxpaged.kv_events_config import EventLayout, KVEventsConfig
+
+if TYPE_CHECKING:
+    from jaxpaged.engine.ranks import DataParallelRanks
+
+logger = logging.getLogger(__name__)
+
+
+def named_fields(event: KVCacheEvent) -> dict[str, Any]:
+    """One event's fields under vLLM's names, its type first and the rest in vLLM's order (fields at their
+    defaults left out, as vLLM's omit_defaults does: lora_id and lora_name are sent, as None)."""
+    if isinstance(event, BlockStored):
+        return {"type": "BlockStored", "block_hashes": list(event.block_hashes),
+                "parent_block_hash": event.parent_block_hash, "token_ids": list(event.token_ids),
+                "block_size": event.block_size, "lora_id": None, "medium": event.medium, "lora_name": None,
+                "extra_keys": [list(keys) if keys is not None else None for keys in event.extra_keys]}
+    if isinstance(event, BlockRemoved):
+        return {"type": "BlockRemoved", "block_hashes": list(event.block_hashes), "medium": event.medium}
+    if isinstance(event, AllBlocksCleared):
+        return {"type": "AllBlocksCleared"}
+    raise TypeError(f"not a KV cache event: {event!r}")
+
+
+def encode_batch(events: list[KVCacheEvent], data_parallel_rank: int, layout: EventLayout = "map",
+                 ts: Optional[float] = None) -> bytes:
+    """An EventBatch's msgpack payload, its events as maps or (layout "array") as positional arrays."""
+    import msgpack
+
+    encoded = [named_fields(event) for event in events]
+    if layout == "array":
+        encoded = [list(fields.values()) for fields in encoded]
+    batch = [time.time() if ts is None else ts, encoded, data_parallel_rank]
+    return cast(bytes, msgpack.packb(batch, use_bin_type=True))  # None only for a Packer that does not reset
+
+
+class ZmqEventPublisher:
+    """A ZeroMQ PUB socket sending each batch as (topic, sequence number, payload)."""
+
+    def __init__(self, config: KVEventsConfig) -> None:
+        import zmq
+
+        self._zmq = zmq
+        self._socket = zmq.Context.instance().socket(zmq.PUB)
+        self._socket.set_hwm(config.hwm)
+        endpoint = config.endpoint
+        # vLLM's convention: bind a stable address (a wildcard host, ipc, inproc), connect to anything else.
+        if "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://")):
+            self._socket.bind(endpoint)
+        else:
+            self._socket.connect(endpoint)
+        self._topic = config.topic.encode()
+        self._sequence = 0
+        self.num_dropped = 0
+        """Batches a full send queue (a slow or absent subscriber past the high-water mark) dropped."""
+
+    def publish(self, payload: bytes) -> None:
+        # NOTE: never blocks the engine: a PUB socket drops what its queue cannot hold.
+        try:
+            self._socket.send_multipart((self._topic, self._sequence.to_bytes(8, "big"), payload),
+                                        flags=self._zmq.NOBLOCK)
+        except self._zmq.Again:
+            self.num_dropped += 1
+        self._sequence += 1
+
+    def close(self) -> None:
+        self._socket.close(linger=1000)
+
+
+class KVEventsFeature(EngineFeature):
+    """Records each rank's cache events and publishes them after every step (and after a prefix-cache reset)."""
+
+    def __init__(self, config: KVEventsConfig) -> None:
+        self._publisher = ZmqEventPublisher(config) if config.publisher == "zmq" else None
+        self._layout: EventLayout = config.event_layout
+        self._logs: list[KVEventLog] = []
+
+    def after_warmup(self, ranks: "DataParallelRanks") -> None:
+        self._logs = [scheduler.kv_cache_manager.record_kv_events() for scheduler in ranks.schedulers]
+
+    def after_step(self, ranks: "DataParallelRanks") -> None:
+        for dp_rank, log in enumerate(self._logs):
+            events = log.take()
+            if events and self._publisher is not None:
+                self._publisher.publish(encode_batch(events, dp_rank, self._layout))
+
+    def close(self, ranks: "DataParallelRanks") -> None:
+        self.after_step(ranks)
+        if self._publisher is not None:
+            if self._publisher.num_dropped:
+                logger.warning("KV events: %d batches were dropped (no subscriber kept up)",
+                               self._publisher.num_dropped)
+            self._publisher.close()
