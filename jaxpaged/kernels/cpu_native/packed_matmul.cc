@@ -17,7 +17,7 @@
 //   int8      x f32 [rows, inner]; panels s8 [outer / 16, inner, 16] in the float32 order; after every weight's
 //             panels, each weight's scales f32 [outer]. The int8 values are widened to float32 in registers
 //             (VPMOVSXBD, VCVTDQ2PS) and summed in float32; each column's sum is multiplied by its scale once, at the
-//             end. Memory reads a quarter of float32's weight bytes, which is what bounds a decode step.
+//             end. Memory reads a quarter of float32's weight bytes: what bounds a decode step where memory does.
 //   num_rows  s32 []: the rows that hold real work (a step's real tokens; the rest of its bucket is padding). Only
 //             rows [0, num_rows) are multiplied; the others are written as zeros. Clamped to [0, rows].
 // Results, one per weight: f32 [rows, outer] = x @ W, float32 sums; the bfloat16 kernel also has a bfloat16 result
@@ -26,8 +26,8 @@
 // Work: register tiles (6 rows x 16 columns with AVX2, 12 rows x 32 columns with AVX-512; see kTileRows), each summed
 // over the whole inner dimension (x is read by broadcasts, the panel rows by vector loads). Work items are (row block,
 // run of one weight's panels), handed out through an atomic counter to the caller and to XLA's intra-op threads; a
-// row block stays in L2 while the panels of every weight of the call stream by. Both element types share the tiling;
-// a panel row is 64 bytes in both.
+// row block stays in L2 while the panels of every weight of the call stream by. Every element type shares the tiling
+// (packed_tiles.h); a panel row is 64 bytes in float32 and bfloat16, 16 in int8.
 //
 // Weights come from memory (a step's weights are far bigger than the caches), so each thread asks for the panel it
 // multiplies next while it works on the current one: spread over all the current panel's tiles (one 64-byte row every
@@ -48,13 +48,15 @@
 #include <type_traits>
 #include <vector>
 
+#include "packed_tiles.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
 namespace {
 
-constexpr int64_t kPanelWidth = 16;  // columns per panel
+using namespace packed_tiles;  // the register tile and the element types
+
 // Rows per work item: a block's rows stay in L2 while its panels stream by (72 rows x 1,536 inner floats, SmolLM2's
 // widest, are 432 KiB of a 1 MiB L2; much wider inner sizes spill to L3, still correct). A decode's 64 rows are one
 // block, so each weight is read from memory once; a 512-row prefill reads it once per block, from L3 when it fits.
@@ -65,94 +67,7 @@ constexpr int64_t kPanelsPerItem = 4;
 // Weights of one call at most: q, k and v (or gate and up) share x, and run as one set of work items.
 constexpr int kMaxWeights = 4;
 
-// The register tile, by the vector width this build targets (-march=native). AVX2 (16 ymm registers): 6 rows x one
-// panel, two 8-float halves per panel row: 12 accumulators, 2 weight vectors, 1 broadcast. AVX-512 (32 zmm
-// registers, whose cores run 512-bit FMAs at full width on Zen 5 and Xeons): 12 rows x two panels, one 16-float
-// vector per panel row: 24 accumulators, and each broadcast of x feeds two FMAs, which halves the loads per FMA
-// (the AVX2 tile, one panel per tile, fell well behind XLA's dot on such CPUs; docs/performance.md).
-#if defined(__AVX512F__)
-constexpr int kLanes = 16;
-constexpr int64_t kTileRows = 12;
-constexpr int kTilePanels = 2;
-#else
-constexpr int kLanes = 8;
-constexpr int64_t kTileRows = 6;
-constexpr int kTilePanels = 1;
-#endif
 static_assert(kPanelsPerItem % kTilePanels == 0, "a work item holds whole tiles");
-
-typedef float Vec __attribute__((vector_size(kLanes * sizeof(float)), aligned(4)));
-
-// float32: a panel row is kPanelWidth / kLanes vectors of 16 columns' weights for one inner index; each is multiplied
-// by the broadcast x[r, i] and added.
-struct Float32 {
-  using Element = float;                                      // the panels' elements
-  using XElement = float;                                     // x's elements
-  static constexpr bool kScaled = false;                      // sums multiplied by per-column scales at the end
-  static constexpr int kInnerStep = 1;                        // inner indices per panel row
-  static constexpr int kVectorsPerRow = kPanelWidth / kLanes;  // 2 (AVX2) or 1 (AVX-512)
-  using Weight = Vec;
-  static Weight Load(const Element* at) { return *reinterpret_cast<const Vec*>(at); }
-  static Element BroadcastSource(const Element* x) { return *x; }
-  static void Accumulate(Vec& sum, Element x, const Weight& weight) { sum += x * weight; }
-};
-
-#if defined(__AVX512BF16__)
-// bfloat16: a panel row is one vector of 16 (W[2i, c], W[2i + 1, c]) pairs; the pair (x[r, 2i], x[r, 2i + 1]) is
-// broadcast as one 32-bit value and VDPBF16PS adds x[r, 2i] W[2i, c] + x[r, 2i + 1] W[2i + 1, c] to column c's sum.
-struct Bfloat16 {
-  using Element = uint16_t;  // bfloat16 bits, as XLA's FFI hands them over
-  using XElement = uint16_t;
-  static constexpr bool kScaled = false;
-  static constexpr int kInnerStep = 2;
-  static constexpr int kVectorsPerRow = 1;
-  using Weight = __m512bh;
-  static Weight Load(const Element* at) { return (__m512bh)_mm512_loadu_si512(at); }
-  static int32_t BroadcastSource(const Element* x) {
-    int32_t pair;
-    std::memcpy(&pair, x, sizeof(pair));
-    return pair;
-  }
-  static void Accumulate(Vec& sum, int32_t pair, const Weight& weight) {
-    sum = (Vec)_mm512_dpbf16_ps((__m512)sum, (__m512bh)_mm512_set1_epi32(pair), weight);
-  }
-};
-#endif
-
-// int8: a panel row is 16 int8 values (16 bytes), widened to float32 vectors as they are loaded; x stays float32, so
-// the multiply-adds are Float32's. The column scales are applied to the finished sums (Problem::scales).
-struct Int8 {
-  using Element = int8_t;
-  using XElement = float;
-  static constexpr bool kScaled = true;
-  static constexpr int kInnerStep = 1;
-  static constexpr int kVectorsPerRow = kPanelWidth / kLanes;
-  using Weight = Vec;
-  static Weight Load(const Element* at) {
-#if defined(__AVX512F__)
-    return (Vec)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at))));
-#elif defined(__AVX2__)
-    return (Vec)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(at))));
-#else
-    Vec widened;
-    for (int k = 0; k < kLanes; ++k) widened[k] = static_cast<float>(at[k]);
-    return widened;
-#endif
-  }
-  static XElement BroadcastSource(const XElement* x) { return *x; }
-  static void Accumulate(Vec& sum, XElement x, const Weight& weight) { sum += x * weight; }
-};
-
-// A tile's float32 sums written as bfloat16: only the bfloat16 kernel asks for that, built only with AVX512-BF16.
-inline void StoreBfloat16(uint16_t* out, const Vec& sums) {
-#if defined(__AVX512BF16__)
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), (__m256i)_mm512_cvtneps_pbh((__m512)sums));
-#else
-  (void)out;
-  (void)sums;
-  __builtin_unreachable();
-#endif
-}
 
 template <typename T>
 struct Problem {
