@@ -30,7 +30,7 @@ from jaxpaged.checks import parse_byte_size
 ENV_PREFIX = config.ENV_PREFIX
 
 # vLLM's short forms, and the spelling of the prefix-caching switch that predates the generated flags.
-_ALIASES = {"tensor_parallel_size": ("-tp",), "data_parallel_size": ("-dp",),
+_ALIASES = {"tensor_parallel_size": ("-tp",), "data_parallel_size": ("-dp",), "quantization": ("-q",),
             "enable_prefix_caching": ("--prefix-caching",)}
 # Fields whose int is a byte count: their flags take "8GiB" (the annotation alone cannot say so).
 _BYTE_SIZES = ("kv_cache_memory", "kv_offload_memory", "kv_offload_dir_max_bytes")

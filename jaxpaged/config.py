@@ -18,6 +18,7 @@ DTypeName = Literal["auto", "float32", "bfloat16", "float16"]
 CpuMatmulKernel = Literal["native", "xla"]
 CpuAttentionKernel = Literal["native", "jnp"]
 SpeculativeMethod = Literal["ngram"]
+QuantizationName = Literal["int8", "tpu_int8"]
 # The annotations are the one list of choices: the checks below and the CLI's --flag choices both read them.
 _POLICIES = get_args(SchedulingPolicy)
 _GRANULARITIES = get_args(PrefixCachingGranularity)
@@ -26,6 +27,9 @@ _DTYPES = get_args(DTypeName)
 _CPU_MATMULS = get_args(CpuMatmulKernel)
 _CPU_ATTENTIONS = get_args(CpuAttentionKernel)
 _SPECULATIVE_METHODS = get_args(SpeculativeMethod)
+_QUANTIZATIONS = get_args(QuantizationName)
+_QUANTIZATION_ALIASES = {"tpu_int8": "int8"}
+"""vLLM's names of schemes jaxpaged runs under its own name: its tpu_int8 is the same weight-only per-channel int8."""
 
 
 def _require(ok: bool, field: str, message: str) -> None:
@@ -221,6 +225,10 @@ class EngineConfig:
     cpu_attention: CpuAttentionKernel = "native"
     """CPU attention (the "xla" backend): "native" reads decode KV in place with the native C++ kernel where it
     builds, "jnp" keeps every row on the jnp path."""
+    quantization: Optional[QuantizationName] = None
+    """Weight quantization applied on the fly while a float checkpoint loads (vLLM's --quantization). "int8":
+    weight-only int8 of the attention and MLP projections, symmetric, one float32 scale per output channel
+    (vLLM's "tpu_int8" is accepted as the same); embeddings, lm_head and norms stay in dtype. None: off."""
     kv_events_config: Optional[str] = None
     """KV cache events as vLLM publishes them (blocks stored, removed, cleared; ZeroMQ + msgpack), for a KV-aware
     router: a JSON object such as '{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint":
@@ -244,6 +252,11 @@ class EngineConfig:
                  f"must be one of {_CPU_ATTENTIONS}, got {self.cpu_attention!r}")
         _require(self.async_scheduling is None or isinstance(self.async_scheduling, bool), "async_scheduling",
                  f"must be a bool or None (on where supported), got {self.async_scheduling!r}")
+        _require(self.quantization is None or self.quantization in _QUANTIZATIONS, "quantization",
+                 f"must be one of {_QUANTIZATIONS} or None (pre-quantized checkpoints such as AWQ, GPTQ or "
+                 f"compressed-tensors are not supported yet), got {self.quantization!r}")
+        if self.quantization in _QUANTIZATION_ALIASES:
+            object.__setattr__(self, "quantization", _QUANTIZATION_ALIASES[self.quantization])
         if self.kv_events_config is not None:
             _require(isinstance(self.kv_events_config, str), "kv_events_config",
                      f"must be a JSON object as a string, got {self.kv_events_config!r}")

@@ -94,7 +94,8 @@ class LLMEngine:
         config = EngineConfig.from_options(**{**kernel_options_from_environment(engine_options), **engine_options})
         if config.compilation_cache_dir != "":
             enable_persistent_compilation_cache(config.compilation_cache_dir)
-        return cls(load_model(model, revision=revision), config, distributed_timeout_s=distributed_timeout_s)
+        loaded = load_model(model, revision=revision, quantization=config.quantization)
+        return cls(loaded, config, distributed_timeout_s=distributed_timeout_s)
 
     @property
     def runner(self) -> ModelRunner:

@@ -30,7 +30,10 @@ def build_kv_tiers(loaded: LoadedModel, config: EngineConfig, runners: Sequence[
     tp = config.tensor_parallel_size
     runner = runners[0]
     weights = weights_sample_digest(loaded.params)
-    fingerprints = [layout_fingerprint(loaded.name, loaded.hf_config, str(runner.dtype), cache.block_size,
+    # int8 weights compute other K/V than the float checkpoint they came from (params loaded float and quantized by
+    # the runner would sample the same digest); unquantized engines keep their fingerprints.
+    dtype = str(runner.dtype) if config.quantization is None else f"{runner.dtype}, {config.quantization} weights"
+    fingerprints = [layout_fingerprint(loaded.name, loaded.hf_config, dtype, cache.block_size,
                                        runner.kv_layout, runner.tier_block_shape(), tp, shard, weights)
                     for shard in range(tp)]
     block_spec = (str(runner.kv_cache.dtype), tuple(runner.tier_block_shape()))

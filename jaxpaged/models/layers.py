@@ -11,9 +11,10 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
-from jaxpaged.kernels.cpu_native.packed_matmul import packed_matmul, packed_matmuls
+from jaxpaged.kernels.cpu_native.packed_matmul import packed_int8_matmuls, packed_matmul, packed_matmuls
 from jaxpaged.kernels.ragged_paged_attention import AttentionMetadata, KVPages, ragged_paged_attention, write_kv
 from jaxpaged.kernels.ragged_paged_attention.kv_layout import tokens_per_page
+from jaxpaged.models.int8_weights import Int8Weight
 from jaxpaged.models.model_config import RopeScaling
 
 
@@ -73,8 +74,9 @@ def apply_rope(x: Float[Array, "tokens heads head_dim"], tables: RopeTables) -> 
     return rotated.astype(x.dtype)
 
 
-MatmulWeight = Union[Float[Array, "_inner _outer"], Float[Array, "_panels _inner 16"]]
-"""A weight [inner, outer], or float32 packed into panels [outer / 16, inner, 16] (models/packed_weights.py)."""
+MatmulWeight = Union[Float[Array, "_inner _outer"], Float[Array, "_panels _inner 16"], Int8Weight]
+"""A weight [inner, outer], float32 packed into panels [outer / 16, inner, 16] (models/packed_weights.py), or int8
+values with per-column scales (models/int8_weights.py)."""
 
 
 def matmul(x: Float[Array, "tokens inner"], weight: MatmulWeight, out_dtype=None,
@@ -90,16 +92,41 @@ def matmuls(x: Float[Array, "tokens inner"], weights: Sequence[MatmulWeight], ou
     3-D weights are packed into panels (models/packed_weights.py; float32, or bfloat16 with AVX512-BF16) and run the
     native CPU matmul, which rounds a bfloat16 result itself; packed weights of one dtype run as one native call (q, k
     and v, or gate and up: the products share the threads and x's rows while they are in cache, a few percent more
-    GFLOP/s than separate calls; docs/performance.md). `num_rows`:
-    rows from it on are padding, which the native matmul skips (their results are zeros there; XLA's dot computes
-    them as it must, static shapes)."""
+    GFLOP/s than separate calls; docs/performance.md). An int8 weight is (x @ values) * scale: packed into int8
+    panels, by the native int8 matmul (one call for q, k and v, as above), else by XLA's dot (_int8_product).
+    `num_rows`: rows from it on are padding, which the native matmul skips (their results are zeros there; XLA's dot
+    computes them as it must, static shapes)."""
     out_dtype = x.dtype if out_dtype is None else out_dtype
-    if all(weight.ndim == 3 for weight in weights) and len({weight.dtype for weight in weights}) == 1:
-        products = packed_matmuls(x, weights, out_dtype, num_rows)
+    floats = [weight for weight in weights if not isinstance(weight, Int8Weight)]
+    int8s = [weight for weight in weights if isinstance(weight, Int8Weight)]
+    if int8s and len(int8s) == len(weights) and all(weight.values.ndim == 3 for weight in int8s):
+        products = packed_int8_matmuls(x, [w.values for w in int8s], [w.scale for w in int8s], num_rows)
+    elif floats and len(floats) == len(weights) and all(w.ndim == 3 for w in floats) and len(
+            {w.dtype for w in floats}) == 1:
+        products = packed_matmuls(x, floats, out_dtype, num_rows)
     else:
-        products = tuple(packed_matmul(x, weight, out_dtype, num_rows) if weight.ndim == 3
-                         else jnp.dot(x, weight, preferred_element_type=jnp.float32) for weight in weights)
+        products = tuple(_one_product(x, weight, out_dtype, num_rows) for weight in weights)
     return tuple(product.astype(out_dtype) for product in products)
+
+
+def _one_product(x: Float[Array, "tokens inner"], weight: MatmulWeight, out_dtype,
+                 num_rows: Optional[Int[Array, ""]]) -> Float[Array, "tokens _"]:
+    """x @ weight alone, by the kernel its form asks for."""
+    if isinstance(weight, Int8Weight):
+        if weight.values.ndim == 3:
+            return packed_int8_matmuls(x, [weight.values], [weight.scale], num_rows)[0]
+        return _int8_product(x, weight)
+    if weight.ndim == 3:
+        return packed_matmul(x, weight, out_dtype, num_rows)
+    return jnp.dot(x, weight, preferred_element_type=jnp.float32)
+
+
+def _int8_product(x: Float[Array, "tokens inner"], weight: Int8Weight) -> Float[Array, "tokens outer"]:
+    """x @ (values * scale) as (x @ values) * scale in float32. NOTE: the scale multiplies the [tokens, outer]
+    product, not the [inner, outer] weight: XLA fuses the int8 convert into the dot's operand read, so the weight's
+    bytes cross memory once, as int8, and no dequantized copy is made."""
+    product = jnp.dot(x, weight.values.astype(x.dtype), preferred_element_type=jnp.float32)
+    return product * weight.scale
 
 
 def gated_mlp(x: Float[Array, "tokens hidden"], gate: MatmulWeight, up: MatmulWeight, down: MatmulWeight,

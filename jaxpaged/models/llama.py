@@ -17,6 +17,7 @@ from jaxtyping import Array, Float, Int, Shaped, UInt32
 
 from jaxpaged.kernels.bfloat16_bits import from_bits, to_bits
 from jaxpaged.kernels.ragged_paged_attention import AttentionMetadata
+from jaxpaged.models.int8_weights import Int8Weight, scale_name, scale_shapes
 from jaxpaged.models.layers import (
     RopeTables,
     apply_rope,
@@ -88,16 +89,19 @@ class DecoderLayers(nnx.Module):
 class LlamaForCausalLM(nnx.Module):
     """Decoder-only transformer; logits only for the rows that are sampled."""
 
-    def __init__(self, cfg: ModelConfig, params: dict[str, LayerWeight], packed: bool = False):
+    def __init__(self, cfg: ModelConfig, params: dict[str, LayerWeight], packed: bool = False,
+                 packed_int8: bool = False):
         """`params`: the loaders' flat names; layer weights stacked, or listed per layer (DecoderLayers).
-        `packed`: the matmul weights that pack are panels for the native CPU matmul (packed_weights.py)."""
-        expected = param_shapes(cfg)
+        `packed`: the matmul weights that pack are panels for the native CPU matmul (packed_weights.py). An int8
+        projection comes with its scales under scale_name (int8_weights.py); `packed_int8`: its values are int8
+        panels for the native int8 matmul."""
+        expected = param_shapes(cfg) | scale_shapes(cfg, set(params))
         if set(params) != set(expected):
             raise ValueError(f"params: expected names {sorted(expected)}, got {sorted(params)}")
         for name, shape in expected.items():
             value = params[name]
             got = (len(value), *value[0].shape) if isinstance(value, list) else tuple(value.shape)
-            if packed and is_packed(name, shape, cfg):
+            if (packed_int8 if scale_name(name) in params else packed) and is_packed(name, shape, cfg):
                 shape = packed_shape(name, shape, cfg)
             if got != shape:
                 raise ValueError(f"params[{name!r}]: expected shape {shape}, got {got}")
@@ -211,7 +215,8 @@ def _decoder_layer(step: _StepContext, carry, w: dict[str, Any], layer_index, la
     x, kv_pages = carry
     num_tokens = x.shape[0]
     h = rms_norm(x, w["input_norm"], eps, offset)
-    q, k, v = matmuls(h, (w["q_proj"], w["k_proj"], w["v_proj"]), num_rows=num_rows)
+    q, k, v = matmuls(h, (_projection(w, "q_proj"), _projection(w, "k_proj"), _projection(w, "v_proj")),
+                      num_rows=num_rows)
     if cfg.qkv_bias:
         q, k, v = q + w["q_bias"], k + w["k_bias"], v + w["v_bias"]
     q = q.reshape(num_tokens, cfg.num_q_heads, cfg.head_dim)
@@ -232,12 +237,19 @@ def _decoder_layer(step: _StepContext, carry, w: dict[str, Any], layer_index, la
     k = apply_rope(k, tables)
     attn, kv_pages = step.attend(q, k, v, kv_pages, layer_index * step.num_blocks, step.metadata, traced_is_sliding,
                                  sliding_window=window, sm_scale=cfg.attn_scale, soft_cap=cfg.attn_soft_cap)
-    attn = matmul(attn.reshape(num_tokens, -1), w["o_proj"], num_rows=num_rows)
+    attn = matmul(attn.reshape(num_tokens, -1), _projection(w, "o_proj"), num_rows=num_rows)
     if cfg.sandwich_norms:
         attn = rms_norm(attn, w["attn_out_norm"], eps, offset)
     x = x + attn
     h = rms_norm(x, w["post_norm"], eps, offset)
-    mlp = gated_mlp(h, w["gate_proj"], w["up_proj"], w["down_proj"], cfg.hidden_activation, num_rows)
+    mlp = gated_mlp(h, _projection(w, "gate_proj"), _projection(w, "up_proj"), _projection(w, "down_proj"),
+                    cfg.hidden_activation, num_rows)
     if cfg.sandwich_norms:
         mlp = rms_norm(mlp, w["mlp_out_norm"], eps, offset)
     return x + mlp, kv_pages
+
+
+def _projection(w: dict[str, Any], name: str) -> Union[jax.Array, Int8Weight]:
+    """One layer's projection as matmul takes it: the float (or packed) weight, or int8 values with their scales."""
+    scale = w.get(scale_name(name))
+    return w[name] if scale is None else Int8Weight(w[name], scale)

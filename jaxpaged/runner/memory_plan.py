@@ -8,6 +8,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from jaxpaged.models.int8_weights import stored_dtype
 from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.runner import mesh as mesh_lib
 from jaxpaged.runner.kv_cache import bytes_per_block, logical_bytes_per_block
@@ -19,13 +20,13 @@ WEIGHT_SHARE_LIMIT = 0.9
 
 
 def weight_bytes_per_device(params: dict[str, np.ndarray], model: ModelConfig, tp: int, dtype) -> int:
-    """Bytes of the weights on each device of a rank, in the engine dtype, after tensor-parallel sharding."""
-    itemsize = np.dtype(dtype).itemsize
+    """Bytes of the weights on each device of a rank as they will be stored (the engine dtype; int8 projections and
+    their float32 scales as such), after tensor-parallel sharding."""
     total = 0
     for name, value in params.items():
         spec = mesh_lib.param_partition_spec(name, value.shape, model, tp)
         shards = tp if mesh_lib.MODEL_AXIS in tuple(spec) else 1
-        total += int(np.prod(value.shape)) // shards * itemsize
+        total += int(np.prod(value.shape)) // shards * stored_dtype(name, value.dtype, dtype).itemsize
     return total
 
 
@@ -67,6 +68,8 @@ class MemoryPlan:
     """The KV cache layout (kv_layout.py)."""
     physical_over_logical: float = 1.0
     """Bytes a block occupies over the bytes of its values: TPU tile padding of the layout (1.0 elsewhere)."""
+    weight_format: str = ""
+    """How the weights are stored ("float32", "int8 projections + bfloat16"); "" when not said."""
 
     @property
     def blocks_per_max_len_sequence(self) -> int:
@@ -79,7 +82,8 @@ class MemoryPlan:
 
     def describe(self) -> str:
         kv_per_device = self.num_kv_blocks * self.kv_bytes_per_block_per_device
-        return (f"memory plan per device: weights {self.weight_bytes_per_device / 2**20:.1f} MiB; KV "
+        weight_format = f" ({self.weight_format})" if self.weight_format else ""
+        return (f"memory plan per device: weights {self.weight_bytes_per_device / 2**20:.1f} MiB{weight_format}; KV "
                 f"{self.kv_bytes_per_token / 2**10:.1f} KiB per token (all devices), "
                 f"{self.kv_bytes_per_block_per_device / 2**10:.1f} KiB per {self.block_size}-token block, "
                 f"{self.num_kv_blocks} blocks = {kv_per_device / 2**20:.1f} MiB ({self.layout} layout, physical "
@@ -111,10 +115,17 @@ def fit_max_model_len(context_len: int, num_kv_blocks: int, block_size: int) -> 
     return usable_tokens
 
 
+def weight_format(params: dict[str, np.ndarray], dtype) -> str:
+    """How the weights will be stored, for the plan's log line: the engine dtype, or int8 projections beside it."""
+    name = np.dtype(dtype).name
+    return f"int8 projections + {name}" if any(value.dtype == np.int8 for value in params.values()) else name
+
+
 def plan_memory(model: ModelConfig, weight_bytes: int, num_kv_blocks: int, block_size: int, max_model_len: int,
-                dtype, tp: int, layout: str) -> MemoryPlan:
-    """The plan of a rank whose KV cache is split over tp devices on its kv-head axis."""
+                dtype, tp: int, layout: str, weight_format: str = "") -> MemoryPlan:
+    """The plan of a rank whose KV cache is split over tp devices on its kv-head axis (`weight_format`: see
+    MemoryPlan)."""
     logical_per_token = logical_bytes_per_block(model, 1, dtype)
     physical_per_block = bytes_per_block(model, block_size, dtype, layout=layout)
     return MemoryPlan(weight_bytes, logical_per_token, physical_per_block // tp, num_kv_blocks, block_size,
-                      max_model_len, layout, physical_per_block / (logical_per_token * block_size))
+                      max_model_len, layout, physical_per_block / (logical_per_token * block_size), weight_format)

@@ -26,6 +26,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from tqdm.auto import tqdm
 
+from jaxpaged.models.int8_weights import SCALE_SUFFIX, is_scale, stored_dtype
 from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.models.packed_weights import is_packed, pack_param
 
@@ -94,7 +95,8 @@ def replicate_kv_heads(params: dict[str, np.ndarray], model: ModelConfig,
     repeats = tensor_parallel_size // model.num_kv_heads
     head_dim = model.head_dim
     out = dict(params)
-    for name in ("layers.k_proj", "layers.v_proj", "layers.k_bias", "layers.v_bias"):
+    for name in ("layers.k_proj", "layers.v_proj", "layers.k_bias", "layers.v_bias", "layers.k_proj_scale",
+                 "layers.v_proj_scale"):
         if name in params:
             weight = params[name]
             heads = weight.reshape(*weight.shape[:-1], model.num_kv_heads, head_dim)
@@ -103,7 +105,12 @@ def replicate_kv_heads(params: dict[str, np.ndarray], model: ModelConfig,
 
 
 def param_partition_spec(name: str, shape: tuple[int, ...], model: ModelConfig, tp: int) -> P:
-    """The PartitionSpec of one parameter (stacked layer weights have a leading, unsplit layer axis)."""
+    """The PartitionSpec of one parameter (stacked layer weights have a leading, unsplit layer axis). An int8
+    weight splits as its float would; its scales [layers, outer] split as its output axis: a column-parallel
+    projection's with it, a row-parallel one's (output: the hidden size) not at all."""
+    if is_scale(name):
+        base = name[len("layers."):-len(SCALE_SUFFIX)]
+        return P(*([None] * (len(shape) - 1)), MODEL_AXIS) if base in _COLUMN_PARALLEL else P()
     if name.startswith("layers."):
         base = name[len("layers."):]
         if base in _COLUMN_PARALLEL or base in _HEAD_BIASES:
@@ -131,34 +138,37 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 
 def place_params(params: dict[str, np.ndarray], model: ModelConfig, mesh: Mesh, dtype, *,
-                 per_layer: bool = False, pack: bool = False,
+                 per_layer: bool = False, pack: bool = False, pack_int8: bool = False,
                  progress: Optional[bool] = None) -> dict[str, Union[jax.Array, list[jax.Array]]]:
     """Each device receives only its shard, converted to `dtype` slice by slice (no whole-model copy).
 
     per_layer: each stacked layer weight ("layers.*") becomes a list of one array per layer, placed layer by layer,
     so no stacked copy exists on the device even for a moment (llama.DecoderLayers says when the model wants that).
     pack: matmul weights are packed on the host into the native CPU matmul's panels first (packed_weights.py; one
-    device, so nothing is split).
+    device, so nothing is split). pack_int8: the same for int8 projections (their scales stay [outer] per layer).
     progress: a bar of weights placed on stderr (None: when stderr is a terminal); reading a checkpoint's bytes
     happens here (the checkpoint is memory-mapped), so this is the weights' load.
     """
     tp = mesh.shape[MODEL_AXIS]
-    if pack and (tp != 1 or not per_layer):
+    if (pack or pack_int8) and (tp != 1 or not per_layer):
         raise ValueError(f"packed weights are placed per layer on one device per rank, got tp={tp}, "
                          f"per_layer={per_layer}")
 
     def place(host: np.ndarray, spec: P) -> jax.Array:
+        target = stored_dtype(name, host.dtype, dtype)  # int8 weights and their scales keep their own dtypes
         return jax.make_array_from_callback(host.shape, NamedSharding(mesh, spec),
-                                            lambda index: np.asarray(host[index], dtype=dtype))
+                                            lambda index: np.asarray(host[index], dtype=target))
 
     placed: dict[str, Union[jax.Array, list[jax.Array]]] = {}
     bar = tqdm(params.items(), desc="Loading weights", unit="tensor", file=sys.stderr, leave=False,
                disable=None if progress is None else not progress)
     for name, value in bar:
         spec = param_partition_spec(name, value.shape, model, tp)
-        if pack and is_packed(name, value.shape, model):
+        quantized = value.dtype == np.int8
+        if (pack_int8 if quantized else pack) and is_packed(name, value.shape, model):
+            packed_dtype = np.int8 if quantized else dtype
             if name.startswith("layers."):
-                placed[name] = [place(pack_param(name, layer, dtype), P()) for layer in value]
+                placed[name] = [place(pack_param(name, layer, packed_dtype), P()) for layer in value]
             else:
                 placed[name] = place(pack_param(name, value, dtype), P())
         elif per_layer and name.startswith("layers."):

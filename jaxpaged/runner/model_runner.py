@@ -24,6 +24,7 @@ from jaxpaged.config import EngineConfig
 from jaxpaged.core.request import Request
 from jaxpaged.core.scheduler_output import SchedulerOutput
 from jaxpaged.kv_tiers import KVTiers
+from jaxpaged.models.int8_weights import quantize_params
 from jaxpaged.models.layers import paged_attention
 from jaxpaged.models.llama import LlamaForCausalLM
 from jaxpaged.runner import compile_counter
@@ -104,7 +105,9 @@ class ModelRunner:
         (compiled by warmup())."""
         compile_counter.install()
         self.mesh = mesh or mesh_lib.rank_meshes(1, 1)[0]
-        params, self.model_config = mesh_lib.replicate_kv_heads(loaded.params, loaded.config,
+        # A model loaded without config.quantization is quantized here (one loaded with it already is).
+        params = quantize_params(dict(loaded.params), config.quantization)
+        params, self.model_config = mesh_lib.replicate_kv_heads(params, loaded.config,
                                                                 self.mesh.shape[mesh_lib.MODEL_AXIS])
         self.plan = plan_startup(self.model_config, params, config, self.mesh)
         """Every start-up decision of this rank (dtype, layers, packing, kernels, KV layout and size, memory)."""
@@ -147,8 +150,9 @@ class ModelRunner:
         """The weights on the rank's devices, arranged and packed as planned; the model's graph definition."""
         plan = self.plan
         placed = mesh_lib.place_params(params, self.model_config, self.mesh, self.dtype, per_layer=plan.per_layer,
-                                       pack=plan.packed_weights)
-        graphdef, state = nnx.split(LlamaForCausalLM(self.model_config, placed, packed=plan.packed_weights))
+                                       pack=plan.packed_weights, pack_int8=plan.packed_int8)
+        graphdef, state = nnx.split(LlamaForCausalLM(self.model_config, placed, packed=plan.packed_weights,
+                                                     packed_int8=plan.packed_int8))
         # A plain dict of arrays: every step flattens it to call the executable, and nnx's Variables flatten in
         # Python, several times slower than the dict for a model's per-layer weights.
         self.state = nnx.to_pure_dict(state)

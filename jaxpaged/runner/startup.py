@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpaged.config import EngineConfig
+from jaxpaged.kernels.cpu_native.packed_matmul import packed_int8_available
 from jaxpaged.kernels.cpu_native.paged_decode import native_decode_available
 from jaxpaged.kernels.ragged_paged_attention import resolve_attention_backend
 from jaxpaged.models.llama import unroll_layers_on
@@ -30,6 +31,7 @@ from jaxpaged.runner.memory_plan import (
     fit_max_model_len,
     plan_memory,
     weight_bytes_per_device,
+    weight_format,
 )
 
 logger = logging.getLogger(__name__)
@@ -71,6 +73,11 @@ class StartupPlan:
     kv_layout: str
     """The KV pool's layout (jaxpaged/kernels/ragged_paged_attention/kv_layout.py)."""
     memory: MemoryPlan
+    quantization: Optional[str] = None
+    """"int8": the projections are int8 with per-column scales (models/int8_weights.py)."""
+    packed_int8: bool = False
+    """The int8 projections packed into panels for the native CPU int8 matmul (else XLA's dot, scales on the
+    output)."""
 
     @property
     def num_kv_blocks(self) -> int:
@@ -80,6 +87,9 @@ class StartupPlan:
     def describe(self) -> str:
         """The plan as one log block, a decision per line."""
         matmuls = "native, packed weights" if self.packed_weights else "XLA dot"
+        if self.quantization is not None:
+            kernel = "native, packed int8 panels" if self.packed_int8 else "XLA dot, scales on the output"
+            matmuls += f"; {self.quantization} projections: {kernel}"
         attention = self.attention_backend + (" + native CPU decode" if self.native_decode else "")
         lines = [f"start-up plan: devices [{', '.join(map(str, self.devices))}] ({self.platform}, "
                  f"tp={self.tensor_parallel_size})",
@@ -113,10 +123,14 @@ def plan_startup(model: ModelConfig, params: dict[str, np.ndarray], config: Engi
     if max_model_len is None:
         max_model_len = fit_max_model_len(model.max_position_embeddings, num_kv_blocks, config.cache.block_size)
     memory = plan_memory(model, weight_bytes, num_kv_blocks, config.cache.block_size, max_model_len, dtype, tp,
-                         kv_layout)
+                         kv_layout, weight_format(params, dtype))
     memory.check()
+    quantized = any(value.dtype == np.int8 for value in params.values())
+    # int8 panels need no bfloat16 units: they pack wherever the native kernel builds, whatever the dtype.
+    packed_int8 = (quantized and per_layer and config.cpu_matmul == "native" and platform == "cpu" and tp == 1
+                   and packed_int8_available())
     return StartupPlan(platform, tuple(int(d.id) for d in mesh.devices.flat), tp, dtype, backend, per_layer, packed,
-                       native_decode, kv_layout, memory)
+                       native_decode, kv_layout, memory, "int8" if quantized else None, packed_int8)
 
 
 def log_plan(plan: StartupPlan, rank: Optional[int] = None) -> None:

@@ -39,7 +39,8 @@ def follow(args: argparse.Namespace, options: DistributedOptions) -> int:
     config = EngineConfig.from_options(**engine_options_from_args(args))
     if config.compilation_cache_dir != "":
         enable_persistent_compilation_cache(config.compilation_cache_dir)
-    return run_follower(load_model(args.model, revision=getattr(args, "revision", None)), config, options.timeout_s)
+    loaded = load_model(args.model, revision=getattr(args, "revision", None), quantization=config.quantization)
+    return run_follower(loaded, config, options.timeout_s)
 
 
 def exit_at_once(code: int) -> None:

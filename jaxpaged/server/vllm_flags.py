@@ -2,14 +2,13 @@
 
   - IGNORED: flags about vLLM's own machinery (logging of requests, eager mode, CPU swap, remote code): accepted,
     each with one warning at start-up saying why it changes nothing here;
-  - UNSUPPORTED: flags that would change the served model or its outputs (LoRA, quantization, pipeline
-    parallelism): refused at parse time, naming the flag, since serving without them would quietly answer
-    differently;
+  - UNSUPPORTED: flags that would change the served model or its outputs (LoRA, pipeline parallelism): refused
+    at parse time, naming the flag, since serving without them would quietly answer differently;
   - --speculative-config: vLLM's JSON, read into the flat speculative engine options (--speculative-method ...).
 
 vLLM flags with a jaxpaged counterpart are real flags elsewhere: the engine options share vLLM's names
-(--max-model-len, -tp, --dtype, --seed, --gpu-memory-utilization ...) and serve_flags.py has the server's
-(--served-model-name, CORS, TLS ...).
+(--max-model-len, -tp, --dtype, --seed, --gpu-memory-utilization, --quantization / -q ...) and serve_flags.py has the
+server's (--served-model-name, CORS, TLS ...).
 Any other unknown flag stays argparse's "unrecognized arguments" error, which names it too.
 """
 
@@ -42,7 +41,6 @@ IGNORED_WITH_VALUE = {
 UNSUPPORTED = {
     "--enable-lora": "LoRA adapters",
     "--lora-modules": "LoRA adapters",
-    "--quantization": "quantized weights",
     "--pipeline-parallel-size": "pipeline parallelism (use -tp / -dp)",
     "--kv-transfer-config": "disaggregated prefill",
     "--cpu-offload-gb": "offloading weights to the host",
@@ -51,7 +49,7 @@ UNSUPPORTED = {
 }
 """vLLM flags refused by name, and the feature jaxpaged lacks."""
 
-_SHORT_FORMS = {"--quantization": ("-q",), "--pipeline-parallel-size": ("-pp",)}
+_SHORT_FORMS = {"--pipeline-parallel-size": ("-pp",)}
 IGNORED_DEST = "vllm_ignored_flags"
 """The namespace attribute listing the ignored flags given (warned about once logging is set up)."""
 

@@ -64,11 +64,13 @@ def checkpoint_files(path: pathlib.Path) -> list[pathlib.Path]:
     return [path / name for name in names]
 
 
-def load_hf_checkpoint(path: pathlib.Path) -> tuple[dict, dict[str, np.ndarray]]:
-    """Return (HF config dict, jaxpaged params in the checkpoint's own dtype).
+def load_hf_checkpoint(path: pathlib.Path, quantization: Optional[str] = None,
+                       ) -> tuple[dict, dict[str, np.ndarray]]:
+    """Return (HF config dict, jaxpaged params in the checkpoint's own dtype; the projections int8 with their
+    scales when `quantization` is "int8").
 
-    Tensors are memory-mapped: each layer's is copied once into its stacked parameter, and global weights
-    (embedding, final norm, lm_head) stay mapped views of the file until the runner places them.
+    Tensors are memory-mapped: each layer's is copied (or quantized) once into its stacked parameter, and global
+    weights (embedding, final norm, lm_head) stay mapped views of the file until the runner places them.
     """
     hf_config = json.loads((path / "config.json").read_text())
     cfg = ModelConfig.from_hf(hf_config)
@@ -87,4 +89,4 @@ def load_hf_checkpoint(path: pathlib.Path) -> tuple[dict, dict[str, np.ndarray]]
         value = open_tensor(entries[hf_name])
         return value.T if transpose else value
 
-    return hf_config, stack_layers(cfg, fetch)
+    return hf_config, stack_layers(cfg, fetch, quantization)

@@ -11,6 +11,7 @@ from typing import Optional
 
 import numpy as np
 
+from jaxpaged.models.int8_weights import quantize_params
 from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.weights.converted_store import is_converted_checkpoint, load_converted, save_converted
 from jaxpaged.weights.default_model import DEFAULT_MODEL_NAME, default_model_path
@@ -31,7 +32,8 @@ class LoadedModel:
     config: ModelConfig
     params: dict[str, np.ndarray]
     """Host arrays under jaxpaged's parameter names, in the checkpoint's own dtype (bfloat16 as ml_dtypes.bfloat16;
-    a GGUF is dequantized to float32). Some may be read-only views of memory-mapped files: the runner converts
+    a GGUF is dequantized to float32), or with the projections int8 plus their scales when loaded with a
+    quantization (models/int8_weights.py). Some may be read-only views of memory-mapped files: the runner converts
     each shard to the engine dtype as it places it, so the host never holds a converted copy of the model."""
     tokenizer_dir: pathlib.Path
     """Where HF tokenizer files for this model live."""
@@ -75,13 +77,18 @@ def locate_model(model: Optional[str] = None, *, revision: Optional[str] = None,
 
 
 def load_model(model: Optional[str] = None, *, revision: Optional[str] = None,
-               cache_dir: Optional[pathlib.Path] = None) -> LoadedModel:
-    """Load `model` (see locate_model), with its generation_config.json's EOS ids and sampling defaults."""
+               cache_dir: Optional[pathlib.Path] = None, quantization: Optional[str] = None) -> LoadedModel:
+    """Load `model` (see locate_model), with its generation_config.json's EOS ids and sampling defaults.
+
+    `quantization` ("int8", EngineConfig.quantization): an HF checkpoint's projections are quantized layer by
+    layer as they are read (peak host memory: the int8 model and one float layer); a converted checkpoint (a GGUF's
+    cache included) is restored whole by orbax, then quantized tensor by tensor."""
     directory, name = locate_model(model, revision=revision, cache_dir=cache_dir)
     if is_converted_checkpoint(directory):
         hf_config, params, name = load_converted(directory)
+        params = quantize_params(params, quantization)
     else:
-        hf_config, params = load_hf_checkpoint(directory)
+        hf_config, params = load_hf_checkpoint(directory, quantization)
     generation_config = read_generation_config(directory)
     hf_config = with_generation_eos(hf_config, generation_config)
     return LoadedModel(name, hf_config, ModelConfig.from_hf(hf_config), params, directory,

@@ -5,6 +5,7 @@ from typing import Optional
 
 import numpy as np
 
+from jaxpaged.models.int8_weights import is_quantized_projection, quantize_int8, scale_name
 from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.models.param_shapes import param_shapes
 
@@ -12,13 +13,15 @@ _COPY_BLOCK = 256
 """Columns per block when copying a transposed view: each block reads a contiguous run of the source rows."""
 
 
-def stack_layers(cfg: ModelConfig, fetch: Callable[[str, Optional[int]], np.ndarray]) -> dict[str, np.ndarray]:
+def stack_layers(cfg: ModelConfig, fetch: Callable[[str, Optional[int]], np.ndarray],
+                 quantization: Optional[str] = None) -> dict[str, np.ndarray]:
     """Build every parameter by calling fetch(name, layer) per layer (layer None for global weights).
 
     fetch returns arrays already in jaxpaged's orientation ([in, out] for projections), in any dtype; a stacked
     parameter takes the dtype of its first layer. Layers are copied one at a time into the stacked array, so a
     memory-mapped source is only ever resident one tensor at a time; global weights are kept as fetch returns
-    them (still lazy when fetch maps a file).
+    them (still lazy when fetch maps a file). `quantization` "int8": each projection layer is quantized as it is
+    read (models/int8_weights.py), so the host holds the int8 stacks and one float layer, never the float model.
     """
     params = {}
     for name, shape in param_shapes(cfg).items():
@@ -26,6 +29,9 @@ def stack_layers(cfg: ModelConfig, fetch: Callable[[str, Optional[int]], np.ndar
             params[name] = _checked(fetch(name, None), shape, name)
             continue
         short = name[len("layers."):]
+        if quantization is not None and is_quantized_projection(name):
+            params[name], params[scale_name(name)] = _stack_quantized(cfg, fetch, name, shape)
+            continue
         stacked: Optional[np.ndarray] = None
         for layer in range(cfg.num_layers):
             value = _checked(fetch(short, layer), shape[1:], f"{name}[{layer}]")
@@ -35,6 +41,19 @@ def stack_layers(cfg: ModelConfig, fetch: Callable[[str, Optional[int]], np.ndar
             del value  # unmaps this layer's tensor before the next one is read
         params[name] = stacked if stacked is not None else np.empty(shape, dtype=np.float32)
     return params
+
+
+def _stack_quantized(cfg: ModelConfig, fetch: Callable[[str, Optional[int]], np.ndarray], name: str,
+                     shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """One stacked projection as int8 values and float32 scales, quantized layer by layer."""
+    values = np.empty(shape, dtype=np.int8)
+    scales = np.empty((*shape[:-2], shape[-1]), dtype=np.float32)
+    for layer in range(cfg.num_layers):
+        quantized, scales[layer] = quantize_int8(_checked(fetch(name[len("layers."):], layer), shape[1:],
+                                                          f"{name}[{layer}]"))
+        _copy_into(values[layer], quantized)
+        del quantized
+    return values, scales
 
 
 def _checked(value: np.ndarray, shape: tuple[int, ...], name: str) -> np.ndarray:

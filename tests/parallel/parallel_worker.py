@@ -1,7 +1,8 @@
 """Runs in a subprocess with forced CPU devices: one model under several (dp, tp) layouts vs tp = dp = 1.
 
-Usage: JAX_NUM_CPU_DEVICES=4 python -m tests.parallel.parallel_worker MODEL_DIR LAYOUTS_JSON
-LAYOUTS_JSON lists [dp, tp] pairs, or [dp, tp, true] for async scheduling under that layout.
+Usage: JAX_NUM_CPU_DEVICES=4 python -m tests.parallel.parallel_worker MODEL_DIR LAYOUTS_JSON [OPTIONS_JSON]
+LAYOUTS_JSON lists [dp, tp] pairs, or [dp, tp, true] for async scheduling under that layout; OPTIONS_JSON: engine
+options for the reference and every layout alike ({"quantization": "int8"}).
 Prints one JSON line: per layout, the max relative logits error vs tp=1, whether greedy outputs are identical,
 prefix-hit tokens per data-parallel rank, and compilations after warm-up.
 """
@@ -44,12 +45,13 @@ def greedy(llm: LLM) -> list[list[int]]:
 
 def main() -> None:
     model_dir, layouts = sys.argv[1], json.loads(sys.argv[2])
+    options = {**ENGINE_OPTIONS, **(json.loads(sys.argv[3]) if len(sys.argv) > 3 else {})}
     model_dir = None if model_dir == "default" else model_dir  # the embedded SmolLM2-135M
-    reference = LLM(model_dir, **ENGINE_OPTIONS)  # type: ignore[arg-type]
+    reference = LLM(model_dir, **options)  # type: ignore[arg-type]
     expected_logits, expected_tokens = step_logits(reference), greedy(reference)
     results = []
     for dp, tp, *rest in layouts:  # [dp, tp] or [dp, tp, async_scheduling]
-        llm = LLM(model_dir, **ENGINE_OPTIONS, data_parallel_size=dp, tensor_parallel_size=tp,
+        llm = LLM(model_dir, **options, data_parallel_size=dp, tensor_parallel_size=tp,
                   async_scheduling=bool(rest and rest[0]))
         compiled_after_warmup = compile_counter.num_compilations()
         logits = step_logits(llm)

@@ -6,6 +6,7 @@ tp 4 (each kv head replicated twice), (4, 4) at dp 2 x tp 2, and the embedded Sm
 """
 
 import json
+from typing import Optional
 
 import pytest
 
@@ -15,8 +16,9 @@ from tests.json_worker import run_json_worker
 WORKER_TIMEOUT_S = 240
 
 
-def run_worker(model: str, layouts: list[tuple]) -> list[dict]:
-    return run_json_worker("tests.parallel.parallel_worker", [model, json.dumps(layouts)], 4, WORKER_TIMEOUT_S)
+def run_worker(model: str, layouts: list[tuple], options: Optional[dict] = None) -> list[dict]:
+    return run_json_worker("tests.parallel.parallel_worker", [model, json.dumps(layouts), json.dumps(options or {})],
+                           4, WORKER_TIMEOUT_S)
 
 
 def assert_matches_single_device(results: list[dict]) -> None:
@@ -34,6 +36,14 @@ def test_gqa_model_at_tp2_and_tp4_with_kv_head_replication(tmp_path, smollm2_tok
     model_dir = save_tiny_llama(tmp_path / "gqa", smollm2_tokenizer_dir,
                                 TINY_LLAMA | dict(hidden_size=128, num_attention_heads=8, num_key_value_heads=2))
     assert_matches_single_device(run_worker(str(model_dir), [(1, 2), (1, 4)]))
+
+
+def test_int8_weights_at_tp2_and_tp4_shard_their_scales_with_the_output_axis(tmp_path, smollm2_tokenizer_dir):
+    """int8 projections split as their floats; the scales of q/k/v/gate/up split with them, o/down's stay whole, and
+    at tp 4 the k/v scales are replicated with their kv heads: the int8 engine at tp = 1's logits and tokens."""
+    model_dir = save_tiny_llama(tmp_path / "gqa-int8", smollm2_tokenizer_dir,
+                                TINY_LLAMA | dict(hidden_size=128, num_attention_heads=8, num_key_value_heads=2))
+    assert_matches_single_device(run_worker(str(model_dir), [(1, 2), (1, 4)], {"quantization": "int8"}))
 
 
 def test_data_parallel_routes_shared_prefixes_to_one_rank(tmp_path, smollm2_tokenizer_dir):

@@ -48,13 +48,30 @@ def test_gpu_memory_utilization_sizes_the_pool_up_to_that_share_of_the_device():
         EngineConfig.from_options(gpu_memory_utilization=1.5)
 
 
-@pytest.mark.parametrize("argv", [["--enable-lora"], ["--quantization", "awq"], ["-q", "awq"], ["-pp", "2"]])
+@pytest.mark.parametrize("argv", [["--enable-lora"], ["-pp", "2"]])
 def test_vllm_flags_for_missing_features_are_refused_by_name(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
         _args("org/model", *argv)
     assert exit_info.value.code == 2
-    flag = {"-q": "--quantization", "-pp": "--pipeline-parallel-size"}.get(argv[0], argv[0])
+    flag = {"-pp": "--pipeline-parallel-size"}.get(argv[0], argv[0])
     assert f"{flag}: vLLM's flag for " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["--quantization", "int8"], ["-q", "tpu_int8"]])
+def test_vllm_quantization_flag_selects_int8_weights(argv):
+    """vLLM's --quantization / -q is an engine option; its tpu_int8 is jaxpaged's int8."""
+    from jaxpaged.config import EngineConfig
+
+    options = engine_options_from_args(_args("org/model", *argv), environ={})
+    assert EngineConfig.from_options(**options).quantization == "int8"
+
+
+@pytest.mark.parametrize("argv", [["--quantization", "awq"], ["-q", "gptq"]])
+def test_an_unknown_quantization_scheme_is_refused_naming_the_flag(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        _args("org/model", *argv)
+    assert exit_info.value.code == 2
+    assert "--quantization" in capsys.readouterr().err
 
 
 def test_an_unknown_flag_is_named():

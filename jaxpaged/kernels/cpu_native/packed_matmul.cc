@@ -1,5 +1,6 @@
-// x @ W on the CPU against weights packed once at load time, as XLA FFI custom calls: float32, and bfloat16 where
-// the CPU has AVX512-BF16. One call multiplies x by 1 to 4 weights (q, k and v; gate and up), one result each.
+// x @ W on the CPU against weights packed once at load time, as XLA FFI custom calls: float32, bfloat16 where the
+// CPU has AVX512-BF16, and int8 weights with float32 scales per column (weight-only int8, models/int8_weights.py).
+// One call multiplies x by 1 to 4 weights (q, k and v; gate and up), one result each.
 //
 // Why: XLA:CPU's dot library repacks the weight into its kernel's tile layout on every call. At a decode step's
 // 64 rows that packing is a fifth of the step (the weight is read, written and read again); packed here once, the
@@ -13,6 +14,10 @@
 //             inner / 2 rows of 32 values, one per pair of inner indices 2i, 2i + 1, holding (W[2i, c], W[2i + 1, c])
 //             for the panel's 16 columns c in turn: the operand order of VDPBF16PS, which multiplies such pairs and
 //             adds both products to a float32 sum. (The float32 shape keeps the model's parameter shapes per dtype.)
+//   int8      x f32 [rows, inner]; panels s8 [outer / 16, inner, 16] in the float32 order; after every weight's
+//             panels, each weight's scales f32 [outer]. The int8 values are widened to float32 in registers
+//             (VPMOVSXBD, VCVTDQ2PS) and summed in float32; each column's sum is multiplied by its scale once, at the
+//             end. Memory reads a quarter of float32's weight bytes: what bounds a decode step where memory does.
 //   num_rows  s32 []: the rows that hold real work (a step's real tokens; the rest of its bucket is padding). Only
 //             rows [0, num_rows) are multiplied; the others are written as zeros. Clamped to [0, rows].
 // Results, one per weight: f32 [rows, outer] = x @ W, float32 sums; the bfloat16 kernel also has a bfloat16 result
@@ -21,8 +26,8 @@
 // Work: register tiles (6 rows x 16 columns with AVX2, 12 rows x 32 columns with AVX-512; see kTileRows), each summed
 // over the whole inner dimension (x is read by broadcasts, the panel rows by vector loads). Work items are (row block,
 // run of one weight's panels), handed out through an atomic counter to the caller and to XLA's intra-op threads; a
-// row block stays in L2 while the panels of every weight of the call stream by. Both element types share the tiling;
-// a panel row is 64 bytes in both.
+// row block stays in L2 while the panels of every weight of the call stream by. Every element type shares the tiling
+// (packed_tiles.h); a panel row is 64 bytes in float32 and bfloat16, 16 in int8.
 //
 // Weights come from memory (a step's weights are far bigger than the caches), so each thread asks for the panel it
 // multiplies next while it works on the current one: spread over all the current panel's tiles (one 64-byte row every
@@ -40,14 +45,18 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <type_traits>
+#include <vector>
 
+#include "packed_tiles.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
 namespace {
 
-constexpr int64_t kPanelWidth = 16;  // columns per panel
+using namespace packed_tiles;  // the register tile and the element types
+
 // Rows per work item: a block's rows stay in L2 while its panels stream by (72 rows x 1,536 inner floats, SmolLM2's
 // widest, are 432 KiB of a 1 MiB L2; much wider inner sizes spill to L3, still correct). A decode's 64 rows are one
 // block, so each weight is read from memory once; a 512-row prefill reads it once per block, from L3 when it fits.
@@ -58,74 +67,16 @@ constexpr int64_t kPanelsPerItem = 4;
 // Weights of one call at most: q, k and v (or gate and up) share x, and run as one set of work items.
 constexpr int kMaxWeights = 4;
 
-// The register tile, by the vector width this build targets (-march=native). AVX2 (16 ymm registers): 6 rows x one
-// panel, two 8-float halves per panel row: 12 accumulators, 2 weight vectors, 1 broadcast. AVX-512 (32 zmm
-// registers, whose cores run 512-bit FMAs at full width on Zen 5 and Xeons): 12 rows x two panels, one 16-float
-// vector per panel row: 24 accumulators, and each broadcast of x feeds two FMAs, which halves the loads per FMA
-// (the AVX2 tile, one panel per tile, fell well behind XLA's dot on such CPUs; docs/performance.md).
-#if defined(__AVX512F__)
-constexpr int kLanes = 16;
-constexpr int64_t kTileRows = 12;
-constexpr int kTilePanels = 2;
-#else
-constexpr int kLanes = 8;
-constexpr int64_t kTileRows = 6;
-constexpr int kTilePanels = 1;
-#endif
 static_assert(kPanelsPerItem % kTilePanels == 0, "a work item holds whole tiles");
-
-typedef float Vec __attribute__((vector_size(kLanes * sizeof(float)), aligned(4)));
-
-// float32: a panel row is kPanelWidth / kLanes vectors of 16 columns' weights for one inner index; each is multiplied
-// by the broadcast x[r, i] and added.
-struct Float32 {
-  using Element = float;
-  static constexpr int kInnerStep = 1;                        // inner indices per panel row
-  static constexpr int kVectorsPerRow = kPanelWidth / kLanes;  // 2 (AVX2) or 1 (AVX-512)
-  using Weight = Vec;
-  static Weight Load(const Element* at) { return *reinterpret_cast<const Vec*>(at); }
-  static Element BroadcastSource(const Element* x) { return *x; }
-  static void Accumulate(Vec& sum, Element x, const Weight& weight) { sum += x * weight; }
-};
-
-#if defined(__AVX512BF16__)
-// bfloat16: a panel row is one vector of 16 (W[2i, c], W[2i + 1, c]) pairs; the pair (x[r, 2i], x[r, 2i + 1]) is
-// broadcast as one 32-bit value and VDPBF16PS adds x[r, 2i] W[2i, c] + x[r, 2i + 1] W[2i + 1, c] to column c's sum.
-struct Bfloat16 {
-  using Element = uint16_t;  // bfloat16 bits, as XLA's FFI hands them over
-  static constexpr int kInnerStep = 2;
-  static constexpr int kVectorsPerRow = 1;
-  using Weight = __m512bh;
-  static Weight Load(const Element* at) { return (__m512bh)_mm512_loadu_si512(at); }
-  static int32_t BroadcastSource(const Element* x) {
-    int32_t pair;
-    std::memcpy(&pair, x, sizeof(pair));
-    return pair;
-  }
-  static void Accumulate(Vec& sum, int32_t pair, const Weight& weight) {
-    sum = (Vec)_mm512_dpbf16_ps((__m512)sum, (__m512bh)_mm512_set1_epi32(pair), weight);
-  }
-};
-#endif
-
-// A tile's float32 sums written as bfloat16: only the bfloat16 kernel asks for that, built only with AVX512-BF16.
-inline void StoreBfloat16(uint16_t* out, const Vec& sums) {
-#if defined(__AVX512BF16__)
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), (__m256i)_mm512_cvtneps_pbh((__m512)sums));
-#else
-  (void)out;
-  (void)sums;
-  __builtin_unreachable();
-#endif
-}
 
 template <typename T>
 struct Problem {
-  const typename T::Element* x;
+  const typename T::XElement* x;
   const typename T::Element* panels;
   float* out;                            // the float32 result, or nullptr when it is rounded to bfloat16:
   uint16_t* out_bfloat16 = nullptr;      // the sums rounded to nearest even, as XLA's convert does
   int64_t rows, inner, outer;  // rows: the rows multiplied (num_rows), not the padding after them
+  const float* scales = nullptr;  // int8: one per output column, multiplied into the finished sums
   // Elements per panel: inner x 16 in both layouts (inner / 2 rows of 32 bfloat16 values).
   int64_t panel_size() const { return inner * kPanelWidth; }
 };
@@ -143,7 +94,7 @@ inline void MultiplyTile(const Problem<T>& p, int64_t row, const typename T::Ele
   for (int r = 0; r < kRows; ++r) {
     for (int v = 0; v < kVectors; ++v) sums[r][v] = Vec{};
   }
-  const typename T::Element* x = p.x + row * p.inner;
+  const typename T::XElement* x = p.x + row * p.inner;
   int64_t steps_to_prefetch = phase + 1;  // a counter, not i % stride: no division in the inner loop
   // Inner step i starts panel row i / kInnerStep, kPanelWidth * kInnerStep elements (64 bytes) each.
   for (int64_t i = 0; i < p.inner; i += T::kInnerStep) {
@@ -160,6 +111,12 @@ inline void MultiplyTile(const Problem<T>& p, int64_t row, const typename T::Ele
     for (int r = 0; r < kRows; ++r) {
       const auto value = T::BroadcastSource(x + r * p.inner + i);
       for (int v = 0; v < kVectors; ++v) T::Accumulate(sums[r][v], value, weights[v]);
+    }
+  }
+  if constexpr (T::kScaled) {
+    for (int v = 0; v < kVectors; ++v) {
+      const Vec scale = *reinterpret_cast<const Vec*>(p.scales + column + v * kLanes);
+      for (int r = 0; r < kRows; ++r) sums[r][v] *= scale;
     }
   }
   for (int r = 0; r < kRows; ++r) {
@@ -210,10 +167,8 @@ void MultiplyRemainder(const Problem<T>& p, int64_t num_rows, int64_t row, const
 // twice. (A smaller tile for them ran at about half the FMA rate: a 4-row tile has 8 accumulators, too few to cover
 // the FMA latency, and the same weight loads as a whole tile.) Only a block smaller than a tile takes a smaller tile.
 template <typename T, int kPanels>
-void MultiplyPanels(const Problem<T>& p, int64_t first, int64_t end, int64_t panel_index,
-                    const typename T::Element* upcoming) {
-  const typename T::Element* panel = p.panels + panel_index * p.panel_size();
-  const int64_t column = panel_index * kPanelWidth;
+void MultiplyPanelsAt(const Problem<T>& p, int64_t first, int64_t end, const typename T::Element* panel,
+                      int64_t column, const typename T::Element* upcoming) {
   if (end - first < kTileRows) {
     MultiplyRemainder<T, kPanels>(p, end - first, first, panel, column, upcoming);
     return;
@@ -222,6 +177,50 @@ void MultiplyPanels(const Problem<T>& p, int64_t first, int64_t end, int64_t pan
   for (int64_t tile = 0; tile < num_tiles; ++tile) {
     const int64_t row = std::min(first + tile * kTileRows, end - kTileRows);
     MultiplyTile<T, kTileRows, kPanels>(p, row, panel, column, upcoming, tile, num_tiles);
+  }
+}
+
+// Float32 tiles over int8 panels widened ahead of time (below), with Int8's column scales.
+struct WidenedInt8 : Float32 {
+  static constexpr bool kScaled = true;
+};
+
+// int8 rows [first, end) of kPanels adjacent panels. More than one tile's rows: the panels are widened to float32
+// once, into a per-thread buffer that stays in L2 (2 panels x 1,536 inner x 16 floats: 192 KiB at SmolLM2's widest),
+// and every tile of the block runs the float32 tile over it. Widening inside each tile repeated it once per tile,
+// 6 times for a 64-row decode block, and the widening instructions share the FMA ports: a whole step's matmuls ran
+// at 0.66x float32's at 512 rows that way, 1.01x and 1.47x in two runs this way (2-core Xeon with AVX-512, loaded,
+// 2026-12-05; benchmarks/quantization/int8_matmul.py). Memory still delivers int8 bytes: the widening reads each
+// panel once, and asks for the `upcoming` int8 panels as it goes.
+template <int kPanels>
+void MultiplyInt8Panels(const Problem<Int8>& p, int64_t first, int64_t end, int64_t panel_index,
+                        const int8_t* upcoming) {
+  const int8_t* panel = p.panels + panel_index * p.panel_size();
+  const int64_t column = panel_index * kPanelWidth;
+  if (end - first <= kTileRows) {  // one tile: widening in registers reads each panel row once already
+    MultiplyPanelsAt<Int8, kPanels>(p, first, end, panel, column, upcoming);
+    return;
+  }
+  thread_local std::vector<float> widened;
+  const int64_t size = kPanels * p.panel_size();  // adjacent panels are adjacent in memory
+  if (static_cast<int64_t>(widened.size()) < size) widened.resize(size);
+  for (int64_t e = 0; e < size; e += kLanes) {
+    if (upcoming != nullptr && e % 64 == 0) __builtin_prefetch(upcoming + e, 0, 2);
+    *reinterpret_cast<Vec*>(widened.data() + e) = Int8::Load(panel + e);
+  }
+  const Problem<WidenedInt8> as_float{p.x, widened.data(), p.out, p.out_bfloat16, p.rows, p.inner, p.outer,
+                                      p.scales};
+  MultiplyPanelsAt<WidenedInt8, kPanels>(as_float, first, end, widened.data(), column, nullptr);
+}
+
+template <typename T, int kPanels>
+void MultiplyPanels(const Problem<T>& p, int64_t first, int64_t end, int64_t panel_index,
+                    const typename T::Element* upcoming) {
+  if constexpr (std::is_same_v<T, Int8>) {
+    MultiplyInt8Panels<kPanels>(p, first, end, panel_index, upcoming);
+  } else {
+    MultiplyPanelsAt<T, kPanels>(p, first, end, p.panels + panel_index * p.panel_size(), panel_index * kPanelWidth,
+                                 upcoming);
   }
 }
 
@@ -308,7 +307,8 @@ void RunAll(const Problem<T>* problems, int num_problems, ffi::ThreadPool& pool)
 
 // Checks the operands' shapes and runs x times each weight into its float32 or bfloat16 result: each handler below is
 // one instance of it. Operands: x, num_rows, then the weights' panels; results: one per weight, in order.
-template <typename T, ffi::DataType kType, ffi::DataType kOutType>
+// kType: x's element type; kWeightType: the panels' (int8 panels are followed by one f32 scale vector per weight).
+template <typename T, ffi::DataType kType, ffi::DataType kOutType, ffi::DataType kWeightType = kType>
 ffi::Error Run(ffi::ThreadPool pool, ffi::Buffer<kType> x, ffi::Buffer<ffi::S32> num_rows, ffi::RemainingArgs weights,
                ffi::RemainingRets results) {
   auto x_dims = x.dimensions();
@@ -318,15 +318,16 @@ ffi::Error Run(ffi::ThreadPool pool, ffi::Buffer<kType> x, ffi::Buffer<ffi::S32>
   if (num_rows.element_count() != 1) {
     return ffi::Error::InvalidArgument("packed_matmul: num_rows must be one int32");
   }
-  const int num_weights = static_cast<int>(weights.size());
-  if (num_weights < 1 || num_weights > kMaxWeights || results.size() != weights.size()) {
-    return ffi::Error::InvalidArgument("packed_matmul: 1 to 4 weights, one result each");
+  const int num_weights = static_cast<int>(weights.size()) / (T::kScaled ? 2 : 1);
+  if (num_weights < 1 || num_weights > kMaxWeights || static_cast<int>(results.size()) != num_weights ||
+      (T::kScaled && weights.size() % 2)) {
+    return ffi::Error::InvalidArgument("packed_matmul: 1 to 4 weights (int8: each with its scales), one result each");
   }
   const int64_t all_rows = x_dims[0];
   const int64_t rows = std::clamp<int64_t>(num_rows.typed_data()[0], 0, all_rows);
   Problem<T> problems[kMaxWeights];
   for (int w = 0; w < num_weights; ++w) {
-    auto panels = weights.get<ffi::Buffer<kType>>(w);
+    auto panels = weights.get<ffi::Buffer<kWeightType>>(w);
     auto out = results.get<ffi::Buffer<kOutType>>(w);
     if (panels.has_error()) return panels.error();
     if (out.has_error()) return out.error();
@@ -339,6 +340,14 @@ ffi::Error Run(ffi::ThreadPool pool, ffi::Buffer<kType> x, ffi::Buffer<ffi::S32>
     }
     const int64_t outer = out_dims[1];
     problems[w] = Problem<T>{x.typed_data(), panels->typed_data(), nullptr, nullptr, rows, x_dims[1], outer};
+    if constexpr (T::kScaled) {
+      auto scales = weights.get<ffi::Buffer<ffi::F32>>(num_weights + w);
+      if (scales.has_error()) return scales.error();
+      if (scales->element_count() != static_cast<size_t>(outer)) {
+        return ffi::Error::InvalidArgument("packed_matmul: int8 scales must be [outer], one per column");
+      }
+      problems[w].scales = scales->typed_data();
+    }
     // The padding rows' results are zeros: finite, whatever runs on them next.
     if constexpr (kOutType == ffi::DataType::F32) {
       problems[w].out = (*out)->typed_data();
@@ -354,6 +363,7 @@ ffi::Error Run(ffi::ThreadPool pool, ffi::Buffer<kType> x, ffi::Buffer<ffi::S32>
 }
 
 constexpr auto PackedMatmulImpl = Run<Float32, ffi::DataType::F32, ffi::DataType::F32>;
+constexpr auto PackedMatmulInt8Impl = Run<Int8, ffi::DataType::F32, ffi::DataType::F32, ffi::DataType::S8>;
 #if defined(__AVX512BF16__)
 constexpr auto PackedMatmulBfloat16Impl = Run<Bfloat16, ffi::DataType::BF16, ffi::DataType::F32>;
 // The layers' matmuls want bfloat16 results: rounded here, the float32 result never goes through memory (at a
@@ -364,6 +374,14 @@ constexpr auto PackedMatmulBfloat16OutImpl = Run<Bfloat16, ffi::DataType::BF16, 
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpagedPackedMatmul, PackedMatmulImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .RemainingArgs()
+                                  .RemainingRets());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpagedPackedMatmulInt8, PackedMatmulInt8Impl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()

@@ -1,5 +1,5 @@
-"""The native CPU matmul against pre-packed weights (packed_matmul.cc), called inside the jitted step: float32, and
-bfloat16 where the CPU has AVX512-BF16.
+"""The native CPU matmul against pre-packed weights (packed_matmul.cc), called inside the jitted step: float32,
+bfloat16 where the CPU has AVX512-BF16, and int8 weights with per-column float32 scales (packed_int8_matmuls).
 
 A weight W [inner, outer] is packed once, on the host at load time, into panels [outer / 16, inner, 16]: panel p
 holds columns 16p .. 16p + 15. In float32 each panel is one contiguous 16-float row per inner index, the order the
@@ -18,7 +18,7 @@ from typing import Union
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Float, Float32, Int, Int8, Shaped
 
 from jaxpaged.kernels.cpu_native.native_build import BASE_FLAGS, cpu_identity, register
 
@@ -26,6 +26,7 @@ SOURCE = pathlib.Path(__file__).with_name("packed_matmul.cc")
 TARGET = "jaxpaged_packed_matmul"
 TARGET_BFLOAT16 = "jaxpaged_packed_matmul_bf16"
 TARGET_BFLOAT16_OUT = "jaxpaged_packed_matmul_bf16_out_bf16"
+TARGET_INT8 = "jaxpaged_packed_matmul_int8"
 # FMA contraction is what the kernel is written for (GCC leaves it off under -std=c++17).
 FLAGS = (*BASE_FLAGS, "-ffp-contract=fast")
 PANEL_WIDTH = 16
@@ -53,11 +54,20 @@ def packed_bfloat16_available() -> bool:
             and register(SOURCE, FLAGS, "JaxpagedPackedMatmulBfloat16Out", TARGET_BFLOAT16_OUT, fallback))
 
 
+@functools.cache
+def packed_int8_available() -> bool:
+    """Whether the int8 kernel (int8 panels, float32 x and sums, column scales) is built and registered."""
+    return register(SOURCE, FLAGS, "JaxpagedPackedMatmulInt8", TARGET_INT8,
+                    fallback="XLA's dot on unpacked int8 weights")
+
+
 def packs_dtype(dtype) -> bool:
     """Whether weights in `dtype` pack on this CPU (the kernel for it is built and registered)."""
     dtype = jnp.dtype(dtype)
     if dtype == jnp.float32:
         return packed_matmul_available()
+    if dtype == jnp.int8:
+        return packed_int8_available()
     return dtype == jnp.bfloat16 and packed_bfloat16_available()
 
 
@@ -69,7 +79,7 @@ def fills_whole_panels(shape: tuple[int, ...], dtype=jnp.float32) -> bool:
     return jnp.dtype(dtype) != jnp.bfloat16 or shape[0] % 2 == 0
 
 
-def pack_panels(weight: Float[np.ndarray, "inner outer"]) -> Float[np.ndarray, "panels inner 16"]:
+def pack_panels(weight: Shaped[np.ndarray, "inner outer"]) -> Shaped[np.ndarray, "panels inner 16"]:
     """W [inner, outer] -> panels [outer / 16, inner, 16] in W's dtype (bfloat16: pairs, see the module doc): one host
     copy, once per weight. A weight that is the transpose of a row-major array (how checkpoints store [outer, inner]
     projections, and a tied embedding) is read in that array's row order, so a memory-mapped file is read front to
@@ -88,7 +98,7 @@ def pack_panels(weight: Float[np.ndarray, "inner outer"]) -> Float[np.ndarray, "
     return np.ascontiguousarray(weight.reshape(inner, outer // PANEL_WIDTH, PANEL_WIDTH).transpose(1, 0, 2))
 
 
-def unpack_panels(panels: Float[np.ndarray, "panels inner 16"]) -> Float[np.ndarray, "inner outer"]:
+def unpack_panels(panels: Shaped[np.ndarray, "panels inner 16"]) -> Shaped[np.ndarray, "inner outer"]:
     """The inverse of pack_panels (the tests check packing against it)."""
     num_panels, inner, width = panels.shape
     if panels.dtype == jnp.bfloat16:
@@ -134,6 +144,22 @@ def packed_matmuls(x: Float[Array, "rows inner"], weights: Sequence[Float[Array,
     shapes = [jax.ShapeDtypeStruct((rows, weight.shape[0] * PANEL_WIDTH), result_dtype) for weight in weights]
     num_rows = jnp.asarray(rows if num_rows is None else num_rows, jnp.int32).reshape(())
     return tuple(jax.ffi.ffi_call(target, shapes)(x.astype(dtype), num_rows, *weights))
+
+
+def packed_int8_matmuls(x: Float[Array, "rows inner"], weights: Sequence[Int8[Array, "_panels inner 16"]],
+                        scales: Sequence[Float32[Array, " _outer"]], num_rows: Union[int, Int[Array, ""], None] = None,
+                        ) -> tuple[Float32[Array, "rows _outer"], ...]:
+    """(x @ W) * scale for each int8 W of `weights` (packed by pack_panels, in float32's order) and its per-column
+    `scales`, in one call, as packed_matmuls: x is cast to float32, the int8 values are widened in registers, sums and
+    results are float32. CPU only: call packed_int8_available() first."""
+    if not 1 <= len(weights) <= MAX_FUSED_WEIGHTS or len(scales) != len(weights):
+        raise ValueError(f"packed_int8_matmuls: 1 to {MAX_FUSED_WEIGHTS} int8 weights, each with its scales; got "
+                         f"{len(weights)} weights and {len(scales)} scales")
+    rows = x.shape[0]
+    shapes = [jax.ShapeDtypeStruct((rows, weight.shape[0] * PANEL_WIDTH), jnp.float32) for weight in weights]
+    num_rows = jnp.asarray(rows if num_rows is None else num_rows, jnp.int32).reshape(())
+    return tuple(jax.ffi.ffi_call(TARGET_INT8, shapes)(x.astype(jnp.float32), num_rows, *weights,
+                                                        *(scale.astype(jnp.float32) for scale in scales)))
 
 
 def packed_matmul(x: Float[Array, "rows inner"], panels: Float[Array, "panels inner 16"],

@@ -1,0 +1,106 @@
+"""How far int8 weights (EngineConfig.quantization="int8") move a model's greedy choices: the unquantized model
+generates greedily, then both models read prompt + that continuation (teacher-forced, one prefill with prompt
+logprobs) and each position counts as agreeing when the unquantized model's token is the int8 model's argmax
+(its rank is 1). Also free-running: the int8 model's own greedy continuation against the unquantized one's.
+
+    python -m benchmarks.quantization.greedy_agreement [--model PATH] [--num-tokens 64] [--out FILE.json]
+
+Default model: the embedded SmolLM2-135M-Instruct. The unquantized model's own teacher-forced agreement is printed
+beside the int8 one: the prefill path against the decode steps that chose the tokens (1.0 up to near-ties).
+"""
+
+import argparse
+import json
+import pathlib
+import time
+from typing import Any, Optional
+
+from benchmarks.sweep.machine_info import describe_machine, load_average, machine_info
+from jaxpaged.llm import LLM
+from jaxpaged.sampling.params import SamplingParams
+
+PROMPTS = [
+    "The capital of France is", "Write a short poem about the sea.", "Explain what a hash table is.",
+    "List three uses of copper.", "Once upon a time, in a small village,", "The best way to learn a language is",
+    "Photosynthesis is the process by which", "Give me a recipe for pancakes.", "def fibonacci(n):",
+    "Summarize the plot of Romeo and Juliet.", "What causes the seasons on Earth?", "The history of the Roman Empire",
+    "How do vaccines work?", "Translate 'good morning' into Spanish and French.", "A haiku about autumn leaves:",
+    "Why is the sky blue?", "The three laws of thermodynamics are", "Describe a cat to someone who has never seen one.",
+    "Tips for a job interview:", "In machine learning, overfitting means",
+]
+ENGINE_OPTIONS: dict[str, Any] = dict(max_model_len=512, max_num_seqs=32, max_num_batched_tokens=512,
+                                      compilation_cache_dir="")
+
+
+def _continuations(llm: LLM, num_tokens: int) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, greedy continuation ids) per prompt."""
+    outputs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=num_tokens, ignore_eos=True),
+                           use_tqdm=False)
+    return [(list(output.prompt_token_ids), list(output.outputs[0].token_ids)) for output in outputs]
+
+
+def _teacher_forced_ranks(llm: LLM, pairs: list[tuple[list[int], list[int]]]) -> list[list[int]]:
+    """The rank of each continuation token under `llm` reading prompt + continuation in one prefill."""
+    prompts = [{"prompt_token_ids": prompt + continuation} for prompt, continuation in pairs]
+    outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0), use_tqdm=False)
+    ranks = []
+    for output, (prompt, continuation) in zip(outputs, pairs):
+        logprobs = output.prompt_logprobs or []
+        ranks.append([logprobs[len(prompt) + j][token].rank for j, token in enumerate(continuation)])  # type: ignore
+    return ranks
+
+
+def _share(ranks: list[list[int]]) -> float:
+    flat = [rank for row in ranks for rank in row]
+    return sum(rank == 1 for rank in flat) / len(flat)
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def measure(model: Optional[str], num_tokens: int, dtype: str) -> dict[str, Any]:
+    """Every figure of one run (see the module docstring)."""
+    started = time.time()
+    unquantized = LLM(model, dtype=dtype, **ENGINE_OPTIONS)
+    pairs = _continuations(unquantized, num_tokens)
+    unquantized_ranks = _teacher_forced_ranks(unquantized, pairs)
+    del unquantized
+    quantized = LLM(model, dtype=dtype, quantization="int8", **ENGINE_OPTIONS)
+    int8_ranks = _teacher_forced_ranks(quantized, pairs)
+    int8_pairs = _continuations(quantized, num_tokens)
+    prefixes = [_common_prefix(ours[1], theirs[1]) for ours, theirs in zip(int8_pairs, pairs)]
+    return {
+        "model": model or "SmolLM2-135M-Instruct (embedded)", "dtype": dtype, "num_prompts": len(PROMPTS),
+        "num_tokens": num_tokens, "machine": describe_machine(machine_info()),
+        "load_average": load_average(), "seconds": round(time.time() - started, 1),
+        "teacher_forced_agreement_int8": _share(int8_ranks),
+        "teacher_forced_agreement_unquantized": _share(unquantized_ranks),
+        "int8_rank_histogram": _histogram(int8_ranks),
+        "free_running_identical_sequences": sum(p == num_tokens for p in prefixes),
+        "free_running_mean_common_prefix": sum(prefixes) / len(prefixes),
+    }
+
+
+def _histogram(ranks: list[list[int]]) -> dict[str, int]:
+    flat = [rank for row in ranks for rank in row]
+    return {"1": sum(r == 1 for r in flat), "2": sum(r == 2 for r in flat), "3+": sum(r >= 3 for r in flat)}
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--model", default=None, help="default: the embedded SmolLM2-135M-Instruct")
+    parser.add_argument("--num-tokens", type=int, default=64)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--out", default=None, help="write the figures as JSON here too")
+    args = parser.parse_args(argv)
+    result = measure(args.model, args.num_tokens, args.dtype)
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.out:
+        pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        pathlib.Path(args.out).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
