@@ -13,13 +13,14 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
 from benchmarks.soak.traffic import Tally, run_phase
 from benchmarks.sweep.server_process import ServerProcess
 
+DESCRIPTION = "A bounded soak of jaxpaged serve on loopback: normal streams alone, then with hostile traffic."
 # Small enough to warm up in a minute on a laptop's CPU, large enough for the streams and the hostile requests.
 SERVER_OPTIONS = dict(max_model_len=512, max_num_seqs=8, max_num_batched_tokens=256)
 MAX_P99_RATIO = 2.0
@@ -82,7 +83,7 @@ def cpu_model() -> str:
 
 
 def soak(seconds: float, quiet_seconds: float, num_normal: int, model: Optional[str], log_path: pathlib.Path,
-         max_rss_growth_mib: float) -> dict:
+         max_rss_growth_mib: float) -> dict[str, Any]:
     """Run the quiet and mixed phases against one server; the figures and which bounds held."""
     with ServerProcess(model, SERVER_OPTIONS, log_path) as server:
         sampler = RssSampler(server.pid)
@@ -93,9 +94,10 @@ def soak(seconds: float, quiet_seconds: float, num_normal: int, model: Optional[
             mixed = asyncio.run(run_phase(server.base_url, seconds, num_normal, hostile=True))
         metrics = drained_metrics(server)
         rss_after = sampler.now_mib()
-    result = dict(
+    quiet_p99_ms, mixed_p99_ms = p99_ms(quiet), p99_ms(mixed)
+    result: dict[str, Any] = dict(
         cpu=cpu_model(), seconds=seconds, quiet_seconds=quiet_seconds, num_normal_streams=num_normal,
-        quiet_p99_ms=p99_ms(quiet), mixed_p99_ms=p99_ms(mixed),
+        quiet_p99_ms=quiet_p99_ms, mixed_p99_ms=mixed_p99_ms, p99_ratio=mixed_p99_ms / quiet_p99_ms,
         quiet_p50_ms=float(np.percentile(quiet.inter_token_s, 50) * 1e3),
         mixed_p50_ms=float(np.percentile(mixed.inter_token_s, 50) * 1e3),
         quiet_streams=quiet.num_streams, mixed_streams=mixed.num_streams,
@@ -105,7 +107,6 @@ def soak(seconds: float, quiet_seconds: float, num_normal: int, model: Optional[
         rss_mib=dict(start=rss_start, after_quiet=rss_after_quiet, peak_mixed=sampler.peak_mib, end=rss_after),
         kv_cache_usage_after=metrics.get("jaxpaged_kv_cache_usage_perc"),
         requests_running_after=metrics.get("jaxpaged_num_requests_running"))
-    result["p99_ratio"] = result["mixed_p99_ms"] / result["quiet_p99_ms"]
     result["checks"] = dict(
         p99_within_2x=result["p99_ratio"] <= MAX_P99_RATIO,
         rss_bounded=sampler.peak_mib - rss_after_quiet <= max_rss_growth_mib,
@@ -116,7 +117,7 @@ def soak(seconds: float, quiet_seconds: float, num_normal: int, model: Optional[
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.soak", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.soak", description=DESCRIPTION)
     parser.add_argument("--seconds", type=float, default=120.0, help="the mixed run's length (default 120)")
     parser.add_argument("--quiet-seconds", type=float, default=None,
                         help="the quiet run's length (default: a quarter of --seconds, at least 10)")

@@ -85,7 +85,7 @@ async def slow_reader(host: str, port: int, tally: Tally, deadline: float) -> No
             tally.record("slow_reader", int(status_line.split()[1]), 200)
             await asyncio.sleep(min(SLOW_READER_HOLD_S, max(deadline - time.monotonic(), 0.0)))
             writer.close()
-        except (OSError, asyncio.TimeoutError, IndexError, ValueError):
+        except (TimeoutError, OSError, IndexError, ValueError):  # refused, timed out, a garbled status line
             tally.record("slow_reader", 0, 200)
             sock.close()
 
