@@ -1,6 +1,9 @@
 """The offline batch API, shaped like vLLM's: LLM(...).generate(prompts) and jaxpaged.generate(...)."""
 
+import atexit
 import itertools
+import logging
+import weakref
 from collections.abc import Sequence
 from typing import Any, Optional, Union
 
@@ -12,6 +15,7 @@ from jaxpaged.inputs import ParsedPrompt, PromptInput
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.sampling.params import SamplingParams
 
+logger = logging.getLogger(__name__)
 Prompts = Union[PromptInput, Sequence[PromptInput]]
 Conversation = list[dict]
 _request_counter = itertools.count()
@@ -29,6 +33,8 @@ class LLM:
         """`model`: a local path or a Hugging Face repo id; `revision=` (a branch, tag or commit of the repo) and the
         engine options go to LLMEngine.from_options."""
         self.engine = LLMEngine.from_options(model, **engine_options)
+        if self.engine.config.cache.kv_offload_dir is not None:
+            _persist_when_dropped(self)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix block (vLLM's name); False while requests are still running."""
@@ -36,7 +42,8 @@ class LLM:
 
     def close(self) -> None:
         """Persist the KV cache to the disk tier (kv_offload_dir), if one is on, so the next engine on the
-        directory starts warm. The LLM stays usable; call it again before the next shutdown. Also `with LLM(...)`."""
+        directory starts warm. The LLM stays usable; call it again before the next shutdown. Also `with LLM(...)`.
+        Without it, the persist happens when the LLM is garbage-collected or the interpreter exits."""
         self.engine.close()
 
     def __enter__(self) -> "LLM":
@@ -95,6 +102,26 @@ class LLM:
                         elapsed = bar.format_dict["elapsed"] or 1e-9
                         bar.set_postfix_str(f"{num_output_tokens / elapsed:.1f} out tok/s", refresh=False)
         return [finished[request_id] for request_id in request_ids]
+
+
+def _persist_when_dropped(llm: LLM) -> None:
+    """Persist the LLM's KV cache to its disk tier when the LLM is collected or the interpreter exits, whichever
+    comes first: a script that never calls close() still leaves the next process on the directory warm (the
+    device's cached blocks would otherwise be lost, only the evicted ones being on disk)."""
+    finalizer = weakref.finalize(llm, _close_engine, llm.engine)
+    # NOTE: at exit it runs from its own atexit hook, registered now, after JAX's clean-up hook (registered when
+    # jax was imported; hooks run last-registered first), which drops the device buffers the persist reads.
+    # weakref.finalize's shared hook may have been registered before jax was imported, and run too late.
+    finalizer.atexit = False
+    atexit.register(finalizer)
+
+
+def _close_engine(engine: LLMEngine) -> None:
+    """LLMEngine.close() from a finalizer: a failure is logged, never raised into garbage collection or exit."""
+    try:
+        engine.close()
+    except Exception:
+        logger.exception("KV tiers: persisting the KV cache to disk failed (the LLM was dropped without close())")
 
 
 def generate(prompts: Prompts, sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,

@@ -99,6 +99,12 @@ class ServerProcess:
             self._log.flush()
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-num_lines:])
 
+    @property
+    def pid(self) -> int:
+        """The server's process id (while it runs)."""
+        assert self._process is not None  # spawned by __enter__
+        return self._process.pid
+
     def metrics(self) -> dict[str, float]:
         """The server's /metrics, parsed."""
         return parse_metrics(httpx.get(self.base_url + "/metrics", timeout=10.0).text)

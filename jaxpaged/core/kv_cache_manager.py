@@ -82,8 +82,8 @@ class KVCacheManager:
         self.min_load_blocks = 1
         """Fewer lower-tier hit blocks than this are recomputed instead: loading them would be slower (the
         engine measures it at start-up)."""
-        # (destination block, payload) loads the next step makes first.
-        self._pending_loads: list[tuple[int, object]] = []
+        # (destination block, chain hash, payload) loads the next step makes first.
+        self._pending_loads: list[tuple[int, BlockHash, object]] = []
         if self.lower_tiers is not None:
             self.block_pool.evictions = []
 
@@ -226,7 +226,7 @@ class KVCacheManager:
             if payload is None:
                 break
             block_index = first + offset
-            self._pending_loads.append((block_ids[block_index], payload))
+            self._pending_loads.append((block_ids[block_index], block_hash, payload))
             self._cache_block(request, block_index)
             num_loaded += 1
         self._num_cached_blocks[request.request_id] = first + num_loaded
@@ -241,19 +241,23 @@ class KVCacheManager:
         """What the step about to run moves between the pool and the lower tiers, in this order: saves
         (block id, chain hash) of cached blocks allocation evicted, whose K/V must be copied down before the step
         overwrites them, then loads (block id, payload). A block some tier already holds is not copied again."""
-        loads, self._pending_loads = self._pending_loads, []
+        pending, self._pending_loads = self._pending_loads, []
+        loads = [(block_id, payload) for block_id, _, payload in pending]
         evictions = self.block_pool.evictions
         tiers = self.lower_tiers
         if not evictions or tiers is None:
             return [], loads
         self.block_pool.evictions = []
-        # A block loaded in this very step and evicted again is not on the device yet; its tier holds it.
-        loaded_ids = {block_id for block_id, _ in loads}
+        # NOTE: match on (block, hash), not on the block alone. An evicted block that became a load's destination
+        # (the usual case: loads go into freshly allocated blocks, which allocation evicts) still holds the evicted
+        # K/V when the step's saves gather it, as they are dispatched before the loads. Only a block loaded in this
+        # very step and evicted again holds nothing of its hash on the device yet: its tier had it a moment ago.
+        loaded = {(block_id, block_hash) for block_id, block_hash, _ in pending}
         saves = []
         for block_id, block_hash in evictions:
             if tiers.holds(block_hash):
                 tiers.touch(block_hash)
-            elif block_id not in loaded_ids:
+            elif (block_id, block_hash) not in loaded:
                 saves.append((block_id, block_hash))
         return saves, loads
 

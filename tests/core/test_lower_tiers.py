@@ -94,3 +94,40 @@ def test_a_damaged_entry_ends_the_hit_and_cancels_the_copy_after_it():
     assert hashes[2] not in tiers.blocks  # the damaged entry is gone
     scheduler.update_from_output(output, [7])
     assert manager.find_prefix_hit(Request("again", A + [5, 9])).num_blocks == 4  # all on the device now
+
+
+def test_blocks_evicted_to_make_room_for_loads_are_saved():
+    """Issue 43 item 14: a's second visit loads a's blocks from the tier into the very blocks it evicts from b;
+    b's K/V is still in them when the step's saves gather it (dispatched before the loads), so b goes down too
+    and hits in full on its own second visit."""
+    tiers = FakeLowerTiers(100, damaging=False)
+    scheduler = build(tiers)
+    serve(scheduler, tiers, Request("a", A, max_tokens=1))
+    serve(scheduler, tiers, Request("b", B, max_tokens=1))
+    first_a2 = serve(scheduler, tiers, Request("a2", A, max_tokens=1))
+    load_destinations = {block_id for block_id, _ in first_a2.kv_loads}
+    saved_into_loads = {block_hash for block_id, block_hash in first_a2.kv_saves if block_id in load_destinations}
+    assert saved_into_loads and saved_into_loads <= set(chain(B, 4))
+    hit = scheduler.kv_cache_manager.find_prefix_hit(Request("b2", B))
+    assert hit.num_tokens == 16 and len(hit.lower_tier_hashes) + len(hit.block_ids) == 4
+
+
+def test_a_block_loaded_and_evicted_in_one_step_is_not_saved():
+    """A block whose load is still pending holds nothing on the device yet: if it is evicted before the step runs,
+    the tier keeps it (touched), and no save gathers the block's stale contents under the loaded hash."""
+    tiers = FakeLowerTiers(100, damaging=False)
+    scheduler = build(tiers)
+    manager = scheduler.kv_cache_manager
+    hashes = chain(A, 4)
+    for block_hash in hashes:
+        tiers.store(block_hash, ("block", block_hash))
+    request = Request("a", A, max_tokens=1)
+    hit = manager.find_prefix_hit(request)
+    assert manager.allocate_slots(request, 1, hit.block_ids, num_loaded_blocks=len(hit.lower_tier_hashes))
+    assert manager.load_lower_tier_blocks(request, hit) == 16
+    manager.free(request, tail_is_computed=False)  # preempted before its step ran
+    tiers.blocks.clear()  # and the tier dropped them since (a bounded host tier without a disk)
+    other = Request("b", B, max_tokens=1)
+    assert manager.allocate_slots(other, len(B))  # takes the blocks just loaded, evicting their hashes
+    saves, loads = manager.take_tier_transfers()
+    assert len(loads) == 4 and not {block_hash for _, block_hash in saves} & set(hashes)
