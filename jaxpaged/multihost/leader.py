@@ -65,6 +65,17 @@ class FollowerLink:
         self.channel.publish(StepPlan(PlanKind.COPY_BLOCKS, rank, copies=pairs))
         self._last_publish = time.monotonic()
 
+    @property
+    def closed(self) -> bool:
+        """Whether the followers were told to exit (no plan can reach them any more)."""
+        return self._closed
+
+    def end_batch(self) -> None:
+        """Process 0's LLM.generate call is over: the followers' call returns too (multihost/batch.py)."""
+        with self.guard("ending a batch on the followers"):
+            self.channel.publish(StepPlan(PlanKind.BATCH_DONE))
+        self._last_publish = time.monotonic()
+
     def heartbeat_if_due(self) -> None:
         """Idle: a heartbeat plan when none went out for heartbeat_interval_s."""
         if self._closed or time.monotonic() - self._last_publish < self.heartbeat_interval_s:
