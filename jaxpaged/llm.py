@@ -34,10 +34,11 @@ def next_request_id() -> str:
 class LLM:
     """A loaded model with its engine; model=None is the embedded SmolLM2-135M-Instruct."""
 
-    def __init__(self, model: Optional[str] = None, *, revision: Optional[str] = None, **engine_options):
-        """`model`: a local path or a Hugging Face repo id; `revision`: a branch, tag or commit of the repo; the
+    def __init__(self, model: Optional[str] = None, **engine_options):
+        """`model`: a local path or a Hugging Face repo id; `revision=` (a branch, tag or commit of the repo) and the
         engine options go to LLMEngine.from_options. The multi-host ones (coordinator_address, num_processes,
         process_id or distributed) join the job first; a follower process then builds no engine of its own."""
+        revision = engine_options.pop("revision", None)
         config = join_job_of(engine_options)
         self._engine: Optional[LLMEngine] = None
         self._follower: Optional[FollowerBatches] = None
