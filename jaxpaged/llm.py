@@ -17,6 +17,7 @@ from jaxpaged.engine import LLMEngine
 from jaxpaged.features.wiring import followers_of
 from jaxpaged.inputs import ParsedPrompt, PromptInput
 from jaxpaged.multihost.batch import FollowerBatches, join_job_of
+from jaxpaged.multihost.leader import follower_lost
 from jaxpaged.multihost.runtime import is_leader, is_multi_process
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.sampling.params import SamplingParams
@@ -68,8 +69,13 @@ class LLM:
         returns then; generate cannot run again."""
         if self._follower is not None:
             self._follower.close()
-        else:
+            return
+        try:
             self.engine.close()
+        except Exception as error:
+            if not is_multi_process():
+                raise
+            follower_lost(f"{type(error).__name__}: {error}")  # telling the followers to exit failed
 
     def __enter__(self) -> "LLM":
         return self
@@ -121,15 +127,22 @@ class LLM:
 
     @contextlib.contextmanager
     def _batch(self) -> Iterator[None]:
-        """Multi-host, on process 0: however the call ends, the followers' matching call returns with it."""
+        """Multi-host, on process 0: the followers' matching call returns with this one; a failed step (a lost
+        follower) ends the process with EXIT_FOLLOWER_LOST at once, as the server does (the job cannot go on)."""
         followers = followers_of(self.engine.features)
-        if followers is not None and followers.closed:
+        if followers is None:
+            yield
+            return
+        if followers.closed:
             raise RuntimeError("generate: this LLM was closed, which ended the multi-host job's followers")
         try:
             yield
+        except ValueError:  # a refused prompt: nothing ran, and the followers' call returns as usual
+            raise
+        except Exception as error:
+            follower_lost(f"{type(error).__name__}: {error}")
         finally:
-            if followers is not None:
-                followers.end_batch()
+            followers.end_batch()
 
     def chat(self, messages: Union[Conversation, Sequence[Conversation]],
              sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,

@@ -1,8 +1,9 @@
 """One process of a multi-host SPMD batch script, as a user would write it: every process builds the same LLM and
 calls generate with the same inputs, twice; process 0 writes its outputs' token ids, a follower what it got ([]).
-The script never closes the LLM: its end (atexit) must still let every process exit 0.
+The script never closes the LLM: its end (atexit) must still let every process exit 0. With `forever`, each process
+writes OUT.json once its LLM is built, then generates until it is killed (or loses the job).
 
-    python -m tests.parallel.batch_worker MODEL_DIR COORDINATOR NUM_PROCESSES PROCESS_ID OUT.json
+    python -m tests.parallel.batch_worker MODEL_DIR COORDINATOR NUM_PROCESSES PROCESS_ID OUT.json [forever]
 """
 
 import json
@@ -41,12 +42,18 @@ def token_ids(outputs) -> list[list[int]]:
     return [list(output.outputs[0].token_ids) for output in outputs]
 
 
-def main(model_dir: str, coordinator: str, num_processes: int, process_id: int, out_path: str) -> None:
+def main(model_dir: str, coordinator: str, num_processes: int, process_id: int, out_path: str,
+         forever: bool) -> None:
     from jaxpaged.llm import LLM
 
     llm = LLM(model_dir, tensor_parallel_size=num_processes, coordinator_address=coordinator,
               num_processes=num_processes, process_id=process_id, distributed_timeout=DISTRIBUTED_TIMEOUT_S,
               **ENGINE_OPTIONS)
+    if forever:
+        with open(out_path, "w") as out:
+            json.dump({"ready": True}, out)
+        while True:
+            llm.generate(prompts(), greedy_params(), use_tqdm=False)
     greedy = llm.generate(prompts(), greedy_params(), use_tqdm=False)
     sampled = llm.generate(prompts()[3], sampled_params(), use_tqdm=False)
     with open(out_path, "w") as out:
@@ -54,4 +61,4 @@ def main(model_dir: str, coordinator: str, num_processes: int, process_id: int, 
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6:] == ["forever"])

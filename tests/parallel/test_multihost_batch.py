@@ -8,11 +8,13 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import pytest
 
+from jaxpaged.multihost.runtime import EXIT_FOLLOWER_LOST
 from tests.parallel import batch_worker
 from tests.parallel.multihost_cluster import free_port
 
@@ -20,6 +22,8 @@ pytestmark = pytest.mark.xdist_group("multihost")  # the multi-process jobs take
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 JOB_TIMEOUT_S = 300
+SLACK_S = 15.0
+"""Scheduling noise on a loaded 2-core machine, on top of a documented bound."""
 
 
 class JobResult(NamedTuple):
@@ -30,26 +34,53 @@ class JobResult(NamedTuple):
     stderr: str
 
 
-def run_job(command_of, num_processes: int, tmp_path: Path) -> list[JobResult]:
-    """Starts `command_of(process_id)` as each process of one job and waits for all of them (JOB_TIMEOUT_S)."""
-    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="1",
-               PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
-    outs = [tmp_path / f"process{i}.out" for i in range(num_processes)]
-    errs = [tmp_path / f"process{i}.err" for i in range(num_processes)]
-    processes: list[subprocess.Popen] = []
-    try:
-        for process_id in range(num_processes):
-            with open(outs[process_id], "w") as out, open(errs[process_id], "w") as err:
-                processes.append(subprocess.Popen(command_of(process_id), stdout=out, stderr=err, env=env,
-                                                  cwd=REPO_ROOT))
-        codes = [process.wait(JOB_TIMEOUT_S) for process in processes]
-    finally:
-        for process in processes:
+class Job:
+    """One process per command, started at once; close() kills whatever still runs."""
+
+    def __init__(self, commands: list[list[str]], tmp_path: Path) -> None:
+        env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="1",
+                   PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
+        self.outs = [tmp_path / f"process{i}.out" for i in range(len(commands))]
+        self.errs = [tmp_path / f"process{i}.err" for i in range(len(commands))]
+        self.processes: list[subprocess.Popen] = []
+        for command, out_path, err_path in zip(commands, self.outs, self.errs):
+            with open(out_path, "w") as out, open(err_path, "w") as err:
+                self.processes.append(subprocess.Popen(command, stdout=out, stderr=err, env=env, cwd=REPO_ROOT))
+
+    def wait(self, index: int, timeout_s: float) -> Optional[int]:
+        """The process's exit code, or None if it still runs after timeout_s."""
+        try:
+            return self.processes[index].wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def result(self, index: int) -> JobResult:
+        code = self.processes[index].returncode
+        return JobResult(code, self.outs[index].read_text(), self.errs[index].read_text()[-3000:])
+
+    def close(self) -> None:
+        for process in self.processes:
             if process.poll() is None:
                 process.kill()
-        for process in processes:
+        for process in self.processes:
             process.wait(30)
-    return [JobResult(code, out.read_text(), err.read_text()[-3000:]) for code, out, err in zip(codes, outs, errs)]
+
+
+def run_job(commands: list[list[str]], tmp_path: Path) -> list[JobResult]:
+    """Runs the commands as one job to its end (JOB_TIMEOUT_S); each process's result, in order."""
+    job = Job(commands, tmp_path)
+    try:
+        for index in range(len(commands)):
+            job.wait(index, JOB_TIMEOUT_S)
+    finally:
+        job.close()
+    return [job.result(index) for index in range(len(commands))]
+
+
+def worker_commands(model_dir: Path, outs: list[Path], *extra: str) -> list[list[str]]:
+    coordinator = f"127.0.0.1:{free_port()}"
+    return [[sys.executable, "-m", "tests.parallel.batch_worker", str(model_dir), coordinator, str(len(outs)),
+             str(i), str(out), *extra] for i, out in enumerate(outs)]
 
 
 def single_process_tokens(model_dir: Path) -> dict[str, list[list[int]]]:
@@ -63,10 +94,8 @@ def single_process_tokens(model_dir: Path) -> dict[str, list[list[int]]]:
 
 
 def test_spmd_generate_on_two_processes_equals_one_process(tiny_model_dir, tmp_path):
-    coordinator = f"127.0.0.1:{free_port()}"
     outs = [tmp_path / f"out{i}.json" for i in range(2)]
-    results = run_job(lambda i: [sys.executable, "-m", "tests.parallel.batch_worker", str(tiny_model_dir),
-                                 coordinator, "2", str(i), str(outs[i])], 2, tmp_path)
+    results = run_job(worker_commands(tiny_model_dir, outs), tmp_path)
     for process_id, result in enumerate(results):
         assert result.code == 0, f"process {process_id} exited with {result.code}:\n{result.stderr}"
     leader, follower = (json.loads(out.read_text()) for out in outs)
@@ -88,10 +117,10 @@ def test_generate_cli_on_two_processes_prints_the_one_process_text_on_process_0(
     coordinator = f"127.0.0.1:{free_port()}"
     flags = [f"--{name.replace('_', '-')}={value}" for name, value in batch_worker.ENGINE_OPTIONS.items()]
     prompt = "The capital of France is"
-    results = run_job(lambda i: [sys.executable, "-m", "jaxpaged.cli", "generate", prompt, "--max-tokens", "6",
-                                 "--temperature", "0.8", "--top-k", "50", "--seed-sample", "7",
-                                 "--model", str(tiny_model_dir), *flags, "-tp", "2", "--coordinator-address",
-                                 coordinator, "--num-processes", "2", "--process-id", str(i)], 2, tmp_path)
+    results = run_job([[sys.executable, "-m", "jaxpaged.cli", "generate", prompt, "--max-tokens", "6",
+                        "--temperature", "0.8", "--top-k", "50", "--seed-sample", "7", "--model", str(tiny_model_dir),
+                        *flags, "-tp", "2", "--coordinator-address", coordinator, "--num-processes", "2",
+                        "--process-id", str(i)] for i in range(2)], tmp_path)
     for process_id, result in enumerate(results):
         assert result.code == 0, f"process {process_id} exited with {result.code}:\n{result.stderr}"
     params = SamplingParams(temperature=0.8, top_k=50, seed=7, max_tokens=6)
@@ -103,3 +132,23 @@ def test_generate_cli_on_two_processes_prints_the_one_process_text_on_process_0(
 def without_gloo_lines(stdout: str) -> str:
     """Standard output less the lines gloo's C++ prints there itself ("[Gloo] Rank 0 is connected to ...")."""
     return "".join(line for line in stdout.splitlines(keepends=True) if not line.startswith("[Gloo]"))
+
+
+def test_a_killed_follower_ends_process_0_with_code_3(tiny_model_dir, tmp_path):
+    """Mid-generate, a dead follower fails process 0's next collective (or its watchdog, after the timeout): process
+    0 exits with EXIT_FOLLOWER_LOST instead of hanging or carrying on."""
+    outs = [tmp_path / f"out{i}.json" for i in range(2)]
+    job = Job(worker_commands(tiny_model_dir, outs, "forever"), tmp_path)
+    try:
+        deadline = time.monotonic() + JOB_TIMEOUT_S
+        while not all(out.exists() for out in outs):
+            for index in range(2):
+                assert job.processes[index].poll() is None, job.result(index)
+            assert time.monotonic() < deadline, "the job never got going"
+            time.sleep(0.5)
+        time.sleep(1.0)  # well into the generate loop
+        job.processes[1].kill()
+        code = job.wait(0, batch_worker.DISTRIBUTED_TIMEOUT_S + SLACK_S)
+        assert code == EXIT_FOLLOWER_LOST, job.result(0) if code is not None else "process 0 still runs"
+    finally:
+        job.close()
