@@ -1,7 +1,8 @@
 """The batch API on a multi-host job: the same script (tests/parallel/batch_worker.py) as 2 processes over gloo on
 127.0.0.1 (one CPU device each, tp=2 across them). Process 0's generate returns the single-process engine's tokens,
 greedy and seeded-sampled, token for token; the follower's returns []; and both exit 0 once the script ends,
-though it never closes the LLM. Every process is killed at the end of its test, whatever happened.
+though it never closes the LLM. `jaxpaged generate` prints the single-process text on process 0 only, and a killed
+follower ends process 0 with code 3. Every process is killed at the end of its test, whatever happened.
 """
 
 import json
