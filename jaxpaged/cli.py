@@ -9,25 +9,26 @@ from jaxpaged.logging_setup import LOG_LEVELS, configure_logging
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from jaxpaged.engine import LLMEngine
+    from jaxpaged.llm import LLM
     from jaxpaged.sampling.params import SamplingParams
 
-    engine = LLMEngine.from_options(args.model, revision=args.revision, **engine_options_from_args(args))
+    # Multi-host (--coordinator-address ... or --distributed): every process runs this same command; process 0
+    # prints the text, the others run its steps and print nothing (multihost/batch.py).
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, seed=args.seed_sample)
-    prompt = args.prompt
-    if args.chat:
-        prompt = {"prompt_token_ids": list(engine.tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], tokenize=True, add_generation_prompt=True, return_dict=False))}
-    engine.add_request("cli", prompt, params)
-    printed = 0
-    while engine.has_unfinished_requests():
-        for output in engine.step():
+    with LLM(args.model, revision=args.revision, **engine_options_from_args(args)) as llm:
+        prompt = args.prompt
+        if args.chat:
+            prompt = {"prompt_token_ids": list(llm.get_tokenizer().apply_chat_template(
+                [{"role": "user", "content": prompt}], tokenize=True, add_generation_prompt=True, return_dict=False))}
+        printed = None
+        for output in llm.stream(prompt, params):
             text = output.outputs[0].text
-            sys.stdout.write(text[printed:])
+            sys.stdout.write(text[printed or 0:])
             sys.stdout.flush()
             printed = len(text)
-    sys.stdout.write("\n")
+        if printed is not None:
+            sys.stdout.write("\n")
     return 0
 
 

@@ -186,6 +186,49 @@ class SpeculativeConfig:
         return (self.speculative_disable_by_batch_size - 1) * self.num_speculative_tokens
 
 
+DEFAULT_DISTRIBUTED_TIMEOUT_S = 30.0
+"""Default bound on any wait for another process of a multi-host job (a step, a heartbeat, the next plan)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class MultiHostConfig:
+    """How this process joins a multi-host job (docs/multihost.md): one process per host, process 0 schedules, the
+    others follow. Everything unset (and distributed False) is a single process, or a job the caller joined itself
+    with jax.distributed.initialize()."""
+
+    coordinator_address: Optional[str] = None
+    """Multi-host: HOST:PORT of process 0's coordination service, the same on every host (jax.distributed's name);
+    with num_processes and process_id. None: a single process, unless distributed."""
+    num_processes: Optional[int] = None
+    """Multi-host: processes in the job, one per host."""
+    process_id: Optional[int] = None
+    """Multi-host: this process's index; 0 leads (schedules, serves HTTP, returns LLM.generate's outputs)."""
+    distributed: bool = False
+    """Multi-host: join with jax.distributed.initialize()'s auto-detection (a TPU pod slice fills in the rest)."""
+    distributed_timeout: float = DEFAULT_DISTRIBUTED_TIMEOUT_S
+    """Multi-host: seconds to wait for another process (a step, the next plan) before giving up on the job."""
+
+    def __post_init__(self) -> None:
+        given = [self.coordinator_address, self.num_processes, self.process_id]
+        _require(all(value is None for value in given) or all(value is not None for value in given),
+                 "coordinator_address", f"--coordinator-address, --num-processes and --process-id go together (got "
+                 f"{self.coordinator_address!r}, {self.num_processes!r}, {self.process_id!r}); or use --distributed "
+                 "alone to auto-detect them")
+        if self.num_processes is not None:
+            _require(is_int(self.num_processes) and self.num_processes >= 1, "num_processes",
+                     f"must be a positive int, got {self.num_processes!r}")
+            _require(is_int(self.process_id) and 0 <= self.process_id < self.num_processes, "process_id",
+                     f"must be in [0, num_processes={self.num_processes}), got {self.process_id!r}")
+        _require(isinstance(self.distributed, bool), "distributed", f"must be a bool, got {self.distributed!r}")
+        _require(is_number(self.distributed_timeout) and self.distributed_timeout > 0, "distributed_timeout",
+                 f"must be a positive number of seconds, got {self.distributed_timeout!r}")
+
+    @property
+    def joins_job(self) -> bool:
+        """Whether this process is asked to join a multi-host job (jax.distributed.initialize)."""
+        return self.distributed or self.coordinator_address is not None
+
+
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
     """Everything the engine needs besides the model: cache, scheduler and device choices."""
@@ -193,6 +236,7 @@ class EngineConfig:
     cache: CacheConfig = dataclasses.field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = dataclasses.field(default_factory=SchedulerConfig)
     speculative: SpeculativeConfig = dataclasses.field(default_factory=SpeculativeConfig)
+    multihost: MultiHostConfig = dataclasses.field(default_factory=MultiHostConfig)
     dtype: DTypeName = "auto"
     """Parameter, activation and KV dtype (matmuls sum in float32; norms, softmax and sampling run in float32):
     "auto" is bfloat16 on TPU/GPU and, on a CPU, the faster of float32 and bfloat16 by a start-up probe
@@ -269,7 +313,7 @@ class EngineConfig:
     @classmethod
     def from_options(cls, **options) -> "EngineConfig":
         """Build from flat keyword options (block_size=..., max_num_seqs=..., dtype=...)."""
-        groups = {CacheConfig: {}, SchedulerConfig: {}, SpeculativeConfig: {}, cls: {}}
+        groups = {CacheConfig: {}, SchedulerConfig: {}, SpeculativeConfig: {}, MultiHostConfig: {}, cls: {}}
         speculative_config = options.pop("speculative_config", None)
         options = {**options, **_flat_speculative_config(speculative_config)}
         for key, value in options.items():
@@ -280,10 +324,11 @@ class EngineConfig:
             else:
                 raise ValueError(f"{key}: unknown engine option")
         return cls(cache=CacheConfig(**groups[CacheConfig]), scheduler=SchedulerConfig(**groups[SchedulerConfig]),
-                   speculative=SpeculativeConfig(**groups[SpeculativeConfig]), **groups[cls])
+                   speculative=SpeculativeConfig(**groups[SpeculativeConfig]),
+                   multihost=MultiHostConfig(**groups[MultiHostConfig]), **groups[cls])
 
 
-_GROUP_FIELDS = ("cache", "scheduler", "speculative")
+_GROUP_FIELDS = ("cache", "scheduler", "speculative", "multihost")
 VLLM_SPECULATIVE_KEYS = {"method": "speculative_method", "num_speculative_tokens": "num_speculative_tokens",
                           "prompt_lookup_min": "prompt_lookup_min", "prompt_lookup_max": "prompt_lookup_max",
                           "disable_by_batch_size": "speculative_disable_by_batch_size"}

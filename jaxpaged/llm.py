@@ -1,17 +1,26 @@
-"""The offline batch API, shaped like vLLM's: LLM(...).generate(prompts) and jaxpaged.generate(...)."""
+"""The offline batch API, shaped like vLLM's: LLM(...).generate(prompts) and jaxpaged.generate(...).
+
+Multi-host (coordinator_address=... or distributed=True, or a job the script joined itself): every process runs
+the same script; process 0 schedules and returns the outputs, the others follow it (multihost/batch.py).
+"""
 
 import atexit
+import contextlib
 import itertools
 import logging
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Optional, Union
 
 from tqdm.auto import tqdm
 
 from jaxpaged.checks import is_int
 from jaxpaged.engine import LLMEngine
+from jaxpaged.features.wiring import followers_of
 from jaxpaged.inputs import ParsedPrompt, PromptInput
+from jaxpaged.multihost.batch import FollowerBatches, join_job_of
+from jaxpaged.multihost.leader import follower_lost
+from jaxpaged.multihost.runtime import is_leader, is_multi_process
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.sampling.params import SamplingParams
 
@@ -31,20 +40,48 @@ class LLM:
 
     def __init__(self, model: Optional[str] = None, **engine_options):
         """`model`: a local path or a Hugging Face repo id; `revision=` (a branch, tag or commit of the repo) and the
-        engine options go to LLMEngine.from_options."""
-        self.engine = LLMEngine.from_options(model, **engine_options)
-        if self.engine.config.cache.kv_offload_dir is not None:
-            _persist_when_dropped(self)
+        engine options go to LLMEngine.from_options. The multi-host ones (coordinator_address, num_processes,
+        process_id or distributed) join the job first; a follower process then builds no engine of its own."""
+        revision = engine_options.pop("revision", None)
+        config = join_job_of(engine_options)
+        self._engine: Optional[LLMEngine] = None
+        self._follower: Optional[FollowerBatches] = None
+        if is_multi_process() and not is_leader():
+            self._follower = FollowerBatches(model, revision, config)
+        else:
+            self._engine = LLMEngine.from_options(model, revision=revision, **engine_options)
+            if self._engine.config.cache.kv_offload_dir is not None:
+                _persist_when_dropped(self)
+        if is_multi_process():  # a script that never closes still lets every process exit (0)
+            atexit.register(self.close)
+
+    @property
+    def engine(self) -> LLMEngine:
+        """The engine (process 0 only: a follower process of a multi-host job runs process 0's plans instead)."""
+        if self._engine is None:
+            raise RuntimeError("engine: this process follows process 0 of a multi-host job and has no engine; "
+                               "LLM.generate runs process 0's plans here and returns []")
+        return self._engine
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix block (vLLM's name); False while requests are still running."""
-        return self.engine.reset_prefix_cache()
+        return True if self._follower is not None else self.engine.reset_prefix_cache()
 
     def close(self) -> None:
         """Persist the KV cache to the disk tier (kv_offload_dir), if one is on, so the next engine on the
         directory starts warm. The LLM stays usable; call it again before the next shutdown. Also `with LLM(...)`.
-        Without it, the persist happens when the LLM is garbage-collected or the interpreter exits."""
-        self.engine.close()
+        Without it, the persist happens when the LLM is garbage-collected or the interpreter exits. Multi-host it
+        ends the job instead: process 0 tells the followers to exit, and the followers' close
+        returns then; generate cannot run again."""
+        if self._follower is not None:
+            self._follower.close()
+            return
+        try:
+            self.engine.close()
+        except Exception as error:
+            if not is_multi_process():
+                raise
+            follower_lost(f"{type(error).__name__}: {error}")  # telling the followers to exit failed
 
     def __enter__(self) -> "LLM":
         return self
@@ -54,7 +91,7 @@ class LLM:
 
     def get_tokenizer(self):
         """The model's HF tokenizer."""
-        return self.engine.tokenizer
+        return self._follower.tokenizer if self._follower is not None else self.engine.tokenizer
 
     def generate(self, prompts: Prompts, sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
@@ -62,19 +99,56 @@ class LLM:
 
         Every prompt is validated before any is queued, so a bad one raises ValueError and runs nothing. Without
         sampling_params, the model's generation_config.json settings apply (LLMEngine.default_sampling_params).
+        Multi-host, every process calls it with the same inputs: process 0 returns the outputs, a follower process
+        runs process 0's steps and returns [] once process 0's call has returned.
         """
-        prompt_list = _as_prompt_list(prompts)
-        params_list = _as_params_list(sampling_params, len(prompt_list), self.engine.default_sampling_params())
-        request_ids = [next_request_id() for _ in prompt_list]
-        added = []
+        if self._follower is not None:
+            self._follower.follow_batch()
+            return []
+        with self._batch():
+            prompt_list = _as_prompt_list(prompts)
+            params_list = _as_params_list(sampling_params, len(prompt_list), self.engine.default_sampling_params())
+            request_ids = [next_request_id() for _ in prompt_list]
+            added = []
+            try:
+                for request_id, prompt, params in zip(request_ids, prompt_list, params_list):
+                    self.engine.add_request(request_id, prompt, params)
+                    added.append(request_id)
+            except ValueError as error:
+                self.engine.abort_request(added)
+                raise ValueError(f"prompt {len(added)}: {error}") from error
+            return self._run_to_completion(request_ids, use_tqdm)
+
+    def stream(self, prompt: PromptInput, sampling_params: Optional[SamplingParams] = None
+               ) -> Iterator[RequestOutput]:
+        """One prompt's output, yielded each time it grows (the `jaxpaged generate` CLI's stream). A follower
+        process of a multi-host job yields nothing, once process 0's matching call has finished."""
+        if self._follower is not None:
+            self._follower.follow_batch()
+            return
+        with self._batch():
+            self.engine.add_request(next_request_id(), prompt, sampling_params)
+            while self.engine.has_unfinished_requests():
+                yield from self.engine.step()
+
+    @contextlib.contextmanager
+    def _batch(self) -> Iterator[None]:
+        """Multi-host, on process 0: the followers' matching call returns with this one; a failed step (a lost
+        follower) ends the process with EXIT_FOLLOWER_LOST at once, as the server does (the job cannot go on)."""
+        followers = followers_of(self.engine.features)
+        if followers is None:
+            yield
+            return
+        if followers.closed:
+            raise RuntimeError("generate: this LLM was closed, which ended the multi-host job's followers")
         try:
-            for request_id, prompt, params in zip(request_ids, prompt_list, params_list):
-                self.engine.add_request(request_id, prompt, params)
-                added.append(request_id)
-        except ValueError as error:
-            self.engine.abort_request(added)
-            raise ValueError(f"prompt {len(added)}: {error}") from error
-        return self._run_to_completion(request_ids, use_tqdm)
+            yield
+        except ValueError:  # a refused prompt: nothing ran, and the followers' call returns as usual
+            raise
+        except Exception as error:
+            follower_lost(f"{type(error).__name__}: {error}")
+        finally:
+            followers.end_batch()
 
     def chat(self, messages: Union[Conversation, Sequence[Conversation]],
              sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
@@ -128,7 +202,8 @@ def generate(prompts: Prompts, sampling_params: Union[SamplingParams, Sequence[S
              model: Optional[str] = None, **engine_options) -> list[RequestOutput]:
     """One call: load the model, generate, return the outputs."""
     use_tqdm = engine_options.pop("use_tqdm", True)
-    return LLM(model, **engine_options).generate(prompts, sampling_params, use_tqdm=use_tqdm)
+    with LLM(model, **engine_options) as llm:  # closing ends a multi-host job on every process
+        return llm.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
 
 def _as_prompt_list(prompts: Prompts) -> list[PromptInput]:

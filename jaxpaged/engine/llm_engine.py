@@ -43,10 +43,7 @@ from jaxpaged.weights.tokenizer_source import load_tokenizer
 class LLMEngine:
     """Requests in, RequestOutputs out, one step at a time."""
 
-    def __init__(self, loaded: LoadedModel, config: EngineConfig, *, warmup: bool = True,
-                 distributed_timeout_s: Optional[float] = None):
-        """`distributed_timeout_s`: multi-host only, the longest wait for a follower process (None: multihost/'s
-        default)."""
+    def __init__(self, loaded: LoadedModel, config: EngineConfig, *, warmup: bool = True):
         config = dataclasses.replace(config, async_scheduling=resolve_async_scheduling(config, jax.default_backend()))
         self.config = config
         self.model_name = loaded.name
@@ -63,7 +60,7 @@ class LLMEngine:
         self.max_model_len = min(runner.max_model_len for runner in runners)
         config = self.config = dataclasses.replace(
             config, scheduler=dataclasses.replace(config.scheduler, max_model_len=self.max_model_len))
-        self.features = build_features(loaded, config, runners, self.tokenizer, distributed_timeout_s)
+        self.features = build_features(loaded, config, runners, self.tokenizer)
         """The optional features this engine runs with, behind the loop's hooks."""
         schedulers = [Scheduler(config.scheduler, config.cache, runner.num_kv_blocks, self.features.lower_tiers,
                                 config.speculative.max_tokens_per_step) for runner in runners]
@@ -87,15 +84,14 @@ class LLMEngine:
 
     @classmethod
     def from_options(cls, model: Optional[str] = None, *, revision: Optional[str] = None,
-                     distributed_timeout_s: Optional[float] = None, **engine_options) -> "LLMEngine":
+                     **engine_options) -> "LLMEngine":
         """Load `model` (None: the embedded SmolLM2-135M-Instruct; `revision`: of a Hugging Face repo id) with flat
         engine options (the kernel fields also from JAXPAGED_CPU_MATMUL / JAXPAGED_CPU_ATTENTION when not given), and
         warm up."""
         config = EngineConfig.from_options(**{**kernel_options_from_environment(engine_options), **engine_options})
         if config.compilation_cache_dir != "":
             enable_persistent_compilation_cache(config.compilation_cache_dir)
-        loaded = load_model(model, revision=revision, quantization=config.quantization)
-        return cls(loaded, config, distributed_timeout_s=distributed_timeout_s)
+        return cls(load_model(model, revision=revision, quantization=config.quantization), config)
 
     @property
     def runner(self) -> ModelRunner:

@@ -13,8 +13,7 @@ if TYPE_CHECKING:
     from jaxpaged.multihost.leader import FollowerLink
 
 
-def build_features(loaded: LoadedModel, config: EngineConfig, runners: list[ModelRunner], tokenizer,
-                   distributed_timeout_s: Optional[float]) -> FeatureSet:
+def build_features(loaded: LoadedModel, config: EngineConfig, runners: list[ModelRunner], tokenizer) -> FeatureSet:
     """The features `config` turns on, before the schedulers exist (the KV tiers' index is theirs to read)."""
     features: list[EngineFeature] = []
     lower_tiers = None
@@ -39,10 +38,11 @@ def build_features(loaded: LoadedModel, config: EngineConfig, runners: list[Mode
             features.append(KVEventsFeature(events_config))
     if jax.process_count() > 1:
         from jaxpaged.features.multihost import MultiHostFeature
-        from jaxpaged.multihost.runtime import DEFAULT_TIMEOUT_S
 
-        timeout_s = DEFAULT_TIMEOUT_S if distributed_timeout_s is None else distributed_timeout_s
-        features.append(MultiHostFeature(runners, timeout_s))
+        if jax.process_index() != 0:  # a follower runs multihost/follower.py, never an engine of its own
+            raise ValueError(f"process_id: an engine schedules on process 0 only, this is process "
+                             f"{jax.process_index()}; build LLM(...) on every process, or run `jaxpaged serve`")
+        features.append(MultiHostFeature(runners, config.multihost.distributed_timeout))
     return FeatureSet(features, lower_tiers)
 
 

@@ -11,6 +11,7 @@ flight, answers 503 on /health for a short drain, and exits with EXIT_FOLLOWER_L
 import contextlib
 import logging
 import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 
@@ -25,17 +26,19 @@ from jaxpaged.runner.buckets import Bucket
 logger = logging.getLogger(__name__)
 
 
-def _exit_now(what: str) -> None:
-    # The default for engines outside the server: never hang forever on a lost follower.
-    logger.critical("a follower process stopped answering (%s); exiting", what)
-    os._exit(EXIT_FOLLOWER_LOST)
+def follower_lost(what: str) -> None:
+    """Ends process 0 at once (the default for engines outside the server: never hang on a lost follower)."""
+    logger.critical("a follower process stopped answering (%s); exiting with code %d", what, EXIT_FOLLOWER_LOST)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(EXIT_FOLLOWER_LOST)  # not sys.exit: jax.distributed's shutdown barrier would wait for the lost process
 
 
 class FollowerLink:
     """The leader's view of its followers: the plan channel plus a deadline on every wait for them."""
 
     def __init__(self, buckets: Sequence[Bucket], blocks_per_seq: int, timeout_s: float,
-                 on_lost: Callable[[str], None] = _exit_now) -> None:
+                 on_lost: Callable[[str], None] = follower_lost) -> None:
         self.channel = StepPlanChannel(buckets, blocks_per_seq)
         self.watchdog = CollectiveWatchdog(timeout_s, on_lost)
         self.heartbeat_interval_s = timeout_s / 3
@@ -63,6 +66,17 @@ class FollowerLink:
     def publish_copies(self, rank: int, pairs: np.ndarray) -> None:
         """Sends a batch of block copies (before the step that reads them); the caller then applies it too."""
         self.channel.publish(StepPlan(PlanKind.COPY_BLOCKS, rank, copies=pairs))
+        self._last_publish = time.monotonic()
+
+    @property
+    def closed(self) -> bool:
+        """Whether the followers were told to exit (no plan can reach them any more)."""
+        return self._closed
+
+    def end_batch(self) -> None:
+        """Process 0's LLM.generate call is over: the followers' call returns too (multihost/batch.py)."""
+        with self.guard("ending a batch on the followers"):
+            self.channel.publish(StepPlan(PlanKind.BATCH_DONE))
         self._last_publish = time.monotonic()
 
     def heartbeat_if_due(self) -> None:

@@ -28,6 +28,8 @@ class PlanKind(enum.IntEnum):
     """Process 0 is exiting: followers exit 0."""
     COPY_BLOCKS = 4
     """Apply rank `rank`'s batch of KV block copies (runner/block_copy.py) that follows; a step follows later."""
+    BATCH_DONE = 5
+    """Process 0's LLM.generate call returned: the followers' same call returns too (multihost/batch.py)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,7 +18,7 @@ from typing import Any, Optional
 import uvicorn
 
 from jaxpaged.async_engine import AsyncLLMEngine
-from jaxpaged.multihost.runtime import is_leader, options_from_args
+from jaxpaged.multihost.runtime import is_leader, join_job
 from jaxpaged.server import multihost
 from jaxpaged.server.app import build_app
 from jaxpaged.server.chat_template import check_chat_template
@@ -67,6 +67,7 @@ def serve_main(args: argparse.Namespace) -> int:
     Multi-host: every process runs this; process 0 serves, the others follow it (server/multihost.py).
     """
     from jaxpaged.cli_options import engine_options_from_args
+    from jaxpaged.config import EngineConfig
     from jaxpaged.engine import LLMEngine
     from jaxpaged.features.wiring import followers_of
 
@@ -76,15 +77,15 @@ def serve_main(args: argparse.Namespace) -> int:
         args.model = model_argument(args)
         settings = settings_from_args(args)
         server_options = uvicorn_options(args)
-        distributed = options_from_args(args)
-        multihost.join_job(distributed)
+        engine_options = engine_options_from_args(args)
+        config = EngineConfig.from_options(**engine_options)
+        join_job(config.multihost)
         if not is_leader():
-            code = multihost.follow(args, distributed)
+            code = multihost.follow(args, config)
             if code:
                 multihost.exit_at_once(code)
             return code
-        engine = LLMEngine.from_options(model=args.model, revision=getattr(args, "revision", None),
-                                        distributed_timeout_s=distributed.timeout_s, **engine_options_from_args(args))
+        engine = LLMEngine.from_options(model=args.model, revision=getattr(args, "revision", None), **engine_options)
         check_chat_template(engine.tokenizer, settings.chat_template)
         check_reasoning_markers(settings.reasoning_parser, engine.tokenizer, settings.chat_template)
     except (ValueError, FileNotFoundError) as error:

@@ -1,4 +1,4 @@
-"""serve_main's multi-host parts: joining the job, the follower role, and process 0's fail-stop.
+"""serve_main's multi-host parts: the follower role, and process 0's fail-stop.
 
 Fail-stop: when a follower is lost (see multihost/leader.py for how fast that is noticed), process 0 ends every
 request in flight with an error, answers 503 on /health for DRAIN_S so clients and load balancers see why, and
@@ -13,8 +13,9 @@ import threading
 import time
 
 from jaxpaged.async_engine import AsyncLLMEngine, EngineDeadError
+from jaxpaged.config import EngineConfig
 from jaxpaged.multihost.leader import FollowerLink
-from jaxpaged.multihost.runtime import EXIT_FOLLOWER_LOST, DistributedOptions, initialize
+from jaxpaged.multihost.runtime import EXIT_FOLLOWER_LOST
 
 logger = logging.getLogger(__name__)
 
@@ -22,25 +23,16 @@ DRAIN_S = 2.0
 """Seconds process 0 keeps answering 503 after losing a follower, before it exits."""
 
 
-def join_job(options: DistributedOptions) -> None:
-    """Joins the multi-process job (when asked to); must run before anything else uses JAX."""
-    if options.enabled:
-        initialize(options)
-
-
-def follow(args: argparse.Namespace, options: DistributedOptions) -> int:
+def follow(args: argparse.Namespace, config: EngineConfig) -> int:
     """A follower process's whole life: load the same model, warm up, run process 0's plans, exit."""
-    from jaxpaged.cli_options import engine_options_from_args
-    from jaxpaged.config import EngineConfig
     from jaxpaged.engine import enable_persistent_compilation_cache
     from jaxpaged.multihost.follower import run_follower
     from jaxpaged.weights.loader import load_model
 
-    config = EngineConfig.from_options(**engine_options_from_args(args))
     if config.compilation_cache_dir != "":
         enable_persistent_compilation_cache(config.compilation_cache_dir)
     loaded = load_model(args.model, revision=getattr(args, "revision", None), quantization=config.quantization)
-    return run_follower(loaded, config, options.timeout_s)
+    return run_follower(loaded, config)
 
 
 def exit_at_once(code: int) -> None:

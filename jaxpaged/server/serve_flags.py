@@ -7,7 +7,6 @@ import os
 from typing import Any
 
 from jaxpaged.logging_setup import LOG_LEVELS
-from jaxpaged.multihost.runtime import add_distributed_arguments
 from jaxpaged.server.body_deadline import DEFAULT_REQUEST_BODY_TIMEOUT_S
 from jaxpaged.server.chat_template import load_chat_template
 from jaxpaged.server.context import DEFAULT_MAX_PROMPTS_PER_REQUEST, DEFAULT_MAX_REQUEST_BODY_BYTES, ServerSettings
@@ -76,8 +75,6 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     _add_model_flags(parser.add_argument_group("model and chat (vLLM's flags)"))
     _add_http_flags(parser.add_argument_group("HTTP: CORS, TLS, logging (vLLM's flags)"))
     add_vllm_flags(parser)
-    if "--coordinator-address" not in parser._option_string_actions:
-        add_distributed_arguments(parser)
 
 
 def _add_limit_flags(parser: argparse.ArgumentParser) -> None:
