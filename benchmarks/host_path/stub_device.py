@@ -107,7 +107,7 @@ class StubDevice:
         vocab_size = runner.sampler.vocab_size
 
         def executable(bucket):
-            return functools.partial(_stub_step, num_rows=bucket.num_sample_rows, num_tokens=bucket.num_tokens,
+            return functools.partial(_stub_step, num_rows=bucket.num_seqs, num_tokens=bucket.num_tokens,
                                      vocab_size=vocab_size)
 
         runner._executable = executable
