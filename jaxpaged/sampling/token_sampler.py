@@ -77,11 +77,12 @@ class TokenSampler:
             rows = [self._row(request) for request in requests]
         else:
             rows = [self._row(request, drafts) for request, drafts in zip(requests, row_drafts, strict=True)]
-        # Structured outputs: the grammars fill their rows on the host while the device still runs the step.
+        batch = build_sampling_batch(rows, logits.shape[0], self.vocab_size)
+        # Structured outputs: the grammars fill their rows on the host while the device still runs the step (last:
+        # masks prefetched when the tokens were accepted may still be computing).
         bitmask = fill_step_bitmask(requests, logits.shape[0], self.vocab_size)
         if bitmask is not None:
             logits = apply_token_bitmask(logits, bitmask)
-        batch = build_sampling_batch(rows, logits.shape[0], self.vocab_size)
         flags = sampler_static_flags(batch)
         # The numpy batch goes to the jitted sampler as it is: jit's own transfer of its arguments is several
         # times cheaper than jax.device_put of the ten-array pytree (which walks it in Python), and lands on the
