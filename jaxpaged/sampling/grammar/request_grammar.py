@@ -7,6 +7,7 @@ Bitmask layout (llguidance's): row r, token t is allowed when bit t % 32 of int3
 
 import concurrent.futures
 import functools
+import os
 from collections.abc import Sequence
 from typing import Any, Optional
 
@@ -71,6 +72,10 @@ def _executor() -> llguidance.LLExecutor:
 def _prefetch_thread() -> concurrent.futures.ThreadPoolExecutor:
     """The one thread that hands prefetch jobs to llguidance and waits there, without the interpreter's lock."""
     return concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-masks")
+
+
+# A forked child has neither the pool's threads nor the prefetch thread (a job handed to them would never run).
+os.register_at_fork(after_in_child=lambda: (_executor.cache_clear(), _prefetch_thread.cache_clear()))
 
 
 class _MaskJob:
