@@ -51,6 +51,9 @@ class TierEventRecorder:
         # What each medium holds as announced; events are only sent for changes to these sets.
         self._held: dict[str, set[BlockHash]] = {MEDIUM_HOST: set(), MEDIUM_DISK: set()}
         self._announce_disk = False
+        # Blocks some medium dropped, whose records are forgotten at flush() unless a medium holds them again: host
+        # memory evicts a block before the disk takes it in.
+        self._dropped: set[BlockHash] = set()
 
     def remember(self, block_hash: BlockHash, record: Optional[BlockRecord]) -> None:
         """The device pool hands the block down (or a tier already holds it): keep what its events need."""
@@ -75,29 +78,28 @@ class TierEventRecorder:
         held.remove(block_hash)
         for log in self._logs:
             log.removed(block_hash, medium)
-        self._forget_if_unheld(block_hash)
+        self._dropped.add(block_hash)
 
     def cleared(self, medium: str) -> None:
         """A prefix-cache reset emptied `medium`. No events: the device pool's AllBlocksCleared, which the same reset
         records next, covers every medium; flush() then announces the disk tier's blocks again."""
         held, self._held[medium] = self._held[medium], set()
-        for block_hash in held:
-            self._forget_if_unheld(block_hash)
+        self._dropped.update(held)
         self._announce_disk = True
 
     def flush(self) -> None:
-        """Before the logs are taken: after a reset, announce again what survived it (the disk tier)."""
-        if not self._announce_disk:
-            return
-        self._announce_disk = False
-        disk, self._held[MEDIUM_DISK] = self._held[MEDIUM_DISK], set()
-        for block_hash in disk:
-            self.stored(MEDIUM_DISK, block_hash)
+        """Before the logs are taken: after a reset, announce again what survived it (the disk tier); forget the
+        records of blocks no medium holds."""
+        if self._announce_disk:
+            self._announce_disk = False
+            disk, self._held[MEDIUM_DISK] = self._held[MEDIUM_DISK], set()
+            for block_hash in disk:
+                self.stored(MEDIUM_DISK, block_hash)
+        for block_hash in self._dropped:
+            if not any(block_hash in held for held in self._held.values()):
+                self._records.pop(block_hash, None)
+        self._dropped.clear()
 
     def held(self, medium: str) -> frozenset[BlockHash]:
         """The blocks `medium` holds, as announced."""
         return frozenset(self._held[medium])
-
-    def _forget_if_unheld(self, block_hash: BlockHash) -> None:
-        if not any(block_hash in held for held in self._held.values()):
-            self._records.pop(block_hash, None)
