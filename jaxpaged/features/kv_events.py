@@ -122,7 +122,7 @@ class KVEventsFeature(EngineFeature):
             if events and self._publisher is not None:
                 self._publisher.publish(encode_batch(events, dp_rank, self._layout))
 
-    def close(self, ranks: "DataParallelRanks") -> None:
+    def close(self, ranks: "DataParallelRanks", deadline: Optional[float] = None) -> None:
         self.after_step(ranks)
         if self._publisher is not None:
             if self._publisher.num_dropped:

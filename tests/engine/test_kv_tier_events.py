@@ -96,3 +96,62 @@ def test_rebuilt_tiers_follow_spills_evictions_promotion_damage_reset_and_restar
     assert all(event["token_ids"] == [] and event["medium"] == "DISK" for event in restarted.subscriber.events)
     watcher.subscriber.close()
     restarted.subscriber.close()
+
+
+def engine_held(engine) -> dict[str, set[bytes]]:
+    """Per medium, the chain hashes the engine holds, from its own bookkeeping (the device pool's and the tiers')."""
+    device = {block_hash for _, block_hash in engine.scheduler.kv_cache_manager.cached_blocks()}
+    return {"GPU": device, **engine.features.lower_tiers.held_hashes()}
+
+
+def rebuilt(subscriber: Subscriber) -> dict[str, set[bytes]]:
+    subscriber.drain()
+    return {medium: by_rank.get(0, set()) for medium, by_rank in subscriber.held.items()}
+
+
+def test_engine_events_rebuild_device_host_and_disk_through_eviction_reload_reset(tiny_model_dir, tmp_path):
+    """A 24-block pool spills to host memory (6 blocks) and disk (5 files), a repeated prompt loads back from the
+    tiers, and a reset leaves the disk: after each, the subscriber's sets per medium are the engine's."""
+    from jaxpaged.config import EngineConfig
+    from jaxpaged.engine import LLMEngine
+    from jaxpaged.sampling.params import SamplingParams
+    from jaxpaged.weights.loader import load_model
+    from tests.conftest import TINY_ENGINE_OPTIONS
+
+    block_bytes = 2 * 2 * 2 * 16 * 16 * 4  # layers, K and V, KV heads, head_dim, tokens, float32
+    endpoint, topic = f"inproc://kv-tier-events-{uuid.uuid4().hex}", "kv"
+    options = {**TINY_ENGINE_OPTIONS, "num_kv_blocks": 24, "kv_offload_memory": 6 * block_bytes,
+               "kv_offload_dir": str(tmp_path), "kv_offload_dir_max_bytes": 5 * (block_bytes + 400),
+               "kv_offload_min_load_blocks": 1,
+               "kv_events_config": json.dumps({"enable_kv_cache_events": True, "endpoint": endpoint, "topic": topic})}
+    engine = LLMEngine(load_model(str(tiny_model_dir)), EngineConfig.from_options(**options), warmup=False)
+    subscriber = Subscriber(endpoint, topic, block_size=16)
+    time.sleep(0.2)  # PUB/SUB: a subscription takes effect once the publisher has seen it
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+
+    def run(prompts: list[list[int]]) -> None:
+        for prompt in prompts:
+            engine.add_request(f"r{uuid.uuid4().hex}", {"prompt_token_ids": prompt}, params)
+        while engine.has_unfinished_requests():
+            engine.step()
+
+    first = list(range(100, 180))  # 5 full blocks
+    run([first] + [list(range(1000 + 90 * i, 1080 + 90 * i)) for i in range(6)])
+    assert rebuilt(subscriber) == engine_held(engine)
+    counts = subscriber.counts_by_medium
+    assert all(counts.get((kind, medium), 0) > 0 for kind in ("BlockStored", "BlockRemoved")
+               for medium in ("GPU", "CPU", "DISK")), counts
+
+    stats = engine.get_stats().kv_tiers
+    hits_before = stats["host"].hit_blocks + stats["disk"].hit_blocks
+    run([first + [7]])  # its blocks left the device: loaded back from the tiers
+    stats = engine.get_stats().kv_tiers
+    assert stats["host"].hit_blocks + stats["disk"].hit_blocks > hits_before
+    assert rebuilt(subscriber) == engine_held(engine)
+
+    assert engine.reset_prefix_cache()
+    held = engine_held(engine)
+    assert held["GPU"] == held["CPU"] == set() != held["DISK"]
+    assert rebuilt(subscriber) == held
+    engine.close()
+    subscriber.close()
