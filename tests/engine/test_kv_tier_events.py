@@ -111,7 +111,8 @@ def rebuilt(subscriber: Subscriber) -> dict[str, set[bytes]]:
 
 def test_engine_events_rebuild_device_host_and_disk_through_eviction_reload_reset(tiny_model_dir, tmp_path):
     """A 24-block pool spills to host memory (6 blocks) and disk (5 files), a repeated prompt loads back from the
-    tiers, and a reset leaves the disk: after each, the subscriber's sets per medium are the engine's."""
+    tiers, a reset leaves the disk, and a restarted engine announces the disk's files: after each, the subscriber's sets
+    per medium are the engine's."""
     from jaxpaged.config import EngineConfig
     from jaxpaged.engine import LLMEngine
     from jaxpaged.sampling.params import SamplingParams
@@ -153,5 +154,19 @@ def test_engine_events_rebuild_device_host_and_disk_through_eviction_reload_rese
     held = engine_held(engine)
     assert held["GPU"] == held["CPU"] == set() != held["DISK"]
     assert rebuilt(subscriber) == held
+    engine.close()  # persists the host tier and the device's cached blocks to disk
+    subscriber.close()
+
+    # A restarted engine announces the files it finds, without tokens (their headers carry none).
+    options["kv_events_config"] = json.dumps({"enable_kv_cache_events": True, "endpoint": endpoint + "-2",
+                                              "topic": topic})
+    engine = LLMEngine(load_model(str(tiny_model_dir)), EngineConfig.from_options(**options), warmup=False)
+    subscriber = Subscriber(endpoint + "-2", topic, block_size=16)
+    time.sleep(0.2)
+    engine.step()  # publishes what warm-up recorded
+    held = engine_held(engine)
+    assert rebuilt(subscriber) == held and held["DISK"]
+    assert {event["medium"] for event in subscriber.events} == {"DISK"}
+    assert all(event["token_ids"] == [] for event in subscriber.events)
     engine.close()
     subscriber.close()
