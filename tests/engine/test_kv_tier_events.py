@@ -154,6 +154,9 @@ def test_engine_events_rebuild_device_host_and_disk_through_eviction_reload_rese
     held = engine_held(engine)
     assert held["GPU"] == held["CPU"] == set() != held["DISK"]
     assert rebuilt(subscriber) == held
+    # Every block this engine cached was announced with its tokens, whichever medium (the subscriber checked each
+    # hash against its parent and tokens).
+    assert all(event["token_ids"] for event in subscriber.events if event["type"] == "BlockStored")
     engine.close()  # persists the host tier and the device's cached blocks to disk
     subscriber.close()
 
