@@ -99,7 +99,3 @@ class TierEventRecorder:
             if not any(block_hash in held for held in self._held.values()):
                 self._records.pop(block_hash, None)
         self._dropped.clear()
-
-    def held(self, medium: str) -> frozenset[BlockHash]:
-        """The blocks `medium` holds, as announced."""
-        return frozenset(self._held[medium])

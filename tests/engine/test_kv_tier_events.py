@@ -21,6 +21,8 @@ pytest.importorskip("zmq")
 pytest.importorskip("msgpack")
 from tests.engine.kv_events_subscriber import Subscriber  # noqa: E402 (needs zmq)
 
+pytestmark = pytest.mark.xdist_group("kv_tiers")
+
 BLOCK_SIZE = 4
 PAYLOAD = np.zeros((2, 8), np.float32)  # 64 bytes a block
 FINGERPRINT = "f" * 32
