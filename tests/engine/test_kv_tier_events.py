@@ -175,3 +175,18 @@ def test_engine_events_rebuild_device_host_and_disk_through_eviction_reload_rese
     assert all(event["token_ids"] == [] for event in subscriber.events)
     engine.close()
     subscriber.close()
+
+
+def test_every_data_parallel_rank_is_told_of_the_shared_tiers(tmp_path):
+    """The ranks share the tiers (any of them loads from them): each rank's log gets the same tier events."""
+    tiers = KVTiers([FINGERPRINT], host_bytes=PAYLOAD.nbytes, disk_directory=str(tmp_path), disk_bytes=900)
+    logs = [KVEventLog(BLOCK_SIZE), KVEventLog(BLOCK_SIZE)]
+    recorder = TierEventRecorder(logs)
+    tiers.record_events(recorder)
+    for block_hash, record in chain(2, first_token=0):
+        recorder.remember(block_hash, record)
+        tiers.store(block_hash, [PAYLOAD])
+    rank_events = [log.take() for log in logs]
+    assert [(fields["type"], fields["medium"]) for fields in map(named_fields, rank_events[0])] == [
+        ("BlockStored", "CPU"), ("BlockRemoved", "CPU"), ("BlockStored", "CPU"), ("BlockStored", "DISK")]
+    assert rank_events[0] == rank_events[1]
