@@ -74,9 +74,11 @@ def test_an_unknown_quantization_scheme_is_refused_naming_the_flag(argv, capsys)
     assert "--quantization" in capsys.readouterr().err
 
 
-def test_an_unknown_flag_is_named():
-    with pytest.raises(SystemExit):
-        _args("--no-such-vllm-flag")
+def test_an_unknown_flag_is_named(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        _args("org/model", "--no-such-vllm-flag")
+    assert exit_info.value.code == 2
+    assert "--no-such-vllm-flag" in capsys.readouterr().err
 
 
 def test_chat_template_from_a_file_or_inline(tmp_path):
