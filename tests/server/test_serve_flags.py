@@ -107,10 +107,11 @@ def test_tls_and_logging_flags_reach_uvicorn(tmp_path):
     key.write_text("key")
     cert.write_text("cert")
     options = uvicorn_options(_args("--ssl-keyfile", str(key), "--ssl-certfile", str(cert), "--ssl-cert-reqs", "2",
-                                    "--root-path", "/llm", "--uvicorn-log-level", "warning",
-                                    "--disable-uvicorn-access-log", "--port", "9000"))
+                                    "--ssl-ca-certs", str(cert), "--root-path", "/llm", "--uvicorn-log-level",
+                                    "warning", "--disable-uvicorn-access-log", "--port", "9000"))
     config = uvicorn.Config(lambda scope, receive, send: None, **options)
     assert (config.ssl_keyfile, config.ssl_certfile, config.ssl_cert_reqs) == (str(key), str(cert), 2)
+    assert config.ssl_ca_certs == str(cert)
     assert (config.root_path, config.log_level, config.access_log, config.port) == ("/llm", "warning", False, 9000)
     with pytest.raises(ValueError, match="^ssl_certfile: --ssl-keyfile needs --ssl-certfile"):
         uvicorn_options(_args("--ssl-keyfile", str(key)))
