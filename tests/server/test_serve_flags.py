@@ -112,6 +112,9 @@ def test_tls_and_logging_flags_reach_uvicorn(tmp_path):
     config = uvicorn.Config(lambda scope, receive, send: None, **options)
     assert (config.ssl_keyfile, config.ssl_certfile, config.ssl_cert_reqs) == (str(key), str(cert), 2)
     assert config.ssl_ca_certs == str(cert)
+    # --log-level (jaxpaged's, INFO by default) is uvicorn's too unless --uvicorn-log-level says otherwise.
+    assert _args().log_level == "info" and uvicorn_options(_args())["log_level"] == "info"
+    assert uvicorn_options(_args("--log-level", "debug"))["log_level"] == "debug"
     assert (config.root_path, config.log_level, config.access_log, config.port) == ("/llm", "warning", False, 9000)
     with pytest.raises(ValueError, match="^ssl_certfile: --ssl-keyfile needs --ssl-certfile"):
         uvicorn_options(_args("--ssl-keyfile", str(key)))
