@@ -6,6 +6,7 @@ import asyncio
 import pytest
 
 from jaxpaged.sampling.params import StructuredOutputsParams
+from jaxpaged.server.errors import APIError
 from jaxpaged.server.prompts import completion_prompts
 from jaxpaged.server.protocol import ChatCompletionRequest, CompletionRequest
 from jaxpaged.server.validation import build_sampling_params, structured_outputs_of
@@ -50,3 +51,10 @@ def test_cache_salt_and_priority_reach_every_prompt_of_a_batch():
     request = CompletionRequest.model_validate({"prompt": ["a", "b"], "cache_salt": "tenant-a", "priority": -3})
     prompts = asyncio.run(completion_prompts(request, _Tokenizer(), VOCAB_SIZE))
     assert [(prompt.cache_salt, prompt.priority) for prompt in prompts] == [("tenant-a", -3)] * 2
+
+
+def test_n_over_the_servers_max_n_is_a_400_naming_n():
+    request = CompletionRequest.model_validate({"prompt": "x", "n": 5})
+    with pytest.raises(APIError) as refused:
+        build_sampling_params(request, max_tokens=4, logprobs=None, vocab_size=VOCAB_SIZE, max_n=4)
+    assert (refused.value.status_code, refused.value.param) == (400, "n") and "--max-n" in refused.value.message
