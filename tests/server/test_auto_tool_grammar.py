@@ -1,0 +1,90 @@
+"""tool_choice "auto" with the hermes parser: the grammar lets the model answer in text, or write <tool_call>
+blocks (after any text, reasoning included) whose JSON names a declared tool with arguments matching its schema,
+and nothing else; checked token by token with the embedded model's tokenizer and the engine's grammar compiler."""
+
+import pytest
+from transformers import PreTrainedTokenizerFast
+
+from jaxpaged.sampling.grammar import GrammarCompiler
+from jaxpaged.server.errors import APIError
+from jaxpaged.server.protocol import ChatCompletionRequest
+from jaxpaged.server.tool_calls import AUTO_TOOLS_ORIGIN, tool_calling
+from jaxpaged.server.tool_parsers import make_tool_parser
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+         {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]
+WEATHER = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+TIME = '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smollm2_tokenizer_dir):
+    return PreTrainedTokenizerFast.from_pretrained(str(smollm2_tokenizer_dir))
+
+
+@pytest.fixture(scope="module")
+def auto_grammar(tokenizer):
+    """The compiled grammar a hermes server puts on an "auto" request with TOOLS."""
+    request = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS,
+                                                    "tool_choice": "auto"})
+    calling = tool_calling(request, make_tool_parser("hermes"))
+    assert calling is not None
+    constraint = calling.auto_constraint()
+    assert constraint is not None and constraint.origin == AUTO_TOOLS_ORIGIN
+    compiler = GrammarCompiler(tokenizer, tokenizer.vocab_size, [tokenizer.eos_token_id])
+    return compiler, compiler.compile(constraint)
+
+
+def _verdict(auto_grammar, tokenizer, text: str) -> str:
+    """'complete', 'open' (a valid prefix) or 'refused' for the grammar fed `text` token by token."""
+    compiler, grammar = auto_grammar
+    matcher = compiler.new_request_grammar(grammar)._matcher
+    for token_id in tokenizer.encode(text, add_special_tokens=False):
+        matcher.consume_token(token_id)
+        if matcher.is_error():
+            return "refused"
+    return "complete" if matcher.is_accepting() else "open"
+
+
+@pytest.mark.parametrize("text", ["It is sunny in Paris.", "<think>\nweather\n</think>\n\nSunny.", WEATHER,
+                                  f"<think>\nI should call a tool.\n</think>\n\n{WEATHER}",
+                                  f"Let me check.\n{WEATHER}\n{TIME}"])
+def test_text_or_well_formed_calls_of_declared_tools_are_allowed(auto_grammar, tokenizer, text):
+    assert _verdict(auto_grammar, tokenizer, text) == "complete"
+
+
+@pytest.mark.parametrize("text", [
+    '<tool_call>\n{"name": "get_stock", "arguments": {}}\n</tool_call>',  # no such tool
+    '<tool_call>\n{"name": "get_weather", "arguments": {"town": "Paris"}}\n</tool_call>',  # not its schema
+    "I will call <tool_call> later",  # a start tag must open a call
+    f"{WEATHER} and some text after",  # nothing but calls after the first one
+])
+def test_malformed_or_undeclared_calls_are_refused(auto_grammar, tokenizer, text):
+    assert _verdict(auto_grammar, tokenizer, text) == "refused"
+
+
+def test_a_start_tag_alone_is_not_an_answer(auto_grammar, tokenizer):
+    assert _verdict(auto_grammar, tokenizer, "<tool_call>") == "open"
+
+
+def test_formats_without_a_grammar_here_stay_unconstrained():
+    request = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS,
+                                                    "tool_choice": "auto"})
+    for name in ("llama3_json", "pythonic", "mistral", "deepseek_v3"):
+        calling = tool_calling(request, make_tool_parser(name))
+        assert calling is not None and calling.auto_constraint() is None, name
+
+
+def test_tools_nested_too_deep_for_a_grammar_are_a_400_naming_tools():
+    schema: dict = {"type": "string"}
+    for _ in range(100):
+        schema = {"type": "object", "properties": {"a": schema}}
+    request = ChatCompletionRequest.model_validate({
+        "messages": [{"role": "user", "content": "hi"}], "tool_choice": "auto",
+        "tools": [{"type": "function", "function": {"name": "deep", "parameters": schema}}]})
+    calling = tool_calling(request, make_tool_parser("hermes"))
+    assert calling is not None
+    with pytest.raises(APIError) as refused:
+        calling.auto_constraint()
+    assert refused.value.param == "tools" and "nested deeper" in refused.value.message
