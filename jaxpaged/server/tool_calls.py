@@ -6,8 +6,8 @@ from the functions' JSON schemas) and returns it as OpenAI tool_calls; "none" le
     tools, vLLM's layout), parsed into tool_calls when it is complete;
   - "auto": the model decides; the server's --tool-call-parser (tool_parsers.py) splits its text into content
     and tool_calls. Without a parser, "auto" with tools is refused (400). Where the parser has a grammar of its
-    format (hermes), the output is constrained to text or well-formed calls of the declared tools, unless the
-    request sets its own structured output.
+    format (hermes, llama3_json), the output is constrained to text or well-formed calls of the declared tools,
+    unless the request sets its own structured output.
 """
 
 import dataclasses
