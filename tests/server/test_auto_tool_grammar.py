@@ -103,3 +103,15 @@ def test_tools_nested_too_deep_for_a_grammar_are_a_400_naming_tools():
     with pytest.raises(APIError) as refused:
         calling.auto_constraint()
     assert refused.value.param == "tools" and "nested deeper" in refused.value.message
+
+
+def test_the_chat_route_puts_the_auto_grammar_on_unless_the_request_constrains_the_output():
+    from jaxpaged.server.chat import _tool_constraint
+
+    body = {"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS, "tool_choice": "auto"}
+    request = ChatCompletionRequest.model_validate(body)
+    constraint = _tool_constraint(request, tool_calling(request, make_tool_parser("hermes")))
+    assert constraint is not None and constraint.origin == AUTO_TOOLS_ORIGIN
+    own = ChatCompletionRequest.model_validate({**body, "structured_outputs": {"regex": "a+"}})
+    assert _tool_constraint(own, tool_calling(own, make_tool_parser("hermes"))) is None  # its own wins
+    assert _tool_constraint(request, tool_calling(request, make_tool_parser("pythonic"))) is None
