@@ -58,11 +58,12 @@ def _first_allowed_from(words: jax.Array, start: jax.Array) -> jax.Array:
 
 
 @functools.partial(jax.jit, static_argnames=("flags",))
-def _stub_sample(logits: jax.Array, batch: SamplingBatch, flags: SamplerFlags) -> SamplerOutput:
+def _stub_sample(logits: Any, batch: SamplingBatch, flags: SamplerFlags) -> SamplerOutput:
     token_ids = _hashed_tokens(batch)
-    if logits.shape[1] > 1:  # the grammar bitmask (_stub_bitmask passes it on); all ones: an unconstrained row
-        constrained = jnp.any(logits != -1, axis=1)
-        token_ids = jnp.where(constrained, _first_allowed_from(logits, token_ids), token_ids)
+    if isinstance(logits, tuple):  # the constrained rows' bitmasks and indices (_stub_bitmask passes them on)
+        bitmask, rows = logits
+        allowed = _first_allowed_from(bitmask, token_ids[jnp.minimum(rows, token_ids.shape[0] - 1)])
+        token_ids = token_ids.at[rows].set(allowed, mode="drop")  # padding entries point past the last row
     if not flags.return_logprobs:
         return SamplerOutput(token_ids)
     rows = token_ids.shape[0]
@@ -72,9 +73,9 @@ def _stub_sample(logits: jax.Array, batch: SamplingBatch, flags: SamplerFlags) -
 
 
 @jax.jit
-def _stub_bitmask(logits: jax.Array, bitmask: jax.Array) -> jax.Array:
+def _stub_bitmask(logits: jax.Array, bitmask: jax.Array, rows: jax.Array) -> tuple[jax.Array, jax.Array]:
     del logits
-    return bitmask
+    return bitmask, rows
 
 
 class StubDevice:
@@ -107,7 +108,7 @@ class StubDevice:
         vocab_size = runner.sampler.vocab_size
 
         def executable(bucket):
-            return functools.partial(_stub_step, num_rows=bucket.num_sample_rows, num_tokens=bucket.num_tokens,
+            return functools.partial(_stub_step, num_rows=bucket.num_seqs, num_tokens=bucket.num_tokens,
                                      vocab_size=vocab_size)
 
         runner._executable = executable

@@ -23,6 +23,7 @@ from .hashing import BlockHash, block_extra_keys, request_block_hash, request_pa
 from .kv_events import KVEventLog
 from .lower_tiers import LowerTiers
 from .request import Request
+from .tier_events import BlockRecord, TierEventRecorder
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -86,6 +87,10 @@ class KVCacheManager:
         self._pending_loads: list[tuple[int, BlockHash, object]] = []
         if self.lower_tiers is not None:
             self.block_pool.evictions = []
+        # With the tiers' KV events on: each cached block's event fields, handed to the recorder when it is evicted
+        # towards the tiers (they keep only hashes).
+        self._tier_events: Optional[TierEventRecorder] = None
+        self._block_records: dict[BlockHash, BlockRecord] = {}
 
     @property
     def usage(self) -> float:
@@ -248,6 +253,9 @@ class KVCacheManager:
         if not evictions or tiers is None:
             return [], loads
         self.block_pool.evictions = []
+        if self._tier_events is not None:
+            for _, block_hash in evictions:
+                self._tier_events.remember(block_hash, self._block_records.pop(block_hash, None))
         # NOTE: match on (block, hash), not on the block alone. An evicted block that became a load's destination
         # (the usual case: loads go into freshly allocated blocks, which allocation evicts) still holds the evicted
         # K/V when the step's saves gather it, as they are dispatched before the loads. Only a block loaded in this
@@ -301,14 +309,28 @@ class KVCacheManager:
         events = self.block_pool.events
         if self.block_pool.cache_block(block, block_hash, *listing) and events is not None:
             parent = request_block_hash(request, block_index - 1, block_size) if block_index else None
-            events.stored(block_hash, parent, tuple(request.all_token_ids[start:start + block_size]),
-                          block_extra_keys(request, block_index))
+            record = BlockRecord(parent, tuple(request.all_token_ids[start:start + block_size]),
+                                 block_extra_keys(request, block_index))
+            events.stored(block_hash, record.parent_block_hash, record.token_ids, record.extra_keys)
+            if self._tier_events is not None:
+                self._block_records[block_hash] = record
 
     def record_kv_events(self) -> KVEventLog:
         """Start recording what the prefix cache stores, evicts and clears (KV events); the log to drain."""
         if self.block_pool.events is None:
             self.block_pool.events = KVEventLog(self.block_size)
         return self.block_pool.events
+
+    def record_tier_events(self, recorder: TierEventRecorder) -> None:
+        """Also hand the event fields of blocks evicted towards the lower tiers to `recorder` (call after
+        record_kv_events(), before anything is cached)."""
+        self._tier_events = recorder
+
+    def hand_down_record(self, block_hash: BlockHash) -> None:
+        """The block goes down to a tier while the pool keeps it (a shutdown persisting the cache): give the tiers'
+        events its fields."""
+        if self._tier_events is not None:
+            self._tier_events.remember(block_hash, self._block_records.get(block_hash))
 
     def free(self, request: Request, tail_is_computed: bool = True) -> None:
         """Release all of the request's blocks, tail first, so a chain is evicted from its end.
@@ -333,7 +355,10 @@ class KVCacheManager:
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block; refused (False) while any request holds a block."""
-        return self.block_pool.reset_prefix_cache()
+        if not self.block_pool.reset_prefix_cache():
+            return False
+        self._block_records.clear()
+        return True
 
     def cached_blocks(self) -> list[tuple[int, BlockHash]]:
         """(block id, chain hash) of every cached block: free ones least recently used first, then held ones."""

@@ -13,8 +13,11 @@ from typing import Optional, Union
 from .hashing import BlockHash
 
 # Where a block's K/V lives, in vLLM's words: consumers tell "GPU" (accelerator memory; a TPU's HBM too) from "CPU"
-# (vLLM's CPU offloading). Only the device pool publishes events so far: the KV tiers below it do not.
+# (vLLM's CPU offloading: jaxpaged's host-memory tier). vLLM has no name for a disk; jaxpaged's disk tier says "DISK".
+# The tiers' events are recorded by core/tier_events.py.
 MEDIUM_DEVICE = "GPU"
+MEDIUM_HOST = "CPU"
+MEDIUM_DISK = "DISK"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +40,7 @@ class BlockStored:
 
 @dataclasses.dataclass(frozen=True)
 class BlockRemoved:
-    """Blocks stopped being hittable in `medium` (allocation evicted them)."""
+    """Blocks stopped being hittable in `medium` (allocation evicted them, a tier dropped them)."""
 
     block_hashes: tuple[BlockHash, ...]
     medium: str
@@ -45,7 +48,8 @@ class BlockRemoved:
 
 @dataclasses.dataclass(frozen=True)
 class AllBlocksCleared:
-    """The prefix cache was reset: every block announced before is gone."""
+    """The prefix cache was reset: every block announced before, in every medium, is gone (a tier that survives the
+    reset, the disk, is announced again after it)."""
 
 
 KVCacheEvent = Union[BlockStored, BlockRemoved, AllBlocksCleared]

@@ -16,6 +16,7 @@ from jaxpaged.engine.request_table import RequestTable
 from jaxpaged.engine.requests import RequestGroup, Sample
 from jaxpaged.engine.step_timings import StepTimings
 from jaxpaged.outputs import Logprob, RequestOutput
+from jaxpaged.sampling.grammar import prefetch_bitmasks
 from jaxpaged.sampling.prompt_logprobs import PromptLogprobEntry
 from jaxpaged.sampling.step_result import StepResult
 
@@ -52,10 +53,14 @@ class OutputProcessor:
         start = time.perf_counter()
         updated = scheduler.update_from_output(output, result.token_ids)
         self.timings.scheduler_update_s += time.perf_counter() - start
+        grammars = []
         for request in updated:
             if request.grammar is not None and not request.is_finished():
                 for token_id in request.output_token_ids[-request.num_step_tokens:]:
                     request.grammar.accept(token_id)
+                grammars.append(request.grammar)
+        if grammars:  # their next masks take shape on another core while this thread goes on
+            prefetch_bitmasks(grammars)
         if tokens_applied is not None:
             tokens_applied()
         self._record_prompt_logprobs(result.prompt_logprobs)

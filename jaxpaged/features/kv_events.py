@@ -12,6 +12,9 @@ older positional arrays (["BlockStored", block_hashes, ...]) for subscribers tha
 are jaxpaged's 32-byte chain hashes (msgpack bin). One socket carries every data-parallel rank, each batch naming
 its rank (vLLM opens one per rank).
 
+With the KV tiers on, their blocks are published too, medium "CPU" (host memory) and "DISK"
+(core/tier_events.py), in every rank's batches: the ranks share the tiers, and any of them loads from them.
+
 pyzmq and msgpack are imported only when the events are on.
 """
 
@@ -20,6 +23,7 @@ import time
 from typing import TYPE_CHECKING, Any, Optional, cast
 
 from jaxpaged.core.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent, KVEventLog
+from jaxpaged.core.tier_events import TierEventRecorder
 from jaxpaged.features.base import EngineFeature
 from jaxpaged.kv_events_config import EventLayout, KVEventsConfig
 
@@ -96,17 +100,29 @@ class KVEventsFeature(EngineFeature):
         self._publisher = ZmqEventPublisher(config) if config.publisher == "zmq" else None
         self._layout: EventLayout = config.event_layout
         self._logs: list[KVEventLog] = []
+        self._tier_events: Optional[TierEventRecorder] = None
 
     def after_warmup(self, ranks: "DataParallelRanks") -> None:
-        self._logs = [scheduler.kv_cache_manager.record_kv_events() for scheduler in ranks.schedulers]
+        from jaxpaged.kv_tiers import KVTiers
+
+        managers = [scheduler.kv_cache_manager for scheduler in ranks.schedulers]
+        self._logs = [manager.record_kv_events() for manager in managers]
+        tiers = managers[0].lower_tiers
+        if isinstance(tiers, KVTiers):
+            self._tier_events = TierEventRecorder(self._logs)
+            for manager in managers:
+                manager.record_tier_events(self._tier_events)
+            tiers.record_events(self._tier_events)
 
     def after_step(self, ranks: "DataParallelRanks") -> None:
+        if self._tier_events is not None:
+            self._tier_events.flush()
         for dp_rank, log in enumerate(self._logs):
             events = log.take()
             if events and self._publisher is not None:
                 self._publisher.publish(encode_batch(events, dp_rank, self._layout))
 
-    def close(self, ranks: "DataParallelRanks") -> None:
+    def close(self, ranks: "DataParallelRanks", deadline: Optional[float] = None) -> None:
         self.after_step(ranks)
         if self._publisher is not None:
             if self._publisher.num_dropped:

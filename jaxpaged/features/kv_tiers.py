@@ -75,8 +75,11 @@ def persist_kv_cache(tiers: KVTiers, runners: Sequence[ModelRunner], schedulers:
     start = time.monotonic()
     num_written, num_left = tiers.flush_host_to_disk(deadline)
     for scheduler, runner in zip(schedulers, runners):
-        saves = [(block_id, block_hash) for block_id, block_hash in scheduler.kv_cache_manager.cached_blocks()
+        manager = scheduler.kv_cache_manager
+        saves = [(block_id, block_hash) for block_id, block_hash in manager.cached_blocks()
                  if not tiers.on_disk(block_hash)]
+        for _, block_hash in saves:
+            manager.hand_down_record(block_hash)  # for the disk's KV events (when on)
         transfer = runner.tier_transfer
         assert transfer is not None  # attached by build_kv_tiers
         for begin in range(0, len(saves), TIER_TRANSFER_BATCH):

@@ -35,6 +35,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpaged.atomic_file import TEMPORARY_SUFFIX, write_atomically
+from jaxpaged.core.kv_events import MEDIUM_DISK
+from jaxpaged.core.tier_events import TierEventRecorder
 
 from .tier_stats import TierStats
 
@@ -69,6 +71,9 @@ class DiskTier:
         self._mac_key = mac_key
         self.stats = TierStats(capacity_bytes=capacity_bytes)
         self._index: collections.OrderedDict[bytes, int] = collections.OrderedDict()  # key -> file bytes, LRU first
+        self.events: Optional[TierEventRecorder] = None
+        """When KV events are on: told of every file this tier adopts or forgets (those found at start-up are
+        announced when it is attached: see KVTiers.record_events)."""
         Path(root).mkdir(mode=0o700, parents=True, exist_ok=True)
         self.directory.mkdir(mode=0o700, exist_ok=True)
         self._scan()
@@ -136,6 +141,10 @@ class DiskTier:
             return
         self._adopt(key, size)
         self.stats.bytes_in += payload.nbytes
+
+    def keys(self) -> list[bytes]:
+        """Every key this engine knows of, least recently used first."""
+        return list(self._index)
 
     def remove(self, key: bytes) -> None:
         """Delete the block's file (if any) and forget it."""
@@ -219,12 +228,16 @@ class DiskTier:
         self._index[key] = size
         self.stats.bytes_used += size
         self.stats.num_blocks = len(self._index)
+        if self.events is not None:
+            self.events.stored(MEDIUM_DISK, key)
 
     def _forget(self, key: bytes) -> None:
         size = self._index.pop(key, None)
         if size is not None:
             self.stats.bytes_used -= size
             self.stats.num_blocks = len(self._index)
+            if self.events is not None:
+                self.events.removed(MEDIUM_DISK, key)
 
     def _make_room(self, size: int) -> None:
         while self._index and self.stats.bytes_used + size > self.capacity_bytes:

@@ -5,6 +5,9 @@ from typing import Optional
 
 import numpy as np
 
+from jaxpaged.core.kv_events import MEDIUM_HOST
+from jaxpaged.core.tier_events import TierEventRecorder
+
 from .tier_stats import TierStats
 
 
@@ -17,6 +20,8 @@ class HostTier:
         self.stats = TierStats(capacity_bytes=capacity_bytes)
         """Counters (bytes_used and num_blocks kept current)."""
         self._blocks: collections.OrderedDict[bytes, np.ndarray] = collections.OrderedDict()
+        self.events: Optional[TierEventRecorder] = None
+        """When KV events are on: told of every block this tier takes in or evicts."""
 
     def __contains__(self, key: bytes) -> bool:
         return key in self._blocks
@@ -48,11 +53,19 @@ class HostTier:
             old_key, old_payload = self._blocks.popitem(last=False)
             self.stats.bytes_used -= old_payload.nbytes
             evicted.append((old_key, old_payload))
+            if self.events is not None:
+                self.events.removed(MEDIUM_HOST, old_key)
         self._blocks[key] = payload
         self.stats.bytes_used += payload.nbytes
         self.stats.bytes_in += payload.nbytes
         self.stats.num_blocks = len(self._blocks)
+        if self.events is not None:
+            self.events.stored(MEDIUM_HOST, key)
         return evicted
+
+    def keys(self) -> list[bytes]:
+        """Every key, least recently used first."""
+        return list(self._blocks)
 
     def items(self) -> list[tuple[bytes, np.ndarray]]:
         """Every (key, payload), least recently used first."""

@@ -23,6 +23,9 @@ from typing import Optional
 
 import numpy as np
 
+from jaxpaged.core.kv_events import MEDIUM_DISK, MEDIUM_HOST
+from jaxpaged.core.tier_events import TierEventRecorder
+
 from .disk_tier import BlockSpec, DiskTier
 from .host_tier import HostTier
 from .tier_stats import TierStats
@@ -75,6 +78,7 @@ class KVTiers:
                         if disk_directory is not None else None)
             for fp in fingerprints]
         self._hit_blocks = {"host": 0, "disk": 0}
+        self._events: Optional[TierEventRecorder] = None
         self.bytes_offloaded = 0
         """Bytes the device pools handed down (store() and persist()), over all shards (cumulative)."""
         self.bytes_loaded = 0
@@ -174,6 +178,33 @@ class KVTiers:
         for shard in self._shards:
             if shard.host is not None:
                 shard.host.clear()
+        if self._events is not None:
+            self._events.cleared(MEDIUM_HOST)
+
+    def record_events(self, recorder: TierEventRecorder) -> None:
+        """Tell `recorder` of every block the tiers take in or drop from now on, and of what the disk holds already
+        (files from earlier runs). NOTE: shard 0 speaks for every tensor-parallel shard: the shards take in and evict
+        the same blocks in the same order, and differ only where one shard's disk fails a write or a read."""
+        self._events = recorder
+        host, disk = self._shards[0].host, self._shards[0].disk
+        if host is not None:
+            host.events = recorder
+            for key in host.keys():
+                recorder.stored(MEDIUM_HOST, key)
+        if disk is not None:
+            disk.events = recorder
+            for key in disk.keys():
+                recorder.stored(MEDIUM_DISK, key)
+
+    def held_hashes(self) -> dict[str, set[bytes]]:
+        """Per medium ("CPU" for host memory, "DISK"), the chain hashes every shard holds there (a read-only view
+        for checks: KV events name the same sets)."""
+        held = {}
+        for medium, name in ((MEDIUM_HOST, "host"), (MEDIUM_DISK, "disk")):
+            tiers = [getattr(shard, name) for shard in self._shards]
+            if all(tier is not None for tier in tiers):
+                held[medium] = set.intersection(*(set(tier.keys()) for tier in tiers))
+        return held
 
     def stats(self) -> dict[str, TierStats]:
         """Per tier ("host", "disk" when on): counters and gauges summed over the shards."""

@@ -16,7 +16,12 @@ from jaxtyping import Array, Float, Int
 
 from jaxpaged.core.request import Request
 from jaxpaged.sampling.batch import penalizes_output_tokens
-from jaxpaged.sampling.bitmask import apply_token_bitmask, bitmask_words, fill_step_bitmask
+from jaxpaged.sampling.bitmask import (
+    apply_token_bitmask,
+    bitmask_words,
+    constrained_row_buckets,
+    fill_step_bitmask,
+)
 from jaxpaged.sampling.prompt_logprobs import PromptLogprobEntry
 from jaxpaged.sampling.sampler import (
     SamplerFlags,
@@ -43,24 +48,26 @@ class TokenSampler:
         """Where the logits live (replicated over the rank's devices); the sampling batch goes there too."""
 
     def warmup_tasks(self, row_buckets: Iterable[int]) -> list[Callable[[], None]]:
-        """Every sampler variant and the bitmask, per distinct row count, as independent compiles for the model
-        runner's warm-up to run side by side."""
+        """Every sampler variant and the bitmask's constrained-row buckets, per distinct row count, as independent
+        compiles for the model runner's warm-up to run side by side."""
         tasks: list[Callable[[], None]] = []
         variants = all_sampler_flag_variants()
         for num_rows in sorted(set(row_buckets)):
             # One zero logits array per row count, read by all its compiles (device arrays are immutable).
             logits = jax.device_put(np.zeros((num_rows, self.vocab_size), np.float32), self.placement)
             tasks += [functools.partial(self._compile_variant, logits, flags) for flags in variants]
-            tasks.append(functools.partial(self._compile_bitmask, logits))
+            tasks += [functools.partial(self._compile_bitmask, logits, num_constrained)
+                      for num_constrained in constrained_row_buckets(num_rows)]
         return tasks
 
     def _compile_variant(self, logits: Float[Array, "num_rows vocab"], flags: SamplerFlags) -> None:
         batch = warmup_sampling_batch(flags, logits.shape[0], self.vocab_size)
         jax.block_until_ready(sample(logits, batch, flags).token_ids)  # numpy, as launch() passes it
 
-    def _compile_bitmask(self, logits: Float[Array, "num_rows vocab"]) -> None:
-        all_allowed = np.full((logits.shape[0], bitmask_words(self.vocab_size)), -1, np.int32)
-        jax.block_until_ready(apply_token_bitmask(logits, all_allowed))
+    def _compile_bitmask(self, logits: Float[Array, "num_rows vocab"], num_constrained: int) -> None:
+        all_allowed = np.full((num_constrained, bitmask_words(self.vocab_size)), -1, np.int32)
+        padding_rows = np.full(num_constrained, logits.shape[0], np.int32)
+        jax.block_until_ready(apply_token_bitmask(logits, all_allowed, padding_rows))
 
     def sample(self, logits: Float[Array, "num_rows_padded vocab"], requests: Sequence[Request]) -> StepResult:
         """Row j of logits belongs to requests[j]; each request carries its params and resolved seed."""
@@ -77,11 +84,12 @@ class TokenSampler:
             rows = [self._row(request) for request in requests]
         else:
             rows = [self._row(request, drafts) for request, drafts in zip(requests, row_drafts, strict=True)]
-        # Structured outputs: the grammars fill their rows on the host while the device still runs the step.
-        bitmask = fill_step_bitmask(requests, logits.shape[0], self.vocab_size)
-        if bitmask is not None:
-            logits = apply_token_bitmask(logits, bitmask)
         batch = build_sampling_batch(rows, logits.shape[0], self.vocab_size)
+        # Structured outputs: the grammars fill their rows on the host while the device still runs the step (last:
+        # masks prefetched when the tokens were accepted may still be computing).
+        constrained = fill_step_bitmask(requests, logits.shape[0], self.vocab_size)
+        if constrained is not None:
+            logits = apply_token_bitmask(logits, *constrained)
         flags = sampler_static_flags(batch)
         # The numpy batch goes to the jitted sampler as it is: jit's own transfer of its arguments is several
         # times cheaper than jax.device_put of the ten-array pytree (which walks it in Python), and lands on the

@@ -1,6 +1,6 @@
-"""A KV-aware router's view of an engine's device caches, kept only from the published KV events (vLLM's wire
-format, events as maps or as positional arrays): per data-parallel rank, the set of cached chain hashes. Each event
-is checked on the way in."""
+"""A KV-aware router's view of an engine's caches, kept only from the published KV events (vLLM's wire format,
+events as maps or as positional arrays): per medium ("GPU", and with the KV tiers "CPU" and "DISK") and data-parallel
+rank, the set of cached chain hashes. Each event is checked on the way in."""
 
 import time
 
@@ -32,9 +32,14 @@ class Subscriber:
         self.socket.setsockopt(zmq.SUBSCRIBE, topic.encode())
         self.socket.connect(endpoint)
         self.topic, self.block_size = topic.encode(), block_size
-        self.cached: dict[int, set[bytes]] = {}
+        self.held: dict[str, dict[int, set[bytes]]] = {"GPU": {}, "CPU": {}, "DISK": {}}
+        """Per medium, per rank: the chain hashes the events say it holds."""
+        self.cached = self.held["GPU"]
+        """Per rank, the device's set."""
         self.ever_stored: set[bytes] = set()
         self.counts = {"BlockStored": 0, "BlockRemoved": 0, "AllBlocksCleared": 0}
+        self.counts_by_medium: dict[tuple[str, str], int] = {}
+        """(event type, medium) -> how many arrived."""
         self.events: list[dict] = []
         self.next_sequence = 0
 
@@ -53,31 +58,35 @@ class Subscriber:
     def apply(self, rank: int, event) -> None:
         event = as_map(event)
         self.events.append(event)
-        cached = self.cached.setdefault(rank, set())
         kind = event["type"]
         self.counts[kind] += 1
+        if kind == "AllBlocksCleared":
+            assert event == {"type": "AllBlocksCleared"}
+            for by_rank in self.held.values():  # every medium; what survives (the disk) is announced again
+                by_rank[rank] = set()
+            return
+        medium = event["medium"]
+        self.counts_by_medium[kind, medium] = self.counts_by_medium.get((kind, medium), 0) + 1
+        cached = self.held[medium].setdefault(rank, set())
         if kind == "BlockStored":
             block_hashes, parent, token_ids = event["block_hashes"], event["parent_block_hash"], event["token_ids"]
             block_size = event["block_size"]
             extra_keys = event.get("extra_keys") or [None] * len(block_hashes)
-            assert (block_size, event["lora_id"], event["medium"], event["lora_name"]) == (
-                self.block_size, None, "GPU", None)
+            assert (block_size, event["lora_id"], event["lora_name"]) == (self.block_size, None, None)
             assert parent is None or parent in self.ever_stored  # chains are announced from their start
             for index, block_hash in enumerate(block_hashes):
                 tokens = token_ids[index * block_size:(index + 1) * block_size]
                 block_keys = extra_keys[index]
                 keys = tuple(block_keys) if block_keys is not None else ()
-                assert hash_block_tokens(parent, tokens, keys) == block_hash  # a router can recompute it
+                if tokens or medium != "DISK":  # only a disk file from an earlier run is announced without tokens
+                    assert hash_block_tokens(parent, tokens, keys) == block_hash  # a router can recompute it
                 parent = block_hash
                 cached.add(block_hash)
                 self.ever_stored.add(block_hash)
-        elif kind == "BlockRemoved":
-            assert event["medium"] == "GPU"
+        else:
+            assert kind == "BlockRemoved"
             for block_hash in event["block_hashes"]:
                 cached.remove(block_hash)  # only blocks it was told about are removed
-        else:
-            assert event == {"type": "AllBlocksCleared"}
-            cached.clear()
 
     def close(self) -> None:
         self.socket.close(linger=0)

@@ -1,11 +1,14 @@
 """KVTiers under churn: random stores, fetches and touches against small host and disk bounds. Every fetch returns
-exactly the stored bytes or a miss, and no tier ever holds more than its bound (checked on the real files too)."""
+exactly the stored bytes or a miss, no tier ever holds more than its bound (checked on the real files too), and the
+KV events the tiers record name exactly what each holds."""
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from jaxpaged.core.kv_events import BlockRemoved, BlockStored, KVEventLog
+from jaxpaged.core.tier_events import TierEventRecorder
 from jaxpaged.kv_tiers.host_tier import HostTier
 from jaxpaged.kv_tiers.tiers import KVTiers
 
@@ -35,6 +38,10 @@ def test_churn_keeps_bytes_exact_and_bounds_held(tmp_path_factory, ops, num_shar
     # The disk bound counts whole files (header included): leave each block ~1 KiB for its header.
     tiers = KVTiers([f"{shard:032x}" for shard in range(num_shards)], host_blocks * SHARD_BYTES * num_shards,
                     None if directory is None else str(directory), disk_blocks * (SHARD_BYTES + 1024) * num_shards)
+    log = KVEventLog(block_size=16)
+    recorder = TierEventRecorder([log])
+    tiers.record_events(recorder)
+    announced: dict[str, set[bytes]] = {"CPU": set(), "DISK": set()}
     stored = set()
     for op, n in ops:
         if op == "store":
@@ -56,6 +63,16 @@ def test_churn_keeps_bytes_exact_and_bounds_held(tmp_path_factory, ops, num_shar
             on_disk = sum(path.stat().st_size for path in directory.rglob("*.kv"))
             assert on_disk == stats["disk"].bytes_used <= stats["disk"].capacity_bytes
             assert not list(directory.rglob("*.tmp"))
+        recorder.flush()
+        for event in log.take():
+            assert isinstance(event, (BlockStored, BlockRemoved))
+            (block_hash,) = event.block_hashes
+            if isinstance(event, BlockStored):
+                assert block_hash not in announced[event.medium]
+                announced[event.medium].add(block_hash)
+            else:
+                announced[event.medium].remove(block_hash)
+        assert {medium: announced[medium] for medium in tiers.held_hashes()} == tiers.held_hashes()
 
 
 def test_host_tier_is_lru_and_pushes_out_the_oldest():

@@ -72,7 +72,7 @@ class GrammarCompiler:
 
     def new_request_grammar(self, grammar: str) -> RequestGrammar:
         """A fresh matcher at the start of the output (one per sample: each consumes its own tokens)."""
-        return RequestGrammar(llguidance.LLMatcher(self.tokenizer, grammar, log_level=0))
+        return RequestGrammar(llguidance.LLMatcher(self.tokenizer, grammar, log_level=0), -(-self.vocab_size // 32))
 
 
 GRAMMAR_CACHE_SIZE = 256

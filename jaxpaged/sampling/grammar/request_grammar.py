@@ -1,12 +1,15 @@
 """RequestGrammar: one sample's position in its grammar; fills its row of the step's token bitmask and consumes
-the sampled token.
+the sampled token. Its next mask can be computed ahead, off the interpreter's lock, while the host does the rest
+of the step (prefetch_bitmasks).
 
 Bitmask layout (llguidance's): row r, token t is allowed when bit t % 32 of int32 word t // 32 is set.
 """
 
+import concurrent.futures
 import functools
+import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Optional
 
 import llguidance
 import numpy as np
@@ -14,29 +17,49 @@ from llguidance.numpy import fill_next_token_bitmask, fill_next_token_bitmask_pa
 
 
 class RequestGrammar:
-    """Wraps an llguidance matcher that has consumed the sample's output so far."""
+    """Wraps an llguidance matcher that has consumed the sample's output so far.
 
-    __slots__ = ("_matcher",)
+    NOTE: while a prefetched mask is being computed, the background job holds the matcher: every method that
+    touches it waits for that job first (_settle), and is_finished reads a flag kept at accept()."""
 
-    def __init__(self, matcher: Any) -> None:
+    __slots__ = ("_matcher", "_finished", "_next_mask", "bitmask_words")
+
+    def __init__(self, matcher: Any, bitmask_words: int) -> None:
         if matcher.is_error():
             raise ValueError(f"structured_outputs: {matcher.get_error()}")
         self._matcher = matcher
+        self._finished = matcher.is_stopped()
+        self._next_mask: Optional[tuple[_MaskJob, int]] = None
+        """The tokens allowed next, computed ahead: (the job, its row there); None until prefetched."""
+        self.bitmask_words = bitmask_words
+        """int32 words per bitmask row (the logits' vocabulary / 32, rounded up)."""
 
     def fill_bitmask(self, bitmask: np.ndarray, row: int) -> None:
         """Writes the tokens allowed next into bitmask[row] (int32 words)."""
+        if self._next_mask is not None:
+            job, job_row = self._next_mask
+            job.wait()
+            bitmask[row] = job.words[job_row]
+            return
         fill_next_token_bitmask(self._matcher, bitmask, row)
 
     def accept(self, token_id: int) -> None:
         """Advances past the sampled token. A token the mask allowed is always accepted; one it could not have
         allowed (an EOS after the grammar already stopped) changes nothing."""
+        self._settle()
+        self._next_mask = None  # computed for the position before this token
         if not self._matcher.is_stopped():
             self._matcher.consume_token(token_id)
+        self._finished = self._matcher.is_stopped() or self._matcher.is_error()
 
     @property
     def is_finished(self) -> bool:
         """The output is complete and nothing may follow it (a closed JSON value, a whole choice): stop here."""
-        return self._matcher.is_stopped() or self._matcher.is_error()
+        return self._finished
+
+    def _settle(self) -> None:
+        if self._next_mask is not None:
+            self._next_mask[0].wait()
 
 
 @functools.cache
@@ -45,12 +68,56 @@ def _executor() -> llguidance.LLExecutor:
     return llguidance.LLExecutor()
 
 
-def fill_bitmasks(rows: Sequence[tuple[RequestGrammar, int]], bitmask: np.ndarray) -> None:
-    """Writes each (grammar, row)'s allowed tokens into bitmask[row]. Several rows go to llguidance's thread
-    pool in one call, off Python's lock: a JSON schema's mask costs ~45-55 us a row (Zen 5 EPYC,
-    docs/performance.md), so one at a time in Python was most of a step's host time at 10 % of 512 rows."""
-    if len(rows) == 1:
-        grammar, row = rows[0]
-        grammar.fill_bitmask(bitmask, row)
+@functools.cache
+def _prefetch_thread() -> concurrent.futures.ThreadPoolExecutor:
+    """The one thread that hands prefetch jobs to llguidance and waits there, without the interpreter's lock."""
+    return concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-masks")
+
+
+# A forked child has neither the pool's threads nor the prefetch thread (a job handed to them would never run).
+os.register_at_fork(after_in_child=lambda: (_executor.cache_clear(), _prefetch_thread.cache_clear()))
+
+
+class _MaskJob:
+    """Several grammars' next masks being computed in the background: row i of `words` for the i-th matcher."""
+
+    __slots__ = ("words", "_future")
+
+    def __init__(self, matchers: Sequence[Any], bitmask_words: int) -> None:
+        self.words = np.empty((len(matchers), bitmask_words), np.int32)
+        rows = [(matcher, row) for row, matcher in enumerate(matchers)]
+        self._future = _prefetch_thread().submit(fill_next_token_bitmask_par, _executor(), rows, self.words)
+
+    def wait(self) -> None:
+        """Returns once the masks are written (re-raises what llguidance raised)."""
+        self._future.result()
+
+
+def prefetch_bitmasks(grammars: Sequence[RequestGrammar]) -> None:
+    """Starts computing the next mask of each unfinished grammar in the background and returns at once.
+
+    Called once the step's tokens are accepted: the masks of the next step then take shape on another core
+    while this thread detokenizes, makes outputs and plans the next step, instead of after all that (a JSON
+    schema's mask costs ~25-50 us a row, docs/performance.md). A grammar that accepts another token first
+    drops its prefetched mask."""
+    unfinished = [grammar for grammar in grammars if not grammar._finished]
+    if not unfinished:
         return
-    fill_next_token_bitmask_par(_executor(), [(grammar._matcher, row) for grammar, row in rows], bitmask)
+    job = _MaskJob([grammar._matcher for grammar in unfinished], unfinished[0].bitmask_words)
+    for row, grammar in enumerate(unfinished):
+        grammar._next_mask = (job, row)
+
+
+def fill_bitmasks(rows: Sequence[tuple[RequestGrammar, int]], bitmask: np.ndarray) -> None:
+    """Writes each (grammar, row)'s allowed tokens into bitmask[row]: prefetched masks are copied, the others go
+    to llguidance's thread pool in one call, off Python's lock."""
+    not_prefetched = []
+    for grammar, row in rows:
+        if grammar._next_mask is None:
+            not_prefetched.append((grammar._matcher, row))
+        else:
+            grammar.fill_bitmask(bitmask, row)
+    if len(not_prefetched) == 1:
+        fill_next_token_bitmask(not_prefetched[0][0], bitmask, not_prefetched[0][1])
+    elif not_prefetched:
+        fill_next_token_bitmask_par(_executor(), not_prefetched, bitmask)
