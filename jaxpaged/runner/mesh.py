@@ -146,8 +146,9 @@ def place_params(params: dict[str, np.ndarray], model: ModelConfig, mesh: Mesh, 
     so no stacked copy exists on the device even for a moment (llama.DecoderLayers says when the model wants that).
     pack: matmul weights are packed on the host into the native CPU matmul's panels first (packed_weights.py; one
     device, so nothing is split). pack_int8: the same for int8 projections (their scales stay [outer] per layer).
-    progress: a bar of weights placed on stderr (None: when stderr is a terminal); reading a checkpoint's bytes
-    happens here (the checkpoint is memory-mapped), so this is the weights' load.
+    progress: a bar of weights placed on stderr (None: when stderr is a terminal); the global weights are still
+    memory-mapped, so their bytes are read here (the layers' were read, and quantized, by weights/param_names.py's
+    stack_layers, which has its own bar).
     """
     tp = mesh.shape[MODEL_AXIS]
     if (pack or pack_int8) and (tp != 1 or not per_layer):

@@ -11,6 +11,7 @@ from fastapi.responses import Response
 
 from jaxpaged.async_engine import EngineDeadError
 from jaxpaged.outputs import CompletionOutput, RequestOutput
+from jaxpaged.sampling.params import StructuredOutputsParams
 from jaxpaged.server.chat_text import ChoiceText
 from jaxpaged.server.context import ServerContext
 from jaxpaged.server.errors import APIError, error_body
@@ -19,7 +20,7 @@ from jaxpaged.server.prompts import ChatRendering, chat_prompt
 from jaxpaged.server.protocol import ChatCompletionRequest
 from jaxpaged.server.responses import SampleProgress, chat_logprobs, usage
 from jaxpaged.server.streaming import SSE_DONE, sse_event
-from jaxpaged.server.tool_calls import ToolCalling, tool_calling
+from jaxpaged.server.tool_calls import AUTO_TOOLS_ORIGIN, ToolCalling, tool_calling
 from jaxpaged.server.validation import (
     build_sampling_params,
     check_model_name,
@@ -27,6 +28,7 @@ from jaxpaged.server.validation import (
     parse_model,
     read_json_body,
     resolve_max_tokens,
+    structured_outputs_of,
 )
 from jaxpaged.server.vllm_keys import reject_unhonoured_keys
 
@@ -55,20 +57,31 @@ async def create_chat_completion(request: Request, context: ServerContext) -> Re
     params = build_sampling_params(body, max_tokens=max_tokens, logprobs=(body.top_logprobs or 0) if body.logprobs
                                    else None, vocab_size=engine.vocab_size, max_n=context.settings.max_n,
                                    model_defaults=engine.sampling_defaults,
-                                   tool_constraint=calling.constraint() if calling else None)
+                                   tool_constraint=_tool_constraint(body, calling))
     if calling is not None and calling.parser is not None and calling.parser.keeps_special_tokens \
             and "skip_special_tokens" not in body.model_fields_set:
         params = dataclasses.replace(params, skip_special_tokens=False)  # the call markers are special tokens
     reasoning = context.reasoning_parser
-    # NOTE: a constrained output (a schema, a regex) starts with the answer, whatever the prompt opened.
-    starts_in_reasoning = reasoning is not None and params.structured_outputs is None \
-        and reasoning.starts_in_reasoning(prompt.text)
+    # NOTE: a constrained output (a schema, a regex) starts with the answer, whatever the prompt opened; the
+    # "auto" tools grammar lets any text (reasoning included) come first.
+    constrained = params.structured_outputs is not None and params.structured_outputs.origin != AUTO_TOOLS_ORIGIN
+    starts_in_reasoning = reasoning is not None and not constrained and reasoning.starts_in_reasoning(prompt.text)
     run = GenerationRun(context, f"chatcmpl-{uuid.uuid4().hex}", [prompt], [params])
     texts = [ChoiceText(calling, reasoning, starts_in_reasoning) if calling is None or calling.parser is not None
              else None for _ in range(body.n)]
     view = _ChatView(body, engine.tokenizer, context.model_name, run.request_id, calling, texts,
                      len(prompt.token_ids), context.settings.enable_prompt_tokens_details)
     return await respond(request, run, body.stream, view.events, lambda finals: view.body(finals[0]))
+
+
+def _tool_constraint(body: ChatCompletionRequest, calling: Optional[ToolCalling]) -> Optional[StructuredOutputsParams]:
+    """The grammar tool calling puts on the output: a forced call's, or for "auto" the parser's grammar of text or
+    calls unless the request constrains the output itself (then its own constraint wins)."""
+    if calling is None:
+        return None
+    if calling.parser is None:
+        return calling.constraint()
+    return calling.auto_constraint() if structured_outputs_of(body) is None else None
 
 
 class _ChatView:

@@ -78,6 +78,14 @@ _RESERVED_TEMPLATE_KWARGS = frozenset({
     "return_assistant_tokens_mask", "tokenizer_kwargs"})
 
 
+MAX_SHOWN_KEY_CHARS = 32
+"""Characters of a refused chat_template_kwargs key that its error repeats."""
+
+
+def _shown_key(key: str) -> str:
+    return key if len(key) <= MAX_SHOWN_KEY_CHARS else key[:MAX_SHOWN_KEY_CHARS] + "..."
+
+
 @dataclasses.dataclass(frozen=True)
 class ChatRendering:
     """How a conversation is rendered: the template and its options besides the messages and tools."""
@@ -98,8 +106,10 @@ class ChatRendering:
                            param="continue_final_message", code="invalid_value")
         for key in self.template_kwargs or {}:
             if key in _RESERVED_TEMPLATE_KWARGS or not key.isidentifier():
-                raise APIError(400, f"chat_template_kwargs.{key}: not a template variable a request may set",
-                               param=f"chat_template_kwargs.{key}", code="invalid_value")
+                # NOTE: the key is the client's text; a megabyte-long one must not come back in the error.
+                field = f"chat_template_kwargs.{_shown_key(key)}"
+                raise APIError(400, f"{field}: not a template variable a request may set", param=field,
+                               code="invalid_value")
 
 
 def render_chat(tokenizer: Any, messages: list[ChatMessage], rendering: ChatRendering,

@@ -5,7 +5,9 @@ from the functions' JSON schemas) and returns it as OpenAI tool_calls; "none" le
   - "required": the output is a JSON array of {"name": ..., "parameters": {...}} (one item per call, any of the
     tools, vLLM's layout), parsed into tool_calls when it is complete;
   - "auto": the model decides; the server's --tool-call-parser (tool_parsers.py) splits its text into content
-    and tool_calls. Without a parser, "auto" with tools is refused (400).
+    and tool_calls. Without a parser, "auto" with tools is refused (400). Where the parser has a grammar of its
+    format (hermes, llama3_json), the output is constrained to text or well-formed calls of the declared tools,
+    unless the request sets its own structured output.
 """
 
 import dataclasses
@@ -13,11 +15,14 @@ import json
 import uuid
 from typing import Optional
 
+from jaxpaged.sampling.grammar.grammar_compiler import check_schema_depth
 from jaxpaged.sampling.params import StructuredOutputsParams
 from jaxpaged.server.errors import APIError
 from jaxpaged.server.protocol import ChatCompletionRequest, NamedToolChoice
 from jaxpaged.server.tool_parsers import TOOL_CALL_PARSERS, ToolParser
 
+AUTO_TOOLS_ORIGIN = "tools"
+"""The field a tool_choice "auto" grammar's errors name (a tool's parameters that no grammar can hold)."""
 MAX_SHOWN_NAMES = 10
 """Most tool names an error message lists."""
 MAX_SHOWN_NAME_CHARS = 32
@@ -61,6 +66,18 @@ class ToolCalling:
                   "required": ["name", "parameters"], "additionalProperties": False} for t in self.tools]
         return StructuredOutputsParams(json={"type": "array", "minItems": 1, "items": {"anyOf": calls}},
                                        origin="tools.function.parameters")
+
+    def auto_constraint(self) -> Optional[StructuredOutputsParams]:
+        """tool_choice "auto": the parser's grammar of text or calls (None where its format has none here)."""
+        if self.parser is None:
+            return None
+        try:  # before the schemas are written into the grammar (json.dumps recurses)
+            check_schema_depth(self.tools)
+        except ValueError as error:
+            raise APIError(400, f"{AUTO_TOOLS_ORIGIN}: {error}", param=AUTO_TOOLS_ORIGIN, code="invalid_value") \
+                from None
+        grammar = self.parser.auto_grammar(self.tools)
+        return None if grammar is None else StructuredOutputsParams(grammar=grammar, origin=AUTO_TOOLS_ORIGIN)
 
     @property
     def streams_arguments(self) -> bool:

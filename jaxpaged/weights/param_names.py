@@ -1,9 +1,11 @@
 """Turning per-layer checkpoint tensors into jaxpaged's stacked parameter dict."""
 
+import sys
 from collections.abc import Callable
 from typing import Optional
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from jaxpaged.models.int8_weights import is_quantized_projection, quantize_int8, scale_name
 from jaxpaged.models.model_config import ModelConfig
@@ -14,7 +16,7 @@ _COPY_BLOCK = 256
 
 
 def stack_layers(cfg: ModelConfig, fetch: Callable[[str, Optional[int]], np.ndarray],
-                 quantization: Optional[str] = None) -> dict[str, np.ndarray]:
+                 quantization: Optional[str] = None, progress: Optional[bool] = None) -> dict[str, np.ndarray]:
     """Build every parameter by calling fetch(name, layer) per layer (layer None for global weights).
 
     fetch returns arrays already in jaxpaged's orientation ([in, out] for projections), in any dtype; a stacked
@@ -22,9 +24,28 @@ def stack_layers(cfg: ModelConfig, fetch: Callable[[str, Optional[int]], np.ndar
     memory-mapped source is only ever resident one tensor at a time; global weights are kept as fetch returns
     them (still lazy when fetch maps a file). `quantization` "int8": each projection layer is quantized as it is
     read (models/int8_weights.py), so the host holds the int8 stacks and one float layer, never the float model.
+    `progress`: a bar of tensors read on stderr (None: when stderr is a terminal); copying a mapped layer is where
+    its bytes are read from disk, and quantizing is the slow part of an int8 load, so this bar is the load's.
     """
+    shapes = param_shapes(cfg)
+    num_fetches = sum(cfg.num_layers if name.startswith("layers.") else 1 for name in shapes)
+    action = "Reading weights" if quantization is None else f"Reading weights, quantizing to {quantization}"
+    bar = tqdm(total=num_fetches, desc=action, unit="tensor", file=sys.stderr, leave=False,
+               disable=None if progress is None else not progress)
+
+    def fetch_counted(name: str, layer: Optional[int]) -> np.ndarray:
+        value = fetch(name, layer)
+        bar.update(1)
+        return value
+
+    with bar:
+        return _stack_all(cfg, shapes, fetch_counted, quantization)
+
+
+def _stack_all(cfg: ModelConfig, shapes: dict[str, tuple[int, ...]],
+               fetch: Callable[[str, Optional[int]], np.ndarray], quantization: Optional[str]) -> dict[str, np.ndarray]:
     params = {}
-    for name, shape in param_shapes(cfg).items():
+    for name, shape in shapes.items():
         if not name.startswith("layers."):
             params[name] = _checked(fetch(name, None), shape, name)
             continue

@@ -1,5 +1,6 @@
 """The `jaxpaged` console script: help on every command, generate streams text, convert round-trips a model."""
 
+import logging
 import subprocess
 import sys
 
@@ -78,3 +79,11 @@ def test_two_different_models_are_refused_naming_both():
 
     with pytest.raises(ValueError, match="model: given twice.*'a/b'.*'c/d'"):
         model_argument(build_parser().parse_args(["serve", "a/b", "--model", "c/d"]))
+
+
+@pytest.mark.parametrize("argv, level", [([], logging.INFO), (["--log-level", "warning"], logging.WARNING)])
+def test_serve_sets_jaxpaged_logging_before_anything_else(argv, level, capsys):
+    """--log-level (INFO by default) is in force before the model loads: here the model is missing."""
+    assert main(["serve", "/no/such/model-dir", *argv]) == 2
+    assert logging.getLogger("jaxpaged").level == level
+    assert "jaxpaged serve: model: '/no/such/model-dir' does not exist" in capsys.readouterr().err

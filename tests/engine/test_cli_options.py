@@ -96,6 +96,18 @@ def test_the_flags_the_readme_and_tests_use_keep_working():
                                                                         enable_prefix_caching=True)
 
 
+def test_vllm_engine_flags_keep_vllm_spellings():
+    """The engine flags docs/vllm-compatibility.md lists as supported parse under vLLM's own names."""
+    assert _options(["--max-num-seqs", "8", "--max-num-batched-tokens", "256", "--block-size", "32", "--seed", "5",
+                     "--no-enable-prefix-caching", "--tensor-parallel-size", "2", "--data-parallel-size", "2",
+                     "--long-prefill-token-threshold", "64", "--max-model-len", "2048", "-q", "int8",
+                     "--gpu-memory-utilization", "0.8"]) == dict(
+        max_num_seqs=8, max_num_batched_tokens=256, block_size=32, seed=5, enable_prefix_caching=False,
+        tensor_parallel_size=2, data_parallel_size=2, long_prefill_token_threshold=64, max_model_len=2048,
+        quantization="int8", gpu_memory_utilization=0.8)
+    assert _options(["--enable-prefix-caching"]) == dict(enable_prefix_caching=True)
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--kv-offload-memory", "big"], "argument --kv-offload-memory: kv_offload_memory: must be a number of bytes"),
     (["--max-model-len", "long"], "argument --max-model-len: max_model_len: must be an int"),

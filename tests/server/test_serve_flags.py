@@ -74,9 +74,11 @@ def test_an_unknown_quantization_scheme_is_refused_naming_the_flag(argv, capsys)
     assert "--quantization" in capsys.readouterr().err
 
 
-def test_an_unknown_flag_is_named():
-    with pytest.raises(SystemExit):
-        _args("--no-such-vllm-flag")
+def test_an_unknown_flag_is_named(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        _args("org/model", "--no-such-vllm-flag")
+    assert exit_info.value.code == 2
+    assert "--no-such-vllm-flag" in capsys.readouterr().err
 
 
 def test_chat_template_from_a_file_or_inline(tmp_path):
@@ -105,10 +107,14 @@ def test_tls_and_logging_flags_reach_uvicorn(tmp_path):
     key.write_text("key")
     cert.write_text("cert")
     options = uvicorn_options(_args("--ssl-keyfile", str(key), "--ssl-certfile", str(cert), "--ssl-cert-reqs", "2",
-                                    "--root-path", "/llm", "--uvicorn-log-level", "warning",
-                                    "--disable-uvicorn-access-log", "--port", "9000"))
+                                    "--ssl-ca-certs", str(cert), "--root-path", "/llm", "--uvicorn-log-level",
+                                    "warning", "--disable-uvicorn-access-log", "--port", "9000"))
     config = uvicorn.Config(lambda scope, receive, send: None, **options)
     assert (config.ssl_keyfile, config.ssl_certfile, config.ssl_cert_reqs) == (str(key), str(cert), 2)
+    assert config.ssl_ca_certs == str(cert)
+    # --log-level (jaxpaged's, INFO by default) is uvicorn's too unless --uvicorn-log-level says otherwise.
+    assert _args().log_level == "info" and uvicorn_options(_args())["log_level"] == "info"
+    assert uvicorn_options(_args("--log-level", "debug"))["log_level"] == "debug"
     assert (config.root_path, config.log_level, config.access_log, config.port) == ("/llm", "warning", False, 9000)
     with pytest.raises(ValueError, match="^ssl_certfile: --ssl-keyfile needs --ssl-certfile"):
         uvicorn_options(_args("--ssl-keyfile", str(key)))

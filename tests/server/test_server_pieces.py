@@ -5,6 +5,7 @@ import pytest
 from jaxpaged.outputs import CompletionOutput, Logprob
 from jaxpaged.server.context import ServerSettings
 from jaxpaged.server.errors import APIError, from_validation_errors, from_value_error, sanitize_message
+from jaxpaged.server.prompts import MAX_SHOWN_KEY_CHARS, ChatRendering
 from jaxpaged.server.protocol import ChatCompletionRequest, CompletionRequest
 from jaxpaged.server.responses import SampleProgress, chat_logprobs, completion_logprobs, usage
 from jaxpaged.server.validation import parse_model, resolve_max_tokens
@@ -129,3 +130,14 @@ def test_server_settings_validate():
         ServerSettings(max_queued_requests=-1)
     with pytest.raises(ValueError, match="api_key"):
         ServerSettings(api_key="")
+
+
+@pytest.mark.parametrize("key", ["tokenize", "9" * 10_000, "not an identifier " * 1000])
+def test_a_refused_chat_template_kwargs_key_is_named_but_cut_short(key):
+    """The 400 names the refused key, cut to a few characters so a huge key is not echoed back."""
+    with pytest.raises(APIError) as refused:
+        ChatRendering(template_kwargs={key: True}).check()
+    shown = key if len(key) <= MAX_SHOWN_KEY_CHARS else key[:MAX_SHOWN_KEY_CHARS] + "..."
+    assert refused.value.param == f"chat_template_kwargs.{shown}"
+    assert refused.value.message.startswith(f"chat_template_kwargs.{shown}: ")
+    assert len(refused.value.message) < 100

@@ -140,3 +140,5 @@ def test_the_start_up_log_says_what_was_decided(vllm_style_server):
     assert "--trust-remote-code: vLLM's flag is accepted and ignored" in log
     assert "--disable-log-requests: vLLM's flag is accepted and ignored" in log
     assert "start-up plan: devices" in log and "serving x on http://" in log
+    # At the default level (no --log-level on the line): the dtype and the memory plan.
+    assert "\n  dtype float32; layers " in log and "memory plan per device: weights " in log

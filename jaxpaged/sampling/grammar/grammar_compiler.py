@@ -90,6 +90,13 @@ def _schema_of(params: StructuredOutputsParams) -> Any:
             schema = json.loads(params.json)
         except RecursionError:
             raise ValueError(f"the schema is nested deeper than {MAX_SCHEMA_DEPTH} levels") from None
+    check_schema_depth(schema)
+    return schema
+
+
+def check_schema_depth(schema: Any) -> None:
+    """ValueError if a parsed JSON schema is nested deeper than MAX_SCHEMA_DEPTH (also for schemas a grammar
+    embeds, such as the tools' in a tool_choice "auto" grammar)."""
     stack = [(schema, 1)]
     while stack:  # iterative: the check itself must not recurse
         value, depth = stack.pop()
@@ -99,7 +106,6 @@ def _schema_of(params: StructuredOutputsParams) -> Any:
                 if depth + 1 > MAX_SCHEMA_DEPTH:
                     raise ValueError(f"the schema is nested deeper than {MAX_SCHEMA_DEPTH} levels")
                 stack.append((child, depth + 1))
-    return schema
 
 
 def _cache_key(params: StructuredOutputsParams, schema: Any) -> tuple:

@@ -66,9 +66,29 @@ class ToolParser:
                     break
         return len(text) - held
 
+    def auto_grammar(self, tools: list[dict]) -> Optional[str]:
+        """For tool_choice "auto": a Lark grammar (llguidance's) whose outputs are text, or calls of the declared
+        tools in this format with arguments that match their schemas; None where the format has no such grammar
+        here (the output is then parsed unconstrained, as vLLM does)."""
+        return None
+
     def call_id(self) -> str:
         """A new tool call id."""
         return f"call_{uuid.uuid4().hex[:24]}"
+
+
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+"""How a call's JSON is laid out in a grammar (llguidance's x-guidance options): as json.dumps writes it, so a small
+model cannot loop on whitespace (sampling/grammar/grammar_compiler.py does the same for response formats)."""
+
+
+def tool_call_schema(tools: list[dict], arguments_key: str) -> dict:
+    """The JSON schema of one call object {"name": <a declared tool>, <arguments_key>: <its parameters>}."""
+    calls = [{"type": "object", "properties": {"name": {"const": tool["function"]["name"]},
+                                               arguments_key: tool["function"].get("parameters") or
+                                               {"type": "object"}},
+              "required": ["name", arguments_key], "additionalProperties": False} for tool in tools]
+    return {"anyOf": calls, "x-guidance": JSON_LAYOUT}
 
 
 def arguments_text(arguments: Any) -> str:

@@ -4,7 +4,7 @@ chat templates write them."""
 import json
 from typing import Optional
 
-from jaxpaged.server.tool_parsers.base import Call, ToolParser, named_call
+from jaxpaged.server.tool_parsers.base import Call, ToolParser, named_call, tool_call_schema
 
 
 class HermesToolParser(ToolParser):
@@ -29,6 +29,19 @@ class HermesToolParser(ToolParser):
             if call is not None:
                 calls.append(call)
         return calls
+
+    def auto_grammar(self, tools: list[dict]) -> Optional[str]:
+        # Text that never writes the start tag, or text (reasoning, a preamble) up to the first start tag and then
+        # only well-formed blocks, as Qwen's templates lay them out. NOTE: `before` is lazy (it ends at the first
+        # start tag); a greedy text lexeme would never hand over to the block, llguidance's lexer being
+        # deterministic.
+        call = json.dumps(tool_call_schema(tools, "arguments"))
+        return "\n".join([
+            "start: TEXT | before blocks",
+            f"TEXT: /(?s:.+)/ & ~/(?s:.*{self.START}.*)/",
+            f'before[stop="{self.START}"]: /(?s:.*)/',
+            f'blocks: "\\n" call "\\n{self.END}" ("\\n{self.START}\\n" call "\\n{self.END}")*',
+            f"call: %json {call}"])
 
     def stream_calls(self, text: str) -> list[Call]:
         # Blocks are read alike in a prefix that ends after an end tag and in the whole text.

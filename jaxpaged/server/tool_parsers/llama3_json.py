@@ -1,9 +1,17 @@
 """llama3_json: Llama 3.1 / 3.2 JSON tool calls: `{"name": ..., "parameters": {...}}` as the whole answer, several
 separated by `;`, optionally after the `<|python_tag|>` token."""
 
+import json
 from typing import Optional
 
-from jaxpaged.server.tool_parsers.base import Call, ToolParser, decode_json_objects, named_call, tag_or_leading
+from jaxpaged.server.tool_parsers.base import (
+    Call,
+    ToolParser,
+    decode_json_objects,
+    named_call,
+    tag_or_leading,
+    tool_call_schema,
+)
 
 
 class Llama3JsonToolParser(ToolParser):
@@ -21,6 +29,15 @@ class Llama3JsonToolParser(ToolParser):
         items = decode_json_objects(body, separators=";")
         calls = [named_call(item, "parameters", "arguments") for item in items or []]
         return [call for call in calls if call is not None] if items and all(calls) else None
+
+    def auto_grammar(self, tools: list[dict]) -> Optional[str]:
+        # Text that neither opens with `{` nor writes the tag, or calls as the whole answer (written without the
+        # tag, as Llama 3.1 writes calls to the user's own tools).
+        call = json.dumps(tool_call_schema(tools, "parameters"))
+        return "\n".join([
+            "start: TEXT | call (\"; \" call)*",
+            r"TEXT: /(?s:.+)/ & ~/(?s:\s*\{.*)/ & ~/(?s:.*<\|python_tag\|>.*)/",
+            f"call: %json {call}"])
 
     def stream_content(self, text: str) -> int:
         if not text.strip():
