@@ -69,8 +69,8 @@ def _passage(text: str, num_chars: int) -> str:
     paragraphs = [p.strip() for p in text[len(text) // 4:].split("\n\n")]
     chosen: list[str] = []
     for paragraph in paragraphs:
-        if not paragraph or paragraph[0] in "#|-*`>" or len(paragraph) < 80:
-            continue
+        if not paragraph or paragraph[0] in "#|-*`>" or not 80 <= len(paragraph) <= num_chars:
+            continue  # not prose, or one paragraph longer than the whole passage (the prompt must fit the model)
         chosen.append(paragraph)
         if sum(len(p) for p in chosen) >= num_chars:
             break
