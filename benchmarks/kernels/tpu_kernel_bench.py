@@ -74,6 +74,30 @@ def shipped(q, kv_pages, metadata, sm_scale: float):
     return fn, (q, kv_pages, metadata.kv_lens, metadata.block_tables, metadata.cu_q_lens, metadata.num_seqs)
 
 
+def time_candidates(ctx: Context, row: dict, section: str, q, kv_pages, metadata, expected, sm_scale: float,
+                    num_kv_heads: int) -> dict[str, float]:
+    """Seconds per call of ours in each layout (and of jax's kernel, off --smoke), each checked against `expected`
+    first: row gets every candidate's error (and ours a PASS/FAIL); a candidate that raises is recorded and skipped
+    (ours then counts as a failure)."""
+    candidates: dict[str, tuple[Any, tuple]] = {
+        layout: (ours(ctx, sm_scale, layout, num_kv_heads), (q, pages_in(layout, kv_pages), metadata))
+        for layout in LAYOUTS}
+    if not ctx.smoke:
+        candidates["jax"] = shipped(q, kv_pages, metadata, sm_scale)
+    seconds = {}
+    for name, (fn, args) in candidates.items():
+        try:
+            row[f"{name}_error"] = max_error(fn(*args), expected)
+            if name != "jax":  # theirs is timed beside ours, not judged
+                check(ctx, row, f"{name}_error", jnp.bfloat16, section)
+            seconds[name] = seconds_per_call(fn, args, ctx.iters)
+        except Exception as error:  # e.g. a shape jax's kernel refuses: record, go on
+            row[f"{name}_error"] = f"{type(error).__name__}: {str(error)[:300]}"
+            if name != "jax":
+                ctx.failures.append(f"{section}: {row}")
+    return seconds
+
+
 def section_correctness(ctx: Context) -> dict:
     rows = []
     shapes = list(SHAPES.values()) + [(16, 2, 128), (8, 1, 256)]
@@ -122,22 +146,8 @@ def section_decode(ctx: Context) -> dict:
             expected = reference(q, kv_pages, metadata, sm_scale)
             row: dict[str, Any] = dict(shape=shape_name, kv_len=kv_len, ragged=ragged, num_seqs=num_seqs,
                                        kv_bytes=kv_bytes)
-            timed: dict[str, tuple[Any, tuple]] = {
-                layout: (ours(ctx, sm_scale, layout, num_kv_heads), (q, pages_in(layout, kv_pages), metadata))
-                     for layout in LAYOUTS}
-            if not ctx.smoke:
-                timed["jax"] = shipped(q, kv_pages, metadata, sm_scale)
-            for name, (fn, args) in timed.items():
-                try:
-                    row[f"{name}_error"] = max_error(fn(*args), expected)
-                    if name != "jax":  # theirs is timed beside ours, not judged
-                        check(ctx, row, f"{name}_error", jnp.bfloat16, "decode")
-                    seconds = seconds_per_call(fn, args, ctx.iters)
-                except Exception as error:  # e.g. a shape jax's kernel refuses: record, go on
-                    row[f"{name}_error"] = f"{type(error).__name__}: {str(error)[:300]}"
-                    if name != "jax":
-                        ctx.failures.append(f"decode: {row}")
-                    continue
+            for name, seconds in time_candidates(ctx, row, "decode", q, kv_pages, metadata, expected, sm_scale,
+                                                 num_kv_heads).items():
                 row[f"{name}_us"] = 1e6 * seconds
                 row[f"{name}_mbu"] = kv_bytes / seconds / peak
                 row[f"{name}_fraction_of_copy"] = kv_bytes / seconds / copy
@@ -161,21 +171,9 @@ def section_prefill(ctx: Context) -> dict:
             sm_scale = head_dim ** -0.5
             expected = reference(q, kv_pages, metadata, sm_scale)
             row: dict[str, Any] = dict(shape=shape_name, step=step_name)
-            timed: dict[str, tuple[Any, tuple]] = {
-                layout: (ours(ctx, sm_scale, layout, num_kv_heads), (q, pages_in(layout, kv_pages), metadata))
-                     for layout in LAYOUTS}
-            if not ctx.smoke:
-                timed["jax"] = shipped(q, kv_pages, metadata, sm_scale)
-            for name, (fn, args) in timed.items():
-                try:
-                    row[f"{name}_error"] = max_error(fn(*args), expected)
-                    if name != "jax":
-                        check(ctx, row, f"{name}_error", jnp.bfloat16, "prefill")
-                    row[f"{name}_us"] = 1e6 * seconds_per_call(fn, args, ctx.iters)
-                except Exception as error:
-                    row[f"{name}_error"] = f"{type(error).__name__}: {str(error)[:300]}"
-                    if name != "jax":
-                        ctx.failures.append(f"prefill: {row}")
+            for name, seconds in time_candidates(ctx, row, "prefill", q, kv_pages, metadata, expected, sm_scale,
+                                                 num_kv_heads).items():
+                row[f"{name}_us"] = 1e6 * seconds
             rows.append(row)
             print(f"  prefill {row}", flush=True)
     return dict(rows=rows)

@@ -9,9 +9,8 @@ by then) and appends the sampled tokens, whose K/V a later step computes. With a
 schedule() for step N+1 before update_from_output() of step N: a request whose token is still in flight
 (Request.num_pending_tokens) gets a one-token step with a placeholder the runner fills on the device.
 
-Speculative decoding: a decoding request with proposals (Request.spec_token_ids, set by the engine's proposer) gets
-a row of its newest token and the proposals, within the budget. Its num_computed_tokens counts them all until
-update_from_output() keeps the accepted ones and rolls the rest back (_apply_verified_row).
+Speculative decoding: a decoding request's proposals (Request.spec_token_ids) ride its row, counted as computed
+until update_from_output() keeps the accepted ones and rolls the rest back (spec_verification.py).
 """
 
 from collections.abc import Iterable
@@ -23,9 +22,11 @@ from .kv_cache_manager import KVCacheManager, PrefixHit
 from .lower_tiers import LowerTiers
 from .request import Request, RequestStatus
 from .request_queue import make_request_queue
+from .request_validation import validate_new_request
 from .scheduler_output import ScheduledRequest, SchedulerOutput
 from .scheduler_stats import SchedulerStats
 from .spec_decode_stats import SpecDecodeStats
+from .spec_verification import append_verified_tokens, num_verifiable
 from .stop_criteria import check_stop, reaches_length_limit
 
 _RUNNING = RequestStatus.RUNNING
@@ -67,8 +68,6 @@ class Scheduler:
         """Preemptions since start."""
         self._finished_request_ids: set[str] = set()
         self.max_spec_tokens_per_step = max_spec_tokens_per_step
-        self._num_spec_rows = 0
-        """Proposals the step being scheduled verifies (each samples a row of the step's max_num_seqs)."""
         self.spec_stats = SpecDecodeStats()
         """Speculative decoding: proposals verified and accepted so far (cumulative, by position)."""
 
@@ -76,7 +75,8 @@ class Scheduler:
 
     def add_request(self, request: Request) -> None:
         """Queue a new request; ValueError naming the problem (and nothing changed) if it can never run."""
-        self._validate_new_request(request)
+        validate_new_request(request, self.requests, self.max_model_len, self.block_size,
+                             self.kv_cache_manager.block_pool.num_usable_blocks)
         self.requests[request.request_id] = request
         self.waiting.add(request)
 
@@ -135,10 +135,10 @@ class Scheduler:
         """Choose this step's tokens: running requests first, then admissions; advances num_computed_tokens."""
         scheduled: list[ScheduledRequest] = []
         preempted_request_ids: set[str] = set()
-        budget = self._schedule_running(scheduled, preempted_request_ids)
+        budget, num_spec_rows = self._schedule_running(scheduled, preempted_request_ids)
         # A step that had to preempt is short of blocks: admitting more would only preempt again.
         if not preempted_request_ids:
-            budget = self._schedule_waiting(scheduled, budget)
+            budget = self._schedule_waiting(scheduled, budget, num_spec_rows)
         finished_request_ids, self._finished_request_ids = self._finished_request_ids, set()
         kv = self.kv_cache_manager
         saves, loads = kv.take_tier_transfers()
@@ -203,34 +203,13 @@ class Scheduler:
     # ---- internals ----
 
     def _apply_verified_row(self, scheduled_request: ScheduledRequest, sampled: list[int]) -> bool:
-        """A speculative row's outcome: sampled[i] is the token drawn after the newest token and proposals[:i].
-        The proposals up to the first that differs from its draw are accepted, then that draw (or, all accepted,
-        the last one) follows: for a proposer whose proposal is a single token, accepting exactly when the target's
-        own draw equals it is the rejection-sampling rule, so greedy output equals non-speculative greedy output and
-        a sampled one keeps the target's distribution. The rejected proposals' K/V slots are rolled back (and blocks
-        allocated only for them freed); only computed, accepted tokens reach the prefix cache. True if the request
-        finished (and was released)."""
+        """A speculative row's outcome (spec_verification.py): the accepted proposals and the draw after them are
+        appended, the rejected proposals' K/V slots rolled back (blocks allocated only for them freed); only
+        computed, accepted tokens reach the prefix cache. True if the request finished (and was released)."""
         request = scheduled_request.request
         proposals = scheduled_request.token_ids[1:]
-        num_accepted = 0
-        while num_accepted < len(proposals) and sampled[num_accepted] == proposals[num_accepted]:
-            num_accepted += 1
+        num_accepted, finished = append_verified_tokens(request, proposals, sampled, self.max_model_len)
         self.spec_stats.record(len(proposals), num_accepted)
-        request.num_pending_tokens -= 1
-        request.spec_token_ids = []  # consumed (the engine's proposer reads this as "verified")
-        finished = False
-        num_appended = 0
-        for token_id in sampled[:num_accepted + 1]:
-            request.append_output_token(token_id)
-            num_appended += 1
-            if check_stop(request, self.max_model_len):  # EOS, a stop id or a length limit among the accepted
-                finished = True
-                break
-        request.num_step_tokens = num_appended
-        # K/V was computed for the newest token and the accepted proposals, so for every token but the last
-        # appended (whose slot holds K/V too when a stop among the accepted ended the row: counted as not computed,
-        # as without speculation).
-        request.num_computed_tokens = len(request.all_token_ids) - 1
         kv = self.kv_cache_manager
         kv.trim_blocks(request)
         kv.cache_full_blocks(request)
@@ -255,8 +234,10 @@ class Scheduler:
             if len(scheduled_request.token_ids) != 1 or (scheduled_request.start_position + 1) % block_size == 0:
                 cache_full_blocks(scheduled_request.request)
 
-    def _schedule_running(self, scheduled: list[ScheduledRequest], preempted_request_ids: set[str]) -> int:
-        """Schedule running requests in admission order, preempting when blocks run out; the budget left."""
+    def _schedule_running(self, scheduled: list[ScheduledRequest],
+                          preempted_request_ids: set[str]) -> tuple[int, int]:
+        """Schedule running requests in admission order, preempting when blocks run out; the budget left and the
+        number of proposals scheduled (each samples one of the step's max_num_seqs rows)."""
         budget = self.max_num_batched_tokens
         threshold = self.long_prefill_token_threshold
         allocate_slots = self.kv_cache_manager.allocate_slots
@@ -291,7 +272,7 @@ class Scheduler:
                 continue
             num_spec = 0
             if request.spec_token_ids and num_new_tokens == 1 and not num_pending:
-                num_spec = min(self._num_verifiable(request, budget), spec_budget)
+                num_spec = min(num_verifiable(request, budget, max_model_len), spec_budget)
                 spec_budget -= num_spec
                 num_new_tokens += num_spec
             # Most decodes write into room left in their last block (its earlier slot is computed, so it is
@@ -325,22 +306,13 @@ class Scheduler:
             request.num_computed_tokens = end
             budget -= num_new_tokens
             index += 1
-        self._num_spec_rows = spec_limit - spec_budget
-        return budget
+        return budget, spec_limit - spec_budget
 
-    def _num_verifiable(self, request: Request, budget: int) -> int:
-        """How many of a decoding request's proposals its step verifies: what the budget leaves beside its own token,
-        and no more than could be accepted before max_tokens or max_model_len (a step appends at most one token
-        past its accepted proposals)."""
-        return max(0, min(len(request.spec_token_ids), budget - 1,
-                          request.max_tokens - len(request.output_token_ids) - 1,
-                          self.max_model_len - len(request.all_token_ids) - 1))
-
-    def _schedule_waiting(self, scheduled: list[ScheduledRequest], budget: int) -> int:
+    def _schedule_waiting(self, scheduled: list[ScheduledRequest], budget: int, num_spec_rows: int) -> int:
         """Admit waiting requests in policy order, each starting at its prefix-cache hit; the budget left."""
         kv = self.kv_cache_manager
         waiting = self.waiting
-        max_running = self.max_num_seqs - self._num_spec_rows  # the step's proposals hold sampling rows too
+        max_running = self.max_num_seqs - num_spec_rows  # the step's proposals hold sampling rows too
         while len(waiting) > 0 and budget > 0 and len(self.running) < max_running:
             request = waiting.peek()
             hit = kv.find_prefix_hit(request)
@@ -426,25 +398,3 @@ class Scheduler:
         self.kv_cache_manager.free(request)
         del self.requests[request.request_id]
         self._finished_request_ids.add(request.request_id)
-
-    def _validate_new_request(self, request: Request) -> None:
-        if not isinstance(request, Request):
-            raise ValueError(f"request: must be a jaxpaged.core.Request, got {type(request).__name__}")
-        if request.request_id in self.requests:
-            raise ValueError(f"request_id: {request.request_id!r} is already in the scheduler")
-        if request.status is not RequestStatus.WAITING or request.num_computed_tokens or request.output_token_ids:
-            raise ValueError(f"request: must be new (WAITING, nothing computed or generated), got {request!r}")
-        num_prompt_tokens = len(request.prompt_token_ids)
-        if num_prompt_tokens > self.max_model_len:
-            raise ValueError(f"prompt_token_ids: {num_prompt_tokens} tokens exceed max_model_len "
-                             f"({self.max_model_len})")
-        if not isinstance(request.max_tokens, int) or request.max_tokens < 1:
-            raise ValueError(f"max_tokens: must be an int >= 1, got {request.max_tokens!r}")
-        # The last generated token's K/V is never computed; a prompt of exactly max_model_len still samples one.
-        max_kv_tokens = max(num_prompt_tokens, min(num_prompt_tokens + request.max_tokens, self.max_model_len) - 1)
-        max_blocks = -(-max_kv_tokens // self.block_size)
-        num_usable_blocks = self.kv_cache_manager.block_pool.num_usable_blocks
-        if max_blocks > num_usable_blocks:
-            field = "prompt_token_ids" if num_prompt_tokens > num_usable_blocks * self.block_size else "max_tokens"
-            raise ValueError(f"{field}: prompt ({num_prompt_tokens} tokens) + max_tokens ({request.max_tokens}) "
-                             f"can need {max_blocks} KV blocks, but the whole pool has {num_usable_blocks}")
