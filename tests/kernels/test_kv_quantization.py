@@ -1,0 +1,127 @@
+"""Quantized KV rows (kv_cache_dtype "int8" / "fp8_e4m3"): codes plus a per-row bfloat16 scale rounded up. Round
+trips stay within the scheme's bound (a hand-worked row, then random ones); the KV write stores exactly
+quantize_rows of each token; attention over a quantized pool equals attention over the float32 pool of its
+dequantized values; only the backends that read the layout accept it."""
+
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxpaged.kernels.kv_quantization import (
+    FP8_MAX,
+    INT8_MAX,
+    SCALE_BYTES,
+    canonical_kv_cache_dtype,
+    dequantize_rows,
+    quantize_rows,
+    quantized_pool_dtype,
+    row_scales,
+)
+from jaxpaged.kernels.ragged_paged_attention import empty_attention_metadata, write_kv
+from jaxpaged.kernels.ragged_paged_attention.dispatch import ragged_paged_attention
+from jaxpaged.kernels.ragged_paged_attention.example_batch import make_ragged_batch
+from jaxpaged.kernels.ragged_paged_attention.kv_layout import cache_shape
+from jaxpaged.kernels.ragged_paged_attention.xla import ragged_paged_attention_xla
+
+PAGE = 16
+Q_LENS = [1, 1, 1, 1, 1, 5, PAGE + 1]
+KV_LENS = [1, PAGE - 1, PAGE, PAGE + 1, 9 * PAGE + 5, 3 * PAGE + 2, PAGE + 1]
+FORMATS = ["int8", "fp8_e4m3"]
+
+
+def test_a_hand_worked_int8_row():
+    """absmax 2.54: 2.54 / 127 = 0.02 rounds up to the bfloat16 164 / 2^13 = 0.02001953125; codes round half even."""
+    stored = quantize_rows(jnp.array([[2.54, -1.27, 0.01, 0.0]], jnp.float32), jnp.int8)
+    assert stored.shape == (1, 4 + SCALE_BYTES) and stored.dtype == jnp.int8
+    assert float(row_scales(stored)[0]) == 164 / 2**13
+    np.testing.assert_array_equal(np.asarray(stored[0, :4]), [127, -63, 0, 0])
+    np.testing.assert_allclose(np.asarray(dequantize_rows(stored)[0]),
+                               [127 * 164 / 2**13, -63 * 164 / 2**13, 0.0, 0.0], rtol=0, atol=0)
+
+
+def test_a_hand_worked_fp8_row():
+    """absmax 448 gives scale 1; 1.0625 is half-way between e4m3's 1 and 1.125 and rounds to the even 1; 2^-9 is its
+    smallest subnormal."""
+    stored = quantize_rows(jnp.array([[448.0, -1.0625, 2.0**-9, 0.0]]), jnp.uint8)
+    assert float(row_scales(stored)[0]) == 1.0
+    np.testing.assert_array_equal(np.asarray(dequantize_rows(stored)[0]), [448.0, -1.0, 2.0**-9, 0.0])
+
+
+@pytest.mark.parametrize("kv_format", FORMATS)
+def test_random_rows_round_trip_within_the_bound(kv_format):
+    rng = np.random.default_rng(0)
+    # Rows of very different magnitudes: the scale is per row, so each is bounded by its own absmax.
+    values = rng.standard_normal((64, 40)).astype(np.float32) * (10.0 ** rng.uniform(-4, 4, (64, 1)))
+    stored = quantize_rows(jnp.asarray(values), quantized_pool_dtype(kv_format))
+    scale, back = np.asarray(row_scales(stored)), np.asarray(dequantize_rows(stored))
+    qmax = INT8_MAX if kv_format == "int8" else FP8_MAX
+    absmax = np.abs(values).max(axis=1)
+    assert np.all(scale >= absmax / qmax) and np.all(scale <= absmax / qmax * (1 + 2**-7))
+    error = np.abs(back - values)
+    if kv_format == "int8":
+        bound = scale[:, None] / 2
+    else:  # 3 mantissa bits: half an ulp is 2^-4 of the value; below the normal range, half of 2^-9 of the scale
+        bound = np.maximum(np.abs(values) * 2**-4, scale[:, None] * 2**-10)
+    assert np.all(error <= bound * (1 + 1e-6))
+
+
+@pytest.mark.parametrize("kv_format", FORMATS)
+def test_a_zero_row_reads_back_as_zeros(kv_format):
+    stored = quantize_rows(jnp.zeros((2, 8)), quantized_pool_dtype(kv_format))
+    np.testing.assert_array_equal(np.asarray(dequantize_rows(stored)), np.zeros((2, 8)))
+
+
+def test_kv_cache_dtype_names():
+    assert canonical_kv_cache_dtype("fp8") == "fp8_e4m3" and canonical_kv_cache_dtype("int8") == "int8"
+    with pytest.raises(ValueError, match="^kv_cache_dtype: must be one of"):
+        canonical_kv_cache_dtype("fp8_e5m2")
+    assert cache_shape(7, PAGE, 3, 64, jnp.int8, "quantized") == ((7, PAGE, 6, 64 + SCALE_BYTES), jnp.int8)
+    with pytest.raises(ValueError, match="dtype: the quantized layout is an int8 or uint8 pool, got float32"):
+        cache_shape(7, PAGE, 3, 64, jnp.float32, "quantized")
+
+
+@pytest.mark.parametrize("kv_format", FORMATS)
+@pytest.mark.parametrize("num_tokens", [1, PAGE - 1, PAGE, PAGE + 1, 5 * PAGE])
+def test_the_write_stores_each_tokens_quantized_rows(kv_format, num_tokens):
+    rng = np.random.default_rng(num_tokens)
+    pool_dtype = quantized_pool_dtype(kv_format)
+    pool = jnp.asarray(rng.integers(-100, 100, (12, PAGE, 6, 16 + SCALE_BYTES)), pool_dtype)
+    k, v = jnp.asarray(rng.standard_normal((2, num_tokens, 3, 16)), jnp.float32)
+    slots = rng.choice(np.arange(PAGE, 12 * PAGE), num_tokens, replace=False)
+    metadata = dataclasses.replace(empty_attention_metadata(num_tokens, 1, 1), slot_mapping=jnp.asarray(slots))
+    written = np.asarray(write_kv(pool, k, v, metadata, backend="xla")).reshape(12 * PAGE, 6, -1)
+    expected = np.asarray(pool).reshape(12 * PAGE, 6, -1).copy()
+    expected[slots, 0::2] = np.asarray(quantize_rows(k, pool_dtype))
+    expected[slots, 1::2] = np.asarray(quantize_rows(v, pool_dtype))
+    np.testing.assert_array_equal(written, expected)
+
+
+@pytest.mark.parametrize("kv_format", FORMATS)
+@pytest.mark.parametrize("num_q_heads,num_kv_heads,sliding_window", [(6, 2, None), (9, 3, PAGE + 1)])
+def test_attending_over_quantized_rows_equals_their_dequantized_float_pool(kv_format, num_q_heads, num_kv_heads,
+                                                                           sliding_window):
+    batch = make_ragged_batch(Q_LENS, KV_LENS, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=64,
+                              page_size=PAGE, num_tokens=48, max_num_seqs=9, dtype=jnp.float32)
+    q, pool, metadata = batch.attention_args()
+    quantized = quantize_rows(pool, quantized_pool_dtype(kv_format))
+    options = dict(sm_scale=0.125, sliding_window=sliding_window, native=False)
+    out = ragged_paged_attention_xla(q, quantized, metadata, **options)
+    expected = ragged_paged_attention_xla(q, dequantize_rows(quantized), metadata, **options)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(expected), rtol=1e-6, atol=1e-6)
+    # ... and the quantization is visible: the float pool itself gives another answer.
+    unquantized = ragged_paged_attention_xla(q, pool, metadata, **options)
+    assert np.max(np.abs(np.asarray(unquantized) - np.asarray(out))) > 1e-4
+
+
+@pytest.mark.parametrize("backend", ["pallas_tpu", "pallas_gpu"])
+def test_backends_without_the_quantized_layout_refuse_it(backend):
+    batch = make_ragged_batch([1], [3], num_q_heads=2, num_kv_heads=1, head_dim=64, page_size=PAGE)
+    q, pool, metadata = batch.attention_args()
+    quantized = quantize_rows(pool, jnp.int8)
+    with pytest.raises(ValueError, match=f"kv_pages: the quantized layout \\(int8\\) is read by .* not {backend}"):
+        ragged_paged_attention(q, quantized, metadata, backend=backend, sm_scale=0.125)
+    k = jnp.zeros((1, 1, 64), jnp.float32)
+    with pytest.raises(ValueError, match="kv_pages: the quantized layout"):
+        write_kv(quantized, k, k, empty_attention_metadata(1, 1, 1), backend=backend)
