@@ -19,6 +19,7 @@ CpuMatmulKernel = Literal["native", "xla"]
 CpuAttentionKernel = Literal["native", "jnp"]
 SpeculativeMethod = Literal["ngram"]
 QuantizationName = Literal["int8", "tpu_int8"]
+KVCacheDTypeName = Literal["auto", "int8", "fp8", "fp8_e4m3"]
 # The annotations are the one list of choices: the checks below and the CLI's --flag choices both read them.
 _POLICIES = get_args(SchedulingPolicy)
 _GRANULARITIES = get_args(PrefixCachingGranularity)
@@ -28,8 +29,14 @@ _CPU_MATMULS = get_args(CpuMatmulKernel)
 _CPU_ATTENTIONS = get_args(CpuAttentionKernel)
 _SPECULATIVE_METHODS = get_args(SpeculativeMethod)
 _QUANTIZATIONS = get_args(QuantizationName)
+_KV_CACHE_DTYPES = get_args(KVCacheDTypeName)
 _QUANTIZATION_ALIASES = {"tpu_int8": "int8"}
 """vLLM's names of schemes jaxpaged runs under its own name: its tpu_int8 is the same weight-only per-channel int8."""
+
+
+_QUANTIZED_KV_BACKENDS = ("auto", "xla")
+"""Attention backends named in the config that can run a quantized KV cache ("auto" is checked against the platform
+at start-up, before the weights load: runner/kv_cache.py check_kv_cache_dtype)."""
 
 
 def _require(ok: bool, field: str, message: str) -> None:
@@ -52,6 +59,11 @@ class CacheConfig:
     """vLLM's: on an accelerator, the share of each device's memory the engine may fill; the KV pool gets what the
     weights and the buffers in use leave of it (XLA's step buffers come out of the rest). None: 60% of the memory
     free after the weights. Not used on a CPU, nor with num_kv_blocks or kv_cache_memory."""
+    kv_cache_dtype: KVCacheDTypeName = "auto"
+    """How K and V are stored (vLLM's --kv-cache-dtype): "auto" in the model dtype; "int8" or "fp8" / "fp8_e4m3"
+    as 8-bit codes with one bfloat16 scale per token per KV head, quantized on write and dequantized inside attention
+    (kernels/kv_quantization.py): about twice the tokens of bfloat16 in the same kv_cache_memory. "fp8" is stored
+    as "fp8_e4m3". The "xla" attention backend only, for now."""
     enable_prefix_caching: bool = True
     """Reuse computed full blocks across requests by their chain hash."""
     prefix_caching_granularity: PrefixCachingGranularity = "token"
@@ -86,6 +98,10 @@ class CacheConfig:
         if self.gpu_memory_utilization is not None:
             _require(is_number(self.gpu_memory_utilization) and 0 < self.gpu_memory_utilization <= 1,
                      "gpu_memory_utilization", f"must be a number in (0, 1], got {self.gpu_memory_utilization!r}")
+        _require(self.kv_cache_dtype in _KV_CACHE_DTYPES, "kv_cache_dtype",
+                 f"must be one of {_KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
+        if self.kv_cache_dtype == "fp8":
+            object.__setattr__(self, "kv_cache_dtype", "fp8_e4m3")
         _require(isinstance(self.enable_prefix_caching, bool), "enable_prefix_caching",
                  f"must be a bool, got {self.enable_prefix_caching!r}")
         _require(self.prefix_caching_granularity in _GRANULARITIES, "prefix_caching_granularity",
@@ -305,6 +321,10 @@ class EngineConfig:
             _require(isinstance(self.kv_events_config, str), "kv_events_config",
                      f"must be a JSON object as a string, got {self.kv_events_config!r}")
             parse_kv_events_config(self.kv_events_config)  # ValueError naming kv_events_config
+        _require(self.cache.kv_cache_dtype == "auto" or self.attention_backend in _QUANTIZED_KV_BACKENDS,
+                 "kv_cache_dtype", f"{self.cache.kv_cache_dtype!r} runs on the attention backends "
+                 f"{_QUANTIZED_KV_BACKENDS} (\"auto\" picks xla on a CPU), not {self.attention_backend!r}; use "
+                 f"kv_cache_dtype=\"auto\" there")
         if self.speculative.enabled:  # a decode row and its proposals must fit one step's budget
             budget = self.scheduler.max_num_batched_tokens
             _require(self.speculative.num_speculative_tokens < budget, "num_speculative_tokens",

@@ -31,6 +31,7 @@ from jaxpaged.features.wiring import build_features
 from jaxpaged.inputs import PromptInput, parse_prompt
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.runner import ModelRunner, build_rank_runners, compile_counter
+from jaxpaged.runner.kv_cache import check_kv_cache_dtype
 from jaxpaged.sampling.batch import penalizes_output_tokens
 from jaxpaged.sampling.grammar import GrammarCompiler
 from jaxpaged.sampling.params import SamplingParams
@@ -89,6 +90,8 @@ class LLMEngine:
         engine options (the kernel fields also from JAXPAGED_CPU_MATMUL / JAXPAGED_CPU_ATTENTION when not given), and
         warm up."""
         config = EngineConfig.from_options(**{**kernel_options_from_environment(engine_options), **engine_options})
+        # A KV format this platform's attention backend cannot read fails before any weight is read.
+        check_kv_cache_dtype(config.cache.kv_cache_dtype, config.attention_backend)
         if config.compilation_cache_dir != "":
             enable_persistent_compilation_cache(config.compilation_cache_dir)
         return cls(load_model(model, revision=revision, quantization=config.quantization), config)

@@ -7,6 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpaged.config import CacheConfig
+from jaxpaged.kernels.kv_quantization import SCALE_BYTES, is_quantized_pool, quantized_pool_dtype
+from jaxpaged.kernels.ragged_paged_attention import resolve_attention_backend
+from jaxpaged.kernels.ragged_paged_attention.dispatch import QUANTIZED_KV_BACKENDS
 from jaxpaged.kernels.ragged_paged_attention.kv_layout import cache_shape, packed_layout_for, physical_bytes
 from jaxpaged.models.model_config import ModelConfig
 
@@ -16,13 +19,34 @@ CPU_DEFAULT_KV_CACHE_BYTES = 1 << 30
 ACCELERATOR_KV_CACHE_FRACTION = 0.6
 
 
-def choose_kv_layout(model: ModelConfig, backend: str, dtype, tensor_parallel_size: int = 1) -> str:
-    """"packed" for the TPU kernel when it can hold these heads (tile-exact: no HBM padding); "interleaved_bits" for
-    bfloat16 on the "xla" backend (XLA:CPU scatters into a uint16 pool in place, into a bfloat16 one not); else
-    "interleaved".
+def check_kv_cache_dtype(kv_cache_dtype: str, attention_backend: str) -> None:
+    """ValueError naming kv_cache_dtype when the backend (attention_backend resolved for this platform) cannot read a
+    quantized cache: called at start-up, before any weight is read."""
+    backend = resolve_attention_backend(attention_backend)
+    if kv_cache_dtype != "auto" and backend not in QUANTIZED_KV_BACKENDS:
+        raise ValueError(f"kv_cache_dtype: {kv_cache_dtype!r} runs on the attention backends {QUANTIZED_KV_BACKENDS}, "
+                         f"not {backend} (attention_backend={attention_backend!r} on {jax.default_backend()}); use "
+                         f"kv_cache_dtype='auto' or attention_backend='xla'")
 
-    Under tensor parallelism the cache is split on its kv-head axis, which both interleaved layouts have.
+
+def kv_storage_dtype(dtype, kv_cache_dtype: str = "auto") -> np.dtype:
+    """The dtype of the pool's elements: the model dtype, or for a quantized kv_cache_dtype int8 / uint8
+    (kernels/kv_quantization.py)."""
+    if kv_cache_dtype == "auto":
+        return np.dtype(dtype)
+    return np.dtype(quantized_pool_dtype(kv_cache_dtype))
+
+
+def choose_kv_layout(model: ModelConfig, backend: str, dtype, tensor_parallel_size: int = 1,
+                     kv_cache_dtype: str = "auto") -> str:
+    """"quantized" for an int8 / fp8 kv_cache_dtype; "packed" for the TPU kernel when it can hold these heads
+    (tile-exact: no HBM padding); "interleaved_bits" for bfloat16 on the "xla" backend (XLA:CPU scatters into a uint16
+    pool in place, into a bfloat16 one not); else "interleaved".
+
+    Under tensor parallelism the cache is split on its kv-head axis, which all but the packed layout have.
     """
+    if kv_cache_dtype != "auto":
+        return "quantized"
     if backend == "xla" and jnp.dtype(dtype) == jnp.bfloat16:
         return "interleaved_bits"
     if backend != "pallas_tpu" or tensor_parallel_size > 1:
@@ -36,7 +60,8 @@ def choose_kv_layout(model: ModelConfig, backend: str, dtype, tensor_parallel_si
 
 def bytes_per_block(model: ModelConfig, block_size: int, dtype, platform: Optional[str] = None,
                     layout: str = "interleaved") -> int:
-    """KV bytes one block takes across all layers on `platform` (default: jax's default backend).
+    """KV bytes one block takes across all layers on `platform` (default: jax's default backend); `dtype`: the
+    pool's (kv_storage_dtype: int8 / uint8 for the quantized layout, whose rows carry their scales).
 
     Physical bytes: a TPU pads the last two dims of [block_size, 2 * num_kv_heads, head_dim] to whole
     (8 * packing, 128) tiles (5.3x for 3 KV heads of head_dim 64 in bfloat16); elsewhere they equal the logical
@@ -47,8 +72,10 @@ def bytes_per_block(model: ModelConfig, block_size: int, dtype, platform: Option
 
 
 def logical_bytes_per_block(model: ModelConfig, block_size: int, dtype) -> int:
-    """KV bytes one block's values occupy across all layers, without any tile padding."""
-    return model.num_layers * block_size * 2 * model.num_kv_heads * model.head_dim * np.dtype(dtype).itemsize
+    """KV bytes one block's values (quantized: codes and scales) occupy across all layers, without any tile padding
+    (`dtype`: the pool's, kv_storage_dtype)."""
+    row = model.head_dim + SCALE_BYTES if is_quantized_pool(dtype) else model.head_dim
+    return model.num_layers * block_size * 2 * model.num_kv_heads * row * np.dtype(dtype).itemsize
 
 
 def num_kv_blocks_for(model: ModelConfig, cache: CacheConfig, dtype, num_shards: int = 1,
@@ -99,7 +126,8 @@ def utilization_budget_bytes(limit: int, in_use: int, pending_weight_bytes: int,
 def allocate_kv_cache(model: ModelConfig, num_blocks: int, block_size: int, dtype,
                       sharding: Optional[jax.sharding.Sharding] = None, layout: str = "interleaved") -> jax.Array:
     """A zeroed pool of every layer's blocks in `layout`, stacked on axis 0 and created in place on its devices
-    (each shard allocates only its part); block 0 is the null block that padding writes to."""
+    (each shard allocates only its part); block 0 is the null block that padding writes to. `dtype`: the pool's
+    (kv_storage_dtype)."""
     layer_shape, layer_dtype = cache_shape(num_blocks, block_size, model.num_kv_heads, model.head_dim, dtype, layout)
     shape = (model.num_layers, *layer_shape)
     return jax.jit(lambda: jnp.zeros(shape, layer_dtype), out_shardings=sharding)()

@@ -127,8 +127,8 @@ class ModelRunner:
         jax.device_put's, ~20 against ~50 us); a mesh over several processes needs them put as a global array."""
         graphdef = self._place_weights(params)
         kv_sharding = jax.sharding.NamedSharding(self.mesh, mesh_lib.kv_cache_spec(self.kv_layout))
-        self.kv_cache = allocate_kv_cache(self.model_config, self.num_kv_blocks, self.block_size, self.dtype,
-                                          sharding=kv_sharding, layout=self.kv_layout)
+        self.kv_cache = allocate_kv_cache(self.model_config, self.num_kv_blocks, self.block_size,
+                                          plan.kv_storage_dtype, sharding=kv_sharding, layout=self.kv_layout)
         self._build_step(graphdef, kv_sharding)
         self._compiled: dict[Bucket, jax.stages.Compiled] = {}
         self._copy_compiled: Optional[jax.stages.Compiled] = None

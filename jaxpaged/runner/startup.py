@@ -4,7 +4,8 @@ and compiles the step the plan describes; nothing after start-up decides any of 
 
 The decisions, in the order they depend on each other: the dtype ("auto" probes a CPU once), the attention
 backend, the layer arrangement (per-layer and unrolled on a CPU, stacked and scanned elsewhere), weight packing
-for the native CPU matmul, the native CPU attention kernel, the KV layout, the block count and the memory plan.
+for the native CPU matmul, the native CPU attention kernel, the KV format and layout, the block count and the memory
+plan.
 """
 
 import dataclasses
@@ -23,7 +24,7 @@ from jaxpaged.models.llama import unroll_layers_on
 from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.models.packed_weights import packs_weights_on
 from jaxpaged.runner.dtype_probe import probe_cpu_dtype
-from jaxpaged.runner.kv_cache import choose_kv_layout, num_kv_blocks_for
+from jaxpaged.runner.kv_cache import check_kv_cache_dtype, choose_kv_layout, kv_storage_dtype, num_kv_blocks_for
 from jaxpaged.runner.memory_plan import (
     MemoryPlan,
     check_weights_fit,
@@ -78,6 +79,14 @@ class StartupPlan:
     packed_int8: bool = False
     """The int8 projections packed into panels for the native CPU int8 matmul (else XLA's dot, scales on the
     output)."""
+    kv_cache_dtype: str = "auto"
+    """config.cache.kv_cache_dtype ("fp8" as "fp8_e4m3"): "auto" stores K/V in dtype, "int8" / "fp8_e4m3" quantized
+    with per-token-per-head scales in the "quantized" layout."""
+
+    @property
+    def kv_storage_dtype(self) -> np.dtype:
+        """The KV pool's element dtype (int8 / uint8 codes and scale bytes, or dtype)."""
+        return kv_storage_dtype(self.dtype, self.kv_cache_dtype)
 
     @property
     def num_kv_blocks(self) -> int:
@@ -95,7 +104,7 @@ class StartupPlan:
                  f"tp={self.tensor_parallel_size})",
                  f"  dtype {self.dtype}; layers {'per layer, unrolled' if self.per_layer else 'stacked, scanned'}",
                  f"  matmuls: {matmuls}; attention: {attention}",
-                 f"  KV: {self.kv_layout} layout, {self.num_kv_blocks} blocks",
+                 f"  KV: {self.kv_layout} layout, {self.num_kv_blocks} blocks, kv_cache_dtype {self.kv_cache_dtype}",
                  f"  {self.memory.describe()}"]
         return "\n".join(lines)
 
@@ -114,15 +123,18 @@ def plan_startup(model: ModelConfig, params: dict[str, np.ndarray], config: Engi
     per_layer = unroll_layers_on(platform)
     packed = per_layer and config.cpu_matmul == "native" and packs_weights_on(platform, dtype, tp)
     native_decode = (platform == "cpu" and backend == "xla" and config.cpu_attention == "native"
-                     and native_decode_available())
-    kv_layout = choose_kv_layout(model, backend, dtype, tp)
+                     and config.cache.kv_cache_dtype == "auto" and native_decode_available())
+    kv_cache_dtype = config.cache.kv_cache_dtype
+    check_kv_cache_dtype(kv_cache_dtype, backend)
+    kv_layout = choose_kv_layout(model, backend, dtype, tp, kv_cache_dtype)
+    kv_dtype = kv_storage_dtype(dtype, kv_cache_dtype)
     # NOTE: the weights are placed after the plan is made; the pool's default size leaves room for them.
-    num_kv_blocks = num_kv_blocks_for(model, config.cache, dtype, num_shards=tp, layout=kv_layout,
+    num_kv_blocks = num_kv_blocks_for(model, config.cache, kv_dtype, num_shards=tp, layout=kv_layout,
                                       pending_weight_bytes=weight_bytes)
     max_model_len = config.scheduler.max_model_len
     if max_model_len is None:
         max_model_len = fit_max_model_len(model.max_position_embeddings, num_kv_blocks, config.cache.block_size)
-    memory = plan_memory(model, weight_bytes, num_kv_blocks, config.cache.block_size, max_model_len, dtype, tp,
+    memory = plan_memory(model, weight_bytes, num_kv_blocks, config.cache.block_size, max_model_len, kv_dtype, tp,
                          kv_layout, weight_format(params, dtype))
     memory.check()
     quantized = any(value.dtype == np.int8 for value in params.values())
@@ -130,7 +142,7 @@ def plan_startup(model: ModelConfig, params: dict[str, np.ndarray], config: Engi
     packed_int8 = (quantized and per_layer and config.cpu_matmul == "native" and platform == "cpu" and tp == 1
                    and packed_int8_available())
     return StartupPlan(platform, tuple(int(d.id) for d in mesh.devices.flat), tp, dtype, backend, per_layer, packed,
-                       native_decode, kv_layout, memory, "int8" if quantized else None, packed_int8)
+                       native_decode, kv_layout, memory, "int8" if quantized else None, packed_int8, kv_cache_dtype)
 
 
 def log_plan(plan: StartupPlan, rank: Optional[int] = None) -> None:
