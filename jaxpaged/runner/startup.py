@@ -123,7 +123,7 @@ def plan_startup(model: ModelConfig, params: dict[str, np.ndarray], config: Engi
     per_layer = unroll_layers_on(platform)
     packed = per_layer and config.cpu_matmul == "native" and packs_weights_on(platform, dtype, tp)
     native_decode = (platform == "cpu" and backend == "xla" and config.cpu_attention == "native"
-                     and config.cache.kv_cache_dtype == "auto" and native_decode_available())
+                     and native_decode_available())
     kv_cache_dtype = config.cache.kv_cache_dtype
     check_kv_cache_dtype(kv_cache_dtype, backend)
     kv_layout = choose_kv_layout(model, backend, dtype, tp, kv_cache_dtype)

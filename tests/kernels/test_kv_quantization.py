@@ -125,3 +125,43 @@ def test_backends_without_the_quantized_layout_refuse_it(backend):
     k = jnp.zeros((1, 1, 64), jnp.float32)
     with pytest.raises(ValueError, match="kv_pages: the quantized layout"):
         write_kv(quantized, k, k, empty_attention_metadata(1, 1, 1), backend=backend)
+
+
+PREFILL_Q_LENS = [2, PAGE - 1, PAGE + 1, 5, PAGE + 3, 1]
+PREFILL_KV_LENS = [2, PAGE, 2 * PAGE + 1, 4 * PAGE - 1, 9 * PAGE + 5, 3 * PAGE]
+
+
+@pytest.mark.parametrize("kv_format", FORMATS)
+@pytest.mark.parametrize("num_q_heads,num_kv_heads,head_dim,sliding_window,soft_cap", [
+    # head_dim 40: a size read at run time (64 and 128 are fixed at compile time)
+    (6, 2, 64, None, None), (4, 4, 40, 5, None), (9, 3, 64, PAGE + 1, 2.0), (8, 1, 128, None, 30.0)])
+@pytest.mark.parametrize("q_lens,kv_lens", [(Q_LENS, KV_LENS), (PREFILL_Q_LENS, PREFILL_KV_LENS)],
+                         ids=["decodes", "prefills"])
+def test_the_native_kernel_dequantizes_as_the_jnp_path_does(kv_format, q_lens, kv_lens, num_q_heads, num_kv_heads,
+                                                            head_dim, sliding_window, soft_cap):
+    """The native CPU kernel streams quantized pages (codes widened and scaled row by row) to the jnp path's result."""
+    from jaxpaged.kernels.cpu_native.paged_decode import native_decode_available
+
+    assert native_decode_available()
+    batch = make_ragged_batch(q_lens, kv_lens, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                              page_size=PAGE, num_tokens=64, max_num_seqs=9, dtype=jnp.float32)
+    q, pool, metadata = batch.attention_args()
+    quantized = quantize_rows(pool, quantized_pool_dtype(kv_format))
+    options = dict(sm_scale=head_dim ** -0.5, sliding_window=sliding_window, soft_cap=soft_cap)
+    native = np.asarray(ragged_paged_attention_xla(q, quantized, metadata, **options))
+    in_jnp = np.asarray(ragged_paged_attention_xla(q, quantized, metadata, native=False, **options))
+    np.testing.assert_allclose(native, in_jnp, atol=2e-5, rtol=2e-5)
+    assert np.all(native[sum(q_lens):] == 0)  # padding rows
+
+
+@pytest.mark.parametrize("kv_format", FORMATS)
+def test_a_quantized_pool_goes_through_the_native_kernel(kv_format):
+    import functools
+
+    import jax
+
+    batch = make_ragged_batch(Q_LENS, KV_LENS, num_q_heads=6, num_kv_heads=2, head_dim=64, page_size=PAGE)
+    q, pool, metadata = batch.attention_args()
+    quantized = quantize_rows(pool, quantized_pool_dtype(kv_format))
+    hlo = jax.jit(functools.partial(ragged_paged_attention_xla, sm_scale=0.125)).lower(q, quantized, metadata)
+    assert "jaxpaged_paged_decode" in hlo.as_text()
