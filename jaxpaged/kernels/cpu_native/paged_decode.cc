@@ -113,7 +113,9 @@ inline void WidenRows(const T* rows, int64_t stride, int64_t count, float* out) 
     const T* row = rows + t * stride;
     if constexpr (kQuantized<T>) {
       const Vec8 scale = Vec8{} + RowScale(row, kHeadDim);
-      for (int c = 0; c < kHeadDim / 8; ++c) *reinterpret_cast<Vec8*>(out + t * kHeadDim + 8 * c) = Load8(row + 8 * c) * scale;
+      for (int c = 0; c < kHeadDim / 8; ++c) {
+        *reinterpret_cast<Vec8*>(out + t * kHeadDim + 8 * c) = Load8(row + 8 * c) * scale;
+      }
     } else {
       for (int c = 0; c < kHeadDim / 8; ++c) *reinterpret_cast<Vec8*>(out + t * kHeadDim + 8 * c) = Load8(row + 8 * c);
     }
