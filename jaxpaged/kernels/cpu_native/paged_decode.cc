@@ -104,21 +104,16 @@ __attribute__((always_inline)) inline void PrefetchRowsAhead(const T* next_head_
   for (int64_t r = 0; r < rows_ahead; ++r) PrefetchToL2(next_head_kv + (t + r) * row_stride, bytes);
 }
 
-// `count` bfloat16 rows of kHeadDim values (or quantized rows of kHeadDim codes, times their scales), `stride`
-// elements apart, widened to float32 into `out` (rows kHeadDim apart): the form the K and V passes read a bfloat16 or
-// quantized page in, once per page and kv head for all its q heads.
+// `count` bfloat16 rows of kHeadDim values (or quantized rows of kHeadDim codes), `stride` elements apart, widened to
+// float32 into `out` (rows kHeadDim apart): the form the K and V passes read a bfloat16 or quantized page in, once per
+// page and kv head for all its q heads. A quantized row's scale goes to `scales[t]`, not into its values: the callers
+// apply it once per logit (K) or per weight (V), not once per value.
 template <int kHeadDim, typename T>
-inline void WidenRows(const T* rows, int64_t stride, int64_t count, float* out) {
+inline void WidenRows(const T* rows, int64_t stride, int64_t count, float* out, float* scales) {
   for (int64_t t = 0; t < count; ++t) {
     const T* row = rows + t * stride;
-    if constexpr (kQuantized<T>) {
-      const Vec8 scale = Vec8{} + RowScale(row, kHeadDim);
-      for (int c = 0; c < kHeadDim / 8; ++c) {
-        *reinterpret_cast<Vec8*>(out + t * kHeadDim + 8 * c) = Load8(row + 8 * c) * scale;
-      }
-    } else {
-      for (int c = 0; c < kHeadDim / 8; ++c) *reinterpret_cast<Vec8*>(out + t * kHeadDim + 8 * c) = Load8(row + 8 * c);
-    }
+    if constexpr (kQuantized<T>) scales[t] = RowScale(row, kHeadDim);
+    for (int c = 0; c < kHeadDim / 8; ++c) *reinterpret_cast<Vec8*>(out + t * kHeadDim + 8 * c) = Load8(row + 8 * c);
   }
 }
 
@@ -154,12 +149,14 @@ void PageLogits(const Problem& p, const T* head_kv, const T* next_head_kv, int64
     }
   } else {
     float widened[8 * kHeadDim];
+    Vec8 k_scales = Vec8{} + 1.0f;  // quantized rows: the eight rows' scales, applied to their eight logits
     for (int64_t t = t0; t < t1; t += 8) {
       const int64_t n = std::min<int64_t>(8, t1 - t);
       const float* k_rows[8];
       for (int64_t j = 0; j < n; ++j) {
         PrefetchRowsAhead(next_head_kv, t + j, t1, page_size, row_stride, head_row_bytes);
-        WidenRows<kHeadDim>(head_kv + (t + j) * row_stride, row_stride, 1, widened + j * kHeadDim);
+        WidenRows<kHeadDim>(head_kv + (t + j) * row_stride, row_stride, 1, widened + j * kHeadDim,
+                            reinterpret_cast<float*>(&k_scales) + j);
         k_rows[j] = widened + j * kHeadDim;
       }
       for (int64_t j = n; j < 8; ++j) k_rows[j] = k_rows[n - 1];  // a short last chunk repeats a row, dropped below
@@ -174,7 +171,8 @@ void PageLogits(const Problem& p, const T* head_kv, const T* next_head_kv, int64
             for (int c = 1; c < kChunks; ++c) sum += q_vec[c] * Load8(k_rows[j] + 8 * c);
             sums[j] = sum;
           }
-          const Vec8 logits = Sum8Each(sums);
+          Vec8 logits = Sum8Each(sums);
+          if constexpr (kQuantized<T>) logits *= k_scales;
           float* w = weights + (i * group + g) * page_size + t;
           if (n == 8) {
             *reinterpret_cast<Vec8*>(w) = logits;
@@ -198,6 +196,7 @@ void AccumulateV(const Problem& p, const T* head_v, int64_t t0, int64_t t1, int6
   const int64_t group = p.group, page_size = p.page_size, num_heads = p.num_kv_heads;
   const int64_t row_stride = 2 * num_heads * p.row_width;
   float widened[kTokens * kHeadDim];
+  float v_scales[kTokens];  // quantized rows: each row's scale, folded into its weight
   for (int64_t start = t0; start < t1; start += kTokens) {
     const int64_t count = std::min(t1, start + kTokens) - start;
     const float* v_rows;
@@ -206,7 +205,7 @@ void AccumulateV(const Problem& p, const T* head_v, int64_t t0, int64_t t1, int6
       v_rows = head_v + start * row_stride;
       v_stride = row_stride;
     } else {
-      WidenRows<kHeadDim>(head_v + start * row_stride, row_stride, count, widened);
+      WidenRows<kHeadDim>(head_v + start * row_stride, row_stride, count, widened, v_scales);
       v_rows = widened;
       v_stride = kHeadDim;
     }
@@ -218,7 +217,7 @@ void AccumulateV(const Problem& p, const T* head_v, int64_t t0, int64_t t1, int6
         for (int c = 0; c < kChunks; ++c) acc[c] = Load8(acc_row + 8 * c);
         for (int64_t t = 0; t < count; ++t) {
           const float* v = v_rows + t * v_stride;
-          const float weight = w[t];
+          const float weight = kQuantized<T> ? w[t] * v_scales[t] : w[t];
           for (int c = 0; c < kChunks; ++c) acc[c] += weight * Load8(v + 8 * c);
         }
         for (int c = 0; c < kChunks; ++c) *reinterpret_cast<Vec8*>(acc_row + 8 * c) = acc[c];
