@@ -34,7 +34,7 @@ _QUANTIZATION_ALIASES = {"tpu_int8": "int8"}
 """vLLM's names of schemes jaxpaged runs under its own name: its tpu_int8 is the same weight-only per-channel int8."""
 
 
-_QUANTIZED_KV_BACKENDS = ("auto", "xla")
+_QUANTIZED_KV_BACKENDS = ("auto", "xla", "pallas_gpu")
 """Attention backends named in the config that can run a quantized KV cache ("auto" is checked against the platform
 at start-up, before the weights load: runner/kv_cache.py check_kv_cache_dtype)."""
 
@@ -63,7 +63,7 @@ class CacheConfig:
     """How K and V are stored (vLLM's --kv-cache-dtype): "auto" in the model dtype; "int8" or "fp8" / "fp8_e4m3"
     as 8-bit codes with one bfloat16 scale per token per KV head, quantized on write and dequantized inside attention
     (kernels/kv_quantization.py): about twice the tokens of bfloat16 in the same kv_cache_memory. "fp8" is stored
-    as "fp8_e4m3". The "xla" attention backend only, for now."""
+    as "fp8_e4m3". The "xla" and "pallas_gpu" attention backends; not "pallas_tpu" yet."""
     enable_prefix_caching: bool = True
     """Reuse computed full blocks across requests by their chain hash."""
     prefix_caching_granularity: PrefixCachingGranularity = "token"

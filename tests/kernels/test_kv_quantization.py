@@ -115,7 +115,7 @@ def test_attending_over_quantized_rows_equals_their_dequantized_float_pool(kv_fo
     assert np.max(np.abs(np.asarray(unquantized) - np.asarray(out))) > 1e-4
 
 
-@pytest.mark.parametrize("backend", ["pallas_tpu", "pallas_gpu"])
+@pytest.mark.parametrize("backend", ["pallas_tpu"])
 def test_backends_without_the_quantized_layout_refuse_it(backend):
     batch = make_ragged_batch([1], [3], num_q_heads=2, num_kv_heads=1, head_dim=64, page_size=PAGE)
     q, pool, metadata = batch.attention_args()
@@ -165,3 +165,24 @@ def test_a_quantized_pool_goes_through_the_native_kernel(kv_format):
     quantized = quantize_rows(pool, quantized_pool_dtype(kv_format))
     hlo = jax.jit(functools.partial(ragged_paged_attention_xla, sm_scale=0.125)).lower(q, quantized, metadata)
     assert "jaxpaged_paged_decode" in hlo.as_text()
+
+
+@pytest.mark.parametrize("kv_format", FORMATS)
+@pytest.mark.parametrize("num_q_heads,num_kv_heads,head_dim,sliding_window,soft_cap",
+                         [(6, 2, 64, None, None), (8, 2, 80, PAGE + 1, 30.0)])
+def test_the_gpu_kernel_in_interpret_mode_dequantizes_as_the_jnp_path_does(kv_format, num_q_heads, num_kv_heads,
+                                                                           head_dim, sliding_window, soft_cap):
+    """pallas_gpu (Triton lowering, interpreted) over a quantized pool: decodes at the edge lengths and prefill chunks
+    in one launch, head_dim 80 read padded to 128, equal to the xla backend's jnp path."""
+    from jaxpaged.kernels.ragged_paged_attention.gpu import ragged_paged_attention_gpu
+
+    batch = make_ragged_batch(Q_LENS, KV_LENS, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                              page_size=PAGE, num_tokens=48, max_num_seqs=9, dtype=jnp.float32)
+    q, pool, metadata = batch.attention_args()
+    quantized = quantize_rows(pool, quantized_pool_dtype(kv_format))
+    options = dict(sm_scale=head_dim ** -0.5, sliding_window=sliding_window, soft_cap=soft_cap)
+    got = np.asarray(ragged_paged_attention(q, quantized, metadata, backend="pallas_gpu", **options))
+    expected = np.asarray(ragged_paged_attention_xla(q, quantized, metadata, native=False, **options))
+    np.testing.assert_allclose(got, expected, atol=2e-5, rtol=2e-5)
+    assert not np.array_equal(got, np.asarray(ragged_paged_attention_gpu(q, pool, metadata, interpret=True,
+                                                                          **options)))

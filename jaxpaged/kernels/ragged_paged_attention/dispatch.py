@@ -57,7 +57,7 @@ def _require_bits_reader(kv_pages, backend: str) -> None:
                          f"not {backend}")
 
 
-QUANTIZED_KV_BACKENDS = ("xla",)
+QUANTIZED_KV_BACKENDS = ("xla", "pallas_gpu")
 """Backends that read and write the quantized layout (int8 / fp8 rows with their scales, kv_quantization.py)."""
 
 
