@@ -29,9 +29,9 @@ from jaxpaged.engine.stats import EngineStats
 from jaxpaged.engine.step_timings import StepObserver, StepTimings
 from jaxpaged.features.wiring import build_features
 from jaxpaged.inputs import PromptInput, parse_prompt
+from jaxpaged.kernels.ragged_paged_attention.dispatch import check_kv_cache_dtype
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.runner import ModelRunner, build_rank_runners, compile_counter
-from jaxpaged.runner.kv_cache import check_kv_cache_dtype
 from jaxpaged.sampling.batch import penalizes_output_tokens
 from jaxpaged.sampling.grammar import GrammarCompiler
 from jaxpaged.sampling.params import SamplingParams

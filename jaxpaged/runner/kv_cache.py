@@ -8,8 +8,6 @@ import numpy as np
 
 from jaxpaged.config import CacheConfig
 from jaxpaged.kernels.kv_quantization import SCALE_BYTES, is_quantized_pool, quantized_pool_dtype
-from jaxpaged.kernels.ragged_paged_attention import resolve_attention_backend
-from jaxpaged.kernels.ragged_paged_attention.dispatch import QUANTIZED_KV_BACKENDS
 from jaxpaged.kernels.ragged_paged_attention.kv_layout import cache_shape, packed_layout_for, physical_bytes
 from jaxpaged.models.model_config import ModelConfig
 
@@ -17,16 +15,6 @@ from jaxpaged.models.model_config import ModelConfig
 CPU_DEFAULT_KV_CACHE_BYTES = 1 << 30
 # On an accelerator, the share of free device memory the pool takes when no size is given.
 ACCELERATOR_KV_CACHE_FRACTION = 0.6
-
-
-def check_kv_cache_dtype(kv_cache_dtype: str, attention_backend: str) -> None:
-    """ValueError naming kv_cache_dtype when the backend (attention_backend resolved for this platform) cannot read a
-    quantized cache: called at start-up, before any weight is read."""
-    backend = resolve_attention_backend(attention_backend)
-    if kv_cache_dtype != "auto" and backend not in QUANTIZED_KV_BACKENDS:
-        raise ValueError(f"kv_cache_dtype: {kv_cache_dtype!r} runs on the attention backends {QUANTIZED_KV_BACKENDS}, "
-                         f"not {backend} (attention_backend={attention_backend!r} on {jax.default_backend()}); use "
-                         f"kv_cache_dtype='auto' or attention_backend='xla'")
 
 
 def kv_storage_dtype(dtype, kv_cache_dtype: str = "auto") -> np.dtype:

@@ -77,6 +77,16 @@ def resolve_attention_backend(name: str) -> str:
     return name
 
 
+def check_kv_cache_dtype(kv_cache_dtype: str, attention_backend: str) -> None:
+    """ValueError naming kv_cache_dtype when the backend (attention_backend resolved for this platform) cannot read a
+    quantized cache: called at start-up, before any weight is read."""
+    backend = resolve_attention_backend(attention_backend)
+    if kv_cache_dtype != "auto" and backend not in QUANTIZED_KV_BACKENDS:
+        raise ValueError(f"kv_cache_dtype: {kv_cache_dtype!r} runs on the attention backends {QUANTIZED_KV_BACKENDS}, "
+                         f"not {backend} (attention_backend={attention_backend!r} on {jax.default_backend()}); use "
+                         f"kv_cache_dtype='auto' or attention_backend='xla'")
+
+
 def ragged_paged_attention(
     q: Float[Array, "num_tokens num_q_heads head_dim"],
     kv_pages: KVPages,
