@@ -186,3 +186,26 @@ def test_the_gpu_kernel_in_interpret_mode_dequantizes_as_the_jnp_path_does(kv_fo
     np.testing.assert_allclose(got, expected, atol=2e-5, rtol=2e-5)
     assert not np.array_equal(got, np.asarray(ragged_paged_attention_gpu(q, pool, metadata, interpret=True,
                                                                           **options)))
+
+
+@pytest.mark.parametrize("kv_format", FORMATS)
+@pytest.mark.parametrize("num_q_heads,num_kv_heads,head_dim", [(9, 3, 64), (32, 8, 128)])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_the_gpu_kernel_over_a_quantized_pool_lowers_to_triton(kv_format, num_q_heads, num_kv_heads, head_dim, dtype):
+    """Pallas' Triton lowering accepts the 8-bit loads, the scale bytes and the dequantization at real shapes."""
+    import functools
+
+    import jax
+
+    from jaxpaged.kernels.ragged_paged_attention.gpu import ragged_paged_attention_gpu
+    from jaxpaged.kernels.ragged_paged_attention.metadata import AttentionMetadata
+
+    num_tokens, max_num_seqs, pages_per_seq = 64, 8, 16
+    fields = [jax.ShapeDtypeStruct(shape, jnp.int32) for shape in (
+        (num_tokens,), (max_num_seqs,), (max_num_seqs, pages_per_seq), (max_num_seqs + 1,), (1,))]
+    args = (jax.ShapeDtypeStruct((num_tokens, num_q_heads, head_dim), dtype),
+            jax.ShapeDtypeStruct((64, PAGE, 2 * num_kv_heads, head_dim + SCALE_BYTES), quantized_pool_dtype(kv_format)),
+            *fields)
+    kernel = functools.partial(ragged_paged_attention_gpu, sm_scale=0.1, sliding_window=64, soft_cap=30.0)
+    attend = jax.jit(lambda q, kv_pages, *fields: kernel(q, kv_pages, AttentionMetadata(*fields)))
+    assert attend.trace(*args).lower(lowering_platforms=("cuda",)).as_text().count("xla.gpu.triton") == 1

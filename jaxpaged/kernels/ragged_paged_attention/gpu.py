@@ -71,13 +71,13 @@ def _fp8_values(codes: jax.Array) -> jax.Array:
     return jnp.where(bits >= 0x80, -value, value)
 
 
-def _load_kv(kv_ref, slots, columns, scale_column, mask, *, quantized: Optional[str]):
+def _load_kv(kv_ref, slots, columns, scale_column, slot_is_real, dim_is_real, *, quantized: Optional[str]):
     """A chunk's K or V of one head, [chunk, padded_head_dim] at `columns` of each slot's row, as float32 values for
     a quantized pool ("int8" / "fp8_e4m3": codes times their row's scale, whose two bytes start at scale_column)."""
-    rows = plgpu.load(kv_ref.at[slots[:, None], columns[None, :]], mask=mask, other=0)
+    rows = plgpu.load(kv_ref.at[slots[:, None], columns[None, :]], mask=slot_is_real[:, None] & dim_is_real[None, :],
+                      other=0)
     if quantized is None:
         return rows
-    slot_is_real = mask[:, 0]
     low, high = (plgpu.load(kv_ref.at[slots, scale_column + i], mask=slot_is_real, other=0).astype(jnp.int32) & 0xFF
                  for i in range(SCALE_BYTES))
     scale = jax.lax.bitcast_convert_type(((high << 8) | low) << 16, jnp.float32)  # little-endian bfloat16 bits
@@ -143,10 +143,10 @@ def _kernel(num_blocks_ref, block_seqs_ref, block_starts_ref, kv_lens_ref, cu_q_
             page_columns = jnp.minimum(kv_positions // page_size, pages_per_seq - 1)
             page_ids = tables_ref[seq * pages_per_seq + page_columns]
             slots = page_ids * page_size + kv_positions % page_size
-            kv_is_real = (kv_positions < kv_len)[:, None] & dim_is_real[None, :]
-            keys = _load_kv(kv_ref, slots, k_columns, k_scale_column, kv_is_real, quantized=quantized)
-            values = _load_kv(kv_ref, slots, row_width + k_columns, row_width + k_scale_column, kv_is_real,
-                              quantized=quantized)
+            slot_is_real = kv_positions < kv_len
+            keys = _load_kv(kv_ref, slots, k_columns, k_scale_column, slot_is_real, dim_is_real, quantized=quantized)
+            values = _load_kv(kv_ref, slots, row_width + k_columns, row_width + k_scale_column, slot_is_real,
+                              dim_is_real, quantized=quantized)
             logits = jax.lax.dot_general(q, keys, (((1,), (1,)), ((), ())), precision=precision,
                                          preferred_element_type=jnp.float32) * sm_scale
             if soft_cap is not None:
