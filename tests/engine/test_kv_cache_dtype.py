@@ -174,3 +174,20 @@ def test_metrics_name_the_kv_format(int8_llm):
             f'kv_format="int8 + a bfloat16 scale per token per head",num_kv_blocks="48"}} 1.0') in text
     assert ('vllm:cache_config_info{block_size="16",cache_dtype="int8",model_name="tiny",num_gpu_blocks="48"} 1.0'
             in text)
+
+
+def test_pallas_gpu_interpreted_gives_the_xla_backends_tokens(tiny_model_dir):
+    """Chunked prefill and decodes over an int8 pool through the GPU kernel (interpret mode) and through the xla
+    backend: the same greedy tokens and log-probabilities (fp8 and the edge lengths: tests/kernels)."""
+    from jaxpaged.llm import LLM
+
+    options = dict(INT8_OPTIONS, max_num_seqs=2, max_num_batched_tokens=16)
+    prompts = [token_ids(20, 5), token_ids(21, 23)]  # the second longer than a step: prefilled in two chunks
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=1)
+    answers = {}
+    for backend in ("xla", "pallas_gpu"):
+        llm = LLM(str(tiny_model_dir), **dict(options, attention_backend=backend))
+        assert llm.engine.runner.kv_layout == "quantized"
+        answers[backend] = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    for got, want in zip(answers["pallas_gpu"], answers["xla"]):
+        assert same_completion(got, want)
