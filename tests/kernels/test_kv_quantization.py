@@ -98,8 +98,8 @@ def test_the_write_stores_each_tokens_quantized_rows(kv_format, num_tokens):
     np.testing.assert_array_equal(written, expected)
 
 
-@pytest.mark.parametrize("kv_format", FORMATS)
-@pytest.mark.parametrize("num_q_heads,num_kv_heads,sliding_window", [(6, 2, None), (9, 3, PAGE + 1)])
+@pytest.mark.parametrize("kv_format,num_q_heads,num_kv_heads,sliding_window",
+                         [("int8", 9, 3, PAGE + 1), ("fp8_e4m3", 6, 2, None)])
 def test_attending_over_quantized_rows_equals_their_dequantized_float_pool(kv_format, num_q_heads, num_kv_heads,
                                                                            sliding_window):
     batch = make_ragged_batch(Q_LENS, KV_LENS, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=64,
@@ -131,10 +131,14 @@ PREFILL_Q_LENS = [2, PAGE - 1, PAGE + 1, 5, PAGE + 3, 1]
 PREFILL_KV_LENS = [2, PAGE, 2 * PAGE + 1, 4 * PAGE - 1, 9 * PAGE + 5, 3 * PAGE]
 
 
-@pytest.mark.parametrize("kv_format", FORMATS)
-@pytest.mark.parametrize("num_q_heads,num_kv_heads,head_dim,sliding_window,soft_cap", [
+@pytest.mark.parametrize("kv_format,num_q_heads,num_kv_heads,head_dim,sliding_window,soft_cap", [
     # head_dim 40: a size read at run time (64 and 128 are fixed at compile time)
-    (6, 2, 64, None, None), (4, 4, 40, 5, None), (9, 3, 64, PAGE + 1, 2.0), (8, 1, 128, None, 30.0)])
+    ("int8", 6, 2, 64, None, None), ("int8", 4, 4, 40, 5, None), ("fp8_e4m3", 9, 3, 64, PAGE + 1, 2.0),
+    ("fp8_e4m3", 4, 4, 40, 5, None),
+    pytest.param("int8", 9, 3, 64, PAGE + 1, 2.0, marks=pytest.mark.slow),
+    pytest.param("int8", 8, 1, 128, None, 30.0, marks=pytest.mark.slow),
+    pytest.param("fp8_e4m3", 6, 2, 64, None, None, marks=pytest.mark.slow),
+    pytest.param("fp8_e4m3", 8, 1, 128, None, 30.0, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("q_lens,kv_lens", [(Q_LENS, KV_LENS), (PREFILL_Q_LENS, PREFILL_KV_LENS)],
                          ids=["decodes", "prefills"])
 def test_the_native_kernel_dequantizes_as_the_jnp_path_does(kv_format, q_lens, kv_lens, num_q_heads, num_kv_heads,
@@ -167,9 +171,10 @@ def test_a_quantized_pool_goes_through_the_native_kernel(kv_format):
     assert "jaxpaged_paged_decode" in hlo.as_text()
 
 
-@pytest.mark.parametrize("kv_format", FORMATS)
-@pytest.mark.parametrize("num_q_heads,num_kv_heads,head_dim,sliding_window,soft_cap",
-                         [(6, 2, 64, None, None), (8, 2, 80, PAGE + 1, 30.0)])
+@pytest.mark.parametrize("kv_format,num_q_heads,num_kv_heads,head_dim,sliding_window,soft_cap",
+                         [("int8", 8, 2, 80, PAGE + 1, 30.0), ("fp8_e4m3", 6, 2, 64, None, None),
+                          pytest.param("int8", 6, 2, 64, None, None, marks=pytest.mark.slow),
+                          pytest.param("fp8_e4m3", 8, 2, 80, PAGE + 1, 30.0, marks=pytest.mark.slow)])
 def test_the_gpu_kernel_in_interpret_mode_dequantizes_as_the_jnp_path_does(kv_format, num_q_heads, num_kv_heads,
                                                                            head_dim, sliding_window, soft_cap):
     """pallas_gpu (Triton lowering, interpreted) over a quantized pool: decodes at the edge lengths and prefill chunks
@@ -188,9 +193,9 @@ def test_the_gpu_kernel_in_interpret_mode_dequantizes_as_the_jnp_path_does(kv_fo
                                                                           **options)))
 
 
-@pytest.mark.parametrize("kv_format", FORMATS)
-@pytest.mark.parametrize("num_q_heads,num_kv_heads,head_dim", [(9, 3, 64), (32, 8, 128)])
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("kv_format,num_q_heads,num_kv_heads,head_dim,dtype",
+                         [("int8", 9, 3, 64, jnp.float32), ("fp8_e4m3", 32, 8, 128, jnp.bfloat16),
+                          ("int8", 32, 8, 128, jnp.bfloat16), ("fp8_e4m3", 9, 3, 64, jnp.float32)])
 def test_the_gpu_kernel_over_a_quantized_pool_lowers_to_triton(kv_format, num_q_heads, num_kv_heads, head_dim, dtype):
     """Pallas' Triton lowering accepts the 8-bit loads, the scale bytes and the dequantization at real shapes."""
     import functools
