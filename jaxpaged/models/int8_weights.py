@@ -30,6 +30,15 @@ INT8_MAX = 127
 """Symmetric range [-127, 127]: -128 is never used, so negating a weight never overflows."""
 
 
+class HostInt8(NamedTuple):
+    """A pre-quantized projection layer as a checkpoint loader hands it to stack_layers (weights/param_names.py)."""
+
+    values: Int8[np.ndarray, "inner outer"]
+    """int8 values [inner, outer] (any memory order: a transposed view of a file's [outer, inner] rows)."""
+    scale: Float32[np.ndarray, " outer"]
+    """One float32 scale per output column."""
+
+
 class Int8Weight(NamedTuple):
     """A quantized projection inside the step: its int8 values and its per-output-column float32 scales."""
 
@@ -68,6 +77,21 @@ def dequantize_int8(values: Int8[np.ndarray, "*layers inner outer"], scale: Floa
                     ) -> Float32[np.ndarray, "*layers inner outer"]:
     """The float32 weight int8 values and scales stand for (tests and the fake-quantized reference use it)."""
     return values.astype(np.float32) * scale[..., None, :]
+
+
+def requantize_rows(values: Int8[np.ndarray, "outer inner"], scales: Float32[np.ndarray, "outer groups"],
+                    group_size: int) -> HostInt8:
+    """Group-wise int8 rows (a file's [outer, inner] weight, one scale per `group_size` input columns of a row: GGUF
+    Q8_0, compressed-tensors' group strategy) as per-output-channel int8: dequantized in float32, then quantized
+    again per column. NOTE: a second rounding: |W - result| <= (group scale + column scale) / 2, where the column
+    scale is the largest of its row's group scales (times 127 / max |q|); one float32 layer is made and let go."""
+    outer, inner = values.shape
+    groups = scales.shape[1]
+    dequantized = np.zeros((outer, groups * group_size), np.float32)
+    dequantized[:, :inner] = values
+    dequantized.reshape(outer, groups, group_size)[...] *= scales[:, :, None]  # in place: one float32 layer
+    requantized, scale = quantize_int8(dequantized[:, :inner].T)
+    return HostInt8(requantized, scale)
 
 
 def quantize_params(params: dict[str, np.ndarray], quantization: Optional[str]) -> dict[str, np.ndarray]:

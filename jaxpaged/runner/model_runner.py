@@ -105,8 +105,9 @@ class ModelRunner:
         (compiled by warmup())."""
         compile_counter.install()
         self.mesh = mesh or mesh_lib.rank_meshes(1, 1)[0]
-        # A model loaded without config.quantization is quantized here (one loaded with it already is).
-        params = quantize_params(dict(loaded.params), config.quantization)
+        # A model loaded without config.quantization is quantized here (one loaded with it, or a pre-quantized
+        # checkpoint, already is).
+        params = quantize_params(dict(loaded.params), loaded.quantization or config.quantization)
         params, self.model_config = mesh_lib.replicate_kv_heads(params, loaded.config,
                                                                 self.mesh.shape[mesh_lib.MODEL_AXIS])
         self.plan = plan_startup(self.model_config, params, config, self.mesh)

@@ -13,6 +13,7 @@ import numpy as np
 
 from jaxpaged.models.int8_weights import quantize_params
 from jaxpaged.models.model_config import ModelConfig
+from jaxpaged.weights.compressed_tensors import QUANT_METHOD
 from jaxpaged.weights.converted_store import is_converted_checkpoint, load_converted, save_converted
 from jaxpaged.weights.default_model import DEFAULT_MODEL_NAME, default_model_path
 from jaxpaged.weights.generation_config import read_generation_config, sampling_defaults, with_generation_eos
@@ -40,6 +41,9 @@ class LoadedModel:
     generation_defaults: dict = dataclasses.field(default_factory=dict)
     """Sampling settings from generation_config.json (temperature, top_p, top_k, repetition_penalty, do_sample ...:
     only the keys the file sets); not applied by the loader."""
+    quantization: Optional[str] = None
+    """The scheme the projections are in ("int8"), whether asked for or the checkpoint's own (a compressed-tensors
+    checkpoint, a GGUF of Q8_0 projections); None: float."""
 
 
 def cache_root() -> pathlib.Path:
@@ -80,19 +84,35 @@ def load_model(model: Optional[str] = None, *, revision: Optional[str] = None,
                cache_dir: Optional[pathlib.Path] = None, quantization: Optional[str] = None) -> LoadedModel:
     """Load `model` (see locate_model), with its generation_config.json's EOS ids and sampling defaults.
 
-    `quantization` ("int8", EngineConfig.quantization): an HF checkpoint's projections are quantized layer by
-    layer as they are read (peak host memory: the int8 model and one float layer); a converted checkpoint (a GGUF's
-    cache included) is restored whole by orbax, then quantized tensor by tensor."""
+    `quantization` (EngineConfig.quantization): "int8" quantizes an HF checkpoint's projections layer by layer as
+    they are read (peak host memory: the int8 model and one float layer); a converted checkpoint (a GGUF's cache
+    included) is restored whole by orbax, then quantized tensor by tensor. A pre-quantized checkpoint (compressed-
+    tensors; a GGUF of Q8_0 projections) loads in its own scheme, which `quantization` must agree with ("compressed-
+    tensors" and None always do): ValueError naming `quantization` otherwise, before any weight is read."""
     directory, name = locate_model(model, revision=revision, cache_dir=cache_dir)
     if is_converted_checkpoint(directory):
         hf_config, params, name = load_converted(directory)
-        params = quantize_params(params, quantization)
+        scheme = _converted_scheme(params, quantization)
+        params = quantize_params(params, scheme)
     else:
-        hf_config, params = load_hf_checkpoint(directory, quantization)
+        hf_config, params, scheme = load_hf_checkpoint(directory, quantization)
     generation_config = read_generation_config(directory)
     hf_config = with_generation_eos(hf_config, generation_config)
     return LoadedModel(name, hf_config, ModelConfig.from_hf(hf_config), params, directory,
-                       sampling_defaults(generation_config))
+                       sampling_defaults(generation_config), scheme)
+
+
+def _converted_scheme(params: dict[str, np.ndarray], quantization: Optional[str]) -> Optional[str]:
+    """The scheme a converted checkpoint runs in: its own when it holds int8 projections (a GGUF's Q8_0 kept
+    quantized), else `quantization`."""
+    stored = "int8" if any(value.dtype == np.int8 for value in params.values()) else None
+    if quantization == QUANT_METHOD:
+        raise ValueError(f"quantization: {QUANT_METHOD!r} applies to compressed-tensors checkpoints (an HF "
+                         "directory whose config.json has a quantization_config); this one is a converted checkpoint")
+    if stored is not None and quantization not in (None, stored):
+        raise ValueError(f"quantization: {quantization!r} disagrees with the checkpoint, whose projections are "
+                         f"{stored} already (a GGUF's Q8_0 tensors, kept quantized); pass {stored!r} or nothing")
+    return stored or quantization
 
 
 def _gguf_converted_dir(path: pathlib.Path, name: str, cache_dir: pathlib.Path) -> pathlib.Path:

@@ -1,0 +1,149 @@
+"""Pre-quantized compressed-tensors int8 checkpoints (written by the compressed-tensors library): their int8 weights
+and scales load into the engine's int8 representation as they are, and the engine generates the greedy tokens of
+the float32 model of the same dequantized weights; a config jaxpaged cannot run, or one the --quantization flag
+disagrees with, is a ValueError naming the field before any weight is read."""
+
+import json
+import logging
+import pathlib
+
+import numpy as np
+import pytest
+
+from jaxpaged.models.int8_weights import dequantize_int8
+from jaxpaged.sampling.params import SamplingParams
+from jaxpaged.weights.loader import load_model
+from tests.conftest import TINY_ENGINE_OPTIONS, TINY_LLAMA
+from tests.weights.compressed_checkpoints import (
+    dequantized_weights,
+    write_compressed_checkpoint,
+    write_dequantized_checkpoint,
+)
+
+_PROMPTS = ["The capital of France is", "Paged attention keeps", "1, 2, 3,", "Once upon a time there was a"]
+_PROJECTIONS = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
+                "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory, smollm2_tokenizer_dir) -> dict[str, pathlib.Path]:
+    """W8A16 per channel, per tensor and per group of 32 columns, and W8A8 per channel, of one seeded model."""
+    root = tmp_path_factory.mktemp("compressed")
+    kinds = {"w8a16-channel": ("channel", False), "w8a16-tensor": ("tensor", False),
+             "w8a16-group": ("group", False), "w8a8-channel": ("channel", True)}
+    return {kind: write_compressed_checkpoint(root / kind, smollm2_tokenizer_dir, TINY_LLAMA, strategy, activations)
+            for kind, (strategy, activations) in kinds.items()}
+
+
+@pytest.mark.parametrize("kind", ["w8a16-channel", "w8a16-tensor", "w8a8-channel"])
+def test_int8_weights_and_scales_load_as_the_file_holds_them(checkpoints, kind):
+    """Channel and tensor scales: the engine's int8 values are the file's (transposed), its per-column scales the
+    file's; dequantized, each layer equals weight * weight_scale."""
+    loaded = load_model(str(checkpoints[kind]))
+    assert loaded.quantization == "int8"
+    reference = dequantized_weights(checkpoints[kind])
+    for layer in range(TINY_LLAMA["num_hidden_layers"]):
+        for name, block in _PROJECTIONS.items():
+            values = loaded.params[f"layers.{name}"][layer]
+            scale = loaded.params[f"layers.{name}_scale"][layer]
+            assert values.dtype == np.int8 and scale.dtype == np.float32
+            expected = reference[f"model.layers.{layer}.{block}.{name}.weight"].T
+            np.testing.assert_array_equal(dequantize_int8(values, scale), expected, err_msg=f"{name}[{layer}]")
+    np.testing.assert_array_equal(loaded.params["embed"], reference["model.embed_tokens.weight"])
+
+
+def test_group_scales_are_requantized_per_channel_within_both_roundings(checkpoints):
+    """Group scales (32 columns each) become one scale per output column: the result stays within half a group step
+    plus half a column step of the checkpoint's dequantized weight."""
+    loaded = load_model(str(checkpoints["w8a16-group"]))
+    reference = dequantized_weights(checkpoints["w8a16-group"])
+    for name, block in _PROJECTIONS.items():
+        values, scale = loaded.params[f"layers.{name}"][0], loaded.params[f"layers.{name}_scale"][0]
+        expected = reference[f"model.layers.0.{block}.{name}.weight"].T
+        group_step = np.abs(expected).max(axis=0) / 127  # the largest group step of each column, at most
+        error = np.abs(dequantize_int8(values, scale) - expected)
+        assert np.all(error <= (group_step + scale) / 2 * (1 + 1e-5)), name
+        assert np.abs(values).max() == 127
+
+
+@pytest.fixture(scope="module")
+def reference_llm(checkpoints, tmp_path_factory):
+    """The float32 model of the W8A16 channel checkpoint's dequantized weights (the same weights as W8A8's)."""
+    from jaxpaged.llm import LLM
+
+    target = tmp_path_factory.mktemp("dequantized") / "model"
+    return LLM(str(write_dequantized_checkpoint(checkpoints["w8a16-channel"], target)), **TINY_ENGINE_OPTIONS)
+
+
+@pytest.mark.parametrize("kind,flag", [("w8a16-channel", None), ("w8a16-channel", "int8"),
+                                       ("w8a8-channel", "compressed-tensors")])
+def test_engine_generates_the_dequantized_float_models_greedy_tokens(checkpoints, reference_llm, kind, flag):
+    from jaxpaged.llm import LLM
+
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    expected = [output.outputs[0].token_ids for output in reference_llm.generate(_PROMPTS, params)]
+    with LLM(str(checkpoints[kind]), quantization=flag, **TINY_ENGINE_OPTIONS) as llm:
+        assert llm.engine.runner.plan.quantization == "int8"
+        got = [output.outputs[0].token_ids for output in llm.generate(_PROMPTS, params)]
+    assert got == expected
+
+
+def _bad_checkpoint(tmp_path: pathlib.Path, **changes) -> pathlib.Path:
+    """A W8A16 config with `changes` ("a.b": value sets a nested field) beside an empty weights file: reading any
+    weight would fail with a safetensors error, so a config error proves nothing was read."""
+    group = {"targets": ["Linear"], "input_activations": None, "output_activations": None,
+             "weights": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel", "dynamic": False,
+                         "group_size": None}}
+    quantization = {"quant_method": "compressed-tensors", "format": "int-quantized", "ignore": ["lm_head"],
+                    "config_groups": {"group_0": group}, "kv_cache_scheme": None, "sparsity_config": {}}
+    for path, value in changes.items():
+        *parents, leaf = path.split(".")
+        node = quantization
+        for key in parents:
+            node = node[key]
+        node[leaf] = value
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "config.json").write_text(json.dumps(TINY_LLAMA | {"model_type": "llama",
+                                                                    "quantization_config": quantization}))
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    return tmp_path
+
+
+@pytest.mark.parametrize("changes,field", [
+    ({"config_groups.group_0.weights.num_bits": 4}, "config_groups.group_0.weights.num_bits"),
+    ({"config_groups.group_0.weights.symmetric": False}, "config_groups.group_0.weights.symmetric"),
+    ({"config_groups.group_0.weights.type": "float"}, "config_groups.group_0.weights.type"),
+    ({"config_groups.group_0.weights.strategy": "block"}, "config_groups.group_0.weights.strategy"),
+    ({"config_groups.group_0.weights.strategy": "group"}, "config_groups.group_0.weights.group_size"),
+    ({"config_groups.group_0.input_activations": {"num_bits": 8, "type": "int", "symmetric": True,
+                                                  "strategy": "tensor", "dynamic": False}},
+     "config_groups.group_0.input_activations"),
+    ({"format": "pack-quantized"}, "format"),
+    ({"quant_method": "awq"}, "quant_method"),
+    ({"kv_cache_scheme": {"num_bits": 8, "type": "float"}}, "kv_cache_scheme"),
+])
+def test_a_scheme_jaxpaged_cannot_run_is_refused_naming_the_field(tmp_path, changes, field):
+    with pytest.raises(ValueError, match=f"^quantization_config.{field}: "):
+        load_model(str(_bad_checkpoint(tmp_path / "model", **changes)))
+
+
+def test_a_flag_that_disagrees_with_the_checkpoint_is_refused_before_loading(tmp_path, tiny_model_dir, caplog):
+    w8a8 = {"config_groups.group_0.input_activations": {"num_bits": 8, "type": "int", "symmetric": True,
+                                                        "strategy": "token", "dynamic": True}}
+    from jaxpaged.llm import LLM
+
+    with caplog.at_level(logging.INFO, logger="jaxpaged"):
+        with pytest.raises(ValueError, match="^quantization: 'int8' disagrees with the checkpoint.*W8A8"):
+            LLM(str(_bad_checkpoint(tmp_path / "w8a8", **w8a8)), quantization="int8", **TINY_ENGINE_OPTIONS)
+        with pytest.raises(ValueError, match="^quantization: 'compressed-tensors' needs a checkpoint whose"):
+            LLM(str(tiny_model_dir), quantization="compressed-tensors", **TINY_ENGINE_OPTIONS)
+    assert not [record for record in caplog.records if "start-up plan" in record.getMessage()]
+
+
+def test_an_int8_tensor_without_a_quantization_config_is_refused(tmp_path):
+    from safetensors.numpy import save_file
+
+    (tmp_path / "config.json").write_text(json.dumps(TINY_LLAMA | {"model_type": "llama"}))
+    save_file({"model.layers.0.input_layernorm.weight": np.zeros((64,), np.int8)}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match="has dtype I8.*compressed-tensors"):
+        load_model(str(tmp_path))
