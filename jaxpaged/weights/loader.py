@@ -14,7 +14,12 @@ import numpy as np
 from jaxpaged.models.int8_weights import quantize_params
 from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.weights.compressed_tensors import QUANT_METHOD
-from jaxpaged.weights.converted_store import is_converted_checkpoint, load_converted, save_converted
+from jaxpaged.weights.converted_store import (
+    converted_quantization,
+    is_converted_checkpoint,
+    load_converted,
+    save_converted,
+)
 from jaxpaged.weights.default_model import DEFAULT_MODEL_NAME, default_model_path
 from jaxpaged.weights.generation_config import read_generation_config, sampling_defaults, with_generation_eos
 from jaxpaged.weights.gguf_checkpoint import convert_gguf_tokenizer, load_gguf_checkpoint
@@ -91,8 +96,8 @@ def load_model(model: Optional[str] = None, *, revision: Optional[str] = None,
     tensors" and None always do): ValueError naming `quantization` otherwise, before any weight is read."""
     directory, name = locate_model(model, revision=revision, cache_dir=cache_dir)
     if is_converted_checkpoint(directory):
+        scheme = _converted_scheme(converted_quantization(directory), quantization)
         hf_config, params, name = load_converted(directory)
-        scheme = _converted_scheme(params, quantization)
         params = quantize_params(params, scheme)
     else:
         hf_config, params, scheme = load_hf_checkpoint(directory, quantization)
@@ -102,10 +107,9 @@ def load_model(model: Optional[str] = None, *, revision: Optional[str] = None,
                        sampling_defaults(generation_config), scheme)
 
 
-def _converted_scheme(params: dict[str, np.ndarray], quantization: Optional[str]) -> Optional[str]:
-    """The scheme a converted checkpoint runs in: its own when it holds int8 projections (a GGUF's Q8_0 kept
-    quantized), else `quantization`."""
-    stored = "int8" if any(value.dtype == np.int8 for value in params.values()) else None
+def _converted_scheme(stored: Optional[str], quantization: Optional[str]) -> Optional[str]:
+    """The scheme a converted checkpoint runs in: its own when its projections are `stored` int8 (a GGUF's Q8_0
+    kept quantized), else `quantization`; ValueError naming quantization when the two disagree."""
     if quantization == QUANT_METHOD:
         raise ValueError(f"quantization: {QUANT_METHOD!r} applies to compressed-tensors checkpoints (an HF "
                          "directory whose config.json has a quantization_config); this one is a converted checkpoint")
@@ -115,10 +119,16 @@ def _converted_scheme(params: dict[str, np.ndarray], quantization: Optional[str]
     return stored or quantization
 
 
+_GGUF_CONVERSION = "q8_0-int8"
+"""Part of a GGUF's cache key, so caches written before a change of what conversion makes (Q8_0 projections kept
+int8 since this name) are not taken for current ones."""
+
+
 def _gguf_converted_dir(path: pathlib.Path, name: str, cache_dir: pathlib.Path) -> pathlib.Path:
-    """Dequantize once into a converted checkpoint keyed by the file's identity; its directory."""
+    """Convert once into a converted checkpoint keyed by the file's identity; its directory."""
     stat = path.stat()
-    key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    identity = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{_GGUF_CONVERSION}"
+    key = hashlib.sha256(identity.encode()).hexdigest()[:16]
     cached = cache_dir / f"{path.stem}-{key}"
     if not is_converted_checkpoint(cached):
         _convert_gguf_into(path, name, cached)
@@ -134,11 +144,12 @@ def _convert_gguf_into(path: pathlib.Path, name: str, cached: pathlib.Path) -> N
     cached.parent.mkdir(parents=True, exist_ok=True)
     scratch = pathlib.Path(tempfile.mkdtemp(prefix=f".{cached.name}-", dir=cached.parent))
     try:
-        hf_config, params = load_gguf_checkpoint(path)
+        hf_config, params, quantization = load_gguf_checkpoint(path)
         convert_gguf_tokenizer(path, scratch)
         from transformers import PreTrainedTokenizerFast  # no torch: loads the files just written
 
-        save_converted(scratch, hf_config, params, PreTrainedTokenizerFast.from_pretrained(str(scratch)), name)
+        save_converted(scratch, hf_config, params, PreTrainedTokenizerFast.from_pretrained(str(scratch)), name,
+                       quantization=quantization)
         if cached.exists() and not is_converted_checkpoint(cached):
             shutil.rmtree(cached, ignore_errors=True)  # left over from an interrupted conversion
         try:
