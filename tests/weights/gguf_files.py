@@ -4,6 +4,7 @@ the embedded model's tokenizer metadata."""
 
 import json
 import pathlib
+from typing import Optional
 
 import gguf
 import numpy as np
@@ -21,10 +22,10 @@ def _permute_for_llama_cpp(weight: np.ndarray, num_heads: int) -> np.ndarray:
         1, 2).reshape(weight.shape)
 
 
-def write_llama_gguf(target: pathlib.Path, hf_dir: pathlib.Path, tokenizer_gguf: pathlib.Path,
+def write_llama_gguf(target: pathlib.Path, hf_dir: pathlib.Path, tokenizer_gguf: Optional[pathlib.Path],
                      projection_type: gguf.GGMLQuantizationType) -> pathlib.Path:
-    """`hf_dir`'s Llama (a float checkpoint with tied embeddings) as a GGUF whose layer projections are
-    `projection_type` (Q8_0, F32 ...) and whose other tensors are float32."""
+    """`hf_dir`'s Llama (a float checkpoint) as a GGUF whose layer projections are `projection_type` (Q8_0, F32 ...)
+    and whose other tensors are float32, with `tokenizer_gguf`'s tokenizer (None: none, weights only)."""
     from safetensors.numpy import load_file
 
     config = json.loads((hf_dir / "config.json").read_text())
@@ -39,12 +40,15 @@ def write_llama_gguf(target: pathlib.Path, hf_dir: pathlib.Path, tokenizer_gguf:
     writer.add_key_length(config["head_dim"])
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     writer.add_rope_freq_base(config.get("rope_theta", 10000.0))
-    for field in gguf.GGUFReader(str(tokenizer_gguf)).fields.values():
+    writer.add_vocab_size(config["vocab_size"])
+    for field in gguf.GGUFReader(str(tokenizer_gguf)).fields.values() if tokenizer_gguf is not None else ():
         if field.name.startswith("tokenizer."):
             sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
             writer.add_key_value(field.name, field.contents(), field.types[0], sub_type)
     writer.add_tensor("token_embd.weight", tensors["model.embed_tokens.weight"])
     writer.add_tensor("output_norm.weight", tensors["model.norm.weight"])
+    if "lm_head.weight" in tensors and not config.get("tie_word_embeddings", True):
+        writer.add_tensor("output.weight", tensors["lm_head.weight"])
     for layer in range(config["num_hidden_layers"]):
         for hf_name, gguf_name in _LAYER.items():
             value = tensors[f"model.layers.{layer}.{hf_name}"]

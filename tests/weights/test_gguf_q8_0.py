@@ -96,3 +96,45 @@ def test_engine_on_a_q8_0_gguf_generates_the_requantized_float_models_tokens(q8_
     assert got == expected
     with pytest.raises(ValueError, match="^quantization: 'compressed-tensors' applies to compressed-tensors"):
         load_model(str(converted), quantization="compressed-tensors")
+
+
+MEASURE_SCRIPT = """
+import json, pathlib, sys
+import jax, numpy, gguf
+from jaxpaged.weights.gguf_checkpoint import load_gguf_checkpoint
+
+def status_kib(key):
+    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(key + ":"))
+
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # resets VmHWM to the current RSS
+before = status_kib("VmRSS")
+_, params, scheme = load_gguf_checkpoint(pathlib.Path(sys.argv[1]))
+print(json.dumps({"growth_bytes": (status_kib("VmHWM") - before) * 1024, "scheme": scheme,
+                  "params_bytes": sum(value.nbytes for value in params.values())}))
+"""
+
+
+def test_a_q8_0_load_holds_the_int8_model_and_the_mapped_file_not_a_float32_copy(tmp_path):
+    """Peak host memory while loading a 50 MiB Q8_0 GGUF: its int8 parameters, the file's pages the reader maps
+    (file-backed) and one float32 layer being requantized; a float32 copy of the projections would be ~4x the
+    file on top."""
+    import subprocess
+    import sys
+
+    import torch
+    import transformers
+
+    from tests.weights.test_lazy_bf16_load import MEMORY_LLAMA
+
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(**MEMORY_LLAMA)).save_pretrained(tmp_path / "hf")
+    path = write_llama_gguf(tmp_path / "model.Q8_0.gguf", tmp_path / "hf", None, gguf.GGMLQuantizationType.Q8_0)
+    file_size = path.stat().st_size
+    result = subprocess.run([sys.executable, "-c", MEASURE_SCRIPT, str(path)], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["scheme"] == "int8" and report["params_bytes"] < file_size
+    growth = report["growth_bytes"] / file_size
+    assert growth <= 2.4, f"loading grew host memory by {growth:.2f}x the {file_size / 2**20:.0f} MiB file"
