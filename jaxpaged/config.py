@@ -18,7 +18,7 @@ DTypeName = Literal["auto", "float32", "bfloat16", "float16"]
 CpuMatmulKernel = Literal["native", "xla"]
 CpuAttentionKernel = Literal["native", "jnp"]
 SpeculativeMethod = Literal["ngram"]
-QuantizationName = Literal["int8", "tpu_int8", "compressed-tensors"]
+QuantizationName = Literal["int8", "tpu_int8", "w8a8", "w8a8_int8", "compressed-tensors"]
 # The annotations are the one list of choices: the checks below and the CLI's --flag choices both read them.
 _POLICIES = get_args(SchedulingPolicy)
 _GRANULARITIES = get_args(PrefixCachingGranularity)
@@ -28,8 +28,9 @@ _CPU_MATMULS = get_args(CpuMatmulKernel)
 _CPU_ATTENTIONS = get_args(CpuAttentionKernel)
 _SPECULATIVE_METHODS = get_args(SpeculativeMethod)
 _QUANTIZATIONS = get_args(QuantizationName)
-_QUANTIZATION_ALIASES = {"tpu_int8": "int8"}
-"""vLLM's names of schemes jaxpaged runs under its own name: its tpu_int8 is the same weight-only per-channel int8."""
+_QUANTIZATION_ALIASES = {"tpu_int8": "int8", "w8a8_int8": "w8a8"}
+"""Other engines' names of schemes jaxpaged runs under its own name: vLLM's tpu_int8 is the same weight-only
+per-channel int8, SGLang's w8a8_int8 the same dynamic per-token int8 activations x per-channel int8 weights."""
 
 
 def _require(ok: bool, field: str, message: str) -> None:
@@ -272,7 +273,9 @@ class EngineConfig:
     quantization: Optional[QuantizationName] = None
     """Weight quantization (vLLM's --quantization). "int8": weight-only int8 of the attention and MLP projections,
     symmetric, one float32 scale per output channel, applied on the fly while a float checkpoint loads (vLLM's
-    "tpu_int8" is accepted as the same); embeddings, lm_head and norms stay in dtype. A pre-quantized checkpoint
+    "tpu_int8" is accepted as the same); embeddings, lm_head and norms stay in dtype. "w8a8" (SGLang's "w8a8_int8"):
+    those int8 weights, and each matmul's input rows quantized to int8 per token on the fly, int32 accumulation
+    (XLA's int8 dot on every backend). A pre-quantized checkpoint
     (compressed-tensors int8, a GGUF of Q8_0 projections) runs in its own scheme: None or "compressed-tensors"
     take it as it is, another scheme than the checkpoint's is an error. None on a float checkpoint: off."""
     kv_events_config: Optional[str] = None

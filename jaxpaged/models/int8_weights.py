@@ -26,6 +26,8 @@ QUANTIZED_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "u
 """The layer weights (after "layers.") that int8 quantizes: every matmul of the decoder layers."""
 SCALE_SUFFIX = "_scale"
 """A quantized weight's scales live under its name plus this suffix ("layers.q_proj_scale")."""
+WEIGHT_SCHEMES = ("int8", "w8a8")
+"""The schemes whose projections are these int8 weights (w8a8 quantizes the activations too: int8_activations.py)."""
 INT8_MAX = 127
 """Symmetric range [-127, 127]: -128 is never used, so negating a weight never overflows."""
 
@@ -95,13 +97,13 @@ def requantize_rows(values: Int8[np.ndarray, "outer inner"], scales: Float32[np.
 
 
 def quantize_params(params: dict[str, np.ndarray], quantization: Optional[str]) -> dict[str, np.ndarray]:
-    """Replace every float projection of `params`, in place, by its int8 values and scales (`quantization` "int8";
-    None leaves `params` as they are); returns `params`. Tensor by tensor: each float stack is let go as soon as it
-    is quantized, so the host holds the float model and one tensor's int8 copy at most (less, as the floats go).
-    Projections already quantized (their scale present) are kept."""
+    """Replace every float projection of `params`, in place, by its int8 values and scales (`quantization` "int8"
+    or "w8a8"; None leaves `params` as they are); returns `params`. Tensor by tensor: each float stack is let go as
+    soon as it is quantized, so the host holds the float model and one tensor's int8 copy at most (less, as the
+    floats go). Projections already quantized (their scale present) are kept."""
     if quantization is None:
         return params
-    if quantization != "int8":
+    if quantization not in WEIGHT_SCHEMES:
         raise ValueError(f"quantization: unknown scheme {quantization!r}")
     for name in list(params):
         if is_quantized_projection(name) and scale_name(name) not in params:

@@ -17,7 +17,6 @@ weight is read, and anything jaxpaged cannot run is a ValueError naming the conf
 """
 
 import dataclasses
-import logging
 import math
 from typing import Any, Optional
 
@@ -25,8 +24,6 @@ import numpy as np
 
 from jaxpaged.models.int8_weights import HostInt8, requantize_rows
 from jaxpaged.weights.safetensors_file import TensorEntry, open_tensor
-
-logger = logging.getLogger(__name__)
 
 CONFIG_KEY = "quantization_config"
 QUANT_METHOD = "compressed-tensors"
@@ -116,12 +113,10 @@ def _check_int8(field: str, args: dict[str, Any]) -> None:
              f"only symmetric quantization is supported (no zero points), got {args.get('symmetric')!r}")
 
 
-def resolve_scheme(checkpoint: Optional[CheckpointQuantization], requested: Optional[str],
-                   supported: tuple[str, ...] = ("int8",)) -> Optional[str]:
+def resolve_scheme(checkpoint: Optional[CheckpointQuantization], requested: Optional[str]) -> Optional[str]:
     """The scheme an engine runs a checkpoint in, given --quantization (`requested`; "compressed-tensors": as the
-    checkpoint says) and the schemes jaxpaged's matmuls run (`supported`). ValueError naming `quantization` when
-    the flag disagrees with the checkpoint. A W8A8 checkpoint where w8a8 is not supported runs weight-only (its
-    weights are the same int8 values and scales; only the activations stay float), with a logged note."""
+    checkpoint says): a compressed-tensors checkpoint's own (W8A16 "int8", W8A8 "w8a8"). ValueError naming
+    `quantization` when the flag disagrees with the checkpoint."""
     if checkpoint is None:
         if requested == QUANT_METHOD:
             raise ValueError(f"quantization: {QUANT_METHOD!r} needs a checkpoint whose config.json has a "
@@ -131,10 +126,6 @@ def resolve_scheme(checkpoint: Optional[CheckpointQuantization], requested: Opti
         raise ValueError(f"quantization: {requested!r} disagrees with the checkpoint, which is compressed-tensors "
                          f"{'W8A8' if checkpoint.scheme == 'w8a8' else 'W8A16'} ({checkpoint.scheme!r}); pass "
                          f"{checkpoint.scheme!r}, {QUANT_METHOD!r} or nothing")
-    if checkpoint.scheme not in supported:
-        logger.info("compressed-tensors W8A8 checkpoint: running it weight-only (int8 weights, float activations); "
-                    "w8a8 matmuls are not available here")
-        return "int8"
     return checkpoint.scheme
 
 

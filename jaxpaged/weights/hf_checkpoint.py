@@ -70,19 +70,18 @@ def checkpoint_files(path: pathlib.Path) -> list[pathlib.Path]:
 
 
 def load_hf_checkpoint(path: pathlib.Path, quantization: Optional[str] = None,
-                       supported_schemes: tuple[str, ...] = ("int8",),
                        ) -> tuple[dict, dict[str, np.ndarray], Optional[str]]:
     """Return (HF config dict, jaxpaged params in the checkpoint's own dtype, the scheme the projections are in).
 
-    `quantization` (EngineConfig.quantization): "int8" quantizes a float checkpoint's projections as they load; a
-    compressed-tensors checkpoint's own scheme is checked against it before any weight is read, and its int8
-    projections are taken as they are (compressed_tensors.resolve_scheme; `supported_schemes`: what the engine's
-    matmuls run). Tensors are memory-mapped: each layer's is copied (or quantized) once into its stacked parameter,
-    and global weights (embedding, final norm, lm_head) stay mapped views of the file until the runner places them.
+    `quantization` (EngineConfig.quantization): "int8" or "w8a8" quantizes a float checkpoint's projections as they
+    load; a compressed-tensors checkpoint's own scheme is checked against it before any weight is read, and its int8
+    projections are taken as they are (compressed_tensors.resolve_scheme). Tensors are memory-mapped: each layer's
+    is copied (or quantized) once into its stacked parameter, and global weights (embedding, final norm, lm_head)
+    stay mapped views of the file until the runner places them.
     """
     hf_config = json.loads((path / "config.json").read_text())
     checkpoint = compressed_tensors.read_checkpoint_quantization(hf_config)
-    scheme = compressed_tensors.resolve_scheme(checkpoint, quantization, supported_schemes)
+    scheme = compressed_tensors.resolve_scheme(checkpoint, quantization)
     cfg = ModelConfig.from_hf(hf_config)
     entries: dict[str, TensorEntry] = {}
     for file in checkpoint_files(path):

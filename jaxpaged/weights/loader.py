@@ -11,7 +11,7 @@ from typing import Optional
 
 import numpy as np
 
-from jaxpaged.models.int8_weights import quantize_params
+from jaxpaged.models.int8_weights import WEIGHT_SCHEMES, quantize_params
 from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.weights.compressed_tensors import QUANT_METHOD
 from jaxpaged.weights.converted_store import (
@@ -108,15 +108,17 @@ def load_model(model: Optional[str] = None, *, revision: Optional[str] = None,
 
 
 def _converted_scheme(stored: Optional[str], quantization: Optional[str]) -> Optional[str]:
-    """The scheme a converted checkpoint runs in: its own when its projections are `stored` int8 (a GGUF's Q8_0
-    kept quantized), else `quantization`; ValueError naming quantization when the two disagree."""
+    """The scheme a converted checkpoint runs in: `quantization`, or, when its projections are `stored` int8 (a
+    GGUF's Q8_0 kept quantized), "int8" unless `quantization` is "w8a8" (the same weights, int8 activations too;
+    llama.cpp multiplies Q8_0 weights with int8 activations as well). ValueError naming quantization otherwise."""
     if quantization == QUANT_METHOD:
         raise ValueError(f"quantization: {QUANT_METHOD!r} applies to compressed-tensors checkpoints (an HF "
                          "directory whose config.json has a quantization_config); this one is a converted checkpoint")
-    if stored is not None and quantization not in (None, stored):
+    if stored is not None and quantization not in (None, *WEIGHT_SCHEMES):
         raise ValueError(f"quantization: {quantization!r} disagrees with the checkpoint, whose projections are "
-                         f"{stored} already (a GGUF's Q8_0 tensors, kept quantized); pass {stored!r} or nothing")
-    return stored or quantization
+                         f"{stored} already (a GGUF's Q8_0 tensors, kept quantized); pass one of {WEIGHT_SCHEMES} "
+                         "or nothing")
+    return quantization or stored
 
 
 _GGUF_CONVERSION = "q8_0-int8"

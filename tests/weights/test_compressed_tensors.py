@@ -40,7 +40,7 @@ def test_int8_weights_and_scales_load_as_the_file_holds_them(checkpoints, kind):
     """Channel and tensor scales: the engine's int8 values are the file's (transposed), its per-column scales the
     file's; dequantized, each layer equals weight * weight_scale."""
     loaded = load_model(str(checkpoints[kind]))
-    assert loaded.quantization == "int8"
+    assert loaded.quantization == kind.split("-")[0].replace("w8a16", "int8")
     reference = dequantized_weights(checkpoints[kind])
     for layer in range(TINY_LLAMA["num_hidden_layers"]):
         for name, block in _PROJECTIONS.items():
@@ -75,17 +75,33 @@ def reference_llm(checkpoints, tmp_path_factory):
     return LLM(str(write_dequantized_checkpoint(checkpoints["w8a16-channel"], target)), **TINY_ENGINE_OPTIONS)
 
 
-@pytest.mark.parametrize("kind,flag", [("w8a16-channel", None), ("w8a16-channel", "int8"),
-                                       ("w8a8-channel", "compressed-tensors")])
-def test_engine_generates_the_dequantized_float_models_greedy_tokens(checkpoints, reference_llm, kind, flag):
+@pytest.mark.parametrize("flag", [None, "int8", "compressed-tensors"])
+def test_w8a16_engine_generates_the_dequantized_float_models_greedy_tokens(checkpoints, reference_llm, flag):
     from jaxpaged.llm import LLM
 
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     expected = [output.outputs[0].token_ids for output in reference_llm.generate(_PROMPTS, params)]
-    with LLM(str(checkpoints[kind]), quantization=flag, **TINY_ENGINE_OPTIONS) as llm:
+    with LLM(str(checkpoints["w8a16-channel"]), quantization=flag, **TINY_ENGINE_OPTIONS) as llm:
         assert llm.engine.runner.plan.quantization == "int8"
         got = [output.outputs[0].token_ids for output in llm.generate(_PROMPTS, params)]
     assert got == expected
+
+
+def test_a_w8a8_checkpoint_runs_w8a8(checkpoints, tmp_path):
+    """A W8A8 checkpoint runs its activations int8 too: the tokens of the same int8 weights (the W8A16 checkpoint,
+    converted) run with quantization="w8a8"."""
+    from jaxpaged.cli import main
+    from jaxpaged.llm import LLM
+
+    assert main(["convert", str(checkpoints["w8a16-channel"]), str(tmp_path / "converted")]) == 0
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    runs = {}
+    for name, model, flag in [("w8a8", checkpoints["w8a8-channel"], None),
+                              ("converted w8a8", tmp_path / "converted", "w8a8")]:
+        with LLM(str(model), quantization=flag, **TINY_ENGINE_OPTIONS) as llm:
+            assert llm.engine.runner.plan.quantization == "w8a8", name
+            runs[name] = [output.outputs[0].token_ids for output in llm.generate(_PROMPTS, params)]
+    assert runs["w8a8"] == runs["converted w8a8"]
 
 
 def _bad_checkpoint(tmp_path: pathlib.Path, **changes) -> pathlib.Path:
