@@ -15,7 +15,8 @@ CAPITALS = {
     "Australia": "Canberra", "India": "New Delhi", "Brazil": "Brasilia", "Argentina": "Buenos Aires",
     "Mexico": "Mexico City", "Kenya": "Nairobi", "Norway": "Oslo", "Sweden": "Stockholm", "Finland": "Helsinki",
     "Denmark": "Copenhagen", "Poland": "Warsaw", "Austria": "Vienna", "Ireland": "Dublin",
-    "the Netherlands": "Amsterdam", "Belgium": "Brussels", "Switzerland": "Bern", "Turkey": "Ankara", "Iran": "Tehran", "Iraq": "Baghdad",
+    "the Netherlands": "Amsterdam", "Belgium": "Brussels", "Switzerland": "Bern", "Turkey": "Ankara",
+    "Iran": "Tehran", "Iraq": "Baghdad",
     "Thailand": "Bangkok", "Vietnam": "Hanoi", "South Korea": "Seoul", "Peru": "Lima", "Chile": "Santiago",
     "Colombia": "Bogota", "Cuba": "Havana", "Hungary": "Budapest", "the Czech Republic": "Prague", "Ukraine": "Kyiv",
 }
