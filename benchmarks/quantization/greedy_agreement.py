@@ -36,35 +36,38 @@ ENGINE_OPTIONS: dict[str, Any] = dict(max_model_len=512, max_num_seqs=32, max_nu
                                       compilation_cache_dir="")
 
 
-def _continuations(llm: LLM, num_tokens: int) -> list[tuple[list[int], list[int]]]:
+def continuations(llm: LLM, num_tokens: int) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, greedy continuation ids) per prompt."""
     outputs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=num_tokens, ignore_eos=True),
                            use_tqdm=False)
     return [(list(output.prompt_token_ids), list(output.outputs[0].token_ids)) for output in outputs]
 
 
-def _teacher_forced(llm: LLM, pairs: list[tuple[list[int], list[int]]]) -> list[list[tuple[int, float]]]:
+def teacher_forced(llm: LLM, pairs: list[tuple[list[int], list[int]]]) -> list[list[tuple[int, float]]]:
     """(rank, log-prob) of each continuation token under `llm` reading prompt + continuation in one prefill."""
     prompts = [{"prompt_token_ids": prompt + continuation} for prompt, continuation in pairs]
     outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0), use_tqdm=False)
     scored = []
     for output, (prompt, continuation) in zip(outputs, pairs):
-        logprobs = output.prompt_logprobs or []
-        entries = [logprobs[len(prompt) + j][token] for j, token in enumerate(continuation)]  # type: ignore
+        positions = output.prompt_logprobs or []
+        entries = [positions[len(prompt) + j][token] for j, token in enumerate(continuation)]  # type: ignore
         scored.append([(entry.rank, entry.logprob) for entry in entries])
     return scored
 
 
-def _share(scored: list[list[tuple[int, float]]]) -> float:
+def share(scored: list[list[tuple[int, float]]]) -> float:
+    """The share of tokens ranked first."""
     flat = [rank for row in scored for rank, _ in row]
     return sum(rank == 1 for rank in flat) / len(flat)
 
 
-def _logprobs(scored: list[list[tuple[int, float]]]) -> list[float]:
+def token_logprobs(scored: list[list[tuple[int, float]]]) -> list[float]:
+    """Every token's log-prob, flat."""
     return [logprob for row in scored for _, logprob in row]
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens `a` and `b` share."""
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
@@ -72,24 +75,24 @@ def measure(model: Optional[str], num_tokens: int, dtype: str, schemes: list[str
     """Every figure of one run (see the module docstring)."""
     started = time.time()
     with LLM(model, dtype=dtype, **ENGINE_OPTIONS) as unquantized:
-        pairs = _continuations(unquantized, num_tokens)
-        reference = _teacher_forced(unquantized, pairs)
-    reference_logprobs = _logprobs(reference)
+        pairs = continuations(unquantized, num_tokens)
+        reference = teacher_forced(unquantized, pairs)
+    reference_logprobs = token_logprobs(reference)
     result: dict[str, Any] = {
         "model": model or "SmolLM2-135M-Instruct (embedded)", "dtype": dtype, "num_prompts": len(PROMPTS),
         "num_tokens": num_tokens, "machine": describe_machine(machine_info()),
-        "teacher_forced_agreement_unquantized": _share(reference),
+        "teacher_forced_agreement_unquantized": share(reference),
         "mean_loglikelihood_per_token_unquantized": statistics.fmean(reference_logprobs),
     }
     for scheme in schemes:
         with LLM(model, dtype=dtype, quantization=scheme, **ENGINE_OPTIONS) as quantized:
-            scored = _teacher_forced(quantized, pairs)
-            own = _continuations(quantized, num_tokens)
-        differences = [ours - theirs for ours, theirs in zip(_logprobs(scored), reference_logprobs)]
-        prefixes = [_common_prefix(ours[1], theirs[1]) for ours, theirs in zip(own, pairs)]
+            scored = teacher_forced(quantized, pairs)
+            own = continuations(quantized, num_tokens)
+        differences = [ours - theirs for ours, theirs in zip(token_logprobs(scored), reference_logprobs)]
+        prefixes = [common_prefix(ours[1], theirs[1]) for ours, theirs in zip(own, pairs)]
         result[scheme] = {
-            "teacher_forced_agreement": _share(scored),
-            "rank_histogram": _histogram(scored),
+            "teacher_forced_agreement": share(scored),
+            "rank_histogram": histogram(scored),
             "mean_loglikelihood_difference_per_token": statistics.fmean(differences),
             "mean_abs_loglikelihood_difference_per_token": statistics.fmean(abs(d) for d in differences),
             "free_running_identical_sequences": sum(p == num_tokens for p in prefixes),
@@ -99,7 +102,7 @@ def measure(model: Optional[str], num_tokens: int, dtype: str, schemes: list[str
     return result
 
 
-def _histogram(scored: list[list[tuple[int, float]]]) -> dict[str, int]:
+def histogram(scored: list[list[tuple[int, float]]]) -> dict[str, int]:
     flat = [rank for row in scored for rank, _ in row]
     return {"1": sum(r == 1 for r in flat), "2": sum(r == 2 for r in flat), "3+": sum(r >= 3 for r in flat)}
 

@@ -97,10 +97,11 @@ def keeps_int8(reader: gguf.GGUFReader) -> bool:
     return bool(projections) and all(kind == gguf.GGMLQuantizationType.Q8_0 for kind in projections)
 
 
-def q8_0_rows(tensor: gguf.ReaderTensor) -> tuple[np.ndarray, np.ndarray]:
+def q8_0_rows(encoded: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """A Q8_0 matrix's (int8 values [rows, columns], float32 block scales [rows, columns / 32]), read from its
-    blocks as they are (no float32 copy of the values)."""
-    data = np.asarray(tensor.data)
+    encoded bytes ([rows, blocks * 34] uint8, as a GGUF reader's tensor.data holds them) as they are (no float32
+    copy of the values)."""
+    data = np.asarray(encoded)
     blocks = data.reshape(data.shape[0], -1, 2 + _Q8_0_BLOCK)
     scales = blocks[..., :2].view(np.float16)[..., 0].astype(np.float32)
     return blocks[..., 2:].view(np.int8).reshape(data.shape[0], -1), scales
@@ -130,7 +131,7 @@ def load_gguf_checkpoint(path: pathlib.Path) -> tuple[dict, dict[str, np.ndarray
             raise ValueError(f"GGUF {path}: tensor {file_name!r} is missing")
         tensor = tensors[file_name]
         if scheme is not None and name in _LAYER_PROJECTIONS:
-            values, scales = q8_0_rows(tensor)  # NOTE: a row permutation commutes with per-row blocks
+            values, scales = q8_0_rows(tensor.data)  # NOTE: a row permutation commutes with per-row blocks
             return requantize_rows(unpermuted(name, values), unpermuted(name, scales), _Q8_0_BLOCK)
         # GGUF stores a [out, in] matrix as rows of `in` elements, like torch's Linear.weight.
         value = unpermuted(name, np.asarray(gguf.quants.dequantize(tensor.data, tensor.tensor_type), np.float32))
