@@ -103,7 +103,8 @@ def load_hf_checkpoint(path: pathlib.Path, quantization: Optional[str] = None,
             if layer is not None:
                 return int8
             notes.add(f"{hf_name} dequantized (the engine keeps it in the model dtype)")
-            return dequantize_int8(int8.values, int8.scale)
+            dequantized = dequantize_int8(int8.values, int8.scale)  # [in, out]: the file's rows are its columns
+            return dequantized if transpose else dequantized.T
         value = open_tensor(entry)
         if checkpoint is not None and layer is not None and transpose:
             notes.add("float projections (the checkpoint's ignore list) quantized per channel as they load")

@@ -21,9 +21,11 @@ def weight_args(strategy: str, group_size: int = 32) -> Any:
 
 
 def write_compressed_checkpoint(directory: pathlib.Path, tokenizer_dir: pathlib.Path, config: dict[str, Any],
-                                strategy: str = "channel", activations: bool = False) -> pathlib.Path:
+                                strategy: str = "channel", activations: bool = False,
+                                ignore: tuple[str, ...] = ("lm_head",)) -> pathlib.Path:
     """A seeded random Llama of `config` quantized to int8 (weights per `strategy`; `activations`: W8A8's dynamic
-    per-token int8 inputs, else W8A16) and saved by ModelCompressor as vLLM reads it; lm_head ignored."""
+    per-token int8 inputs, else W8A16) and saved by ModelCompressor as vLLM reads it; modules on `ignore` stay
+    float."""
     import torch
     import transformers
     from compressed_tensors.compressors import ModelCompressor
@@ -43,7 +45,7 @@ def write_compressed_checkpoint(directory: pathlib.Path, tokenizer_dir: pathlib.
     inputs = (QuantizationArgs(num_bits=8, type=QuantizationType.INT, symmetric=True, dynamic=True,
                                strategy=QuantizationStrategy.TOKEN) if activations else None)
     scheme = QuantizationScheme(targets=["Linear"], weights=weight_args(strategy), input_activations=inputs)
-    quantization = QuantizationConfig(config_groups={"group_0": scheme}, ignore=["lm_head"],
+    quantization = QuantizationConfig(config_groups={"group_0": scheme}, ignore=list(ignore),
                                       quantization_status=QuantizationStatus.CALIBRATION, format="int-quantized")
     apply_quantization_config(model, quantization, show_progress=False)
     for module in model.modules():

@@ -52,6 +52,30 @@ def test_int8_weights_and_scales_load_as_the_file_holds_them(checkpoints, kind):
     np.testing.assert_array_equal(loaded.params["embed"], reference["model.embed_tokens.weight"])
 
 
+def test_an_int8_lm_head_and_an_ignored_projection_load_as_the_engine_keeps_them(tmp_path, smollm2_tokenizer_dir):
+    """A quantized lm_head (not ignored) is dequantized into the model dtype; a projection the checkpoint ignores
+    (float in the file) is quantized per channel as it loads."""
+    config = TINY_LLAMA | {"tie_word_embeddings": False}
+    directory = write_compressed_checkpoint(tmp_path / "model", smollm2_tokenizer_dir, config,
+                                            ignore=("re:.*layers.1.mlp.down_proj",))
+    reference = dequantized_weights(directory)
+    stored = _file_tensors(directory)
+    assert "lm_head.weight_scale" in stored and "model.layers.0.mlp.down_proj.weight_scale" in stored
+    assert "model.layers.1.mlp.down_proj.weight_scale" not in stored
+    loaded = load_model(str(directory))
+    np.testing.assert_array_equal(loaded.params["lm_head"], reference["lm_head.weight"].T)
+    float_down = reference["model.layers.1.mlp.down_proj.weight"].T
+    values, scale = loaded.params["layers.down_proj"][1], loaded.params["layers.down_proj_scale"][1]
+    assert np.all(np.abs(dequantize_int8(values, scale) - float_down) <= scale / 2 * (1 + 1e-5))
+
+
+def _file_tensors(directory: pathlib.Path) -> list[str]:
+    from safetensors import safe_open
+
+    with safe_open(str(directory / "model.safetensors"), "np") as handle:
+        return list(handle.keys())
+
+
 def test_group_scales_are_requantized_per_channel_within_both_roundings(checkpoints):
     """Group scales (32 columns each) become one scale per output column: the result stays within half a group step
     plus half a column step of the checkpoint's dequantized weight."""
