@@ -134,26 +134,42 @@ def scale_entry_name(weight_name: str) -> str:
     return weight_name + "_scale"
 
 
+def check_int8_entries(entries: dict[str, TensorEntry], checkpoint: CheckpointQuantization) -> None:
+    """Every int8 tensor of the checkpoint is a 2-D weight with scales of the strategy's shape, checked from the
+    files' headers before any weight is read; ValueError naming the tensor otherwise."""
+    for name, entry in entries.items():
+        if entry.dtype == "I8":
+            _check_int8_entry(entry, entries.get(scale_entry_name(name)), checkpoint)
+
+
+def _check_int8_entry(weight: TensorEntry, scale: Optional[TensorEntry], checkpoint: CheckpointQuantization,
+                      ) -> TensorEntry:
+    """`scale`, once `weight` and it have the shapes `checkpoint`'s strategy packs; ValueError naming the tensor."""
+    if scale is None:
+        raise ValueError(f"checkpoint tensor {weight.name!r} is int8 but {scale_entry_name(weight.name)!r} is missing")
+    if len(weight.shape) != 2:
+        raise ValueError(f"checkpoint tensor {weight.name!r}: an int8 weight must be 2-D [out, in], got {weight.shape}")
+    outer, inner = weight.shape
+    if checkpoint.strategy == "group":
+        expected = [(outer, math.ceil(inner / (checkpoint.group_size or 1)))]
+    elif checkpoint.strategy == "channel":
+        expected = [(outer, 1), (outer,)]
+    else:
+        expected = [(1,), ()]
+    if scale.shape not in expected:
+        raise ValueError(f"checkpoint tensor {scale.name!r}: {checkpoint.strategy} scales of a {weight.shape} weight"
+                         f"{f' in groups of {checkpoint.group_size}' if checkpoint.group_size else ''} must be "
+                         f"{expected[0]}, got {scale.shape}")
+    return scale
+
+
 def read_int8_weight(weight: TensorEntry, scale: Optional[TensorEntry],
                      checkpoint: CheckpointQuantization) -> HostInt8:
     """One int8 Linear weight ([out, in] in the file) as jaxpaged's per-output-channel int8: values [in, out] (a
     transposed view of the mapped file for channel and tensor scales) and float32 scales [out]."""
-    if scale is None:
-        raise ValueError(f"checkpoint tensor {weight.name!r} is int8 but {scale_entry_name(weight.name)!r} is missing")
+    scale = _check_int8_entry(weight, scale, checkpoint)
     values = open_tensor(weight, quantized=True)
-    if values.ndim != 2:
-        raise ValueError(f"checkpoint tensor {weight.name!r}: an int8 weight must be 2-D [out, in], got {values.shape}")
-    outer, inner = values.shape
     scales = np.asarray(open_tensor(scale), dtype=np.float32)
     if checkpoint.strategy == "group":
-        group_size = checkpoint.group_size or 0
-        groups = math.ceil(inner / group_size)
-        if scales.shape != (outer, groups):
-            raise ValueError(f"checkpoint tensor {scale.name!r}: group scales of a {values.shape} weight in groups "
-                             f"of {group_size} must be {(outer, groups)}, got {scales.shape}")
-        return requantize_rows(values, scales, group_size)
-    expected = (outer, 1) if checkpoint.strategy == "channel" else (1,)
-    if scales.size != math.prod(expected) or scales.shape not in (expected, (), (outer,)):
-        raise ValueError(f"checkpoint tensor {scale.name!r}: {checkpoint.strategy} scales of a {values.shape} "
-                         f"weight must be {expected}, got {scales.shape}")
-    return HostInt8(values.T, np.broadcast_to(scales.reshape(-1), (outer,)).astype(np.float32))
+        return requantize_rows(values, scales.reshape(values.shape[0], -1), checkpoint.group_size or 1)
+    return HostInt8(values.T, np.broadcast_to(scales.reshape(-1), (values.shape[0],)).astype(np.float32))

@@ -86,6 +86,8 @@ def load_hf_checkpoint(path: pathlib.Path, quantization: Optional[str] = None,
     entries: dict[str, TensorEntry] = {}
     for file in checkpoint_files(path):
         entries.update(read_header(file))
+    if checkpoint is not None:
+        compressed_tensors.check_int8_entries(entries, checkpoint)
 
     layer_names = _LAYER_NAMES | _SANDWICH_NAMES if cfg.sandwich_norms else _LAYER_NAMES
     notes: set[str] = set()

@@ -187,3 +187,17 @@ def test_an_int8_tensor_without_a_quantization_config_is_refused(tmp_path):
     save_file({"model.layers.0.input_layernorm.weight": np.zeros((64,), np.int8)}, str(tmp_path / "model.safetensors"))
     with pytest.raises(ValueError, match="has dtype I8.*compressed-tensors"):
         load_model(str(tmp_path))
+
+
+def test_scales_the_strategy_cannot_pack_are_refused_naming_the_tensor(checkpoints, tmp_path):
+    """Channel scales under a config that says groups of 32: the headers' shapes disagree, refused before loading."""
+    import shutil
+
+    target = tmp_path / "model"
+    shutil.copytree(checkpoints["w8a16-channel"], target)
+    config = json.loads((target / "config.json").read_text())
+    config["quantization_config"]["config_groups"]["group_0"]["weights"] |= {"strategy": "group", "group_size": 32}
+    (target / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"weight_scale': group scales of a \((\d+), (\d+)\) weight in groups of 32 "
+                                         r"must be \(\1, \d+\), got \(\1, 1\)"):
+        load_model(str(target))
