@@ -47,8 +47,8 @@ class LoadedModel:
     """Sampling settings from generation_config.json (temperature, top_p, top_k, repetition_penalty, do_sample ...:
     only the keys the file sets); not applied by the loader."""
     quantization: Optional[str] = None
-    """The scheme the projections are in ("int8"), whether asked for or the checkpoint's own (a compressed-tensors
-    checkpoint, a GGUF of Q8_0 projections); None: float."""
+    """The scheme the projections run in ("int8", "w8a8"), whether asked for or the checkpoint's own (a
+    compressed-tensors checkpoint, a GGUF of Q8_0 projections); None: float."""
 
 
 def cache_root() -> pathlib.Path:
