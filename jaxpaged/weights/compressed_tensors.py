@@ -49,8 +49,9 @@ class CheckpointQuantization:
 
 
 def _require(ok: bool, field: str, message: str) -> None:
+    """ValueError naming `field` (a path inside quantization_config; "" for the object itself) unless `ok`."""
     if not ok:
-        raise ValueError(f"{CONFIG_KEY}.{field}: {message}")
+        raise ValueError(f"{CONFIG_KEY}{'.' if field else ''}{field}: {message}")
 
 
 def read_checkpoint_quantization(hf_config: dict[str, Any]) -> Optional[CheckpointQuantization]:
