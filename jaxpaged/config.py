@@ -18,7 +18,7 @@ DTypeName = Literal["auto", "float32", "bfloat16", "float16"]
 CpuMatmulKernel = Literal["native", "xla"]
 CpuAttentionKernel = Literal["native", "jnp"]
 SpeculativeMethod = Literal["ngram"]
-QuantizationName = Literal["int8", "tpu_int8"]
+QuantizationName = Literal["int8", "tpu_int8", "w8a8", "w8a8_int8", "compressed-tensors"]
 KVCacheDTypeName = Literal["auto", "int8", "fp8", "fp8_e4m3"]
 # The annotations are the one list of choices: the checks below and the CLI's --flag choices both read them.
 _POLICIES = get_args(SchedulingPolicy)
@@ -30,8 +30,9 @@ _CPU_ATTENTIONS = get_args(CpuAttentionKernel)
 _SPECULATIVE_METHODS = get_args(SpeculativeMethod)
 _QUANTIZATIONS = get_args(QuantizationName)
 _KV_CACHE_DTYPES = get_args(KVCacheDTypeName)
-_QUANTIZATION_ALIASES = {"tpu_int8": "int8"}
-"""vLLM's names of schemes jaxpaged runs under its own name: its tpu_int8 is the same weight-only per-channel int8."""
+_QUANTIZATION_ALIASES = {"tpu_int8": "int8", "w8a8_int8": "w8a8"}
+"""Other engines' names of schemes jaxpaged runs under its own name: vLLM's tpu_int8 is the same weight-only
+per-channel int8, SGLang's w8a8_int8 the same dynamic per-token int8 activations x per-channel int8 weights."""
 
 
 _QUANTIZED_KV_BACKENDS = ("auto", "xla", "pallas_gpu")
@@ -286,9 +287,13 @@ class EngineConfig:
     """CPU attention (the "xla" backend): "native" reads decode KV in place with the native C++ kernel where it
     builds, "jnp" keeps every row on the jnp path."""
     quantization: Optional[QuantizationName] = None
-    """Weight quantization applied on the fly while a float checkpoint loads (vLLM's --quantization). "int8":
-    weight-only int8 of the attention and MLP projections, symmetric, one float32 scale per output channel
-    (vLLM's "tpu_int8" is accepted as the same); embeddings, lm_head and norms stay in dtype. None: off."""
+    """Weight quantization (vLLM's --quantization). "int8": weight-only int8 of the attention and MLP projections,
+    symmetric, one float32 scale per output channel, applied on the fly while a float checkpoint loads (vLLM's
+    "tpu_int8" is accepted as the same); embeddings, lm_head and norms stay in dtype. "w8a8" (SGLang's "w8a8_int8"):
+    those int8 weights, and each matmul's input rows quantized to int8 per token on the fly, int32 accumulation
+    (XLA's int8 dot on every backend). A pre-quantized checkpoint
+    (compressed-tensors int8, a GGUF of Q8_0 projections) runs in its own scheme: None or "compressed-tensors"
+    take it as it is, another scheme than the checkpoint's is an error. None on a float checkpoint: off."""
     kv_events_config: Optional[str] = None
     """KV cache events as vLLM publishes them (blocks stored, removed, cleared; ZeroMQ + msgpack), for a KV-aware
     router: a JSON object such as '{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint":
@@ -313,8 +318,8 @@ class EngineConfig:
         _require(self.async_scheduling is None or isinstance(self.async_scheduling, bool), "async_scheduling",
                  f"must be a bool or None (on where supported), got {self.async_scheduling!r}")
         _require(self.quantization is None or self.quantization in _QUANTIZATIONS, "quantization",
-                 f"must be one of {_QUANTIZATIONS} or None (pre-quantized checkpoints such as AWQ, GPTQ or "
-                 f"compressed-tensors are not supported yet), got {self.quantization!r}")
+                 f"must be one of {_QUANTIZATIONS} or None (pre-quantized AWQ, GPTQ or fp8 checkpoints are not "
+                 f"supported yet), got {self.quantization!r}")
         if self.quantization in _QUANTIZATION_ALIASES:
             object.__setattr__(self, "quantization", _QUANTIZATION_ALIASES[self.quantization])
         if self.kv_events_config is not None:

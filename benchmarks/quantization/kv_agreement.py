@@ -15,11 +15,11 @@ from typing import Any, Optional
 from benchmarks.quantization.greedy_agreement import (
     ENGINE_OPTIONS,
     PROMPTS,
-    _common_prefix,
-    _continuations,
-    _histogram,
-    _share,
-    _teacher_forced_ranks,
+    common_prefix,
+    continuations,
+    histogram,
+    share,
+    teacher_forced,
 )
 from benchmarks.sweep.machine_info import describe_machine, load_average, machine_info
 from jaxpaged.llm import LLM
@@ -29,18 +29,18 @@ def measure(model: Optional[str], kv_cache_dtype: str, num_tokens: int, dtype: s
     """Every figure of one run (see the module docstring)."""
     started = time.time()
     unquantized = LLM(model, dtype=dtype, **ENGINE_OPTIONS)
-    pairs = _continuations(unquantized, num_tokens)
+    pairs = continuations(unquantized, num_tokens)
     del unquantized
     quantized = LLM(model, dtype=dtype, kv_cache_dtype=kv_cache_dtype, **ENGINE_OPTIONS)
-    ranks = _teacher_forced_ranks(quantized, pairs)
-    own_pairs = _continuations(quantized, num_tokens)
-    prefixes = [_common_prefix(ours[1], theirs[1]) for ours, theirs in zip(own_pairs, pairs)]
+    scored = teacher_forced(quantized, pairs)
+    own_pairs = continuations(quantized, num_tokens)
+    prefixes = [common_prefix(ours[1], theirs[1]) for ours, theirs in zip(own_pairs, pairs)]
     return {
         "model": model or "SmolLM2-135M-Instruct (embedded)", "dtype": dtype, "kv_cache_dtype": kv_cache_dtype,
         "kv_bytes_per_token": quantized.engine.runner.memory_plan.kv_bytes_per_token,
         "num_prompts": len(PROMPTS), "num_tokens": num_tokens, "machine": describe_machine(machine_info()),
         "load_average": load_average(), "seconds": round(time.time() - started, 1),
-        "teacher_forced_agreement": _share(ranks), "rank_histogram": _histogram(ranks),
+        "teacher_forced_agreement": share(scored), "rank_histogram": histogram(scored),
         "free_running_identical_sequences": sum(p == num_tokens for p in prefixes),
         "free_running_mean_common_prefix": sum(prefixes) / len(prefixes),
     }

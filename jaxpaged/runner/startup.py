@@ -76,7 +76,8 @@ class StartupPlan:
     """The KV pool's layout (jaxpaged/kernels/ragged_paged_attention/kv_layout.py)."""
     memory: MemoryPlan
     quantization: Optional[str] = None
-    """"int8": the projections are int8 with per-column scales (models/int8_weights.py)."""
+    """"int8": the projections are int8 with per-column scales (models/int8_weights.py); "w8a8": and their matmuls
+    quantize their inputs per token (models/int8_activations.py)."""
     packed_int8: bool = False
     """The int8 projections packed into panels for the native CPU int8 matmul (else XLA's dot, scales on the
     output)."""
@@ -98,7 +99,8 @@ class StartupPlan:
         """The plan as one log block, a decision per line."""
         matmuls = "native, packed weights" if self.packed_weights else "XLA dot"
         if self.quantization is not None:
-            kernel = "native, packed int8 panels" if self.packed_int8 else "XLA dot, scales on the output"
+            kernel = ("native, packed int8 panels" if self.packed_int8 else "XLA int8 x int8 dot, int32 sums"
+                      if self.quantization == "w8a8" else "XLA dot, scales on the output")
             matmuls += f"; {self.quantization} projections: {kernel}"
         attention = self.attention_backend + (" + native CPU decode" if self.native_decode else "")
         lines = [f"start-up plan: devices [{', '.join(map(str, self.devices))}] ({self.platform}, "
@@ -111,9 +113,10 @@ class StartupPlan:
 
 
 def plan_startup(model: ModelConfig, params: dict[str, np.ndarray], config: EngineConfig,
-                 mesh: jax.sharding.Mesh) -> StartupPlan:
-    """Decide everything a rank over `mesh` runs with (`model` and `params` after any kv-head replication);
-    ValueError naming the option when the weights or one max_model_len sequence cannot fit."""
+                 mesh: jax.sharding.Mesh, quantization: Optional[str] = None) -> StartupPlan:
+    """Decide everything a rank over `mesh` runs with (`model` and `params` after any kv-head replication;
+    `quantization`: the scheme of params' int8 projections, "int8" when None and some are int8); ValueError naming
+    the option when the weights or one max_model_len sequence cannot fit."""
     tp = mesh.shape["model"]
     first_device = mesh.devices.flat[0]
     platform = first_device.platform
@@ -139,11 +142,13 @@ def plan_startup(model: ModelConfig, params: dict[str, np.ndarray], config: Engi
                          kv_layout, weight_format(params, dtype))
     memory.check()
     quantized = any(value.dtype == np.int8 for value in params.values())
-    # int8 panels need no bfloat16 units: they pack wherever the native kernel builds, whatever the dtype.
-    packed_int8 = (quantized and per_layer and config.cpu_matmul == "native" and platform == "cpu" and tp == 1
+    scheme = (quantization or "int8") if quantized else None
+    # int8 panels need no bfloat16 units: they pack wherever the native kernel builds, whatever the dtype. w8a8 runs
+    # XLA's int8 x int8 dot (the native kernel widens int8 weights to float32 and has no int8 activations).
+    packed_int8 = (scheme == "int8" and per_layer and config.cpu_matmul == "native" and platform == "cpu" and tp == 1
                    and packed_int8_available())
     return StartupPlan(platform, tuple(int(d.id) for d in mesh.devices.flat), tp, dtype, backend, per_layer, packed,
-                       native_decode, kv_layout, memory, "int8" if quantized else None, packed_int8, kv_cache_dtype)
+                       native_decode, kv_layout, memory, scheme, packed_int8, kv_cache_dtype)
 
 
 def log_plan(plan: StartupPlan, rank: Optional[int] = None) -> None:
