@@ -7,9 +7,10 @@ from typing import Optional
 
 from jaxpaged.config import SpeculativeConfig
 from jaxpaged.speculative.ngram import NgramProposer
-from jaxpaged.speculative.speculator import Proposer, Speculator
+from jaxpaged.speculative.proposal import ProposalBatch, Proposer
+from jaxpaged.speculative.speculator import Speculator
 
-__all__ = ["NgramProposer", "Proposer", "Speculator", "build_speculator"]
+__all__ = ["NgramProposer", "ProposalBatch", "Proposer", "Speculator", "build_speculator"]
 
 
 def build_speculator(config: SpeculativeConfig) -> Optional[Speculator]:

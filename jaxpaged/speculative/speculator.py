@@ -10,11 +10,12 @@ proposal): they decode as without speculation.
 """
 
 import dataclasses
-from typing import Any, Protocol
+from typing import Any
 
 from jaxpaged.config import SpeculativeConfig
 from jaxpaged.core.request import Request
 from jaxpaged.core.scheduler import Scheduler
+from jaxpaged.speculative.proposal import ProposalBatch, Proposer
 
 INITIAL_ACCEPTANCE = 0.7
 """A new request's acceptance estimate: optimistic, so it proposes its full count until measured."""
@@ -24,15 +25,6 @@ MIN_POSITION_ACCEPTANCE = 0.1
 """The i-th proposal is made while acceptance^i is at least this."""
 PROBE_EVERY = 8
 """A request whose estimate allows no proposal still proposes one token every this many steps."""
-
-
-class Proposer(Protocol):
-    """Where proposals come from: n-gram lookup now; a draft model or a head reading the target's hidden states
-    would implement the same call."""
-
-    def propose(self, request: Request, state: Any, max_tokens: int) -> tuple[list[int], Any]:
-        """Up to max_tokens tokens to follow request.all_token_ids, and the proposer's new per-request state."""
-        ...
 
 
 @dataclasses.dataclass(slots=True)
@@ -63,7 +55,9 @@ class Speculator:
         """Read the outcome of the last proposals, then propose for the next step (requests with a token still in
         flight excepted)."""
         running = scheduler.running
+        self.proposer.retain(running)
         propose = len(running) < self.config.speculative_disable_by_batch_size
+        batch = ProposalBatch([], [], [])
         for request in running:
             state = request.speculation
             if state is None:
@@ -80,9 +74,17 @@ class Speculator:
                 continue
             num_tokens = self._num_to_propose(state)
             if num_tokens:
-                proposals, state.proposer_state = self.proposer.propose(request, state.proposer_state, num_tokens)
-                request.spec_token_ids = proposals
-                state.num_proposed = len(proposals)
+                batch.requests.append(request)
+                batch.max_tokens.append(num_tokens)
+                batch.states.append(state.proposer_state)
+        if not batch.requests:
+            return
+        for request, (proposals, proposer_state) in zip(batch.requests, self.proposer.propose(batch)):
+            state = request.speculation
+            assert state is not None
+            state.proposer_state = proposer_state
+            request.spec_token_ids = proposals
+            state.num_proposed = len(proposals)
 
     def _num_to_propose(self, state: RequestSpeculation) -> int:
         count, chance = 0, 1.0
