@@ -65,5 +65,9 @@ class NgramProposer:
             results.append((index.continuation(request.all_token_ids, max_tokens), index))
         return results
 
+    def warmup(self) -> float:
+        """Nothing to compile."""
+        return 0.0
+
     def retain(self, running: Sequence[Request]) -> None:
         """Nothing to forget: each request's index lives on the request (its speculation state)."""

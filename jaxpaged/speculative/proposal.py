@@ -29,6 +29,10 @@ class Proposer(Protocol):
         proposer's new state for it (kept on the request, handed back next time)."""
         ...
 
+    def warmup(self) -> float:
+        """Compile whatever proposing runs (nothing for a host-only proposer); the seconds it took."""
+        ...
+
     def retain(self, running: Sequence[Request]) -> None:
         """Forget whatever the proposer holds for requests not in `running` (finished, aborted or preempted): called
         after every update, before propose."""

@@ -13,7 +13,6 @@ import dataclasses
 from typing import Any
 
 from jaxpaged.config import SpeculativeConfig
-from jaxpaged.core.request import Request
 from jaxpaged.core.scheduler import Scheduler
 from jaxpaged.speculative.proposal import ProposalBatch, Proposer
 
@@ -44,6 +43,10 @@ class Speculator:
     def __init__(self, config: SpeculativeConfig, proposer: Proposer) -> None:
         self.config = config
         self.proposer = proposer
+
+    def warmup(self) -> float:
+        """Compile what the proposer runs (a draft model's steps); the seconds it took."""
+        return self.proposer.warmup()
 
     def proposes_at(self, scheduler: Scheduler) -> bool:
         """Whether the scheduler's batch is small enough for proposals. While it is, the engine plans no step
