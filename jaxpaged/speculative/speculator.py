@@ -61,6 +61,9 @@ class Speculator:
         self.proposer.retain(running)
         propose = len(running) < self.config.speculative_disable_by_batch_size
         batch = ProposalBatch([], [], [])
+        # The sampling rows the scheduler can give proposals next step, handed out in its order (running first):
+        # a proposal it could not verify would be computed for nothing (a draft model's steps cost).
+        rows_left = min(self.config.max_tokens_per_step, scheduler.max_num_seqs - len(running))
         for request in running:
             state = request.speculation
             if state is None:
@@ -75,8 +78,9 @@ class Speculator:
             request.spec_token_ids = []
             if not propose or request.grammar is not None or request.num_computed_tokens != request.num_tokens - 1:
                 continue
-            num_tokens = self._num_to_propose(state)
+            num_tokens = min(self._num_to_propose(state), rows_left)
             if num_tokens:
+                rows_left -= num_tokens
                 batch.requests.append(request)
                 batch.max_tokens.append(num_tokens)
                 batch.states.append(state.proposer_state)
