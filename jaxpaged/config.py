@@ -327,6 +327,8 @@ class EngineConfig:
             _require(self.data_parallel_size == 1, "speculative_method",
                      f"\"draft_model\" runs beside one model replica, not data_parallel_size "
                      f"{self.data_parallel_size}")
+            _require(not self.multihost.joins_job, "speculative_method",
+                     "\"draft_model\" runs on one host: not with a multi-host job")
 
     @classmethod
     def from_options(cls, **options) -> "EngineConfig":

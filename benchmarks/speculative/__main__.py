@@ -1,8 +1,8 @@
 """Speculative decoding (issue 42) on the embedded model: time per output token and output tokens/s, speculation
 off against n-gram proposals and a draft model, on copy-heavy chat requests at batch sizes 1, 8 and 64, in one run.
 
-The draft model is the embedded model's first `--draft-layers` layers with its embedding, final norm and head
-(truncated_draft.py), written once under ~/.cache/jaxpaged/drafts/, or `--draft PATH`.
+The draft model is the embedded model with its projections in int8 (`--draft-quantization`), optionally cut to its
+first `--draft-layers` layers (truncated_draft.py), written once under ~/.cache/jaxpaged/drafts/; or `--draft PATH`.
 
 Copy-heavy requests are built from text that ships with the project (its docs and its own Python source): "repeat
 this passage", "rename this identifier in this code", "quote the sentence about X" — what n-gram lookup exists for.
@@ -12,7 +12,8 @@ configs/bench/w1_offline.yaml), alternated the same way: at a batch where nobody
 same work, and alternating keeps a shared machine's load changes out of the ratio.
 
     python -m benchmarks.speculative [--workload copy|w1] [--batch-sizes 1 8 64] [--max-tokens 128] [--repeats 3]
-                                     [--methods off ngram draft_model] [--draft-layers 8 | --draft PATH] [--out DIR]
+                                     [--methods off ngram draft_model] [--draft-layers N]
+                                     [--draft-quantization int8|''] [--draft PATH] [--out DIR]
 
 Prints a markdown table (and writes results.json and speedup.png under --out).
 """
@@ -29,18 +30,16 @@ from benchmarks.sweep.machine_info import describe_machine, machine_info
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
-DRAFT_LAYERS = 8
-
-
-def truncated_draft_path(num_layers: int) -> pathlib.Path:
-    """The embedded model's first num_layers layers as a draft, written once under the jaxpaged cache."""
+def truncated_draft_path(num_layers: Optional[int], quantization: Optional[str]) -> pathlib.Path:
+    """The embedded model's first num_layers layers (None: all), projections in `quantization`, as a draft written
+    once under the jaxpaged cache."""
     from benchmarks.speculative.truncated_draft import write_truncated_draft
     from jaxpaged.weights.converted_store import is_converted_checkpoint
     from jaxpaged.weights.loader import cache_root
 
-    path = cache_root() / "drafts" / f"SmolLM2-135M-Instruct-{num_layers}-layers"
+    path = cache_root() / "drafts" / f"SmolLM2-135M-Instruct-{num_layers or 'all'}-layers-{quantization or 'float'}"
     if not is_converted_checkpoint(path):
-        write_truncated_draft(None, num_layers, path)
+        write_truncated_draft(None, num_layers, path, quantization)
     return path
 
 
@@ -133,8 +132,10 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--methods", nargs="+", choices=["off", "ngram", "draft_model"],
                         default=["off", "ngram", "draft_model"], help="the first is the speedups' reference")
     parser.add_argument("--draft", type=pathlib.Path, default=None, help="the draft model (default: a truncated one)")
-    parser.add_argument("--draft-layers", type=int, default=DRAFT_LAYERS,
-                        help="layers of the embedded model the default draft keeps")
+    parser.add_argument("--draft-layers", type=int, default=None,
+                        help="layers of the embedded model the default draft keeps (default: all)")
+    parser.add_argument("--draft-quantization", choices=["int8", ""], default="int8",
+                        help="the default draft's projections ('' keeps them float)")
     parser.add_argument("--draft-speculative-tokens", type=int, default=None,
                         help="the draft model's k (default: --num-speculative-tokens)")
     parser.add_argument("--out", type=pathlib.Path, default=None)
@@ -149,7 +150,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     k = args.num_speculative_tokens
     configs: dict[str, Optional[dict[str, Any]]] = {"off": None, "ngram": {**NGRAM, "num_speculative_tokens": k}}
     if "draft_model" in args.methods:
-        draft = args.draft or truncated_draft_path(args.draft_layers)
+        draft = args.draft or truncated_draft_path(args.draft_layers, args.draft_quantization or None)
         configs["draft_model"] = {"method": "draft_model", "model": str(draft),
                                   "num_speculative_tokens": args.draft_speculative_tokens or k}
     engines = {name: LLM(None, **common, **({} if spec is None else {"speculative_config": spec}))

@@ -40,6 +40,7 @@ def test_a_draft_model_is_named_by_vllms_model_key_and_implies_the_method():
     (dict(speculative_model="/models/draft", num_speculative_tokens=64, max_num_batched_tokens=64, max_num_seqs=8),
      "num_speculative_tokens"),
     (dict(speculative_model="/models/draft", data_parallel_size=2), "speculative_method"),
+    (dict(speculative_model="/models/draft", distributed=True), "speculative_method"),
 ])
 def test_bad_values_are_refused_naming_the_field(options, field):
     with pytest.raises(ValueError, match=f"^{field}: "):
