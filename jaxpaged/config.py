@@ -162,8 +162,9 @@ class SpeculativeConfig:
     prompt_lookup_max: int = 4
     """Longest suffix n-gram it tries first."""
     speculative_disable_by_batch_size: int = 16
-    """No proposals while this many requests or more run: a large batch keeps the device busy, and verifying
-    rejected tokens then costs more than it saves (measured in docs/speculative-decoding.md)."""
+    """No proposals while this many requests or more run or wait (vLLM counts the enqueued requests): a large batch
+    keeps the device busy, and verifying rejected tokens then costs more than it saves (measured in
+    docs/speculative-decoding.md)."""
 
     def __post_init__(self) -> None:
         if self.speculative_method is None and self.speculative_model is not None:

@@ -52,14 +52,14 @@ class Speculator:
         """Whether the scheduler's batch is small enough for proposals. While it is, the engine plans no step
         ahead: proposals follow the tokens the step before kept, and a request whose token is still in flight
         gets none."""
-        return 0 < len(scheduler.running) < self.config.speculative_disable_by_batch_size
+        return 0 < len(scheduler.running) and self._below_disable_size(scheduler)
 
     def after_update(self, scheduler: Scheduler) -> None:
         """Read the outcome of the last proposals, then propose for the next step (requests with a token still in
         flight excepted)."""
         running = scheduler.running
         self.proposer.retain(running)
-        propose = len(running) < self.config.speculative_disable_by_batch_size
+        propose = self._below_disable_size(scheduler)
         batch = ProposalBatch([], [], [])
         # The sampling rows the scheduler can give proposals next step, handed out in its order (running first):
         # a proposal it could not verify would be computed for nothing (a draft model's steps cost).
@@ -92,6 +92,12 @@ class Speculator:
             state.proposer_state = proposer_state
             request.spec_token_ids = proposals
             state.num_proposed = len(proposals)
+
+    def _below_disable_size(self, scheduler: Scheduler) -> bool:
+        """Fewer requests than speculative_disable_by_batch_size running or waiting (vLLM counts the enqueued ones): a
+        waiting request will join the batch, and the step's compute is better spent admitting it (a draft model's
+        catch-up on a prompt costs a good part of the target's prefill)."""
+        return len(scheduler.running) + len(scheduler.waiting) < self.config.speculative_disable_by_batch_size
 
     def _num_to_propose(self, state: RequestSpeculation) -> int:
         count, chance = 0, 1.0

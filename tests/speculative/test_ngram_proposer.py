@@ -103,6 +103,16 @@ def test_no_proposals_at_or_above_the_disable_batch_size():
     assert any(request.spec_token_ids for request in requests)
 
 
+def test_waiting_requests_count_toward_the_disable_batch_size():
+    scheduler = build_scheduler(max_spec_tokens_per_step=32)
+    requests = _decoding_requests(scheduler, [[5, 0, 6, 5, 0] for _ in range(3)])
+    scheduler.add_request(Request("waiting", [1, 2, 3], max_tokens=5))  # admitted at the next schedule()
+    speculator = _speculator(speculative_disable_by_batch_size=4)
+    assert not speculator.proposes_at(scheduler)
+    speculator.after_update(scheduler)
+    assert all(request.spec_token_ids == [] for request in requests)
+
+
 def test_rejections_shrink_the_proposals_to_none_then_a_probe():
     speculator = _speculator(num_speculative_tokens=4)
     state = RequestSpeculation()
