@@ -110,7 +110,7 @@ def load_draft_model(config: EngineConfig, target: LoadedModel, tokenizer: Any, 
     try:
         draft = load_model(path)
     except (ValueError, FileNotFoundError) as error:
-        raise ValueError(f"speculative_model: {error}") from error
+        raise ValueError(f"speculative_model: {str(error).removeprefix('model: ')}") from error
     if draft.config.vocab_size != target.config.vocab_size:
         raise ValueError(f"speculative_model: {path!r} has a vocabulary of {draft.config.vocab_size} tokens, the "
                          f"target model {target.config.vocab_size}: the draft must share the target's tokenizer")
