@@ -108,15 +108,17 @@ def test_greedy_output_with_a_truncated_draft_equals_the_target_at_edge_lengths(
 
 
 def test_preemption_in_a_tight_pool_keeps_the_tokens(plain_llm, truncated_llm):
-    # 8 requests of up to 150 + 80 tokens cannot all fit the 48-block pool: requests are preempted (also while few
-    # run and propose) and recomputed; the draft drops its K/V for them and catches up again.
+    # 5 requests (few enough to propose) of up to 80 + 170 tokens cannot all fit the 48-block pool as they grow:
+    # requests are preempted while proposing and recomputed; the draft drops its K/V for them and catches up again.
     rng = np.random.default_rng(3)
-    prompts = _prompts([int(n) for n in rng.integers(100, 150, 8)], seed=3)
-    params = [SamplingParams(temperature=0.0, max_tokens=80, ignore_eos=True)] * len(prompts)
+    prompts = _prompts([int(n) for n in rng.integers(60, 80, 5)], seed=3)
+    params = [SamplingParams(temperature=0.0, max_tokens=170, ignore_eos=True)] * len(prompts)
     before = truncated_llm.engine.get_stats()
+    _, drafted, _ = _spec_counts(truncated_llm)
 
     assert _outputs(truncated_llm, prompts, params) == _outputs(plain_llm, prompts, params)
     assert truncated_llm.engine.get_stats().num_preemptions > before.num_preemptions
+    assert _spec_counts(truncated_llm)[1] > drafted
 
 
 def test_prefix_cache_hits_keep_the_tokens(plain_llm, truncated_llm):
