@@ -4,9 +4,10 @@ Each request's acceptance rate is tracked (an exponential average of accepted / 
 proposals are accepted independently with probability a, the i-th is accepted with probability a^i; a proposal
 is worth a verification row while that is at least MIN_POSITION_ACCEPTANCE, so a request that keeps being rejected
 proposes fewer tokens, down to none (then one now and then, to notice when its output starts copying again). While
-speculative_disable_by_batch_size requests or more run nobody proposes: the step is then big enough that extra
-rows cost about what they return. Requests with a grammar never propose (their bitmask would have to follow each
-proposal): they decode as without speculation.
+speculative_disable_by_batch_size requests or more run or wait nobody proposes: the step is then big enough that
+extra rows cost about what they return. Requests with a grammar never propose (their bitmask would have to follow
+each proposal): they decode as without speculation. Whoever proposes after an update is asked in one batched call
+(proposal.py), so a proposer that runs a model (a draft) runs it once for all of them.
 """
 
 import dataclasses
