@@ -17,7 +17,7 @@ PrefixCachingGranularity = Literal["token", "block"]
 DTypeName = Literal["auto", "float32", "bfloat16", "float16"]
 CpuMatmulKernel = Literal["native", "xla"]
 CpuAttentionKernel = Literal["native", "jnp"]
-SpeculativeMethod = Literal["ngram"]
+SpeculativeMethod = Literal["ngram", "draft_model"]
 QuantizationName = Literal["int8", "tpu_int8", "w8a8", "w8a8_int8", "compressed-tensors"]
 KVCacheDTypeName = Literal["auto", "int8", "fp8", "fp8_e4m3"]
 # The annotations are the one list of choices: the checks below and the CLI's --flag choices both read them.
@@ -167,7 +167,11 @@ class SpeculativeConfig:
     with a speculative_ prefix)."""
 
     speculative_method: Optional[SpeculativeMethod] = None
-    """None: off. "ngram": prompt lookup, proposals copied from where the request's latest tokens occurred before."""
+    """None: off. "ngram": prompt lookup, proposals copied from where the request's latest tokens occurred before.
+    "draft_model": a smaller model with the same tokenizer (speculative_model) proposes its greedy tokens."""
+    speculative_model: Optional[str] = None
+    """The draft model of "draft_model" (vLLM's "model" key): an HF directory, a .gguf file, a converted checkpoint
+    or a Hub id, as the target model. Given without a method, the method is "draft_model" (as vLLM infers it)."""
     num_speculative_tokens: int = 4
     """Most tokens proposed per request per step (each verification row is one token of the step's budget)."""
     prompt_lookup_min: int = 2
@@ -175,10 +179,13 @@ class SpeculativeConfig:
     prompt_lookup_max: int = 4
     """Longest suffix n-gram it tries first."""
     speculative_disable_by_batch_size: int = 16
-    """No proposals while this many requests or more run: a large batch keeps the device busy, and verifying
-    rejected tokens then costs more than it saves (measured in docs/speculative-decoding.md)."""
+    """No proposals while this many requests or more run or wait (vLLM counts the enqueued requests): a large batch
+    keeps the device busy, and verifying rejected tokens then costs more than it saves (measured in
+    docs/speculative-decoding.md)."""
 
     def __post_init__(self) -> None:
+        if self.speculative_method is None and self.speculative_model is not None:
+            object.__setattr__(self, "speculative_method", "draft_model")
         _require(self.speculative_method is None or self.speculative_method in _SPECULATIVE_METHODS,
                  "speculative_method", f"must be one of {_SPECULATIVE_METHODS} or None, got "
                  f"{self.speculative_method!r}")
@@ -188,6 +195,14 @@ class SpeculativeConfig:
             _require(is_int(value) and value >= 1, name, f"must be a positive int, got {value!r}")
         _require(self.prompt_lookup_min <= self.prompt_lookup_max, "prompt_lookup_min",
                  f"must be <= prompt_lookup_max ({self.prompt_lookup_max}), got {self.prompt_lookup_min}")
+        if self.speculative_method == "draft_model":
+            _require(isinstance(self.speculative_model, str) and self.speculative_model != "", "speculative_model",
+                     f"speculative_method \"draft_model\" needs the draft model's path or Hub id, got "
+                     f"{self.speculative_model!r}")
+        else:
+            _require(self.speculative_model is None, "speculative_model",
+                     f"only speculative_method \"draft_model\" reads a model, got method "
+                     f"{self.speculative_method!r}")
 
     @property
     def enabled(self) -> bool:
@@ -334,6 +349,12 @@ class EngineConfig:
             budget = self.scheduler.max_num_batched_tokens
             _require(self.speculative.num_speculative_tokens < budget, "num_speculative_tokens",
                      f"must be < max_num_batched_tokens ({budget}), got {self.speculative.num_speculative_tokens}")
+        if self.speculative.speculative_method == "draft_model":
+            _require(self.data_parallel_size == 1, "speculative_method",
+                     f"\"draft_model\" runs beside one model replica, not data_parallel_size "
+                     f"{self.data_parallel_size}")
+            _require(not self.multihost.joins_job, "speculative_method",
+                     "\"draft_model\" runs on one host: not with a multi-host job")
 
     @classmethod
     def from_options(cls, **options) -> "EngineConfig":
@@ -354,9 +375,10 @@ class EngineConfig:
 
 
 _GROUP_FIELDS = ("cache", "scheduler", "speculative", "multihost")
-VLLM_SPECULATIVE_KEYS = {"method": "speculative_method", "num_speculative_tokens": "num_speculative_tokens",
-                          "prompt_lookup_min": "prompt_lookup_min", "prompt_lookup_max": "prompt_lookup_max",
-                          "disable_by_batch_size": "speculative_disable_by_batch_size"}
+VLLM_SPECULATIVE_KEYS = {"method": "speculative_method", "model": "speculative_model",
+                         "num_speculative_tokens": "num_speculative_tokens",
+                         "prompt_lookup_min": "prompt_lookup_min", "prompt_lookup_max": "prompt_lookup_max",
+                         "disable_by_batch_size": "speculative_disable_by_batch_size"}
 
 
 def _flat_speculative_config(value: object) -> dict[str, object]:

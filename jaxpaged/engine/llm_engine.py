@@ -73,7 +73,7 @@ class LLMEngine:
         """The host time of the last step, by phase (filled in place)."""
         self.processor = OutputProcessor(self.requests, self.tokenizer, self.timings)
         self.loop = OverlappedLoop(self) if config.async_scheduling else SynchronousLoop(self)
-        self.speculator = build_speculator(config.speculative)
+        self.speculator = build_speculator(config, loaded, self.tokenizer, self.max_model_len, str(self.runner.dtype))
         """Speculative decoding's proposer and policy, when speculative_method is set."""
         self.observers: list[StepObserver] = []
         """Watch every step (the bench's step probe); see step_timings.py."""
@@ -81,6 +81,8 @@ class LLMEngine:
         self._prompt_tokens_total = 0
         self._num_steps = 0
         self.warmup_seconds = sum(runner.warmup() for runner in runners) if warmup else 0.0
+        if warmup and self.speculator is not None:
+            self.warmup_seconds += self.speculator.warmup()
         self.features.after_warmup(self.ranks)
 
     @classmethod
