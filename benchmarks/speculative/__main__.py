@@ -13,7 +13,7 @@ same work, and alternating keeps a shared machine's load changes out of the rati
 
     python -m benchmarks.speculative [--workload copy|w1] [--batch-sizes 1 8 64] [--max-tokens 128] [--repeats 3]
                                      [--methods off ngram draft_model] [--draft-layers N]
-                                     [--draft-quantization int8|''] [--draft PATH] [--out DIR]
+                                     [--draft-quantization int8|w8a8|''] [--draft PATH] [--out DIR]
 
 Prints a markdown table (and writes results.json and speedup.png under --out).
 """
@@ -134,7 +134,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--draft", type=pathlib.Path, default=None, help="the draft model (default: a truncated one)")
     parser.add_argument("--draft-layers", type=int, default=None,
                         help="layers of the embedded model the default draft keeps (default: all)")
-    parser.add_argument("--draft-quantization", choices=["int8", ""], default="int8",
+    parser.add_argument("--draft-quantization", choices=["int8", "w8a8", ""], default="int8",
                         help="the default draft's projections ('' keeps them float)")
     parser.add_argument("--draft-speculative-tokens", type=int, default=None,
                         help="the draft model's k (default: --num-speculative-tokens)")

@@ -1,7 +1,7 @@
 """A draft model cut from a target: its first N layers (all by default) with its embedding, final norm and head, the
 projections optionally int8 (a quarter of float32's bytes to read per step), the same tokenizer.
 
-    python -m benchmarks.speculative.truncated_draft --out /tmp/smollm2-int8 [--layers N] [--quantization int8]
+    python -m benchmarks.speculative.truncated_draft --out /tmp/smollm2-int8 [--layers N] [--quantization int8|w8a8]
                                                       [--model PATH]
 
 (--model: the target, default the embedded SmolLM2-135M-Instruct.) The result is a jaxpaged converted checkpoint,
@@ -19,7 +19,7 @@ from typing import Optional
 def write_truncated_draft(model: Optional[str], num_layers: Optional[int], out: pathlib.Path,
                           quantization: Optional[str] = None) -> pathlib.Path:
     """Write the first `num_layers` layers (None: all) of `model` (None: the embedded model) and its global weights to
-    `out`, the projections quantized by `quantization` ("int8" or None)."""
+    `out`, the projections quantized by `quantization` ("int8", "w8a8" or None)."""
     from jaxpaged.models.int8_weights import quantize_params
     from jaxpaged.weights.converted_store import is_converted_checkpoint, save_converted
     from jaxpaged.weights.generation_config import read_generation_config
@@ -39,7 +39,7 @@ def write_truncated_draft(model: Optional[str], num_layers: Optional[int], out: 
     hf_config = {**loaded.hf_config, "num_hidden_layers": num_layers}
     save_converted(out, hf_config, params, load_tokenizer(loaded.tokenizer_dir),
                    _draft_name(loaded.name, num_layers, quantization),
-                   read_generation_config(loaded.tokenizer_dir) or None)
+                   read_generation_config(loaded.tokenizer_dir) or None, quantization)
     return out
 
 
@@ -51,7 +51,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="the target (default: the embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--layers", type=int, default=None, help="layers kept (default: all)")
-    parser.add_argument("--quantization", choices=["int8"], default=None, help="the projections in int8")
+    parser.add_argument("--quantization", choices=["int8", "w8a8"], default=None,
+                        help="the projections in int8 (w8a8: the draft also quantizes its activations)")
     parser.add_argument("--out", type=pathlib.Path, required=True)
     args = parser.parse_args(argv)
     print(write_truncated_draft(args.model, args.layers, args.out, args.quantization))

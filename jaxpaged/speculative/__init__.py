@@ -10,8 +10,10 @@ from jaxpaged.speculative.draft_model import DraftModelProposer
 from jaxpaged.speculative.ngram import NgramProposer
 from jaxpaged.speculative.proposal import ProposalBatch, Proposer
 from jaxpaged.speculative.speculator import Speculator
+from jaxpaged.speculative.step_cost import StepCostMeter
 
-__all__ = ["DraftModelProposer", "NgramProposer", "ProposalBatch", "Proposer", "Speculator", "build_speculator"]
+__all__ = ["DraftModelProposer", "NgramProposer", "ProposalBatch", "Proposer", "Speculator", "StepCostMeter",
+           "build_speculator"]
 
 
 def build_speculator(config: EngineConfig, target: Any = None, tokenizer: Any = None, max_model_len: int = 0,
@@ -30,5 +32,7 @@ def build_speculator(config: EngineConfig, target: Any = None, tokenizer: Any = 
     draft = load_draft_model(config, target, tokenizer, max_model_len)
     shape = draft_shape(config, max_model_len)
     runner = DraftRunner(draft, config, shape, dtype)
-    return Speculator(spec, DraftModelProposer(runner, shape.num_kv_blocks, shape.block_size, shape.max_num_seqs,
-                                               shape.max_num_batched_tokens, shape.max_model_len))
+    proposer = DraftModelProposer(runner, shape.num_kv_blocks, shape.block_size, shape.max_num_seqs,
+                                  shape.max_num_batched_tokens, shape.max_model_len)
+    # A draft's steps cost about a target step's at larger batches: the meter keeps it to the sizes where it pays.
+    return Speculator(spec, proposer, StepCostMeter() if spec.speculative_measure_cost else None)

@@ -7,15 +7,20 @@ proposes fewer tokens, down to none (then one now and then, to notice when its o
 speculative_disable_by_batch_size requests or more run or wait nobody proposes: the step is then big enough that
 extra rows cost about what they return. Requests with a grammar never propose (their bitmask would have to follow
 each proposal): they decode as without speculation. Whoever proposes after an update is asked in one batched call
-(proposal.py), so a proposer that runs a model (a draft) runs it once for all of them.
+(proposal.py), so a proposer that runs a model (a draft) runs it once for all of them. A proposer with a cost of its
+own (a draft model) also answers to a StepCostMeter (step_cost.py): at a batch size where steps with proposals
+measure slower per emitted token than steps without, nobody proposes.
 """
 
 import dataclasses
-from typing import Any
+import time
+from collections.abc import Callable
+from typing import Any, Optional
 
 from jaxpaged.config import SpeculativeConfig
 from jaxpaged.core.scheduler import Scheduler
 from jaxpaged.speculative.proposal import ProposalBatch, Proposer
+from jaxpaged.speculative.step_cost import StepCostMeter
 
 INITIAL_ACCEPTANCE = 0.7
 """A new request's acceptance estimate: optimistic, so it proposes its full count until measured."""
@@ -41,9 +46,16 @@ class RequestSpeculation:
 class Speculator:
     """Sets Request.spec_token_ids on a scheduler's decoding requests after each update."""
 
-    def __init__(self, config: SpeculativeConfig, proposer: Proposer) -> None:
+    def __init__(self, config: SpeculativeConfig, proposer: Proposer, meter: Optional[StepCostMeter] = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        """`meter`: times each step and keeps proposals to the batch sizes where they pay (None: acceptance and
+        batch size decide alone, right for a proposer that costs next to nothing, like n-gram lookup)."""
         self.config = config
         self.proposer = proposer
+        self.meter = meter
+        self._clock = clock
+        self._last_step: Optional[tuple[int, bool, float, dict[str, int]]] = None
+        """(batch size, whether anyone proposed, when, output lengths) at the previous update, for the meter."""
 
     def warmup(self) -> float:
         """Compile what the proposer runs (a draft model's steps); the seconds it took."""
@@ -53,14 +65,16 @@ class Speculator:
         """Whether the scheduler's batch is small enough for proposals. While it is, the engine plans no step
         ahead: proposals follow the tokens the step before kept, and a request whose token is still in flight
         gets none."""
-        return 0 < len(scheduler.running) and self._below_disable_size(scheduler)
+        return 0 < len(scheduler.running) and self._below_disable_size(scheduler) and self._pays(scheduler)
 
     def after_update(self, scheduler: Scheduler) -> None:
         """Read the outcome of the last proposals, then propose for the next step (requests with a token still in
         flight excepted)."""
         running = scheduler.running
+        now = self._clock()
+        self._record_last_step(running, now)
         self.proposer.retain(running)
-        propose = self._below_disable_size(scheduler)
+        propose = self._below_disable_size(scheduler) and self._pays(scheduler)
         batch = ProposalBatch([], [], [])
         # The sampling rows the scheduler can give proposals next step, handed out in its order (running first):
         # a proposal it could not verify would be computed for nothing (a draft model's steps cost).
@@ -85,6 +99,9 @@ class Speculator:
                 batch.requests.append(request)
                 batch.max_tokens.append(num_tokens)
                 batch.states.append(state.proposer_state)
+        if self.meter is not None:
+            self._last_step = (len(running), bool(batch.requests), now,
+                               {request.request_id: len(request.output_token_ids) for request in running})
         if not batch.requests:
             return
         for request, (proposals, proposer_state) in zip(batch.requests, self.proposer.propose(batch)):
@@ -93,6 +110,21 @@ class Speculator:
             state.proposer_state = proposer_state
             request.spec_token_ids = proposals
             state.num_proposed = len(proposals)
+
+    def _pays(self, scheduler: Scheduler) -> bool:
+        """The meter's choice at this batch size (always yes without a meter)."""
+        return self.meter is None or self.meter.should_propose(len(scheduler.running))
+
+    def _record_last_step(self, running: list, now: float) -> None:
+        """Tell the meter what the step since the previous update cost: its seconds (proposing included) and the
+        tokens the requests running through it emitted (a request that finished in it is not counted: both modes
+        lose those alike)."""
+        if self.meter is None or self._last_step is None:
+            return
+        batch_size, proposed, started, output_lengths = self._last_step
+        emitted = sum(len(request.output_token_ids) - output_lengths[request.request_id] for request in running
+                      if request.request_id in output_lengths)
+        self.meter.record(batch_size, proposed, now - started, emitted)
 
     def _below_disable_size(self, scheduler: Scheduler) -> bool:
         """Fewer requests than speculative_disable_by_batch_size running or waiting (vLLM counts the enqueued ones): a

@@ -37,6 +37,11 @@ def target_dir(tmp_path_factory, smollm2_tokenizer_dir) -> pathlib.Path:
     return save_tiny_llama(tmp_path_factory.mktemp("draft-target"), smollm2_tokenizer_dir, TARGET)
 
 
+UNMETERED = {"speculative_measure_cost": False}
+"""These engines propose whenever acceptance allows, as the tests count proposals; the step-cost meter's own tests
+are tests/speculative/test_step_cost.py (and test_the_metered_default_keeps_the_tokens below)."""
+
+
 @pytest.fixture(scope="module")
 def plain_llm(target_dir):
     from jaxpaged.llm import LLM
@@ -48,7 +53,8 @@ def plain_llm(target_dir):
 def self_draft_llm(target_dir):
     from jaxpaged.llm import LLM
 
-    return LLM(str(target_dir), **TINY_ENGINE_OPTIONS, speculative_config=_draft_config(target_dir))
+    return LLM(str(target_dir), **TINY_ENGINE_OPTIONS, speculative_config=_draft_config(target_dir),
+               **UNMETERED)
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +62,7 @@ def truncated_llm(target_dir, tmp_path_factory):
     from jaxpaged.llm import LLM
 
     draft = write_truncated_draft(str(target_dir), 1, tmp_path_factory.mktemp("draft-1-layer") / "draft")
-    return LLM(str(target_dir), **TINY_ENGINE_OPTIONS, speculative_config=_draft_config(draft))
+    return LLM(str(target_dir), **TINY_ENGINE_OPTIONS, speculative_config=_draft_config(draft), **UNMETERED)
 
 
 def _prompts(lengths: list[int], seed: int = 0) -> list[dict]:
@@ -105,6 +111,20 @@ def test_greedy_output_with_a_truncated_draft_equals_the_target_at_edge_lengths(
     _, new_drafted, new_accepted = _spec_counts(truncated_llm)
     assert 0 < new_accepted - accepted < new_drafted - drafted  # some proposals kept, some rejected
     assert truncated_llm.engine.get_stats().num_compilations == compiles
+
+
+def test_the_metered_default_keeps_the_tokens(plain_llm, target_dir):
+    """With the step-cost meter on (the default), whichever steps it lets propose, the tokens are the target's; the
+    meter has measured the steps it saw (per emitted token, with proposals at least)."""
+    from jaxpaged.llm import LLM
+
+    metered = LLM(str(target_dir), **TINY_ENGINE_OPTIONS, speculative_config=_draft_config(target_dir))
+    meter = metered.engine.speculator.meter
+    assert meter is not None
+    prompts = _prompts([1, 17, 40], seed=5)
+    params = [SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)] * 3
+    assert _outputs(metered, prompts, params) == _outputs(plain_llm, prompts, params)
+    assert any(cost.with_proposals for cost in meter.classes.values())
 
 
 def test_preemption_in_a_tight_pool_keeps_the_tokens(plain_llm, truncated_llm):

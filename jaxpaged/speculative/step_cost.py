@@ -1,0 +1,67 @@
+"""StepCostMeter: whether proposing pays at a batch size, measured as the engine runs (the cost half of adaptivity).
+
+Acceptance alone cannot tell a costly proposer when to stop: a draft model whose proposals are all kept still loses
+when one of its steps costs about what a target step does (a batch of 8 on a CPU, docs/speculative-decoding.md).
+So the speculator times every step, from one update to the next (the proposing, the target's step and the update
+all fall in between), and counts the tokens it emitted. Per batch-size class (powers of two) it keeps an
+exponential average of seconds per emitted token with proposals and without, and proposes while that is no slower.
+Each class tries the mode it is not in every EXPLORE_EVERY steps, so an estimate never goes stale: a load that
+changes, or requests whose output starts copying, moves the decision back.
+"""
+
+import dataclasses
+from typing import Optional
+
+EXPLORE_EVERY = 16
+"""Every this many steps at a batch size, the mode that measured slower runs once more (one step in 16 is what
+keeping both estimates fresh costs)."""
+SMOOTHING = 0.3
+"""Weight of the newest step in each average: steps are noisy (the host's other work), decisions should not be."""
+
+
+@dataclasses.dataclass
+class _ClassCost:
+    """Seconds per emitted token at one batch-size class, with and without proposals (None: never measured)."""
+
+    with_proposals: Optional[float] = None
+    without_proposals: Optional[float] = None
+    num_steps: int = 0
+
+
+def batch_class(batch_size: int) -> int:
+    """The power of two at or above batch_size: nearby sizes share an estimate."""
+    return 1 << max(batch_size - 1, 0).bit_length()
+
+
+class StepCostMeter:
+    """Per batch-size class: is a step with proposals cheaper per emitted token than one without?"""
+
+    def __init__(self, explore_every: int = EXPLORE_EVERY, smoothing: float = SMOOTHING) -> None:
+        self.explore_every = explore_every
+        self.smoothing = smoothing
+        self.classes: dict[int, _ClassCost] = {}
+
+    def should_propose(self, batch_size: int) -> bool:
+        """Whether the next step at this batch size proposes: the cheaper mode measured so far, the untried one
+        first (proposals before none), and the other mode every explore_every steps. Pure: asking twice before
+        the step is recorded gives the same answer."""
+        cost = self.classes.get(batch_class(batch_size))
+        if cost is None or cost.with_proposals is None:
+            return True
+        exploring = cost.num_steps % self.explore_every == self.explore_every - 1
+        if cost.without_proposals is None:
+            return not exploring
+        cheaper = cost.with_proposals <= cost.without_proposals
+        return cheaper != exploring
+
+    def record(self, batch_size: int, proposed: bool, seconds: float, num_tokens: int) -> None:
+        """One step at batch_size took `seconds` and emitted num_tokens (a step that emitted none, a prefill's
+        chunk, says nothing about decoding and only counts toward the exploration period)."""
+        cost = self.classes.setdefault(batch_class(batch_size), _ClassCost())
+        cost.num_steps += 1
+        if num_tokens <= 0:
+            return
+        per_token = seconds / num_tokens
+        field = "with_proposals" if proposed else "without_proposals"
+        previous = getattr(cost, field)
+        setattr(cost, field, per_token if previous is None else previous + self.smoothing * (per_token - previous))
