@@ -5,8 +5,11 @@ when one of its steps costs about what a target step does (a batch of 8 on a CPU
 So the speculator times every step, from one update to the next (the proposing, the target's step and the update
 all fall in between), and counts the tokens it emitted. Per batch-size class (powers of two) it keeps an
 exponential average of seconds per emitted token with proposals and without, and proposes while that is no slower.
-Each class tries the mode it is not in every EXPLORE_EVERY steps, so an estimate never goes stale: a load that
-changes, or requests whose output starts copying, moves the decision back.
+Each class tries the mode it is not in once EXPLORE_EVERY - 1 steps ran in the other, so an estimate never goes stale:
+a load that changes, or requests whose output starts copying, moves the decision back. The try stays due until a step
+in that mode is measured: with async scheduling the step after a decision is often already planned (its requests
+have a token in flight and cannot propose), so a one-step window would be missed, and a turned-off draft never tried
+again.
 """
 
 import dataclasses
@@ -25,7 +28,10 @@ class _ClassCost:
 
     with_proposals: Optional[float] = None
     without_proposals: Optional[float] = None
-    num_steps: int = 0
+    steps_since_with: int = 0
+    """Steps recorded since the last measured one with proposals."""
+    steps_since_without: int = 0
+    """Steps recorded since the last measured one without."""
 
 
 def batch_class(batch_size: int) -> int:
@@ -42,25 +48,29 @@ class StepCostMeter:
         self.classes: dict[int, _ClassCost] = {}
 
     def should_propose(self, batch_size: int) -> bool:
-        """Whether the next step at this batch size proposes: the cheaper mode measured so far, the untried one
-        first (proposals before none), and the other mode every explore_every steps. Pure: asking twice before
-        the step is recorded gives the same answer."""
+        """Whether the next step at this batch size proposes: the cheaper mode measured so far (proposals while
+        they are unmeasured), and the other mode once explore_every - 1 steps ran without measuring it. Pure: asking
+        twice before the step is recorded gives the same answer."""
         cost = self.classes.get(batch_class(batch_size))
         if cost is None or cost.with_proposals is None:
             return True
-        exploring = cost.num_steps % self.explore_every == self.explore_every - 1
-        if cost.without_proposals is None:
-            return not exploring
-        cheaper = cost.with_proposals <= cost.without_proposals
-        return cheaper != exploring
+        due = self.explore_every - 1
+        if cost.without_proposals is None or cost.with_proposals <= cost.without_proposals:
+            return cost.steps_since_without < due
+        return cost.steps_since_with >= due
 
     def record(self, batch_size: int, proposed: bool, seconds: float, num_tokens: int) -> None:
         """One step at batch_size took `seconds` and emitted num_tokens (a step that emitted none, a prefill's
-        chunk, says nothing about decoding and only counts toward the exploration period)."""
+        chunk, measures nothing: it only counts toward the other mode's next try)."""
         cost = self.classes.setdefault(batch_class(batch_size), _ClassCost())
-        cost.num_steps += 1
+        cost.steps_since_with += 1
+        cost.steps_since_without += 1
         if num_tokens <= 0:
             return
+        if proposed:
+            cost.steps_since_with = 0
+        else:
+            cost.steps_since_without = 0
         per_token = seconds / num_tokens
         field = "with_proposals" if proposed else "without_proposals"
         previous = getattr(cost, field)

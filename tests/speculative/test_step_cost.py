@@ -15,19 +15,19 @@ def test_batch_sizes_share_an_estimate_up_to_the_next_power_of_two():
     assert [batch_class(n) for n in (0, 1, 2, 3, 4, 5, 8, 9, 64)] == [1, 1, 2, 4, 4, 8, 8, 16, 64]
 
 
-def test_untried_batch_sizes_propose_and_an_unmeasured_plain_step_is_tried_every_period():
+def test_untried_batch_sizes_propose_and_an_unmeasured_plain_step_stays_due_until_measured():
     meter = StepCostMeter(explore_every=4)
     assert meter.should_propose(3)
     decisions = []
-    for _ in range(8):
-        proposed = meter.should_propose(3)
-        decisions.append(proposed)
-        if proposed:  # only steps with proposals are timed here: the plain estimate stays unmeasured
-            meter.record(3, True, 2.0, 4)
-        else:
-            meter.record(3, False, 0.0, 0)  # a step that emitted nothing leaves the estimates alone
-    assert decisions == [True, True, True, False, True, True, True, False]
-    assert meter.classes[4].without_proposals is None and meter.classes[4].with_proposals == 0.5
+    for _ in range(3):
+        decisions.append(meter.should_propose(3))
+        meter.record(3, True, 2.0, 4)  # 0.5 s per token with proposals; the plain cost is still unmeasured
+    assert decisions == [True, True, True] and not meter.should_propose(3)  # 3 steps since: plain is due
+    meter.record(3, False, 0.0, 0)  # that step was planned before the decision (nothing emitted, nothing measured)
+    assert not meter.should_propose(3)  # still due
+    meter.record(3, False, 1.0, 1)  # 1 s per token without: proposals are cheaper
+    assert meter.classes[4].without_proposals == 1.0 and meter.classes[4].with_proposals == 0.5
+    assert meter.should_propose(3)
 
 
 def test_the_cheaper_mode_wins_and_the_other_is_retried_every_period():
@@ -39,13 +39,15 @@ def test_the_cheaper_mode_wins_and_the_other_is_retried_every_period():
         proposed = meter.should_propose(1)
         decisions.append(proposed)
         meter.record(1, proposed, 3.0 if proposed else 1.0, 1)
-    # Steps recorded so far: 2, so the period's last slot (num_steps % 4 == 3) comes at the 2nd and 6th decision.
-    assert decisions == [False, True, False, False, False, True, False, False]
+    assert decisions == [False, False, True, False, False, False, True, False]  # one step with, then 3 without
     meter.record(1, True, 0.2, 1)  # proposals turn cheap (say the output starts copying): the average moves
     assert meter.classes[1].with_proposals == pytest.approx(1.6)  # 3.0 + 0.5 * (0.2 - 3.0)
     meter.record(1, True, 0.2, 1)
-    meter.record(1, True, 0.2, 1)  # 0.9, then 0.55: cheaper than 1 s without
-    assert meter.should_propose(1) != (meter.classes[1].num_steps % 4 == 3)
+    meter.record(1, True, 0.2, 1)
+    assert meter.classes[1].with_proposals == pytest.approx(0.55)  # cheaper than 1 s without now
+    assert not meter.should_propose(1)  # ... but 3 steps since the last plain one: it is retried first
+    meter.record(1, False, 1.0, 1)
+    assert meter.should_propose(1)
 
 
 class AlwaysProposes:
@@ -92,10 +94,9 @@ def test_the_speculator_proposes_only_where_it_pays(proposal_cost, plain_cost, e
     carried = _run_steps(speculator, scheduler, clock, 32, proposal_cost, plain_cost)
     if expect_proposals:
         assert carried.count(False) == 4  # a plain step every 8 keeps its estimate fresh
-        assert speculator.proposes_at(scheduler) == (meter.classes[2].num_steps % 8 != 7)
     else:
         assert carried.count(True) == 4  # the losing mode, retried once a period
-        assert speculator.proposes_at(scheduler) == (meter.classes[2].num_steps % 8 == 7)
+    assert speculator.proposes_at(scheduler) == meter.should_propose(2)
     # Per emitted token: two requests emit 1 + 2 tokens each with proposals, 1 each without.
     assert meter.classes[2].with_proposals == pytest.approx(proposal_cost / 6)
     assert meter.classes[2].without_proposals == pytest.approx(plain_cost / 2)
