@@ -5,9 +5,11 @@ for a TPU topology without a TPU: inputs are ShapeDtypeStructs placed on one of 
 and the topology's device is the default device while tracing, so Pallas (`pltpu.get_tpu_info()`) and the
 kernels' VMEM plans read that chip. Prints one row per case: OK or the compiler's message, the VMEM limit
 the kernel asked for and its block plan, HBM argument and temporary bytes as XLA:TPU planned them
-(`compiled.memory_analysis()`). Exits 1 on any rejection.
+(`compiled.memory_analysis()`). Then the engine's whole step sharded over a v5e-8 / v6e-8 mesh
+(tpu_step_compile.py), with the memory plan checked against XLA:TPU's HBM. Exits 1 on any rejection.
 
     .venv-tpu/bin/python -m benchmarks.kernels.tpu_compile_check [--full] [--chips v5e] [--shapes Llama-3-8B]
+        [--no-step]
 """
 
 import argparse
@@ -20,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from benchmarks.kernels.tpu_compile_grid import (
+    CHIPS,
     MAX_MODEL_LEN,
     MAX_NUM_SEQS,
     NUM_TOKENS,
@@ -28,6 +31,7 @@ from benchmarks.kernels.tpu_compile_grid import (
     ci_grid,
     full_grid,
 )
+from benchmarks.kernels.tpu_step_compile import STEP_COLUMNS, compile_step, step_cases
 from jaxpaged.kernels.ragged_paged_attention.kv_layout import cache_shape, packed_layout_for
 from jaxpaged.kernels.ragged_paged_attention.kv_write_tpu import write_kv_pages_tpu
 from jaxpaged.kernels.ragged_paged_attention.metadata import AttentionMetadata
@@ -99,12 +103,12 @@ def compile_case(case: CompileCase, device) -> dict:
     return row
 
 
-def print_table(rows: list[dict]) -> None:
+def print_table(rows: list[dict], columns: tuple[str, ...] = COLUMNS) -> None:
     """One markdown table (docs/tpu-compile.md keeps it)."""
-    print("| " + " | ".join(COLUMNS) + " |")
-    print("|" + "---|" * len(COLUMNS))
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
     for row in rows:
-        print("| " + " | ".join(str(row[column]) for column in COLUMNS) + " |", flush=True)
+        print("| " + " | ".join(str(row[column]) for column in columns) + " |", flush=True)
 
 
 def main(argv=None) -> int:
@@ -112,6 +116,8 @@ def main(argv=None) -> int:
     parser.add_argument("--full", action="store_true", help="every shape x chip x kernel x layout x page x dtype")
     parser.add_argument("--chips", nargs="+", help="only these chips (v5e, v6e)")
     parser.add_argument("--shapes", nargs="+", help="only these model shapes (names as in tpu_compile_grid.py)")
+    parser.add_argument("--no-step", action="store_true",
+                        help="skip the whole sharded step (tpu_step_compile.py) and its memory-plan check")
     options = parser.parse_args(argv)
     from jax.experimental import topologies
 
@@ -126,8 +132,13 @@ def main(argv=None) -> int:
         device = topologies.get_topology_desc(topology_name=f"{chip}:2x2", platform="tpu").devices[0]
         rows += [compile_case(case, device) for case in cases if case.chip == chip]
     print_table(rows)
-    rejected = [row for row in rows if row["result"] != "OK"]
-    print(f"{len(rows) - len(rejected)}/{len(rows)} compiled in {time.perf_counter() - started:.0f} s", flush=True)
+    steps = [] if options.no_step else [compile_step(case) for case in step_cases(
+        [chip for chip in CHIPS if not options.chips or chip in options.chips])]
+    if steps:
+        print_table(steps, STEP_COLUMNS)
+    rejected = [row for row in rows + steps if not row["result"].startswith("OK")]
+    print(f"{len(rows) + len(steps) - len(rejected)}/{len(rows) + len(steps)} compiled in "
+          f"{time.perf_counter() - started:.0f} s", flush=True)
     return 1 if rejected else 0
 
 
