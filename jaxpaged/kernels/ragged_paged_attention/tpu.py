@@ -1,10 +1,11 @@
 """Ragged paged attention on TPU (Mosaic): the per-step switch, and the general tile kernel.
 
-ragged_paged_attention_tpu picks per step, with one lax.cond, between two statically shaped kernels:
-tpu_decode.py when every real sequence has exactly one q row (a decode step: a sequence's rows are
-its q head group, KV in multi-page live-only DMA blocks), else the tile kernel below (prefill chunks
-and mixed steps). Both scalar-prefetch the block table into SMEM; sequences_per_call checks the
-estimate against a budget and runs an oversized step as several calls over sequence ranges.
+ragged_paged_attention_tpu splits each step by case (tpu_step_cases.py, one lax.switch) over two statically
+shaped kernels: tpu_decode.py for sequences with exactly one q row (a sequence's rows are its q head group, KV in
+multi-page live-only DMA blocks), the tile kernel below for prefill chunks; a mixed step runs its leading decodes
+through the first and the rest through the second. Both scalar-prefetch the block table into SMEM;
+sequences_per_call checks the estimate against a budget and runs an oversized step as several calls over sequence
+ranges.
 
 Tile kernel grid: one step per tile of `q_block_size` q rows (token axis). A tile may hold rows of several
 sequences (decodes) or a slice of one long prefill; the step walks the (sequence, KV chunk) pairs its
@@ -48,6 +49,7 @@ from jaxpaged.kernels.ragged_paged_attention.kv_layout import (
 from jaxpaged.kernels.ragged_paged_attention.metadata import MASK_VALUE, AttentionMetadata
 from jaxpaged.kernels.ragged_paged_attention.tpu_decode import ragged_paged_attention_tpu_decode
 from jaxpaged.kernels.ragged_paged_attention.tpu_online_softmax import accumulate_head
+from jaxpaged.kernels.ragged_paged_attention.tpu_step_cases import STEP_CASES, attend_by_case
 from jaxpaged.kernels.ragged_paged_attention.tpu_vmem import (
     decode_compute_pages,
     decode_intermediate_bytes,
@@ -176,18 +178,24 @@ def _interpret_params(interpret) -> Union[bool, pltpu.InterpretParams]:
     return pltpu.InterpretParams() if interpret else False
 
 
-def _tile_sequence_ranges(cu_q_lens, num_seqs, num_tiles: int, q_block_size: int) -> jax.Array:
-    """[2 * num_tiles] int32: per q tile, the first and one-past-last sequence owning its rows."""
+def _tile_sequence_ranges(cu_q_lens, num_seqs, num_tiles: int, q_block_size: int, first_seq=0) -> jax.Array:
+    """[2 * num_tiles] int32: per q tile, the first and one-past-last sequence owning its rows, among sequences
+    first_seq..num_seqs (traced; a mixed step leaves its leading decodes to the decode kernel). A tile with no row of
+    those sequences gets an empty range: it fetches nothing."""
     max_num_seqs = cu_q_lens.shape[0] - 1
     num_real_seqs = jnp.clip(num_seqs[0], 0, max_num_seqs)
-    num_real_tokens = cu_q_lens[num_real_seqs]
-    seq_ends = jnp.where(jnp.arange(max_num_seqs) < num_real_seqs, cu_q_lens[1:],
-                         jnp.iinfo(jnp.int32).max)
+    first_seq = jnp.clip(first_seq, 0, num_real_seqs)
+    first_row, num_real_tokens = cu_q_lens[first_seq], cu_q_lens[num_real_seqs]
+    seq_ids = jnp.arange(max_num_seqs)
+    # Sorted: -1 for the skipped leading sequences, then the real ends, then "never" for padding.
+    seq_ends = jnp.where(seq_ids < num_real_seqs, cu_q_lens[1:], jnp.iinfo(jnp.int32).max)
+    seq_ends = jnp.where(seq_ids < first_seq, -1, seq_ends)
     tile_starts = jnp.arange(num_tiles, dtype=jnp.int32) * q_block_size
     last_rows = jnp.minimum(tile_starts + q_block_size, num_real_tokens) - 1
     first = jnp.searchsorted(seq_ends, tile_starts, side="right").astype(jnp.int32)
     end = jnp.searchsorted(seq_ends, last_rows, side="right").astype(jnp.int32) + 1
-    end = jnp.where(tile_starts < num_real_tokens, jnp.minimum(end, num_real_seqs), first)
+    owns_rows = (tile_starts < num_real_tokens) & (last_rows >= first_row)
+    end = jnp.where(owns_rows, jnp.minimum(end, num_real_seqs), first)
     return jnp.stack([first, end], axis=1).reshape(-1)
 
 
@@ -201,9 +209,10 @@ def vmem_bytes(num_q_heads, kv_heads_x2, head_dim, dtype, *, q_block_size, chunk
     return kv + q_and_out + state + intermediate_bytes
 
 
-def _general(q, kv_pages, kv_lens, block_tables, cu_q_lens, num_seqs, *, sm_scale, sliding_window, soft_cap,
-             q_block_size, pages_per_chunk, page_size, layout, interpret, vmem_limit_bytes):
-    """The tile kernel over any ragged mix (prefill chunks, decodes, both); zeros on rows of no sequence."""
+def _general(q, kv_pages, kv_lens, block_tables, cu_q_lens, num_seqs, first_seq=0, *, sm_scale, sliding_window,
+             soft_cap, q_block_size, pages_per_chunk, page_size, layout, interpret, vmem_limit_bytes):
+    """The tile kernel over any ragged mix (prefill chunks, decodes, both) of sequences first_seq..num_seqs; zeros on
+    rows of no such sequence."""
     num_tokens, num_q_heads, head_dim = q.shape
     pages_per_seq = block_tables.shape[1]
     num_kv_heads = kv_pages.shape[2] // 2 if layout is None else layout.num_kv_heads
@@ -216,7 +225,7 @@ def _general(q, kv_pages, kv_lens, block_tables, cu_q_lens, num_seqs, *, sm_scal
     # stacked into one matmul operand.
     q_tiles = jnp.pad(q, ((0, padded_tokens - num_tokens), (0, 0), (0, 0))).reshape(
         padded_tokens, num_kv_heads, group_size, head_dim).transpose(1, 2, 0, 3)
-    tile_seqs = _tile_sequence_ranges(cu_q_lens, num_seqs, num_tiles, q_block_size)
+    tile_seqs = _tile_sequence_ranges(cu_q_lens, num_seqs, num_tiles, q_block_size, first_seq)
     tile_spec = pl.BlockSpec((num_kv_heads, group_size, q_block_size, head_dim),
                              lambda tile, *_: (0, 0, tile, 0))
     kernel = functools.partial(
@@ -289,9 +298,10 @@ def ragged_paged_attention_tpu(
 ) -> Float[Array, "num_tokens num_q_heads head_dim"]:
     """The spec's contract on TPU; interpret=True (or InterpretParams) simulates a TPU on CPU.
 
-    case: None picks per step (lax.cond) the decode kernel (tpu_decode.py) when every real sequence
-    has one q row, else the tile kernel; "decode" / "general" force one (the caller vouches for
-    "decode"). pages_per_chunk sizes the tile kernel's KV chunks, pages_per_block the decode DMAs.
+    case: None picks per step (tpu_step_cases.py): decode-only steps run the decode kernel (tpu_decode.py),
+    prefill-only ones the tile kernel, mixed ones both (the leading decodes through the decode kernel); "decode" /
+    "general" / "mixed" force one (the caller vouches for "decode"). pages_per_chunk sizes the tile kernel's KV
+    chunks, pages_per_block the decode DMAs.
     kv_pages: the interleaved cache, or the packed uint32 one of kv_layout.py (then num_kv_heads is required).
     vmem_limit_bytes: None asks for most of the chip's VMEM (tpu_vmem.py); the decode blocks are sized to fit.
     """
@@ -311,8 +321,8 @@ def ragged_paged_attention_tpu(
         kv_heads_x2 = 2 * num_kv_heads
     else:
         _, page_size, kv_heads_x2, _ = kv_pages.shape
-    if case not in (None, "decode", "general"):
-        raise ValueError(f"case: must be None, 'decode' or 'general', got {case!r}")
+    if case not in STEP_CASES:
+        raise ValueError(f"case: must be one of {STEP_CASES}, got {case!r}")
     if pages_per_chunk is None:
         pages_per_chunk = max(1, DEFAULT_KV_CHUNK_TOKENS // page_size)
     if vmem_limit_bytes is None:
@@ -347,13 +357,8 @@ def ragged_paged_attention_tpu(
     decode = functools.partial(ragged_paged_attention_tpu_decode, pages_per_block=pages_per_block, **options)
 
     def attend(kv_lens, block_tables, cu_q_lens, num_seqs):
-        args = (q, kv_pages, kv_lens, block_tables, cu_q_lens, num_seqs)
-        if case is not None:
-            return (decode if case == "decode" else general)(*args)
-        q_lens = cu_q_lens[1:] - cu_q_lens[:-1]
-        is_real = jnp.arange(q_lens.shape[0]) < num_seqs[0]
-        all_decode = jnp.all(jnp.where(is_real, q_lens == 1, True))
-        return jax.lax.cond(all_decode, decode, general, *args)
+        return attend_by_case(q, kv_pages, kv_lens, block_tables, cu_q_lens, num_seqs, decode=decode, general=general,
+                              case=case)
 
     num_tiles = -(-num_tokens // q_block_size)
     per_call = sequences_per_call(max_num_seqs, pages_per_seq, num_tiles, smem_budget_bytes)
