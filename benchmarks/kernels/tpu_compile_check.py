@@ -13,6 +13,7 @@ the kernel asked for and its block plan, HBM argument and temporary bytes as XLA
 """
 
 import argparse
+import dataclasses
 import functools
 import importlib.metadata
 import sys
@@ -35,8 +36,12 @@ from benchmarks.kernels.tpu_step_compile import STEP_COLUMNS, compile_step, step
 from jaxpaged.kernels.ragged_paged_attention.kv_layout import cache_shape, packed_layout_for
 from jaxpaged.kernels.ragged_paged_attention.kv_write_tpu import write_kv_pages_tpu
 from jaxpaged.kernels.ragged_paged_attention.metadata import AttentionMetadata
-from jaxpaged.kernels.ragged_paged_attention.tpu import DEFAULT_KV_CHUNK_TOKENS, ragged_paged_attention_tpu
-from jaxpaged.kernels.ragged_paged_attention.tpu_vmem import decode_pages_per_block, default_vmem_limit_bytes
+from jaxpaged.kernels.ragged_paged_attention.tpu import ragged_paged_attention_tpu
+from jaxpaged.kernels.ragged_paged_attention.tpu_vmem import (
+    decode_pages_per_block,
+    default_vmem_limit_bytes,
+    prefill_blocks,
+)
 
 MIB = 1024 * 1024
 COLUMNS = ("model", "heads", "chip", "kernel", "layout", "dtype", "page", "result", "vmem_limit", "block",
@@ -63,14 +68,22 @@ def _step_function(case: CompileCase):
     return attend, (((NUM_TOKENS, shape.num_q_heads, head_dim), dtype), kv_pages, *fields)
 
 
+def _layout(case: CompileCase):
+    return packed_layout_for(case.shape.num_kv_heads, case.shape.head_dim, case.dtype) \
+        if case.layout == "packed" else None
+
+
 def _block_plan(case: CompileCase, vmem_limit: int) -> str:
     """The kernel's own plan at this case: pages per decode DMA block or per tile-kernel chunk."""
+    if case.kernel == "mixed":
+        return f"{_block_plan(dataclasses.replace(case, kernel='decode'), vmem_limit)} + " \
+               f"{_block_plan(dataclasses.replace(case, kernel='general'), vmem_limit)}"
     if case.kernel == "general":
-        return f"{max(1, DEFAULT_KV_CHUNK_TOKENS // case.page_size)}p"
+        q_block, pages = prefill_blocks(NUM_TOKENS, case.page_size, case.shape.num_q_heads, case.shape.num_kv_heads,
+                                        case.shape.head_dim, case.dtype, _layout(case), vmem_limit)
+        return f"{q_block}q x {pages}p"
     if case.kernel == "decode":
-        layout = packed_layout_for(case.shape.num_kv_heads, case.shape.head_dim, case.dtype) \
-            if case.layout == "packed" else None
-        return f"{decode_pages_per_block(case.page_size, MAX_MODEL_LEN // case.page_size, case.shape.num_kv_heads, case.shape.head_dim, case.dtype, layout, vmem_limit)}p"  # noqa: E501
+        return f"{decode_pages_per_block(case.page_size, MAX_MODEL_LEN // case.page_size, case.shape.num_kv_heads, case.shape.head_dim, case.dtype, _layout(case), vmem_limit)}p"  # noqa: E501
     return "-"
 
 

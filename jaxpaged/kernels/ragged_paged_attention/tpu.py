@@ -55,12 +55,11 @@ from jaxpaged.kernels.ragged_paged_attention.tpu_vmem import (
     decode_intermediate_bytes,
     decode_pages_per_block,
     default_vmem_limit_bytes,
-    token_bytes,
+    prefill_blocks,
+    vmem_bytes,
 )
 
 _LANES = 128
-DEFAULT_Q_BLOCK_SIZE = 32
-DEFAULT_KV_CHUNK_TOKENS = 128  # one lane-width of logits per chunk
 # Scalar-prefetch budget: half of the 1 MiB SMEM of v5e/v6e, the rest left to Mosaic's own use.
 DEFAULT_SMEM_BUDGET_BYTES = 512 * 1024
 _SMEM_ROUNDING = 128
@@ -199,16 +198,6 @@ def _tile_sequence_ranges(cu_q_lens, num_seqs, num_tiles: int, q_block_size: int
     return jnp.stack([first, end], axis=1).reshape(-1)
 
 
-def vmem_bytes(num_q_heads, kv_heads_x2, head_dim, dtype, *, q_block_size, chunk_tokens, layout=None,
-               intermediate_bytes: int = 0) -> int:
-    """VMEM one grid step holds: KV double buffer, q/out tiles (double-buffered), f32 state, intermediates."""
-    itemsize = jnp.dtype(dtype).itemsize
-    kv = 2 * chunk_tokens * token_bytes(kv_heads_x2, head_dim, dtype, layout)
-    q_and_out = 2 * 2 * num_q_heads * q_block_size * max(head_dim, _LANES) * itemsize
-    state = num_q_heads * q_block_size * (max(head_dim, _LANES) + 2 * _LANES) * 4
-    return kv + q_and_out + state + intermediate_bytes
-
-
 def _general(q, kv_pages, kv_lens, block_tables, cu_q_lens, num_seqs, first_seq=0, *, sm_scale, sliding_window,
              soft_cap, q_block_size, pages_per_chunk, page_size, layout, interpret, vmem_limit_bytes):
     """The tile kernel over any ragged mix (prefill chunks, decodes, both) of sequences first_seq..num_seqs; zeros on
@@ -287,7 +276,7 @@ def ragged_paged_attention_tpu(
     sm_scale: float,
     sliding_window: Optional[int] = None,
     soft_cap: Optional[float] = None,
-    q_block_size: int = DEFAULT_Q_BLOCK_SIZE,
+    q_block_size: Optional[int] = None,
     pages_per_chunk: Optional[int] = None,
     pages_per_block: Optional[int] = None,
     case: Optional[str] = None,
@@ -303,7 +292,8 @@ def ragged_paged_attention_tpu(
     "general" / "mixed" force one (the caller vouches for "decode"). pages_per_chunk sizes the tile kernel's KV
     chunks, pages_per_block the decode DMAs.
     kv_pages: the interleaved cache, or the packed uint32 one of kv_layout.py (then num_kv_heads is required).
-    vmem_limit_bytes: None asks for most of the chip's VMEM (tpu_vmem.py); the decode blocks are sized to fit.
+    vmem_limit_bytes: None asks for most of the chip's VMEM (tpu_vmem.py); the decode blocks, and the tile kernel's
+    q_block_size / pages_per_chunk when None, are sized to fit it (~256 q rows x ~1024 KV tokens for the MXU).
     """
     num_tokens, num_q_heads, head_dim = q.shape
     kv_lens, block_tables, cu_q_lens, num_seqs = (metadata.kv_lens, metadata.block_tables, metadata.cu_q_lens,
@@ -323,10 +313,13 @@ def ragged_paged_attention_tpu(
         _, page_size, kv_heads_x2, _ = kv_pages.shape
     if case not in STEP_CASES:
         raise ValueError(f"case: must be one of {STEP_CASES}, got {case!r}")
-    if pages_per_chunk is None:
-        pages_per_chunk = max(1, DEFAULT_KV_CHUNK_TOKENS // page_size)
     if vmem_limit_bytes is None:
         vmem_limit_bytes = default_vmem_limit_bytes()
+    if q_block_size is None or pages_per_chunk is None:
+        auto_q_block, auto_pages = prefill_blocks(num_tokens, page_size, num_q_heads, kv_heads_x2 // 2, head_dim,
+                                                  q.dtype, layout, vmem_limit_bytes)
+        q_block_size = q_block_size or auto_q_block
+        pages_per_chunk = pages_per_chunk or auto_pages
     if pages_per_block is None:
         pages_per_block = decode_pages_per_block(page_size, pages_per_seq, kv_heads_x2 // 2, head_dim, q.dtype,
                                                  layout, vmem_limit_bytes)
