@@ -122,3 +122,17 @@ def test_every_step_case_matches_the_spec_when_forced(scenarios):
                                    err_msg=name)
         leading[name] = int(leading_decodes(metadata.cu_q_lens, metadata.num_seqs))
     assert leading == {"decode_edges": 5, "prefill": 0, "mixed": 1, "many_pages": 1, "no_sequences": 0}
+
+
+def test_tile_kernel_walks_a_1k_chunk_in_compute_slices():
+    """The default tile blocks (a 1,024-token KV chunk per DMA, attended in 256-token slices, slices past kv_len
+    skipped): contexts of 1, 2 and 3 slices plus a page, a decode after a prefill, against the spec."""
+    from jaxpaged.kernels.ragged_paged_attention.example_batch import make_ragged_batch
+    from jaxpaged.kernels.ragged_paged_attention.spec import ragged_paged_attention_spec
+
+    batch = make_ragged_batch([5, 33, 1], [600, 290, 17 + 768], num_q_heads=4, num_kv_heads=2, head_dim=128,
+                              page_size=16, dtype=jnp.float32, num_tokens=48, max_num_seqs=4, seed=11)
+    q, kv_pages, metadata = batch.attention_args()
+    out = ragged_paged_attention_tpu(q, kv_pages, metadata, sm_scale=0.1, interpret=True)
+    expected = ragged_paged_attention_spec(q, kv_pages, metadata, sm_scale=0.1)
+    np.testing.assert_allclose(np.asarray(out), expected, atol=2e-5, rtol=2e-5)

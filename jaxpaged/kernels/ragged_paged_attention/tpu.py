@@ -122,25 +122,38 @@ def _kernel(kv_lens_ref, tables_ref, cu_q_lens_ref, tile_seqs_ref,  # scalar pre
     sum_ref[...] = jnp.zeros(sum_ref.shape, jnp.float32)
     acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
     # Row r of a [group_size * q_block_size, ...] operand is token r % q_block_size of the tile.
+    # A chunk (one DMA, up to 1k tokens) is attended in compute slices of up to DECODE_COMPUTE_TOKENS (a fori_loop):
+    # Mosaic unrolls vector ops over vregs, so [rows, 1k] intermediates made libtpu's compile several times slower.
+    compute_tokens = decode_compute_pages(page_size, pages_per_chunk) * page_size
     row_tokens = tile_start + jax.lax.broadcasted_iota(
-        jnp.int32, (group_size, q_block_size, chunk_tokens), 1).reshape(num_rows, chunk_tokens)
-    column_offsets = jax.lax.broadcasted_iota(jnp.int32, (num_rows, chunk_tokens), 1)
-    value_offsets = jax.lax.broadcasted_iota(jnp.int32, (chunk_tokens, head_dim), 0)
+        jnp.int32, (group_size, q_block_size, compute_tokens), 1).reshape(num_rows, compute_tokens)
+    column_offsets = jax.lax.broadcasted_iota(jnp.int32, (num_rows, compute_tokens), 1)
+    value_offsets = jax.lax.broadcasted_iota(jnp.int32, (compute_tokens, head_dim), 0)
     # float32 caches ask the MXU for full float32 products (several bf16 passes), not one pass.
     precision = jax.lax.Precision.HIGHEST if q_ref.dtype == jnp.float32 else None
 
     def attend_chunk(seq, chunk, slot):
         q_start, q_end, kv_len = cu_q_lens_ref[seq], cu_q_lens_ref[seq + 1], kv_lens_ref[seq]
-        kv_positions = chunk * chunk_tokens + column_offsets
         positions = kv_len - q_end + row_tokens
-        mask = (row_tokens >= q_start) & (row_tokens < q_end) & (kv_positions <= positions)
-        if sliding_window is not None:
-            mask &= kv_positions > positions - sliding_window
-        value_is_real = chunk * chunk_tokens + value_offsets < kv_len
-        for head in range(num_kv_heads):
-            keys, values = load_head(kv_buf, slot, head, layout, chunk_tokens)
-            accumulate_head(q_ref[head].reshape(num_rows, head_dim), keys, values, mask, value_is_real, head,
-                            max_ref, sum_ref, acc_ref, sm_scale=sm_scale, soft_cap=soft_cap, precision=precision)
+        rows_are_real = (row_tokens >= q_start) & (row_tokens < q_end)
+        chunk_start = chunk * chunk_tokens
+        num_slices = jnp.clip((kv_len - chunk_start + compute_tokens - 1) // compute_tokens, 0,
+                              chunk_tokens // compute_tokens)
+
+        def attend_slice(index, carry):
+            first = pl.multiple_of(index * compute_tokens, compute_tokens)
+            kv_positions = chunk_start + first + column_offsets
+            mask = rows_are_real & (kv_positions <= positions)
+            if sliding_window is not None:
+                mask &= kv_positions > positions - sliding_window
+            value_is_real = chunk_start + first + value_offsets < kv_len
+            for head in range(num_kv_heads):
+                keys, values = load_head(kv_buf, slot, head, layout, compute_tokens, first)
+                accumulate_head(q_ref[head].reshape(num_rows, head_dim), keys, values, mask, value_is_real, head,
+                                max_ref, sum_ref, acc_ref, sm_scale=sm_scale, soft_cap=soft_cap, precision=precision)
+            return carry
+
+        jax.lax.fori_loop(0, num_slices, attend_slice, ())
 
     def next_item(seq, chunk):
         _, end = chunk_range(seq)
