@@ -42,9 +42,10 @@ def bytes_per_block(model: ModelConfig, block_size: int, dtype, platform: Option
     default backend): the physical bytes of one shard's part, [block_size, 2 * num_kv_heads / num_shards,
     head_dim] interleaved or its packed rows.
 
-    A TPU pads the last two dims of the interleaved shard to whole (8 * packing, 128) tiles (5.3x for 3 KV heads
-    of head_dim 64 in bfloat16, 8x for one head per shard in bfloat16); elsewhere, and in the packed layout,
-    they equal the logical bytes. Sizing the pool by logical bytes would overcommit TPU memory by that factor.
+    The tile model of a TPU pads the last two dims of the interleaved shard to whole (8 * packing, 128) tiles (5.3x
+    for 3 KV heads of head_dim 64 in bfloat16, 8x for one head per shard in bfloat16): an upper bound, as XLA:TPU
+    may store a small shard unpadded (docs/tpu-compile.md). Elsewhere, and in the packed layout, they equal the
+    logical bytes, which is what XLA:TPU allocates for the packed pool.
     """
     if num_shards < 1 or model.num_kv_heads % num_shards:
         raise ValueError(f"num_shards: must divide num_kv_heads ({model.num_kv_heads}), got {num_shards}")

@@ -68,9 +68,9 @@ def test_sharded_pack_puts_each_shards_heads_in_its_own_rows(num_kv_heads, head_
 
 
 def test_tpu_pool_is_sized_per_shard_from_the_per_shard_heads():
-    """Llama-3-8B at tp 8 on a TPU: one KV head per chip. A packed block costs each chip 1/8 of the logical bytes; the
-    interleaved one pads each chip's [2, 128] bfloat16 tile to 16 sublanes, 8x that (the old plan divided the
-    unpadded global block by 8 and would have overcommitted HBM 8x)."""
+    """Llama-3-8B at tp 8 on a TPU: one KV head per chip. A packed block costs each chip 1/8 of the logical bytes (what
+    XLA:TPU allocates, docs/tpu-compile.md); the interleaved shard's [2, 128] bfloat16 tile is counted padded to 16
+    sublanes, 8x that (an upper bound: XLA:TPU was measured storing it unpadded)."""
     from jaxpaged.models.model_config import ModelConfig
     from jaxpaged.runner.kv_cache import bytes_per_block, logical_bytes_per_block
 

@@ -22,7 +22,8 @@
   num_kv_heads / num_shards heads | shard 1's | ...], per layer [num_pages, num_shards * page_size * rows, 128]
   with `rows` counted from the per-shard heads. Split on its row axis (runner/mesh.py), each device holds the
   packed layout of exactly its own heads: what the kernels read, tile-exact per shard (the interleaved layout's
-  per-shard [2 * kv_heads / tp, head_dim] tile pads to 16 sublanes: 8x the bytes at Llama-3-8B's tp 8).
+  per-shard [2 * kv_heads / tp, head_dim] tile pads to 16 sublanes in the kernels' VMEM buffers: 8x the bytes
+  at Llama-3-8B's tp 8).
 
 The runner should allocate cache_shape(...) of the chosen backend and size the pool by
 physical_bytes(...) of one shard's shape; pack_kv_pages / unpack_kv_pages convert between the two layouts
