@@ -7,6 +7,12 @@ _BYTE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**1
                "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 
+def require(ok: bool, field: str, message: str) -> None:
+    """ValueError "field: message" unless ok: every option check names the field it rejects."""
+    if not ok:
+        raise ValueError(f"{field}: {message}")
+
+
 def is_int(value: Any) -> TypeGuard[int]:
     """A real int: bool is a subclass of int, but True as a token count or a seed is almost surely a bug."""
     return isinstance(value, int) and not isinstance(value, bool)

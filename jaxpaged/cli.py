@@ -45,7 +45,7 @@ def _convert(args: argparse.Namespace) -> int:
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(loaded.tokenizer_dir))
     # The source's directory (an HF checkpoint's own, a GGUF's conversion cache) holds its generation_config.json.
     save_converted(pathlib.Path(args.dst), loaded.hf_config, loaded.params, tokenizer, loaded.name,
-                   read_generation_config(loaded.tokenizer_dir))
+                   read_generation_config(loaded.tokenizer_dir), quantization=loaded.quantization)
     print(f"wrote {args.dst} ({loaded.name}, {sum(v.size for v in loaded.params.values()):,} parameters)")
     return 0
 

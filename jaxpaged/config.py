@@ -9,7 +9,9 @@ from collections.abc import Mapping
 from typing import Literal, Optional, get_args
 
 from jaxpaged.checks import is_int, is_number, parse_byte_size
+from jaxpaged.checks import require as _require
 from jaxpaged.kv_events_config import parse_kv_events_config
+from jaxpaged.speculative_config import SpeculativeConfig, flat_speculative_config
 
 SchedulingPolicy = Literal["fcfs", "priority"]
 AttentionBackendName = Literal["auto", "xla", "pallas_tpu", "pallas_gpu"]
@@ -17,8 +19,8 @@ PrefixCachingGranularity = Literal["token", "block"]
 DTypeName = Literal["auto", "float32", "bfloat16", "float16"]
 CpuMatmulKernel = Literal["native", "xla"]
 CpuAttentionKernel = Literal["native", "jnp"]
-SpeculativeMethod = Literal["ngram"]
-QuantizationName = Literal["int8", "tpu_int8"]
+QuantizationName = Literal["int8", "tpu_int8", "w8a8", "w8a8_int8", "compressed-tensors"]
+KVCacheDTypeName = Literal["auto", "int8", "fp8", "fp8_e4m3"]
 # The annotations are the one list of choices: the checks below and the CLI's --flag choices both read them.
 _POLICIES = get_args(SchedulingPolicy)
 _GRANULARITIES = get_args(PrefixCachingGranularity)
@@ -26,15 +28,16 @@ _BACKENDS = get_args(AttentionBackendName)
 _DTYPES = get_args(DTypeName)
 _CPU_MATMULS = get_args(CpuMatmulKernel)
 _CPU_ATTENTIONS = get_args(CpuAttentionKernel)
-_SPECULATIVE_METHODS = get_args(SpeculativeMethod)
 _QUANTIZATIONS = get_args(QuantizationName)
-_QUANTIZATION_ALIASES = {"tpu_int8": "int8"}
-"""vLLM's names of schemes jaxpaged runs under its own name: its tpu_int8 is the same weight-only per-channel int8."""
+_KV_CACHE_DTYPES = get_args(KVCacheDTypeName)
+_QUANTIZATION_ALIASES = {"tpu_int8": "int8", "w8a8_int8": "w8a8"}
+"""Other engines' names of schemes jaxpaged runs under its own name: vLLM's tpu_int8 is the same weight-only
+per-channel int8, SGLang's w8a8_int8 the same dynamic per-token int8 activations x per-channel int8 weights."""
 
 
-def _require(ok: bool, field: str, message: str) -> None:
-    if not ok:
-        raise ValueError(f"{field}: {message}")
+_QUANTIZED_KV_BACKENDS = ("auto", "xla", "pallas_gpu")
+"""Attention backends named in the config that can run a quantized KV cache ("auto" is checked against the platform
+at start-up, before the weights load: runner/kv_cache.py check_kv_cache_dtype)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +55,11 @@ class CacheConfig:
     """vLLM's: on an accelerator, the share of each device's memory the engine may fill; the KV pool gets what the
     weights and the buffers in use leave of it (XLA's step buffers come out of the rest). None: 60% of the memory
     free after the weights. Not used on a CPU, nor with num_kv_blocks or kv_cache_memory."""
+    kv_cache_dtype: KVCacheDTypeName = "auto"
+    """How K and V are stored (vLLM's --kv-cache-dtype): "auto" in the model dtype; "int8" or "fp8" / "fp8_e4m3"
+    as 8-bit codes with one bfloat16 scale per token per KV head, quantized on write and dequantized inside attention
+    (kernels/kv_quantization.py): about twice the tokens of bfloat16 in the same kv_cache_memory. "fp8" is stored
+    as "fp8_e4m3". The "xla" and "pallas_gpu" attention backends; not "pallas_tpu" yet."""
     enable_prefix_caching: bool = True
     """Reuse computed full blocks across requests by their chain hash."""
     prefix_caching_granularity: PrefixCachingGranularity = "token"
@@ -86,6 +94,10 @@ class CacheConfig:
         if self.gpu_memory_utilization is not None:
             _require(is_number(self.gpu_memory_utilization) and 0 < self.gpu_memory_utilization <= 1,
                      "gpu_memory_utilization", f"must be a number in (0, 1], got {self.gpu_memory_utilization!r}")
+        _require(self.kv_cache_dtype in _KV_CACHE_DTYPES, "kv_cache_dtype",
+                 f"must be one of {_KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
+        if self.kv_cache_dtype == "fp8":
+            object.__setattr__(self, "kv_cache_dtype", "fp8_e4m3")
         _require(isinstance(self.enable_prefix_caching, bool), "enable_prefix_caching",
                  f"must be a bool, got {self.enable_prefix_caching!r}")
         _require(self.prefix_caching_granularity in _GRANULARITIES, "prefix_caching_granularity",
@@ -141,49 +153,6 @@ class SchedulerConfig:
                  f"must be one of {_POLICIES}, got {self.scheduling_policy!r}")
         _require(self.max_num_batched_tokens >= self.max_num_seqs, "max_num_batched_tokens",
                  f"must be >= max_num_seqs ({self.max_num_seqs}), got {self.max_num_batched_tokens}")
-
-
-@dataclasses.dataclass(frozen=True)
-class SpeculativeConfig:
-    """Speculative decoding (docs/speculative-decoding.md): decode rows carry proposed tokens that the step verifies.
-    Field names are vLLM's speculative_config keys (prompt_lookup_*, num_speculative_tokens, disable_by_batch_size
-    with a speculative_ prefix)."""
-
-    speculative_method: Optional[SpeculativeMethod] = None
-    """None: off. "ngram": prompt lookup, proposals copied from where the request's latest tokens occurred before."""
-    num_speculative_tokens: int = 4
-    """Most tokens proposed per request per step (each verification row is one token of the step's budget)."""
-    prompt_lookup_min: int = 2
-    """Shortest suffix n-gram the n-gram proposer matches."""
-    prompt_lookup_max: int = 4
-    """Longest suffix n-gram it tries first."""
-    speculative_disable_by_batch_size: int = 16
-    """No proposals while this many requests or more run: a large batch keeps the device busy, and verifying
-    rejected tokens then costs more than it saves (measured in docs/speculative-decoding.md)."""
-
-    def __post_init__(self) -> None:
-        _require(self.speculative_method is None or self.speculative_method in _SPECULATIVE_METHODS,
-                 "speculative_method", f"must be one of {_SPECULATIVE_METHODS} or None, got "
-                 f"{self.speculative_method!r}")
-        for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max",
-                     "speculative_disable_by_batch_size"):
-            value = getattr(self, name)
-            _require(is_int(value) and value >= 1, name, f"must be a positive int, got {value!r}")
-        _require(self.prompt_lookup_min <= self.prompt_lookup_max, "prompt_lookup_min",
-                 f"must be <= prompt_lookup_max ({self.prompt_lookup_max}), got {self.prompt_lookup_min}")
-
-    @property
-    def enabled(self) -> bool:
-        return self.speculative_method is not None
-
-    @property
-    def max_tokens_per_step(self) -> int:
-        """Most proposals one step verifies: k for each of the most running requests that still propose
-        (speculative_disable_by_batch_size - 1); the scheduler also keeps sequences plus proposals within
-        max_num_seqs, the sampling rows every bucket has anyway."""
-        if not self.enabled:
-            return 0
-        return (self.speculative_disable_by_batch_size - 1) * self.num_speculative_tokens
 
 
 DEFAULT_DISTRIBUTED_TIMEOUT_S = 30.0
@@ -270,9 +239,13 @@ class EngineConfig:
     """CPU attention (the "xla" backend): "native" reads decode KV in place with the native C++ kernel where it
     builds, "jnp" keeps every row on the jnp path."""
     quantization: Optional[QuantizationName] = None
-    """Weight quantization applied on the fly while a float checkpoint loads (vLLM's --quantization). "int8":
-    weight-only int8 of the attention and MLP projections, symmetric, one float32 scale per output channel
-    (vLLM's "tpu_int8" is accepted as the same); embeddings, lm_head and norms stay in dtype. None: off."""
+    """Weight quantization (vLLM's --quantization). "int8": weight-only int8 of the attention and MLP projections,
+    symmetric, one float32 scale per output channel, applied on the fly while a float checkpoint loads (vLLM's
+    "tpu_int8" is accepted as the same); embeddings, lm_head and norms stay in dtype. "w8a8" (SGLang's "w8a8_int8"):
+    those int8 weights, and each matmul's input rows quantized to int8 per token on the fly, int32 accumulation
+    (XLA's int8 dot on every backend). A pre-quantized checkpoint
+    (compressed-tensors int8, a GGUF of Q8_0 projections) runs in its own scheme: None or "compressed-tensors"
+    take it as it is, another scheme than the checkpoint's is an error. None on a float checkpoint: off."""
     kv_events_config: Optional[str] = None
     """KV cache events as vLLM publishes them (blocks stored, removed, cleared; ZeroMQ + msgpack), for a KV-aware
     router: a JSON object such as '{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint":
@@ -297,25 +270,35 @@ class EngineConfig:
         _require(self.async_scheduling is None or isinstance(self.async_scheduling, bool), "async_scheduling",
                  f"must be a bool or None (on where supported), got {self.async_scheduling!r}")
         _require(self.quantization is None or self.quantization in _QUANTIZATIONS, "quantization",
-                 f"must be one of {_QUANTIZATIONS} or None (pre-quantized checkpoints such as AWQ, GPTQ or "
-                 f"compressed-tensors are not supported yet), got {self.quantization!r}")
+                 f"must be one of {_QUANTIZATIONS} or None (pre-quantized AWQ, GPTQ or fp8 checkpoints are not "
+                 f"supported yet), got {self.quantization!r}")
         if self.quantization in _QUANTIZATION_ALIASES:
             object.__setattr__(self, "quantization", _QUANTIZATION_ALIASES[self.quantization])
         if self.kv_events_config is not None:
             _require(isinstance(self.kv_events_config, str), "kv_events_config",
                      f"must be a JSON object as a string, got {self.kv_events_config!r}")
             parse_kv_events_config(self.kv_events_config)  # ValueError naming kv_events_config
+        _require(self.cache.kv_cache_dtype == "auto" or self.attention_backend in _QUANTIZED_KV_BACKENDS,
+                 "kv_cache_dtype", f"{self.cache.kv_cache_dtype!r} runs on the attention backends "
+                 f"{_QUANTIZED_KV_BACKENDS} (\"auto\" picks xla on a CPU), not {self.attention_backend!r}; use "
+                 f"kv_cache_dtype=\"auto\" there")
         if self.speculative.enabled:  # a decode row and its proposals must fit one step's budget
             budget = self.scheduler.max_num_batched_tokens
             _require(self.speculative.num_speculative_tokens < budget, "num_speculative_tokens",
                      f"must be < max_num_batched_tokens ({budget}), got {self.speculative.num_speculative_tokens}")
+        if self.speculative.speculative_method == "draft_model":
+            _require(self.data_parallel_size == 1, "speculative_method",
+                     f"\"draft_model\" runs beside one model replica, not data_parallel_size "
+                     f"{self.data_parallel_size}")
+            _require(not self.multihost.joins_job, "speculative_method",
+                     "\"draft_model\" runs on one host: not with a multi-host job")
 
     @classmethod
     def from_options(cls, **options) -> "EngineConfig":
         """Build from flat keyword options (block_size=..., max_num_seqs=..., dtype=...)."""
         groups = {CacheConfig: {}, SchedulerConfig: {}, SpeculativeConfig: {}, MultiHostConfig: {}, cls: {}}
         speculative_config = options.pop("speculative_config", None)
-        options = {**options, **_flat_speculative_config(speculative_config)}
+        options = {**options, **flat_speculative_config(speculative_config)}
         for key, value in options.items():
             for group_cls, group in groups.items():
                 if key in {f.name for f in dataclasses.fields(group_cls)} and key not in _GROUP_FIELDS:
@@ -329,22 +312,6 @@ class EngineConfig:
 
 
 _GROUP_FIELDS = ("cache", "scheduler", "speculative", "multihost")
-VLLM_SPECULATIVE_KEYS = {"method": "speculative_method", "num_speculative_tokens": "num_speculative_tokens",
-                          "prompt_lookup_min": "prompt_lookup_min", "prompt_lookup_max": "prompt_lookup_max",
-                          "disable_by_batch_size": "speculative_disable_by_batch_size"}
-
-
-def _flat_speculative_config(value: object) -> dict[str, object]:
-    """vLLM's speculative_config mapping ({"method": "ngram", "num_speculative_tokens": 4, ...}) as flat options."""
-    if value is None:
-        return {}
-    _require(isinstance(value, Mapping), "speculative_config", f"must be a mapping, got {value!r}")
-    assert isinstance(value, Mapping)
-    unknown = sorted(set(value) - set(VLLM_SPECULATIVE_KEYS))
-    _require(not unknown, "speculative_config", f"unknown keys {unknown}; known: {sorted(VLLM_SPECULATIVE_KEYS)}")
-    return {VLLM_SPECULATIVE_KEYS[key]: item for key, item in value.items()}
-
-
 ENV_PREFIX = "JAXPAGED_"
 """An engine option's environment variable is this prefix + its field name in upper case (JAXPAGED_MAX_MODEL_LEN)."""
 KERNEL_FIELDS = ("cpu_matmul", "cpu_attention")

@@ -1,17 +1,21 @@
-"""How far int8 weights (EngineConfig.quantization="int8") move a model's greedy choices: the unquantized model
-generates greedily, then both models read prompt + that continuation (teacher-forced, one prefill with prompt
-logprobs) and each position counts as agreeing when the unquantized model's token is the int8 model's argmax
-(its rank is 1). Also free-running: the int8 model's own greedy continuation against the unquantized one's.
+"""How far quantization (EngineConfig.quantization: "int8" weights, "w8a8" int8 activations too) moves a model's
+greedy choices and likelihoods: the unquantized model generates greedily, then every model reads prompt + that
+continuation (teacher-forced, one prefill with prompt logprobs). A position agrees when the unquantized model's token
+is the quantized model's argmax (its rank is 1); the log-likelihood difference is the quantized model's log-prob of
+that token minus the unquantized model's, averaged over every continuation token (negative: the quantized model finds
+the text less likely). Also free-running: each quantized model's own greedy continuation against the unquantized one.
 
-    python -m benchmarks.quantization.greedy_agreement [--model PATH] [--num-tokens 64] [--out FILE.json]
+    python -m benchmarks.quantization.greedy_agreement [--model PATH] [--num-tokens 64] [--schemes int8 w8a8]
+        [--out FILE.json]
 
 Default model: the embedded SmolLM2-135M-Instruct. The unquantized model's own teacher-forced agreement is printed
-beside the int8 one: the prefill path against the decode steps that chose the tokens (1.0 up to near-ties).
+beside: the prefill path against the decode steps that chose the tokens (1.0 up to near-ties).
 """
 
 import argparse
 import json
 import pathlib
+import statistics
 import time
 from typing import Any, Optional
 
@@ -32,58 +36,74 @@ ENGINE_OPTIONS: dict[str, Any] = dict(max_model_len=512, max_num_seqs=32, max_nu
                                       compilation_cache_dir="")
 
 
-def _continuations(llm: LLM, num_tokens: int) -> list[tuple[list[int], list[int]]]:
+def continuations(llm: LLM, num_tokens: int) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, greedy continuation ids) per prompt."""
     outputs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=num_tokens, ignore_eos=True),
                            use_tqdm=False)
     return [(list(output.prompt_token_ids), list(output.outputs[0].token_ids)) for output in outputs]
 
 
-def _teacher_forced_ranks(llm: LLM, pairs: list[tuple[list[int], list[int]]]) -> list[list[int]]:
-    """The rank of each continuation token under `llm` reading prompt + continuation in one prefill."""
+def teacher_forced(llm: LLM, pairs: list[tuple[list[int], list[int]]]) -> list[list[tuple[int, float]]]:
+    """(rank, log-prob) of each continuation token under `llm` reading prompt + continuation in one prefill."""
     prompts = [{"prompt_token_ids": prompt + continuation} for prompt, continuation in pairs]
     outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0), use_tqdm=False)
-    ranks = []
+    scored = []
     for output, (prompt, continuation) in zip(outputs, pairs):
-        logprobs = output.prompt_logprobs or []
-        ranks.append([logprobs[len(prompt) + j][token].rank for j, token in enumerate(continuation)])  # type: ignore
-    return ranks
+        positions = output.prompt_logprobs or []
+        entries = [positions[len(prompt) + j][token] for j, token in enumerate(continuation)]  # type: ignore
+        scored.append([(entry.rank, entry.logprob) for entry in entries])
+    return scored
 
 
-def _share(ranks: list[list[int]]) -> float:
-    flat = [rank for row in ranks for rank in row]
+def share(scored: list[list[tuple[int, float]]]) -> float:
+    """The share of tokens ranked first."""
+    flat = [rank for row in scored for rank, _ in row]
     return sum(rank == 1 for rank in flat) / len(flat)
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
+def token_logprobs(scored: list[list[tuple[int, float]]]) -> list[float]:
+    """Every token's log-prob, flat."""
+    return [logprob for row in scored for _, logprob in row]
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens `a` and `b` share."""
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def measure(model: Optional[str], num_tokens: int, dtype: str) -> dict[str, Any]:
+def measure(model: Optional[str], num_tokens: int, dtype: str, schemes: list[str]) -> dict[str, Any]:
     """Every figure of one run (see the module docstring)."""
     started = time.time()
-    unquantized = LLM(model, dtype=dtype, **ENGINE_OPTIONS)
-    pairs = _continuations(unquantized, num_tokens)
-    unquantized_ranks = _teacher_forced_ranks(unquantized, pairs)
-    del unquantized
-    quantized = LLM(model, dtype=dtype, quantization="int8", **ENGINE_OPTIONS)
-    int8_ranks = _teacher_forced_ranks(quantized, pairs)
-    int8_pairs = _continuations(quantized, num_tokens)
-    prefixes = [_common_prefix(ours[1], theirs[1]) for ours, theirs in zip(int8_pairs, pairs)]
-    return {
+    with LLM(model, dtype=dtype, **ENGINE_OPTIONS) as unquantized:
+        pairs = continuations(unquantized, num_tokens)
+        reference = teacher_forced(unquantized, pairs)
+    reference_logprobs = token_logprobs(reference)
+    result: dict[str, Any] = {
         "model": model or "SmolLM2-135M-Instruct (embedded)", "dtype": dtype, "num_prompts": len(PROMPTS),
         "num_tokens": num_tokens, "machine": describe_machine(machine_info()),
-        "load_average": load_average(), "seconds": round(time.time() - started, 1),
-        "teacher_forced_agreement_int8": _share(int8_ranks),
-        "teacher_forced_agreement_unquantized": _share(unquantized_ranks),
-        "int8_rank_histogram": _histogram(int8_ranks),
-        "free_running_identical_sequences": sum(p == num_tokens for p in prefixes),
-        "free_running_mean_common_prefix": sum(prefixes) / len(prefixes),
+        "teacher_forced_agreement_unquantized": share(reference),
+        "mean_loglikelihood_per_token_unquantized": statistics.fmean(reference_logprobs),
     }
+    for scheme in schemes:
+        with LLM(model, dtype=dtype, quantization=scheme, **ENGINE_OPTIONS) as quantized:
+            scored = teacher_forced(quantized, pairs)
+            own = continuations(quantized, num_tokens)
+        differences = [ours - theirs for ours, theirs in zip(token_logprobs(scored), reference_logprobs)]
+        prefixes = [common_prefix(ours[1], theirs[1]) for ours, theirs in zip(own, pairs)]
+        result[scheme] = {
+            "teacher_forced_agreement": share(scored),
+            "rank_histogram": histogram(scored),
+            "mean_loglikelihood_difference_per_token": statistics.fmean(differences),
+            "mean_abs_loglikelihood_difference_per_token": statistics.fmean(abs(d) for d in differences),
+            "free_running_identical_sequences": sum(p == num_tokens for p in prefixes),
+            "free_running_mean_common_prefix": sum(prefixes) / len(prefixes),
+        }
+    result |= {"load_average": load_average(), "seconds": round(time.time() - started, 1)}
+    return result
 
 
-def _histogram(ranks: list[list[int]]) -> dict[str, int]:
-    flat = [rank for row in ranks for rank in row]
+def histogram(scored: list[list[tuple[int, float]]]) -> dict[str, int]:
+    flat = [rank for row in scored for rank, _ in row]
     return {"1": sum(r == 1 for r in flat), "2": sum(r == 2 for r in flat), "3+": sum(r >= 3 for r in flat)}
 
 
@@ -92,9 +112,10 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--model", default=None, help="default: the embedded SmolLM2-135M-Instruct")
     parser.add_argument("--num-tokens", type=int, default=64)
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--schemes", nargs="+", default=["int8", "w8a8"], help="quantization schemes to compare")
     parser.add_argument("--out", default=None, help="write the figures as JSON here too")
     args = parser.parse_args(argv)
-    result = measure(args.model, args.num_tokens, args.dtype)
+    result = measure(args.model, args.num_tokens, args.dtype, args.schemes)
     text = json.dumps(result, indent=1)
     print(text)
     if args.out:

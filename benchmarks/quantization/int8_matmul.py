@@ -4,9 +4,10 @@ Run: python -m benchmarks.quantization.int8_matmul [--repeats 5] [--rounds 3]
 
 benchmarks/cpu_matmul.py's program (SmolLM2-135M: 30 layers of q, k, v, o, gate, up and down, then the tied
 49,152-row vocabulary projection, which stays float32 as in the engine) with the layers' weights as float32 panels
-(the default CPU path), int8 panels with column scales (the native int8 matmul) and unpacked int8 through XLA's dot
-with the scales on its output; at 64 rows (a decode step) and 512 (a prefill step), alternated round by round,
-medians of every repeat. Prints ms per call and the ratios to float32, and names the CPU.
+(the default CPU path), int8 panels with column scales (the native int8 matmul), unpacked int8 through XLA's dot
+with the scales on its output, and w8a8 (rows quantized per token, XLA's int8 x int8 dot into int32); at 64 rows
+(a decode step) and 512 (a prefill step), alternated round by round, medians of every repeat. Prints ms per call
+and the ratios to float32, and names the CPU.
 """
 
 import argparse
@@ -20,6 +21,7 @@ import numpy as np
 from benchmarks.cpu_matmul import HIDDEN, LAYER_SHAPES, LAYERS, VOCAB, step_matmuls
 from benchmarks.sweep.machine_info import describe_machine, load_average, machine_info
 from jaxpaged.kernels.cpu_native.packed_matmul import pack_panels, packed_int8_available, packed_matmul_available
+from jaxpaged.models.int8_activations import W8A8Weight
 from jaxpaged.models.int8_weights import Int8Weight, quantize_int8
 from jaxpaged.timing import call_seconds
 
@@ -36,6 +38,8 @@ def _weights(rng: np.random.Generator) -> dict[str, tuple[list[dict], jax.Array]
                          for layer in quantized], head),
         "int8 XLA dot": ([{n: Int8Weight(jnp.asarray(q), jnp.asarray(s)) for n, (q, s) in layer.items()}
                           for layer in quantized], head),
+        "w8a8 XLA int8 dot": ([{n: W8A8Weight(jnp.asarray(q), jnp.asarray(s)) for n, (q, s) in layer.items()}
+                               for layer in quantized], head),
     }
 
 

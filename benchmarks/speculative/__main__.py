@@ -1,15 +1,19 @@
 """Speculative decoding (issue 42) on the embedded model: time per output token and output tokens/s, speculation
-off against n-gram proposals, on copy-heavy chat requests at batch sizes 1, 8 and 64, in one run.
+off against n-gram proposals and a draft model, on copy-heavy chat requests at batch sizes 1, 8 and 64, in one run.
+
+The draft model is the embedded model with its projections in int8 (`--draft-quantization`), optionally cut to its
+first `--draft-layers` layers (truncated_draft.py), written once under ~/.cache/jaxpaged/drafts/; or `--draft PATH`.
 
 Copy-heavy requests are built from text that ships with the project (its docs and its own Python source): "repeat
 this passage", "rename this identifier in this code", "quote the sentence about X" — what n-gram lookup exists for.
-Each batch size runs the same requests with speculation off and on, alternated `--repeats` times; medians.
+Each batch size runs the same requests with every method (`--methods`), alternated `--repeats` times; medians.
 `--workload w1` runs W1 instead (random-token prompts of 32-256 tokens, exactly 64 greedy tokens, the engine sized as
 configs/bench/w1_offline.yaml), alternated the same way: at a batch where nobody proposes, the two engines do the
 same work, and alternating keeps a shared machine's load changes out of the ratio.
 
     python -m benchmarks.speculative [--workload copy|w1] [--batch-sizes 1 8 64] [--max-tokens 128] [--repeats 3]
-                                     [--out DIR]
+                                     [--methods off ngram draft_model] [--draft-layers N]
+                                     [--draft-quantization int8|w8a8|''] [--draft PATH] [--out DIR]
 
 Prints a markdown table (and writes results.json and speedup.png under --out).
 """
@@ -26,6 +30,17 @@ from benchmarks.sweep.machine_info import describe_machine, machine_info
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+def truncated_draft_path(num_layers: Optional[int], quantization: Optional[str]) -> pathlib.Path:
+    """The embedded model's first num_layers layers (None: all), projections in `quantization`, as a draft written
+    once under the jaxpaged cache."""
+    from benchmarks.speculative.truncated_draft import write_truncated_draft
+    from jaxpaged.weights.converted_store import is_converted_checkpoint
+    from jaxpaged.weights.loader import cache_root
+
+    path = cache_root() / "drafts" / f"SmolLM2-135M-Instruct-{num_layers or 'all'}-layers-{quantization or 'float'}"
+    if not is_converted_checkpoint(path):
+        write_truncated_draft(None, num_layers, path, quantization)
+    return path
 
 
 def copy_heavy_messages(count: int) -> list[list[dict[str, str]]]:
@@ -114,6 +129,15 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--num-speculative-tokens", type=int, default=NGRAM["num_speculative_tokens"])
+    parser.add_argument("--methods", nargs="+", choices=["off", "ngram", "draft_model"],
+                        default=["off", "ngram", "draft_model"], help="the first is the speedups' reference")
+    parser.add_argument("--draft", type=pathlib.Path, default=None, help="the draft model (default: a truncated one)")
+    parser.add_argument("--draft-layers", type=int, default=None,
+                        help="layers of the embedded model the default draft keeps (default: all)")
+    parser.add_argument("--draft-quantization", choices=["int8", "w8a8", ""], default="int8",
+                        help="the default draft's projections ('' keeps them float)")
+    parser.add_argument("--draft-speculative-tokens", type=int, default=None,
+                        help="the draft model's k (default: --num-speculative-tokens)")
     parser.add_argument("--out", type=pathlib.Path, default=None)
     args = parser.parse_args(argv)
     w1 = args.workload == "w1"
@@ -121,24 +145,33 @@ def main(argv: Optional[list[str]] = None) -> None:
     args.max_tokens = args.max_tokens or (64 if w1 else 128)
     from jaxpaged.llm import LLM
 
-    common = dict(dtype=args.dtype, max_model_len=512 if w1 else 1024, max_num_seqs=max(args.batch_sizes),
+    common = dict(dtype=args.dtype, max_model_len=512 if w1 else 1024, max_num_seqs=max(64, *args.batch_sizes),
                   max_num_batched_tokens=512 if w1 else 1024)
-    ngram = {**NGRAM, "num_speculative_tokens": args.num_speculative_tokens}
-    engines = {"off": LLM(None, **common), "ngram": LLM(None, **common, speculative_config=ngram)}
+    k = args.num_speculative_tokens
+    configs: dict[str, Optional[dict[str, Any]]] = {"off": None, "ngram": {**NGRAM, "num_speculative_tokens": k}}
+    if "draft_model" in args.methods:
+        draft = args.draft or truncated_draft_path(args.draft_layers, args.draft_quantization or None)
+        configs["draft_model"] = {"method": "draft_model", "model": str(draft),
+                                  "num_speculative_tokens": args.draft_speculative_tokens or k}
+    engines = {name: LLM(None, **common, **({} if spec is None else {"speculative_config": spec}))
+               for name, spec in configs.items() if name in args.methods}
     rows: list[dict[str, Any]] = []
     for batch_size in args.batch_sizes:
         requests = w1_prompts(batch_size) if w1 else copy_heavy_messages(batch_size)
-        runs: dict[str, list[dict[str, float]]] = {"off": [], "ngram": []}
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in engines}
         for _ in range(args.repeats):
             for name, llm in engines.items():
                 runs[name].append(run_batch(llm, requests, args.max_tokens, args.workload))
-        same = runs["off"][0]["token_ids"] == runs["ngram"][0]["token_ids"]
+        baseline = runs[args.methods[0]][0]["token_ids"]
         for name, results in runs.items():
             row = {key: statistics.median(r[key] for r in results) for key in results[0] if key != "token_ids"}
-            rows.append({"batch_size": batch_size, "speculation": name, "same_tokens_as_off": same, **row})
-        off, on = rows[-2], rows[-1]
-        on["speedup_tok_per_s"] = on["output_tokens_per_s"] / off["output_tokens_per_s"]
-        print(f"batch {batch_size}: {on['speedup_tok_per_s']:.2f}x", file=sys.stderr)
+            rows.append({"batch_size": batch_size, "speculation": name,
+                         "same_tokens_as_off": results[0]["token_ids"] == baseline, **row})
+        reference = rows[-len(runs)]
+        for row in rows[-len(runs):]:
+            row["speedup_tok_per_s"] = row["output_tokens_per_s"] / reference["output_tokens_per_s"]
+        print(f"batch {batch_size}: " + ", ".join(f"{row['speculation']} {row['speedup_tok_per_s']:.2f}x"
+                                                  for row in rows[-len(runs):]), file=sys.stderr)
     machine = machine_info()
     print(f"\nMachine: {describe_machine(machine)}, load {machine.get('load_average')}\n")
     print("| batch | speculation | output tok/s | ms/token/request | speedup | drafted | accepted | mean accepted "
@@ -161,12 +194,19 @@ def _plot(rows: list[dict[str, Any]], path: pathlib.Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    speedups = [(row["batch_size"], row["speedup_tok_per_s"]) for row in rows if "speedup_tok_per_s" in row]
+    batches = sorted({row["batch_size"] for row in rows})
+    methods = list(dict.fromkeys(row["speculation"] for row in rows))[1:]  # the first is the reference
     fig, ax = plt.subplots(figsize=(5, 3.2))
-    ax.bar([str(b) for b, _ in speedups], [s for _, s in speedups], color="tab:blue")
+    width = 0.8 / max(1, len(methods))
+    for offset, method in enumerate(methods):
+        speedups = {row["batch_size"]: row["speedup_tok_per_s"] for row in rows if row["speculation"] == method}
+        ax.bar([i + offset * width for i in range(len(batches))], [speedups[b] for b in batches], width,
+               label=method)
+    ax.set_xticks([i + width * (len(methods) - 1) / 2 for i in range(len(batches))], [str(b) for b in batches])
+    ax.legend()
     ax.axhline(1.0, color="gray", lw=1)
     ax.set_xlabel("batch size")
-    ax.set_ylabel("output tok/s, n-gram / off")
+    ax.set_ylabel("output tok/s, against off")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

@@ -92,6 +92,9 @@ def _offline_group(config: BenchConfig, points: list[SweepPoint], indices: list[
     info.setdefault("model_name", llm.engine.model_name)
     info.setdefault("model_config", llm.engine.runner.model_config)
     dtype = str(llm.engine.runner.dtype)
+    # The KV format decides how many tokens the pool holds: rows of different formats are different systems.
+    kv_format = {"kv_cache_dtype": llm.engine.config.cache.kv_cache_dtype,
+                 "kv_bytes_per_token": llm.engine.runner.memory_plan.kv_bytes_per_token}
     try:
         first = points[indices[0]]
         warm_up_llm(llm, generate_requests(first.workload), first.sampling, first.mode.warmup_requests)
@@ -100,7 +103,7 @@ def _offline_group(config: BenchConfig, points: list[SweepPoint], indices: list[
             requests = generate_requests(point.workload)
             try:
                 repeats = [run_offline(llm, requests, point.sampling, point.mode) for _ in range(point.mode.repeats)]
-                metrics = {**median_of_repeats(repeats), "engine_startup_s": startup_s, "dtype": dtype}
+                metrics = {**median_of_repeats(repeats), "engine_startup_s": startup_s, "dtype": dtype, **kv_format}
                 if point.mode.track_kv_utilization:
                     metrics.update(_kv_baselines(llm.engine, requests))
                 rows[index] = _row("jaxpaged", "jaxpaged", point.values, workload_key(point), metrics, repeats)

@@ -29,6 +29,7 @@ from jaxpaged.engine.stats import EngineStats
 from jaxpaged.engine.step_timings import StepObserver, StepTimings
 from jaxpaged.features.wiring import build_features
 from jaxpaged.inputs import PromptInput, parse_prompt
+from jaxpaged.kernels.ragged_paged_attention.dispatch import check_kv_cache_dtype
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.runner import ModelRunner, build_rank_runners, compile_counter
 from jaxpaged.sampling.batch import penalizes_output_tokens
@@ -72,7 +73,7 @@ class LLMEngine:
         """The host time of the last step, by phase (filled in place)."""
         self.processor = OutputProcessor(self.requests, self.tokenizer, self.timings)
         self.loop = OverlappedLoop(self) if config.async_scheduling else SynchronousLoop(self)
-        self.speculator = build_speculator(config.speculative)
+        self.speculator = build_speculator(config, loaded, self.tokenizer, self.max_model_len, str(self.runner.dtype))
         """Speculative decoding's proposer and policy, when speculative_method is set."""
         self.observers: list[StepObserver] = []
         """Watch every step (the bench's step probe); see step_timings.py."""
@@ -80,6 +81,8 @@ class LLMEngine:
         self._prompt_tokens_total = 0
         self._num_steps = 0
         self.warmup_seconds = sum(runner.warmup() for runner in runners) if warmup else 0.0
+        if warmup and self.speculator is not None:
+            self.warmup_seconds += self.speculator.warmup()
         self.features.after_warmup(self.ranks)
 
     @classmethod
@@ -89,6 +92,8 @@ class LLMEngine:
         engine options (the kernel fields also from JAXPAGED_CPU_MATMUL / JAXPAGED_CPU_ATTENTION when not given), and
         warm up."""
         config = EngineConfig.from_options(**{**kernel_options_from_environment(engine_options), **engine_options})
+        # A KV format this platform's attention backend cannot read fails before any weight is read.
+        check_kv_cache_dtype(config.cache.kv_cache_dtype, config.attention_backend)
         if config.compilation_cache_dir != "":
             enable_persistent_compilation_cache(config.compilation_cache_dir)
         return cls(load_model(model, revision=revision, quantization=config.quantization), config)

@@ -32,9 +32,11 @@ def build_kv_tiers(loaded: LoadedModel, config: EngineConfig, runners: Sequence[
     weights = weights_sample_digest(loaded.params)
     # int8 weights compute other K/V than the float checkpoint they came from (params loaded float and quantized by
     # the runner would sample the same digest); unquantized engines keep their fingerprints.
-    dtype = str(runner.dtype) if config.quantization is None else f"{runner.dtype}, {config.quantization} weights"
+    quantization = loaded.quantization or config.quantization
+    dtype = str(runner.dtype) if quantization is None else f"{runner.dtype}, {quantization} weights"
     fingerprints = [layout_fingerprint(loaded.name, loaded.hf_config, dtype, cache.block_size,
-                                       runner.kv_layout, runner.tier_block_shape(), tp, shard, weights)
+                                       runner.kv_layout, runner.tier_block_shape(), tp, shard, weights,
+                                       cache.kv_cache_dtype)
                     for shard in range(tp)]
     block_spec = (str(runner.kv_cache.dtype), tuple(runner.tier_block_shape()))
     mac_key = cache.kv_offload_key.encode() if cache.kv_offload_key is not None else None

@@ -1,9 +1,10 @@
 """The layout fingerprint: everything besides the tokens that decides what a stored KV block's bytes mean.
 
 A chain hash says which tokens a block holds; the fingerprint says how their K/V were computed and laid out.
-Entries are only ever read back under the same fingerprint, so a different model, dtype, block size, KV layout
-or shard of a tensor-parallel split never sees another's bytes. The weights count by a sample of their values (a
-fine-tune keeps the name and config.json but changes every tensor), not by a digest of gigabytes.
+Entries are only ever read back under the same fingerprint, so a different model, dtype, KV format
+(kv_cache_dtype), block size, KV layout or shard of a tensor-parallel split never sees another's bytes. The weights
+count by a sample of their values (a fine-tune keeps the name and config.json but changes every tensor), not by a
+digest of gigabytes.
 """
 
 import hashlib
@@ -35,12 +36,13 @@ def weights_sample_digest(params: Mapping[str, np.ndarray]) -> str:
 
 def layout_fingerprint(model_name: str, model_config: dict[str, Any], dtype: str, block_size: int, kv_layout: str,
                        block_shape: tuple[int, ...], tensor_parallel_size: int, shard_index: int,
-                       weights_digest: str = "") -> str:
+                       weights_digest: str = "", kv_cache_dtype: str = "auto") -> str:
     """A 32-hex-digit digest of the fields (model_config: the checkpoint's config.json, whose fields decide the
     K/V as much as the weights do; block_shape: one block's per-shard array shape, layers first;
-    weights_digest: weights_sample_digest of the parameters)."""
+    weights_digest: weights_sample_digest of the parameters; kv_cache_dtype: EngineConfig's, how K/V are stored,
+    so an int8 tier is never read by a bfloat16 engine nor an fp8 one)."""
     fields = {"format": FORMAT_VERSION, "model": model_name, "config": model_config, "weights": weights_digest,
-              "dtype": dtype,
+              "dtype": dtype, "kv_cache_dtype": kv_cache_dtype,
               "block_size": block_size, "kv_layout": kv_layout, "block_shape": list(block_shape),
               "tensor_parallel_size": tensor_parallel_size, "shard_index": shard_index}
     encoded = json.dumps(fields, sort_keys=True, default=str).encode()

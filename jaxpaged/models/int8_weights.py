@@ -26,8 +26,19 @@ QUANTIZED_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "u
 """The layer weights (after "layers.") that int8 quantizes: every matmul of the decoder layers."""
 SCALE_SUFFIX = "_scale"
 """A quantized weight's scales live under its name plus this suffix ("layers.q_proj_scale")."""
+WEIGHT_SCHEMES = ("int8", "w8a8")
+"""The schemes whose projections are these int8 weights (w8a8 quantizes the activations too: int8_activations.py)."""
 INT8_MAX = 127
 """Symmetric range [-127, 127]: -128 is never used, so negating a weight never overflows."""
+
+
+class HostInt8(NamedTuple):
+    """A pre-quantized projection layer as a checkpoint loader hands it to stack_layers (weights/param_names.py)."""
+
+    values: Int8[np.ndarray, "inner outer"]
+    """int8 values [inner, outer] (any memory order: a transposed view of a file's [outer, inner] rows)."""
+    scale: Float32[np.ndarray, " outer"]
+    """One float32 scale per output column."""
 
 
 class Int8Weight(NamedTuple):
@@ -70,14 +81,29 @@ def dequantize_int8(values: Int8[np.ndarray, "*layers inner outer"], scale: Floa
     return values.astype(np.float32) * scale[..., None, :]
 
 
+def requantize_rows(values: Int8[np.ndarray, "outer inner"], scales: Float32[np.ndarray, "outer groups"],
+                    group_size: int) -> HostInt8:
+    """Group-wise int8 rows (a file's [outer, inner] weight, one scale per `group_size` input columns of a row: GGUF
+    Q8_0, compressed-tensors' group strategy) as per-output-channel int8: dequantized in float32, then quantized
+    again per column. NOTE: a second rounding: |W - result| <= (group scale + column scale) / 2, where the column
+    scale is the largest of its row's group scales (times 127 / max |q|); one float32 layer is made and let go."""
+    outer, inner = values.shape
+    groups = scales.shape[1]
+    dequantized = np.zeros((outer, groups * group_size), np.float32)
+    dequantized[:, :inner] = values
+    dequantized.reshape(outer, groups, group_size)[...] *= scales[:, :, None]  # in place: one float32 layer
+    requantized, scale = quantize_int8(dequantized[:, :inner].T)
+    return HostInt8(requantized, scale)
+
+
 def quantize_params(params: dict[str, np.ndarray], quantization: Optional[str]) -> dict[str, np.ndarray]:
-    """Replace every float projection of `params`, in place, by its int8 values and scales (`quantization` "int8";
-    None leaves `params` as they are); returns `params`. Tensor by tensor: each float stack is let go as soon as it
-    is quantized, so the host holds the float model and one tensor's int8 copy at most (less, as the floats go).
-    Projections already quantized (their scale present) are kept."""
+    """Replace every float projection of `params`, in place, by its int8 values and scales (`quantization` "int8"
+    or "w8a8"; None leaves `params` as they are); returns `params`. Tensor by tensor: each float stack is let go as
+    soon as it is quantized, so the host holds the float model and one tensor's int8 copy at most (less, as the
+    floats go). Projections already quantized (their scale present) are kept."""
     if quantization is None:
         return params
-    if quantization != "int8":
+    if quantization not in WEIGHT_SCHEMES:
         raise ValueError(f"quantization: unknown scheme {quantization!r}")
     for name in list(params):
         if is_quantized_projection(name) and scale_name(name) not in params:

@@ -17,6 +17,7 @@ from jaxtyping import Array, Float, Int, Shaped, UInt32
 
 from jaxpaged.kernels.bfloat16_bits import from_bits, to_bits
 from jaxpaged.kernels.ragged_paged_attention import AttentionMetadata
+from jaxpaged.models.int8_activations import W8A8Weight
 from jaxpaged.models.int8_weights import Int8Weight, scale_name, scale_shapes
 from jaxpaged.models.layers import (
     RopeTables,
@@ -90,11 +91,14 @@ class LlamaForCausalLM(nnx.Module):
     """Decoder-only transformer; logits only for the rows that are sampled."""
 
     def __init__(self, cfg: ModelConfig, params: dict[str, LayerWeight], packed: bool = False,
-                 packed_int8: bool = False):
+                 packed_int8: bool = False, int8_activations: bool = False):
         """`params`: the loaders' flat names; layer weights stacked, or listed per layer (DecoderLayers).
         `packed`: the matmul weights that pack are panels for the native CPU matmul (packed_weights.py). An int8
         projection comes with its scales under scale_name (int8_weights.py); `packed_int8`: its values are int8
-        panels for the native int8 matmul."""
+        panels for the native int8 matmul; `int8_activations` (w8a8): its matmuls quantize their inputs per token
+        (int8_activations.py; not with packed_int8)."""
+        if packed_int8 and int8_activations:
+            raise ValueError("int8_activations: w8a8 runs XLA's int8 dot, not the packed int8 panels")
         expected = param_shapes(cfg) | scale_shapes(cfg, set(params))
         if set(params) != set(expected):
             raise ValueError(f"params: expected names {sorted(expected)}, got {sorted(params)}")
@@ -106,6 +110,7 @@ class LlamaForCausalLM(nnx.Module):
             if got != shape:
                 raise ValueError(f"params[{name!r}]: expected shape {shape}, got {got}")
         self.cfg = cfg
+        self.int8_activations = int8_activations
         self.embed = nnx.Param(params["embed"])
         self.final_norm = nnx.Param(params["final_norm"])
         self.lm_head = nnx.Param(params["lm_head"]) if "lm_head" in params else None
@@ -140,7 +145,8 @@ class LlamaForCausalLM(nnx.Module):
         global_tables, local_tables = self._rope_tables(positions)
         alternating = bool(cfg.layer_is_sliding) and cfg.sliding_window is not None
         step = _StepContext(cfg, metadata, attend, num_rows=metadata.cu_q_lens[-1], num_blocks=num_blocks,
-                            global_tables=global_tables, local_tables=local_tables, alternating=alternating)
+                            global_tables=global_tables, local_tables=local_tables, alternating=alternating,
+                            int8_activations=self.int8_activations)
         if self.layers.per_layer:
             carry = (x, kv_pages)
             for index in range(num_layers):
@@ -205,6 +211,8 @@ class _StepContext:
     local_tables: Any
     alternating: bool
     """Layers alternate sliding-window and full attention (Gemma 2 / 3)."""
+    int8_activations: bool = False
+    """w8a8: the int8 projections' matmuls quantize their inputs per token too."""
 
 
 def _decoder_layer(step: _StepContext, carry, w: dict[str, Any], layer_index, layer_is_sliding):
@@ -214,9 +222,12 @@ def _decoder_layer(step: _StepContext, carry, w: dict[str, Any], layer_index, la
     eps, offset = cfg.rms_norm_eps, cfg.norm_offset
     x, kv_pages = carry
     num_tokens = x.shape[0]
+
+    def proj(name: str) -> Union[jax.Array, Int8Weight, W8A8Weight]:
+        return _projection(w, name, step.int8_activations)
+
     h = rms_norm(x, w["input_norm"], eps, offset)
-    q, k, v = matmuls(h, (_projection(w, "q_proj"), _projection(w, "k_proj"), _projection(w, "v_proj")),
-                      num_rows=num_rows)
+    q, k, v = matmuls(h, (proj("q_proj"), proj("k_proj"), proj("v_proj")), num_rows=num_rows)
     if cfg.qkv_bias:
         q, k, v = q + w["q_bias"], k + w["k_bias"], v + w["v_bias"]
     q = q.reshape(num_tokens, cfg.num_q_heads, cfg.head_dim)
@@ -237,19 +248,23 @@ def _decoder_layer(step: _StepContext, carry, w: dict[str, Any], layer_index, la
     k = apply_rope(k, tables)
     attn, kv_pages = step.attend(q, k, v, kv_pages, layer_index * step.num_blocks, step.metadata, traced_is_sliding,
                                  sliding_window=window, sm_scale=cfg.attn_scale, soft_cap=cfg.attn_soft_cap)
-    attn = matmul(attn.reshape(num_tokens, -1), _projection(w, "o_proj"), num_rows=num_rows)
+    attn = matmul(attn.reshape(num_tokens, -1), proj("o_proj"), num_rows=num_rows)
     if cfg.sandwich_norms:
         attn = rms_norm(attn, w["attn_out_norm"], eps, offset)
     x = x + attn
     h = rms_norm(x, w["post_norm"], eps, offset)
-    mlp = gated_mlp(h, _projection(w, "gate_proj"), _projection(w, "up_proj"), _projection(w, "down_proj"),
+    mlp = gated_mlp(h, proj("gate_proj"), proj("up_proj"), proj("down_proj"),
                     cfg.hidden_activation, num_rows)
     if cfg.sandwich_norms:
         mlp = rms_norm(mlp, w["mlp_out_norm"], eps, offset)
     return x + mlp, kv_pages
 
 
-def _projection(w: dict[str, Any], name: str) -> Union[jax.Array, Int8Weight]:
-    """One layer's projection as matmul takes it: the float (or packed) weight, or int8 values with their scales."""
+def _projection(w: dict[str, Any], name: str, int8_activations: bool = False,
+                ) -> Union[jax.Array, Int8Weight, W8A8Weight]:
+    """One layer's projection as matmul takes it: the float (or packed) weight, or int8 values with their scales
+    (w8a8's when `int8_activations`)."""
     scale = w.get(scale_name(name))
-    return w[name] if scale is None else Int8Weight(w[name], scale)
+    if scale is None:
+        return w[name]
+    return W8A8Weight(w[name], scale) if int8_activations else Int8Weight(w[name], scale)

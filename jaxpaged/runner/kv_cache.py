@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpaged.config import CacheConfig
+from jaxpaged.kernels.kv_quantization import SCALE_BYTES, is_quantized_pool, quantized_pool_dtype
 from jaxpaged.kernels.ragged_paged_attention.kv_layout import cache_shape, packed_layout_for, physical_bytes
 from jaxpaged.models.model_config import ModelConfig
 
@@ -16,15 +17,26 @@ CPU_DEFAULT_KV_CACHE_BYTES = 1 << 30
 ACCELERATOR_KV_CACHE_FRACTION = 0.6
 
 
-def choose_kv_layout(model: ModelConfig, backend: str, dtype, tensor_parallel_size: int = 1) -> str:
-    """"packed" for the TPU kernel when it can hold these heads (tile-exact: no HBM padding); "interleaved_bits" for
-    bfloat16 on the "xla" backend (XLA:CPU scatters into a uint16 pool in place, into a bfloat16 one not); else
-    "interleaved".
+def kv_storage_dtype(dtype, kv_cache_dtype: str = "auto") -> np.dtype:
+    """The dtype of the pool's elements: the model dtype, or for a quantized kv_cache_dtype int8 / uint8
+    (kernels/kv_quantization.py)."""
+    if kv_cache_dtype == "auto":
+        return np.dtype(dtype)
+    return np.dtype(quantized_pool_dtype(kv_cache_dtype))
+
+
+def choose_kv_layout(model: ModelConfig, backend: str, dtype, tensor_parallel_size: int = 1,
+                     kv_cache_dtype: str = "auto") -> str:
+    """"quantized" for an int8 / fp8 kv_cache_dtype; "packed" for the TPU kernel when it can hold these heads
+    (tile-exact: no HBM padding); "interleaved_bits" for bfloat16 on the "xla" backend (XLA:CPU scatters into a uint16
+    pool in place, into a bfloat16 one not); else "interleaved".
 
     Under tensor parallelism every layout is split on its axis -2 (kv_layout.py): the packed one holds each shard's
     heads in its own rows, so it serves every tensor-parallel degree (the interleaved one would pad each shard's
     [2 * kv_heads / tp, head_dim] tile to 16 sublanes on a TPU).
     """
+    if kv_cache_dtype != "auto":
+        return "quantized"
     if backend == "xla" and jnp.dtype(dtype) == jnp.bfloat16:
         return "interleaved_bits"
     if backend != "pallas_tpu" or model.num_kv_heads % tensor_parallel_size:
@@ -40,7 +52,8 @@ def bytes_per_block(model: ModelConfig, block_size: int, dtype, platform: Option
                     layout: str = "interleaved", num_shards: int = 1) -> int:
     """KV bytes one block takes across all layers on each of `num_shards` devices on `platform` (default: jax's
     default backend): the physical bytes of one shard's part, [block_size, 2 * num_kv_heads / num_shards,
-    head_dim] interleaved or its packed rows.
+    head_dim] interleaved (or quantized) or its packed rows; `dtype`: the pool's (kv_storage_dtype: int8 / uint8 for
+    the quantized layout, whose rows carry their scales).
 
     The tile model of a TPU pads the last two dims of the interleaved shard to whole (8 * packing, 128) tiles (5.3x
     for 3 KV heads of head_dim 64 in bfloat16, 8x for one head per shard in bfloat16): an upper bound, as XLA:TPU
@@ -54,8 +67,10 @@ def bytes_per_block(model: ModelConfig, block_size: int, dtype, platform: Option
 
 
 def logical_bytes_per_block(model: ModelConfig, block_size: int, dtype) -> int:
-    """KV bytes one block's values occupy across all layers, without any tile padding."""
-    return model.num_layers * block_size * 2 * model.num_kv_heads * model.head_dim * np.dtype(dtype).itemsize
+    """KV bytes one block's values (quantized: codes and scales) occupy across all layers, without any tile padding
+    (`dtype`: the pool's, kv_storage_dtype)."""
+    row = model.head_dim + SCALE_BYTES if is_quantized_pool(dtype) else model.head_dim
+    return model.num_layers * block_size * 2 * model.num_kv_heads * row * np.dtype(dtype).itemsize
 
 
 def num_kv_blocks_for(model: ModelConfig, cache: CacheConfig, dtype, num_shards: int = 1,
@@ -108,7 +123,7 @@ def allocate_kv_cache(model: ModelConfig, num_blocks: int, block_size: int, dtyp
                       num_shards: int = 1) -> jax.Array:
     """A zeroed pool of every layer's blocks in `layout` over `num_shards` tensor-parallel shards (`sharding` splits
     it so), stacked on axis 0 and created in place on its devices (each shard allocates only its part); block 0 is
-    the null block that padding writes to."""
+    the null block that padding writes to. `dtype`: the pool's (kv_storage_dtype)."""
     layer_shape, layer_dtype = cache_shape(num_blocks, block_size, model.num_kv_heads, model.head_dim, dtype, layout,
                                            num_shards)
     shape = (model.num_layers, *layer_shape)

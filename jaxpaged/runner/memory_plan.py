@@ -8,6 +8,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from jaxpaged.kernels.kv_quantization import SCALE_DTYPE, format_of_pool, is_quantized_pool
 from jaxpaged.models.int8_weights import stored_dtype
 from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.runner import mesh as mesh_lib
@@ -70,6 +71,9 @@ class MemoryPlan:
     """Bytes a block occupies over the bytes of its values: TPU tile padding of the layout (1.0 elsewhere)."""
     weight_format: str = ""
     """How the weights are stored ("float32", "int8 projections + bfloat16"); "" when not said."""
+    kv_format: str = ""
+    """How K and V are stored ("bfloat16", "int8 + a bfloat16 scale per token per head": kv_format); "" when not
+    said."""
 
     @property
     def blocks_per_max_len_sequence(self) -> int:
@@ -83,8 +87,9 @@ class MemoryPlan:
     def describe(self) -> str:
         kv_per_device = self.num_kv_blocks * self.kv_bytes_per_block_per_device
         weight_format = f" ({self.weight_format})" if self.weight_format else ""
+        kv_format = f" in {self.kv_format}" if self.kv_format else ""
         return (f"memory plan per device: weights {self.weight_bytes_per_device / 2**20:.1f} MiB{weight_format}; KV "
-                f"{self.kv_bytes_per_token / 2**10:.1f} KiB per token (all devices), "
+                f"{self.kv_bytes_per_token / 2**10:.2f} KiB per token{kv_format} (all devices), "
                 f"{self.kv_bytes_per_block_per_device / 2**10:.1f} KiB per {self.block_size}-token block, "
                 f"{self.num_kv_blocks} blocks = {kv_per_device / 2**20:.1f} MiB ({self.layout} layout, physical "
                 f"x{self.physical_over_logical:.2f} of logical); "
@@ -121,11 +126,19 @@ def weight_format(params: dict[str, np.ndarray], dtype) -> str:
     return f"int8 projections + {name}" if any(value.dtype == np.int8 for value in params.values()) else name
 
 
+def kv_format(kv_storage_dtype) -> str:
+    """How K and V are stored, for the plan's log line: the model dtype, or the quantized format and its scales."""
+    if is_quantized_pool(kv_storage_dtype):
+        return f"{format_of_pool(kv_storage_dtype)} + a {SCALE_DTYPE.name} scale per token per head"
+    return np.dtype(kv_storage_dtype).name
+
+
 def plan_memory(model: ModelConfig, weight_bytes: int, num_kv_blocks: int, block_size: int, max_model_len: int,
                 dtype, tp: int, layout: str, weight_format: str = "", platform: Optional[str] = None) -> MemoryPlan:
-    """The plan of a rank whose KV cache is split over tp devices by heads (`weight_format`: see MemoryPlan;
-    `platform`: whose tiling sizes the blocks, jax's default backend when None)."""
+    """The plan of a rank whose KV cache is split over tp devices by heads (`dtype`: the KV pool's,
+    runner/kv_cache.py kv_storage_dtype; `weight_format`: see MemoryPlan; `platform`: whose tiling sizes the blocks,
+    jax's default backend when None)."""
     logical_per_token = logical_bytes_per_block(model, 1, dtype)
     per_device = bytes_per_block(model, block_size, dtype, platform, layout=layout, num_shards=tp)
     return MemoryPlan(weight_bytes, logical_per_token, per_device, num_kv_blocks, block_size, max_model_len, layout,
-                      per_device * tp / (logical_per_token * block_size), weight_format)
+                      per_device * tp / (logical_per_token * block_size), weight_format, kv_format(dtype))

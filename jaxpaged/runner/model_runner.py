@@ -105,11 +105,13 @@ class ModelRunner:
         (compiled by warmup())."""
         compile_counter.install()
         self.mesh = mesh or mesh_lib.rank_meshes(1, 1)[0]
-        # A model loaded without config.quantization is quantized here (one loaded with it already is).
-        params = quantize_params(dict(loaded.params), config.quantization)
+        # A model loaded without config.quantization is quantized here (one loaded with it, or a pre-quantized
+        # checkpoint, already is).
+        quantization = loaded.quantization or config.quantization
+        params = quantize_params(dict(loaded.params), quantization)
         params, self.model_config = mesh_lib.replicate_kv_heads(params, loaded.config,
                                                                 self.mesh.shape[mesh_lib.MODEL_AXIS])
-        self.plan = plan_startup(self.model_config, params, config, self.mesh)
+        self.plan = plan_startup(self.model_config, params, config, self.mesh, quantization)
         """Every start-up decision of this rank (dtype, layers, packing, kernels, KV layout and size, memory)."""
         plan = self.plan
         self.dtype, self.backend, self.kv_layout = plan.dtype, plan.attention_backend, plan.kv_layout
@@ -127,8 +129,8 @@ class ModelRunner:
         jax.device_put's, ~20 against ~50 us); a mesh over several processes needs them put as a global array."""
         graphdef = self._place_weights(params)
         kv_sharding = jax.sharding.NamedSharding(self.mesh, mesh_lib.kv_cache_spec(self.kv_layout))
-        self.kv_cache = allocate_kv_cache(self.model_config, self.num_kv_blocks, self.block_size, self.dtype,
-                                          sharding=kv_sharding, layout=self.kv_layout,
+        self.kv_cache = allocate_kv_cache(self.model_config, self.num_kv_blocks, self.block_size,
+                                          plan.kv_storage_dtype, sharding=kv_sharding, layout=self.kv_layout,
                                           num_shards=plan.tensor_parallel_size)
         self._build_step(graphdef, kv_sharding)
         self._compiled: dict[Bucket, jax.stages.Compiled] = {}
@@ -153,7 +155,8 @@ class ModelRunner:
         placed = mesh_lib.place_params(params, self.model_config, self.mesh, self.dtype, per_layer=plan.per_layer,
                                        pack=plan.packed_weights, pack_int8=plan.packed_int8)
         graphdef, state = nnx.split(LlamaForCausalLM(self.model_config, placed, packed=plan.packed_weights,
-                                                     packed_int8=plan.packed_int8))
+                                                     packed_int8=plan.packed_int8,
+                                                     int8_activations=plan.quantization == "w8a8"))
         # A plain dict of arrays: every step flattens it to call the executable, and nnx's Variables flatten in
         # Python, several times slower than the dict for a model's per-layer weights.
         self.state = nnx.to_pure_dict(state)

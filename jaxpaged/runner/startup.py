@@ -4,7 +4,8 @@ and compiles the step the plan describes; nothing after start-up decides any of 
 
 The decisions, in the order they depend on each other: the dtype ("auto" probes a CPU once), the attention
 backend, the layer arrangement (per-layer and unrolled on a CPU, stacked and scanned elsewhere), weight packing
-for the native CPU matmul, the native CPU attention kernel, the KV layout, the block count and the memory plan.
+for the native CPU matmul, the native CPU attention kernel, the KV format and layout, the block count and the memory
+plan.
 """
 
 import dataclasses
@@ -19,11 +20,12 @@ from jaxpaged.config import EngineConfig
 from jaxpaged.kernels.cpu_native.packed_matmul import packed_int8_available
 from jaxpaged.kernels.cpu_native.paged_decode import native_decode_available
 from jaxpaged.kernels.ragged_paged_attention import resolve_attention_backend
+from jaxpaged.kernels.ragged_paged_attention.dispatch import check_kv_cache_dtype
 from jaxpaged.models.llama import unroll_layers_on
 from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.models.packed_weights import packs_weights_on
 from jaxpaged.runner.dtype_probe import probe_cpu_dtype
-from jaxpaged.runner.kv_cache import choose_kv_layout, num_kv_blocks_for
+from jaxpaged.runner.kv_cache import choose_kv_layout, kv_storage_dtype, num_kv_blocks_for
 from jaxpaged.runner.memory_plan import (
     MemoryPlan,
     check_weights_fit,
@@ -74,10 +76,19 @@ class StartupPlan:
     """The KV pool's layout (jaxpaged/kernels/ragged_paged_attention/kv_layout.py)."""
     memory: MemoryPlan
     quantization: Optional[str] = None
-    """"int8": the projections are int8 with per-column scales (models/int8_weights.py)."""
+    """"int8": the projections are int8 with per-column scales (models/int8_weights.py); "w8a8": and their matmuls
+    quantize their inputs per token (models/int8_activations.py)."""
     packed_int8: bool = False
     """The int8 projections packed into panels for the native CPU int8 matmul (else XLA's dot, scales on the
     output)."""
+    kv_cache_dtype: str = "auto"
+    """config.cache.kv_cache_dtype ("fp8" as "fp8_e4m3"): "auto" stores K/V in dtype, "int8" / "fp8_e4m3" quantized
+    with per-token-per-head scales in the "quantized" layout."""
+
+    @property
+    def kv_storage_dtype(self) -> np.dtype:
+        """The KV pool's element dtype (int8 / uint8 codes and scale bytes, or dtype)."""
+        return kv_storage_dtype(self.dtype, self.kv_cache_dtype)
 
     @property
     def num_kv_blocks(self) -> int:
@@ -88,22 +99,24 @@ class StartupPlan:
         """The plan as one log block, a decision per line."""
         matmuls = "native, packed weights" if self.packed_weights else "XLA dot"
         if self.quantization is not None:
-            kernel = "native, packed int8 panels" if self.packed_int8 else "XLA dot, scales on the output"
+            kernel = ("native, packed int8 panels" if self.packed_int8 else "XLA int8 x int8 dot, int32 sums"
+                      if self.quantization == "w8a8" else "XLA dot, scales on the output")
             matmuls += f"; {self.quantization} projections: {kernel}"
         attention = self.attention_backend + (" + native CPU decode" if self.native_decode else "")
         lines = [f"start-up plan: devices [{', '.join(map(str, self.devices))}] ({self.platform}, "
                  f"tp={self.tensor_parallel_size})",
                  f"  dtype {self.dtype}; layers {'per layer, unrolled' if self.per_layer else 'stacked, scanned'}",
                  f"  matmuls: {matmuls}; attention: {attention}",
-                 f"  KV: {self.kv_layout} layout, {self.num_kv_blocks} blocks",
+                 f"  KV: {self.kv_layout} layout, {self.num_kv_blocks} blocks, kv_cache_dtype {self.kv_cache_dtype}",
                  f"  {self.memory.describe()}"]
         return "\n".join(lines)
 
 
 def plan_startup(model: ModelConfig, params: dict[str, np.ndarray], config: EngineConfig,
-                 mesh: jax.sharding.Mesh) -> StartupPlan:
-    """Decide everything a rank over `mesh` runs with (`model` and `params` after any kv-head replication);
-    ValueError naming the option when the weights or one max_model_len sequence cannot fit."""
+                 mesh: jax.sharding.Mesh, quantization: Optional[str] = None) -> StartupPlan:
+    """Decide everything a rank over `mesh` runs with (`model` and `params` after any kv-head replication;
+    `quantization`: the scheme of params' int8 projections, "int8" when None and some are int8); ValueError naming
+    the option when the weights or one max_model_len sequence cannot fit."""
     tp = mesh.shape["model"]
     first_device = mesh.devices.flat[0]
     platform = first_device.platform
@@ -115,22 +128,27 @@ def plan_startup(model: ModelConfig, params: dict[str, np.ndarray], config: Engi
     packed = per_layer and config.cpu_matmul == "native" and packs_weights_on(platform, dtype, tp)
     native_decode = (platform == "cpu" and backend == "xla" and config.cpu_attention == "native"
                      and native_decode_available())
-    kv_layout = choose_kv_layout(model, backend, dtype, tp)
+    kv_cache_dtype = config.cache.kv_cache_dtype
+    check_kv_cache_dtype(kv_cache_dtype, backend)
+    kv_layout = choose_kv_layout(model, backend, dtype, tp, kv_cache_dtype)
+    kv_dtype = kv_storage_dtype(dtype, kv_cache_dtype)
     # NOTE: the weights are placed after the plan is made; the pool's default size leaves room for them.
-    num_kv_blocks = num_kv_blocks_for(model, config.cache, dtype, num_shards=tp, layout=kv_layout,
+    num_kv_blocks = num_kv_blocks_for(model, config.cache, kv_dtype, num_shards=tp, layout=kv_layout,
                                       pending_weight_bytes=weight_bytes)
     max_model_len = config.scheduler.max_model_len
     if max_model_len is None:
         max_model_len = fit_max_model_len(model.max_position_embeddings, num_kv_blocks, config.cache.block_size)
-    memory = plan_memory(model, weight_bytes, num_kv_blocks, config.cache.block_size, max_model_len, dtype, tp,
+    memory = plan_memory(model, weight_bytes, num_kv_blocks, config.cache.block_size, max_model_len, kv_dtype, tp,
                          kv_layout, weight_format(params, dtype))
     memory.check()
     quantized = any(value.dtype == np.int8 for value in params.values())
-    # int8 panels need no bfloat16 units: they pack wherever the native kernel builds, whatever the dtype.
-    packed_int8 = (quantized and per_layer and config.cpu_matmul == "native" and platform == "cpu" and tp == 1
+    scheme = (quantization or "int8") if quantized else None
+    # int8 panels need no bfloat16 units: they pack wherever the native kernel builds, whatever the dtype. w8a8 runs
+    # XLA's int8 x int8 dot (the native kernel widens int8 weights to float32 and has no int8 activations).
+    packed_int8 = (scheme == "int8" and per_layer and config.cpu_matmul == "native" and platform == "cpu" and tp == 1
                    and packed_int8_available())
     return StartupPlan(platform, tuple(int(d.id) for d in mesh.devices.flat), tp, dtype, backend, per_layer, packed,
-                       native_decode, kv_layout, memory, "int8" if quantized else None, packed_int8)
+                       native_decode, kv_layout, memory, scheme, packed_int8, kv_cache_dtype)
 
 
 def log_plan(plan: StartupPlan, rank: Optional[int] = None) -> None:

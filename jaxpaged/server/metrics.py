@@ -7,12 +7,13 @@ the engine loop's latest stats snapshot at scrape time; latency histograms are o
 from collections.abc import Iterator
 from typing import Any, Optional
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from jaxpaged.async_engine import AsyncLLMEngine
-from jaxpaged.server.vllm_metrics import TOKEN_BUCKETS, VllmRequestMetrics, VllmStatsCollector
+from jaxpaged.server.vllm_metrics import MODEL_LABEL, TOKEN_BUCKETS, VllmRequestMetrics, VllmStatsCollector
+from jaxpaged.server.vllm_metrics import PREFIX as VLLM_PREFIX
 
 PREFIX = "jaxpaged_"
 
@@ -105,6 +106,21 @@ class _FinishCounter:
         return _Both(self._own.labels(finish_reason), self._vllm.request_success(finish_reason))
 
 
+def register_cache_config_info(registry: CollectorRegistry, engine: AsyncLLMEngine, model_name: str) -> None:
+    """How the KV cache is laid out, as info gauges (value 1, the facts in labels): jaxpaged_cache_config_info and
+    vLLM's vllm:cache_config_info (its label names: cache_dtype, num_gpu_blocks), so a dashboard can tell an int8 KV
+    server's token capacity from a bfloat16 one's."""
+    config, runner = engine.engine.config, engine.engine.runner
+    block_size, num_blocks = str(config.cache.block_size), str(runner.num_kv_blocks)
+    Gauge(PREFIX + "cache_config_info", "The KV cache's format and size (labels; the value is 1).",
+          ["kv_cache_dtype", "kv_format", "block_size", "num_kv_blocks", "kv_bytes_per_token"], registry=registry
+          ).labels(config.cache.kv_cache_dtype, runner.memory_plan.kv_format, block_size, num_blocks,
+                   str(runner.memory_plan.kv_bytes_per_token)).set(1)
+    Gauge(VLLM_PREFIX + "cache_config_info", "Information of the LLMEngine CacheConfig.",
+          [MODEL_LABEL, "cache_dtype", "block_size", "num_gpu_blocks"], registry=registry
+          ).labels(model_name, config.cache.kv_cache_dtype, block_size, num_blocks).set(1)
+
+
 class ServerMetrics:
     """One app's registry: engine stats plus request latency histograms and request counters, each under its
     jaxpaged_* name and, where vLLM has one, its vllm:* name labelled with `model_name`."""
@@ -114,6 +130,7 @@ class ServerMetrics:
         self.registry = CollectorRegistry()
         self.registry.register(_EngineStatsCollector(engine))
         self.registry.register(VllmStatsCollector(engine, model_name))
+        register_cache_config_info(self.registry, engine, model_name)
         vllm = VllmRequestMetrics(self.registry, model_name, {"ttft": _TTFT_BUCKETS, "itl": _ITL_BUCKETS,
                                                                "e2e": _E2E_BUCKETS, "tokens": TOKEN_BUCKETS})
         self.time_to_first_token = _Both(Histogram(

@@ -17,7 +17,7 @@ import json
 from collections.abc import Sequence
 from typing import Any, Optional
 
-from jaxpaged.config import VLLM_SPECULATIVE_KEYS
+from jaxpaged.speculative_config import VLLM_SPECULATIVE_KEYS
 
 IGNORED_SWITCHES = {
     "--trust-remote-code": "jaxpaged runs no Python code from a checkpoint; its own model code reads the weights",

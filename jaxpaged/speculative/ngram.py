@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from jaxpaged.core.request import Request
+from jaxpaged.speculative.proposal import ProposalBatch
 
 
 class NgramIndex:
@@ -54,8 +55,19 @@ class NgramProposer:
         self.prompt_lookup_min = prompt_lookup_min
         self.prompt_lookup_max = prompt_lookup_max
 
-    def propose(self, request: Request, state: Any, max_tokens: int) -> tuple[list[int], Any]:
-        """Up to max_tokens tokens to follow the request's tokens, and the request's index (`state`: the one
-        returned last time for this request, or None)."""
-        index = state if isinstance(state, NgramIndex) else NgramIndex(self.prompt_lookup_min, self.prompt_lookup_max)
-        return index.continuation(request.all_token_ids, max_tokens), index
+    def propose(self, batch: ProposalBatch) -> list[tuple[list[int], Any]]:
+        """Per request: up to its max_tokens tokens to follow its tokens, and its index (the state: the one returned
+        last time for this request, or None). Host-only, one request at a time."""
+        results = []
+        for request, max_tokens, state in zip(batch.requests, batch.max_tokens, batch.states):
+            index = state if isinstance(state, NgramIndex) else NgramIndex(self.prompt_lookup_min,
+                                                                           self.prompt_lookup_max)
+            results.append((index.continuation(request.all_token_ids, max_tokens), index))
+        return results
+
+    def warmup(self) -> float:
+        """Nothing to compile."""
+        return 0.0
+
+    def retain(self, running: Sequence[Request]) -> None:
+        """Nothing to forget: each request's index lives on the request (its speculation state)."""

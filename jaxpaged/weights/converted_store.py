@@ -23,9 +23,11 @@ def is_converted_checkpoint(path: pathlib.Path) -> bool:
 
 
 def save_converted(path: pathlib.Path, hf_config: dict, params: dict[str, np.ndarray], tokenizer,
-                   model_name: str, generation_config: Optional[dict[str, Any]] = None) -> None:
+                   model_name: str, generation_config: Optional[dict[str, Any]] = None,
+                   quantization: Optional[str] = None) -> None:
     """Write config, tokenizer and params under path (created; must not hold a checkpoint already), and the
-    source's generation_config.json when it has one (its EOS ids and sampling defaults load from there)."""
+    source's generation_config.json when it has one (its EOS ids and sampling defaults load from there).
+    `quantization`: the scheme params' projections are in already ("int8": a GGUF's Q8_0 kept quantized)."""
     path = path.absolute()
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(hf_config, indent=1))
@@ -36,7 +38,13 @@ def save_converted(path: pathlib.Path, hf_config: dict, params: dict[str, np.nda
     checkpointer.save(path / "params", {k: np.asarray(v) for k, v in params.items()}, force=True)
     checkpointer.wait_until_finished()
     # The marker goes last: a half-written directory is never mistaken for a checkpoint.
-    (path / MARKER_FILE).write_text(json.dumps({"format": FORMAT_VERSION, "model_name": model_name}))
+    (path / MARKER_FILE).write_text(json.dumps({"format": FORMAT_VERSION, "model_name": model_name,
+                                                "quantization": quantization}))
+
+
+def converted_quantization(path: pathlib.Path) -> Optional[str]:
+    """The scheme a converted checkpoint's projections are stored in (None: float), read without its weights."""
+    return json.loads((path / MARKER_FILE).read_text()).get("quantization")
 
 
 def load_converted(path: pathlib.Path) -> tuple[dict, dict[str, np.ndarray], str]:

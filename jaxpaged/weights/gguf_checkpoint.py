@@ -1,5 +1,15 @@
-"""Load a GGUF file (llama.cpp's format) with the gguf package: metadata -> HF-style config, tensors dequantized."""
+"""Load a GGUF file (llama.cpp's format) with the gguf package: metadata -> HF-style config, tensors dequantized to
+float32, except a file whose projections are all Q8_0: those stay int8 (models/int8_weights.py).
 
+Q8_0 stores each row in blocks of 32 int8 values with one float16 scale per block. jaxpaged's int8 matmuls (XLA's dot
+with the scales on its output, the native CPU int8 panels) take one scale per output channel, so each Q8_0 layer is
+requantized per channel as it loads (requantize_rows: the column scale is the row's largest block scale, so the
+blocks that set it keep their values exactly and the others are rounded once more). Against keeping the block scales
+(a scale per 32 inputs inside every kernel's inner loop), this keeps one int8 format and every kernel as it is, at
+a measured cost of agreement (docs/performance.md, "int8 weights").
+"""
+
+import logging
 import pathlib
 import subprocess
 import sys
@@ -8,8 +18,11 @@ from typing import Any, Optional
 import gguf
 import numpy as np
 
+from jaxpaged.models.int8_weights import HostInt8, requantize_rows
 from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.weights.param_names import stack_layers
+
+logger = logging.getLogger(__name__)
 
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                   "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
@@ -22,6 +35,9 @@ _LAYER_TENSORS = {
 }
 _GLOBAL_TENSORS = {"embed": "token_embd.weight", "final_norm": "output_norm.weight", "lm_head": "output.weight"}
 _PROJECTIONS = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"}
+_LAYER_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+_Q8_0_BLOCK = 32
+"""Values per Q8_0 block; a block is its float16 scale (2 bytes) then the 32 int8 values."""
 
 
 def _field(reader: gguf.GGUFReader, key: str, default: Any = None) -> Any:
@@ -72,28 +88,60 @@ def _unpermute_rope_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
     return weight.reshape(num_heads, half, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
 
-def load_gguf_checkpoint(path: pathlib.Path) -> tuple[dict, dict[str, np.ndarray]]:
-    """Return (HF config dict, jaxpaged params as float32 numpy arrays, dequantized)."""
+def keeps_int8(reader: gguf.GGUFReader) -> bool:
+    """Whether every layer projection of the file is Q8_0 (then they load as int8, not float32)."""
+    types = {tensor.name: tensor.tensor_type for tensor in reader.tensors}
+    names = [name for layer_name, name in _LAYER_TENSORS.items() if layer_name in _LAYER_PROJECTIONS]
+    projections = [kind for tensor_name, kind in types.items()
+                   if tensor_name.startswith("blk.") and tensor_name.split(".", 2)[2] in names]
+    return bool(projections) and all(kind == gguf.GGMLQuantizationType.Q8_0 for kind in projections)
+
+
+def q8_0_rows(encoded: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A Q8_0 matrix's (int8 values [rows, columns], float32 block scales [rows, columns / 32]), read from its
+    encoded bytes ([rows, blocks * 34] uint8, as a GGUF reader's tensor.data holds them) as they are (no float32
+    copy of the values)."""
+    data = np.asarray(encoded)
+    blocks = data.reshape(data.shape[0], -1, 2 + _Q8_0_BLOCK)
+    scales = blocks[..., :2].view(np.float16)[..., 0].astype(np.float32)
+    return blocks[..., 2:].view(np.int8).reshape(data.shape[0], -1), scales
+
+
+def load_gguf_checkpoint(path: pathlib.Path) -> tuple[dict, dict[str, np.ndarray], Optional[str]]:
+    """Return (HF config dict, jaxpaged params, the projections' scheme): float32 numpy arrays, dequantized, or, when
+    every projection is Q8_0 (keeps_int8), the projections as int8 with per-channel scales ("int8")."""
     reader = gguf.GGUFReader(str(path))
     hf_config = gguf_hf_config(reader)
     cfg = ModelConfig.from_hf(hf_config)
     tensors = {t.name: t for t in reader.tensors}
     permutes_rope = hf_config["model_type"] in ("llama", "mistral")
+    scheme = "int8" if keeps_int8(reader) else None
 
-    def fetch(name: str, layer: Optional[int]) -> np.ndarray:
+    def unpermuted(name: str, rows: np.ndarray) -> np.ndarray:
+        """`rows` (a [out, ...] array of q_proj's or k_proj's output rows) in HF's order."""
+        if permutes_rope and name == "q_proj":
+            return _unpermute_rope_rows(rows, cfg.num_q_heads)
+        if permutes_rope and name == "k_proj":
+            return _unpermute_rope_rows(rows, cfg.num_kv_heads)
+        return rows
+
+    def fetch(name: str, layer: Optional[int]) -> "np.ndarray | HostInt8":
         file_name = f"blk.{layer}.{_LAYER_TENSORS[name]}" if layer is not None else _GLOBAL_TENSORS[name]
         if file_name not in tensors:
             raise ValueError(f"GGUF {path}: tensor {file_name!r} is missing")
         tensor = tensors[file_name]
+        if scheme is not None and name in _LAYER_PROJECTIONS:
+            values, scales = q8_0_rows(tensor.data)  # NOTE: a row permutation commutes with per-row blocks
+            return requantize_rows(unpermuted(name, values), unpermuted(name, scales), _Q8_0_BLOCK)
         # GGUF stores a [out, in] matrix as rows of `in` elements, like torch's Linear.weight.
-        value = np.asarray(gguf.quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
-        if permutes_rope and name == "q_proj":
-            value = _unpermute_rope_rows(value, cfg.num_q_heads)
-        elif permutes_rope and name == "k_proj":
-            value = _unpermute_rope_rows(value, cfg.num_kv_heads)
+        value = unpermuted(name, np.asarray(gguf.quants.dequantize(tensor.data, tensor.tensor_type), np.float32))
         return value.T if name in _PROJECTIONS else value
 
-    return hf_config, stack_layers(cfg, fetch)
+    params = stack_layers(cfg, fetch, scheme)
+    if scheme is not None:
+        logger.info("GGUF %s: Q8_0 projections kept quantized (quantization %r implied), requantized per output "
+                    "channel", path.name, scheme)
+    return hf_config, params, scheme
 
 
 def convert_gguf_tokenizer(path: pathlib.Path, out_dir: pathlib.Path) -> None:

@@ -1,15 +1,20 @@
 """Load an HF transformers checkpoint directory (config.json + one or many .safetensors) without torch, lazily and
-in the checkpoint's own dtype."""
+in the checkpoint's own dtype (or a compressed-tensors int8 checkpoint as int8: weights/compressed_tensors.py)."""
 
 import json
+import logging
 import pathlib
 from typing import Optional
 
 import numpy as np
 
+from jaxpaged.models.int8_weights import HostInt8, dequantize_int8
 from jaxpaged.models.model_config import ModelConfig
+from jaxpaged.weights import compressed_tensors
 from jaxpaged.weights.param_names import stack_layers
 from jaxpaged.weights.safetensors_file import TensorEntry, open_tensor, read_header
+
+logger = logging.getLogger(__name__)
 
 _INDEX_FILE = "model.safetensors.index.json"
 
@@ -65,28 +70,52 @@ def checkpoint_files(path: pathlib.Path) -> list[pathlib.Path]:
 
 
 def load_hf_checkpoint(path: pathlib.Path, quantization: Optional[str] = None,
-                       ) -> tuple[dict, dict[str, np.ndarray]]:
-    """Return (HF config dict, jaxpaged params in the checkpoint's own dtype; the projections int8 with their
-    scales when `quantization` is "int8").
+                       ) -> tuple[dict, dict[str, np.ndarray], Optional[str]]:
+    """Return (HF config dict, jaxpaged params in the checkpoint's own dtype, the scheme the projections are in).
 
-    Tensors are memory-mapped: each layer's is copied (or quantized) once into its stacked parameter, and global
-    weights (embedding, final norm, lm_head) stay mapped views of the file until the runner places them.
+    `quantization` (EngineConfig.quantization): "int8" or "w8a8" quantizes a float checkpoint's projections as they
+    load; a compressed-tensors checkpoint's own scheme is checked against it before any weight is read, and its int8
+    projections are taken as they are (compressed_tensors.resolve_scheme). Tensors are memory-mapped: each layer's
+    is copied (or quantized) once into its stacked parameter, and global weights (embedding, final norm, lm_head)
+    stay mapped views of the file until the runner places them.
     """
     hf_config = json.loads((path / "config.json").read_text())
+    checkpoint = compressed_tensors.read_checkpoint_quantization(hf_config)
+    scheme = compressed_tensors.resolve_scheme(checkpoint, quantization)
     cfg = ModelConfig.from_hf(hf_config)
     entries: dict[str, TensorEntry] = {}
     for file in checkpoint_files(path):
         entries.update(read_header(file))
+    if checkpoint is not None:
+        compressed_tensors.check_int8_entries(entries, checkpoint)
 
     layer_names = _LAYER_NAMES | _SANDWICH_NAMES if cfg.sandwich_norms else _LAYER_NAMES
+    notes: set[str] = set()
 
-    def fetch(name: str, layer: Optional[int]) -> np.ndarray:
+    def fetch(name: str, layer: Optional[int]) -> "np.ndarray | HostInt8":
         hf_name, transpose = layer_names[name] if layer is not None else _GLOBAL_NAMES[name]
         if layer is not None:
             hf_name = f"model.layers.{layer}.{hf_name}"
         if hf_name not in entries:
             raise ValueError(f"checkpoint {path}: tensor {hf_name!r} is missing")
-        value = open_tensor(entries[hf_name])
+        entry = entries[hf_name]
+        if checkpoint is not None and entry.dtype == "I8":
+            int8 = compressed_tensors.read_int8_weight(
+                entry, entries.get(compressed_tensors.scale_entry_name(hf_name)), checkpoint)
+            if layer is not None:
+                return int8
+            notes.add(f"{hf_name} dequantized (the engine keeps it in the model dtype)")
+            dequantized = dequantize_int8(int8.values, int8.scale)  # [in, out]: the file's rows are its columns
+            return dequantized if transpose else dequantized.T
+        value = open_tensor(entry)
+        if checkpoint is not None and layer is not None and transpose:
+            notes.add("float projections (the checkpoint's ignore list) quantized per channel as they load")
         return value.T if transpose else value
 
-    return hf_config, stack_layers(cfg, fetch, quantization)
+    params = stack_layers(cfg, fetch, scheme)
+    if checkpoint is not None:
+        logger.info("compressed-tensors %s checkpoint (%s scales%s): running %s%s", checkpoint.scheme.upper(),
+                    checkpoint.strategy, "" if checkpoint.strategy != "group" else
+                    f" of {checkpoint.group_size}, requantized per output channel", scheme,
+                    "".join(f"; {note}" for note in sorted(notes)))
+    return hf_config, params, scheme

@@ -7,7 +7,7 @@ from typing import Optional
 import numpy as np
 from tqdm.auto import tqdm
 
-from jaxpaged.models.int8_weights import is_quantized_projection, quantize_int8, scale_name
+from jaxpaged.models.int8_weights import HostInt8, is_quantized_projection, quantize_int8, scale_name
 from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.models.param_shapes import param_shapes
 
@@ -15,7 +15,11 @@ _COPY_BLOCK = 256
 """Columns per block when copying a transposed view: each block reads a contiguous run of the source rows."""
 
 
-def stack_layers(cfg: ModelConfig, fetch: Callable[[str, Optional[int]], np.ndarray],
+Fetch = Callable[[str, Optional[int]], "np.ndarray | HostInt8"]
+"""fetch(name, layer): one layer's tensor (layer None: a global weight); a pre-quantized projection as HostInt8."""
+
+
+def stack_layers(cfg: ModelConfig, fetch: Fetch,
                  quantization: Optional[str] = None, progress: Optional[bool] = None) -> dict[str, np.ndarray]:
     """Build every parameter by calling fetch(name, layer) per layer (layer None for global weights).
 
@@ -23,7 +27,8 @@ def stack_layers(cfg: ModelConfig, fetch: Callable[[str, Optional[int]], np.ndar
     parameter takes the dtype of its first layer. Layers are copied one at a time into the stacked array, so a
     memory-mapped source is only ever resident one tensor at a time; global weights are kept as fetch returns
     them (still lazy when fetch maps a file). `quantization` "int8": each projection layer is quantized as it is
-    read (models/int8_weights.py), so the host holds the int8 stacks and one float layer, never the float model.
+    read (models/int8_weights.py), so the host holds the int8 stacks and one float layer, never the float model;
+    a projection layer fetch returns already quantized (HostInt8: a pre-quantized checkpoint's) is copied as it is.
     `progress`: a bar of tensors read on stderr (None: when stderr is a terminal); copying a mapped layer is where
     its bytes are read from disk, and quantizing is the slow part of an int8 load, so this bar is the load's.
     """
@@ -33,7 +38,7 @@ def stack_layers(cfg: ModelConfig, fetch: Callable[[str, Optional[int]], np.ndar
     bar = tqdm(total=num_fetches, desc=action, unit="tensor", file=sys.stderr, leave=False,
                disable=None if progress is None else not progress)
 
-    def fetch_counted(name: str, layer: Optional[int]) -> np.ndarray:
+    def fetch_counted(name: str, layer: Optional[int]) -> "np.ndarray | HostInt8":
         value = fetch(name, layer)
         bar.update(1)
         return value
@@ -42,12 +47,12 @@ def stack_layers(cfg: ModelConfig, fetch: Callable[[str, Optional[int]], np.ndar
         return _stack_all(cfg, shapes, fetch_counted, quantization)
 
 
-def _stack_all(cfg: ModelConfig, shapes: dict[str, tuple[int, ...]],
-               fetch: Callable[[str, Optional[int]], np.ndarray], quantization: Optional[str]) -> dict[str, np.ndarray]:
+def _stack_all(cfg: ModelConfig, shapes: dict[str, tuple[int, ...]], fetch: Fetch,
+               quantization: Optional[str]) -> dict[str, np.ndarray]:
     params = {}
     for name, shape in shapes.items():
         if not name.startswith("layers."):
-            params[name] = _checked(fetch(name, None), shape, name)
+            params[name] = _checked(_float(fetch(name, None), name), shape, name)
             continue
         short = name[len("layers."):]
         if quantization is not None and is_quantized_projection(name):
@@ -55,7 +60,7 @@ def _stack_all(cfg: ModelConfig, shapes: dict[str, tuple[int, ...]],
             continue
         stacked: Optional[np.ndarray] = None
         for layer in range(cfg.num_layers):
-            value = _checked(fetch(short, layer), shape[1:], f"{name}[{layer}]")
+            value = _checked(_float(fetch(short, layer), name), shape[1:], f"{name}[{layer}]")
             if stacked is None:
                 stacked = np.empty(shape, dtype=value.dtype)
             _copy_into(stacked[layer], value)
@@ -64,17 +69,25 @@ def _stack_all(cfg: ModelConfig, shapes: dict[str, tuple[int, ...]],
     return params
 
 
-def _stack_quantized(cfg: ModelConfig, fetch: Callable[[str, Optional[int]], np.ndarray], name: str,
+def _stack_quantized(cfg: ModelConfig, fetch: Fetch, name: str,
                      shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """One stacked projection as int8 values and float32 scales, quantized layer by layer."""
+    """One stacked projection as int8 values and float32 scales, quantized layer by layer (or copied, when fetch
+    hands a layer over quantized)."""
     values = np.empty(shape, dtype=np.int8)
     scales = np.empty((*shape[:-2], shape[-1]), dtype=np.float32)
     for layer in range(cfg.num_layers):
-        quantized, scales[layer] = quantize_int8(_checked(fetch(name[len("layers."):], layer), shape[1:],
-                                                          f"{name}[{layer}]"))
-        _copy_into(values[layer], quantized)
-        del quantized
+        value = fetch(name[len("layers."):], layer)
+        quantized, scale = value if isinstance(value, HostInt8) else quantize_int8(value)
+        _copy_into(values[layer], _checked(quantized, shape[1:], f"{name}[{layer}]"))
+        scales[layer] = _checked(scale, scales.shape[1:], f"{scale_name(name)}[{layer}]")
+        del value, quantized
     return values, scales
+
+
+def _float(value: "np.ndarray | HostInt8", name: str) -> np.ndarray:
+    if isinstance(value, HostInt8):
+        raise ValueError(f"checkpoint tensor {name}: int8 here needs quantization (the loader asks for none)")
+    return value
 
 
 def _checked(value: np.ndarray, shape: tuple[int, ...], name: str) -> np.ndarray:

@@ -22,6 +22,8 @@ _DTYPES: dict[str, np.dtype] = {
     "F32": np.dtype(np.float32),
     "F64": np.dtype(np.float64),
 }
+_QUANTIZED_DTYPES: dict[str, np.dtype] = {"I8": np.dtype(np.int8)}
+"""Read only where the caller knows the checkpoint's quantization (weights/compressed_tensors.py)."""
 _MAX_HEADER_BYTES = 100 * 2**20  # the format's own limit; a bigger "length" means the file is not safetensors
 
 
@@ -63,16 +65,18 @@ def read_header(file: pathlib.Path) -> dict[str, TensorEntry]:
     return entries
 
 
-def open_tensor(entry: TensorEntry) -> np.ndarray:
-    """The tensor as a read-only array over the file's pages (no copy).
+def open_tensor(entry: TensorEntry, quantized: bool = False) -> np.ndarray:
+    """The tensor as a read-only array over the file's pages (no copy); int8 tensors only when `quantized` (the
+    checkpoint's quantization_config says what they mean).
 
     Each tensor gets its own mapping, so once the caller drops the array its pages leave the process's resident
     set; one mapping of the whole file would keep every page read so far resident until the end of the load.
     """
-    dtype = _DTYPES.get(entry.dtype)
+    dtype = _DTYPES.get(entry.dtype) or (_QUANTIZED_DTYPES.get(entry.dtype) if quantized else None)
     if dtype is None:
         raise ValueError(f"{entry.file}: tensor {entry.name!r} has dtype {entry.dtype}; jaxpaged reads "
-                         f"{', '.join(_DTYPES)} checkpoints (quantized checkpoints are not supported)")
+                         f"{', '.join(_DTYPES)} checkpoints, and int8 ones whose config.json has a compressed-tensors "
+                         "quantization_config")
     count = math.prod(entry.shape)
     if count * dtype.itemsize != entry.nbytes:
         raise ValueError(f"{entry.file}: tensor {entry.name!r} holds {entry.nbytes} bytes, "

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from jaxpaged.cli import main as cli_main
-from tests.conftest import TINY_ENGINE_OPTIONS
+from tests.conftest import TINY_ENGINE_OPTIONS, TINY_LLAMA
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -55,6 +55,13 @@ def test_every_request_makes_exactly_its_tokens(offline_run):
 def test_one_engine_serves_points_with_equal_engine_options(offline_run):
     startups = {row["metrics"]["engine_startup_s"] for row in rows_of(offline_run, "jaxpaged")}
     assert len(startups) == 1
+
+
+def test_rows_record_the_kv_format(offline_run):
+    """kv_cache_dtype decides how many tokens the pool holds: every jaxpaged row says which it ran with."""
+    per_token = 2 * TINY_LLAMA["num_hidden_layers"] * TINY_LLAMA["num_key_value_heads"] * TINY_LLAMA["head_dim"] * 4
+    for row in rows_of(offline_run, "jaxpaged"):
+        assert row["metrics"]["kv_cache_dtype"] == "auto" and row["metrics"]["kv_bytes_per_token"] == per_token
 
 
 def test_no_compilation_while_measuring(offline_run):

@@ -46,6 +46,22 @@ def test_int8_weights_at_tp2_and_tp4_shard_their_scales_with_the_output_axis(tmp
     assert_matches_single_device(run_worker(str(model_dir), [(1, 2), (1, 4)], {"quantization": "int8"}))
 
 
+def test_int8_kv_cache_at_tp2_splits_codes_and_scales_with_their_kv_heads(tmp_path, smollm2_tokenizer_dir):
+    """The quantized layout's rows (codes, then their scale) split on the kv-head axis like float rows: the int8-KV
+    engine at tp = 1's logits and tokens."""
+    model_dir = save_tiny_llama(tmp_path / "gqa-kv-int8", smollm2_tokenizer_dir,
+                                TINY_LLAMA | dict(hidden_size=128, num_attention_heads=8, num_key_value_heads=2))
+    assert_matches_single_device(run_worker(str(model_dir), [(1, 2)], {"kv_cache_dtype": "int8"}))
+
+
+def test_w8a8_at_tp2_quantizes_each_row_over_its_whole_width(tmp_path, smollm2_tokenizer_dir):
+    """w8a8 under tensor parallelism: a row-parallel projection's input is split over the model axis, yet its
+    per-token scale is the whole row's maximum and the int32 partial sums add exactly: tp = 1's logits and tokens."""
+    model_dir = save_tiny_llama(tmp_path / "gqa-w8a8", smollm2_tokenizer_dir,
+                                TINY_LLAMA | dict(hidden_size=128, num_attention_heads=8, num_key_value_heads=2))
+    assert_matches_single_device(run_worker(str(model_dir), [(1, 2)], {"quantization": "w8a8"}))
+
+
 def test_data_parallel_routes_shared_prefixes_to_one_rank(tmp_path, smollm2_tokenizer_dir):
     model_dir = save_tiny_llama(tmp_path / "mha", smollm2_tokenizer_dir,
                                 TINY_LLAMA | dict(num_attention_heads=4, num_key_value_heads=4))

@@ -195,6 +195,14 @@ def test_vllm_speculative_config_sets_the_speculative_options():
     assert (config.speculative.enabled, config.speculative.prompt_lookup_min) == (True, 2)
 
 
+def test_vllm_speculative_config_names_a_draft_model():
+    for argv in (["--speculative-config", '{"method": "draft_model", "model": "/d", "num_speculative_tokens": 2}'],
+                 ["--speculative-model", "/d", "--num-speculative-tokens", "2"]):
+        config = EngineConfig.from_options(**engine_options_from_args(_args("org/model", *argv), environ={}))
+        assert (config.speculative.speculative_method, config.speculative.speculative_model,
+                config.speculative.num_speculative_tokens) == ("draft_model", "/d", 2)
+
+
 @pytest.mark.parametrize("text, message", [('{"method": "ngram", "draft": 1}', "unknown keys ['draft']"),
                                            ("[1]", "must be a JSON object"), ("{", "not JSON")])
 def test_a_bad_speculative_config_is_refused_by_name(text, message, capsys):

@@ -6,6 +6,7 @@ from hypothesis import strategies as st
 from jaxpaged.config import SpeculativeConfig
 from jaxpaged.core import Request
 from jaxpaged.speculative.ngram import NgramIndex, NgramProposer
+from jaxpaged.speculative.proposal import ProposalBatch
 from jaxpaged.speculative.speculator import (
     MIN_POSITION_ACCEPTANCE,
     PROBE_EVERY,
@@ -57,11 +58,14 @@ def test_the_incremental_index_equals_the_brute_force_search_as_tokens_arrive(to
 def test_the_proposer_keeps_its_index_per_request():
     proposer = NgramProposer(2, 3)
     request = Request("r", [1, 2, 3, 1, 2])
-    proposals, state = proposer.propose(request, None, 2)
+    ((proposals, state),) = proposer.propose(ProposalBatch([request], [2], [None]))
     assert proposals == [3, 1]
     request.append_output_token(3)
-    again, same_state = proposer.propose(request, state, 2)
+    other = Request("o", [4, 4, 4])
+    (again, same_state), (other_proposals, _) = proposer.propose(ProposalBatch([request, other], [2, 3],
+                                                                               [state, None]))
     assert same_state is state and again == [1, 2]
+    assert other_proposals == [4, 4, 4]
 
 
 def _speculator(**options) -> Speculator:
@@ -97,6 +101,16 @@ def test_no_proposals_at_or_above_the_disable_batch_size():
     assert all(request.spec_token_ids == [] for request in requests)
     _speculator(speculative_disable_by_batch_size=4).after_update(scheduler)
     assert any(request.spec_token_ids for request in requests)
+
+
+def test_waiting_requests_count_toward_the_disable_batch_size():
+    scheduler = build_scheduler(max_spec_tokens_per_step=32)
+    requests = _decoding_requests(scheduler, [[5, 0, 6, 5, 0] for _ in range(3)])
+    scheduler.add_request(Request("waiting", [1, 2, 3], max_tokens=5))  # admitted at the next schedule()
+    speculator = _speculator(speculative_disable_by_batch_size=4)
+    assert not speculator.proposes_at(scheduler)
+    speculator.after_update(scheduler)
+    assert all(request.spec_token_ids == [] for request in requests)
 
 
 def test_rejections_shrink_the_proposals_to_none_then_a_probe():

@@ -15,6 +15,13 @@ def test_vllm_speculative_config_maps_to_the_flat_options():
     assert not EngineConfig().speculative.enabled
 
 
+def test_a_draft_model_is_named_by_vllms_model_key_and_implies_the_method():
+    for given in ({"method": "draft_model", "model": "/models/draft"}, {"model": "/models/draft"}):
+        spec = EngineConfig.from_options(speculative_config={**given, "num_speculative_tokens": 5}).speculative
+        assert (spec.speculative_method, spec.speculative_model, spec.num_speculative_tokens) == \
+            ("draft_model", "/models/draft", 5)
+
+
 @pytest.mark.parametrize("options, field", [
     (dict(speculative_method="eagle"), "speculative_method"),
     (dict(speculative_method="ngram", num_speculative_tokens=0), "num_speculative_tokens"),
@@ -26,6 +33,14 @@ def test_vllm_speculative_config_maps_to_the_flat_options():
      "num_speculative_tokens"),
     (dict(speculative_config={"method": "ngram", "k": 3}), "speculative_config"),
     (dict(speculative_config="ngram"), "speculative_config"),
+    (dict(speculative_method="draft_model"), "speculative_model"),
+    (dict(speculative_method="draft_model", speculative_model=""), "speculative_model"),
+    (dict(speculative_method="ngram", speculative_model="/models/draft"), "speculative_model"),
+    (dict(speculative_model="/models/draft", num_speculative_tokens=0), "num_speculative_tokens"),
+    (dict(speculative_model="/models/draft", num_speculative_tokens=64, max_num_batched_tokens=64, max_num_seqs=8),
+     "num_speculative_tokens"),
+    (dict(speculative_model="/models/draft", data_parallel_size=2), "speculative_method"),
+    (dict(speculative_model="/models/draft", distributed=True), "speculative_method"),
 ])
 def test_bad_values_are_refused_naming_the_field(options, field):
     with pytest.raises(ValueError, match=f"^{field}: "):

@@ -6,6 +6,8 @@
 // Operands (see paged_decode.py, which builds and registers this file):
 //   q            f32  [rows, kv_heads, group, head_dim]   already multiplied by the softmax scale
 //   kv_pages     f32 | bf16 | u16 (bfloat16 bits) [pages, page_size, 2 * kv_heads, head_dim]   K of head h at 2h, V at 2h + 1
+//                or s8 | u8 (int8 / float8_e4m3fn codes) [pages, page_size, 2 * kv_heads, head_dim + 2]: each row's
+//                codes, then its bfloat16 scale (kv_codes.h), multiplied in as the row is widened
 //   positions    s32  [rows]   the row's position (it sees KV 0..position); < 0: no work, zeros out
 //   row_seqs     s32  [rows]   the block-table row of the row's sequence
 //   block_tables s32  [seqs, pages_per_seq]
@@ -27,6 +29,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kv_codes.h"
 #include "vec8.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -34,7 +37,8 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-using namespace vec8;  // NOLINT: the kernel's vector vocabulary (vec8.h)
+using namespace vec8;      // NOLINT: the kernel's vector vocabulary (vec8.h)
+using namespace kv_codes;  // NOLINT: and the quantized rows' (kv_codes.h)
 
 constexpr int kMaxGroup = 16;      // q heads per kv head
 constexpr int kMaxRows = 256;      // q heads of a block (its rows x the model's q heads)
@@ -55,6 +59,7 @@ struct Problem {
   int64_t num_rows, num_seqs, num_kv_heads, group, head_dim, num_pages, page_size, pages_per_seq;
   int64_t sliding_window;
   float soft_cap;
+  int64_t row_width;  // elements of one head's K (or V) row: head_dim, or head_dim codes + the scale (RowWidth)
 };
 
 // One work item: rows [first_row, first_row + num_rows) of one sequence, at consecutive positions.
@@ -71,7 +76,7 @@ inline int64_t WindowStart(const Problem& p, int64_t position) {
 template <typename T>
 inline const T* PageAt(const Problem& p, int64_t page) {
   if (page < 0 || page >= p.num_pages) return nullptr;
-  return static_cast<const T*>(p.kv) + page * p.page_size * 2 * p.num_kv_heads * p.head_dim;
+  return static_cast<const T*>(p.kv) + page * p.page_size * 2 * p.num_kv_heads * p.row_width;
 }
 
 // The block-table row of a q row's sequence (clamped into the table: padding rows have no work anyway).
@@ -99,14 +104,16 @@ __attribute__((always_inline)) inline void PrefetchRowsAhead(const T* next_head_
   for (int64_t r = 0; r < rows_ahead; ++r) PrefetchToL2(next_head_kv + (t + r) * row_stride, bytes);
 }
 
-// `count` bfloat16 rows of kHeadDim values, `stride` elements apart, widened to float32 into `out` (rows kHeadDim
-// apart): the form the K and V passes read a bfloat16 page in, once per page and kv head for all its q heads.
-template <int kHeadDim>
-inline void WidenRows(const uint16_t* rows, int64_t stride, int64_t count, float* out) {
+// `count` bfloat16 rows of kHeadDim values (or quantized rows of kHeadDim codes), `stride` elements apart, widened to
+// float32 into `out` (rows kHeadDim apart): the form the K and V passes read a bfloat16 or quantized page in, once per
+// page and kv head for all its q heads. A quantized row's scale goes to `scales[t]`, not into its values: the callers
+// apply it once per logit (K) or per weight (V), not once per value.
+template <int kHeadDim, typename T>
+inline void WidenRows(const T* rows, int64_t stride, int64_t count, float* out, float* scales) {
   for (int64_t t = 0; t < count; ++t) {
-    for (int c = 0; c < kHeadDim / 8; ++c) {
-      *reinterpret_cast<Vec8*>(out + t * kHeadDim + 8 * c) = Load8(rows + t * stride + 8 * c);
-    }
+    const T* row = rows + t * stride;
+    if constexpr (kQuantized<T>) scales[t] = RowScale(row, kHeadDim);
+    for (int c = 0; c < kHeadDim / 8; ++c) *reinterpret_cast<Vec8*>(out + t * kHeadDim + 8 * c) = Load8(row + 8 * c);
   }
 }
 
@@ -123,8 +130,8 @@ void PageLogits(const Problem& p, const T* head_kv, const T* next_head_kv, int64
                 int64_t head, const float* q, float* weights) {
   constexpr int kChunks = kHeadDim / 8;
   const int64_t group = p.group, page_size = p.page_size, num_heads = p.num_kv_heads;
-  const int64_t row_stride = 2 * num_heads * kHeadDim;
-  const int64_t head_row_bytes = 2 * kHeadDim * static_cast<int64_t>(sizeof(T));
+  const int64_t row_stride = 2 * num_heads * p.row_width;
+  const int64_t head_row_bytes = 2 * p.row_width * static_cast<int64_t>(sizeof(T));
   if constexpr (std::is_same_v<T, float>) {
     for (int64_t t = t0; t < t1; ++t) {
       PrefetchRowsAhead(next_head_kv, t, t1, page_size, row_stride, head_row_bytes);
@@ -142,12 +149,14 @@ void PageLogits(const Problem& p, const T* head_kv, const T* next_head_kv, int64
     }
   } else {
     float widened[8 * kHeadDim];
+    Vec8 k_scales = Vec8{} + 1.0f;  // quantized rows: the eight rows' scales, applied to their eight logits
     for (int64_t t = t0; t < t1; t += 8) {
       const int64_t n = std::min<int64_t>(8, t1 - t);
       const float* k_rows[8];
       for (int64_t j = 0; j < n; ++j) {
         PrefetchRowsAhead(next_head_kv, t + j, t1, page_size, row_stride, head_row_bytes);
-        WidenRows<kHeadDim>(head_kv + (t + j) * row_stride, row_stride, 1, widened + j * kHeadDim);
+        WidenRows<kHeadDim>(head_kv + (t + j) * row_stride, row_stride, 1, widened + j * kHeadDim,
+                            reinterpret_cast<float*>(&k_scales) + j);
         k_rows[j] = widened + j * kHeadDim;
       }
       for (int64_t j = n; j < 8; ++j) k_rows[j] = k_rows[n - 1];  // a short last chunk repeats a row, dropped below
@@ -162,7 +171,8 @@ void PageLogits(const Problem& p, const T* head_kv, const T* next_head_kv, int64
             for (int c = 1; c < kChunks; ++c) sum += q_vec[c] * Load8(k_rows[j] + 8 * c);
             sums[j] = sum;
           }
-          const Vec8 logits = Sum8Each(sums);
+          Vec8 logits = Sum8Each(sums);
+          if constexpr (kQuantized<T>) logits *= k_scales;
           float* w = weights + (i * group + g) * page_size + t;
           if (n == 8) {
             *reinterpret_cast<Vec8*>(w) = logits;
@@ -184,8 +194,9 @@ void AccumulateV(const Problem& p, const T* head_v, int64_t t0, int64_t t1, int6
   constexpr int kChunks = kHeadDim / 8;
   constexpr int64_t kTokens = 16;
   const int64_t group = p.group, page_size = p.page_size, num_heads = p.num_kv_heads;
-  const int64_t row_stride = 2 * num_heads * kHeadDim;
+  const int64_t row_stride = 2 * num_heads * p.row_width;
   float widened[kTokens * kHeadDim];
+  float v_scales[kTokens];  // quantized rows: each row's scale, folded into its weight
   for (int64_t start = t0; start < t1; start += kTokens) {
     const int64_t count = std::min(t1, start + kTokens) - start;
     const float* v_rows;
@@ -194,7 +205,7 @@ void AccumulateV(const Problem& p, const T* head_v, int64_t t0, int64_t t1, int6
       v_rows = head_v + start * row_stride;
       v_stride = row_stride;
     } else {
-      WidenRows<kHeadDim>(head_v + start * row_stride, row_stride, count, widened);
+      WidenRows<kHeadDim>(head_v + start * row_stride, row_stride, count, widened, v_scales);
       v_rows = widened;
       v_stride = kHeadDim;
     }
@@ -206,7 +217,7 @@ void AccumulateV(const Problem& p, const T* head_v, int64_t t0, int64_t t1, int6
         for (int c = 0; c < kChunks; ++c) acc[c] = Load8(acc_row + 8 * c);
         for (int64_t t = 0; t < count; ++t) {
           const float* v = v_rows + t * v_stride;
-          const float weight = w[t];
+          const float weight = kQuantized<T> ? w[t] * v_scales[t] : w[t];
           for (int c = 0; c < kChunks; ++c) acc[c] += weight * Load8(v + 8 * c);
         }
         for (int c = 0; c < kChunks; ++c) *reinterpret_cast<Vec8*>(acc_row + 8 * c) = acc[c];
@@ -236,8 +247,8 @@ void AttendBlock(const Problem& p, const Block& block, const T* upcoming) {
   const float* q = p.q + block.first_row * heads_per_row * head_dim;
   const int64_t first = WindowStart(p, first_position);  // the first token any row of the block sees
   const int64_t end = static_cast<int64_t>(first_position) + num_rows;  // one past the last row's position
-  const int64_t row_stride = 2 * num_heads * head_dim;  // one token of one page
-  const int64_t head_row_bytes = 2 * head_dim * static_cast<int64_t>(sizeof(T));  // one head's K and V of a token
+  const int64_t row_stride = 2 * num_heads * p.row_width;  // one token of one page
+  const int64_t head_row_bytes = 2 * p.row_width * static_cast<int64_t>(sizeof(T));  // one head's K and V of a token
   const int32_t* table = TableOf(p, block.first_row);
 
   float running_max[kMaxRows], running_sum[kMaxRows];
@@ -256,20 +267,21 @@ void AttendBlock(const Problem& p, const Block& block, const T* upcoming) {
     // gave about half the useful bandwidth (docs/performance.md, CPU attention).
     const T* next_page_kv = page_start + page_size < end ? PageAt<T>(p, table[page_index + 1]) : upcoming;
     for (int64_t head = 0; head < num_heads; ++head) {
-      const T* head_kv = page_kv + 2 * head * head_dim;
-      const T* next_head_kv = next_page_kv == nullptr ? nullptr : next_page_kv + 2 * head * head_dim;
+      const T* head_kv = page_kv + 2 * head * p.row_width;
+      const T* next_head_kv = next_page_kv == nullptr ? nullptr : next_page_kv + 2 * head * p.row_width;
       if constexpr (kHeadDim > 0) {
         PageLogits<T, kHeadDim>(p, head_kv, next_head_kv, t0, t1, num_rows, head, q, weights);
       } else {
         for (int64_t t = t0; t < t1; ++t) {  // logits, K read once for every row and q head of the group
           const T* k = head_kv + t * row_stride;
+          const float k_scale = RowScale(k, head_dim);
           PrefetchRowsAhead(next_head_kv, t, t1, page_size, row_stride, head_row_bytes);
           for (int64_t i = 0; i < num_rows; ++i) {
             const float* q_head = q + (i * num_heads + head) * group * head_dim;
             for (int64_t g = 0; g < group; ++g) {
               const float* qg = q_head + g * head_dim;
               float dot = 0.0f;
-              for (int64_t d = 0; d < head_dim; ++d) dot += qg[d] * ToF32(k[d]);
+              for (int64_t d = 0; d < head_dim; ++d) dot += qg[d] * (ToF32(k[d]) * k_scale);
               weights[(i * group + g) * page_size + t] = dot;
             }
           }
@@ -311,15 +323,16 @@ void AttendBlock(const Problem& p, const Block& block, const T* upcoming) {
       // accumulators in memory. (Summing register-sized chunks of head_dim over the tokens, one chunk at a time, was
       // slower, decode and prefill; figures: docs/performance.md.)
       if constexpr (kHeadDim > 0) {
-        AccumulateV<T, kHeadDim>(p, head_kv + head_dim, t0, t1, num_rows, head, weights, out);
+        AccumulateV<T, kHeadDim>(p, head_kv + p.row_width, t0, t1, num_rows, head, weights, out);
       } else {
         for (int64_t t = t0; t < t1; ++t) {
-          const T* v = head_kv + t * row_stride + head_dim;
+          const T* v = head_kv + t * row_stride + p.row_width;
+          const float v_scale = RowScale(v, head_dim);
           for (int64_t i = 0; i < num_rows; ++i) {
             for (int64_t g = 0; g < group; ++g) {
               const float weight = weights[(i * group + g) * page_size + t];
               float* acc = out + ((i * num_heads + head) * group + g) * head_dim;
-              for (int64_t d = 0; d < head_dim; ++d) acc[d] += weight * ToF32(v[d]);
+              for (int64_t d = 0; d < head_dim; ++d) acc[d] += weight * (ToF32(v[d]) * v_scale);
             }
           }
         }
@@ -426,9 +439,12 @@ ffi::Error PagedDecodeImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::A
   }
   Problem problem{q.typed_data(), kv_pages.untyped_data(), positions.typed_data(), row_seqs.typed_data(),
                   block_tables.typed_data(), out->typed_data(), q_dims[0], table_dims[0], q_dims[1], q_dims[2],
-                  q_dims[3], kv_dims[0], kv_dims[1], table_dims[1], sliding_window, soft_cap};
+                  q_dims[3], kv_dims[0], kv_dims[1], table_dims[1], sliding_window, soft_cap, 0};
+  const auto type = kv_pages.element_type();
+  const bool quantized = type == ffi::S8 || type == ffi::U8;
+  problem.row_width = quantized ? RowWidth<int8_t>(problem.head_dim) : problem.head_dim;
   const size_t num_rows = static_cast<size_t>(q_dims[0]);
-  if (kv_dims[2] != 2 * problem.num_kv_heads || kv_dims[3] != problem.head_dim || table_dims[0] < 1 ||
+  if (kv_dims[2] != 2 * problem.num_kv_heads || kv_dims[3] != problem.row_width || table_dims[0] < 1 ||
       positions.element_count() != num_rows || row_seqs.element_count() != num_rows) {
     return ffi::Error::InvalidArgument("paged_decode: kv_pages, positions, row_seqs or block_tables do not match q");
   }
@@ -436,13 +452,17 @@ ffi::Error PagedDecodeImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::A
       problem.group * problem.num_kv_heads > kMaxRows || problem.group * problem.page_size > kMaxWeights) {
     return ffi::Error::InvalidArgument("paged_decode: group, page size or q heads above the kernel's limits");
   }
-  switch (kv_pages.element_type()) {
+  switch (type) {
     case ffi::F32: RunForShape<float>(problem, pool); break;
     case ffi::BF16:
     case ffi::U16:  // bfloat16 bits: the pool XLA:CPU can scatter into in place
       RunForShape<uint16_t>(problem, pool);
       break;
-    default: return ffi::Error::InvalidArgument("paged_decode: kv_pages must be float32, bfloat16 or its uint16 bits");
+    case ffi::S8: RunForShape<int8_t>(problem, pool); break;   // int8 codes + scales
+    case ffi::U8: RunForShape<uint8_t>(problem, pool); break;  // float8_e4m3fn codes (bits) + scales
+    default:
+      return ffi::Error::InvalidArgument(
+          "paged_decode: kv_pages must be float32, bfloat16 (or its uint16 bits), or int8 / fp8 (uint8) codes");
   }
   return ffi::Error::Success();
 }

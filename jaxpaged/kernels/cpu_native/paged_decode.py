@@ -23,8 +23,9 @@ SOURCE = pathlib.Path(__file__).with_name("paged_decode.cc")
 TARGET = "jaxpaged_paged_decode"
 # Float reductions may be reordered (vectorized).
 FLAGS = (*BASE_FLAGS, "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math")
-KV_DTYPES = (jnp.float32, jnp.bfloat16, jnp.uint16)
-"""KV cache dtypes the kernel reads (uint16: bfloat16 bits, the "interleaved_bits" layout)."""
+KV_DTYPES = (jnp.float32, jnp.bfloat16, jnp.uint16, jnp.int8, jnp.uint8)
+"""KV cache dtypes the kernel reads (uint16: bfloat16 bits, the "interleaved_bits" layout; int8 / uint8: int8 / fp8
+codes with a scale per row, the "quantized" layout, dequantized as the kernel streams the rows)."""
 
 
 @functools.cache
@@ -35,7 +36,7 @@ def native_decode_available() -> bool:
 
 
 def paged_decode(q: Float[Array, "rows kv_heads group head_dim"],
-                 kv_pages: Shaped[Array, "pages page_size kv_heads_x2 head_dim"],
+                 kv_pages: Shaped[Array, "pages page_size kv_heads_x2 kv_row"],
                  positions: Int[Array, " rows"], row_seqs: Int[Array, " rows"],
                  block_tables: Int[Array, "seqs pages_per_seq"], *, sliding_window: Optional[int],
                  soft_cap: Optional[float]) -> Float[Array, "rows kv_heads group head_dim"]:

@@ -9,7 +9,8 @@ Every backend computes what spec.py spells out.
 KV layouts (kv_layout.py): every backend reads the interleaved [num_pages, page_size, 2 * num_kv_heads,
 head_dim] cache; "pallas_tpu" also reads and writes the packed uint32 [num_pages, page_size * rows, 128]
 cache (no TPU tile padding), which needs num_kv_heads passed along since the shape no longer says it; "xla"
-also reads and writes the interleaved cache as bfloat16 bits (uint16; XLA:CPU's bfloat16 scatter is not in place).
+also reads and writes the interleaved cache as bfloat16 bits (uint16; XLA:CPU's bfloat16 scatter is not in place),
+and the quantized one (int8 / uint8 rows of codes and a scale: kv_cache_dtype "int8" / "fp8_e4m3").
 """
 
 from typing import Optional
@@ -19,6 +20,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 from jaxpaged.kernels.bfloat16_bits import BITS_DTYPE
+from jaxpaged.kernels.kv_quantization import SCALE_BYTES, is_quantized_pool
 from jaxpaged.kernels.ragged_paged_attention.kv_layout import KVPages
 from jaxpaged.kernels.ragged_paged_attention.metadata import AttentionMetadata, validate_attention_inputs
 from jaxpaged.kernels.ragged_paged_attention.xla import ragged_paged_attention_xla, write_kv_pages
@@ -44,6 +46,11 @@ def _require_packed(kv_pages, backend: str, num_kv_heads: Optional[int], head_di
                          f"got {kv_pages.dtype} {kv_pages.shape}")
 
 
+def _row_width(kv_pages, head_dim: int) -> int:
+    """The last axis of an interleaved pool: head_dim values, or head_dim codes and a scale (quantized)."""
+    return head_dim + SCALE_BYTES if is_quantized_pool(kv_pages.dtype) else head_dim
+
+
 def _require_bits_reader(kv_pages, backend: str) -> None:
     """bfloat16 bits (uint16 interleaved pages) are read and written by the "xla" backend only."""
     if kv_pages.ndim == 4 and kv_pages.dtype == BITS_DTYPE and backend != "xla":
@@ -63,6 +70,17 @@ def target_platform() -> str:
     return jax.default_backend()
 
 
+QUANTIZED_KV_BACKENDS = ("xla", "pallas_gpu")
+"""Backends that read and write the quantized layout (int8 / fp8 rows with their scales, kv_quantization.py)."""
+
+
+def _require_quantized_reader(kv_pages, backend: str) -> None:
+    """int8 / uint8 pages (quantized rows) are read and written by QUANTIZED_KV_BACKENDS only."""
+    if kv_pages.ndim == 4 and is_quantized_pool(kv_pages.dtype) and backend not in QUANTIZED_KV_BACKENDS:
+        raise ValueError(f"kv_pages: the quantized layout ({kv_pages.dtype}) is read by {QUANTIZED_KV_BACKENDS} "
+                         f"only, not {backend}")
+
+
 def resolve_attention_backend(name: str) -> str:
     """"auto" -> "pallas_tpu" on TPU, "pallas_gpu" on GPU, "xla" elsewhere; other names pass through."""
     if name not in ATTENTION_BACKENDS:
@@ -70,6 +88,16 @@ def resolve_attention_backend(name: str) -> str:
     if name == "auto":
         return _AUTO_BY_PLATFORM.get(target_platform(), "xla")
     return name
+
+
+def check_kv_cache_dtype(kv_cache_dtype: str, attention_backend: str) -> None:
+    """ValueError naming kv_cache_dtype when the backend (attention_backend resolved for this platform) cannot read a
+    quantized cache: called at start-up, before any weight is read."""
+    backend = resolve_attention_backend(attention_backend)
+    if kv_cache_dtype != "auto" and backend not in QUANTIZED_KV_BACKENDS:
+        raise ValueError(f"kv_cache_dtype: {kv_cache_dtype!r} runs on the attention backends {QUANTIZED_KV_BACKENDS}, "
+                         f"not {backend} (attention_backend={attention_backend!r} on {jax.default_backend()}); use "
+                         f"kv_cache_dtype='auto' or attention_backend='xla'")
 
 
 def ragged_paged_attention(
@@ -104,6 +132,7 @@ def ragged_paged_attention(
         return ragged_paged_attention_tpu(q, kv_pages, metadata, num_kv_heads=num_kv_heads,
                                           interpret=target_platform() != "tpu", **options)
     _require_bits_reader(kv_pages, backend)
+    _require_quantized_reader(kv_pages, backend)
     validate_attention_inputs(q, kv_pages, metadata, sm_scale=sm_scale, sliding_window=sliding_window,
                               soft_cap=soft_cap)
     if backend == "xla":
@@ -130,10 +159,11 @@ def write_kv(
         raise ValueError(f"k: k and v must both be [num_tokens, num_kv_heads, head_dim], got {k.shape} and {v.shape}")
     if kv_pages.ndim == 3:
         _require_packed(kv_pages, resolve_attention_backend(backend), k.shape[1], k.shape[2], k.dtype)
-    elif kv_pages.ndim != 4 or kv_pages.shape[2:] != (2 * k.shape[1], k.shape[2]):
-        raise ValueError(f"kv_pages: must be [num_pages, page_size, {2 * k.shape[1]}, {k.shape[2]}], "
-                         f"got {kv_pages.shape}")
+    elif kv_pages.ndim != 4 or kv_pages.shape[2:] != (2 * k.shape[1], _row_width(kv_pages, k.shape[2])):
+        raise ValueError(f"kv_pages: must be [num_pages, page_size, {2 * k.shape[1]}, "
+                         f"{_row_width(kv_pages, k.shape[2])}], got {kv_pages.shape}")
     _require_bits_reader(kv_pages, resolve_attention_backend(backend))
+    _require_quantized_reader(kv_pages, resolve_attention_backend(backend))
     slot_mapping = metadata.slot_mapping
     if slot_mapping.shape != (k.shape[0],):
         raise ValueError(f"slot_mapping: must be [{k.shape[0]}], got {slot_mapping.shape}")

@@ -19,6 +19,12 @@ columns masked to zero, which changes no dot product; block sizes must be powers
 float32 inputs ask for Precision.HIGHEST, which Triton lowers to IEEE float32 dots; the default
 would be TF32 (10-bit mantissa), far outside the float32 tolerance the spec tests hold.
 
+Quantized pools (kv_cache_dtype int8 / fp8_e4m3, kv_quantization.py): a slot's row holds, per K or V head, head_dim
+codes and the two bytes of their bfloat16 scale. A chunk's codes load as [chunk, head_dim] 8-bit tiles (a quarter of
+float32's bytes), its scales as two byte columns joined into bfloat16 bits; the tile is dequantized to float32 in
+registers right after the load (fp8 codes by integer arithmetic on their fields, which every GPU has) and the dots
+run in float32, as the xla backend's do.
+
 KV splits: the grid's split axis is a static upper bound sized from the GPU's resident-program
 capacity (SMs x programs an SM holds at once); each step then uses only as many splits as its
 real blocks and each block's actual KV length need (split programs past that exit at once), so a
@@ -34,6 +40,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 from jaxtyping import Array, Float, Int
 
+from jaxpaged.kernels.kv_quantization import SCALE_BYTES, is_quantized_pool
+from jaxpaged.kernels.ragged_paged_attention.kv_layout import KVPages
 from jaxpaged.kernels.ragged_paged_attention.metadata import MASK_VALUE, AttentionMetadata
 
 PREFILL_BLOCK_ROWS = 64
@@ -52,15 +60,43 @@ def _is_power_of_two(value: int) -> bool:
     return value >= 1 and value & (value - 1) == 0
 
 
+def _fp8_values(codes: jax.Array) -> jax.Array:
+    """float8_e4m3fn bits (any integer dtype) as float32, from their fields: a normal code's exponent (bias 7) and
+    mantissa move into float32's (bias 127), a subnormal one (exponent 0) is mantissa * 2^-9. NaN codes are never
+    written (kv_quantization.py clips)."""
+    bits = codes.astype(jnp.int32) & 0xFF
+    magnitude = bits & 0x7F
+    normal = jax.lax.bitcast_convert_type((magnitude << 20) + (120 << 23), jnp.float32)
+    value = jnp.where(magnitude < 8, magnitude.astype(jnp.float32) * (1.0 / 512.0), normal)
+    return jnp.where(bits >= 0x80, -value, value)
+
+
+def _load_kv(kv_ref, slots, columns, scale_column, slot_is_real, dim_is_real, *, quantized: Optional[str]):
+    """A chunk's K or V of one head, [chunk, padded_head_dim] at `columns` of each slot's row, as float32 values for
+    a quantized pool ("int8" / "fp8_e4m3": codes times their row's scale, whose two bytes start at scale_column)."""
+    rows = plgpu.load(kv_ref.at[slots[:, None], columns[None, :]], mask=slot_is_real[:, None] & dim_is_real[None, :],
+                      other=0)
+    if quantized is None:
+        return rows
+    low, high = (plgpu.load(kv_ref.at[slots, scale_column + i], mask=slot_is_real, other=0).astype(jnp.int32) & 0xFF
+                 for i in range(SCALE_BYTES))
+    scale = jax.lax.bitcast_convert_type(((high << 8) | low) << 16, jnp.float32)  # little-endian bfloat16 bits
+    values = rows.astype(jnp.float32) if quantized == "int8" else _fp8_values(rows)
+    return values * scale[:, None]
+
+
 def _kernel(num_blocks_ref, block_seqs_ref, block_starts_ref, kv_lens_ref, cu_q_lens_ref,
             tables_ref, q_ref, kv_ref, out_ref, *lse_refs, sm_scale, sliding_window, soft_cap,
             group_size, num_q_heads, head_dim, padded_head_dim, page_size, pages_per_seq,
-            chunk_tokens, block_rows, min_chunks_per_split):
+            chunk_tokens, block_rows, min_chunks_per_split, quantized):
     block, kv_head, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     # num_blocks_ref = [real blocks, splits this step uses]; splits past it only write "empty".
     step_splits = num_blocks_ref[1]
     tokens_per_block = block_rows // group_size
-    precision = jax.lax.Precision.HIGHEST if q_ref.dtype == jnp.float32 else None
+    # Quantized K/V are dequantized to float32 tiles, and q joins them there.
+    compute_dtype = jnp.float32 if quantized else q_ref.dtype
+    precision = jax.lax.Precision.HIGHEST if compute_dtype == jnp.float32 else None
+    row_width = head_dim + SCALE_BYTES if quantized else head_dim  # one head's K (or V) in a slot's row
 
     @pl.when(block < num_blocks_ref[0])
     def _attend_block():
@@ -80,7 +116,7 @@ def _kernel(num_blocks_ref, block_seqs_ref, block_starts_ref, kv_lens_ref, cu_q_
         dim_is_real = padded_dims < head_dim
         dims = padded_dims if padded_head_dim == head_dim else jnp.minimum(padded_dims, head_dim - 1)
         q = plgpu.load(q_ref.at[q_rows[:, None], dims[None, :]],
-                       mask=row_is_real[:, None] & dim_is_real[None, :], other=0)
+                       mask=row_is_real[:, None] & dim_is_real[None, :], other=0).astype(compute_dtype)
 
         # This block's KV chunks, then this split's share of them.
         last_position = kv_len - q_end + jnp.minimum(first_token + tokens_per_block, q_end) - 1
@@ -98,7 +134,8 @@ def _kernel(num_blocks_ref, block_seqs_ref, block_starts_ref, kv_lens_ref, cu_q_
         split_end = jnp.where(split < num_splits,
                               jnp.minimum(split_first + chunks_per_split, end_chunk), split_first)
         offsets = jnp.arange(chunk_tokens, dtype=jnp.int32)
-        k_columns = 2 * kv_head * head_dim + dims
+        k_columns = 2 * kv_head * row_width + dims
+        k_scale_column = 2 * kv_head * row_width + head_dim
 
         def attend_chunk(chunk, carry):
             running_max, running_sum, acc = carry
@@ -106,11 +143,10 @@ def _kernel(num_blocks_ref, block_seqs_ref, block_starts_ref, kv_lens_ref, cu_q_
             page_columns = jnp.minimum(kv_positions // page_size, pages_per_seq - 1)
             page_ids = tables_ref[seq * pages_per_seq + page_columns]
             slots = page_ids * page_size + kv_positions % page_size
-            kv_is_real = (kv_positions < kv_len)[:, None] & dim_is_real[None, :]
-            keys = plgpu.load(kv_ref.at[slots[:, None], k_columns[None, :]], mask=kv_is_real,
-                              other=0)
-            values = plgpu.load(kv_ref.at[slots[:, None], head_dim + k_columns[None, :]],
-                                mask=kv_is_real, other=0)
+            slot_is_real = kv_positions < kv_len
+            keys = _load_kv(kv_ref, slots, k_columns, k_scale_column, slot_is_real, dim_is_real, quantized=quantized)
+            values = _load_kv(kv_ref, slots, row_width + k_columns, row_width + k_scale_column, slot_is_real,
+                              dim_is_real, quantized=quantized)
             logits = jax.lax.dot_general(q, keys, (((1,), (1,)), ((), ())), precision=precision,
                                          preferred_element_type=jnp.float32) * sm_scale
             if soft_cap is not None:
@@ -194,7 +230,7 @@ def _merge_splits(out, lse):
     "min_chunks_per_split", "num_warps", "num_stages", "interpret"))
 def ragged_paged_attention_gpu(
     q: Float[Array, "num_tokens num_q_heads head_dim"],
-    kv_pages: Float[Array, "num_pages page_size kv_heads_x2 head_dim"],
+    kv_pages: KVPages,
     metadata: AttentionMetadata,
     *,
     sm_scale: float,
@@ -208,11 +244,15 @@ def ragged_paged_attention_gpu(
     num_stages: int = 2,
     interpret: bool = False,
 ) -> Float[Array, "num_tokens num_q_heads head_dim"]:
-    """The spec's contract on a GPU; interpret=True runs the kernel as plain jnp on the CPU."""
+    """The spec's contract on a GPU; interpret=True runs the kernel as plain jnp on the CPU. kv_pages: the interleaved
+    pool of q's dtype, or a quantized one (int8 / uint8 rows of codes and a scale, kv_quantization.py)."""
     num_tokens, num_q_heads, head_dim = q.shape
     kv_lens, block_tables, cu_q_lens, num_seqs = (metadata.kv_lens, metadata.block_tables, metadata.cu_q_lens,
                                                    metadata.num_seqs.reshape(1))
-    num_pages, page_size, kv_heads_x2, _ = kv_pages.shape
+    num_pages, page_size, kv_heads_x2, row_width = kv_pages.shape
+    quantized = None
+    if is_quantized_pool(kv_pages.dtype):
+        quantized = "int8" if kv_pages.dtype == jnp.int8 else "fp8_e4m3"
     max_num_seqs, pages_per_seq = block_tables.shape
     num_kv_heads = kv_heads_x2 // 2
     group_size = num_q_heads // num_kv_heads
@@ -261,7 +301,7 @@ def ragged_paged_attention_gpu(
         group_size=group_size, num_q_heads=num_q_heads, head_dim=head_dim,
         padded_head_dim=padded_head_dim, page_size=page_size,
         pages_per_seq=pages_per_seq, chunk_tokens=chunk_tokens, block_rows=block_rows,
-        min_chunks_per_split=min_chunks_per_split)
+        min_chunks_per_split=min_chunks_per_split, quantized=quantized)
     outputs = pl.pallas_call(
         kernel,
         grid=(num_blocks_max, num_kv_heads, num_kv_splits),
@@ -272,7 +312,7 @@ def ragged_paged_attention_gpu(
     )(jnp.concatenate([num_blocks, splits]), block_seqs, block_starts, kv_lens, cu_q_lens, block_tables.reshape(-1),
       q.reshape(num_tokens * num_q_heads, head_dim),
       # Linear GPU memory: this reshape is free, and makes every slot one row of K/V columns.
-      kv_pages.reshape(num_pages * page_size, kv_heads_x2 * head_dim))
+      kv_pages.reshape(num_pages * page_size, kv_heads_x2 * row_width))
     out = _merge_splits(*outputs) if split_outputs else outputs[0][0]
     # Rows outside every sequence were never written (uninitialised memory): zero them.
     num_real_tokens = cu_q_lens[jnp.clip(num_seqs[0], 0, max_num_seqs)]

@@ -10,6 +10,10 @@
   step's 64 slots into a 30,000-page bfloat16 pool costs ~250 ms, against ~0.01 ms for the same scatter on
   uint16. The pool is therefore kept as integers (bfloat16_bits.py); readers bitcast what they gathered.
 
+"quantized" (kv_cache_dtype "int8" / "fp8_e4m3"; the "xla" backend): per layer [num_pages, page_size,
+  2 * num_kv_heads, head_dim + SCALE_BYTES] of int8 (int8 codes) or uint8 (fp8 bits): each K / V row is its head_dim
+  codes then its own bfloat16 scale's bytes (kv_quantization.py), so anything that moves rows moves their scales.
+
 "packed" (TPU only): per layer uint32 words [num_pages, page_size * rows_per_token, 128]. A token is
   a list of 128-lane *vectors* of the cache dtype: for head_dim 64, vector h = [K_h | V_h] side by
   side; for head_dim a multiple of 128, K_h's lane tiles then V_h's. Consecutive vectors share 32-bit
@@ -36,16 +40,23 @@ from typing import Union
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, Shaped, UInt32
+from jaxtyping import Array, Float, Int8, Shaped, UInt8, UInt32
 
 from jaxpaged.kernels.bfloat16_bits import BITS_DTYPE, to_bits
+from jaxpaged.kernels.kv_quantization import SCALE_BYTES, is_quantized_pool, quantize_rows
 
 LANES = 128
-LAYOUTS = ("interleaved", "interleaved_bits", "packed")
+LAYOUTS = ("interleaved", "interleaved_bits", "quantized", "packed")
 
-KVPages = Union[Shaped[Array, "num_pages page_size kv_heads_x2 head_dim"], UInt32[Array, "num_pages rows lanes"]]
+QuantizedPages = Union[Int8[Array, "num_pages page_size kv_heads_x2 quantized_row"],
+                       UInt8[Array, "num_pages page_size kv_heads_x2 quantized_row"]]
+"""The quantized layout: rows of head_dim codes + SCALE_BYTES scale bytes (int8 or uint8)."""
+# NOTE: the quantized variants come first: their dtype rules them out for float pools before any dim is bound, while
+# a Shaped variant first would bind head_dim to a quantized row's width.
+KVPages = Union[QuantizedPages, Shaped[Array, "num_pages page_size kv_heads_x2 head_dim"],
+                UInt32[Array, "num_pages rows lanes"]]
 """A (layer's) page pool in any layout: interleaved [pages, page_size, 2 * kv_heads, head_dim] (floats, or
-bfloat16 bits as uint16) or packed."""
+bfloat16 bits as uint16), quantized or packed."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +118,8 @@ def packed_layout_for(num_kv_heads: int, head_dim: int, dtype) -> PackedLayout:
 def cache_shape(num_pages: int, page_size: int, num_kv_heads: int, head_dim: int, dtype, layout: str,
                 num_shards: int = 1):
     """(shape, dtype) of one layer's cache in `layout` over `num_shards` tensor-parallel shards (split on axis -2,
-    see the module docstring); the runner stacks layers on a new axis 0."""
+    see the module docstring); the runner stacks layers on a new axis 0 (`dtype`: the values' dtype, or for
+    "quantized" the pool's, int8 or uint8: kv_quantization.quantized_pool_dtype)."""
     if num_shards < 1 or num_kv_heads % num_shards:
         raise ValueError(f"num_shards: must be a positive divisor of num_kv_heads ({num_kv_heads}), got {num_shards}")
     if layout == "interleaved":
@@ -116,6 +128,10 @@ def cache_shape(num_pages: int, page_size: int, num_kv_heads: int, head_dim: int
         if jnp.dtype(dtype) != jnp.bfloat16:
             raise ValueError(f"dtype: the interleaved_bits layout holds bfloat16, got {jnp.dtype(dtype)}")
         return (num_pages, page_size, 2 * num_kv_heads, head_dim), BITS_DTYPE
+    if layout == "quantized":
+        if not is_quantized_pool(dtype):
+            raise ValueError(f"dtype: the quantized layout is an int8 or uint8 pool, got {jnp.dtype(dtype)}")
+        return (num_pages, page_size, 2 * num_kv_heads, head_dim + SCALE_BYTES), jnp.dtype(dtype)
     if layout == "packed":
         rows = packed_layout_for(num_kv_heads // num_shards, head_dim, dtype).rows_per_token
         return (num_pages, num_shards * page_size * rows, LANES), jnp.dtype(jnp.uint32)
@@ -140,8 +156,11 @@ def physical_bytes(shape, dtype, platform: str) -> int:
     return int(np.prod(lead)) * (-(-rows // sublanes) * sublanes) * (-(-lanes // LANES) * LANES) * itemsize
 
 
-def kv_storage(values: Float[Array, "*shape"], pool_dtype) -> Shaped[Array, "*shape"]:
-    """Values as an interleaved pool of `pool_dtype` stores them (rounded to bfloat16 first for uint16 bits)."""
+def kv_storage(values: Float[Array, "*rows head_dim"], pool_dtype) -> Shaped[Array, "*rows row"]:
+    """Values as an interleaved pool of `pool_dtype` stores them (rounded to bfloat16 first for uint16 bits; an int8
+    or uint8 pool holds quantized rows, one scale per row: kv_quantization.py)."""
+    if is_quantized_pool(pool_dtype):
+        return quantize_rows(values, pool_dtype)
     if jnp.dtype(pool_dtype) == BITS_DTYPE:
         return to_bits(values.astype(jnp.bfloat16))
     return values.astype(pool_dtype)

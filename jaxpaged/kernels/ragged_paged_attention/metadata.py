@@ -18,6 +18,7 @@ import numpy as np
 from jaxtyping import Array, Float, Int, Shaped
 
 from jaxpaged.kernels.bfloat16_bits import BITS_DTYPE
+from jaxpaged.kernels.kv_quantization import SCALE_BYTES, is_quantized_pool
 from jaxpaged.kernels.pytree import HostOrDeviceArray, register_pytree_dataclass
 
 # Finite "minus infinity" for masked logits and running maxima: exp(MASK - MASK) stays 1, never NaN.
@@ -69,7 +70,7 @@ def _require(ok: bool, field: str, message: str) -> None:
 
 
 def validate_attention_inputs(q: Float[Array, "num_tokens num_q_heads head_dim"],
-                              kv_pages: Shaped[Array, "num_pages page_size kv_heads_x2 head_dim"],
+                              kv_pages: Shaped[Array, "num_pages page_size kv_heads_x2 kv_row"],
                               metadata: AttentionMetadata, *, sm_scale: float, sliding_window, soft_cap) -> None:
     """Shape, dtype and option checks on shapes alone (so at trace time); ValueError names the input."""
     _require(isinstance(metadata, AttentionMetadata), "metadata",
@@ -81,19 +82,23 @@ def validate_attention_inputs(q: Float[Array, "num_tokens num_q_heads head_dim"]
         _require(array.ndim == rank, name, f"must have rank {rank}, got shape {array.shape}")
     _require(metadata.num_seqs.shape in ((), (1,)), "num_seqs",
              f"must have shape (1,), got {metadata.num_seqs.shape}")
-    # uint16 pages are bfloat16 bits (the "interleaved_bits" layout, kv_layout.py).
+    # uint16 pages are bfloat16 bits (the "interleaved_bits" layout), int8 / uint8 pages quantized rows of codes and a
+    # scale (the "quantized" layout, whatever q's dtype), kv_layout.py.
+    quantized = is_quantized_pool(kv_pages.dtype)
     kv_dtype = jnp.dtype(jnp.bfloat16) if kv_pages.dtype == BITS_DTYPE else kv_pages.dtype
-    for name, dtype in (("q", q.dtype), ("kv_pages", kv_dtype)):
+    for name, dtype in (("q", q.dtype), ("kv_pages", q.dtype if quantized else kv_dtype)):
         _require(jnp.issubdtype(dtype, jnp.floating), name, f"must be floating point, got {dtype}")
-    _require(q.dtype == kv_dtype, "kv_pages", f"dtype must equal q's ({q.dtype}), got {kv_pages.dtype}")
+    _require(quantized or q.dtype == kv_dtype, "kv_pages", f"dtype must equal q's ({q.dtype}), got {kv_pages.dtype}")
     for field in dataclasses.fields(metadata):
         array = getattr(metadata, field.name)
         _require(jnp.issubdtype(array.dtype, jnp.integer), field.name,
                  f"must be an integer array, got {array.dtype}")
     num_tokens, num_q_heads, head_dim = q.shape
     _, _, kv_heads_x2, kv_head_dim = kv_pages.shape
-    _require(kv_head_dim == head_dim, "kv_pages",
-             f"head_dim {kv_head_dim} differs from q's head_dim {head_dim} (shapes {kv_pages.shape} and {q.shape})")
+    row_width = head_dim + SCALE_BYTES if quantized else head_dim
+    what = f"q's head_dim {head_dim} + {SCALE_BYTES} scale bytes" if quantized else f"q's head_dim {head_dim}"
+    _require(kv_head_dim == row_width, "kv_pages",
+             f"head_dim {kv_head_dim} differs from {what} (shapes {kv_pages.shape} and {q.shape})")
     _require(kv_heads_x2 >= 2 and kv_heads_x2 % 2 == 0, "kv_pages",
              f"axis 2 must hold 2 * num_kv_heads (K/V interleaved), got {kv_heads_x2}")
     _require(num_q_heads % (kv_heads_x2 // 2) == 0, "q",

@@ -9,8 +9,9 @@ block table's width.
     pass: blocks of q rows of one sequence, each block gathering its chunks once and walking only the chunks its
     causal (and sliding) window reaches.
 Online softmax in float32 throughout; GQA reads each KV head once for its whole group of q heads.
-The pages may be floats or bfloat16 bits ("interleaved_bits", kv_layout.py: XLA:CPU's bfloat16 scatter is not in
-place); every gather goes through from_bits and every write through kv_storage.
+The pages may be floats, bfloat16 bits ("interleaved_bits", kv_layout.py: XLA:CPU's bfloat16 scatter is not in
+place) or quantized rows ("quantized": int8 / fp8 codes with a scale per row, kv_quantization.py); every gather goes
+through _split_kv (bits and codes to float32 right after the gather) and every write through kv_storage.
 """
 
 import functools
@@ -18,11 +19,12 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int, Shaped
+from jaxtyping import Array, Float, Int
 
 from jaxpaged.kernels.bfloat16_bits import from_bits
 from jaxpaged.kernels.cpu_native.paged_decode import KV_DTYPES, native_decode_available, paged_decode
-from jaxpaged.kernels.ragged_paged_attention.kv_layout import kv_storage
+from jaxpaged.kernels.kv_quantization import dequantize_rows, is_quantized_pool
+from jaxpaged.kernels.ragged_paged_attention.kv_layout import KVPages, kv_storage
 from jaxpaged.kernels.ragged_paged_attention.metadata import MASK_VALUE, AttentionMetadata
 
 # Pages gathered per loop step. 4 pages of 16 tokens = 64 KV tokens: big enough that the loop
@@ -75,8 +77,10 @@ def _chunk_bounds(first_position, last_position, chunk_tokens: int, sliding_wind
 
 
 def _split_kv(kv: jax.Array, num_kv_heads: int) -> tuple[jax.Array, jax.Array]:
-    """[..., 2 * num_kv_heads, head_dim] interleaved -> K, V each [..., num_kv_heads, head_dim]."""
-    kv = from_bits(kv).astype(jnp.float32).reshape(kv.shape[:-2] + (num_kv_heads, 2, kv.shape[-1]))
+    """[..., 2 * num_kv_heads, row] interleaved -> K, V each [..., num_kv_heads, head_dim] in float32 (quantized rows
+    dequantized: the gathered chunk is the only KV ever held in float32)."""
+    kv = dequantize_rows(kv) if is_quantized_pool(kv.dtype) else from_bits(kv).astype(jnp.float32)
+    kv = kv.reshape(kv.shape[:-2] + (num_kv_heads, 2, kv.shape[-1]))
     return kv[..., 0, :], kv[..., 1, :]
 
 
@@ -116,7 +120,7 @@ def _decode_chunks(q_rows, kv_pages, positions, block_tables, *, pages_per_chunk
     def attend_chunk(chunk, carry):
         page_ids = jax.lax.dynamic_slice_in_dim(block_tables, chunk * pages_per_chunk,
                                                 pages_per_chunk, axis=1)
-        k, v = _split_kv(kv_pages[page_ids].reshape(max_num_seqs, chunk_tokens, -1, head_dim),
+        k, v = _split_kv(kv_pages[page_ids].reshape(max_num_seqs, chunk_tokens, -1, kv_pages.shape[-1]),
                          num_kv_heads)
         logits = jnp.einsum("skgd,sckd->skgc", q_rows, k)
         kv_positions = chunk * chunk_tokens + jnp.arange(chunk_tokens, dtype=jnp.int32)
@@ -157,7 +161,7 @@ def _prefill_pass(out, q_grouped, kv_pages, kv_lens, block_tables, cu_q_lens, nu
 
         def attend_chunk(chunk, carry):
             page_ids = jax.lax.dynamic_slice_in_dim(table, chunk * pages_per_chunk, pages_per_chunk)
-            k, v = _split_kv(kv_pages[page_ids].reshape(chunk_tokens, -1, head_dim), num_kv_heads)
+            k, v = _split_kv(kv_pages[page_ids].reshape(chunk_tokens, -1, kv_pages.shape[-1]), num_kv_heads)
             logits = jnp.einsum("rkgd,ckd->rkgc", q_block, k)
             kv_positions = chunk * chunk_tokens + jnp.arange(chunk_tokens, dtype=jnp.int32)
             mask = _window_mask(kv_positions, positions, sliding_window)[:, None, None, :]
@@ -180,7 +184,7 @@ def _prefill_pass(out, q_grouped, kv_pages, kv_lens, block_tables, cu_q_lens, nu
                                              "pages_per_chunk", "q_block_size", "native"))
 def ragged_paged_attention_xla(
     q: Float[Array, "num_tokens num_q_heads head_dim"],
-    kv_pages: Shaped[Array, "num_pages page_size kv_heads_x2 head_dim"],
+    kv_pages: KVPages,
     metadata: AttentionMetadata,
     *,
     sm_scale: float,
@@ -244,16 +248,17 @@ def _native_every_row(q_grouped, kv_pages, kv_lens, block_tables, cu_q_lens, num
 
 @jax.jit
 def write_kv_pages(
-    kv_pages: Shaped[Array, "num_pages page_size kv_heads_x2 head_dim"],
+    kv_pages: KVPages,
     k: Float[Array, "num_tokens num_kv_heads head_dim"],
     v: Float[Array, "num_tokens num_kv_heads head_dim"],
     slot_mapping: Int[Array, " num_tokens"],
-) -> Shaped[Array, "num_pages page_size kv_heads_x2 head_dim"]:
+) -> KVPages:
     """Scatter each token's K/V into slot page_id * page_size + offset (K at head 2h, V at 2h+1), as the pool
-    stores them (floats, or bfloat16 bits)."""
-    num_pages, page_size, kv_heads_x2, head_dim = kv_pages.shape
-    num_tokens = k.shape[0]
+    stores them (floats, bfloat16 bits, or quantized rows: each quantized on its own, so a token's row never depends
+    on its neighbours)."""
+    num_pages, page_size, kv_heads_x2, _ = kv_pages.shape
+    num_tokens, _, head_dim = k.shape
     interleaved = jnp.stack([k, v], axis=2).reshape(num_tokens, kv_heads_x2, head_dim)
-    slots = kv_pages.reshape(num_pages * page_size, kv_heads_x2, head_dim)
+    slots = kv_pages.reshape(num_pages * page_size, kv_heads_x2, kv_pages.shape[-1])
     slots = slots.at[slot_mapping].set(kv_storage(interleaved, kv_pages.dtype))
     return slots.reshape(kv_pages.shape)

@@ -1,0 +1,45 @@
+"""w8a8: int8 activations times int8 weights (EngineConfig.quantization = "w8a8"; SGLang's "w8a8_int8").
+
+The weights are int8's (models/int8_weights.py: one float32 scale per output column). Each activation row (token) is
+quantized on the fly, symmetric, with its own scale: s_x = max |x_row| / 127, q_x = round(x / s_x), so
+|x - q_x * s_x| <= s_x / 2 (an all-zero row, the padding, has scale 0 and q 0). The product is an int8 x int8 dot
+accumulated in int32 (jax.lax.dot_general with preferred_element_type int32: the TPU's MXU and GPUs' int8 tensor
+cores take it as it is; XLA:CPU runs it as an integer matmul) and scaled back as acc * s_x[row] * s_w[column]. int32
+cannot overflow here: |acc| <= 127 * 127 * inner, under 2^31 for inner < 133,000.
+
+This is vLLM's dynamic per-token W8A8 (compressed-tensors "input_activations": strategy token, dynamic), so a W8A8
+checkpoint runs as it was calibrated.
+"""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Float32, Int8
+
+from jaxpaged.models.int8_weights import INT8_MAX
+
+
+class W8A8Weight(NamedTuple):
+    """A projection whose matmul quantizes its input rows too: int8 values [inner, outer], float32 scales [outer]."""
+
+    values: Int8[Array, "inner outer"]
+    """W / scale, rounded."""
+    scale: Float32[Array, " outer"]
+    """One scale per output column."""
+
+
+def quantize_rows(x: Float[Array, "tokens inner"]) -> tuple[Int8[Array, "tokens inner"], Float32[Array, "tokens 1"]]:
+    """(int8 values, float32 scale per row) of activations, symmetric per token, computed in float32."""
+    x32 = x.astype(jnp.float32)
+    scale = jnp.max(jnp.abs(x32), axis=-1, keepdims=True) / INT8_MAX
+    divisor = jnp.where(scale > 0, scale, 1.0)  # an all-zero row: q = 0, whatever its divisor
+    return jnp.clip(jnp.round(x32 / divisor), -INT8_MAX, INT8_MAX).astype(jnp.int8), scale
+
+
+def w8a8_product(x: Float[Array, "tokens inner"], weight: W8A8Weight) -> Float32[Array, "tokens outer"]:
+    """x @ (values * scale) with x quantized per row: an int8 x int8 dot accumulated in int32, then both scales."""
+    quantized, row_scale = quantize_rows(x)
+    accumulated = jax.lax.dot_general(quantized, weight.values, (((1,), (0,)), ((), ())),
+                                      preferred_element_type=jnp.int32)
+    return accumulated.astype(jnp.float32) * row_scale * weight.scale
