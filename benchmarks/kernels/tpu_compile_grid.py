@@ -1,8 +1,9 @@
 """What `make tpu-compile` compiles: real models' attention shapes x TPU chips x kernels x layouts x pages x dtypes.
 
 The CI grid (the default) covers every shape and kernel on both chips in the packed layout the engine allocates at
-tp 1, plus the cases that were rejected or large before (interleaved Llama decode on v5e, head_dim 64
-interleaved), float32, and pages 32 / 64 at the Llama shape; `--full` is the whole product (~10x longer).
+every tp (per-shard shapes where named), the mixed-step branch (both kernels) at the Llama and SmolLM2 shapes, plus
+the cases that were rejected or large before (interleaved Llama decode on v5e, head_dim 64 interleaved), float32,
+and pages 32 / 64 at the Llama shape; `--full` is the whole product (~10x longer).
 """
 
 import dataclasses
@@ -10,7 +11,7 @@ import itertools
 from typing import Optional
 
 CHIPS = ("v5e", "v6e")
-KERNELS = ("decode", "general", "kv_write")
+KERNELS = ("decode", "general", "mixed", "kv_write")
 LAYOUTS = ("packed", "interleaved")
 PAGE_SIZES = (16, 32, 64)
 DTYPES = ("bfloat16", "float32")
@@ -77,7 +78,8 @@ def ci_grid() -> list[CompileCase]:
     by_name = {shape.name: shape for shape in SHAPES}
     llama, smol = by_name["Llama-3-8B"], by_name["SmolLM2-135M"]
     attention = ("decode", "general")
-    cases = _cases(SHAPES, CHIPS, KERNELS, ("packed",), (16,), ("bfloat16",))
+    cases = _cases(SHAPES, CHIPS, ("decode", "general", "kv_write"), ("packed",), (16,), ("bfloat16",))
+    cases += _cases((llama, smol), CHIPS, ("mixed",), ("packed",), (16,), ("bfloat16",))
     cases += _cases((llama, smol), CHIPS, attention, ("interleaved",), (16,), ("bfloat16",))
     cases += _cases((llama,), CHIPS, attention, ("packed",), (16,), ("float32",))
     cases += _cases((llama,), CHIPS, attention, ("packed",), (32, 64), ("bfloat16",))

@@ -31,31 +31,38 @@ def choose_kv_layout(model: ModelConfig, backend: str, dtype, tensor_parallel_si
     (tile-exact: no HBM padding); "interleaved_bits" for bfloat16 on the "xla" backend (XLA:CPU scatters into a uint16
     pool in place, into a bfloat16 one not); else "interleaved".
 
-    Under tensor parallelism the cache is split on its kv-head axis, which all but the packed layout have.
+    Under tensor parallelism every layout is split on its axis -2 (kv_layout.py): the packed one holds each shard's
+    heads in its own rows, so it serves every tensor-parallel degree (the interleaved one would pad each shard's
+    [2 * kv_heads / tp, head_dim] tile to 16 sublanes on a TPU).
     """
     if kv_cache_dtype != "auto":
         return "quantized"
     if backend == "xla" and jnp.dtype(dtype) == jnp.bfloat16:
         return "interleaved_bits"
-    if backend != "pallas_tpu" or tensor_parallel_size > 1:
+    if backend != "pallas_tpu" or model.num_kv_heads % tensor_parallel_size:
         return "interleaved"
     try:
-        packed_layout_for(model.num_kv_heads, model.head_dim, dtype)
+        packed_layout_for(model.num_kv_heads // tensor_parallel_size, model.head_dim, dtype)
     except ValueError:  # a head_dim or dtype the packed layout does not cover
         return "interleaved"
     return "packed"
 
 
 def bytes_per_block(model: ModelConfig, block_size: int, dtype, platform: Optional[str] = None,
-                    layout: str = "interleaved") -> int:
-    """KV bytes one block takes across all layers on `platform` (default: jax's default backend); `dtype`: the
-    pool's (kv_storage_dtype: int8 / uint8 for the quantized layout, whose rows carry their scales).
+                    layout: str = "interleaved", num_shards: int = 1) -> int:
+    """KV bytes one block takes across all layers on each of `num_shards` devices on `platform` (default: jax's
+    default backend): the physical bytes of one shard's part, [block_size, 2 * num_kv_heads / num_shards,
+    head_dim] interleaved (or quantized) or its packed rows; `dtype`: the pool's (kv_storage_dtype: int8 / uint8 for
+    the quantized layout, whose rows carry their scales).
 
-    Physical bytes: a TPU pads the last two dims of [block_size, 2 * num_kv_heads, head_dim] to whole
-    (8 * packing, 128) tiles (5.3x for 3 KV heads of head_dim 64 in bfloat16); elsewhere they equal the logical
-    bytes. Sizing the pool by logical bytes would overcommit TPU memory by that factor.
+    The tile model of a TPU pads the last two dims of the interleaved shard to whole (8 * packing, 128) tiles (5.3x
+    for 3 KV heads of head_dim 64 in bfloat16, 8x for one head per shard in bfloat16): an upper bound, as XLA:TPU
+    may store a small shard unpadded (docs/tpu-compile.md). Elsewhere, and in the packed layout, they equal the
+    logical bytes, which is what XLA:TPU allocates for the packed pool.
     """
-    shape, kv_dtype = cache_shape(1, block_size, model.num_kv_heads, model.head_dim, dtype, layout)
+    if num_shards < 1 or model.num_kv_heads % num_shards:
+        raise ValueError(f"num_shards: must divide num_kv_heads ({model.num_kv_heads}), got {num_shards}")
+    shape, kv_dtype = cache_shape(1, block_size, model.num_kv_heads // num_shards, model.head_dim, dtype, layout)
     return model.num_layers * physical_bytes(shape, kv_dtype, platform or jax.default_backend())
 
 
@@ -70,15 +77,15 @@ def num_kv_blocks_for(model: ModelConfig, cache: CacheConfig, dtype, num_shards:
                       layout: str = "interleaved", pending_weight_bytes: int = 0) -> int:
     """Blocks in the pool (the null block included) from num_kv_blocks, kv_cache_memory or the device default.
 
-    The budget is per device: with the cache split over num_shards devices, each holds 1/num_shards of a block.
+    The budget is per device: with the cache split over num_shards devices, each holds its shard of every block.
     `pending_weight_bytes`: weight bytes per device not placed yet (the start-up plan sizes the pool before the
     weights are on the device), taken off the free memory the accelerator default is a fraction of.
     """
     if cache.num_kv_blocks is not None:
         return cache.num_kv_blocks
     budget = cache.kv_cache_memory or _default_budget_bytes(pending_weight_bytes, cache.gpu_memory_utilization)
-    block_bytes = bytes_per_block(model, cache.block_size, dtype, layout=layout)
-    num_blocks = budget * num_shards // block_bytes
+    block_bytes = bytes_per_block(model, cache.block_size, dtype, layout=layout, num_shards=num_shards)
+    num_blocks = budget // block_bytes
     if num_blocks < 2:
         raise ValueError(f"kv_cache_memory: {budget} bytes hold fewer than 2 blocks of {block_bytes} bytes")
     if jax.process_count() > 1:
@@ -112,10 +119,12 @@ def utilization_budget_bytes(limit: int, in_use: int, pending_weight_bytes: int,
 
 
 def allocate_kv_cache(model: ModelConfig, num_blocks: int, block_size: int, dtype,
-                      sharding: Optional[jax.sharding.Sharding] = None, layout: str = "interleaved") -> jax.Array:
-    """A zeroed pool of every layer's blocks in `layout`, stacked on axis 0 and created in place on its devices
-    (each shard allocates only its part); block 0 is the null block that padding writes to. `dtype`: the pool's
-    (kv_storage_dtype)."""
-    layer_shape, layer_dtype = cache_shape(num_blocks, block_size, model.num_kv_heads, model.head_dim, dtype, layout)
+                      sharding: Optional[jax.sharding.Sharding] = None, layout: str = "interleaved",
+                      num_shards: int = 1) -> jax.Array:
+    """A zeroed pool of every layer's blocks in `layout` over `num_shards` tensor-parallel shards (`sharding` splits
+    it so), stacked on axis 0 and created in place on its devices (each shard allocates only its part); block 0 is
+    the null block that padding writes to. `dtype`: the pool's (kv_storage_dtype)."""
+    layer_shape, layer_dtype = cache_shape(num_blocks, block_size, model.num_kv_heads, model.head_dim, dtype, layout,
+                                           num_shards)
     shape = (model.num_layers, *layer_shape)
     return jax.jit(lambda: jnp.zeros(shape, layer_dtype), out_shardings=sharding)()

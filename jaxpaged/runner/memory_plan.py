@@ -134,11 +134,11 @@ def kv_format(kv_storage_dtype) -> str:
 
 
 def plan_memory(model: ModelConfig, weight_bytes: int, num_kv_blocks: int, block_size: int, max_model_len: int,
-                dtype, tp: int, layout: str, weight_format: str = "") -> MemoryPlan:
-    """The plan of a rank whose KV cache is split over tp devices on its kv-head axis (`dtype`: the KV pool's,
-    runner/kv_cache.py kv_storage_dtype; `weight_format`: see MemoryPlan)."""
+                dtype, tp: int, layout: str, weight_format: str = "", platform: Optional[str] = None) -> MemoryPlan:
+    """The plan of a rank whose KV cache is split over tp devices by heads (`dtype`: the KV pool's,
+    runner/kv_cache.py kv_storage_dtype; `weight_format`: see MemoryPlan; `platform`: whose tiling sizes the blocks,
+    jax's default backend when None)."""
     logical_per_token = logical_bytes_per_block(model, 1, dtype)
-    physical_per_block = bytes_per_block(model, block_size, dtype, layout=layout)
-    return MemoryPlan(weight_bytes, logical_per_token, physical_per_block // tp, num_kv_blocks, block_size,
-                      max_model_len, layout, physical_per_block / (logical_per_token * block_size), weight_format,
-                      kv_format(dtype))
+    per_device = bytes_per_block(model, block_size, dtype, platform, layout=layout, num_shards=tp)
+    return MemoryPlan(weight_bytes, logical_per_token, per_device, num_kv_blocks, block_size, max_model_len, layout,
+                      per_device * tp / (logical_per_token * block_size), weight_format, kv_format(dtype))

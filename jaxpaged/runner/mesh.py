@@ -8,9 +8,10 @@ parallelism is the "model" axis, Megatron style:
     inserts them from these parameter shardings.
   - The embedding and the vocabulary projection are sharded on the vocabulary; only the sampled rows' logits
     are gathered (the step's output is those rows).
-  - The paged KV cache is sharded on its kv-head axis. K/V of head h sit at 2h and 2h+1, so a contiguous shard
-    of the 2 * kv_heads axis holds whole (K, V) pairs. With fewer KV heads than tp, each KV head is repeated at
-    load time (never per step) so every shard owns exactly one.
+  - The paged KV cache is sharded by heads on its axis -2 in every layout (kv_layout.py): the interleaved
+    layout's 2 * kv_heads axis (K/V of head h at 2h and 2h+1, so a contiguous shard holds whole (K, V) pairs), the
+    packed layout's row axis (shard-major: each shard's rows are the packed layout of its own heads). With fewer
+    KV heads than tp, each KV head is repeated at load time (never per step) so every shard owns exactly one.
   - Attention runs per shard inside shard_map: every backend (Pallas kernels included) sees only its heads.
 """
 
@@ -127,9 +128,13 @@ def param_partition_spec(name: str, shape: tuple[int, ...], model: ModelConfig, 
 
 def kv_cache_spec(layout: str = "interleaved") -> P:
     """Interleaved [layers, blocks, block_size, 2 * kv_heads, head_dim] (floats or bfloat16 bits): split on the
-    kv-head axis. The packed TPU layout mixes heads within a row, so it is only used unsplit (tp = 1; see
-    kv_cache.choose_kv_layout)."""
-    return P(None, None, None, MODEL_AXIS, None) if layout != "packed" else P()
+    kv-head axis; packed [layers, blocks, tp * block_size * rows, 128]: split on its shard-major row axis."""
+    return P(None, None, MODEL_AXIS, None) if layout == "packed" else P(None, None, None, MODEL_AXIS, None)
+
+
+def _pages_spec(ndim: int) -> P:
+    """A layer stack of pages ([layers * blocks, *page]) split as kv_cache_spec splits the pool: on axis -2."""
+    return P(*([None] * (ndim - 2)), MODEL_AXIS, None)
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
@@ -183,7 +188,6 @@ def shard_attention(attend: Callable, mesh: Mesh) -> Callable:
     """Run `attend(q, k, v, kv_pages, first_page, metadata, layer_is_sliding, **static)` per model shard: each
     sees its heads."""
     heads = P(None, MODEL_AXIS, None)
-    pages = P(None, None, MODEL_AXIS, None)
 
     def per_shard(q, k, v, kv_pages, first_page, metadata, layer_is_sliding=None, **static):
         args = (q, k, v, kv_pages, first_page, metadata)
@@ -191,6 +195,7 @@ def shard_attention(attend: Callable, mesh: Mesh) -> Callable:
             args += (layer_is_sliding,)
         body = functools.partial(attend, **static)
         # NOTE: check_vma=False because Pallas kernels in interpret mode carry no varying-axes annotations.
+        pages = _pages_spec(kv_pages.ndim)
         mapped = jax.shard_map(body, mesh=mesh, in_specs=(heads, heads, heads, pages) + (P(),) * (len(args) - 4),
                                out_specs=(heads, pages), check_vma=False)
         return mapped(*args)

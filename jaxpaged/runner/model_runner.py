@@ -130,7 +130,8 @@ class ModelRunner:
         graphdef = self._place_weights(params)
         kv_sharding = jax.sharding.NamedSharding(self.mesh, mesh_lib.kv_cache_spec(self.kv_layout))
         self.kv_cache = allocate_kv_cache(self.model_config, self.num_kv_blocks, self.block_size,
-                                          plan.kv_storage_dtype, sharding=kv_sharding, layout=self.kv_layout)
+                                          plan.kv_storage_dtype, sharding=kv_sharding, layout=self.kv_layout,
+                                          num_shards=plan.tensor_parallel_size)
         self._build_step(graphdef, kv_sharding)
         self._compiled: dict[Bucket, jax.stages.Compiled] = {}
         self._copy_compiled: Optional[jax.stages.Compiled] = None

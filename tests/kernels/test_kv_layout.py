@@ -49,6 +49,41 @@ def test_physical_bytes_count_tpu_tile_padding(num_kv_heads, head_dim, dtype, in
     assert packed <= logical * (4 / 3)  # an odd bfloat16 head count leaves one half-word row per token
 
 
+@pytest.mark.parametrize("num_kv_heads,head_dim,dtype,num_shards", [(4, 64, jnp.bfloat16, 2), (8, 128, jnp.bfloat16, 8),
+                                                                    (6, 64, jnp.float32, 3), (4, 256, jnp.float32, 4)])
+def test_sharded_pack_puts_each_shards_heads_in_its_own_rows(num_kv_heads, head_dim, dtype, num_shards):
+    """Under tensor parallelism a page's rows are shard-major: shard i's slice of axis 1 is exactly the packed page of
+    its heads (what its kernels read), the shape is cache_shape's, and the round trip is exact."""
+    kv_pages = jax.random.normal(jax.random.key(3), (3, 16, 2 * num_kv_heads, head_dim), dtype)
+    words = pack_kv_pages(kv_pages, num_shards)
+    assert (words.shape, words.dtype) == cache_shape(3, 16, num_kv_heads, head_dim, dtype, "packed", num_shards)
+    heads_per_shard = num_kv_heads // num_shards
+    rows = words.shape[1] // num_shards
+    for shard in range(num_shards):
+        own_heads = kv_pages[:, :, 2 * heads_per_shard * shard:2 * heads_per_shard * (shard + 1)]
+        assert jnp.array_equal(words[:, rows * shard:rows * (shard + 1)], pack_kv_pages(own_heads))
+    assert jnp.array_equal(unpack_kv_pages(words, num_kv_heads, head_dim, dtype, num_shards), kv_pages)
+    with pytest.raises(ValueError, match="num_shards: must be a positive divisor"):
+        cache_shape(3, 16, num_kv_heads, head_dim, dtype, "packed", num_kv_heads + 1)
+
+
+def test_tpu_pool_is_sized_per_shard_from_the_per_shard_heads():
+    """Llama-3-8B at tp 8 on a TPU: one KV head per chip. A packed block costs each chip 1/8 of the logical bytes (what
+    XLA:TPU allocates, docs/tpu-compile.md); the interleaved shard's [2, 128] bfloat16 tile is counted padded to 16
+    sublanes, 8x that (an upper bound: XLA:TPU was measured storing it unpadded)."""
+    from jaxpaged.models.model_config import ModelConfig
+    from jaxpaged.runner.kv_cache import bytes_per_block, logical_bytes_per_block
+
+    llama = ModelConfig(architecture="LlamaForCausalLM", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                        num_layers=32, num_q_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5,
+                        rope_theta=5e5, max_position_embeddings=8192, tie_word_embeddings=False)
+    logical = logical_bytes_per_block(llama, 16, jnp.bfloat16)
+    for tp in (1, 2, 4, 8):
+        assert bytes_per_block(llama, 16, jnp.bfloat16, "tpu", "packed", num_shards=tp) == logical // tp
+    assert bytes_per_block(llama, 16, jnp.bfloat16, "tpu", "interleaved", num_shards=8) == logical
+    assert bytes_per_block(llama, 16, jnp.bfloat16, "cpu", "interleaved", num_shards=8) == logical // 8
+
+
 @pytest.mark.parametrize("head_dim,dtype", [(64, jnp.bfloat16)])
 def test_dispatch_packed_write_then_attend_matches_xla(head_dim, dtype):
     """The model's two calls on a packed cache (pallas_tpu, interpreter) equal xla on the interleaved one."""

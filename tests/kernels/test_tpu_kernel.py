@@ -77,7 +77,8 @@ def test_tpu_kernel_lowers_to_mosaic(dtype, monkeypatch):
                                  num_tokens=64, num_q_heads=8, head_dim=128, num_pages=32, page_size=16,
                                  kv_heads_x2=4, max_num_seqs=4, pages_per_seq=8, dtype=dtype)
     lowered = attend.trace(*args).lower(lowering_platforms=("tpu",))
-    assert lowered.as_text().count("tpu_custom_call") == 2  # decode and tile kernel, one lax.cond
+    # One lax.switch: decode-only (decode kernel), prefill-only (tile kernel), mixed (both).
+    assert lowered.as_text().count("tpu_custom_call") == 4
 
 
 def test_tpu_kernel_rejects_misaligned_blocks():
@@ -88,3 +89,50 @@ def test_tpu_kernel_rejects_misaligned_blocks():
                                  jnp.zeros(3, jnp.int32), jnp.zeros(1, jnp.int32))
     with pytest.raises(ValueError, match="q_block_size: must be a multiple of 16"):
         ragged_paged_attention_tpu(q, kv_pages, metadata, sm_scale=1.0, q_block_size=8)
+
+
+def test_tile_ranges_skip_the_leading_decodes_of_a_mixed_step():
+    """Told to start at sequence 2, the tile kernel's tiles begin there, and a tile holding only the leading decodes'
+    rows gets an empty range (it fetches nothing)."""
+    from jaxpaged.kernels.ragged_paged_attention.tpu import _tile_sequence_ranges
+
+    cu_q_lens = jnp.asarray([0, 1, 2, 9, 10, 30, 30], jnp.int32)  # q rows 1, 1, 7, 1, 20; one padded sequence
+    ranges = np.asarray(_tile_sequence_ranges(cu_q_lens, jnp.asarray([5]), 4, 8, jnp.int32(2))).reshape(4, 2)
+    assert ranges.tolist() == [[2, 3], [2, 5], [4, 5], [4, 5]]
+    decodes_first = jnp.asarray([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 29], jnp.int32)  # 9 decodes, then 20 rows
+    ranges = np.asarray(_tile_sequence_ranges(decodes_first, jnp.asarray([10]), 4, 8, jnp.int32(9))).reshape(4, 2)
+    assert ranges[0, 0] == ranges[0, 1]  # rows 0..7: decodes only
+    assert ranges[1:].tolist() == [[9, 10]] * 3
+    assert np.asarray(_tile_sequence_ranges(cu_q_lens, jnp.asarray([5]), 4, 8)).reshape(4, 2)[0].tolist() == [0, 3]
+
+
+def test_every_step_case_matches_the_spec_when_forced(scenarios):
+    """The mixed branch (leading decodes through the decode kernel, the rest through the tile kernel) is exact on every
+    scenario, including those with no leading decode or nothing but decodes; the split picks the same rows."""
+    from jaxpaged.kernels.ragged_paged_attention.spec import ragged_paged_attention_spec
+    from jaxpaged.kernels.ragged_paged_attention.tpu_step_cases import leading_decodes
+
+    attend = jax.jit(functools.partial(ragged_paged_attention_tpu, sm_scale=0.125, q_block_size=16, case="mixed",
+                                       interpret=True))
+    leading = {}
+    for name, batch in scenarios(16, num_q_heads=4, num_kv_heads=2, head_dim=64, dtype=jnp.float32):
+        q, kv_pages, metadata = batch.attention_args()
+        expected = ragged_paged_attention_spec(q, kv_pages, metadata, sm_scale=0.125)
+        np.testing.assert_allclose(np.asarray(attend(q, kv_pages, metadata)), expected, atol=2e-5, rtol=2e-5,
+                                   err_msg=name)
+        leading[name] = int(leading_decodes(metadata.cu_q_lens, metadata.num_seqs))
+    assert leading == {"decode_edges": 5, "prefill": 0, "mixed": 1, "many_pages": 1, "no_sequences": 0}
+
+
+def test_tile_kernel_walks_a_1k_chunk_in_compute_slices():
+    """The default tile blocks (a 1,024-token KV chunk per DMA, attended in 256-token slices, slices past kv_len
+    skipped): contexts of 1, 2 and 3 slices plus a page, a decode after a prefill, against the spec."""
+    from jaxpaged.kernels.ragged_paged_attention.example_batch import make_ragged_batch
+    from jaxpaged.kernels.ragged_paged_attention.spec import ragged_paged_attention_spec
+
+    batch = make_ragged_batch([5, 33, 1], [600, 290, 17 + 768], num_q_heads=4, num_kv_heads=2, head_dim=128,
+                              page_size=16, dtype=jnp.float32, num_tokens=48, max_num_seqs=4, seed=11)
+    q, kv_pages, metadata = batch.attention_args()
+    out = ragged_paged_attention_tpu(q, kv_pages, metadata, sm_scale=0.1, interpret=True)
+    expected = ragged_paged_attention_spec(q, kv_pages, metadata, sm_scale=0.1)
+    np.testing.assert_allclose(np.asarray(out), expected, atol=2e-5, rtol=2e-5)

@@ -27,6 +27,9 @@ def test_bfloat16_on_the_xla_backend_keeps_kv_as_bits():
     assert choose_kv_layout(model, "xla", jnp.float32) == "interleaved"
     assert choose_kv_layout(model, "pallas_gpu", jnp.bfloat16) == "interleaved"
     assert choose_kv_layout(model, "pallas_tpu", jnp.bfloat16) == "packed"
+    # One TPU layout for every tensor-parallel degree: each shard packs its own heads (kv_layout.py).
+    assert choose_kv_layout(model, "pallas_tpu", jnp.bfloat16, tensor_parallel_size=2) == "packed"
+    assert choose_kv_layout(model, "pallas_tpu", jnp.float32, tensor_parallel_size=2) == "packed"
     # Split on the kv-head axis under tensor parallelism, like the float pool.
     assert kv_cache_spec("interleaved_bits") == kv_cache_spec("interleaved")
 

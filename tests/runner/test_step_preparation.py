@@ -48,8 +48,8 @@ def test_kv_sizing_counts_every_layer_k_and_v():
     assert bytes_per_block(model, 16, jnp.bfloat16) == per_block // 2
     assert num_kv_blocks_for(model, CacheConfig(kv_cache_memory=10 * per_block + 1), np.float32) == 10
     assert num_kv_blocks_for(model, CacheConfig(num_kv_blocks=7, kv_cache_memory=1), np.float32) == 7
-    # Split over 4 devices, each holds a quarter of every block: the per-device budget holds 4x the blocks.
-    assert num_kv_blocks_for(model, CacheConfig(kv_cache_memory=10 * per_block), np.float32, num_shards=4) == 40
+    # Split over 2 devices, each holds one head of every block: the per-device budget holds 2x the blocks.
+    assert num_kv_blocks_for(model, CacheConfig(kv_cache_memory=10 * per_block), np.float32, num_shards=2) == 20
     with pytest.raises(ValueError, match="kv_cache_memory: .* fewer than 2 blocks"):
         num_kv_blocks_for(model, CacheConfig(kv_cache_memory=per_block), np.float32)
 

@@ -1,9 +1,10 @@
 """The attention backend switch: validate inputs once, then run the chosen implementation.
 
 Backends: "xla" (xla.py, the jnp CPU path), "pallas_tpu" (Mosaic), "pallas_gpu" (Triton lowering);
-"auto" picks by `jax.default_backend()`. A Pallas backend asked for on a platform it was not written for
-runs in its interpret mode, so the whole engine can be checked on a CPU. Every backend computes what
-spec.py spells out.
+"auto" picks by the target platform (target_platform: the default device's, so a step traced for a TPU
+topology's device on a CPU machine compiles the TPU kernels for libtpu). A Pallas backend asked for on a
+platform it was not written for runs in its interpret mode, so the whole engine can be checked on a CPU.
+Every backend computes what spec.py spells out.
 
 KV layouts (kv_layout.py): every backend reads the interleaved [num_pages, page_size, 2 * num_kv_heads,
 head_dim] cache; "pallas_tpu" also reads and writes the packed uint32 [num_pages, page_size * rows, 128]
@@ -57,6 +58,18 @@ def _require_bits_reader(kv_pages, backend: str) -> None:
                          f"not {backend}")
 
 
+def target_platform() -> str:
+    """The platform the kernels are traced for: the default device's when one is set (a TPU topology's device
+    while compiling ahead of time on a CPU machine, benchmarks/kernels/tpu_compile_check.py), else jax's default
+    backend."""
+    device = jax.config.jax_default_device  # pyright: ignore[reportAttributeAccessIssue]
+    if isinstance(device, jax.Device):
+        return device.platform
+    if isinstance(device, str):
+        return device
+    return jax.default_backend()
+
+
 QUANTIZED_KV_BACKENDS = ("xla", "pallas_gpu")
 """Backends that read and write the quantized layout (int8 / fp8 rows with their scales, kv_quantization.py)."""
 
@@ -73,7 +86,7 @@ def resolve_attention_backend(name: str) -> str:
     if name not in ATTENTION_BACKENDS:
         raise ValueError(f"attention_backend: must be one of {ATTENTION_BACKENDS}, got {name!r}")
     if name == "auto":
-        return _AUTO_BY_PLATFORM.get(jax.default_backend(), "xla")
+        return _AUTO_BY_PLATFORM.get(target_platform(), "xla")
     return name
 
 
@@ -117,7 +130,7 @@ def ragged_paged_attention(
                                   sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap)
         from jaxpaged.kernels.ragged_paged_attention.tpu import ragged_paged_attention_tpu
         return ragged_paged_attention_tpu(q, kv_pages, metadata, num_kv_heads=num_kv_heads,
-                                          interpret=jax.default_backend() != "tpu", **options)
+                                          interpret=target_platform() != "tpu", **options)
     _require_bits_reader(kv_pages, backend)
     _require_quantized_reader(kv_pages, backend)
     validate_attention_inputs(q, kv_pages, metadata, sm_scale=sm_scale, sliding_window=sliding_window,
@@ -126,10 +139,10 @@ def ragged_paged_attention(
         return ragged_paged_attention_xla(q, kv_pages, metadata, native=native_decode, **options)
     if backend == "pallas_tpu":
         from jaxpaged.kernels.ragged_paged_attention.tpu import ragged_paged_attention_tpu
-        return ragged_paged_attention_tpu(q, kv_pages, metadata, interpret=jax.default_backend() != "tpu",
+        return ragged_paged_attention_tpu(q, kv_pages, metadata, interpret=target_platform() != "tpu",
                                           **options)
     from jaxpaged.kernels.ragged_paged_attention.gpu import ragged_paged_attention_gpu
-    return ragged_paged_attention_gpu(q, kv_pages, metadata, interpret=jax.default_backend() != "gpu",
+    return ragged_paged_attention_gpu(q, kv_pages, metadata, interpret=target_platform() != "gpu",
                                       **options)
 
 
@@ -157,6 +170,6 @@ def write_kv(
     if resolve_attention_backend(backend) == "pallas_tpu" or kv_pages.ndim == 3:
         # XLA's TPU scatter is a serial loop of row updates; the kernel DMAs the rows instead.
         from jaxpaged.kernels.ragged_paged_attention.kv_write_tpu import write_kv_pages_tpu
-        return write_kv_pages_tpu(kv_pages, k, v, slot_mapping, interpret=jax.default_backend() != "tpu")
+        return write_kv_pages_tpu(kv_pages, k, v, slot_mapping, interpret=target_platform() != "tpu")
     # XLA's scatter on CPU and GPU: in place on the donated cache, one parallel pass over new rows.
     return write_kv_pages(kv_pages, k, v, slot_mapping)

@@ -22,8 +22,16 @@
   physical bytes == logical bytes (up to an odd head count in bfloat16). Kernels load a vector with
   one sublane-strided uint32 load (stride rows_per_token) and split halves with shifts and bitcasts.
 
+  Under tensor parallelism (num_shards > 1) a page's rows are shard-major: [shard 0's packed rows of its
+  num_kv_heads / num_shards heads | shard 1's | ...], per layer [num_pages, num_shards * page_size * rows, 128]
+  with `rows` counted from the per-shard heads. Split on its row axis (runner/mesh.py), each device holds the
+  packed layout of exactly its own heads: what the kernels read, tile-exact per shard (the interleaved layout's
+  per-shard [2 * kv_heads / tp, head_dim] tile pads to 16 sublanes in the kernels' VMEM buffers: 8x the bytes
+  at Llama-3-8B's tp 8).
+
 The runner should allocate cache_shape(...) of the chosen backend and size the pool by
-physical_bytes(...); pack_kv_pages / unpack_kv_pages convert between the two layouts (tests, tools).
+physical_bytes(...) of one shard's shape; pack_kv_pages / unpack_kv_pages convert between the two layouts
+(tests, tools).
 """
 
 import dataclasses
@@ -107,9 +115,13 @@ def packed_layout_for(num_kv_heads: int, head_dim: int, dtype) -> PackedLayout:
     return PackedLayout(num_kv_heads, head_dim, jnp.dtype(dtype).name)
 
 
-def cache_shape(num_pages: int, page_size: int, num_kv_heads: int, head_dim: int, dtype, layout: str):
-    """(shape, dtype) of one layer's cache in `layout`; the runner stacks layers on a new axis 0 (`dtype`: the
-    values' dtype, or for "quantized" the pool's, int8 or uint8: kv_quantization.quantized_pool_dtype)."""
+def cache_shape(num_pages: int, page_size: int, num_kv_heads: int, head_dim: int, dtype, layout: str,
+                num_shards: int = 1):
+    """(shape, dtype) of one layer's cache in `layout` over `num_shards` tensor-parallel shards (split on axis -2,
+    see the module docstring); the runner stacks layers on a new axis 0 (`dtype`: the values' dtype, or for
+    "quantized" the pool's, int8 or uint8: kv_quantization.quantized_pool_dtype)."""
+    if num_shards < 1 or num_kv_heads % num_shards:
+        raise ValueError(f"num_shards: must be a positive divisor of num_kv_heads ({num_kv_heads}), got {num_shards}")
     if layout == "interleaved":
         return (num_pages, page_size, 2 * num_kv_heads, head_dim), jnp.dtype(dtype)
     if layout == "interleaved_bits":
@@ -121,8 +133,8 @@ def cache_shape(num_pages: int, page_size: int, num_kv_heads: int, head_dim: int
             raise ValueError(f"dtype: the quantized layout is an int8 or uint8 pool, got {jnp.dtype(dtype)}")
         return (num_pages, page_size, 2 * num_kv_heads, head_dim + SCALE_BYTES), jnp.dtype(dtype)
     if layout == "packed":
-        rows = packed_layout_for(num_kv_heads, head_dim, dtype).rows_per_token
-        return (num_pages, page_size * rows, LANES), jnp.dtype(jnp.uint32)
+        rows = packed_layout_for(num_kv_heads // num_shards, head_dim, dtype).rows_per_token
+        return (num_pages, num_shards * page_size * rows, LANES), jnp.dtype(jnp.uint32)
     raise ValueError(f"layout: must be one of {LAYOUTS}, got {layout!r}")
 
 
@@ -164,9 +176,12 @@ def _vectors(kv_pages: Float[Array, "num_pages page_size kv_heads_x2 head_dim"],
     return jnp.concatenate([split(keys), split(values)], axis=3).reshape(num_pages, page_size, -1, LANES)
 
 
-def pack_kv_pages(kv_pages: Float[Array, "num_pages page_size kv_heads_x2 head_dim"]
+def pack_kv_pages(kv_pages: Float[Array, "num_pages page_size kv_heads_x2 head_dim"], num_shards: int = 1
                   ) -> UInt32[Array, "num_pages rows lanes"]:
-    """The interleaved cache in the packed layout (a full copy: for tests, tools and migration)."""
+    """The interleaved cache in the packed layout of `num_shards` shards (a full copy: for tests, tools and
+    migration)."""
+    if num_shards > 1:
+        return jnp.concatenate([pack_kv_pages(part) for part in jnp.split(kv_pages, num_shards, axis=2)], axis=1)
     num_pages, page_size, kv_heads_x2, head_dim = kv_pages.shape
     layout = packed_layout_for(kv_heads_x2 // 2, head_dim, kv_pages.dtype)
     vectors = _vectors(kv_pages, layout)
@@ -182,8 +197,11 @@ def pack_kv_pages(kv_pages: Float[Array, "num_pages page_size kv_heads_x2 head_d
 
 
 def unpack_kv_pages(words: UInt32[Array, "num_pages rows lanes"], num_kv_heads: int, head_dim: int,
-                    dtype) -> Float[Array, "num_pages page_size kv_heads_x2 head_dim"]:
+                    dtype, num_shards: int = 1) -> Float[Array, "num_pages page_size kv_heads_x2 head_dim"]:
     """Inverse of pack_kv_pages."""
+    if num_shards > 1:
+        return jnp.concatenate([unpack_kv_pages(part, num_kv_heads // num_shards, head_dim, dtype)
+                                for part in jnp.split(words, num_shards, axis=1)], axis=2)
     layout = packed_layout_for(num_kv_heads, head_dim, dtype)
     num_pages = words.shape[0]
     page_size = words.shape[1] // layout.rows_per_token

@@ -1,10 +1,11 @@
 """Ragged paged attention on TPU (Mosaic): the per-step switch, and the general tile kernel.
 
-ragged_paged_attention_tpu picks per step, with one lax.cond, between two statically shaped kernels:
-tpu_decode.py when every real sequence has exactly one q row (a decode step: a sequence's rows are
-its q head group, KV in multi-page live-only DMA blocks), else the tile kernel below (prefill chunks
-and mixed steps). Both scalar-prefetch the block table into SMEM; sequences_per_call checks the
-estimate against a budget and runs an oversized step as several calls over sequence ranges.
+ragged_paged_attention_tpu splits each step by case (tpu_step_cases.py, one lax.switch) over two statically
+shaped kernels: tpu_decode.py for sequences with exactly one q row (a sequence's rows are its q head group, KV in
+multi-page live-only DMA blocks), the tile kernel below for prefill chunks; a mixed step runs its leading decodes
+through the first and the rest through the second. Both scalar-prefetch the block table into SMEM;
+sequences_per_call checks the estimate against a budget and runs an oversized step as several calls over sequence
+ranges.
 
 Tile kernel grid: one step per tile of `q_block_size` q rows (token axis). A tile may hold rows of several
 sequences (decodes) or a slice of one long prefill; the step walks the (sequence, KV chunk) pairs its
@@ -48,17 +49,17 @@ from jaxpaged.kernels.ragged_paged_attention.kv_layout import (
 from jaxpaged.kernels.ragged_paged_attention.metadata import MASK_VALUE, AttentionMetadata
 from jaxpaged.kernels.ragged_paged_attention.tpu_decode import ragged_paged_attention_tpu_decode
 from jaxpaged.kernels.ragged_paged_attention.tpu_online_softmax import accumulate_head
+from jaxpaged.kernels.ragged_paged_attention.tpu_step_cases import STEP_CASES, attend_by_case
 from jaxpaged.kernels.ragged_paged_attention.tpu_vmem import (
     decode_compute_pages,
     decode_intermediate_bytes,
     decode_pages_per_block,
     default_vmem_limit_bytes,
-    token_bytes,
+    prefill_blocks,
+    vmem_bytes,
 )
 
 _LANES = 128
-DEFAULT_Q_BLOCK_SIZE = 32
-DEFAULT_KV_CHUNK_TOKENS = 128  # one lane-width of logits per chunk
 # Scalar-prefetch budget: half of the 1 MiB SMEM of v5e/v6e, the rest left to Mosaic's own use.
 DEFAULT_SMEM_BUDGET_BYTES = 512 * 1024
 _SMEM_ROUNDING = 128
@@ -94,49 +95,65 @@ def _kernel(kv_lens_ref, tables_ref, cu_q_lens_ref, tile_seqs_ref,  # scalar pre
         first = jnp.maximum(first_position - sliding_window + 1, 0) // chunk_tokens
         return jnp.minimum(first, end - 1), end
 
-    def page_copies(seq, chunk, slot):
-        """(needed?, descriptor) per page of the chunk; pages past kv_len are never fetched."""
-        copies = []
-        for i in range(pages_per_chunk):
-            page = chunk * pages_per_chunk + i
-            needed = page * page_size < kv_lens_ref[seq]
-            page_id = tables_ref[seq * pages_per_seq + jnp.minimum(page, pages_per_seq - 1)]
-            copies.append((needed, pltpu.make_async_copy(
-                kv_hbm_ref.at[page_id], kv_buf.at[slot, pl.ds(i * page_rows, page_rows)],
-                sems.at[slot])))
-        return copies
+    def live_pages(seq, chunk):
+        """Pages of the chunk below kv_len: only those are fetched."""
+        return jnp.clip((kv_lens_ref[seq] - chunk * chunk_tokens + page_size - 1) // page_size, 0, pages_per_chunk)
 
     def start_fetch(seq, chunk, slot):
-        for needed, copy in page_copies(seq, chunk, slot):
-            pl.when(needed)(copy.start)
+        # A loop, not one unrolled copy per page: a 1k-token chunk is 64 pages of 16, and unrolled they made
+        # libtpu's compile of this kernel ~5x slower.
+        def start_page(i, _):
+            page = jnp.minimum(chunk * pages_per_chunk + i, pages_per_seq - 1)
+            pltpu.make_async_copy(kv_hbm_ref.at[tables_ref[seq * pages_per_seq + page]],
+                                  kv_buf.at[slot, pl.ds(i * page_rows, page_rows)], sems.at[slot]).start()
+            return ()
+        jax.lax.fori_loop(0, live_pages(seq, chunk), start_page, ())
 
     def wait_fetch(seq, chunk, slot):
-        for needed, copy in page_copies(seq, chunk, slot):
-            pl.when(needed)(copy.wait)
+        # One wait for every page started: the descriptor's size is the bytes started (as in tpu_decode.py).
+        live = live_pages(seq, chunk)
+
+        @pl.when(live > 0)
+        def _wait():
+            started = kv_buf.at[slot, pl.ds(0, live * page_rows)]
+            pltpu.make_async_copy(started, started, sems.at[slot]).wait()
 
     max_ref[...] = jnp.full(max_ref.shape, MASK_VALUE, jnp.float32)
     sum_ref[...] = jnp.zeros(sum_ref.shape, jnp.float32)
     acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
     # Row r of a [group_size * q_block_size, ...] operand is token r % q_block_size of the tile.
+    # A chunk (one DMA, up to 1k tokens) is attended in compute slices of up to DECODE_COMPUTE_TOKENS (a fori_loop):
+    # Mosaic unrolls vector ops over vregs, so [rows, 1k] intermediates made libtpu's compile several times slower.
+    compute_tokens = decode_compute_pages(page_size, pages_per_chunk) * page_size
     row_tokens = tile_start + jax.lax.broadcasted_iota(
-        jnp.int32, (group_size, q_block_size, chunk_tokens), 1).reshape(num_rows, chunk_tokens)
-    column_offsets = jax.lax.broadcasted_iota(jnp.int32, (num_rows, chunk_tokens), 1)
-    value_offsets = jax.lax.broadcasted_iota(jnp.int32, (chunk_tokens, head_dim), 0)
+        jnp.int32, (group_size, q_block_size, compute_tokens), 1).reshape(num_rows, compute_tokens)
+    column_offsets = jax.lax.broadcasted_iota(jnp.int32, (num_rows, compute_tokens), 1)
+    value_offsets = jax.lax.broadcasted_iota(jnp.int32, (compute_tokens, head_dim), 0)
     # float32 caches ask the MXU for full float32 products (several bf16 passes), not one pass.
     precision = jax.lax.Precision.HIGHEST if q_ref.dtype == jnp.float32 else None
 
     def attend_chunk(seq, chunk, slot):
         q_start, q_end, kv_len = cu_q_lens_ref[seq], cu_q_lens_ref[seq + 1], kv_lens_ref[seq]
-        kv_positions = chunk * chunk_tokens + column_offsets
         positions = kv_len - q_end + row_tokens
-        mask = (row_tokens >= q_start) & (row_tokens < q_end) & (kv_positions <= positions)
-        if sliding_window is not None:
-            mask &= kv_positions > positions - sliding_window
-        value_is_real = chunk * chunk_tokens + value_offsets < kv_len
-        for head in range(num_kv_heads):
-            keys, values = load_head(kv_buf, slot, head, layout, chunk_tokens)
-            accumulate_head(q_ref[head].reshape(num_rows, head_dim), keys, values, mask, value_is_real, head,
-                            max_ref, sum_ref, acc_ref, sm_scale=sm_scale, soft_cap=soft_cap, precision=precision)
+        rows_are_real = (row_tokens >= q_start) & (row_tokens < q_end)
+        chunk_start = chunk * chunk_tokens
+        num_slices = jnp.clip((kv_len - chunk_start + compute_tokens - 1) // compute_tokens, 0,
+                              chunk_tokens // compute_tokens)
+
+        def attend_slice(index, carry):
+            first = pl.multiple_of(index * compute_tokens, compute_tokens)
+            kv_positions = chunk_start + first + column_offsets
+            mask = rows_are_real & (kv_positions <= positions)
+            if sliding_window is not None:
+                mask &= kv_positions > positions - sliding_window
+            value_is_real = chunk_start + first + value_offsets < kv_len
+            for head in range(num_kv_heads):
+                keys, values = load_head(kv_buf, slot, head, layout, compute_tokens, first)
+                accumulate_head(q_ref[head].reshape(num_rows, head_dim), keys, values, mask, value_is_real, head,
+                                max_ref, sum_ref, acc_ref, sm_scale=sm_scale, soft_cap=soft_cap, precision=precision)
+            return carry
+
+        jax.lax.fori_loop(0, num_slices, attend_slice, ())
 
     def next_item(seq, chunk):
         _, end = chunk_range(seq)
@@ -176,34 +193,31 @@ def _interpret_params(interpret) -> Union[bool, pltpu.InterpretParams]:
     return pltpu.InterpretParams() if interpret else False
 
 
-def _tile_sequence_ranges(cu_q_lens, num_seqs, num_tiles: int, q_block_size: int) -> jax.Array:
-    """[2 * num_tiles] int32: per q tile, the first and one-past-last sequence owning its rows."""
+def _tile_sequence_ranges(cu_q_lens, num_seqs, num_tiles: int, q_block_size: int, first_seq=0) -> jax.Array:
+    """[2 * num_tiles] int32: per q tile, the first and one-past-last sequence owning its rows, among sequences
+    first_seq..num_seqs (traced; a mixed step leaves its leading decodes to the decode kernel). A tile with no row of
+    those sequences gets an empty range: it fetches nothing."""
     max_num_seqs = cu_q_lens.shape[0] - 1
     num_real_seqs = jnp.clip(num_seqs[0], 0, max_num_seqs)
-    num_real_tokens = cu_q_lens[num_real_seqs]
-    seq_ends = jnp.where(jnp.arange(max_num_seqs) < num_real_seqs, cu_q_lens[1:],
-                         jnp.iinfo(jnp.int32).max)
+    first_seq = jnp.clip(first_seq, 0, num_real_seqs)
+    first_row, num_real_tokens = cu_q_lens[first_seq], cu_q_lens[num_real_seqs]
+    seq_ids = jnp.arange(max_num_seqs)
+    # Sorted: -1 for the skipped leading sequences, then the real ends, then "never" for padding.
+    seq_ends = jnp.where(seq_ids < num_real_seqs, cu_q_lens[1:], jnp.iinfo(jnp.int32).max)
+    seq_ends = jnp.where(seq_ids < first_seq, -1, seq_ends)
     tile_starts = jnp.arange(num_tiles, dtype=jnp.int32) * q_block_size
     last_rows = jnp.minimum(tile_starts + q_block_size, num_real_tokens) - 1
     first = jnp.searchsorted(seq_ends, tile_starts, side="right").astype(jnp.int32)
     end = jnp.searchsorted(seq_ends, last_rows, side="right").astype(jnp.int32) + 1
-    end = jnp.where(tile_starts < num_real_tokens, jnp.minimum(end, num_real_seqs), first)
+    owns_rows = (tile_starts < num_real_tokens) & (last_rows >= first_row)
+    end = jnp.where(owns_rows, jnp.minimum(end, num_real_seqs), first)
     return jnp.stack([first, end], axis=1).reshape(-1)
 
 
-def vmem_bytes(num_q_heads, kv_heads_x2, head_dim, dtype, *, q_block_size, chunk_tokens, layout=None,
-               intermediate_bytes: int = 0) -> int:
-    """VMEM one grid step holds: KV double buffer, q/out tiles (double-buffered), f32 state, intermediates."""
-    itemsize = jnp.dtype(dtype).itemsize
-    kv = 2 * chunk_tokens * token_bytes(kv_heads_x2, head_dim, dtype, layout)
-    q_and_out = 2 * 2 * num_q_heads * q_block_size * max(head_dim, _LANES) * itemsize
-    state = num_q_heads * q_block_size * (max(head_dim, _LANES) + 2 * _LANES) * 4
-    return kv + q_and_out + state + intermediate_bytes
-
-
-def _general(q, kv_pages, kv_lens, block_tables, cu_q_lens, num_seqs, *, sm_scale, sliding_window, soft_cap,
-             q_block_size, pages_per_chunk, page_size, layout, interpret, vmem_limit_bytes):
-    """The tile kernel over any ragged mix (prefill chunks, decodes, both); zeros on rows of no sequence."""
+def _general(q, kv_pages, kv_lens, block_tables, cu_q_lens, num_seqs, first_seq=0, *, sm_scale, sliding_window,
+             soft_cap, q_block_size, pages_per_chunk, page_size, layout, interpret, vmem_limit_bytes):
+    """The tile kernel over any ragged mix (prefill chunks, decodes, both) of sequences first_seq..num_seqs; zeros on
+    rows of no such sequence."""
     num_tokens, num_q_heads, head_dim = q.shape
     pages_per_seq = block_tables.shape[1]
     num_kv_heads = kv_pages.shape[2] // 2 if layout is None else layout.num_kv_heads
@@ -216,7 +230,7 @@ def _general(q, kv_pages, kv_lens, block_tables, cu_q_lens, num_seqs, *, sm_scal
     # stacked into one matmul operand.
     q_tiles = jnp.pad(q, ((0, padded_tokens - num_tokens), (0, 0), (0, 0))).reshape(
         padded_tokens, num_kv_heads, group_size, head_dim).transpose(1, 2, 0, 3)
-    tile_seqs = _tile_sequence_ranges(cu_q_lens, num_seqs, num_tiles, q_block_size)
+    tile_seqs = _tile_sequence_ranges(cu_q_lens, num_seqs, num_tiles, q_block_size, first_seq)
     tile_spec = pl.BlockSpec((num_kv_heads, group_size, q_block_size, head_dim),
                              lambda tile, *_: (0, 0, tile, 0))
     kernel = functools.partial(
@@ -278,7 +292,7 @@ def ragged_paged_attention_tpu(
     sm_scale: float,
     sliding_window: Optional[int] = None,
     soft_cap: Optional[float] = None,
-    q_block_size: int = DEFAULT_Q_BLOCK_SIZE,
+    q_block_size: Optional[int] = None,
     pages_per_chunk: Optional[int] = None,
     pages_per_block: Optional[int] = None,
     case: Optional[str] = None,
@@ -289,11 +303,13 @@ def ragged_paged_attention_tpu(
 ) -> Float[Array, "num_tokens num_q_heads head_dim"]:
     """The spec's contract on TPU; interpret=True (or InterpretParams) simulates a TPU on CPU.
 
-    case: None picks per step (lax.cond) the decode kernel (tpu_decode.py) when every real sequence
-    has one q row, else the tile kernel; "decode" / "general" force one (the caller vouches for
-    "decode"). pages_per_chunk sizes the tile kernel's KV chunks, pages_per_block the decode DMAs.
+    case: None picks per step (tpu_step_cases.py): decode-only steps run the decode kernel (tpu_decode.py),
+    prefill-only ones the tile kernel, mixed ones both (the leading decodes through the decode kernel); "decode" /
+    "general" / "mixed" force one (the caller vouches for "decode"). pages_per_chunk sizes the tile kernel's KV
+    chunks, pages_per_block the decode DMAs.
     kv_pages: the interleaved cache, or the packed uint32 one of kv_layout.py (then num_kv_heads is required).
-    vmem_limit_bytes: None asks for most of the chip's VMEM (tpu_vmem.py); the decode blocks are sized to fit.
+    vmem_limit_bytes: None asks for most of the chip's VMEM (tpu_vmem.py); the decode blocks, and the tile kernel's
+    q_block_size / pages_per_chunk when None, are sized to fit it (~256 q rows x ~1024 KV tokens for the MXU).
     """
     num_tokens, num_q_heads, head_dim = q.shape
     kv_lens, block_tables, cu_q_lens, num_seqs = (metadata.kv_lens, metadata.block_tables, metadata.cu_q_lens,
@@ -311,12 +327,15 @@ def ragged_paged_attention_tpu(
         kv_heads_x2 = 2 * num_kv_heads
     else:
         _, page_size, kv_heads_x2, _ = kv_pages.shape
-    if case not in (None, "decode", "general"):
-        raise ValueError(f"case: must be None, 'decode' or 'general', got {case!r}")
-    if pages_per_chunk is None:
-        pages_per_chunk = max(1, DEFAULT_KV_CHUNK_TOKENS // page_size)
+    if case not in STEP_CASES:
+        raise ValueError(f"case: must be one of {STEP_CASES}, got {case!r}")
     if vmem_limit_bytes is None:
         vmem_limit_bytes = default_vmem_limit_bytes()
+    if q_block_size is None or pages_per_chunk is None:
+        auto_q_block, auto_pages = prefill_blocks(num_tokens, page_size, num_q_heads, kv_heads_x2 // 2, head_dim,
+                                                  q.dtype, layout, vmem_limit_bytes)
+        q_block_size = q_block_size or auto_q_block
+        pages_per_chunk = pages_per_chunk or auto_pages
     if pages_per_block is None:
         pages_per_block = decode_pages_per_block(page_size, pages_per_seq, kv_heads_x2 // 2, head_dim, q.dtype,
                                                  layout, vmem_limit_bytes)
@@ -347,13 +366,8 @@ def ragged_paged_attention_tpu(
     decode = functools.partial(ragged_paged_attention_tpu_decode, pages_per_block=pages_per_block, **options)
 
     def attend(kv_lens, block_tables, cu_q_lens, num_seqs):
-        args = (q, kv_pages, kv_lens, block_tables, cu_q_lens, num_seqs)
-        if case is not None:
-            return (decode if case == "decode" else general)(*args)
-        q_lens = cu_q_lens[1:] - cu_q_lens[:-1]
-        is_real = jnp.arange(q_lens.shape[0]) < num_seqs[0]
-        all_decode = jnp.all(jnp.where(is_real, q_lens == 1, True))
-        return jax.lax.cond(all_decode, decode, general, *args)
+        return attend_by_case(q, kv_pages, kv_lens, block_tables, cu_q_lens, num_seqs, decode=decode, general=general,
+                              case=case)
 
     num_tiles = -(-num_tokens // q_block_size)
     per_call = sequences_per_call(max_num_seqs, pages_per_seq, num_tiles, smem_budget_bytes)

@@ -10,6 +10,10 @@ Decode is the kernel whose buffer is big (MiBs per DMA block), so its plan is ex
 walks a block in chunks of `DECODE_COMPUTE_TOKENS`, which bounds the intermediates whatever the block
 size; the block gets what the limit leaves after them, capped at `DEFAULT_BLOCK_BYTES` (4 MiB DMAs
 already stream at full HBM bandwidth).
+
+The tile kernel (prefill chunks) wants MXU-sized blocks: `PREFILL_Q_TOKENS` q rows (times the GQA group: 1k-row
+operands for Llama) against `PREFILL_KV_TOKENS` of KV per step, halved (KV first) until the estimate fits the
+limit. libtpu compiles 256 x 1024 at every shape of docs/tpu-compile.md on v5e and v6e (bfloat16 and float32).
 """
 
 from typing import Optional
@@ -29,6 +33,11 @@ DECODE_COMPUTE_TOKENS = 256
 # iota and its mask: ~24 bytes measured with the interleaved layout on v5e (its sublane-strided loads relayout),
 # under 2 with the packed one; 32 leaves slack.
 _INTERMEDIATE_BYTES = 32
+PREFILL_Q_TOKENS = 256
+PREFILL_KV_TOKENS = 1024
+# float32 [q rows x KV tokens] arrays a tile-kernel step keeps live (logits, probabilities, mask, positions): an
+# estimate with slack, as _INTERMEDIATE_BYTES is for decode.
+_TILE_INTERMEDIATE_ARRAYS = 8
 
 
 def vmem_capacity_bytes() -> int:
@@ -83,3 +92,36 @@ def decode_pages_per_block(page_size: int, pages_per_seq: int, num_kv_heads: int
     if pages > compute_pages:
         pages -= pages % compute_pages
     return max(1, pages)
+
+
+def vmem_bytes(num_q_heads, kv_heads_x2, head_dim, dtype, *, q_block_size, chunk_tokens, layout=None,
+               intermediate_bytes: int = 0) -> int:
+    """VMEM one grid step holds: KV double buffer, q/out tiles (double-buffered), f32 state, intermediates."""
+    itemsize = jnp.dtype(dtype).itemsize
+    kv = 2 * chunk_tokens * token_bytes(kv_heads_x2, head_dim, dtype, layout)
+    q_and_out = 2 * 2 * num_q_heads * q_block_size * max(head_dim, LANES) * itemsize
+    state = num_q_heads * q_block_size * (max(head_dim, LANES) + 2 * LANES) * 4
+    return kv + q_and_out + state + intermediate_bytes
+
+
+def prefill_blocks(num_tokens: int, page_size: int, num_q_heads: int, num_kv_heads: int, head_dim: int, dtype,
+                   layout: Optional[PackedLayout], vmem_limit_bytes: int) -> tuple[int, int]:
+    """(q_block_size, pages_per_chunk) of the tile kernel: up to PREFILL_Q_TOKENS rows (no more than the step's
+    tokens, whole sublane tiles) against up to PREFILL_KV_TOKENS of KV (whole pages), within the VMEM limit."""
+    sublanes = 8 * _packing(dtype)
+    q_block = min(PREFILL_Q_TOKENS, -(-num_tokens // sublanes) * sublanes)
+    pages = max(1, PREFILL_KV_TOKENS // page_size)
+    group = num_q_heads // num_kv_heads
+
+    def fits(q_block: int, pages: int) -> bool:
+        intermediates = group * q_block * pages * page_size * 4 * _TILE_INTERMEDIATE_ARRAYS
+        return vmem_bytes(num_q_heads, 2 * num_kv_heads, head_dim, dtype, q_block_size=q_block,
+                          chunk_tokens=pages * page_size, layout=layout,
+                          intermediate_bytes=intermediates) <= vmem_limit_bytes
+
+    while not fits(q_block, pages) and (pages > 1 or q_block > sublanes):
+        if pages > 1 and pages * page_size >= q_block:
+            pages //= 2
+        else:
+            q_block = max(sublanes, q_block // 2 // sublanes * sublanes)
+    return q_block, pages
