@@ -119,8 +119,9 @@ def test_the_metered_default_keeps_the_tokens(plain_llm, target_dir):
     from jaxpaged.llm import LLM
 
     metered = LLM(str(target_dir), **TINY_ENGINE_OPTIONS, speculative_config=_draft_config(target_dir))
-    meter = metered.engine.speculator.meter
-    assert meter is not None
+    speculator = metered.engine.speculator
+    assert speculator is not None and speculator.meter is not None
+    meter = speculator.meter
     prompts = _prompts([1, 17, 40], seed=5)
     params = [SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)] * 3
     assert _outputs(metered, prompts, params) == _outputs(plain_llm, prompts, params)
