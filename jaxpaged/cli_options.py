@@ -24,7 +24,7 @@ from typing import Any, Literal, Optional, Union
 
 import yaml
 
-from jaxpaged import config
+from jaxpaged import config, speculative_config
 from jaxpaged.checks import parse_byte_size
 
 ENV_PREFIX = config.ENV_PREFIX
@@ -86,9 +86,11 @@ class EngineOption:
 
 @functools.cache
 def field_docs() -> dict[str, str]:
-    """Each config field's docstring (the string literal under it in config.py), whitespace collapsed."""
+    """Each config field's docstring (the string literal under it in config.py or speculative_config.py, where the
+    speculative group lives), whitespace collapsed."""
     docs = {}
-    for node in ast.walk(ast.parse(inspect.getsource(config))):
+    source = inspect.getsource(config) + "\n" + inspect.getsource(speculative_config)
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.ClassDef):
             for statement, following in zip(node.body, node.body[1:]):
                 if (isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name)
