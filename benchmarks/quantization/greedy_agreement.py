@@ -13,12 +13,11 @@ beside: the prefill path against the decode steps that chose the tokens (1.0 up 
 """
 
 import argparse
-import json
-import pathlib
 import statistics
 import time
 from typing import Any, Optional
 
+from benchmarks.json_report import print_json
 from benchmarks.sweep.machine_info import describe_machine, load_average, machine_info
 from jaxpaged.llm import LLM
 from jaxpaged.sampling.params import SamplingParams
@@ -116,11 +115,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--out", default=None, help="write the figures as JSON here too")
     args = parser.parse_args(argv)
     result = measure(args.model, args.num_tokens, args.dtype, args.schemes)
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out:
-        pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        pathlib.Path(args.out).write_text(text + "\n")
+    print_json(result, args.out)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ No network: the task's data is written locally and the harness runs with the HF 
 """
 
 import argparse
-import json
 import os
 import pathlib
 import statistics
@@ -18,6 +17,7 @@ import tempfile
 import time
 from typing import Any, Optional
 
+from benchmarks.json_report import print_json
 from benchmarks.quantization.mc_task import TASK_NAME, write_task
 from benchmarks.sweep.machine_info import describe_machine, load_average, machine_info
 from benchmarks.sweep.server_process import ServerProcess
@@ -87,11 +87,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="jaxpaged-lm-eval-") as scratch:
         result = measure([None, *args.schemes], args.dtype, pathlib.Path(scratch))
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out:
-        pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        pathlib.Path(args.out).write_text(text + "\n")
+    print_json(result, args.out)
 
 
 if __name__ == "__main__":

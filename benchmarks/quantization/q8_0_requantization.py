@@ -15,7 +15,6 @@ Works in a temporary directory (the GGUFs and their conversion caches); nothing 
 """
 
 import argparse
-import json
 import os
 import pathlib
 import statistics
@@ -26,6 +25,7 @@ from typing import Any, Optional
 import gguf
 import numpy as np
 
+from benchmarks.json_report import print_json
 from benchmarks.quantization.greedy_agreement import (
     ENGINE_OPTIONS,
     common_prefix,
@@ -124,11 +124,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="jaxpaged-q8_0-") as scratch:
         result = measure(args.num_tokens, pathlib.Path(scratch))
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out:
-        pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        pathlib.Path(args.out).write_text(text + "\n")
+    print_json(result, args.out)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,6 @@ usage back to 0 once the traffic stops. Prints the figures as JSON (and writes t
 
 import argparse
 import asyncio
-import json
 import pathlib
 import platform
 import sys
@@ -17,6 +16,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from benchmarks.json_report import print_json
 from benchmarks.soak.traffic import Tally, run_phase
 from benchmarks.sweep.server_process import ServerProcess
 
@@ -130,10 +130,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     quiet_seconds = args.quiet_seconds if args.quiet_seconds is not None else max(10.0, args.seconds / 4)
     log_path = (args.out.parent if args.out else pathlib.Path(tempfile.mkdtemp(prefix="soak-"))) / "server.log"
     result = soak(args.seconds, quiet_seconds, args.normal_streams, args.model, log_path, args.max_rss_growth_mib)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out is not None:
-        args.out.write_text(text + "\n")
+    print_json(result, args.out, indent=2)
     failed = [name for name, held in result["checks"].items() if not held]
     if failed:
         print(f"soak: FAILED {', '.join(failed)} (server log: {log_path})", file=sys.stderr)

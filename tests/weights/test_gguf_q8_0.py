@@ -17,6 +17,7 @@ from jaxpaged.weights.gguf_checkpoint import _unpermute_rope_rows, load_gguf_che
 from jaxpaged.weights.loader import load_model, locate_model
 from tests.conftest import TINY_ENGINE_OPTIONS, TINY_LLAMA
 from tests.weights.gguf_files import write_llama_gguf
+from tests.weights.load_peak import measure_load_peak
 
 _PROJECTIONS = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
                 "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down"}
@@ -98,30 +99,10 @@ def test_engine_on_a_q8_0_gguf_generates_the_requantized_float_models_tokens(q8_
         load_model(str(converted), quantization="compressed-tensors")
 
 
-MEASURE_SCRIPT = """
-import json, pathlib, sys
-import jax, numpy, gguf
-from jaxpaged.weights.gguf_checkpoint import load_gguf_checkpoint
-
-def status_kib(key):
-    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(key + ":"))
-
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")  # resets VmHWM to the current RSS
-before = status_kib("VmRSS")
-_, params, scheme = load_gguf_checkpoint(pathlib.Path(sys.argv[1]))
-print(json.dumps({"growth_bytes": (status_kib("VmHWM") - before) * 1024, "scheme": scheme,
-                  "params_bytes": sum(value.nbytes for value in params.values())}))
-"""
-
-
 def test_a_q8_0_load_holds_the_int8_model_and_the_mapped_file_not_a_float32_copy(tmp_path):
     """Peak host memory while loading a 50 MiB Q8_0 GGUF: its int8 parameters, the file's pages the reader maps
     (file-backed) and one float32 layer being requantized; a float32 copy of the projections would be ~4x the
     file on top."""
-    import subprocess
-    import sys
-
     import torch
     import transformers
 
@@ -131,10 +112,10 @@ def test_a_q8_0_load_holds_the_int8_model_and_the_mapped_file_not_a_float32_copy
     transformers.LlamaForCausalLM(transformers.LlamaConfig(**MEMORY_LLAMA)).save_pretrained(tmp_path / "hf")
     path = write_llama_gguf(tmp_path / "model.Q8_0.gguf", tmp_path / "hf", None, gguf.GGMLQuantizationType.Q8_0)
     file_size = path.stat().st_size
-    result = subprocess.run([sys.executable, "-c", MEASURE_SCRIPT, str(path)], capture_output=True, text=True,
-                            timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    report = measure_load_peak("import gguf\nfrom jaxpaged.weights.gguf_checkpoint import load_gguf_checkpoint",
+                               "_, params, scheme = load_gguf_checkpoint(pathlib.Path(sys.argv[1]))",
+                               '{"scheme": scheme, "params_bytes": sum(value.nbytes for value in params.values())}',
+                               path)
     assert report["scheme"] == "int8" and report["params_bytes"] < file_size
     growth = report["growth_bytes"] / file_size
     assert growth <= 2.4, f"loading grew host memory by {growth:.2f}x the {file_size / 2**20:.0f} MiB file"

@@ -2,8 +2,6 @@
 
 import json
 import pathlib
-import subprocess
-import sys
 from typing import Any
 
 import numpy as np
@@ -17,6 +15,7 @@ from jaxpaged.sampling.params import SamplingParams
 from jaxpaged.weights.converted_store import save_converted
 from jaxpaged.weights.loader import load_model
 from tests.conftest import TINY_LLAMA, hf_greedy_continuations, save_tiny_llama
+from tests.weights.load_peak import measure_load_peak
 
 # ~51M parameters, nearly all in the stacked layers (~100 MB in bf16): a small vocabulary keeps the lazily mapped
 # embedding and lm_head from hiding a regression in the layer stacking.
@@ -24,22 +23,6 @@ MEMORY_LLAMA: dict[str, Any] = dict(vocab_size=1024, hidden_size=512, intermedia
                     num_attention_heads=8, num_key_value_heads=8, head_dim=64, tie_word_embeddings=False)
 MAX_GROWTH = 1.2  # peak host memory growth while loading, as a multiple of the safetensors size
 
-# Libraries are imported (and the high-water mark reset) before the baseline, so only load_model is measured.
-MEASURE_SCRIPT = """
-import json, sys
-import jax, ml_dtypes, numpy
-from jaxpaged.weights.loader import load_model
-
-def status_kib(key):
-    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(key + ":"))
-
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")  # resets VmHWM to the current RSS
-before = status_kib("VmRSS")
-loaded = load_model(sys.argv[1])
-print(json.dumps({"growth_bytes": (status_kib("VmHWM") - before) * 1024,
-                  "dtypes": sorted({str(v.dtype) for v in loaded.params.values()})}))
-"""
 GREEDY_PROMPTS = ["The capital of France is", "def fibonacci(n):\n    "]
 NUM_NEW_TOKENS = 12
 
@@ -73,10 +56,8 @@ def tiny_bf16_dir(tmp_path_factory, smollm2_tokenizer_dir) -> pathlib.Path:
 def test_peak_host_memory_stays_near_the_checkpoint_size(memory_model_dir):
     """A float32 copy would double the growth, and so would keeping every mapped page resident while stacking."""
     file_size = sum(f.stat().st_size for f in memory_model_dir.glob("*.safetensors"))
-    result = subprocess.run([sys.executable, "-c", MEASURE_SCRIPT, str(memory_model_dir)], capture_output=True,
-                            text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    report = measure_load_peak("from jaxpaged.weights.loader import load_model", "loaded = load_model(sys.argv[1])",
+                               '{"dtypes": sorted({str(v.dtype) for v in loaded.params.values()})}', memory_model_dir)
     assert report["dtypes"] == ["bfloat16"]
     growth = report["growth_bytes"] / file_size
     assert growth <= MAX_GROWTH, f"loading grew host memory by {growth:.2f}x the {file_size / 2**20:.0f} MiB checkpoint"
