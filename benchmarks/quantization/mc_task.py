@@ -6,6 +6,8 @@ above chance (25%) that moves when its weights do."""
 import json
 import pathlib
 import random
+from collections.abc import Sequence
+from typing import Any
 
 TASK_NAME = "jaxpaged_quant_mc"
 
@@ -64,11 +66,17 @@ def questions(seed: int = 0) -> list[dict]:
 
 def write_task(directory: pathlib.Path) -> None:
     """The task's data (mc.jsonl) and its lm-eval YAML into `directory` (pass it as the TaskManager's include_path)."""
+    write_mc_task(directory, TASK_NAME, questions(), ("acc", "acc_norm"))
+
+
+def write_mc_task(directory: pathlib.Path, name: str, items: list[dict[str, Any]], metrics: Sequence[str]) -> None:
+    """A local lm-eval multiple-choice task `name`: `items` ({"question", "choices", "answer": index}) as mc.jsonl and
+    the YAML that reads them, scored by `metrics`, into `directory`."""
     directory.mkdir(parents=True, exist_ok=True)
     data = directory / "mc.jsonl"
-    data.write_text("".join(json.dumps(item) + "\n" for item in questions()))
-    (directory / f"{TASK_NAME}.yaml").write_text(
-        f"task: {TASK_NAME}\n"
+    data.write_text("".join(json.dumps(item) + "\n" for item in items))
+    (directory / f"{name}.yaml").write_text(
+        f"task: {name}\n"
         "dataset_path: json\n"
         f"dataset_kwargs:\n  data_files:\n    test: {data}\n"
         "test_split: test\n"
@@ -76,4 +84,4 @@ def write_task(directory: pathlib.Path) -> None:
         "doc_to_text: '{{question}}'\n"
         "doc_to_choice: '{{choices}}'\n"
         "doc_to_target: '{{answer}}'\n"
-        "metric_list:\n  - metric: acc\n  - metric: acc_norm\n")
+        "metric_list:\n" + "".join(f"  - metric: {metric}\n" for metric in metrics))

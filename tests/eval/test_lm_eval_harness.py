@@ -1,13 +1,13 @@
 """lm-evaluation-harness's `local-completions` model (echo + logprobs loglikelihoods against our server) scores a
 small local multiple-choice task exactly as its `hf` backend does on the same weights (no network)."""
 
-import json
 import os
 import pathlib
 from typing import Any
 
 import pytest
 
+from benchmarks.quantization.mc_task import write_mc_task
 from tests.conftest import TINY_ENGINE_OPTIONS
 
 pytestmark = pytest.mark.xdist_group("lm_eval")
@@ -25,18 +25,8 @@ QUESTIONS = [
 
 
 def write_task(directory: pathlib.Path) -> None:
-    data = directory / "mc.jsonl"
-    data.write_text("".join(json.dumps({"question": q, "choices": c, "answer": a}) + "\n" for q, c, a in QUESTIONS))
-    (directory / "jaxpaged_mc.yaml").write_text(
-        "task: jaxpaged_mc\n"
-        "dataset_path: json\n"
-        f"dataset_kwargs:\n  data_files:\n    test: {data}\n"
-        "test_split: test\n"
-        "output_type: multiple_choice\n"
-        "doc_to_text: '{{question}}'\n"
-        "doc_to_choice: '{{choices}}'\n"
-        "doc_to_target: '{{answer}}'\n"
-        "metric_list:\n  - metric: acc\n")
+    write_mc_task(directory, "jaxpaged_mc", [{"question": q, "choices": c, "answer": a} for q, c, a in QUESTIONS],
+                  ("acc",))
 
 
 @pytest.fixture(scope="module")
