@@ -13,12 +13,11 @@ import pytest
 
 from jaxpaged.sampling.params import SamplingParams
 from tests.conftest import TINY_ENGINE_OPTIONS
+from tests.speculative.same_distribution import assert_same_distribution
 
 pytestmark = pytest.mark.xdist_group("tiny_llm")
 
 BLOCK_SIZE = 16
-CHI2_CRITICAL_AT_0_001 = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 6: 22.46, 7: 24.32}
-"""The chi-square statistic a true null exceeds with probability 0.001, by degrees of freedom."""
 # Proposals stop at 6 running requests: workloads of more switch between planning ahead (async scheduling, no
 # proposals) and speculating one step after the other as requests finish.
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3,
@@ -163,10 +162,4 @@ def test_unseeded_draws_follow_the_target_distribution(plain_llm, spec_llm):
         counts.append(collections.Counter(tuple(out.outputs[0].token_ids) for out in outs))
     new_drafted, new_accepted = _spec_counts(spec_llm)
     assert new_accepted > accepted and new_drafted - drafted > new_accepted - accepted  # some kept, some rejected
-    outcomes = sorted(set(counts[0]) | set(counts[1]))
-    table = np.array([[c[o] for o in outcomes] for c in counts])
-    table = table[:, table.sum(axis=0) >= 10]  # chi-square needs populated cells
-    assert table.shape[1] >= 2
-    expected = table.sum(axis=1, keepdims=True) * table.sum(axis=0, keepdims=True) / table.sum()
-    statistic = float(((table - expected) ** 2 / expected).sum())
-    assert statistic < CHI2_CRITICAL_AT_0_001[table.shape[1] - 1], (table, statistic)
+    assert_same_distribution(counts)

@@ -17,13 +17,12 @@ import pytest
 from benchmarks.speculative.truncated_draft import write_truncated_draft
 from jaxpaged.sampling.params import SamplingParams
 from tests.conftest import TINY_ENGINE_OPTIONS, TINY_LLAMA, save_tiny_llama
+from tests.speculative.same_distribution import assert_same_distribution
 
 pytestmark = pytest.mark.xdist_group("draft_model")
 
 BLOCK_SIZE = 16
 K = 3
-CHI2_CRITICAL_AT_0_001 = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 6: 22.46, 7: 24.32}
-"""The chi-square statistic a true null exceeds with probability 0.001, by degrees of freedom."""
 TARGET = {**TINY_LLAMA, "initializer_range": 0.1}
 
 
@@ -198,13 +197,7 @@ def test_unseeded_draws_follow_the_target_distribution(plain_llm, self_draft_llm
         counts.append(collections.Counter(tuple(out.outputs[0].token_ids) for out in outs))
     _, new_drafted, new_accepted = _spec_counts(self_draft_llm)
     assert new_accepted > accepted and new_drafted - drafted > new_accepted - accepted
-    outcomes = sorted(set(counts[0]) | set(counts[1]))
-    table = np.array([[c[o] for o in outcomes] for c in counts])
-    table = table[:, table.sum(axis=0) >= 10]  # chi-square needs populated cells
-    assert table.shape[1] >= 2
-    expected = table.sum(axis=1, keepdims=True) * table.sum(axis=0, keepdims=True) / table.sum()
-    statistic = float(((table - expected) ** 2 / expected).sum())
-    assert statistic < CHI2_CRITICAL_AT_0_001[table.shape[1] - 1], (table, statistic)
+    assert_same_distribution(counts)
 
 
 # ---- bad input at start-up -------------------------------------------------------------------------------------
