@@ -15,6 +15,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any, Optional, Protocol
 
+from jaxpaged.core.block_pool import BlockPool
 from jaxpaged.core.request import Request
 from jaxpaged.core.scheduler_output import ScheduledRequest
 from jaxpaged.speculative.proposal import ProposalBatch
@@ -46,26 +47,6 @@ class DraftSequence:
     """Leading token_ids known to be the request's own (its tokens are append-only): only the rest is compared."""
 
 
-class DraftBlockPool:
-    """The draft pool's free block ids (block 0 is the null block, never handed out); no prefix caching."""
-
-    def __init__(self, num_blocks: int) -> None:
-        self._free = list(range(num_blocks - 1, 0, -1))
-
-    @property
-    def num_free(self) -> int:
-        return len(self._free)
-
-    def allocate(self, count: int) -> Optional[list[int]]:
-        """count free blocks, or None (nothing taken) when fewer are free."""
-        if count > len(self._free):
-            return None
-        return [self._free.pop() for _ in range(count)]
-
-    def free(self, block_ids: list[int]) -> None:
-        self._free += reversed(block_ids)
-
-
 @dataclasses.dataclass
 class _Round:
     """One request's share of a propose call."""
@@ -81,7 +62,8 @@ class DraftModelProposer:
     def __init__(self, steps: DraftSteps, num_kv_blocks: int, block_size: int, max_num_seqs: int,
                  max_num_batched_tokens: int, max_model_len: int) -> None:
         self.steps = steps
-        self.pool = DraftBlockPool(num_kv_blocks)
+        self.pool = BlockPool(num_kv_blocks, enable_caching=False)
+        """The draft pool's blocks (no prefix caching: the draft's K/V is never shared)."""
         self.block_size = block_size
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -134,14 +116,12 @@ class DraftModelProposer:
         sequence.num_confirmed = shared
         needed = -(-num_positions // self.block_size) - len(sequence.block_ids)
         if needed > 0:
-            blocks = self.pool.allocate(needed)
-            if blocks is None:  # make room from requests that do not propose now
+            if needed > self.pool.num_free_blocks:  # make room from requests that do not propose now
                 for request_id in [rid for rid in self.sequences if rid not in in_batch]:
                     self._drop(request_id)
-                blocks = self.pool.allocate(needed)
-            if blocks is None:
+            if needed > self.pool.num_free_blocks:
                 return None
-            sequence.block_ids += blocks
+            sequence.block_ids += [block.block_id for block in self.pool.get_new_blocks(needed)]
         return sequence
 
     def _catch_up(self, rounds: list[_Round]) -> None:
@@ -183,4 +163,4 @@ class DraftModelProposer:
 
     def _drop(self, request_id: str) -> None:
         sequence = self.sequences.pop(request_id)
-        self.pool.free(sequence.block_ids)
+        self.pool.free_blocks(self.pool.blocks[block_id] for block_id in sequence.block_ids)

@@ -167,7 +167,7 @@ def test_the_pools_hold_what_they_hold_without_speculation(plain_llm, self_draft
     assert state[1] == state[0] and state[2] == state[0]
     for llm in (self_draft_llm, truncated_llm):  # every draft block back in the draft's pool
         proposer = llm.engine.speculator.proposer
-        assert proposer.sequences == {} and proposer.pool.num_free == proposer.steps.shape.num_kv_blocks - 1
+        assert proposer.sequences == {} and proposer.pool.num_free_blocks == proposer.steps.shape.num_kv_blocks - 1
 
 
 def test_seeded_sampling_draws_what_it_draws_without_speculation(plain_llm, truncated_llm):

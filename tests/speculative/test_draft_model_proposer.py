@@ -102,12 +102,12 @@ def test_requests_that_stop_running_give_their_blocks_back():
     proposer = _proposer(num_blocks=20)
     requests = [Request(f"r{i}", list(range(10 + i)), max_tokens=50) for i in range(3)]
     _propose(proposer, requests, [3, 3, 3])
-    assert proposer.pool.num_free < 19
+    assert proposer.pool.num_free_blocks < 19
     proposer.retain(requests[1:])  # r0 finished or was preempted
     assert set(proposer.sequences) == {"r1", "r2"}
     reused = Request("r1", [7, 7, 7], max_tokens=5)  # a new request under a finished one's id
     proposer.retain([reused])
-    assert set(proposer.sequences) == set() and proposer.pool.num_free == 19
+    assert set(proposer.sequences) == set() and proposer.pool.num_free_blocks == 19
     assert _propose(proposer, [reused], [2]) == [continuation([7, 7, 7], 2)]
 
 
