@@ -5,9 +5,10 @@ Run: python -m benchmarks.quantization.int8_matmul [--repeats 5] [--rounds 3]
 benchmarks/cpu_matmul.py's program (SmolLM2-135M: 30 layers of q, k, v, o, gate, up and down, then the tied
 49,152-row vocabulary projection, which stays float32 as in the engine) with the layers' weights as float32 panels
 (the default CPU path), int8 panels with column scales (the native int8 matmul), unpacked int8 through XLA's dot
-with the scales on its output, and w8a8 (rows quantized per token, XLA's int8 x int8 dot into int32); at 64 rows
-(a decode step) and 512 (a prefill step), alternated round by round, medians of every repeat. Prints ms per call
-and the ratios to float32, and names the CPU.
+with the scales on its output, int8 with its inputs as int16 digits (XLA's int8 dot: the CPU's weight-only int8 where
+it has VNNI / AMX, models/int16_activations.py), and w8a8 (rows quantized per token, XLA's int8 x int8 dot into
+int32); at 64 rows (a decode step) and 512 (a prefill step), alternated round by round, medians of every repeat.
+Prints ms per call and the ratios to float32, and names the CPU.
 """
 
 import argparse
@@ -23,6 +24,7 @@ from benchmarks.sweep.machine_info import describe_machine, load_average, machin
 from jaxpaged.kernels.cpu_native.packed_matmul import pack_panels, packed_int8_available, packed_matmul_available
 from jaxpaged.models.int8_activations import W8A8Weight
 from jaxpaged.models.int8_weights import Int8Weight, quantize_int8
+from jaxpaged.models.int16_activations import W8A16Weight
 from jaxpaged.timing import call_seconds
 
 
@@ -38,6 +40,8 @@ def _weights(rng: np.random.Generator) -> dict[str, tuple[list[dict], jax.Array]
                          for layer in quantized], head),
         "int8 XLA dot": ([{n: Int8Weight(jnp.asarray(q), jnp.asarray(s)) for n, (q, s) in layer.items()}
                           for layer in quantized], head),
+        "int8 int16 digits": ([{n: W8A16Weight(jnp.asarray(q), jnp.asarray(s)) for n, (q, s) in layer.items()}
+                               for layer in quantized], head),
         "w8a8 XLA int8 dot": ([{n: W8A8Weight(jnp.asarray(q), jnp.asarray(s)) for n, (q, s) in layer.items()}
                                for layer in quantized], head),
     }
@@ -52,7 +56,8 @@ def main() -> None:
     print(describe_machine(machine_info()), "load", load_average())
     weights = _weights(np.random.default_rng(0))
     paths = list(weights)
-    print("| rows | " + " | ".join(f"{path} ms" for path in paths) + " | int8 panels / float32 (speed-up) |")
+    print("| rows | " + " | ".join(f"{path} ms" for path in paths)
+          + " | speed-up over float32: int8 panels / int16 digits / w8a8 |")
     print("|---|" + "---|" * (len(paths) + 1))
     results = []
     for rows in (64, 512):
@@ -60,14 +65,16 @@ def main() -> None:
         compiled = {path: jax.jit(step_matmuls).lower(x, *weights[path]).compile() for path in paths}
         outputs = {path: np.asarray(compiled[path](x, *weights[path])) for path in paths}
         np.testing.assert_allclose(outputs["int8 panels"], outputs["int8 XLA dot"], rtol=1e-3, atol=1e-3)
+        np.testing.assert_allclose(outputs["int8 int16 digits"], outputs["int8 XLA dot"], rtol=1e-3, atol=1e-3)
         seconds: dict[str, list[float]] = {path: [] for path in paths}
         for _ in range(args.rounds):
             for path in paths:
                 seconds[path] += call_seconds(
                     lambda: compiled[path](x, *weights[path]).block_until_ready(), args.repeats)  # noqa: B023
         ms = {path: 1e3 * statistics.median(times) for path, times in seconds.items()}
-        speedup = ms["float32 panels"] / ms["int8 panels"]
-        print(f"| {rows} | " + " | ".join(f"{ms[path]:.1f}" for path in paths) + f" | {speedup:.2f}x |")
+        speedups = " / ".join(f"{ms['float32 panels'] / ms[path]:.2f}x"
+                              for path in ("int8 panels", "int8 int16 digits", "w8a8 XLA int8 dot"))
+        print(f"| {rows} | " + " | ".join(f"{ms[path]:.1f}" for path in paths) + f" | {speedups} |")
         results.append({"rows": rows, "ms": ms})
     print(json.dumps({"load_average": load_average(), "rows": results}))
 

@@ -104,7 +104,9 @@ def _roofline_section(roofline: Optional[dict]) -> list[str]:
              f"256 MiB); dot [rows, {shapes['hidden']}] x [{shapes['hidden']}, {shapes['intermediate']}] at "
              f"{shapes['decode_rows']} / {shapes['prefill_rows']} rows: float32 {dots['float32']['decode']:.0f} / "
              f"{dots['float32']['prefill']:.0f} GFLOP/s, bfloat16 inputs with float32 accumulation "
-             f"{dots['bfloat16']['decode']:.0f} / {dots['bfloat16']['prefill']:.0f} GFLOP/s.",
+             f"{dots['bfloat16']['decode']:.0f} / {dots['bfloat16']['prefill']:.0f} GFLOP/s"
+             + (f", int8 x int8 with int32 sums {dots['int8']['decode']:.0f} / {dots['int8']['prefill']:.0f} "
+                "GOP/s (the int8 roofline of rows with int8 projections)" if "int8" in dots else "") + ".",
              "The workload's lower bound: prefill FLOPs at the prefill dot rate, plus for the decode the larger of its "
              "FLOPs at the decode dot rate and its bytes (every weight once per step, every KV byte attended) at the "
              "copy bandwidth, all requests batched at once; \"of roofline\" is that bound over a row's duration.", ""]

@@ -94,7 +94,8 @@ def _offline_group(config: BenchConfig, points: list[SweepPoint], indices: list[
     dtype = str(llm.engine.runner.dtype)
     # The KV format decides how many tokens the pool holds: rows of different formats are different systems.
     kv_format = {"kv_cache_dtype": llm.engine.config.cache.kv_cache_dtype,
-                 "kv_bytes_per_token": llm.engine.runner.memory_plan.kv_bytes_per_token}
+                 "kv_bytes_per_token": llm.engine.runner.memory_plan.kv_bytes_per_token,
+                 "quantization": llm.engine.runner.plan.quantization}
     try:
         first = points[indices[0]]
         warm_up_llm(llm, generate_requests(first.workload), first.sampling, first.mode.warmup_requests)
@@ -226,7 +227,7 @@ def _add_roofline(rates: "MachineRates", step_rows: tuple[int, int], points: lis
             continue
         # The bound is the machine's, not a system's: every request batched at once, in the row's dtype.
         bound = lower_bound_seconds(model_config, requests, rates, row["metrics"].get("dtype", "float32"),
-                                    max_num_seqs=len(requests))
+                                    max_num_seqs=len(requests), quantization=row["metrics"].get("quantization"))
         row["metrics"].update(bound)
         row["metrics"]["roofline_fraction"] = bound["roofline_s"] / duration
     return {"copy_gb_per_s": rates.copy_bytes_per_s / 1e9,

@@ -16,6 +16,7 @@ from jaxpaged.kernels.ragged_paged_attention import AttentionMetadata, KVPages, 
 from jaxpaged.kernels.ragged_paged_attention.kv_layout import tokens_per_page
 from jaxpaged.models.int8_activations import W8A8Weight, w8a8_product
 from jaxpaged.models.int8_weights import Int8Weight
+from jaxpaged.models.int16_activations import W8A16Weight, w8a16_product
 from jaxpaged.models.model_config import RopeScaling
 
 
@@ -75,9 +76,11 @@ def apply_rope(x: Float[Array, "tokens heads head_dim"], tables: RopeTables) -> 
     return rotated.astype(x.dtype)
 
 
-MatmulWeight = Union[Float[Array, "_inner _outer"], Float[Array, "_panels _inner 16"], Int8Weight, W8A8Weight]
+MatmulWeight = Union[Float[Array, "_inner _outer"], Float[Array, "_panels _inner 16"], Int8Weight, W8A16Weight,
+                     W8A8Weight]
 """A weight [inner, outer], float32 packed into panels [outer / 16, inner, 16] (models/packed_weights.py), int8
-values with per-column scales (models/int8_weights.py), or those with int8 activations (models/int8_activations.py)."""
+values with per-column scales (models/int8_weights.py), those multiplied by inputs split into int8 digits
+(models/int16_activations.py), or those with int8 activations (models/int8_activations.py)."""
 
 
 def matmul(x: Float[Array, "tokens inner"], weight: MatmulWeight, out_dtype=None,
@@ -95,11 +98,12 @@ def matmuls(x: Float[Array, "tokens inner"], weights: Sequence[MatmulWeight], ou
     and v, or gate and up: the products share the threads and x's rows while they are in cache, a few percent more
     GFLOP/s than separate calls; docs/performance.md). An int8 weight is (x @ values) * scale: packed into int8
     panels, by the native int8 matmul (one call for q, k and v, as above), else by XLA's dot (_int8_product); a
+    W8A16 weight splits x's rows into two int8 digits for one int8 x int8 dot (int16_activations.w8a16_product); a
     w8a8 weight quantizes x's rows too and accumulates int8 x int8 in int32 (int8_activations.w8a8_product).
     `num_rows`: rows from it on are padding, which the native matmul skips (their results are zeros there; XLA's dot
     computes them as it must, static shapes)."""
     out_dtype = x.dtype if out_dtype is None else out_dtype
-    floats = [weight for weight in weights if not isinstance(weight, (Int8Weight, W8A8Weight))]
+    floats = [weight for weight in weights if not isinstance(weight, (Int8Weight, W8A16Weight, W8A8Weight))]
     int8s = [weight for weight in weights if isinstance(weight, Int8Weight)]
     if int8s and len(int8s) == len(weights) and all(weight.values.ndim == 3 for weight in int8s):
         products = packed_int8_matmuls(x, [w.values for w in int8s], [w.scale for w in int8s], num_rows)
@@ -116,6 +120,8 @@ def _one_product(x: Float[Array, "tokens inner"], weight: MatmulWeight, out_dtyp
     """x @ weight alone, by the kernel its form asks for."""
     if isinstance(weight, W8A8Weight):
         return w8a8_product(x, weight)
+    if isinstance(weight, W8A16Weight):
+        return w8a16_product(x, weight)
     if isinstance(weight, Int8Weight):
         if weight.values.ndim == 3:
             return packed_int8_matmuls(x, [weight.values], [weight.scale], num_rows)[0]

@@ -19,6 +19,7 @@ from jaxpaged.kernels.bfloat16_bits import from_bits, to_bits
 from jaxpaged.kernels.ragged_paged_attention import AttentionMetadata
 from jaxpaged.models.int8_activations import W8A8Weight
 from jaxpaged.models.int8_weights import Int8Weight, scale_name, scale_shapes
+from jaxpaged.models.int16_activations import W8A16Weight
 from jaxpaged.models.layers import (
     RopeTables,
     apply_rope,
@@ -91,14 +92,14 @@ class LlamaForCausalLM(nnx.Module):
     """Decoder-only transformer; logits only for the rows that are sampled."""
 
     def __init__(self, cfg: ModelConfig, params: dict[str, LayerWeight], packed: bool = False,
-                 packed_int8: bool = False, int8_activations: bool = False):
+                 int8_matmul: Optional[str] = None):
         """`params`: the loaders' flat names; layer weights stacked, or listed per layer (DecoderLayers).
         `packed`: the matmul weights that pack are panels for the native CPU matmul (packed_weights.py). An int8
-        projection comes with its scales under scale_name (int8_weights.py); `packed_int8`: its values are int8
-        panels for the native int8 matmul; `int8_activations` (w8a8): its matmuls quantize their inputs per token
-        (int8_activations.py; not with packed_int8)."""
-        if packed_int8 and int8_activations:
-            raise ValueError("int8_activations: w8a8 runs XLA's int8 dot, not the packed int8 panels")
+        projection comes with its scales under scale_name (int8_weights.py) and multiplies as `int8_matmul` says
+        (runner/startup.py StartupPlan.int8_matmul): "panels": its values are int8 panels for the native int8
+        matmul; "int16 digits": its inputs are split into two int8 digits (int16_activations.py); "w8a8": its
+        inputs are quantized per token (int8_activations.py); "xla" (or None): XLA's fused-convert dot."""
+        packed_int8 = int8_matmul == "panels"
         expected = param_shapes(cfg) | scale_shapes(cfg, set(params))
         if set(params) != set(expected):
             raise ValueError(f"params: expected names {sorted(expected)}, got {sorted(params)}")
@@ -110,7 +111,7 @@ class LlamaForCausalLM(nnx.Module):
             if got != shape:
                 raise ValueError(f"params[{name!r}]: expected shape {shape}, got {got}")
         self.cfg = cfg
-        self.int8_activations = int8_activations
+        self.int8_matmul = int8_matmul
         self.embed = nnx.Param(params["embed"])
         self.final_norm = nnx.Param(params["final_norm"])
         self.lm_head = nnx.Param(params["lm_head"]) if "lm_head" in params else None
@@ -146,7 +147,7 @@ class LlamaForCausalLM(nnx.Module):
         alternating = bool(cfg.layer_is_sliding) and cfg.sliding_window is not None
         step = _StepContext(cfg, metadata, attend, num_rows=metadata.cu_q_lens[-1], num_blocks=num_blocks,
                             global_tables=global_tables, local_tables=local_tables, alternating=alternating,
-                            int8_activations=self.int8_activations)
+                            int8_matmul=self.int8_matmul)
         if self.layers.per_layer:
             carry = (x, kv_pages)
             for index in range(num_layers):
@@ -211,8 +212,8 @@ class _StepContext:
     local_tables: Any
     alternating: bool
     """Layers alternate sliding-window and full attention (Gemma 2 / 3)."""
-    int8_activations: bool = False
-    """w8a8: the int8 projections' matmuls quantize their inputs per token too."""
+    int8_matmul: Optional[str] = None
+    """How the int8 projections multiply (LlamaForCausalLM's `int8_matmul`)."""
 
 
 def _decoder_layer(step: _StepContext, carry, w: dict[str, Any], layer_index, layer_is_sliding):
@@ -223,8 +224,8 @@ def _decoder_layer(step: _StepContext, carry, w: dict[str, Any], layer_index, la
     x, kv_pages = carry
     num_tokens = x.shape[0]
 
-    def proj(name: str) -> Union[jax.Array, Int8Weight, W8A8Weight]:
-        return _projection(w, name, step.int8_activations)
+    def proj(name: str) -> Union[jax.Array, Int8Weight, W8A16Weight, W8A8Weight]:
+        return _projection(w, name, step.int8_matmul)
 
     h = rms_norm(x, w["input_norm"], eps, offset)
     q, k, v = matmuls(h, (proj("q_proj"), proj("k_proj"), proj("v_proj")), num_rows=num_rows)
@@ -260,11 +261,15 @@ def _decoder_layer(step: _StepContext, carry, w: dict[str, Any], layer_index, la
     return x + mlp, kv_pages
 
 
-def _projection(w: dict[str, Any], name: str, int8_activations: bool = False,
-                ) -> Union[jax.Array, Int8Weight, W8A8Weight]:
-    """One layer's projection as matmul takes it: the float (or packed) weight, or int8 values with their scales
-    (w8a8's when `int8_activations`)."""
+def _projection(w: dict[str, Any], name: str, int8_matmul: Optional[str] = None,
+                ) -> Union[jax.Array, Int8Weight, W8A16Weight, W8A8Weight]:
+    """One layer's projection as matmul takes it: the float (or packed) weight, or int8 values with their scales in
+    the form `int8_matmul` names."""
     scale = w.get(scale_name(name))
     if scale is None:
         return w[name]
-    return W8A8Weight(w[name], scale) if int8_activations else Int8Weight(w[name], scale)
+    if int8_matmul == "w8a8":
+        return W8A8Weight(w[name], scale)
+    if int8_matmul == "int16 digits":
+        return W8A16Weight(w[name], scale)
+    return Int8Weight(w[name], scale)

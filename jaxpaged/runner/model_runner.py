@@ -155,8 +155,7 @@ class ModelRunner:
         placed = mesh_lib.place_params(params, self.model_config, self.mesh, self.dtype, per_layer=plan.per_layer,
                                        pack=plan.packed_weights, pack_int8=plan.packed_int8)
         graphdef, state = nnx.split(LlamaForCausalLM(self.model_config, placed, packed=plan.packed_weights,
-                                                     packed_int8=plan.packed_int8,
-                                                     int8_activations=plan.quantization == "w8a8"))
+                                                     int8_matmul=plan.int8_matmul))
         # A plain dict of arrays: every step flattens it to call the executable, and nnx's Variables flatten in
         # Python, several times slower than the dict for a model's per-layer weights.
         self.state = nnx.to_pure_dict(state)

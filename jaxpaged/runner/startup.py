@@ -21,6 +21,7 @@ from jaxpaged.kernels.cpu_native.packed_matmul import packed_int8_available
 from jaxpaged.kernels.cpu_native.paged_decode import native_decode_available
 from jaxpaged.kernels.ragged_paged_attention import resolve_attention_backend
 from jaxpaged.kernels.ragged_paged_attention.dispatch import check_kv_cache_dtype
+from jaxpaged.models.int16_activations import cpu_has_int8_dot_units
 from jaxpaged.models.llama import unroll_layers_on
 from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.models.packed_weights import packs_weights_on
@@ -78,9 +79,11 @@ class StartupPlan:
     quantization: Optional[str] = None
     """"int8": the projections are int8 with per-column scales (models/int8_weights.py); "w8a8": and their matmuls
     quantize their inputs per token (models/int8_activations.py)."""
-    packed_int8: bool = False
-    """The int8 projections packed into panels for the native CPU int8 matmul (else XLA's dot, scales on the
-    output)."""
+    int8_matmul: Optional[str] = None
+    """How the int8 projections multiply (None without them): "panels" (packed into panels for the native CPU int8
+    matmul, widened to float32), "int16 digits" (a CPU with int8 dot units: inputs kept to 16 bits as two int8 digits,
+    models/int16_activations.py), "w8a8" (inputs quantized to int8 per token) or "xla" (XLA's dot with the int8
+    convert fused into its operand, scales on the output: TPU, GPU)."""
     kv_cache_dtype: str = "auto"
     """config.cache.kv_cache_dtype ("fp8" as "fp8_e4m3"): "auto" stores K/V in dtype, "int8" / "fp8_e4m3" quantized
     with per-token-per-head scales in the "quantized" layout."""
@@ -91,6 +94,11 @@ class StartupPlan:
         return kv_storage_dtype(self.dtype, self.kv_cache_dtype)
 
     @property
+    def packed_int8(self) -> bool:
+        """The int8 projections are stored as panels for the native CPU int8 matmul."""
+        return self.int8_matmul == "panels"
+
+    @property
     def num_kv_blocks(self) -> int:
         """Blocks in the pool, the null block included."""
         return self.memory.num_kv_blocks
@@ -99,8 +107,7 @@ class StartupPlan:
         """The plan as one log block, a decision per line."""
         matmuls = "native, packed weights" if self.packed_weights else "XLA dot"
         if self.quantization is not None:
-            kernel = ("native, packed int8 panels" if self.packed_int8 else "XLA int8 x int8 dot, int32 sums"
-                      if self.quantization == "w8a8" else "XLA dot, scales on the output")
+            kernel = _INT8_MATMUL_DESCRIPTIONS[self.int8_matmul or "xla"]
             matmuls += f"; {self.quantization} projections: {kernel}"
         attention = self.attention_backend + (" + native CPU decode" if self.native_decode else "")
         lines = [f"start-up plan: devices [{', '.join(map(str, self.devices))}] ({self.platform}, "
@@ -143,12 +150,33 @@ def plan_startup(model: ModelConfig, params: dict[str, np.ndarray], config: Engi
     memory.check()
     quantized = any(value.dtype == np.int8 for value in params.values())
     scheme = (quantization or "int8") if quantized else None
-    # int8 panels need no bfloat16 units: they pack wherever the native kernel builds, whatever the dtype. w8a8 runs
-    # XLA's int8 x int8 dot (the native kernel widens int8 weights to float32 and has no int8 activations).
-    packed_int8 = (scheme == "int8" and per_layer and config.cpu_matmul == "native" and platform == "cpu" and tp == 1
-                   and packed_int8_available())
+    int8_matmul = choose_int8_matmul(scheme, platform, per_layer, tp, config.cpu_matmul == "native")
     return StartupPlan(platform, tuple(int(d.id) for d in mesh.devices.flat), tp, dtype, backend, per_layer, packed,
-                       native_decode, kv_layout, memory, scheme, packed_int8, kv_cache_dtype)
+                       native_decode, kv_layout, memory, scheme, int8_matmul, kv_cache_dtype)
+
+
+_INT8_MATMUL_DESCRIPTIONS = {
+    "panels": "native, packed int8 panels",
+    "int16 digits": "XLA int8 x int8 dot of 16-bit inputs as two int8 digits, int32 sums",
+    "w8a8": "XLA int8 x int8 dot, int32 sums",
+    "xla": "XLA dot, scales on the output",
+}
+
+
+def choose_int8_matmul(scheme: Optional[str], platform: str, per_layer: bool, tp: int,
+                       native_cpu_matmul: bool) -> Optional[str]:
+    """The int8 projections' matmul (StartupPlan.int8_matmul) for a scheme on a rank: w8a8 is its own; weight-only
+    int8 on a CPU with int8 dot units (VNNI, AMX) runs its inputs as int16 digits there (2.4-3x float32's matmuls;
+    docs/features.md#int8-weights), elsewhere on a CPU the native int8 panels (no bfloat16 or int8 units needed:
+    one device, layers unrolled); XLA's fused-convert dot otherwise. `native_cpu_matmul` False (cpu_matmul "xla")
+    keeps XLA's plain dot."""
+    if scheme is None or scheme == "w8a8":
+        return scheme
+    if platform != "cpu" or not native_cpu_matmul:
+        return "xla"
+    if cpu_has_int8_dot_units():
+        return "int16 digits"
+    return "panels" if per_layer and tp == 1 and packed_int8_available() else "xla"
 
 
 def log_plan(plan: StartupPlan, rank: Optional[int] = None) -> None:

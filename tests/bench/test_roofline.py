@@ -11,13 +11,15 @@ MODEL = ModelConfig(architecture="LlamaForCausalLM", vocab_size=10, hidden_size=
                     num_layers=2, num_q_heads=2, num_kv_heads=1, head_dim=2, rms_norm_eps=1e-5, rope_theta=1e4,
                     max_position_embeddings=64, tie_word_embeddings=True)
 RATES = MachineRates(copy_bytes_per_s=1000.0, dot_flops_per_s={"float32": {"decode": 100.0, "prefill": 1000.0},
-                                                                 "bfloat16": {"decode": 200.0, "prefill": 2000.0}})
+                                                                 "bfloat16": {"decode": 200.0, "prefill": 2000.0},
+                                                                 "int8": {"decode": 400.0, "prefill": 4000.0}})
 
 
 def test_model_sizes_by_hand():
     # per layer: q 4x4, k and v 4x2 each, o 4x4, MLP 3 x 4x8 = 16 + 16 + 16 + 96 = 144; 2 layers
     assert matmul_params_per_token(MODEL) == 288
     assert weight_bytes(MODEL, "float32") == (288 + 40) * 4 and weight_bytes(MODEL, "bfloat16") == (288 + 40) * 2
+    assert weight_bytes(MODEL, "float32", quantized=True) == 288 + 40 * 4  # int8 projections, float32 vocabulary
 
 
 def test_lower_bound_by_hand():
@@ -33,6 +35,18 @@ def test_lower_bound_by_hand():
     assert bound["roofline_decode_memory_s"] == pytest.approx(decode_bytes / 1000.0)
     expected = prefill_flops / 1000.0 + max(decode_flops / 100.0, decode_bytes / 1000.0)
     assert bound["roofline_s"] == pytest.approx(expected)
+
+
+def test_int8_projections_run_at_the_int8_rate_and_bytes_the_rest_in_the_model_dtype():
+    bound = lower_bound_seconds(MODEL, [BenchRequest((1, 2, 3), 3)], RATES, "float32", max_num_seqs=1,
+                                quantization="int8")
+    attention_per_kv = 32
+    prefill = 2 * 288 * 3 / 4000.0 + (attention_per_kv * 6 + 2 * 4 * 10) / 1000.0
+    assert bound["roofline_prefill_s"] == pytest.approx(prefill)
+    decode = 2 * 2 * 288 / 400.0 + sum(attention_per_kv * context + 80 for context in (4, 5)) / 100.0
+    assert bound["roofline_decode_compute_s"] == pytest.approx(decode)
+    decode_bytes = 2 * (288 + 40 * 4) + (4 + 5) * 2 * 1 * 2 * 2 * 4  # the KV stays float32
+    assert bound["roofline_decode_memory_s"] == pytest.approx(decode_bytes / 1000.0)
 
 
 def test_batching_shares_the_weight_reads_and_bfloat16_halves_the_bytes():

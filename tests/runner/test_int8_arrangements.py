@@ -1,6 +1,7 @@
 """int8 projections compute the same step in every weight arrangement: stacked under `lax.scan` (GPU and TPU; int8
-slices and their scales scanned together), per layer through XLA's dot, and per layer as int8 panels in the native
-CPU matmul; the Gemma 3 checkpoint adds alternating sliding layers."""
+slices and their scales scanned together), per layer through XLA's dot, per layer as int8 panels in the native
+CPU matmul, and per layer with the inputs as int16 digits through XLA's int8 dot; the Gemma 3 checkpoint adds
+alternating sliding layers."""
 
 import numpy as np
 import pytest
@@ -16,20 +17,24 @@ from tests.runner.test_step_preparation import _scheduled
 def _int8_runner(model_dir, arrangement: str, monkeypatch) -> ModelRunner:
     from jaxpaged.weights.loader import load_model
 
+    # "packed" and "digits": the CPU's two native int8 matmuls, whichever this CPU would pick.
+
     config = EngineConfig.from_options(block_size=4, num_kv_blocks=32, max_model_len=64, max_num_batched_tokens=16,
                                        max_num_seqs=4, dtype="float32", attention_backend="xla", quantization="int8",
                                        cpu_matmul="xla" if arrangement == "unpacked" else "native")
     with monkeypatch.context() as patches:
         patches.setattr(startup_module, "unroll_layers_on", lambda platform: arrangement != "stacked")
+        patches.setattr(startup_module, "cpu_has_int8_dot_units", lambda: arrangement == "digits")
         return ModelRunner(load_model(str(model_dir)), config)
 
 
 @pytest.mark.parametrize("model", ["llama", "gemma3"])
 def test_int8_arrangements_give_the_same_logits(model, tiny_model_dir, gemma3_dir, monkeypatch):  # noqa: F811
     model_dir = {"llama": tiny_model_dir, "gemma3": gemma3_dir}[model]
-    runners = {name: _int8_runner(model_dir, name, monkeypatch) for name in ("stacked", "unpacked", "packed")}
-    assert runners["packed"].plan.packed_int8 and not runners["unpacked"].plan.packed_int8
-    assert not runners["stacked"].plan.packed_int8
+    runners = {name: _int8_runner(model_dir, name, monkeypatch)
+               for name in ("stacked", "unpacked", "packed", "digits")}
+    assert {name: runner.plan.int8_matmul for name, runner in runners.items()} == {
+        "stacked": "xla", "unpacked": "xla", "packed": "panels", "digits": "int16 digits"}
     packed_layer = runners["packed"].state["layers"]["layers"][0]
     assert packed_layer["q_proj"].ndim == 3 and str(packed_layer["q_proj"].dtype) == "int8"
     assert str(runners["stacked"].state["layers"]["q_proj"].dtype) == "int8"
@@ -44,3 +49,5 @@ def test_int8_arrangements_give_the_same_logits(model, tiny_model_dir, gemma3_di
         assert np.abs(logits["packed"]).max() > 0
         np.testing.assert_allclose(logits["stacked"], logits["packed"], rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(logits["unpacked"], logits["packed"], rtol=1e-5, atol=1e-5)
+        # The digits round each input row to 1 part in 65,278 of its largest value (int16_activations.py).
+        np.testing.assert_allclose(logits["digits"], logits["packed"], rtol=1e-4, atol=1e-4)
