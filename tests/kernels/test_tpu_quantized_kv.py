@@ -64,9 +64,11 @@ def test_every_8_bit_code_decodes_in_kernel(kv_cache_dtype):
         for byte in range(4):
             out_ref[byte] = _byte_to_float(words_ref[...], byte, kv_cache_dtype)
 
-    words = jnp.asarray(sum(np.roll(codes, 37 * byte) << (8 * byte) for byte in range(4)).astype(np.uint32))
+    words = np.zeros_like(codes)
+    for byte in range(4):
+        words |= np.roll(codes, 37 * byte) << np.uint32(8 * byte)
     out = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((4, 2, 128), jnp.float32),
-                         interpret=pltpu.InterpretParams())(words)
+                         interpret=pltpu.InterpretParams())(jnp.asarray(words))
     view = np.int8 if kv_cache_dtype == "int8" else jnp.float8_e4m3fn
     for byte in range(4):
         expected = np.roll(codes, 37 * byte).astype(np.uint8).view(view).astype(np.float32)
