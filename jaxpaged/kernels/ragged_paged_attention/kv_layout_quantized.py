@@ -137,27 +137,22 @@ def _token_vectors(codes: UInt32[Array, "tokens kv_heads_x2 head_dim"], layout: 
     return jnp.concatenate([split(keys), split(values)], axis=2).reshape(tokens, -1, LANES)
 
 
-def _token_words(stored: Shaped[Array, "tokens kv_heads_x2 row_bytes"], offsets: Int[Array, " tokens"],
-                 layout: QuantizedPackedLayout):
-    """Where each token's bytes go in its page and what they are: (rows, lanes, shifts, masks, fields), each
-    [tokens, V * 128 + kv_heads]: the token's code bytes then its scale words (fields already shifted)."""
-    tokens = stored.shape[0]
-    codes, scales = _codes_and_scale_bits(stored)
-    vectors = _token_vectors(codes, layout).reshape(tokens, -1)  # [tokens, V * 128]
-    quad, byte = offsets // _QUAD, offsets % _QUAD
-    vector_ids = jnp.arange(layout.vectors_per_token * LANES) // LANES
-    code_rows = quad[:, None] * layout.vectors_per_token + vector_ids[None]
-    code_lanes = jnp.broadcast_to(jnp.arange(layout.vectors_per_token * LANES) % LANES, code_rows.shape)
-    code_shift = jnp.broadcast_to(8 * byte[:, None], code_rows.shape)
-    scale_words = offsets[:, None] * layout.num_kv_heads + jnp.arange(layout.num_kv_heads)[None]
-    scale_fields = scales[:, 0::2] | (scales[:, 1::2] << 16)  # K low, V high
-    rows = jnp.concatenate([code_rows, layout.code_rows + scale_words // LANES], axis=1)
-    lanes = jnp.concatenate([code_lanes, scale_words % LANES], axis=1)
-    shifts = jnp.concatenate([code_shift, jnp.zeros_like(scale_words)], axis=1).astype(jnp.uint32)
-    masks = jnp.concatenate([jnp.full(code_rows.shape, 0xFF, jnp.uint32),
-                             jnp.full(scale_words.shape, 0xFFFFFFFF, jnp.uint32)], axis=1) << shifts
-    fields = jnp.concatenate([vectors, scale_fields], axis=1).astype(jnp.uint32) << shifts
-    return rows, lanes, masks, fields
+def _windows(pages: UInt32[Array, "num_pages rows lanes"], page_ids: Int[Array, " tokens"],
+             first_rows: Int[Array, " tokens"], num_rows: int) -> UInt32[Array, "tokens window lanes"]:
+    """Rows first_rows..first_rows + num_rows of each token's page (one windowed gather)."""
+    window = lambda page, row: jax.lax.dynamic_slice(pages, (page, row, 0), (1, num_rows, LANES))[0]  # noqa: E731
+    return jax.vmap(window)(page_ids, first_rows)
+
+
+def _add_windows(pages: UInt32[Array, "num_pages rows lanes"], page_ids: Int[Array, " tokens"],
+                 first_rows: Int[Array, " tokens"], deltas: UInt32[Array, "tokens window lanes"]
+                 ) -> UInt32[Array, "num_pages rows lanes"]:
+    """pages with each token's [window, 128] delta added at its rows (one windowed scatter: a token's rows move as
+    one update, not word by word)."""
+    numbers = jax.lax.ScatterDimensionNumbers(update_window_dims=(1, 2), inserted_window_dims=(0,),
+                                              scatter_dims_to_operand_dims=(0, 1))
+    indices = jnp.stack([page_ids, first_rows], axis=1).astype(jnp.int32)
+    return jax.lax.scatter_add(pages, indices, deltas, numbers, indices_are_sorted=False, unique_indices=False)
 
 
 def write_packed_quantized_rows(pages: UInt32[Array, "num_pages rows lanes"],
@@ -166,21 +161,34 @@ def write_packed_quantized_rows(pages: UInt32[Array, "num_pages rows lanes"],
                                 num_shards: int = 1) -> UInt32[Array, "num_pages rows lanes"]:
     """Quantized rows (kv_quantization.quantize_rows, [tokens, 2 * kv_heads, head_dim + 2]) into their slots.
 
-    Words are shared by 4 tokens (and scale words by a page's tokens), so each word gets (new - old) of its own
-    field added: disjoint fields make the sum of several tokens' deltas to one word exact (modulo 2^32), whatever
-    the order. Slots must be distinct outside the null page 0 (whose content is garbage by contract)."""
+    Words are shared by 4 tokens (and scale rows by a page's tokens), so each token adds to its quad's V rows and its
+    page's scale rows the (new - old) of its own fields only: disjoint fields make the sum of several tokens' deltas
+    exact (modulo 2^32) whatever the order, so a prefill's tokens of one quad need no serial merge. Slots must be
+    distinct outside the null page 0 (whose content is garbage by contract)."""
     if num_shards > 1:
-        heads = layout.num_kv_heads
-        shard = dataclasses.replace(layout, num_kv_heads=heads // num_shards)
+        shard = dataclasses.replace(layout, num_kv_heads=layout.num_kv_heads // num_shards)
         parts = jnp.split(pages, num_shards, axis=1)
         rows = jnp.split(stored, num_shards, axis=1)
         return jnp.concatenate([write_packed_quantized_rows(p, r, slot_mapping, shard) for p, r in zip(parts, rows)],
                                axis=1)
-    page_ids = slot_mapping // layout.page_size
-    rows, lanes, masks, fields = _token_words(stored, slot_mapping % layout.page_size, layout)
-    page_ids = jnp.broadcast_to(page_ids[:, None], rows.shape)
-    old = pages[page_ids, rows, lanes] & masks
-    return pages.at[page_ids, rows, lanes].add(fields - old)
+    tokens = stored.shape[0]
+    page_ids, offsets = slot_mapping // layout.page_size, slot_mapping % layout.page_size
+    codes, scales = _codes_and_scale_bits(stored)
+    # Codes: byte offset % 4 of the V rows of quad offset // 4.
+    code_rows = offsets // _QUAD * layout.vectors_per_token
+    shifts = (8 * (offsets % _QUAD)).astype(jnp.uint32)[:, None, None]
+    old = _windows(pages, page_ids, code_rows, layout.vectors_per_token)
+    code_deltas = (_token_vectors(codes, layout) << shifts) - (old & (jnp.uint32(0xFF) << shifts))
+    # Scales: words offset * kv_heads + h of the page's scale rows, K in the low half, V in the high.
+    scale_rows = jnp.full_like(page_ids, layout.code_rows)
+    old_scales = _windows(pages, page_ids, scale_rows, layout.scale_rows).reshape(tokens, -1)
+    words = offsets[:, None] * layout.num_kv_heads + jnp.arange(layout.num_kv_heads)[None]
+    new_scales = scales[:, 0::2] | (scales[:, 1::2] << 16)
+    changes = new_scales - jnp.take_along_axis(old_scales, words, axis=1)
+    scale_deltas = jax.vmap(lambda word, change: jnp.zeros(old_scales.shape[1], jnp.uint32).at[word].set(change))(
+        words, changes).reshape(tokens, layout.scale_rows, LANES)
+    pages = _add_windows(pages, page_ids, code_rows, code_deltas)
+    return _add_windows(pages, page_ids, scale_rows, scale_deltas)
 
 
 def pack_quantized_pages(stored: Shaped[Array, "num_pages page_size kv_heads_x2 row_bytes"], num_shards: int = 1
