@@ -64,10 +64,12 @@ class StepCase:
 def step_cases(chips) -> list[StepCase]:
     """A tiny and a Llama-3-8B step at tp 8 on each chip, and on the first chip the 8B with the interleaved pool (its
     per-chip tile padding, 8x the packed bytes, is what the plan must now count) and with an int8 KV cache (the packed
-    quantized layout, kv_layout_quantized.py)."""
+    quantized layout, kv_layout_quantized.py; one KV head per shard at page 16: the bfloat16 bytes) and the tiny model
+    at tp 2 with an fp8 one (4 heads per shard: about half the bytes)."""
     cases = [StepCase(name, chip) for chip in chips for name in STEP_MODELS]
     return cases + [StepCase("Llama-3-8B", chips[0], layout="interleaved"),
-                    StepCase("Llama-3-8B", chips[0], kv_cache_dtype="int8")] if chips else cases
+                    StepCase("Llama-3-8B", chips[0], kv_cache_dtype="int8"),
+                    StepCase("tiny", chips[0], tp=2, kv_cache_dtype="fp8_e4m3")] if chips else cases
 
 
 def _mesh(chip: str, tp: int) -> Mesh:

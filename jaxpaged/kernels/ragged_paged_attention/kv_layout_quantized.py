@@ -137,24 +137,6 @@ def _token_vectors(codes: UInt32[Array, "tokens kv_heads_x2 head_dim"], layout: 
     return jnp.concatenate([split(keys), split(values)], axis=2).reshape(tokens, -1, LANES)
 
 
-def _windows(pages: UInt32[Array, "num_pages rows lanes"], page_ids: Int[Array, " tokens"],
-             first_rows: Int[Array, " tokens"], num_rows: int) -> UInt32[Array, "tokens window lanes"]:
-    """Rows first_rows..first_rows + num_rows of each token's page (one windowed gather)."""
-    window = lambda page, row: jax.lax.dynamic_slice(pages, (page, row, 0), (1, num_rows, LANES))[0]  # noqa: E731
-    return jax.vmap(window)(page_ids, first_rows)
-
-
-def _add_windows(pages: UInt32[Array, "num_pages rows lanes"], page_ids: Int[Array, " tokens"],
-                 first_rows: Int[Array, " tokens"], deltas: UInt32[Array, "tokens window lanes"]
-                 ) -> UInt32[Array, "num_pages rows lanes"]:
-    """pages with each token's [window, 128] delta added at its rows (one windowed scatter: a token's rows move as
-    one update, not word by word)."""
-    numbers = jax.lax.ScatterDimensionNumbers(update_window_dims=(1, 2), inserted_window_dims=(0,),
-                                              scatter_dims_to_operand_dims=(0, 1))
-    indices = jnp.stack([page_ids, first_rows], axis=1).astype(jnp.int32)
-    return jax.lax.scatter_add(pages, indices, deltas, numbers, indices_are_sorted=False, unique_indices=False)
-
-
 def write_packed_quantized_rows(pages: UInt32[Array, "num_pages rows lanes"],
                                 stored: Shaped[Array, "tokens kv_heads_x2 row_bytes"],
                                 slot_mapping: Int[Array, " tokens"], layout: QuantizedPackedLayout,
@@ -174,21 +156,22 @@ def write_packed_quantized_rows(pages: UInt32[Array, "num_pages rows lanes"],
     tokens = stored.shape[0]
     page_ids, offsets = slot_mapping // layout.page_size, slot_mapping % layout.page_size
     codes, scales = _codes_and_scale_bits(stored)
-    # Codes: byte offset % 4 of the V rows of quad offset // 4.
-    code_rows = offsets // _QUAD * layout.vectors_per_token
+    # A token's rows: the V rows of its quad (its codes are byte offset % 4 of each word), then its page's scale rows.
+    # One gather and one scatter-add of whole 128-lane rows: two scatters made XLA:TPU copy the pool in the step.
+    code_rows = (offsets // _QUAD * layout.vectors_per_token)[:, None] + jnp.arange(layout.vectors_per_token)[None]
+    scale_rows = jnp.broadcast_to(layout.code_rows + jnp.arange(layout.scale_rows), (tokens, layout.scale_rows))
+    rows = jnp.concatenate([code_rows, scale_rows], axis=1)
+    old = pages[page_ids[:, None], rows]  # [tokens, V + scale_rows, 128]
+    old_codes, old_scales = old[:, :layout.vectors_per_token], old[:, layout.vectors_per_token:].reshape(tokens, -1)
     shifts = (8 * (offsets % _QUAD)).astype(jnp.uint32)[:, None, None]
-    old = _windows(pages, page_ids, code_rows, layout.vectors_per_token)
-    code_deltas = (_token_vectors(codes, layout) << shifts) - (old & (jnp.uint32(0xFF) << shifts))
-    # Scales: words offset * kv_heads + h of the page's scale rows, K in the low half, V in the high.
-    scale_rows = jnp.full_like(page_ids, layout.code_rows)
-    old_scales = _windows(pages, page_ids, scale_rows, layout.scale_rows).reshape(tokens, -1)
+    code_deltas = (_token_vectors(codes, layout) << shifts) - (old_codes & (jnp.uint32(0xFF) << shifts))
+    # Scales: words offset * kv_heads + h of the scale rows, K in the low half, V in the high.
     words = offsets[:, None] * layout.num_kv_heads + jnp.arange(layout.num_kv_heads)[None]
-    new_scales = scales[:, 0::2] | (scales[:, 1::2] << 16)
-    changes = new_scales - jnp.take_along_axis(old_scales, words, axis=1)
+    changes = (scales[:, 0::2] | (scales[:, 1::2] << 16)) - jnp.take_along_axis(old_scales, words, axis=1)
     scale_deltas = jax.vmap(lambda word, change: jnp.zeros(old_scales.shape[1], jnp.uint32).at[word].set(change))(
         words, changes).reshape(tokens, layout.scale_rows, LANES)
-    pages = _add_windows(pages, page_ids, code_rows, code_deltas)
-    return _add_windows(pages, page_ids, scale_rows, scale_deltas)
+    deltas = jnp.concatenate([code_deltas, scale_deltas], axis=1)
+    return pages.at[page_ids[:, None], rows].add(deltas)
 
 
 def pack_quantized_pages(stored: Shaped[Array, "num_pages page_size kv_heads_x2 row_bytes"], num_shards: int = 1
