@@ -26,6 +26,9 @@ Hardware notes (why the shapes are what they are):
     rows per token) split by shifts + bitcasts, the variant the TPU interpreter can run (it has no
     ref bitcasts). head_dim 64 packs [K | V] in one 128-lane vector: q is zero-padded to 128 lanes,
     so q.[K | V] = q.K, and P.[K | V] holds P.V in lanes 64..127.
+  - The packed quantized layout (int8 / fp8 KV, kv_layout_quantized.py) is DMA'd by whole pages the same way and
+    dequantized to float32 as it is loaded (tpu_quantized_kv.py); its keys come out page-minor, so the masks'
+    token offsets follow that order (token_offsets).
   - Running max and sum are kept lane-replicated ([rows, 128]) to avoid unaligned 1-lane slices.
 Pages past a sequence's length are not fetched; their stale VMEM is masked out of logits and V.
 """
