@@ -88,3 +88,35 @@ def test_quantized_cache_needs_its_page_size():
     with pytest.raises(ValueError, match="kv_pages"):  # 8 tokens of one head are 8 rows, not 16
         ragged_paged_attention_tpu(q, words, metadata, sm_scale=0.1, num_kv_heads=1, kv_cache_dtype="int8",
                                    page_size=8, interpret=True)
+
+
+def test_each_tensor_parallel_shard_writes_then_reads_its_rows():
+    """What mesh.shard_attention runs per shard, through dispatch: the step's K / V written into the shard's rows of a
+    tp-2 pool (4 KV heads of 128, 2 per shard), then attention over the shard's q heads. Together: the pool unpacks to
+    the quantized pool after the step's writes, and the output is the spec's over its dequantized values."""
+    from jaxpaged.kernels.ragged_paged_attention import ragged_paged_attention, write_kv
+    from jaxpaged.kernels.ragged_paged_attention.kv_layout_quantized import unpack_quantized_pages
+
+    page, tp, num_kv_heads, num_q_heads = 16, 2, 4, 8
+    batch = make_ragged_batch([1, 17, 1, 5], [1, page + 1, page, 3 * page + 7], num_q_heads=num_q_heads,
+                              num_kv_heads=num_kv_heads, head_dim=128, page_size=page, num_tokens=32, max_num_seqs=4,
+                              seed=5)
+    k, v = jax.random.normal(jax.random.key(6), (2, 32, num_kv_heads, 128))
+    q, kv_pages, metadata = batch.attention_args()
+    stored = quantize_rows(kv_pages, jnp.int8)
+    layout = dict(kv_cache_dtype="int8", page_size=page)
+    pools, outs = [], []
+    for shard, rows in enumerate(jnp.split(pack_quantized_pages(stored, tp), tp, axis=1)):
+        kv_heads, q_heads = slice(2 * shard, 2 * shard + 2), slice(4 * shard, 4 * shard + 4)
+        pools.append(write_kv(rows, k[:, kv_heads], v[:, kv_heads], metadata, backend="pallas_tpu", **layout))
+        outs.append(ragged_paged_attention(q[:, q_heads], pools[-1], metadata,
+                                           backend="pallas_tpu", sm_scale=0.125, num_kv_heads=2, **layout))
+    num_real = int(batch.cu_q_lens[4])
+    slots = np.asarray(batch.slot_mapping)[:num_real]
+    new_rows = quantize_rows(jnp.stack([k, v], axis=2).reshape(32, 2 * num_kv_heads, 128)[:num_real], jnp.int8)
+    expected = stored.at[slots // page, slots % page].set(new_rows)
+    written = unpack_quantized_pages(jnp.concatenate(pools, axis=1), num_kv_heads, 128, "int8", page, tp)
+    np.testing.assert_array_equal(np.asarray(written)[1:], np.asarray(expected)[1:])  # page 0: padding's garbage
+    reference = ragged_paged_attention_spec(q, dequantize_rows(expected), metadata, sm_scale=0.125)
+    out = np.concatenate([np.asarray(part) for part in outs], axis=1)
+    np.testing.assert_allclose(out[:num_real], reference[:num_real], atol=2e-5, rtol=2e-5)
