@@ -104,13 +104,14 @@ def test_each_tensor_parallel_shard_writes_then_reads_its_rows():
     k, v = jax.random.normal(jax.random.key(6), (2, 32, num_kv_heads, 128))
     q, kv_pages, metadata = batch.attention_args()
     stored = quantize_rows(kv_pages, jnp.int8)
-    layout = dict(kv_cache_dtype="int8", page_size=page)
     pools, outs = [], []
     for shard, rows in enumerate(jnp.split(pack_quantized_pages(stored, tp), tp, axis=1)):
         kv_heads, q_heads = slice(2 * shard, 2 * shard + 2), slice(4 * shard, 4 * shard + 4)
-        pools.append(write_kv(rows, k[:, kv_heads], v[:, kv_heads], metadata, backend="pallas_tpu", **layout))
+        pools.append(write_kv(rows, k[:, kv_heads], v[:, kv_heads], metadata, backend="pallas_tpu",
+                              kv_cache_dtype="int8", page_size=page))
         outs.append(ragged_paged_attention(q[:, q_heads], pools[-1], metadata,
-                                           backend="pallas_tpu", sm_scale=0.125, num_kv_heads=2, **layout))
+                                           backend="pallas_tpu", sm_scale=0.125, num_kv_heads=2, kv_cache_dtype="int8",
+                                           page_size=page))
     num_real = int(batch.cu_q_lens[4])
     slots = np.asarray(batch.slot_mapping)[:num_real]
     new_rows = quantize_rows(jnp.stack([k, v], axis=2).reshape(32, 2 * num_kv_heads, 128)[:num_real], jnp.int8)
