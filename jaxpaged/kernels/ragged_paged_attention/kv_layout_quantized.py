@@ -174,6 +174,7 @@ def write_packed_quantized_rows(pages: UInt32[Array, "num_pages rows lanes"],
     return pages.at[page_ids[:, None], rows].add(deltas)
 
 
+@functools.partial(jax.jit, static_argnames=("num_shards",))
 def pack_quantized_pages(stored: Shaped[Array, "num_pages page_size kv_heads_x2 row_bytes"], num_shards: int = 1
                          ) -> UInt32[Array, "num_pages rows lanes"]:
     """The "quantized" interleaved pool (int8 / uint8 rows of codes and a scale) as the packed quantized layout of
@@ -188,6 +189,7 @@ def pack_quantized_pages(stored: Shaped[Array, "num_pages page_size kv_heads_x2 
                                        layout, num_shards)
 
 
+@functools.partial(jax.jit, static_argnames=("num_kv_heads", "head_dim", "kv_cache_dtype", "page_size", "num_shards"))
 def unpack_quantized_pages(words: UInt32[Array, "num_pages rows lanes"], num_kv_heads: int, head_dim: int,
                            kv_cache_dtype: str, page_size: int, num_shards: int = 1
                            ) -> Shaped[Array, "num_pages page_size kv_heads_x2 row_bytes"]:
