@@ -35,11 +35,6 @@ _QUANTIZATION_ALIASES = {"tpu_int8": "int8", "w8a8_int8": "w8a8"}
 per-channel int8, SGLang's w8a8_int8 the same dynamic per-token int8 activations x per-channel int8 weights."""
 
 
-_QUANTIZED_KV_BACKENDS = ("auto", "xla", "pallas_gpu")
-"""Attention backends named in the config that can run a quantized KV cache ("auto" is checked against the platform
-at start-up, before the weights load: runner/kv_cache.py check_kv_cache_dtype)."""
-
-
 @dataclasses.dataclass(frozen=True)
 class CacheConfig:
     """How the paged KV cache is laid out and sized."""
@@ -278,10 +273,6 @@ class EngineConfig:
             _require(isinstance(self.kv_events_config, str), "kv_events_config",
                      f"must be a JSON object as a string, got {self.kv_events_config!r}")
             parse_kv_events_config(self.kv_events_config)  # ValueError naming kv_events_config
-        _require(self.cache.kv_cache_dtype == "auto" or self.attention_backend in _QUANTIZED_KV_BACKENDS,
-                 "kv_cache_dtype", f"{self.cache.kv_cache_dtype!r} runs on the attention backends "
-                 f"{_QUANTIZED_KV_BACKENDS} (\"auto\" picks xla on a CPU), not {self.attention_backend!r}; use "
-                 f"kv_cache_dtype=\"auto\" there")
         if self.speculative.enabled:  # a decode row and its proposals must fit one step's budget
             budget = self.scheduler.max_num_batched_tokens
             _require(self.speculative.num_speculative_tokens < budget, "num_speculative_tokens",

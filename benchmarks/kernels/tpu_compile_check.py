@@ -28,12 +28,15 @@ from benchmarks.kernels.tpu_compile_grid import (
     MAX_NUM_SEQS,
     NUM_TOKENS,
     POOL_TOKENS,
+    QUANTIZED_LAYOUTS,
     CompileCase,
     ci_grid,
     full_grid,
 )
 from benchmarks.kernels.tpu_step_compile import STEP_COLUMNS, compile_step, step_cases
+from jaxpaged.kernels.kv_quantization import quantized_pool_dtype
 from jaxpaged.kernels.ragged_paged_attention.kv_layout import cache_shape, packed_layout_for
+from jaxpaged.kernels.ragged_paged_attention.kv_layout_quantized import quantized_layout_for, write_kv_packed_quantized
 from jaxpaged.kernels.ragged_paged_attention.kv_write_tpu import write_kv_pages_tpu
 from jaxpaged.kernels.ragged_paged_attention.metadata import AttentionMetadata
 from jaxpaged.kernels.ragged_paged_attention.tpu import ragged_paged_attention_tpu
@@ -48,15 +51,28 @@ COLUMNS = ("model", "heads", "chip", "kernel", "layout", "dtype", "page", "resul
            "hbm_args", "hbm_temp", "seconds")
 
 
+def _kv_cache_dtype(case: CompileCase) -> str:
+    """"auto", or the quantized format of a packed quantized case ("packed_int8" -> "int8")."""
+    return case.layout[len("packed_"):] if case.layout in QUANTIZED_LAYOUTS else "auto"
+
+
 def _step_function(case: CompileCase):
     """(function, abstract args) of one kernel call at the grid's step size."""
     shape, page_size, dtype = case.shape, case.page_size, jnp.dtype(case.dtype)
     kv_heads, head_dim = shape.num_kv_heads, shape.head_dim
-    kv_pages = cache_shape(POOL_TOKENS // page_size, page_size, kv_heads, head_dim, dtype, case.layout)
+    kv_cache_dtype = _kv_cache_dtype(case)
+    if kv_cache_dtype == "auto":
+        kv_pages = cache_shape(POOL_TOKENS // page_size, page_size, kv_heads, head_dim, dtype, case.layout)
+    else:
+        kv_pages = cache_shape(POOL_TOKENS // page_size, page_size, kv_heads, head_dim,
+                               quantized_pool_dtype(kv_cache_dtype), "packed_quantized")
+    quantized = dict(kv_cache_dtype=kv_cache_dtype, page_size=page_size) if kv_cache_dtype != "auto" else {}
     int32 = lambda *dims: (dims, jnp.int32)  # noqa: E731
     if case.kernel == "kv_write":
         k = ((NUM_TOKENS, kv_heads, head_dim), dtype)
-        return (functools.partial(write_kv_pages_tpu, interpret=False), (kv_pages, k, k, int32(NUM_TOKENS)))
+        write = (functools.partial(write_kv_packed_quantized, **quantized) if quantized
+                 else functools.partial(write_kv_pages_tpu, interpret=False))
+        return write, (kv_pages, k, k, int32(NUM_TOKENS))
     pages_per_seq = MAX_MODEL_LEN // page_size
     fields = (int32(NUM_TOKENS), int32(MAX_NUM_SEQS), int32(MAX_NUM_SEQS, pages_per_seq),
               int32(MAX_NUM_SEQS + 1), int32(1))
@@ -64,11 +80,14 @@ def _step_function(case: CompileCase):
     def attend(q, kv, *fields):
         return ragged_paged_attention_tpu(
             q, kv, AttentionMetadata(*fields), sm_scale=head_dim ** -0.5, sliding_window=shape.sliding_window,
-            soft_cap=shape.soft_cap, case=case.kernel, num_kv_heads=kv_heads, interpret=False)
+            soft_cap=shape.soft_cap, case=case.kernel, num_kv_heads=kv_heads, interpret=False, **quantized)
     return attend, (((NUM_TOKENS, shape.num_q_heads, head_dim), dtype), kv_pages, *fields)
 
 
 def _layout(case: CompileCase):
+    if case.layout in QUANTIZED_LAYOUTS:
+        return quantized_layout_for(case.shape.num_kv_heads, case.shape.head_dim, _kv_cache_dtype(case),
+                                    case.page_size)
     return packed_layout_for(case.shape.num_kv_heads, case.shape.head_dim, case.dtype) \
         if case.layout == "packed" else None
 

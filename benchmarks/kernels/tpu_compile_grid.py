@@ -3,7 +3,8 @@
 The CI grid (the default) covers every shape and kernel on both chips in the packed layout the engine allocates at
 every tp (per-shard shapes where named), the mixed-step branch (both kernels) at the Llama and SmolLM2 shapes, plus
 the cases that were rejected or large before (interleaved Llama decode on v5e, head_dim 64 interleaved), float32,
-and pages 32 / 64 at the Llama shape; `--full` is the whole product (~10x longer).
+pages 32 / 64 at the Llama shape, and the int8 / fp8 packed quantized cache (both kernels at the Llama shape, decode
+with [K | V] vectors and with one KV head per shard); `--full` is the whole product (~10x longer).
 """
 
 import dataclasses
@@ -13,6 +14,8 @@ from typing import Optional
 CHIPS = ("v5e", "v6e")
 KERNELS = ("decode", "general", "mixed", "kv_write")
 LAYOUTS = ("packed", "interleaved")
+QUANTIZED_LAYOUTS = ("packed_int8", "packed_fp8_e4m3")
+"""The packed quantized layout (kv_layout_quantized.py) of kv_cache_dtype "int8" / "fp8_e4m3"."""
 PAGE_SIZES = (16, 32, 64)
 DTYPES = ("bfloat16", "float32")
 # One step as the issue sized it: 256 tokens, 64 sequences of up to 2k tokens, a 64k-token pool.
@@ -69,8 +72,9 @@ def _cases(shapes, chips, kernels, layouts, pages, dtypes) -> list[CompileCase]:
 
 
 def full_grid() -> list[CompileCase]:
-    """Every shape, chip, kernel, layout, page size and dtype."""
-    return _cases(SHAPES, CHIPS, KERNELS, LAYOUTS, PAGE_SIZES, DTYPES)
+    """Every shape, chip, kernel, layout, page size and dtype (the quantized layouts in bfloat16)."""
+    return (_cases(SHAPES, CHIPS, KERNELS, LAYOUTS, PAGE_SIZES, DTYPES)
+            + _cases(SHAPES, CHIPS, KERNELS, QUANTIZED_LAYOUTS, PAGE_SIZES, ("bfloat16",)))
 
 
 def ci_grid() -> list[CompileCase]:
@@ -83,4 +87,7 @@ def ci_grid() -> list[CompileCase]:
     cases += _cases((llama, smol), CHIPS, attention, ("interleaved",), (16,), ("bfloat16",))
     cases += _cases((llama,), CHIPS, attention, ("packed",), (16,), ("float32",))
     cases += _cases((llama,), CHIPS, attention, ("packed",), (32, 64), ("bfloat16",))
+    cases += _cases((llama,), CHIPS, attention, QUANTIZED_LAYOUTS, (16,), ("bfloat16",))
+    cases += _cases((llama,), ("v6e",), ("kv_write",), QUANTIZED_LAYOUTS, (16,), ("bfloat16",))
+    cases += _cases((smol, by_name["Llama-3-70B/tp8"]), ("v6e",), ("decode",), ("packed_int8",), (16,), ("bfloat16",))
     return cases

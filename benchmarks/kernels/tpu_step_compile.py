@@ -25,7 +25,7 @@ from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.models.param_shapes import param_shapes
 from jaxpaged.runner import mesh as mesh_lib
 from jaxpaged.runner.batch import PackedLayout, empty_step_inputs, pack_step_inputs
-from jaxpaged.runner.kv_cache import bytes_per_block, choose_kv_layout
+from jaxpaged.runner.kv_cache import bytes_per_block, choose_kv_layout, kv_storage_dtype
 from jaxpaged.runner.memory_plan import MemoryPlan, plan_memory, weight_bytes_per_device
 from jaxpaged.runner.model_runner import _forward
 
@@ -57,14 +57,19 @@ class StepCase:
     tp: int = 8
     dtype: str = "bfloat16"
     layout: str = ""
-    """The KV layout; "" is what choose_kv_layout picks (packed)."""
+    """The KV layout; "" is what choose_kv_layout picks (packed, or packed_quantized for a quantized kv_cache_dtype)."""
+    kv_cache_dtype: str = "auto"
 
 
 def step_cases(chips) -> list[StepCase]:
-    """A tiny and a Llama-3-8B step at tp 8 on each chip, and the 8B with the interleaved pool on the first chip (its
-    per-chip tile padding, 8x the packed bytes, is what the plan must now count)."""
+    """A tiny and a Llama-3-8B step at tp 8 on each chip, and on the first chip the 8B with the interleaved pool (its
+    per-chip tile padding, 8x the packed bytes, is what the plan must now count) and with an int8 KV cache (the packed
+    quantized layout, kv_layout_quantized.py; one KV head per shard at page 16: the bfloat16 bytes) and the tiny model
+    at tp 2 with an fp8 one (4 heads per shard: about half the bytes)."""
     cases = [StepCase(name, chip) for chip in chips for name in STEP_MODELS]
-    return cases + [StepCase("Llama-3-8B", chips[0], layout="interleaved")] if chips else cases
+    return cases + [StepCase("Llama-3-8B", chips[0], layout="interleaved"),
+                    StepCase("Llama-3-8B", chips[0], kv_cache_dtype="int8"),
+                    StepCase("tiny", chips[0], tp=2, kv_cache_dtype="fp8_e4m3")] if chips else cases
 
 
 def _mesh(chip: str, tp: int) -> Mesh:
@@ -74,13 +79,14 @@ def _mesh(chip: str, tp: int) -> Mesh:
     return Mesh(np.array(devices).reshape(1, tp), (mesh_lib.DATA_AXIS, mesh_lib.MODEL_AXIS))
 
 
-def _plan(model: ModelConfig, tp: int, dtype, layout: str = "") -> MemoryPlan:
+def _plan(model: ModelConfig, tp: int, dtype, layout: str = "", kv_cache_dtype: str = "auto") -> MemoryPlan:
     """The start-up plan's memory for this model at tp on a TPU, with the pool KV_BUDGET_BYTES per chip."""
     host_params = {name: jax.ShapeDtypeStruct(shape, jnp.float32) for name, shape in param_shapes(model).items()}
-    layout = layout or choose_kv_layout(model, "pallas_tpu", dtype, tp)
-    num_blocks = KV_BUDGET_BYTES // bytes_per_block(model, BLOCK_SIZE, dtype, "tpu", layout, num_shards=tp)
+    layout = layout or choose_kv_layout(model, "pallas_tpu", dtype, tp, kv_cache_dtype)
+    kv_dtype = kv_storage_dtype(dtype, kv_cache_dtype)
+    num_blocks = KV_BUDGET_BYTES // bytes_per_block(model, BLOCK_SIZE, kv_dtype, "tpu", layout, num_shards=tp)
     return plan_memory(model, weight_bytes_per_device(host_params, model, tp, dtype),  # type: ignore[arg-type]
-                       int(num_blocks), BLOCK_SIZE, MAX_MODEL_LEN, dtype, tp, layout, platform="tpu")
+                       int(num_blocks), BLOCK_SIZE, MAX_MODEL_LEN, kv_dtype, tp, layout, platform="tpu")
 
 
 def _placed(value: jax.ShapeDtypeStruct, name: str, model: ModelConfig, mesh: Mesh) -> jax.ShapeDtypeStruct:
@@ -88,7 +94,7 @@ def _placed(value: jax.ShapeDtypeStruct, name: str, model: ModelConfig, mesh: Me
     return jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=NamedSharding(mesh, spec))
 
 
-def _abstract_step(model: ModelConfig, plan: MemoryPlan, mesh: Mesh, dtype):
+def _abstract_step(model: ModelConfig, plan: MemoryPlan, mesh: Mesh, dtype, kv_cache_dtype: str = "auto"):
     """(jitted step, its abstract arguments) as ModelRunner builds and warms them up, weights and pool abstract."""
     tp = mesh.shape[mesh_lib.MODEL_AXIS]
     shapes = param_shapes(model)
@@ -99,12 +105,12 @@ def _abstract_step(model: ModelConfig, plan: MemoryPlan, mesh: Mesh, dtype):
     state = {key: ({name: _placed(value, f"layers.{name}", model, mesh) for name, value in value.items()}
                    if key == "layers" else _placed(value, key, model, mesh))
              for key, value in nnx.to_pure_dict(state).items()}
-    layer_shape, kv_dtype = cache_shape(plan.num_kv_blocks, BLOCK_SIZE, model.num_kv_heads, model.head_dim, dtype,
-                                        plan.layout, tp)
+    layer_shape, kv_dtype = cache_shape(plan.num_kv_blocks, BLOCK_SIZE, model.num_kv_heads, model.head_dim,
+                                        kv_storage_dtype(dtype, kv_cache_dtype), plan.layout, tp)
     kv_sharding = NamedSharding(mesh, mesh_lib.kv_cache_spec(plan.layout))
     kv_cache = jax.ShapeDtypeStruct((model.num_layers, *layer_shape), kv_dtype, sharding=kv_sharding)
-    attend = mesh_lib.shard_attention(functools.partial(paged_attention, backend="pallas_tpu", native_decode=False),
-                                      mesh)
+    attend = mesh_lib.shard_attention(functools.partial(paged_attention, backend="pallas_tpu", native_decode=False,
+                                                        kv_cache_dtype=kv_cache_dtype, page_size=BLOCK_SIZE), mesh)
     replicated = mesh_lib.replicated(mesh)
     state_shardings = jax.tree.map(lambda x: x.sharding, state)
     jitted = jax.jit(functools.partial(_forward, graphdef, attend), donate_argnums=(1,), static_argnums=(4,),
@@ -131,15 +137,16 @@ def compile_step(case: StepCase) -> dict:
     """Compile one case; the table row, with the plan's HBM per chip beside XLA:TPU's and whether they agree."""
     model, dtype = STEP_MODELS[case.model_name], jnp.dtype(case.dtype)
     mesh = _mesh(case.chip, case.tp)
-    plan = _plan(model, case.tp, dtype, case.layout)
+    plan = _plan(model, case.tp, dtype, case.layout, case.kv_cache_dtype)
     planned = plan.weight_bytes_per_device + plan.num_kv_blocks * plan.kv_bytes_per_block_per_device
     row = dict(model=f"{case.model_name} step", tp=case.tp, chip=f"{case.chip}-8", layout=plan.layout,
-               dtype=case.dtype, blocks=plan.num_kv_blocks, plan_weights=f"{plan.weight_bytes_per_device / MIB:.0f}M",
+               dtype=case.dtype if case.kv_cache_dtype == "auto" else f"{case.dtype}, KV {case.kv_cache_dtype}",
+               blocks=plan.num_kv_blocks, plan_weights=f"{plan.weight_bytes_per_device / MIB:.0f}M",
                plan_kv=f"{plan.num_kv_blocks * plan.kv_bytes_per_block_per_device / MIB:.0f}M")
     started = time.perf_counter()
     try:
         with jax.default_device(mesh.devices.flat[0]):
-            jitted, args = _abstract_step(model, plan, mesh, dtype)
+            jitted, args = _abstract_step(model, plan, mesh, dtype, case.kv_cache_dtype)
             stats = jitted.lower(*args).compile().memory_analysis()
         assert stats is not None, "XLA:TPU plans memory for every executable"
         gap = stats.argument_size_in_bytes / planned - 1

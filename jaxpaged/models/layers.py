@@ -162,6 +162,8 @@ def paged_attention(
     sm_scale: Optional[float] = None,
     soft_cap: Optional[float] = None,
     native_decode: bool = True,
+    kv_cache_dtype: str = "auto",
+    page_size: Optional[int] = None,
 ) -> tuple[Float[Array, "num_tokens num_q_heads head_dim"], KVPages]:
     """Write this step's K/V into their slots, then attend over each sequence's pages.
 
@@ -169,16 +171,23 @@ def paged_attention(
     moves the step's slots and block tables onto this layer's part, so no per-layer copy is ever made. It is
     either layout of kv_layout.py (the packed one for pallas_tpu only). `layer_is_sliding` (traced, per layer)
     picks between sliding_window and full attention in models that alternate them (Gemma). `native_decode`: the
-    start-up plan's choice of the native CPU attention kernel ("xla" backend only).
+    start-up plan's choice of the native CPU attention kernel ("xla" backend only). `kv_cache_dtype` / `page_size`:
+    how a uint32 pool is laid out (a quantized one is pallas_tpu's packed quantized layout, whose rows do not say the
+    page size); interleaved pools say it themselves.
     """
     # Slots count tokens: the packed layout's axis 1 counts word rows (2 per token at 2 KV heads of 128 in bfloat16).
-    metadata = metadata.on_pages_from(first_page, tokens_per_page(kv_pages, k.shape[1], k.shape[2], q.dtype))
-    kv_pages = write_kv(kv_pages, k, v, metadata, backend=backend)
+    packed_quantized = kv_pages.ndim == 3 and kv_cache_dtype != "auto"
+    page_tokens = page_size if packed_quantized else tokens_per_page(kv_pages, k.shape[1], k.shape[2], q.dtype)
+    if page_tokens is None:
+        raise ValueError("page_size: required with the packed quantized KV layout")
+    metadata = metadata.on_pages_from(first_page, page_tokens)
+    kv_pages = write_kv(kv_pages, k, v, metadata, backend=backend, kv_cache_dtype=kv_cache_dtype, page_size=page_size)
     scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
 
     def attend(window: Optional[int]):
         return ragged_paged_attention(q, kv_pages, metadata, backend=backend, sm_scale=scale, soft_cap=soft_cap,
-                                      sliding_window=window, num_kv_heads=k.shape[1], native_decode=native_decode)
+                                      sliding_window=window, num_kv_heads=k.shape[1], native_decode=native_decode,
+                                      kv_cache_dtype=kv_cache_dtype, page_size=page_size)
 
     if layer_is_sliding is None or sliding_window is None:
         return attend(sliding_window), kv_pages

@@ -27,7 +27,9 @@ def kv_storage_dtype(dtype, kv_cache_dtype: str = "auto") -> np.dtype:
 
 def choose_kv_layout(model: ModelConfig, backend: str, dtype, tensor_parallel_size: int = 1,
                      kv_cache_dtype: str = "auto") -> str:
-    """"quantized" for an int8 / fp8 kv_cache_dtype; "packed" for the TPU kernel when it can hold these heads
+    """"quantized" for an int8 / fp8 kv_cache_dtype ("packed_quantized" on pallas_tpu: kv_layout_quantized.py,
+    ValueError naming kv_cache_dtype for a head_dim it cannot pack); "packed" for the TPU kernel when it can hold these
+    heads
     (tile-exact: no HBM padding); "interleaved_bits" for bfloat16 on the "xla" backend (XLA:CPU scatters into a uint16
     pool in place, into a bfloat16 one not); else "interleaved".
 
@@ -35,6 +37,11 @@ def choose_kv_layout(model: ModelConfig, backend: str, dtype, tensor_parallel_si
     heads in its own rows, so it serves every tensor-parallel degree (the interleaved one would pad each shard's
     [2 * kv_heads / tp, head_dim] tile to 16 sublanes on a TPU).
     """
+    if kv_cache_dtype != "auto" and backend == "pallas_tpu":
+        if model.head_dim != 64 and model.head_dim % 128:
+            raise ValueError(f"kv_cache_dtype: {kv_cache_dtype!r} on pallas_tpu packs head_dim 64 or a multiple of "
+                             f"128, got {model.head_dim}; use attention_backend='xla' or kv_cache_dtype='auto'")
+        return "packed_quantized"
     if kv_cache_dtype != "auto":
         return "quantized"
     if backend == "xla" and jnp.dtype(dtype) == jnp.bfloat16:

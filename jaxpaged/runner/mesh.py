@@ -128,8 +128,11 @@ def param_partition_spec(name: str, shape: tuple[int, ...], model: ModelConfig, 
 
 def kv_cache_spec(layout: str = "interleaved") -> P:
     """Interleaved [layers, blocks, block_size, 2 * kv_heads, head_dim] (floats or bfloat16 bits): split on the
-    kv-head axis; packed [layers, blocks, tp * block_size * rows, 128]: split on its shard-major row axis."""
-    return P(None, None, MODEL_AXIS, None) if layout == "packed" else P(None, None, None, MODEL_AXIS, None)
+    kv-head axis; packed [layers, blocks, tp * block_size * rows, 128] and packed quantized [layers, blocks, tp *
+    page_rows, 128]: split on their shard-major row axis."""
+    if layout in ("packed", "packed_quantized"):
+        return P(None, None, MODEL_AXIS, None)
+    return P(None, None, None, MODEL_AXIS, None)
 
 
 def _pages_spec(ndim: int) -> P:

@@ -162,10 +162,10 @@ class ModelRunner:
         return graphdef
 
     def _build_step(self, graphdef: nnx.GraphDef, kv_sharding: jax.sharding.Sharding) -> None:
-        """The jitted step and block copy, with explicit shardings: the executables compiled at warm-up are exactly
-        the ones serving calls. The step's inputs travel as one int32 array, cut into StepInputs by the bucket's
-        static PackedLayout."""
-        attend = functools.partial(paged_attention, backend=self.backend, native_decode=self.plan.native_decode)
+        """The jitted step and block copy, with explicit shardings (the executables compiled at warm-up serve every
+        call); the step's inputs travel as one int32 array, cut into StepInputs by the bucket's static PackedLayout."""
+        attend = functools.partial(paged_attention, backend=self.backend, native_decode=self.plan.native_decode,
+                                   kv_cache_dtype=self.plan.kv_cache_dtype, page_size=self.block_size)
         if self.plan.tensor_parallel_size > 1:
             attend = mesh_lib.shard_attention(attend, self.mesh)
         state_shardings = jax.tree.map(lambda x: x.sharding, self.state)

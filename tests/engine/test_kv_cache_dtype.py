@@ -32,33 +32,27 @@ def test_the_option_and_its_flag():
 def test_unknown_formats_and_backends_without_one_are_refused_naming_the_field():
     with pytest.raises(ValueError, match="^kv_cache_dtype: must be one of"):
         EngineConfig.from_options(kv_cache_dtype="fp8_e5m2")
-    with pytest.raises(ValueError, match="^kv_cache_dtype: 'int8' runs on the attention backends .* not 'pallas_tpu'"):
-        EngineConfig.from_options(kv_cache_dtype="int8", attention_backend="pallas_tpu")
-    assert EngineConfig.from_options(kv_cache_dtype="int8", attention_backend="pallas_gpu").cache.kv_cache_dtype
+    for backend in ("pallas_gpu", "pallas_tpu"):  # pallas_tpu: the packed quantized layout (kv_layout_quantized.py)
+        assert EngineConfig.from_options(kv_cache_dtype="int8", attention_backend=backend).cache.kv_cache_dtype
     check_kv_cache_dtype("int8", "auto")  # "auto" is xla on this CPU
 
 
-def test_auto_on_an_accelerator_is_refused_at_start_up(monkeypatch):
-    """"auto" resolves to pallas_tpu on a TPU, which has no quantized layout yet (pallas_gpu has one)."""
+def test_auto_on_an_accelerator_runs_a_quantized_cache(monkeypatch):
+    """"auto" resolves to pallas_tpu on a TPU, pallas_gpu on a GPU: both have a quantized layout."""
     import jax
 
-    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
-    with pytest.raises(ValueError, match="^kv_cache_dtype: 'int8' runs on the attention backends .* not pallas_tpu"):
+    for platform in ("tpu", "gpu"):
+        monkeypatch.setattr(jax, "default_backend", lambda platform=platform: platform)
         check_kv_cache_dtype("int8", "auto")
-    check_kv_cache_dtype("auto", "auto")
-    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    check_kv_cache_dtype("int8", "auto")
+        check_kv_cache_dtype("auto", "auto")
 
 
-def test_a_refusal_comes_before_the_weights_load(tmp_path, caplog, monkeypatch):
-    import jax
-
+def test_a_refusal_comes_before_the_weights_load(tmp_path, caplog):
     from jaxpaged.llm import LLM
 
-    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
     with caplog.at_level(logging.INFO, logger="jaxpaged"):
         with pytest.raises(ValueError, match="^kv_cache_dtype:"):
-            LLM(str(tmp_path / "no-model-here"), kv_cache_dtype="fp8", compilation_cache_dir="")
+            LLM(str(tmp_path / "no-model-here"), kv_cache_dtype="fp8_e5m2", compilation_cache_dir="")
     assert not caplog.records  # nothing loaded, nothing planned
 
 

@@ -10,7 +10,9 @@ KV layouts (kv_layout.py): every backend reads the interleaved [num_pages, page_
 head_dim] cache; "pallas_tpu" also reads and writes the packed uint32 [num_pages, page_size * rows, 128]
 cache (no TPU tile padding), which needs num_kv_heads passed along since the shape no longer says it; "xla"
 also reads and writes the interleaved cache as bfloat16 bits (uint16; XLA:CPU's bfloat16 scatter is not in place),
-and the quantized one (int8 / uint8 rows of codes and a scale: kv_cache_dtype "int8" / "fp8_e4m3").
+and the quantized one (int8 / uint8 rows of codes and a scale: kv_cache_dtype "int8" / "fp8_e4m3"). For those
+formats "pallas_tpu" reads and writes the packed quantized uint32 cache instead (kv_layout_quantized.py: 4 tokens'
+codes per word, page scales in rows of their own), named by kv_cache_dtype and page_size since its rows do not say it.
 """
 
 from typing import Optional
@@ -34,12 +36,18 @@ def _rows(num_kv_heads: int, head_dim: int, dtype) -> int:
     return packed_layout_for(num_kv_heads, head_dim, dtype).rows_per_token
 
 
-def _require_packed(kv_pages, backend: str, num_kv_heads: Optional[int], head_dim: int, dtype) -> None:
-    """A rank-3 cache must be the packed layout of these heads, for the one backend that reads it."""
+def _require_packed(kv_pages, backend: str, num_kv_heads: Optional[int], head_dim: int, dtype,
+                    kv_cache_dtype: str = "auto", page_size: Optional[int] = None) -> None:
+    """A rank-3 cache must be the packed (or packed quantized) layout of these heads, for the one backend that reads
+    it."""
     if backend != "pallas_tpu":
         raise ValueError(f"kv_pages: the packed layout {kv_pages.shape} is read by pallas_tpu only, not {backend}")
     if num_kv_heads is None:
         raise ValueError("num_kv_heads: required with the packed KV layout")
+    if kv_cache_dtype != "auto":
+        from jaxpaged.kernels.ragged_paged_attention.kv_layout import kernel_layout
+        kernel_layout(kv_pages, head_dim, dtype, num_kv_heads, kv_cache_dtype, page_size)  # ValueError naming a field
+        return
     rows = _rows(num_kv_heads, head_dim, dtype)
     if kv_pages.dtype != jnp.uint32 or kv_pages.shape[1] % rows or kv_pages.shape[2] != 128:
         raise ValueError(f"kv_pages: packed layout must be uint32 [num_pages, page_size * {rows}, 128], "
@@ -71,7 +79,10 @@ def target_platform() -> str:
 
 
 QUANTIZED_KV_BACKENDS = ("xla", "pallas_gpu")
-"""Backends that read and write the quantized layout (int8 / fp8 rows with their scales, kv_quantization.py)."""
+"""Backends that read and write the quantized layout (int8 / fp8 rows with their scales, kv_quantization.py);
+pallas_tpu has its own, the packed quantized layout (kv_layout_quantized.py)."""
+KV_CACHE_DTYPE_BACKENDS = (*QUANTIZED_KV_BACKENDS, "pallas_tpu")
+"""Backends that run a quantized kv_cache_dtype in one layout or the other."""
 
 
 def _require_quantized_reader(kv_pages, backend: str) -> None:
@@ -94,9 +105,10 @@ def check_kv_cache_dtype(kv_cache_dtype: str, attention_backend: str) -> None:
     """ValueError naming kv_cache_dtype when the backend (attention_backend resolved for this platform) cannot read a
     quantized cache: called at start-up, before any weight is read."""
     backend = resolve_attention_backend(attention_backend)
-    if kv_cache_dtype != "auto" and backend not in QUANTIZED_KV_BACKENDS:
-        raise ValueError(f"kv_cache_dtype: {kv_cache_dtype!r} runs on the attention backends {QUANTIZED_KV_BACKENDS}, "
-                         f"not {backend} (attention_backend={attention_backend!r} on {jax.default_backend()}); use "
+    if kv_cache_dtype != "auto" and backend not in KV_CACHE_DTYPE_BACKENDS:
+        raise ValueError(f"kv_cache_dtype: {kv_cache_dtype!r} runs on the attention backends "
+                         f"{KV_CACHE_DTYPE_BACKENDS}, not {backend} (attention_backend={attention_backend!r} on "
+                         f"{jax.default_backend()}); use "
                          f"kv_cache_dtype='auto' or attention_backend='xla'")
 
 
@@ -111,10 +123,13 @@ def ragged_paged_attention(
     soft_cap: Optional[float] = None,
     num_kv_heads: Optional[int] = None,
     native_decode: bool = True,
+    kv_cache_dtype: str = "auto",
+    page_size: Optional[int] = None,
 ) -> Float[Array, "num_tokens num_q_heads head_dim"]:
     """Ragged paged attention through the chosen backend (spec.py gives the semantics).
 
-    kv_pages may be the packed layout (backend "pallas_tpu" only; num_kv_heads required). `native_decode`: the
+    kv_pages may be the packed layout (backend "pallas_tpu" only; num_kv_heads required), or with a quantized
+    kv_cache_dtype the packed quantized one (pallas_tpu; num_kv_heads and page_size required). `native_decode`: the
     "xla" backend on a CPU may read decode rows with the native kernel (False keeps every row on the jnp path).
     """
     backend = resolve_attention_backend(backend)
@@ -122,15 +137,18 @@ def ragged_paged_attention(
     soft_cap = None if soft_cap is None else float(soft_cap)
     options = dict(sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap)
     if kv_pages.ndim == 3:
-        _require_packed(kv_pages, backend, num_kv_heads, q.shape[2], q.dtype)
+        _require_packed(kv_pages, backend, num_kv_heads, q.shape[2], q.dtype, kv_cache_dtype, page_size)
         assert num_kv_heads is not None  # _require_packed refused None
         # The interleaved twin of the packed shape carries the same checks (shapes only, nothing is read).
-        page_size = kv_pages.shape[1] // _rows(num_kv_heads, q.shape[2], q.dtype)
+        page_size = page_size if kv_cache_dtype != "auto" else kv_pages.shape[1] // _rows(num_kv_heads, q.shape[2],
+                                                                                          q.dtype)
+        assert page_size is not None  # _require_packed refused None
         validate_attention_inputs(q, jnp.zeros((0, page_size, 2 * num_kv_heads, q.shape[2]), q.dtype), metadata,
                                   sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap)
         from jaxpaged.kernels.ragged_paged_attention.tpu import ragged_paged_attention_tpu
+        quantized = dict(kv_cache_dtype=kv_cache_dtype, page_size=page_size) if kv_cache_dtype != "auto" else {}
         return ragged_paged_attention_tpu(q, kv_pages, metadata, num_kv_heads=num_kv_heads,
-                                          interpret=target_platform() != "tpu", **options)
+                                          interpret=target_platform() != "tpu", **options, **quantized)
     _require_bits_reader(kv_pages, backend)
     _require_quantized_reader(kv_pages, backend)
     validate_attention_inputs(q, kv_pages, metadata, sm_scale=sm_scale, sliding_window=sliding_window,
@@ -153,12 +171,16 @@ def write_kv(
     metadata: AttentionMetadata,
     *,
     backend: str,
+    kv_cache_dtype: str = "auto",
+    page_size: Optional[int] = None,
 ) -> KVPages:
-    """Write the step's K/V into their slots (metadata.slot_mapping) with the backend's write."""
+    """Write the step's K/V into their slots (metadata.slot_mapping) with the backend's write (a packed quantized
+    pool: kv_cache_dtype and page_size name it, kv_layout_quantized.py)."""
     if k.shape != v.shape or k.ndim != 3:
         raise ValueError(f"k: k and v must both be [num_tokens, num_kv_heads, head_dim], got {k.shape} and {v.shape}")
     if kv_pages.ndim == 3:
-        _require_packed(kv_pages, resolve_attention_backend(backend), k.shape[1], k.shape[2], k.dtype)
+        _require_packed(kv_pages, resolve_attention_backend(backend), k.shape[1], k.shape[2], k.dtype, kv_cache_dtype,
+                        page_size)
     elif kv_pages.ndim != 4 or kv_pages.shape[2:] != (2 * k.shape[1], _row_width(kv_pages, k.shape[2])):
         raise ValueError(f"kv_pages: must be [num_pages, page_size, {2 * k.shape[1]}, "
                          f"{_row_width(kv_pages, k.shape[2])}], got {kv_pages.shape}")
@@ -167,6 +189,11 @@ def write_kv(
     slot_mapping = metadata.slot_mapping
     if slot_mapping.shape != (k.shape[0],):
         raise ValueError(f"slot_mapping: must be [{k.shape[0]}], got {slot_mapping.shape}")
+    if kv_pages.ndim == 3 and kv_cache_dtype != "auto":
+        # 4 tokens share each word: quantize, then merge into the words (kv_layout_quantized.py).
+        from jaxpaged.kernels.ragged_paged_attention.kv_layout_quantized import write_kv_packed_quantized
+        assert page_size is not None  # _require_packed refused None
+        return write_kv_packed_quantized(kv_pages, k, v, slot_mapping, kv_cache_dtype, page_size)
     if resolve_attention_backend(backend) == "pallas_tpu" or kv_pages.ndim == 3:
         # XLA's TPU scatter is a serial loop of row updates; the kernel DMAs the rows instead.
         from jaxpaged.kernels.ragged_paged_attention.kv_write_tpu import write_kv_pages_tpu

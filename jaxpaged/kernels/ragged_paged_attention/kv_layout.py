@@ -29,6 +29,12 @@
   per-shard [2 * kv_heads / tp, head_dim] tile pads to 16 sublanes in the kernels' VMEM buffers: 8x the bytes
   at Llama-3-8B's tp 8).
 
+"packed_quantized" (TPU only; kv_cache_dtype "int8" / "fp8_e4m3" on pallas_tpu): uint32 [num_pages, num_shards *
+  page_rows, 128], 4 tokens' 8-bit codes per word and each page's scales in rows of its own, page_rows a whole number
+  of (8, 128) tiles: kv_layout_quantized.py has the format and its bytes (about half the bfloat16 packed layout's
+  per token; no saving for one KV head per shard at page_size 16). cache_shape takes the pool dtype (int8 / uint8)
+  as for "quantized"; the returned dtype is uint32.
+
 The runner should allocate cache_shape(...) of the chosen backend and size the pool by
 physical_bytes(...) of one shard's shape; pack_kv_pages / unpack_kv_pages convert between the two layouts
 (tests, tools).
@@ -43,10 +49,10 @@ import numpy as np
 from jaxtyping import Array, Float, Int8, Shaped, UInt8, UInt32
 
 from jaxpaged.kernels.bfloat16_bits import BITS_DTYPE, to_bits
-from jaxpaged.kernels.kv_quantization import SCALE_BYTES, is_quantized_pool, quantize_rows
+from jaxpaged.kernels.kv_quantization import SCALE_BYTES, format_of_pool, is_quantized_pool, quantize_rows
 
 LANES = 128
-LAYOUTS = ("interleaved", "interleaved_bits", "quantized", "packed")
+LAYOUTS = ("interleaved", "interleaved_bits", "quantized", "packed", "packed_quantized")
 
 QuantizedPages = Union[Int8[Array, "num_pages page_size kv_heads_x2 quantized_row"],
                        UInt8[Array, "num_pages page_size kv_heads_x2 quantized_row"]]
@@ -135,6 +141,14 @@ def cache_shape(num_pages: int, page_size: int, num_kv_heads: int, head_dim: int
     if layout == "packed":
         rows = packed_layout_for(num_kv_heads // num_shards, head_dim, dtype).rows_per_token
         return (num_pages, num_shards * page_size * rows, LANES), jnp.dtype(jnp.uint32)
+    if layout == "packed_quantized":
+        from jaxpaged.kernels.ragged_paged_attention.kv_layout_quantized import packed_quantized_shape
+
+        if not is_quantized_pool(dtype):
+            raise ValueError(f"dtype: the packed_quantized layout is named by an int8 or uint8 pool dtype, got "
+                             f"{jnp.dtype(dtype)}")
+        return packed_quantized_shape(num_pages, page_size, num_kv_heads, head_dim, format_of_pool(dtype),
+                                      num_shards)
     raise ValueError(f"layout: must be one of {LAYOUTS}, got {layout!r}")
 
 
@@ -220,18 +234,52 @@ def unpack_kv_pages(words: UInt32[Array, "num_pages rows lanes"], num_kv_heads: 
     return jnp.stack([keys, values], axis=3).reshape(num_pages, page_size, 2 * num_kv_heads, head_dim)
 
 
+def kernel_layout(kv_pages, head_dim: int, dtype, num_kv_heads=None, kv_cache_dtype: str = "auto", page_size=None):
+    """(layout, page_size, kv_heads_x2) the TPU kernels read `kv_pages` with: None for interleaved, a PackedLayout,
+    or for a quantized kv_cache_dtype a QuantizedPackedLayout (kv_layout_quantized.py; page_size required, as a
+    page's rows do not say it). ValueError naming the field for a pool that is not that layout's shape."""
+    from jaxpaged.kernels.ragged_paged_attention.kv_layout_quantized import quantized_layout_for
+
+    if kv_pages.ndim != 3:
+        if kv_cache_dtype != "auto":
+            raise ValueError(f"kv_pages: kv_cache_dtype {kv_cache_dtype!r} needs the packed quantized layout "
+                             f"(uint32 [num_pages, rows, 128]), got {kv_pages.dtype} {kv_pages.shape}")
+        return None, kv_pages.shape[1], kv_pages.shape[2]
+    if num_kv_heads is None:
+        raise ValueError("num_kv_heads: required with the packed KV layout")
+    if kv_cache_dtype == "auto":
+        layout = packed_layout_for(num_kv_heads, head_dim, dtype)
+        page_size = kv_pages.shape[1] // layout.rows_per_token
+        expected = page_size * layout.rows_per_token
+    else:
+        if page_size is None:
+            raise ValueError("page_size: required with the packed quantized KV layout")
+        layout = quantized_layout_for(num_kv_heads, head_dim, kv_cache_dtype, page_size)
+        expected = layout.page_rows
+    if kv_pages.shape[1:] != (expected, LANES) or kv_pages.dtype != jnp.uint32 or expected == 0:
+        raise ValueError(f"kv_pages: the {type(layout).__name__} of {num_kv_heads} heads must be uint32 "
+                         f"[num_pages, {expected or 'page_size * rows'}, {LANES}], got {kv_pages.dtype} "
+                         f"{kv_pages.shape}")
+    return layout, page_size, 2 * num_kv_heads
+
+
 # --- In-kernel access (Mosaic): both TPU kernels read pages through these. -------------------------------
 
-def rows_per_token(layout) -> int:
-    """Rows along the VMEM buffer's axis 1 per token: 1 for interleaved ([tokens, 2kv, d] buffers)."""
-    return 1 if layout is None else layout.rows_per_token
+def page_rows(layout, page_size: int) -> int:
+    """Rows along the VMEM buffer's axis 1 per page: page_size for interleaved ([tokens, 2kv, d] buffers), word rows
+    for the packed layouts (the quantized one's page_rows: kv_layout_quantized.py)."""
+    if layout is None:
+        return page_size
+    if isinstance(layout, PackedLayout):
+        return page_size * layout.rows_per_token
+    return layout.page_rows
 
 
-def kv_scratch_shape(layout, block_tokens: int, kv_heads_x2: int, head_dim: int, dtype):
+def kv_scratch_shape(layout, block_tokens: int, kv_heads_x2: int, head_dim: int, dtype, page_size: int):
     """(shape, dtype) of the double-buffered VMEM block both kernels DMA pages into."""
     if layout is None:
         return (2, block_tokens, kv_heads_x2, head_dim), dtype
-    return (2, block_tokens * layout.rows_per_token, LANES), jnp.uint32
+    return (2, block_tokens // page_size * page_rows(layout, page_size), LANES), jnp.uint32
 
 
 def load_vector(buf_ref, slot, index: int, layout: PackedLayout, num_tokens: int,
@@ -255,6 +303,10 @@ def load_head(buf_ref, slot, head: int, layout, num_tokens: int, first_token: Un
     Interleaved: sublane 2h / 2h + 1 of the [tokens, 2kv, d] buffer. Packed with head_dim 64: keys and
     values are the same [K | V] vector (q is zero-padded past lane 64, the output read from lane 64).
     """
+    if layout is not None and not isinstance(layout, PackedLayout):  # packed quantized: dequantized float32
+        from jaxpaged.kernels.ragged_paged_attention.tpu_quantized_kv import load_head_quantized
+
+        return load_head_quantized(buf_ref, slot, head, layout, num_tokens, first_token)
     if layout is None:
         from jax.experimental import pallas as pl
 

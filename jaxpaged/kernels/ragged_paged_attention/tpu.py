@@ -26,6 +26,9 @@ Hardware notes (why the shapes are what they are):
     rows per token) split by shifts + bitcasts, the variant the TPU interpreter can run (it has no
     ref bitcasts). head_dim 64 packs [K | V] in one 128-lane vector: q is zero-padded to 128 lanes,
     so q.[K | V] = q.K, and P.[K | V] holds P.V in lanes 64..127.
+  - The packed quantized layout (int8 / fp8 KV, kv_layout_quantized.py) is DMA'd by whole pages the same way and
+    dequantized to float32 as it is loaded (tpu_quantized_kv.py); its keys come out page-minor, so the masks'
+    token offsets follow that order (token_offsets).
   - Running max and sum are kept lane-replicated ([rows, 128]) to avoid unaligned 1-lane slices.
 Pages past a sequence's length are not fetched; their stale VMEM is masked out of logits and V.
 """
@@ -41,14 +44,15 @@ from jaxtyping import Array, Float, UInt32
 
 from jaxpaged.kernels.ragged_paged_attention.kv_layout import (
     LANES,
+    kernel_layout,
     kv_scratch_shape,
     load_head,
-    packed_layout_for,
-    rows_per_token,
 )
+from jaxpaged.kernels.ragged_paged_attention.kv_layout import page_rows as kv_page_rows
 from jaxpaged.kernels.ragged_paged_attention.metadata import MASK_VALUE, AttentionMetadata
 from jaxpaged.kernels.ragged_paged_attention.tpu_decode import ragged_paged_attention_tpu_decode
 from jaxpaged.kernels.ragged_paged_attention.tpu_online_softmax import accumulate_head
+from jaxpaged.kernels.ragged_paged_attention.tpu_quantized_kv import token_offsets
 from jaxpaged.kernels.ragged_paged_attention.tpu_step_cases import STEP_CASES, attend_by_case
 from jaxpaged.kernels.ragged_paged_attention.tpu_vmem import (
     decode_compute_pages,
@@ -76,7 +80,7 @@ def _kernel(kv_lens_ref, tables_ref, cu_q_lens_ref, tile_seqs_ref,  # scalar pre
             *, sm_scale, sliding_window, soft_cap, pages_per_chunk, pages_per_seq, page_size, layout):
     num_kv_heads, group_size, q_block_size, head_dim = q_ref.shape  # head_dim: 128 for packed head_dim 64
     chunk_tokens = pages_per_chunk * page_size
-    page_rows = page_size * rows_per_token(layout)
+    page_rows = kv_page_rows(layout, page_size)
     num_rows = group_size * q_block_size
     max_num_seqs = kv_lens_ref.shape[0]
     tile = pl.program_id(0)
@@ -127,8 +131,9 @@ def _kernel(kv_lens_ref, tables_ref, cu_q_lens_ref, tile_seqs_ref,  # scalar pre
     compute_tokens = decode_compute_pages(page_size, pages_per_chunk) * page_size
     row_tokens = tile_start + jax.lax.broadcasted_iota(
         jnp.int32, (group_size, q_block_size, compute_tokens), 1).reshape(num_rows, compute_tokens)
-    column_offsets = jax.lax.broadcasted_iota(jnp.int32, (num_rows, compute_tokens), 1)
-    value_offsets = jax.lax.broadcasted_iota(jnp.int32, (compute_tokens, head_dim), 0)
+    # Token offsets of a slice's key rows (the packed quantized layout reads them page-minor: tpu_quantized_kv.py).
+    column_offsets = token_offsets(layout, (num_rows, compute_tokens), 1, compute_tokens)
+    value_offsets = token_offsets(layout, (compute_tokens, head_dim), 0, compute_tokens)
     # float32 caches ask the MXU for full float32 products (several bf16 passes), not one pass.
     precision = jax.lax.Precision.HIGHEST if q_ref.dtype == jnp.float32 else None
 
@@ -149,6 +154,7 @@ def _kernel(kv_lens_ref, tables_ref, cu_q_lens_ref, tile_seqs_ref,  # scalar pre
             value_is_real = chunk_start + first + value_offsets < kv_len
             for head in range(num_kv_heads):
                 keys, values = load_head(kv_buf, slot, head, layout, compute_tokens, first)
+                keys, values = keys.astype(q_ref.dtype), values.astype(q_ref.dtype)  # quantized: float32
                 accumulate_head(q_ref[head].reshape(num_rows, head_dim), keys, values, mask, value_is_real, head,
                                 max_ref, sum_ref, acc_ref, sm_scale=sm_scale, soft_cap=soft_cap, precision=precision)
             return carry
@@ -223,7 +229,8 @@ def _general(q, kv_pages, kv_lens, block_tables, cu_q_lens, num_seqs, first_seq=
     num_kv_heads = kv_pages.shape[2] // 2 if layout is None else layout.num_kv_heads
     group_size = num_q_heads // num_kv_heads
     chunk_tokens = pages_per_chunk * page_size
-    buf_shape, buf_dtype = kv_scratch_shape(layout, chunk_tokens, 2 * num_kv_heads, head_dim, kv_pages.dtype)
+    buf_shape, buf_dtype = kv_scratch_shape(layout, chunk_tokens, 2 * num_kv_heads, head_dim, kv_pages.dtype,
+                                            page_size)
     num_tiles = -(-num_tokens // q_block_size)
     padded_tokens = num_tiles * q_block_size
     # [tokens, q heads, d] -> [kv heads, group, tokens, d]: tokens on sublanes, a KV head's q heads
@@ -283,7 +290,7 @@ def sequences_per_call(max_num_seqs: int, pages_per_seq: int, num_tiles: int, sm
 
 @functools.partial(jax.jit, static_argnames=(
     "sm_scale", "sliding_window", "soft_cap", "q_block_size", "pages_per_chunk", "pages_per_block", "case",
-    "num_kv_heads", "interpret", "vmem_limit_bytes", "smem_budget_bytes"))
+    "num_kv_heads", "kv_cache_dtype", "page_size", "interpret", "vmem_limit_bytes", "smem_budget_bytes"))
 def ragged_paged_attention_tpu(
     q: Float[Array, "num_tokens num_q_heads head_dim"],
     kv_pages: Union[Float[Array, "num_pages page_size kv_heads_x2 head_dim"], UInt32[Array, "num_pages rows lanes"]],
@@ -297,6 +304,8 @@ def ragged_paged_attention_tpu(
     pages_per_block: Optional[int] = None,
     case: Optional[str] = None,
     num_kv_heads: Optional[int] = None,
+    kv_cache_dtype: str = "auto",
+    page_size: Optional[int] = None,
     interpret: Union[bool, pltpu.InterpretParams] = False,
     vmem_limit_bytes: Optional[int] = None,
     smem_budget_bytes: int = DEFAULT_SMEM_BUDGET_BYTES,
@@ -307,7 +316,8 @@ def ragged_paged_attention_tpu(
     prefill-only ones the tile kernel, mixed ones both (the leading decodes through the decode kernel); "decode" /
     "general" / "mixed" force one (the caller vouches for "decode"). pages_per_chunk sizes the tile kernel's KV
     chunks, pages_per_block the decode DMAs.
-    kv_pages: the interleaved cache, or the packed uint32 one of kv_layout.py (then num_kv_heads is required).
+    kv_pages: the interleaved cache, or the packed uint32 one of kv_layout.py (then num_kv_heads is required), or
+    with kv_cache_dtype "int8" / "fp8_e4m3" the packed quantized one of kv_layout_quantized.py (and page_size).
     vmem_limit_bytes: None asks for most of the chip's VMEM (tpu_vmem.py); the decode blocks, and the tile kernel's
     q_block_size / pages_per_chunk when None, are sized to fit it (~256 q rows x ~1024 KV tokens for the MXU).
     """
@@ -315,18 +325,8 @@ def ragged_paged_attention_tpu(
     kv_lens, block_tables, cu_q_lens, num_seqs = (metadata.kv_lens, metadata.block_tables, metadata.cu_q_lens,
                                                    metadata.num_seqs.reshape(1))
     max_num_seqs, pages_per_seq = block_tables.shape
-    layout = None
-    if kv_pages.ndim == 3:
-        if num_kv_heads is None:
-            raise ValueError("num_kv_heads: required with the packed KV layout")
-        layout = packed_layout_for(num_kv_heads, head_dim, q.dtype)
-        page_size = kv_pages.shape[1] // layout.rows_per_token
-        if kv_pages.shape[1:] != (page_size * layout.rows_per_token, LANES) or kv_pages.dtype != jnp.uint32:
-            raise ValueError(f"kv_pages: packed layout must be uint32 [num_pages, page_size * "
-                             f"{layout.rows_per_token}, {LANES}], got {kv_pages.dtype} {kv_pages.shape}")
-        kv_heads_x2 = 2 * num_kv_heads
-    else:
-        _, page_size, kv_heads_x2, _ = kv_pages.shape
+    layout, page_size, kv_heads_x2 = kernel_layout(kv_pages, head_dim, q.dtype, num_kv_heads, kv_cache_dtype,
+                                                   page_size)
     if case not in STEP_CASES:
         raise ValueError(f"case: must be one of {STEP_CASES}, got {case!r}")
     if vmem_limit_bytes is None:
@@ -345,7 +345,7 @@ def ragged_paged_attention_tpu(
                          f"got {q_block_size}")
     # A page's DMA must cover whole (sublane) tiles of the buffer: tokens (interleaved) or word rows (packed).
     page_rows, row_tile = ((page_size, 8 * _packing(q.dtype)) if layout is None
-                           else (page_size * layout.rows_per_token, 8))
+                           else (kv_page_rows(layout, page_size), 8))
     if page_rows % row_tile:
         raise ValueError(f"kv_pages: page_size must make a page whole {row_tile}-row tiles on TPU, got {page_size}")
     compute_tokens = decode_compute_pages(page_size, pages_per_block) * page_size

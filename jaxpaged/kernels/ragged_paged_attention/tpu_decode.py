@@ -26,9 +26,12 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jaxtyping import Array, Float, Int, UInt32
 
-from jaxpaged.kernels.ragged_paged_attention.kv_layout import PackedLayout, kv_scratch_shape, load_head, rows_per_token
+from jaxpaged.kernels.ragged_paged_attention.kv_layout import PackedLayout, kv_scratch_shape, load_head
+from jaxpaged.kernels.ragged_paged_attention.kv_layout import page_rows as kv_page_rows
+from jaxpaged.kernels.ragged_paged_attention.kv_layout_quantized import QuantizedPackedLayout
 from jaxpaged.kernels.ragged_paged_attention.metadata import MASK_VALUE
 from jaxpaged.kernels.ragged_paged_attention.tpu_online_softmax import accumulate_head
+from jaxpaged.kernels.ragged_paged_attention.tpu_quantized_kv import token_offsets
 from jaxpaged.kernels.ragged_paged_attention.tpu_vmem import decode_compute_pages
 
 _LANES = 128
@@ -42,7 +45,7 @@ def _kernel(num_seqs_ref, kv_lens_ref, tables_ref, cu_q_lens_ref,  # scalar pref
     del cu_q_lens_ref  # only the BlockSpec index maps read it
     _, num_kv_heads, group_size, head_dim = q_ref.shape  # head_dim: 128 lanes for packed head_dim 64
     block_tokens = pages_per_block * page_size
-    page_rows = page_size * rows_per_token(layout)
+    page_rows = kv_page_rows(layout, page_size)
     seq = pl.program_id(0)
     num_seqs = num_seqs_ref[0]
     max_num_seqs = kv_lens_ref.shape[0]
@@ -83,8 +86,9 @@ def _kernel(num_seqs_ref, kv_lens_ref, tables_ref, cu_q_lens_ref,  # scalar pref
 
     precision = jax.lax.Precision.HIGHEST if q_ref.dtype == jnp.float32 else None
     compute_tokens = decode_compute_pages(page_size, pages_per_block) * page_size
-    offsets = jax.lax.broadcasted_iota(jnp.int32, (group_size, compute_tokens), 1)
-    value_offsets = jax.lax.broadcasted_iota(jnp.int32, (compute_tokens, head_dim), 0)
+    # Token offsets of a chunk's key rows (the packed quantized layout reads them page-minor: tpu_quantized_kv.py).
+    offsets = token_offsets(layout, (group_size, compute_tokens), 1, compute_tokens)
+    value_offsets = token_offsets(layout, (compute_tokens, head_dim), 0, compute_tokens)
 
     def attend_block(block, slot):
         # The block is walked in compute chunks (a fori_loop, not unrolled): the intermediates are one
@@ -103,6 +107,7 @@ def _kernel(num_seqs_ref, kv_lens_ref, tables_ref, cu_q_lens_ref,  # scalar pref
             value_is_real = block_start + first + value_offsets < kv_len  # stale VMEM may hold NaNs
             for head in range(num_kv_heads):
                 keys, values = load_head(kv_buf, slot, head, layout, compute_tokens, first)
+                keys, values = keys.astype(q_ref.dtype), values.astype(q_ref.dtype)  # quantized: float32
                 accumulate_head(q_ref[0, head], keys, values, mask, value_is_real, head, max_ref, sum_ref,
                                 acc_ref, sm_scale=sm_scale, soft_cap=soft_cap, precision=precision)
             return carry
@@ -158,7 +163,7 @@ def ragged_paged_attention_tpu_decode(
     soft_cap: Optional[float],
     pages_per_block: int,
     page_size: int,
-    layout: Optional[PackedLayout],
+    layout: Optional[Union[PackedLayout, QuantizedPackedLayout]],
     interpret: Union[bool, pltpu.InterpretParams],
     vmem_limit_bytes: int,
 ) -> Float[Array, "num_tokens num_q_heads head_dim"]:
@@ -181,7 +186,8 @@ def ragged_paged_attention_tpu_decode(
     kernel = functools.partial(_kernel, sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap,
                                pages_per_block=pages_per_block, pages_per_seq=pages_per_seq, page_size=page_size,
                                layout=layout)
-    buf_shape, buf_dtype = kv_scratch_shape(layout, block_tokens, 2 * num_kv_heads, head_dim, kv_pages.dtype)
+    buf_shape, buf_dtype = kv_scratch_shape(layout, block_tokens, 2 * num_kv_heads, head_dim, kv_pages.dtype,
+                                            page_size)
     out = pl.pallas_call(
         kernel,
         grid_spec=pltpu.PrefetchScalarGridSpec(

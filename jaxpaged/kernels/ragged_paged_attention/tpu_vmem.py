@@ -16,11 +16,15 @@ operands for Llama) against `PREFILL_KV_TOKENS` of KV per step, halved (KV first
 limit. libtpu compiles 256 x 1024 at every shape of docs/tpu-compile.md on v5e and v6e (bfloat16 and float32).
 """
 
-from typing import Optional
+from typing import Optional, Union
 
 import jax.numpy as jnp
 
 from jaxpaged.kernels.ragged_paged_attention.kv_layout import LANES, PackedLayout
+from jaxpaged.kernels.ragged_paged_attention.kv_layout_quantized import QuantizedPackedLayout
+
+KernelLayout = Optional[Union[PackedLayout, QuantizedPackedLayout]]
+"""The layout the kernels read pages with: None for interleaved."""
 
 # v7x has 64 MiB per core, v5e / v6e 128 MiB: a device Pallas cannot name gets the smallest.
 FALLBACK_VMEM_CAPACITY_BYTES = 64 * 1024 * 1024
@@ -59,11 +63,13 @@ def _packing(dtype) -> int:
     return 4 // jnp.dtype(dtype).itemsize
 
 
-def token_bytes(kv_heads_x2: int, head_dim: int, dtype, layout: Optional[PackedLayout]) -> int:
+def token_bytes(kv_heads_x2: int, head_dim: int, dtype, layout: KernelLayout) -> int:
     """VMEM bytes one token's K/V takes in the kernels' buffer: interleaved rows are tiled (sublanes x 128
     lanes, padded), packed rows are whole uint32 words."""
-    if layout is not None:
+    if isinstance(layout, PackedLayout):
         return layout.rows_per_token * LANES * 4
+    if layout is not None:  # packed quantized (kv_layout_quantized.py): a page's rows over its tokens
+        return -(-layout.page_rows * LANES * 4 // layout.page_size)
     sublanes = 8 * _packing(dtype)
     return -(-kv_heads_x2 // sublanes) * sublanes * (-(-head_dim // LANES) * LANES) * jnp.dtype(dtype).itemsize
 
@@ -81,7 +87,7 @@ def decode_intermediate_bytes(num_kv_heads: int, head_dim: int, compute_tokens: 
 
 
 def decode_pages_per_block(page_size: int, pages_per_seq: int, num_kv_heads: int, head_dim: int, dtype,
-                           layout: Optional[PackedLayout], vmem_limit_bytes: int,
+                           layout: KernelLayout, vmem_limit_bytes: int,
                            block_bytes: int = DEFAULT_BLOCK_BYTES) -> int:
     """Pages per decode DMA block: two blocks and a compute chunk's intermediates within the VMEM limit,
     at most block_bytes each, whole compute chunks, never more than a sequence can own."""
@@ -105,7 +111,7 @@ def vmem_bytes(num_q_heads, kv_heads_x2, head_dim, dtype, *, q_block_size, chunk
 
 
 def prefill_blocks(num_tokens: int, page_size: int, num_q_heads: int, num_kv_heads: int, head_dim: int, dtype,
-                   layout: Optional[PackedLayout], vmem_limit_bytes: int) -> tuple[int, int]:
+                   layout: KernelLayout, vmem_limit_bytes: int) -> tuple[int, int]:
     """(q_block_size, pages_per_chunk) of the tile kernel: up to PREFILL_Q_TOKENS rows (no more than the step's
     tokens, whole sublane tiles) against up to PREFILL_KV_TOKENS of KV (whole pages), within the VMEM limit."""
     sublanes = 8 * _packing(dtype)

@@ -1,0 +1,56 @@
+"""kv_cache_dtype "int8" on pallas_tpu (the packed quantized layout, TPU interpreter on this CPU) through the whole
+engine equals the xla backend's int8 engine token for token: both quantize the same K/V with the same scheme, so only
+the layouts and kernels differ."""
+
+import jax.numpy as jnp
+import pytest
+
+from jaxpaged.models.model_config import ModelConfig
+from jaxpaged.runner.kv_cache import bytes_per_block, choose_kv_layout, kv_storage_dtype
+from jaxpaged.runner.mesh import kv_cache_spec
+from jaxpaged.sampling.params import SamplingParams
+from tests.conftest import TINY_ENGINE_OPTIONS, TINY_LLAMA, save_tiny_llama
+from tests.prefix_prompts import token_ids
+
+# head_dim 64: the packed layouts' [K | V] vectors (head_dim 16 has no TPU layout).
+TPU_LLAMA = dict(TINY_LLAMA, head_dim=64)
+OPTIONS = dict(TINY_ENGINE_OPTIONS, kv_cache_dtype="int8", max_num_seqs=4, max_num_batched_tokens=32,
+               max_model_len=128, num_kv_blocks=24, block_size=16)
+
+
+@pytest.fixture(scope="module")
+def tpu_model_dir(tmp_path_factory, smollm2_tokenizer_dir):
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama-d64"), smollm2_tokenizer_dir, TPU_LLAMA)
+
+
+def test_pallas_tpu_plans_the_packed_quantized_layout():
+    model = ModelConfig.from_hf(dict(TPU_LLAMA, model_type="llama"))
+    assert choose_kv_layout(model, "pallas_tpu", jnp.bfloat16, 1, "int8") == "packed_quantized"
+    assert choose_kv_layout(model, "pallas_tpu", jnp.bfloat16, 2, "fp8_e4m3") == "packed_quantized"
+    assert choose_kv_layout(model, "xla", jnp.bfloat16, 1, "int8") == "quantized"
+    assert kv_cache_spec("packed_quantized") == kv_cache_spec("packed")
+    # 2 heads of 64 at page 16: 4 quads x 2 vectors + 1 scale row = 9 rows -> 16; bfloat16 packed: 16 x 1 row.
+    int8 = bytes_per_block(model, 16, kv_storage_dtype(jnp.bfloat16, "int8"), "tpu", layout="packed_quantized")
+    bf16 = bytes_per_block(model, 16, jnp.bfloat16, "tpu", layout="packed")
+    assert int8 == 2 * 16 * 128 * 4 == bf16
+    at_64 = bytes_per_block(model, 64, kv_storage_dtype(jnp.bfloat16, "int8"), "tpu", layout="packed_quantized")
+    assert at_64 == 2 * 40 * 128 * 4 < bytes_per_block(model, 64, jnp.bfloat16, "tpu", layout="packed")
+    with pytest.raises(ValueError, match="^kv_cache_dtype:"):
+        choose_kv_layout(ModelConfig.from_hf(dict(TINY_LLAMA, model_type="llama")), "pallas_tpu", jnp.bfloat16, 1,
+                         "int8")
+
+
+def test_int8_tokens_on_pallas_tpu_equal_the_xla_backend(tpu_model_dir):
+    """Prompts of 1, 15, 17 and 40 tokens (chunked prefill beside decodes), 8 greedy tokens each."""
+    from jaxpaged.llm import LLM
+
+    prompts = [{"prompt_token_ids": token_ids(seed, length)} for seed, length in ((1, 1), (2, 15), (3, 17), (4, 40))]
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    tokens = {}
+    for backend in ("pallas_tpu", "xla"):
+        llm = LLM(str(tpu_model_dir), **dict(OPTIONS, attention_backend=backend))
+        runner = llm.engine.runner
+        assert runner.kv_layout == ("packed_quantized" if backend == "pallas_tpu" else "quantized")
+        tokens[backend] = [output.outputs[0].token_ids
+                           for output in llm.generate(prompts, params, use_tqdm=False)]
+    assert tokens["pallas_tpu"] == tokens["xla"]
