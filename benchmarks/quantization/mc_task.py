@@ -128,7 +128,9 @@ def write_task(directory: pathlib.Path) -> None:
 
 def write_mc_task(directory: pathlib.Path, name: str, items: list[dict[str, Any]], metrics: Sequence[str]) -> None:
     """A local lm-eval multiple-choice task `name`: `items` ({"question", "choices", "answer": index}) as mc.jsonl and
-    the YAML that reads them, scored by `metrics`, into `directory`."""
+    the YAML that reads them, scored by `metrics`, into `directory`. The choices carry their own leading space, so
+    the YAML sets an empty target_delimiter: lm-eval's default (" ") would score "  Paris", a lone space token
+    before the word, text no model was trained to continue with."""
     directory.mkdir(parents=True, exist_ok=True)
     data = directory / "mc.jsonl"
     data.write_text("".join(json.dumps(item) + "\n" for item in items))
@@ -141,4 +143,5 @@ def write_mc_task(directory: pathlib.Path, name: str, items: list[dict[str, Any]
         "doc_to_text: '{{question}}'\n"
         "doc_to_choice: '{{choices}}'\n"
         "doc_to_target: '{{answer}}'\n"
+        "target_delimiter: ''\n"
         "metric_list:\n" + "".join(f"  - metric: {metric}\n" for metric in metrics))

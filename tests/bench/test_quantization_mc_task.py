@@ -59,4 +59,21 @@ def test_write_task_writes_the_data_and_the_yaml_lm_eval_reads(tmp_path):
     assert [json.loads(line) for line in lines] == questions()
     config = (tmp_path / f"{TASK_NAME}.yaml").read_text()
     assert f"task: {TASK_NAME}" in config and str(tmp_path / "mc.jsonl") in config
-    assert "output_type: multiple_choice" in config
+    assert "output_type: multiple_choice" in config and "target_delimiter: ''" in config
+
+
+def test_lm_eval_scores_each_choice_after_one_space(tmp_path, monkeypatch):
+    """The choices carry their leading space; lm-eval must not add its default delimiter (" ") before them."""
+    for name in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.setenv(name, "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "datasets-cache"))
+    from lm_eval.tasks import TaskManager, get_task_dict
+
+    write_task(tmp_path / "task")
+    task = get_task_dict([TASK_NAME], TaskManager(include_path=str(tmp_path / "task")))[TASK_NAME]
+    task.build_all_requests(limit=1, rank=0, world_size=1)
+    first = questions()[0]
+    assert [instance.arguments for instance in task.instances] == [(first["question"], choice)
+                                                                   for choice in first["choices"]]
+    assert all(continuation.startswith(" ") and not continuation.startswith("  ")
+               for _, continuation in (instance.arguments for instance in task.instances))
