@@ -1,9 +1,11 @@
 """A local multiple-choice task for lm-evaluation-harness, written out from fact tables and generated families (no
 data set download): capitals, opposites, plurals, past tenses, animal young and sounds, colours of common things,
-small additions and subtractions, the larger of two numbers, the next letter and number, weekday and month
-arithmetic; over 1,000 questions of 4 choices each, the answer's position and the distractors drawn with a fixed
-seed. Easy for a large model; for a 135M one, a score well above chance (25%) in every family that moves when its
-weights do, and enough questions that a paired comparison resolves a point (paired_difference.py)."""
+small additions and subtractions, the larger of two numbers, counting, the next letter, weekday and month of a
+sequence, the month after; 1,004 questions of 4 choices each, the answer's position and the distractors drawn with a
+fixed seed. Easy for a large model; for a 135M one, a score well above chance (25%) in every family (34-100% for the
+embedded SmolLM2-135M-Instruct in float32) that moves when its weights do, and enough questions that a paired
+comparison resolves a point (paired_difference.py). Phrasings were chosen by what the small model answers: "C, D,
+E," -> " F" (91%) where "The letter after E is" scored at chance."""
 
 import json
 import pathlib
