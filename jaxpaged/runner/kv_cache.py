@@ -29,9 +29,8 @@ def choose_kv_layout(model: ModelConfig, backend: str, dtype, tensor_parallel_si
                      kv_cache_dtype: str = "auto") -> str:
     """"quantized" for an int8 / fp8 kv_cache_dtype ("packed_quantized" on pallas_tpu: kv_layout_quantized.py,
     ValueError naming kv_cache_dtype for a head_dim it cannot pack); "packed" for the TPU kernel when it can hold these
-    heads
-    (tile-exact: no HBM padding); "interleaved_bits" for bfloat16 on the "xla" backend (XLA:CPU scatters into a uint16
-    pool in place, into a bfloat16 one not); else "interleaved".
+    heads (tile-exact: no HBM padding); "interleaved_bits" for bfloat16 on the "xla" backend (XLA:CPU scatters into a
+    uint16 pool in place, into a bfloat16 one not); else "interleaved".
 
     Under tensor parallelism every layout is split on its axis -2 (kv_layout.py): the packed one holds each shard's
     heads in its own rows, so it serves every tensor-parallel degree (the interleaved one would pad each shard's

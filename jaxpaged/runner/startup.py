@@ -138,6 +138,9 @@ def plan_startup(model: ModelConfig, params: dict[str, np.ndarray], config: Engi
     kv_cache_dtype = config.cache.kv_cache_dtype
     check_kv_cache_dtype(kv_cache_dtype, backend)
     kv_layout = choose_kv_layout(model, backend, dtype, tp, kv_cache_dtype)
+    if kv_layout == "packed_quantized" and config.cache.block_size % 4:
+        raise ValueError(f"block_size: kv_cache_dtype {kv_cache_dtype!r} on pallas_tpu packs 4 tokens' codes per "
+                         f"32-bit word, so a block holds a multiple of 4 tokens; got {config.cache.block_size}")
     kv_dtype = kv_storage_dtype(dtype, kv_cache_dtype)
     # NOTE: the weights are placed after the plan is made; the pool's default size leaves room for them.
     num_kv_blocks = num_kv_blocks_for(model, config.cache, kv_dtype, num_shards=tp, layout=kv_layout,

@@ -54,3 +54,10 @@ def test_int8_tokens_on_pallas_tpu_equal_the_xla_backend(tpu_model_dir):
         tokens[backend] = [output.outputs[0].token_ids
                            for output in llm.generate(prompts, params, use_tqdm=False)]
     assert tokens["pallas_tpu"] == tokens["xla"]
+
+
+def test_a_block_size_that_is_no_multiple_of_4_is_refused_naming_it(tpu_model_dir):
+    from jaxpaged.llm import LLM
+
+    with pytest.raises(ValueError, match="^block_size: .* multiple of 4 tokens; got 6"):
+        LLM(str(tpu_model_dir), **dict(OPTIONS, attention_backend="pallas_tpu", block_size=6))
