@@ -26,7 +26,7 @@ from jaxpaged.models.llama import unroll_layers_on
 from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.models.packed_weights import packs_weights_on
 from jaxpaged.runner.dtype_probe import probe_cpu_dtype
-from jaxpaged.runner.kv_cache import choose_kv_layout, kv_storage_dtype, num_kv_blocks_for
+from jaxpaged.runner.kv_cache import bytes_per_block, choose_kv_layout, kv_storage_dtype, num_kv_blocks_for
 from jaxpaged.runner.memory_plan import (
     MemoryPlan,
     check_weights_fit,
@@ -138,9 +138,8 @@ def plan_startup(model: ModelConfig, params: dict[str, np.ndarray], config: Engi
     kv_cache_dtype = config.cache.kv_cache_dtype
     check_kv_cache_dtype(kv_cache_dtype, backend)
     kv_layout = choose_kv_layout(model, backend, dtype, tp, kv_cache_dtype)
-    if kv_layout == "packed_quantized" and config.cache.block_size % 4:
-        raise ValueError(f"block_size: kv_cache_dtype {kv_cache_dtype!r} on pallas_tpu packs 4 tokens' codes per "
-                         f"32-bit word, so a block holds a multiple of 4 tokens; got {config.cache.block_size}")
+    if kv_layout == "packed_quantized":
+        _check_tpu_quantized_block(model, config, dtype, platform, tp)
     kv_dtype = kv_storage_dtype(dtype, kv_cache_dtype)
     # NOTE: the weights are placed after the plan is made; the pool's default size leaves room for them.
     num_kv_blocks = num_kv_blocks_for(model, config.cache, kv_dtype, num_shards=tp, layout=kv_layout,
@@ -156,6 +155,24 @@ def plan_startup(model: ModelConfig, params: dict[str, np.ndarray], config: Engi
     int8_matmul = choose_int8_matmul(scheme, platform, per_layer, tp, config.cpu_matmul == "native")
     return StartupPlan(platform, tuple(int(d.id) for d in mesh.devices.flat), tp, dtype, backend, per_layer, packed,
                        native_decode, kv_layout, memory, scheme, int8_matmul, kv_cache_dtype)
+
+
+def _check_tpu_quantized_block(model: ModelConfig, config: EngineConfig, dtype, platform: str, tp: int) -> None:
+    """The TPU's quantized KV layout packs 4 tokens per 32-bit word and pads a page to whole (8, 128) tiles:
+    ValueError naming block_size if a block is no multiple of 4 tokens; a warning when the padding leaves the 8-bit
+    block no smaller than a bfloat16 one (one KV head per shard at block size 16: kv_layout_quantized.py)."""
+    block_size, kv_cache_dtype = config.cache.block_size, config.cache.kv_cache_dtype
+    if block_size % 4:
+        raise ValueError(f"block_size: kv_cache_dtype {kv_cache_dtype!r} on pallas_tpu packs 4 tokens' codes per "
+                         f"32-bit word, so a block holds a multiple of 4 tokens; got {block_size}")
+    quantized = bytes_per_block(model, block_size, kv_storage_dtype(dtype, kv_cache_dtype), platform,
+                                layout="packed_quantized", num_shards=tp)
+    bfloat16 = bytes_per_block(model, block_size, jnp.bfloat16, platform, layout="packed", num_shards=tp)
+    if quantized >= bfloat16:
+        logger.warning("kv_cache_dtype %r at block_size %d saves no KV memory on this TPU layout (%d bytes per block "
+                       "per device, bfloat16's %d: %d KV head(s) per device pad a page to whole tiles); a block_size "
+                       "of 64 or more saves about a third", kv_cache_dtype, block_size, quantized, bfloat16,
+                       model.num_kv_heads // tp)
 
 
 _INT8_MATMUL_DESCRIPTIONS = {

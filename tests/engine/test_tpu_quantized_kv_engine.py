@@ -61,3 +61,18 @@ def test_a_block_size_that_is_no_multiple_of_4_is_refused_naming_it(tpu_model_di
 
     with pytest.raises(ValueError, match="^block_size: .* multiple of 4 tokens; got 6"):
         LLM(str(tpu_model_dir), **dict(OPTIONS, attention_backend="pallas_tpu", block_size=6))
+
+
+@pytest.mark.parametrize("block_size, warns", [(16, True), (64, False)])
+def test_a_block_size_whose_padding_saves_nothing_is_warned_about(block_size, warns, caplog):
+    """2 KV heads of 64 at block 16: 9 rows pad to 16, a bfloat16 packed block's size; at 64, 40 rows against 64."""
+    import logging
+
+    from jaxpaged.config import EngineConfig
+    from jaxpaged.runner.startup import _check_tpu_quantized_block
+
+    model = ModelConfig.from_hf(dict(TPU_LLAMA, model_type="llama"))
+    config = EngineConfig.from_options(block_size=block_size, kv_cache_dtype="int8", attention_backend="pallas_tpu")
+    with caplog.at_level(logging.WARNING, logger="jaxpaged"):
+        _check_tpu_quantized_block(model, config, jnp.bfloat16, "tpu", 1)
+    assert any("saves no KV memory" in record.getMessage() for record in caplog.records) == warns
