@@ -66,27 +66,16 @@ bfloat16 bits as uint16), quantized or packed."""
 
 
 @dataclasses.dataclass(frozen=True)
-class PackedLayout:
-    """Where each head's K and V sit in a token's uint32 rows (static; hashable)."""
+class VectorOrder:
+    """A token's 128-lane vectors in both packed TPU layouts (this bfloat16 / float32 "packed" one and
+    kv_layout_quantized.py's): for head_dim 64, vector h = [K_h | V_h]; else K_h's lane tiles, then V_h's."""
 
     num_kv_heads: int
     head_dim: int
-    dtype_name: str
 
     def __post_init__(self):
         if self.head_dim != 64 and self.head_dim % LANES:
-            raise ValueError(f"head_dim: the packed TPU layout needs 64 or a multiple of 128, got {self.head_dim}")
-        if self.dtype_name not in ("float32", "bfloat16"):
-            raise ValueError(f"dtype: the packed TPU layout holds float32 or bfloat16, got {self.dtype_name}")
-
-    @property
-    def dtype(self):
-        return jnp.dtype(self.dtype_name)
-
-    @property
-    def packing(self) -> int:
-        """Vectors per 32-bit word row."""
-        return 4 // self.dtype.itemsize
+            raise ValueError(f"head_dim: the packed TPU layouts need 64 or a multiple of 128, got {self.head_dim}")
 
     @property
     def combined(self) -> bool:
@@ -101,10 +90,6 @@ class PackedLayout:
     def vectors_per_token(self) -> int:
         return self.num_kv_heads * (1 if self.combined else 2 * self.lane_tiles)
 
-    @property
-    def rows_per_token(self) -> int:
-        return -(-self.vectors_per_token // self.packing)
-
     def key_vectors(self, head: int) -> list[int]:
         """Vector indices holding K of `head` (for combined: its [K | V] vector)."""
         if self.combined:
@@ -115,6 +100,31 @@ class PackedLayout:
         if self.combined:
             return [head]
         return [(2 * head + 1) * self.lane_tiles + t for t in range(self.lane_tiles)]
+
+
+@dataclasses.dataclass(frozen=True)
+class PackedLayout(VectorOrder):
+    """Where each head's K and V sit in a token's uint32 rows (static; hashable)."""
+
+    dtype_name: str
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.dtype_name not in ("float32", "bfloat16"):
+            raise ValueError(f"dtype: the packed TPU layout holds float32 or bfloat16, got {self.dtype_name}")
+
+    @property
+    def dtype(self):
+        return jnp.dtype(self.dtype_name)
+
+    @property
+    def packing(self) -> int:
+        """Vectors per 32-bit word row."""
+        return 4 // self.dtype.itemsize
+
+    @property
+    def rows_per_token(self) -> int:
+        return -(-self.vectors_per_token // self.packing)
 
 
 def packed_layout_for(num_kv_heads: int, head_dim: int, dtype) -> PackedLayout:

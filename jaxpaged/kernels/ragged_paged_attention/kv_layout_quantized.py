@@ -33,8 +33,8 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, Shaped, UInt32
 
 from jaxpaged.kernels.kv_quantization import SCALE_BYTES, format_of_pool, quantize_rows, quantized_pool_dtype
+from jaxpaged.kernels.ragged_paged_attention.kv_layout import LANES, VectorOrder
 
-LANES = 128
 FORMATS = ("int8", "fp8_e4m3")
 _TILE_ROWS = 8
 _QUAD = 4
@@ -42,36 +42,20 @@ _QUAD = 4
 
 
 @dataclasses.dataclass(frozen=True)
-class QuantizedPackedLayout:
-    """Where a page's codes and scales sit in its uint32 rows (static; hashable)."""
+class QuantizedPackedLayout(VectorOrder):
+    """Where a page's codes and scales sit in its uint32 rows (static; hashable); a token's vectors in the bfloat16
+    packed layout's order (VectorOrder)."""
 
-    num_kv_heads: int
-    head_dim: int
     kv_format: str
     page_size: int
 
     def __post_init__(self):
-        if self.head_dim != 64 and self.head_dim % LANES:
-            raise ValueError(f"head_dim: the packed quantized layout needs 64 or a multiple of 128, got "
-                             f"{self.head_dim}")
+        super().__post_init__()
         if self.kv_format not in FORMATS:
             raise ValueError(f"kv_cache_dtype: the packed quantized layout holds {FORMATS}, got {self.kv_format!r}")
         if self.page_size < _QUAD or self.page_size % _QUAD:
             raise ValueError(f"page_size: the packed quantized layout needs a multiple of {_QUAD}, got "
                              f"{self.page_size}")
-
-    @property
-    def combined(self) -> bool:
-        """head_dim 64: K_h and V_h side by side in one vector (as the bfloat16 packed layout)."""
-        return self.head_dim == 64
-
-    @property
-    def lane_tiles(self) -> int:
-        return 1 if self.combined else self.head_dim // LANES
-
-    @property
-    def vectors_per_token(self) -> int:
-        return self.num_kv_heads * (1 if self.combined else 2 * self.lane_tiles)
 
     @property
     def code_rows(self) -> int:
@@ -85,17 +69,6 @@ class QuantizedPackedLayout:
     def page_rows(self) -> int:
         rows = self.code_rows + self.scale_rows
         return -(-rows // _TILE_ROWS) * _TILE_ROWS
-
-    def key_vectors(self, head: int) -> list[int]:
-        """Vector indices holding K of `head` (for combined: its [K | V] vector)."""
-        if self.combined:
-            return [head]
-        return [2 * head * self.lane_tiles + t for t in range(self.lane_tiles)]
-
-    def value_vectors(self, head: int) -> list[int]:
-        if self.combined:
-            return [head]
-        return [(2 * head + 1) * self.lane_tiles + t for t in range(self.lane_tiles)]
 
     def bytes_per_token(self) -> float:
         """HBM bytes per token per shard (padding included)."""

@@ -17,7 +17,8 @@ from typing import Union
 import jax
 import jax.numpy as jnp
 
-from jaxpaged.kernels.ragged_paged_attention.kv_layout_quantized import LANES, QuantizedPackedLayout
+from jaxpaged.kernels.ragged_paged_attention.kv_layout import LANES
+from jaxpaged.kernels.ragged_paged_attention.kv_layout_quantized import QuantizedPackedLayout
 
 _QUAD = 4
 
