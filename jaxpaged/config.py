@@ -54,7 +54,8 @@ class CacheConfig:
     """How K and V are stored (vLLM's --kv-cache-dtype): "auto" in the model dtype; "int8" or "fp8" / "fp8_e4m3"
     as 8-bit codes with one bfloat16 scale per token per KV head, quantized on write and dequantized inside attention
     (kernels/kv_quantization.py): about twice the tokens of bfloat16 in the same kv_cache_memory. "fp8" is stored
-    as "fp8_e4m3". The "xla" and "pallas_gpu" attention backends; not "pallas_tpu" yet."""
+    as "fp8_e4m3". Every attention backend: "xla" and "pallas_gpu" in the "quantized" layout, "pallas_tpu" in its own
+    (kernels/ragged_paged_attention/kv_layout_quantized.py)."""
     enable_prefix_caching: bool = True
     """Reuse computed full blocks across requests by their chain hash."""
     prefix_caching_granularity: PrefixCachingGranularity = "token"

@@ -55,11 +55,10 @@ def format_of_pool(dtype) -> str:
     return {value: key for key, value in _POOL_DTYPES.items()}[jnp.dtype(dtype)]
 
 
-def stored_row_bytes(head_dim: int, kv_cache_dtype: str, model_dtype) -> int:
-    """Bytes one token's K (or V) of one KV head takes in the pool: codes and scale, or head_dim model-dtype values."""
-    if canonical_kv_cache_dtype(kv_cache_dtype) == "auto":
-        return head_dim * np.dtype(model_dtype).itemsize
-    return head_dim + SCALE_BYTES
+def pool_row_width(head_dim: int, pool_dtype) -> int:
+    """Elements of one token's K (or V) row of one KV head in an interleaved pool of `pool_dtype`: head_dim codes and
+    SCALE_BYTES scale bytes in a quantized pool, head_dim values in any other."""
+    return head_dim + SCALE_BYTES if is_quantized_pool(pool_dtype) else head_dim
 
 
 def _scale_up(absmax: Float[Array, "*rows"], qmax: float) -> Float[Array, "*rows"]:

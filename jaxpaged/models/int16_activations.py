@@ -28,6 +28,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Float32, Int8
 
 from jaxpaged.kernels.cpu_native.native_build import cpu_identity
+from jaxpaged.models.int8_activations import round_rows
 
 DIGIT_BASE = 256
 """v = DIGIT_BASE * hi + lo."""
@@ -49,10 +50,8 @@ def split_rows(x: Float[Array, "tokens inner"],
                ) -> tuple[Int8[Array, "tokens inner"], Int8[Array, "tokens inner"], Float32[Array, "tokens 1"]]:
     """(high digits, low digits, per-row scale) with x ≈ (DIGIT_BASE * hi + lo) * scale, computed in float32. An
     all-zero row (padding) has scale 0 and digits 0."""
-    x32 = x.astype(jnp.float32)
-    scale = jnp.max(jnp.abs(x32), axis=-1, keepdims=True) / V_MAX
-    divisor = jnp.where(scale > 0, scale, 1.0)
-    v = jnp.clip(jnp.round(x32 / divisor), -V_MAX, V_MAX).astype(jnp.int32)
+    rounded, scale = round_rows(x, V_MAX)
+    v = rounded.astype(jnp.int32)
     high = jnp.floor_divide(v + DIGIT_BASE // 2, DIGIT_BASE)
     low = v - DIGIT_BASE * high
     return high.astype(jnp.int8), low.astype(jnp.int8), scale

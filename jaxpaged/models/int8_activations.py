@@ -29,12 +29,20 @@ class W8A8Weight(NamedTuple):
     """One scale per output column."""
 
 
+def round_rows(x: Float[Array, "tokens inner"], limit: int,
+               ) -> tuple[Float32[Array, "tokens inner"], Float32[Array, "tokens 1"]]:
+    """(integers in [-limit, limit] as float32, float32 scale per row): each row symmetric with its own scale,
+    s = max |x_row| / limit, values round(x / s), computed in float32. An all-zero row has scale 0 and values 0."""
+    x32 = x.astype(jnp.float32)
+    scale = jnp.max(jnp.abs(x32), axis=-1, keepdims=True) / limit
+    divisor = jnp.where(scale > 0, scale, 1.0)  # an all-zero row: q = 0, whatever its divisor
+    return jnp.clip(jnp.round(x32 / divisor), -limit, limit), scale
+
+
 def quantize_rows(x: Float[Array, "tokens inner"]) -> tuple[Int8[Array, "tokens inner"], Float32[Array, "tokens 1"]]:
     """(int8 values, float32 scale per row) of activations, symmetric per token, computed in float32."""
-    x32 = x.astype(jnp.float32)
-    scale = jnp.max(jnp.abs(x32), axis=-1, keepdims=True) / INT8_MAX
-    divisor = jnp.where(scale > 0, scale, 1.0)  # an all-zero row: q = 0, whatever its divisor
-    return jnp.clip(jnp.round(x32 / divisor), -INT8_MAX, INT8_MAX).astype(jnp.int8), scale
+    values, scale = round_rows(x, INT8_MAX)
+    return values.astype(jnp.int8), scale
 
 
 def w8a8_product(x: Float[Array, "tokens inner"], weight: W8A8Weight) -> Float32[Array, "tokens outer"]:

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpaged.config import CacheConfig
-from jaxpaged.kernels.kv_quantization import SCALE_BYTES, is_quantized_pool, quantized_pool_dtype
+from jaxpaged.kernels.kv_quantization import pool_row_width, quantized_pool_dtype
 from jaxpaged.kernels.ragged_paged_attention.kv_layout import cache_shape, packed_layout_for, physical_bytes
 from jaxpaged.models.model_config import ModelConfig
 
@@ -75,7 +75,7 @@ def bytes_per_block(model: ModelConfig, block_size: int, dtype, platform: Option
 def logical_bytes_per_block(model: ModelConfig, block_size: int, dtype) -> int:
     """KV bytes one block's values (quantized: codes and scales) occupy across all layers, without any tile padding
     (`dtype`: the pool's, kv_storage_dtype)."""
-    row = model.head_dim + SCALE_BYTES if is_quantized_pool(dtype) else model.head_dim
+    row = pool_row_width(model.head_dim, dtype)
     return model.num_layers * block_size * 2 * model.num_kv_heads * row * np.dtype(dtype).itemsize
 
 

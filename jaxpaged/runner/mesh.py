@@ -130,13 +130,12 @@ def kv_cache_spec(layout: str = "interleaved") -> P:
     """Interleaved [layers, blocks, block_size, 2 * kv_heads, head_dim] (floats or bfloat16 bits): split on the
     kv-head axis; packed [layers, blocks, tp * block_size * rows, 128] and packed quantized [layers, blocks, tp *
     page_rows, 128]: split on their shard-major row axis."""
-    if layout in ("packed", "packed_quantized"):
-        return P(None, None, MODEL_AXIS, None)
-    return P(None, None, None, MODEL_AXIS, None)
+    return _split_on_axis_minus_2(4 if layout in ("packed", "packed_quantized") else 5)
 
 
-def _pages_spec(ndim: int) -> P:
-    """A layer stack of pages ([layers * blocks, *page]) split as kv_cache_spec splits the pool: on axis -2."""
+def _split_on_axis_minus_2(ndim: int) -> P:
+    """Every KV layout splits by heads on its axis -2: the pool ([layers, blocks, *page]) and a layer stack of its
+    pages ([layers * blocks, *page]) alike."""
     return P(*([None] * (ndim - 2)), MODEL_AXIS, None)
 
 
@@ -198,7 +197,7 @@ def shard_attention(attend: Callable, mesh: Mesh) -> Callable:
             args += (layer_is_sliding,)
         body = functools.partial(attend, **static)
         # NOTE: check_vma=False because Pallas kernels in interpret mode carry no varying-axes annotations.
-        pages = _pages_spec(kv_pages.ndim)
+        pages = _split_on_axis_minus_2(kv_pages.ndim)
         mapped = jax.shard_map(body, mesh=mesh, in_specs=(heads, heads, heads, pages) + (P(),) * (len(args) - 4),
                                out_specs=(heads, pages), check_vma=False)
         return mapped(*args)

@@ -86,7 +86,7 @@ class StartupPlan:
     convert fused into its operand, scales on the output: TPU, GPU)."""
     kv_cache_dtype: str = "auto"
     """config.cache.kv_cache_dtype ("fp8" as "fp8_e4m3"): "auto" stores K/V in dtype, "int8" / "fp8_e4m3" quantized
-    with per-token-per-head scales in the "quantized" layout."""
+    with per-token-per-head scales (the "quantized" layout, or "packed_quantized" on pallas_tpu)."""
 
     @property
     def kv_storage_dtype(self) -> np.dtype:

@@ -22,8 +22,8 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 from jaxpaged.kernels.bfloat16_bits import BITS_DTYPE
-from jaxpaged.kernels.kv_quantization import SCALE_BYTES, is_quantized_pool
-from jaxpaged.kernels.ragged_paged_attention.kv_layout import KVPages
+from jaxpaged.kernels.kv_quantization import is_quantized_pool, pool_row_width
+from jaxpaged.kernels.ragged_paged_attention.kv_layout import KVPages, kernel_layout
 from jaxpaged.kernels.ragged_paged_attention.metadata import AttentionMetadata, validate_attention_inputs
 from jaxpaged.kernels.ragged_paged_attention.xla import ragged_paged_attention_xla, write_kv_pages
 
@@ -31,32 +31,13 @@ ATTENTION_BACKENDS = ("auto", "xla", "pallas_tpu", "pallas_gpu")
 _AUTO_BY_PLATFORM = {"tpu": "pallas_tpu", "gpu": "pallas_gpu", "cuda": "pallas_gpu", "rocm": "pallas_gpu"}
 
 
-def _rows(num_kv_heads: int, head_dim: int, dtype) -> int:
-    from jaxpaged.kernels.ragged_paged_attention.kv_layout import packed_layout_for
-    return packed_layout_for(num_kv_heads, head_dim, dtype).rows_per_token
-
-
-def _require_packed(kv_pages, backend: str, num_kv_heads: Optional[int], head_dim: int, dtype,
-                    kv_cache_dtype: str = "auto", page_size: Optional[int] = None) -> None:
-    """A rank-3 cache must be the packed (or packed quantized) layout of these heads, for the one backend that reads
-    it."""
+def _packed_page_size(kv_pages, backend: str, num_kv_heads: Optional[int], head_dim: int, dtype,
+                      kv_cache_dtype: str = "auto", page_size: Optional[int] = None) -> int:
+    """The page size of a rank-3 cache, which must be the packed (or packed quantized) layout of these heads, for the
+    one backend that reads it (ValueError naming the field otherwise: kv_layout.kernel_layout)."""
     if backend != "pallas_tpu":
         raise ValueError(f"kv_pages: the packed layout {kv_pages.shape} is read by pallas_tpu only, not {backend}")
-    if num_kv_heads is None:
-        raise ValueError("num_kv_heads: required with the packed KV layout")
-    if kv_cache_dtype != "auto":
-        from jaxpaged.kernels.ragged_paged_attention.kv_layout import kernel_layout
-        kernel_layout(kv_pages, head_dim, dtype, num_kv_heads, kv_cache_dtype, page_size)  # ValueError naming a field
-        return
-    rows = _rows(num_kv_heads, head_dim, dtype)
-    if kv_pages.dtype != jnp.uint32 or kv_pages.shape[1] % rows or kv_pages.shape[2] != 128:
-        raise ValueError(f"kv_pages: packed layout must be uint32 [num_pages, page_size * {rows}, 128], "
-                         f"got {kv_pages.dtype} {kv_pages.shape}")
-
-
-def _row_width(kv_pages, head_dim: int) -> int:
-    """The last axis of an interleaved pool: head_dim values, or head_dim codes and a scale (quantized)."""
-    return head_dim + SCALE_BYTES if is_quantized_pool(kv_pages.dtype) else head_dim
+    return kernel_layout(kv_pages, head_dim, dtype, num_kv_heads, kv_cache_dtype, page_size)[1]
 
 
 def _require_bits_reader(kv_pages, backend: str) -> None:
@@ -137,12 +118,10 @@ def ragged_paged_attention(
     soft_cap = None if soft_cap is None else float(soft_cap)
     options = dict(sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap)
     if kv_pages.ndim == 3:
-        _require_packed(kv_pages, backend, num_kv_heads, q.shape[2], q.dtype, kv_cache_dtype, page_size)
-        assert num_kv_heads is not None  # _require_packed refused None
+        page_size = _packed_page_size(kv_pages, backend, num_kv_heads, q.shape[2], q.dtype, kv_cache_dtype,
+                                      page_size)
+        assert num_kv_heads is not None  # _packed_page_size refused None
         # The interleaved twin of the packed shape carries the same checks (shapes only, nothing is read).
-        page_size = page_size if kv_cache_dtype != "auto" else kv_pages.shape[1] // _rows(num_kv_heads, q.shape[2],
-                                                                                          q.dtype)
-        assert page_size is not None  # _require_packed refused None
         validate_attention_inputs(q, jnp.zeros((0, page_size, 2 * num_kv_heads, q.shape[2]), q.dtype), metadata,
                                   sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap)
         from jaxpaged.kernels.ragged_paged_attention.tpu import ragged_paged_attention_tpu
@@ -179,11 +158,11 @@ def write_kv(
     if k.shape != v.shape or k.ndim != 3:
         raise ValueError(f"k: k and v must both be [num_tokens, num_kv_heads, head_dim], got {k.shape} and {v.shape}")
     if kv_pages.ndim == 3:
-        _require_packed(kv_pages, resolve_attention_backend(backend), k.shape[1], k.shape[2], k.dtype, kv_cache_dtype,
-                        page_size)
-    elif kv_pages.ndim != 4 or kv_pages.shape[2:] != (2 * k.shape[1], _row_width(kv_pages, k.shape[2])):
+        _packed_page_size(kv_pages, resolve_attention_backend(backend), k.shape[1], k.shape[2], k.dtype,
+                          kv_cache_dtype, page_size)
+    elif kv_pages.ndim != 4 or kv_pages.shape[2:] != (2 * k.shape[1], pool_row_width(k.shape[2], kv_pages.dtype)):
         raise ValueError(f"kv_pages: must be [num_pages, page_size, {2 * k.shape[1]}, "
-                         f"{_row_width(kv_pages, k.shape[2])}], got {kv_pages.shape}")
+                         f"{pool_row_width(k.shape[2], kv_pages.dtype)}], got {kv_pages.shape}")
     _require_bits_reader(kv_pages, resolve_attention_backend(backend))
     _require_quantized_reader(kv_pages, resolve_attention_backend(backend))
     slot_mapping = metadata.slot_mapping
@@ -192,7 +171,7 @@ def write_kv(
     if kv_pages.ndim == 3 and kv_cache_dtype != "auto":
         # 4 tokens share each word: quantize, then merge into the words (kv_layout_quantized.py).
         from jaxpaged.kernels.ragged_paged_attention.kv_layout_quantized import write_kv_packed_quantized
-        assert page_size is not None  # _require_packed refused None
+        assert page_size is not None  # _packed_page_size refused None
         return write_kv_packed_quantized(kv_pages, k, v, slot_mapping, kv_cache_dtype, page_size)
     if resolve_attention_backend(backend) == "pallas_tpu" or kv_pages.ndim == 3:
         # XLA's TPU scatter is a serial loop of row updates; the kernel DMAs the rows instead.

@@ -306,9 +306,10 @@ def load_vector(buf_ref, slot, index: int, layout: PackedLayout, num_tokens: int
     return pltpu.bitcast(half.astype(jnp.uint16), jnp.bfloat16)
 
 
-def load_head(buf_ref, slot, head: int, layout, num_tokens: int, first_token: Union[int, jax.Array] = 0):
+def load_head(buf_ref, slot, head: int, layout, num_tokens: int, first_token: Union[int, jax.Array], dtype):
     """(keys, values) of one KV head for tokens first_token..first_token + num_tokens of the slot, [num_tokens,
-    lanes] each (first_token may be traced: the kernels walk a DMA block in compute chunks).
+    lanes] each in `dtype` (q's: a quantized page dequantizes to float32 first); first_token may be traced (the
+    kernels walk a DMA block in compute chunks).
 
     Interleaved: sublane 2h / 2h + 1 of the [tokens, 2kv, d] buffer. Packed with head_dim 64: keys and
     values are the same [K | V] vector (q is zero-padded past lane 64, the output read from lane 64).
@@ -316,14 +317,16 @@ def load_head(buf_ref, slot, head: int, layout, num_tokens: int, first_token: Un
     if layout is not None and not isinstance(layout, PackedLayout):  # packed quantized: dequantized float32
         from jaxpaged.kernels.ragged_paged_attention.tpu_quantized_kv import load_head_quantized
 
-        return load_head_quantized(buf_ref, slot, head, layout, num_tokens, first_token)
-    if layout is None:
+        keys, values = load_head_quantized(buf_ref, slot, head, layout, num_tokens, first_token)
+    elif layout is None:
         from jax.experimental import pallas as pl
 
         tokens = pl.ds(first_token, num_tokens)
-        return buf_ref[slot, tokens, 2 * head, :], buf_ref[slot, tokens, 2 * head + 1, :]
-    vectors = {i: load_vector(buf_ref, slot, i, layout, num_tokens, first_token)
-               for i in sorted(set(layout.key_vectors(head) + layout.value_vectors(head)))}
-    join = lambda indices: (vectors[indices[0]] if len(indices) == 1  # noqa: E731
-                            else jnp.concatenate([vectors[i] for i in indices], axis=1))
-    return join(layout.key_vectors(head)), join(layout.value_vectors(head))
+        keys, values = buf_ref[slot, tokens, 2 * head, :], buf_ref[slot, tokens, 2 * head + 1, :]
+    else:
+        vectors = {i: load_vector(buf_ref, slot, i, layout, num_tokens, first_token)
+                   for i in sorted(set(layout.key_vectors(head) + layout.value_vectors(head)))}
+        join = lambda indices: (vectors[indices[0]] if len(indices) == 1  # noqa: E731
+                                else jnp.concatenate([vectors[i] for i in indices], axis=1))
+        keys, values = join(layout.key_vectors(head)), join(layout.value_vectors(head))
+    return keys.astype(dtype), values.astype(dtype)

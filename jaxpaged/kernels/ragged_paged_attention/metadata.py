@@ -18,7 +18,7 @@ import numpy as np
 from jaxtyping import Array, Float, Int, Shaped
 
 from jaxpaged.kernels.bfloat16_bits import BITS_DTYPE
-from jaxpaged.kernels.kv_quantization import SCALE_BYTES, is_quantized_pool
+from jaxpaged.kernels.kv_quantization import SCALE_BYTES, is_quantized_pool, pool_row_width
 from jaxpaged.kernels.pytree import HostOrDeviceArray, register_pytree_dataclass
 
 # Finite "minus infinity" for masked logits and running maxima: exp(MASK - MASK) stays 1, never NaN.
@@ -95,7 +95,7 @@ def validate_attention_inputs(q: Float[Array, "num_tokens num_q_heads head_dim"]
                  f"must be an integer array, got {array.dtype}")
     num_tokens, num_q_heads, head_dim = q.shape
     _, _, kv_heads_x2, kv_head_dim = kv_pages.shape
-    row_width = head_dim + SCALE_BYTES if quantized else head_dim
+    row_width = pool_row_width(head_dim, kv_pages.dtype)
     what = f"q's head_dim {head_dim} + {SCALE_BYTES} scale bytes" if quantized else f"q's head_dim {head_dim}"
     _require(kv_head_dim == row_width, "kv_pages",
              f"head_dim {kv_head_dim} differs from {what} (shapes {kv_pages.shape} and {q.shape})")

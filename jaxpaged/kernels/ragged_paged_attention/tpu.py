@@ -153,8 +153,7 @@ def _kernel(kv_lens_ref, tables_ref, cu_q_lens_ref, tile_seqs_ref,  # scalar pre
                 mask &= kv_positions > positions - sliding_window
             value_is_real = chunk_start + first + value_offsets < kv_len
             for head in range(num_kv_heads):
-                keys, values = load_head(kv_buf, slot, head, layout, compute_tokens, first)
-                keys, values = keys.astype(q_ref.dtype), values.astype(q_ref.dtype)  # quantized: float32
+                keys, values = load_head(kv_buf, slot, head, layout, compute_tokens, first, q_ref.dtype)
                 accumulate_head(q_ref[head].reshape(num_rows, head_dim), keys, values, mask, value_is_real, head,
                                 max_ref, sum_ref, acc_ref, sm_scale=sm_scale, soft_cap=soft_cap, precision=precision)
             return carry

@@ -106,8 +106,7 @@ def _kernel(num_seqs_ref, kv_lens_ref, tables_ref, cu_q_lens_ref,  # scalar pref
                 mask &= positions >= kv_len - sliding_window
             value_is_real = block_start + first + value_offsets < kv_len  # stale VMEM may hold NaNs
             for head in range(num_kv_heads):
-                keys, values = load_head(kv_buf, slot, head, layout, compute_tokens, first)
-                keys, values = keys.astype(q_ref.dtype), values.astype(q_ref.dtype)  # quantized: float32
+                keys, values = load_head(kv_buf, slot, head, layout, compute_tokens, first, q_ref.dtype)
                 accumulate_head(q_ref[0, head], keys, values, mask, value_is_real, head, max_ref, sum_ref,
                                 acc_ref, sm_scale=sm_scale, soft_cap=soft_cap, precision=precision)
             return carry
