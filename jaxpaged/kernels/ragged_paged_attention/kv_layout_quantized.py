@@ -32,12 +32,18 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, Shaped, UInt32
 
-from jaxpaged.kernels.kv_quantization import SCALE_BYTES, format_of_pool, quantize_rows, quantized_pool_dtype
+from jaxpaged.kernels.kv_quantization import (
+    SCALE_BYTES,
+    canonical_kv_cache_dtype,
+    format_of_pool,
+    quantize_rows,
+    quantized_pool_dtype,
+)
 from jaxpaged.kernels.ragged_paged_attention.kv_layout import LANES, VectorOrder
 
 FORMATS = ("int8", "fp8_e4m3")
 _TILE_ROWS = 8
-_QUAD = 4
+QUAD = 4
 """Tokens sharing one uint32 word: 4 codes of 8 bits."""
 
 
@@ -53,13 +59,13 @@ class QuantizedPackedLayout(VectorOrder):
         super().__post_init__()
         if self.kv_format not in FORMATS:
             raise ValueError(f"kv_cache_dtype: the packed quantized layout holds {FORMATS}, got {self.kv_format!r}")
-        if self.page_size < _QUAD or self.page_size % _QUAD:
-            raise ValueError(f"page_size: the packed quantized layout needs a multiple of {_QUAD}, got "
+        if self.page_size < QUAD or self.page_size % QUAD:
+            raise ValueError(f"page_size: the packed quantized layout needs a multiple of {QUAD}, got "
                              f"{self.page_size}")
 
     @property
     def code_rows(self) -> int:
-        return self.page_size // _QUAD * self.vectors_per_token
+        return self.page_size // QUAD * self.vectors_per_token
 
     @property
     def scale_rows(self) -> int:
@@ -77,8 +83,7 @@ class QuantizedPackedLayout(VectorOrder):
 
 def quantized_layout_for(num_kv_heads: int, head_dim: int, kv_cache_dtype: str, page_size: int
                          ) -> QuantizedPackedLayout:
-    fmt = "fp8_e4m3" if kv_cache_dtype == "fp8" else kv_cache_dtype
-    return QuantizedPackedLayout(num_kv_heads, head_dim, fmt, page_size)
+    return QuantizedPackedLayout(num_kv_heads, head_dim, canonical_kv_cache_dtype(kv_cache_dtype), page_size)
 
 
 def packed_quantized_shape(num_pages: int, page_size: int, num_kv_heads: int, head_dim: int, kv_cache_dtype: str,
@@ -131,12 +136,12 @@ def write_packed_quantized_rows(pages: UInt32[Array, "num_pages rows lanes"],
     codes, scales = _codes_and_scale_bits(stored)
     # A token's rows: the V rows of its quad (its codes are byte offset % 4 of each word), then its page's scale rows.
     # One gather and one scatter-add of whole 128-lane rows: two scatters made XLA:TPU copy the pool in the step.
-    code_rows = (offsets // _QUAD * layout.vectors_per_token)[:, None] + jnp.arange(layout.vectors_per_token)[None]
+    code_rows = (offsets // QUAD * layout.vectors_per_token)[:, None] + jnp.arange(layout.vectors_per_token)[None]
     scale_rows = jnp.broadcast_to(layout.code_rows + jnp.arange(layout.scale_rows), (tokens, layout.scale_rows))
     rows = jnp.concatenate([code_rows, scale_rows], axis=1)
     old = pages[page_ids[:, None], rows]  # [tokens, V + scale_rows, 128]
     old_codes, old_scales = old[:, :layout.vectors_per_token], old[:, layout.vectors_per_token:].reshape(tokens, -1)
-    shifts = (8 * (offsets % _QUAD)).astype(jnp.uint32)[:, None, None]
+    shifts = (8 * (offsets % QUAD)).astype(jnp.uint32)[:, None, None]
     code_deltas = (_token_vectors(codes, layout) << shifts) - (old_codes & (jnp.uint32(0xFF) << shifts))
     # Scales: words offset * kv_heads + h of the scale rows, K in the low half, V in the high.
     words = offsets[:, None] * layout.num_kv_heads + jnp.arange(layout.num_kv_heads)[None]
@@ -173,8 +178,8 @@ def unpack_quantized_pages(words: UInt32[Array, "num_pages rows lanes"], num_kv_
                                 for part in jnp.split(words, num_shards, axis=1)], axis=2)
     layout = quantized_layout_for(num_kv_heads, head_dim, kv_cache_dtype, page_size)
     num_pages = words.shape[0]
-    quads = words[:, :layout.code_rows].reshape(num_pages, page_size // _QUAD, 1, layout.vectors_per_token, LANES)
-    codes = (quads >> (8 * jnp.arange(_QUAD, dtype=jnp.uint32))[:, None, None]) & 0xFF  # [pages, quads, 4, V, 128]
+    quads = words[:, :layout.code_rows].reshape(num_pages, page_size // QUAD, 1, layout.vectors_per_token, LANES)
+    codes = (quads >> (8 * jnp.arange(QUAD, dtype=jnp.uint32))[:, None, None]) & 0xFF  # [pages, quads, 4, V, 128]
     vectors = codes.reshape(num_pages, page_size, layout.vectors_per_token, LANES)
     if layout.combined:
         keys, values = vectors[..., :head_dim], vectors[..., head_dim:]

@@ -18,9 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxpaged.kernels.ragged_paged_attention.kv_layout import LANES
-from jaxpaged.kernels.ragged_paged_attention.kv_layout_quantized import QuantizedPackedLayout
-
-_QUAD = 4
+from jaxpaged.kernels.ragged_paged_attention.kv_layout_quantized import QUAD, QuantizedPackedLayout
 
 
 def token_offsets(layout, shape: tuple, dimension: int, num_tokens: int) -> jax.Array:
@@ -74,11 +72,11 @@ def _load_vector(buf_ref, slot, base, vector: int, layout: QuantizedPackedLayout
 
     pieces = []
     lanes = jax.lax.broadcasted_iota(jnp.int32, (pages, LANES), 1)
-    for quad in range(layout.page_size // _QUAD):
+    for quad in range(layout.page_size // QUAD):
         start = base + quad * layout.vectors_per_token + vector
         words = buf_ref[slot, pl.ds(start, pages, stride=layout.page_rows), :]
-        for byte in range(_QUAD):
-            key_scale, value_scale = scales[quad * _QUAD + byte]
+        for byte in range(QUAD):
+            key_scale, value_scale = scales[quad * QUAD + byte]
             if layout.combined:  # [K | V]: K's scale on lanes 0..63, V's on 64..127
                 scale = jnp.where(lanes < layout.head_dim, key_scale, value_scale)
             else:
