@@ -2,7 +2,7 @@
 (core/kv_events.py), and after each step the feature publishes the new events as vLLM does, so a KV-aware router
 written for vLLM follows jaxpaged's caches too.
 
-The wire format is vLLM's (vllm/distributed/kv_events.py, its msgspec structs): a ZeroMQ PUB message of three
+The wire format is vLLM's (vllm/distributed/kv_events.py, its msgspec structs): a ZeroMQ message of three
 frames, (topic, sequence number as 8 big-endian bytes, msgpack payload), the payload an EventBatch
 [ts, [event, ...], data_parallel_rank]. Each event is a map tagged by its type, as vLLM sends them since it moved
 off positional arrays (vllm-project/vllm#42892): {"type": "BlockStored", "block_hashes", "parent_block_hash",
@@ -15,7 +15,9 @@ its rank (vLLM opens one per rank).
 With the KV tiers on, their blocks are published too, medium "CPU" (host memory) and "DISK"
 (core/tier_events.py), in every rank's batches: the ranks share the tiers, and any of them loads from them.
 
-pyzmq and msgpack are imported only when the events are on.
+Who may subscribe and what a subscriber can cost the engine: kv_events_publisher.py (CURVE, byte bounds, the
+subscription flood); what it sees with "redact": kv_events_redaction.py. A step's events over max_message_bytes go
+out as several batches of the same rank. pyzmq and msgpack are imported only when the events are on.
 """
 
 import logging
@@ -25,10 +27,12 @@ from typing import TYPE_CHECKING, Any, Optional, cast
 from jaxpaged.core.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent, KVEventLog
 from jaxpaged.core.tier_events import TierEventRecorder
 from jaxpaged.features.base import EngineFeature
+from jaxpaged.features.kv_events_redaction import EventRedactor, load_redaction_key
 from jaxpaged.kv_events_config import EventLayout, KVEventsConfig
 
 if TYPE_CHECKING:
     from jaxpaged.engine.ranks import DataParallelRanks
+    from jaxpaged.features.kv_events_publisher import ZmqEventPublisher
 
 logger = logging.getLogger(__name__)
 
@@ -60,45 +64,30 @@ def encode_batch(events: list[KVCacheEvent], data_parallel_rank: int, layout: Ev
     return cast(bytes, msgpack.packb(batch, use_bin_type=True))  # None only for a Packer that does not reset
 
 
-class ZmqEventPublisher:
-    """A ZeroMQ PUB socket sending each batch as (topic, sequence number, payload)."""
-
-    def __init__(self, config: KVEventsConfig) -> None:
-        import zmq
-
-        self._zmq = zmq
-        self._socket = zmq.Context.instance().socket(zmq.PUB)
-        self._socket.set_hwm(config.hwm)
-        endpoint = config.endpoint
-        # vLLM's convention: bind a stable address (a wildcard host, ipc, inproc), connect to anything else.
-        if "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://")):
-            self._socket.bind(endpoint)
-        else:
-            self._socket.connect(endpoint)
-        self._topic = config.topic.encode()
-        self._sequence = 0
-        self.num_dropped = 0
-        """Batches a full send queue (a slow or absent subscriber past the high-water mark) dropped."""
-
-    def publish(self, payload: bytes) -> None:
-        # NOTE: never blocks the engine: a PUB socket drops what its queue cannot hold.
-        try:
-            self._socket.send_multipart((self._topic, self._sequence.to_bytes(8, "big"), payload),
-                                        flags=self._zmq.NOBLOCK)
-        except self._zmq.Again:
-            self.num_dropped += 1
-        self._sequence += 1
-
-    def close(self) -> None:
-        self._socket.close(linger=1000)
+def encode_batches(events: list[KVCacheEvent], data_parallel_rank: int, max_bytes: int,
+                   layout: EventLayout = "map", ts: Optional[float] = None) -> list[bytes]:
+    """The events as EventBatch payloads of at most max_bytes each, in order (halved until each fits; one event
+    is far under any allowed bound: the config's least max_message_bytes is 64 KiB)."""
+    payload = encode_batch(events, data_parallel_rank, layout, ts)
+    if len(payload) <= max_bytes or len(events) <= 1:
+        return [payload]
+    middle = len(events) // 2
+    return (encode_batches(events[:middle], data_parallel_rank, max_bytes, layout, ts)
+            + encode_batches(events[middle:], data_parallel_rank, max_bytes, layout, ts))
 
 
 class KVEventsFeature(EngineFeature):
     """Records each rank's cache events and publishes them after every step (and after a prefix-cache reset)."""
 
     def __init__(self, config: KVEventsConfig) -> None:
-        self._publisher = ZmqEventPublisher(config) if config.publisher == "zmq" else None
+        self._redactor = EventRedactor(load_redaction_key(config.redaction_key_file)) if config.redact else None
+        self._publisher: Optional["ZmqEventPublisher"] = None
+        if config.publisher == "zmq":
+            from jaxpaged.features.kv_events_publisher import ZmqEventPublisher
+
+            self._publisher = ZmqEventPublisher(config)
         self._layout: EventLayout = config.event_layout
+        self._max_message_bytes = config.max_message_bytes
         self._logs: list[KVEventLog] = []
         self._tier_events: Optional[TierEventRecorder] = None
 
@@ -119,13 +108,16 @@ class KVEventsFeature(EngineFeature):
             self._tier_events.flush()
         for dp_rank, log in enumerate(self._logs):
             events = log.take()
-            if events and self._publisher is not None:
-                self._publisher.publish(encode_batch(events, dp_rank, self._layout))
+            if not events or self._publisher is None:
+                continue
+            if self._redactor is not None:
+                events = [self._redactor.redact(event) for event in events]
+            self._publisher.publish(encode_batches(events, dp_rank, self._max_message_bytes, self._layout))
 
     def close(self, ranks: "DataParallelRanks", deadline: Optional[float] = None) -> None:
         self.after_step(ranks)
         if self._publisher is not None:
             if self._publisher.num_dropped:
-                logger.warning("KV events: %d batches were dropped (no subscriber kept up)",
+                logger.warning("KV events: %d messages were dropped (a subscriber did not keep up)",
                                self._publisher.num_dropped)
             self._publisher.close()

@@ -70,6 +70,7 @@ def serve_main(args: argparse.Namespace) -> int:
     from jaxpaged.config import EngineConfig
     from jaxpaged.engine import LLMEngine
     from jaxpaged.features.wiring import followers_of
+    from jaxpaged.kv_events_config import kv_events_on_http_host
 
     for line in ignored_flag_warnings(getattr(args, IGNORED_DEST, None) or []):
         logger.warning("%s", line)
@@ -78,6 +79,8 @@ def serve_main(args: argparse.Namespace) -> int:
         settings = settings_from_args(args)
         server_options = uvicorn_options(args)
         engine_options = engine_options_from_args(args)
+        if engine_options.get("kv_events_config") is not None:  # no endpoint: bind where HTTP listens, not on *
+            engine_options["kv_events_config"] = kv_events_on_http_host(engine_options["kv_events_config"], args.host)
         config = EngineConfig.from_options(**engine_options)
         join_job(config.multihost)
         if not is_leader():
