@@ -93,7 +93,8 @@ class KVEventsConfig:
         if self.slow_subscriber not in _SLOW_SUBSCRIBER_POLICIES:
             refuse("slow_subscriber", f"one of {_SLOW_SUBSCRIBER_POLICIES}")
         for name in ("curve_secret_key_file", "curve_authorized_keys_dir", "redaction_key_file"):
-            if getattr(self, name) is not None and (not isinstance(getattr(self, name), str) or not getattr(self, name)):
+            path = getattr(self, name)
+            if path is not None and (not isinstance(path, str) or not path):
                 refuse(name, "a path")
         if (self.curve_secret_key_file is None) != (self.curve_authorized_keys_dir is None):
             raise ValueError("kv_events_config: curve_secret_key_file and curve_authorized_keys_dir go together "

@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING, Any, Optional, cast
 from jaxpaged.core.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent, KVEventLog
 from jaxpaged.core.tier_events import TierEventRecorder
 from jaxpaged.features.base import EngineFeature
+from jaxpaged.features.kv_events_publisher import ZmqEventPublisher
 from jaxpaged.features.kv_events_redaction import EventRedactor, load_redaction_key
 from jaxpaged.kv_events_config import EventLayout, KVEventsConfig
 
 if TYPE_CHECKING:
     from jaxpaged.engine.ranks import DataParallelRanks
-    from jaxpaged.features.kv_events_publisher import ZmqEventPublisher
 
 logger = logging.getLogger(__name__)
 
@@ -81,11 +81,7 @@ class KVEventsFeature(EngineFeature):
 
     def __init__(self, config: KVEventsConfig) -> None:
         self._redactor = EventRedactor(load_redaction_key(config.redaction_key_file)) if config.redact else None
-        self._publisher: Optional["ZmqEventPublisher"] = None
-        if config.publisher == "zmq":
-            from jaxpaged.features.kv_events_publisher import ZmqEventPublisher
-
-            self._publisher = ZmqEventPublisher(config)
+        self._publisher = ZmqEventPublisher(config) if config.publisher == "zmq" else None
         self._layout: EventLayout = config.event_layout
         self._max_message_bytes = config.max_message_bytes
         self._logs: list[KVEventLog] = []

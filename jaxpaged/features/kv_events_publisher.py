@@ -171,6 +171,7 @@ def _load_curve_keys(config: KVEventsConfig) -> tuple[bytes, bytes]:
     import zmq.auth
 
     path, directory = config.curve_secret_key_file, config.curve_authorized_keys_dir
+    assert path is not None, "called only with curve_secret_key_file set"
     if not zmq.has("curve"):
         raise ValueError("kv_events_config: curve_secret_key_file is set but this libzmq has no CURVE support")
     if directory is None or not os.path.isdir(directory):

@@ -8,14 +8,13 @@ import pytest
 
 zmq = pytest.importorskip("zmq")
 msgpack = pytest.importorskip("msgpack")
-import zmq.auth  # noqa: E402
+zmq_auth = pytest.importorskip("zmq.auth")
 
 from jaxpaged.core.kv_events import KVEventLog  # noqa: E402
 from jaxpaged.features.kv_events import encode_batch  # noqa: E402
 from jaxpaged.features.kv_events_redaction import DIGEST_PREFIX, EventRedactor, load_redaction_key  # noqa: E402
 from jaxpaged.kv_events_config import KVEventsConfig, kv_events_on_http_host, parse_kv_events_config  # noqa: E402
-from tests.engine.kv_events_sockets import (free_endpoint, publisher, receive_while_publishing,  # noqa: E402
-                                            subscriber)
+from tests.engine.kv_events_sockets import free_endpoint, publisher, receive_while_publishing, subscriber  # noqa: E402
 
 ENABLED = '{"enable_kv_cache_events": true, "topic": "kv"}'
 
@@ -62,10 +61,10 @@ def curve_keys(tmp_path):
     authorized, other = tmp_path / "authorized", tmp_path / "other"
     for directory in (authorized, other):
         directory.mkdir()
-    _, server_secret = zmq.auth.create_certificates(str(tmp_path), "server")
-    client_public, client_secret = zmq.auth.create_certificates(str(authorized), "router")
-    server_public_key, _ = zmq.auth.load_certificate(server_secret)
-    return server_secret, str(authorized), zmq.auth.load_certificate(client_secret), server_public_key, other
+    _, server_secret = zmq_auth.create_certificates(str(tmp_path), "server")
+    client_public, client_secret = zmq_auth.create_certificates(str(authorized), "router")
+    server_public_key, _ = zmq_auth.load_certificate(server_secret)
+    return server_secret, str(authorized), zmq_auth.load_certificate(client_secret), server_public_key, other
 
 
 def test_curve_publisher_is_read_by_the_authorized_key_only(curve_keys):
@@ -74,7 +73,7 @@ def test_curve_publisher_is_read_by_the_authorized_key_only(curve_keys):
     server_secret, authorized, (client_public, client_secret), server_public, other = curve_keys
     endpoint = free_endpoint()
     pub = publisher(endpoint, curve_secret_key_file=server_secret, curve_authorized_keys_dir=authorized)
-    stranger_public, stranger_secret = zmq.auth.load_certificate(zmq.auth.create_certificates(str(other), "x")[1])
+    stranger_public, stranger_secret = zmq_auth.load_certificate(zmq_auth.create_certificates(str(other), "x")[1])
     strangers = [subscriber(endpoint), subscriber(endpoint, (stranger_public, stranger_secret, server_public))]
     router = subscriber(endpoint, (client_public, client_secret, server_public))
     try:

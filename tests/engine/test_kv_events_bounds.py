@@ -13,8 +13,7 @@ from jaxpaged.core.kv_events import KVEventLog  # noqa: E402
 from jaxpaged.features.kv_events import encode_batches  # noqa: E402
 from jaxpaged.features.kv_events_queue import ByteBoundedQueue  # noqa: E402
 from jaxpaged.kv_events_config import parse_kv_events_config  # noqa: E402
-from tests.engine.kv_events_sockets import (TOPIC, free_endpoint, publisher, receive_while_publishing,  # noqa: E402
-                                            subscriber)
+from tests.engine.kv_events_sockets import TOPIC, free_endpoint, publisher, receive_while_publishing, subscriber  # noqa: E402
 
 MIB = 1024 * 1024
 
@@ -105,7 +104,8 @@ def test_drop_policy_bounds_what_a_stalled_subscriber_pins():
         assert resident_mib() - before < 48
         while reader.poll(100):  # a reader that catches up is not held back by the stalled one
             reader.recv_multipart()
-        assert receive_while_publishing(pub, reader, b"last", timeout_s=10)[2] == b"last"
+        last = receive_while_publishing(pub, reader, b"last", timeout_s=10)
+        assert last is not None and last[2] == b"last"
     finally:
         stalled.close()
         reader.close()
