@@ -244,8 +244,9 @@ class EngineConfig:
     take it as it is, another scheme than the checkpoint's is an error. None on a float checkpoint: off."""
     kv_events_config: Optional[str] = None
     """KV cache events as vLLM publishes them (blocks stored, removed, cleared; ZeroMQ + msgpack), for a KV-aware
-    router: a JSON object such as '{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint":
-    "tcp://*:5557", "topic": "kv-events"}' (vLLM's --kv-events-config; features/kv_events.py). None: off."""
+    router: a JSON object such as '{"enable_kv_cache_events": true, "publisher": "zmq", "topic": "kv-events"}'
+    (vLLM's --kv-events-config; no "endpoint": port 5557 on the HTTP --host; CURVE keys and "redact" restrict who
+    reads what, docs/server.md; features/kv_events.py). None: off."""
 
     def __post_init__(self) -> None:
         _require(self.dtype in _DTYPES, "dtype", f"must be one of {_DTYPES}, got {self.dtype!r}")

@@ -145,3 +145,24 @@ def test_redact_config_round_trips():
     config = parse_kv_events_config(json.dumps({"redact": True, "redaction_key_file": "/k"}))
     assert (config.redact, config.redaction_key_file) == (True, "/k")
     assert KVEventsConfig().redact is False
+
+
+@pytest.mark.parametrize("host_flags, endpoint", [([], "tcp://127.0.0.1:5557"),
+                                                  (["--host", "0.0.0.0"], "tcp://*:5557")])
+def test_serve_passes_its_http_host_to_the_events_config(monkeypatch, host_flags, endpoint):
+    """`jaxpaged serve --kv-events-config {...}` with no endpoint hands the engine one bound on its --host."""
+    from jaxpaged.cli import build_parser
+    from jaxpaged.config import EngineConfig
+    from jaxpaged.server.launcher import serve_main
+
+    seen = {}
+
+    def stop_at_the_config(**options):
+        seen.update(options)
+        raise ValueError("stopped before building the engine")
+
+    monkeypatch.setattr(EngineConfig, "from_options", staticmethod(stop_at_the_config))
+    args = build_parser().parse_args(["serve", "--model", "unused", *host_flags, "--kv-events-config", ENABLED])
+    assert serve_main(args) == 2
+    config = parse_kv_events_config(seen["kv_events_config"])
+    assert (config.resolved_endpoint(), config.binds()) == (endpoint, True)
