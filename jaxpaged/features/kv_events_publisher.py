@@ -56,12 +56,16 @@ class ZmqEventPublisher:
             logger.warning("KV events are published on %s without authentication: anyone who reaches it reads "
                            "every prompt's token ids and cache salt; set curve_secret_key_file and "
                            "curve_authorized_keys_dir (or redact) in --kv-events-config", self._endpoint)
-        self._socket: Any = self._open_socket()
         self._queue = ByteBoundedQueue(config.max_queue_bytes)
         self._subscribed_topics: set[bytes] = set()
         self._sequence = 0
         self.num_resets = 0
         """Times a subscription flood made the publisher drop every connection."""
+        try:
+            self._socket: Any = self._open_socket()
+        except ValueError:
+            self._stop_authenticator()
+            raise
 
     @property
     def num_dropped(self) -> int:
@@ -108,7 +112,8 @@ class ZmqEventPublisher:
                 # After a reset the closed socket releases its address asynchronously (ZeroMQ's reaper thread).
                 if error.errno != zmq.EADDRINUSE or time.monotonic() > deadline or not self.num_resets:
                     socket.close(linger=0)
-                    raise
+                    raise ValueError(f"kv_events_config: endpoint {self._endpoint!r} cannot be bound ({error})") \
+                        from None
                 time.sleep(0.01)
 
     def publish(self, payloads: list[bytes]) -> None:
@@ -159,6 +164,9 @@ class ZmqEventPublisher:
         """Sends what the socket takes now, then closes it (and the CURVE authenticator)."""
         self.flush()
         self._socket.close(linger=1000)
+        self._stop_authenticator()
+
+    def _stop_authenticator(self) -> None:
         if self._authenticator is not None:
             self._authenticator.stop()
             self._context.term()

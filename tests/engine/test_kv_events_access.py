@@ -100,6 +100,17 @@ def test_bad_security_configs_are_refused_naming_the_field(text, message):
         parse_kv_events_config(text)
 
 
+def test_an_endpoint_in_use_is_a_clear_error():
+    """Binding an address another publisher holds is a ValueError naming the endpoint, not a ZMQError."""
+    endpoint = free_endpoint()
+    first = publisher(endpoint)
+    try:
+        with pytest.raises(ValueError, match="kv_events_config: endpoint .* cannot be bound"):
+            publisher(endpoint)
+    finally:
+        first.close()
+
+
 def _salted_batch(redactor, salt: str) -> bytes:
     log = KVEventLog(block_size=4)
     log.stored(b"h" * 32, None, (901, 902, 903, 904), ("cache_salt", salt))
