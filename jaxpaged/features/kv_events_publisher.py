@@ -53,9 +53,11 @@ class ZmqEventPublisher:
             self._authenticator.start()
             self._authenticator.configure_curve(domain="*", location=config.curve_authorized_keys_dir)
         elif config.leaves_loopback():
-            logger.warning("KV events are published on %s without authentication: anyone who reaches it reads "
-                           "every prompt's token ids and cache salt; set curve_secret_key_file and "
-                           "curve_authorized_keys_dir (or redact) in --kv-events-config", self._endpoint)
+            shown = ("which blocks are cached (redacted: no token ids, no salts)" if config.redact
+                     else "every prompt's and answer's token ids and cache salt")
+            logger.warning("KV events are published on %s without authentication: anyone who reaches it reads %s; "
+                           "set curve_secret_key_file and curve_authorized_keys_dir in --kv-events-config",
+                           self._endpoint, shown)
         self._queue = ByteBoundedQueue(config.max_queue_bytes)
         self._subscribed_topics: set[bytes] = set()
         self._sequence = 0
