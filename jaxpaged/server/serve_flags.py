@@ -3,6 +3,7 @@ ServerSettings and uvicorn options they make."""
 
 import argparse
 import json
+import logging
 import os
 from typing import Any
 
@@ -15,6 +16,8 @@ from jaxpaged.server.reasoning_parsers import REASONING_PARSERS
 from jaxpaged.server.tool_parsers import TOOL_CALL_PARSERS
 from jaxpaged.server.vllm_flags import add_vllm_flags
 from jaxpaged.server.watchdog import DEFAULT_ENGINE_STEP_TIMEOUT_S
+
+logger = logging.getLogger(__name__)
 
 API_KEY_ENV = "JAXPAGED_API_KEY"
 """Environment variable read when --api-key is not given."""
@@ -174,6 +177,9 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     naming the flag for a bad combination or a chat template file that does not exist."""
     api_key = args.api_key if args.api_key else os.environ.get(API_KEY_ENV) or None
     metrics_key = getattr(args, "metrics_key", None) or os.environ.get(METRICS_KEY_ENV) or None
+    if getattr(args, "metrics_open", False) and api_key is not None and metrics_key is None:
+        logger.warning("--metrics-open: /metrics answers without a key; its prefix-cache counters let any client "
+                       "that reaches it recover other clients' prompts (docs/server.md#metrics-and-the-api-key)")
     cors: dict[str, Any] = {}
     if getattr(args, "allowed_origins", None):
         cors = {"allowed_origins": tuple(args.allowed_origins), "allow_credentials": args.allow_credentials,
