@@ -65,9 +65,9 @@ def test_keyless_server_keeps_metrics_open(server):
     assert _statuses(server.base_url, {}) == [200]
 
 
-def test_flags_and_environment_make_the_settings(monkeypatch):
-    """--metrics-key (or $JAXPAGED_METRICS_KEY) and --metrics-open reach ServerSettings; both at once is refused
-    naming the flag; the repr hides the metrics key."""
+def test_flags_and_environment_make_the_settings(monkeypatch, caplog):
+    """--metrics-key (or $JAXPAGED_METRICS_KEY) and --metrics-open reach ServerSettings (the latter with a warning
+    beside an API key); both at once is refused naming the flag; the repr hides the metrics key."""
     from jaxpaged.cli import build_parser
 
     parser = build_parser()
@@ -79,6 +79,9 @@ def test_flags_and_environment_make_the_settings(monkeypatch):
     assert settings_from_args(parser.parse_args(["serve"])).metrics_key == "from-env"
     monkeypatch.delenv("JAXPAGED_METRICS_KEY")
     assert settings_from_args(parser.parse_args(["serve", "--metrics-open"])).metrics_open is True
+    assert "--metrics-open" not in caplog.text  # no key: nothing is opened that was closed
+    assert settings_from_args(parser.parse_args(["serve", "--api-key", API_KEY, "--metrics-open"])).metrics_open
+    assert "--metrics-open: /metrics answers without a key" in caplog.text and API_KEY not in caplog.text
     with pytest.raises(ValueError, match="^metrics_open: "):
         settings_from_args(parser.parse_args(["serve", "--metrics-open", "--metrics-key", METRICS_KEY]))
     with pytest.raises(ValueError, match="^metrics_key: "):
