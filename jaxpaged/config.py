@@ -70,9 +70,9 @@ class CacheConfig:
     kv_offload_dir_max_bytes: int = 16 * 2**30
     """Bound of the disk tier in bytes (an int or a string like "100GiB")."""
     kv_offload_key: Optional[str] = dataclasses.field(default=None, repr=False)
-    """A secret that signs every disk-tier file (HMAC-SHA256), so one planted by anyone else who can write the
-    directory is never read. None: files carry a CRC-32 only (accidents, not tampering). Better set through
-    JAXPAGED_KV_OFFLOAD_KEY than on a command line others can read."""
+    """The secret that signs every disk-tier file (HMAC-SHA256), so one planted or rewritten by anyone without it is
+    never read. None: a key generated once and kept in <kv_offload_dir>/.hmac-key (mode 0600). Better set through
+    JAXPAGED_KV_OFFLOAD_KEY than on a command line others can read (docs/kv-tiers.md)."""
     kv_offload_min_load_blocks: Optional[int] = None
     """Lower-tier hits shorter than this many blocks are recomputed instead of loaded. None: measured at start-up
     (the shortest run whose load beats recomputing it)."""

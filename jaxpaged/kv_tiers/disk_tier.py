@@ -4,15 +4,18 @@ Layout: <root>/<fingerprint>/<first two hex digits of the chain hash>/<chain has
 
     b"JPKVBLK1" | uint32 header length | JSON header | payload bytes
 
-The header names the fingerprint, the chain hash, the payload's dtype and shape and its CRC-32, and with a key
-(kv_offload_key) an HMAC-SHA256 of header and payload. A read that finds anything amiss (short file, wrong magic,
-fields, a dtype or shape the pool does not use, checksum or MAC) removes the file and is a miss: a corrupted or
-planted entry costs a recompute, never wrong K/V. A CRC only catches accidents: anyone who can write the
-directory can compute one, so a shared or untrusted directory wants the key. Directories are made 0700 and files
-0600 (K/V is every tenant's prompt). Filesystem errors (another server removed a file or the directory, a full
-or read-only disk, permissions) cost the tier, never the engine. Writes go to a temporary file in the same
-directory and are renamed into place (os.replace is atomic), so two engines sharing a directory only ever see
-whole files; the last writer of a chain hash wins, with the same bytes.
+The header names the fingerprint, the chain hash, the payload's dtype and shape, its CRC-32 and an HMAC-SHA256 of
+the other fields and the payload. The key is kv_offload_key when given, else the one kept in <root>/.hmac-key
+(generated once, mode 0600: disk_key.py), so every file is signed: a file planted or rewritten by anyone without
+the key (a CRC they could recompute) is refused. A read that finds anything amiss (short file, wrong magic, fields,
+a dtype or shape the pool does not use, checksum or MAC) removes the file and is a miss counted as corrupt: a
+corrupted or planted entry costs a recompute, never wrong K/V. The root and fingerprint directories must be this
+user's and not writable by group or others (refused otherwise, naming kv_offload_dir); directories are made 0700
+and files 0600 (K/V is every tenant's prompt; the MAC gives integrity, not confidentiality). Filesystem errors
+(another server removed a file or the directory, a full or read-only disk, permissions) cost the tier, never the
+engine. Writes go to a temporary file in the same directory and are renamed into place (os.replace is atomic), so
+two engines sharing a directory only ever see whole files; the last writer of a chain hash wins, with the same
+bytes.
 
 Eviction is least recently used: the index starts from the files' modification times (a read touches them), so a
 restarted engine keeps the order. Each engine enforces the bound on what it knows of (files written by another
@@ -38,6 +41,7 @@ from jaxpaged.atomic_file import TEMPORARY_SUFFIX, write_atomically
 from jaxpaged.core.kv_events import MEDIUM_DISK
 from jaxpaged.core.tier_events import TierEventRecorder
 
+from .disk_key import check_private_directory, load_or_create_key
 from .tier_stats import TierStats
 
 logger = logging.getLogger(__name__)
@@ -60,22 +64,25 @@ class DiskTier:
 
     def __init__(self, root: os.PathLike | str, fingerprint: str, capacity_bytes: int,
                  block_spec: Optional[BlockSpec] = None, mac_key: Optional[bytes] = None) -> None:
-        """`block_spec`: the payload every block has (checked on read); `mac_key`: a secret that signs every
-        file (files without its MAC are not read)."""
+        """`block_spec`: the payload every block has (checked on read); `mac_key`: the secret that signs every
+        file (files without its MAC are not read), by default the one in <root>/.hmac-key (made if absent).
+        ValueError naming kv_offload_dir for a directory or key file others could write (disk_key.py)."""
         self.directory = Path(root) / fingerprint
         """Where this fingerprint's files live."""
         self.fingerprint = fingerprint
         self.capacity_bytes = capacity_bytes
         """The most bytes of files this engine keeps here."""
         self.block_spec = block_spec
-        self._mac_key = mac_key
         self.stats = TierStats(capacity_bytes=capacity_bytes)
         self._index: collections.OrderedDict[bytes, int] = collections.OrderedDict()  # key -> file bytes, LRU first
         self.events: Optional[TierEventRecorder] = None
         """When KV events are on: told of every file this tier adopts or forgets (those found at start-up are
         announced when it is attached: see KVTiers.record_events)."""
         Path(root).mkdir(mode=0o700, parents=True, exist_ok=True)
+        check_private_directory(Path(root))
         self.directory.mkdir(mode=0o700, exist_ok=True)
+        check_private_directory(self.directory)
+        self._mac_key = mac_key if mac_key is not None else load_or_create_key(Path(root))
         self._scan()
 
     def __contains__(self, key: bytes) -> bool:
@@ -125,8 +132,7 @@ class DiskTier:
         raw = np.ascontiguousarray(payload).reshape(-1).view(np.uint8)
         fields = {"fingerprint": self.fingerprint, "key": key.hex(), "dtype": str(payload.dtype),
                   "shape": list(payload.shape), "crc32": zlib.crc32(raw.data)}
-        if self._mac_key is not None:
-            fields["mac"] = self._mac(fields, raw.data)
+        fields["mac"] = self._mac(fields, raw.data)
         header = json.dumps(fields, sort_keys=True).encode()
         size = len(MAGIC) + _HEADER_LENGTH.size + len(header) + raw.nbytes
         if size > self.capacity_bytes:
@@ -183,15 +189,13 @@ class DiskTier:
         raw = memoryview(data)[prefix + header_length:]
         if len(raw) != int(np.prod(shape)) * dtype.itemsize or zlib.crc32(raw) != expected_crc:
             return None
-        if self._mac_key is not None:
-            mac = header.pop("mac", None)
-            if not isinstance(mac, str) or not hmac.compare_digest(mac, self._mac(header, raw)):
-                return None
+        mac = header.pop("mac", None)
+        if not isinstance(mac, str) or not hmac.compare_digest(mac.encode(), self._mac(header, raw).encode()):
+            return None
         return np.frombuffer(raw, dtype=dtype).reshape(shape)
 
     def _mac(self, fields: dict, raw: memoryview) -> str:
         """HMAC-SHA256 of the header's other fields (canonical JSON) and the payload."""
-        assert self._mac_key is not None
         signer = hmac.new(self._mac_key, json.dumps(fields, sort_keys=True).encode(), hashlib.sha256)
         signer.update(raw)
         return signer.hexdigest()

@@ -46,8 +46,9 @@ def build_app(engine: AsyncLLMEngine, settings: Optional[ServerSettings] = None,
     app.state.context = context
     install_error_handlers(app)
     app.add_middleware(BodyDeadlineMiddleware, timeout_s=settings.request_body_timeout_s)
-    if settings.api_key is not None:
-        app.add_middleware(BearerAuthMiddleware, api_key=settings.api_key)
+    if settings.api_key is not None or settings.metrics_key is not None:
+        app.add_middleware(BearerAuthMiddleware, api_key=settings.api_key, metrics_key=settings.metrics_key,
+                           metrics_open=settings.metrics_open)
     if settings.allowed_origins:
         # NOTE: added last, so it wraps the auth middleware: a browser's preflight OPTIONS carries no key.
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins),

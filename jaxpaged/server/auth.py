@@ -1,18 +1,27 @@
-"""Bearer-token auth: every route but /health, /metrics and /version needs `Authorization: Bearer <key>`.
+"""Bearer-token auth: every route but /health and /version needs `Authorization: Bearer <key>`.
+
+/metrics needs a key too, because its prefix-cache counters are an oracle: a client that diffs
+vllm:prefix_cache_hits_total while it sends guesses learns, token by token, the prompts other clients sent without a
+cache_salt (the same leak usage.prompt_tokens_details closes by default). It takes the API key, or its own
+metrics key when one is set (then only that one, so the tenants sharing the API key cannot read it); it stays open
+only with an explicit metrics_open (--metrics-open).
 
 An allow-list of open paths (rather than a list of protected prefixes) keeps any route added later protected.
 """
 
 import hashlib
 import hmac
+from typing import Optional
 
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from jaxpaged.server.errors import error_body
 
-OPEN_PATHS = frozenset({"/health", "/metrics", "/version"})
-"""Paths that stay reachable without the key (probes and scrapers)."""
+OPEN_PATHS = frozenset({"/health", "/version"})
+"""Paths that stay reachable without a key (probes)."""
+METRICS_PATH = "/metrics"
+"""The scrape path: the metrics key's, or else the API key's."""
 
 
 def _digest(value: bytes) -> bytes:
@@ -20,19 +29,35 @@ def _digest(value: bytes) -> bytes:
     return hashlib.sha256(value).digest()
 
 
+def _bearer_digest(key: Optional[str]) -> Optional[bytes]:
+    return None if key is None else _digest(f"Bearer {key}".encode())
+
+
 class BearerAuthMiddleware:
-    """ASGI middleware answering 401 (OpenAI error body) unless the request carries the right bearer token."""
+    """ASGI middleware answering 401 (OpenAI error body) unless the request carries the right bearer token for its
+    path: the API key (api_key None: those routes are open), and for /metrics the metrics key if set, else the API
+    key, unless metrics_open."""
 
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
+    def __init__(self, app: ASGIApp, api_key: Optional[str], metrics_key: Optional[str] = None,
+                 metrics_open: bool = False) -> None:
+        if metrics_open and metrics_key is not None:
+            raise ValueError("metrics_open: --metrics-open and --metrics-key contradict each other; give one")
         self.app = app
-        self._expected_digest = _digest(f"Bearer {api_key}".encode())
+        self._expected_digest = _bearer_digest(api_key)
+        self._metrics_digest = None if metrics_open else (_bearer_digest(metrics_key) or self._expected_digest)
 
-    def is_authorized(self, authorization: bytes) -> bool:
-        """Constant-time check of an Authorization header value."""
-        return hmac.compare_digest(_digest(authorization), self._expected_digest)
+    def is_authorized(self, authorization: bytes, path: str = "") -> bool:
+        """Constant-time check of an Authorization header value for `path` (default: an API route)."""
+        expected = self._expected_for(path)
+        return expected is None or hmac.compare_digest(_digest(authorization), expected)
+
+    def _expected_for(self, path: str) -> Optional[bytes]:
+        if path == METRICS_PATH:
+            return self._metrics_digest
+        return None if path in OPEN_PATHS else self._expected_digest
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+        if scope["type"] != "http" or self._expected_for(scope["path"]) is None:
             await self.app(scope, receive, send)
             return
         authorization = b""
@@ -40,10 +65,13 @@ class BearerAuthMiddleware:
             if name == b"authorization":
                 authorization = value
                 break
-        if self.is_authorized(authorization):
+        if self.is_authorized(authorization, scope["path"]):
             await self.app(scope, receive, send)
             return
-        response = JSONResponse(error_body(401, "missing or invalid API key (send Authorization: Bearer <key>)",
-                                           code="invalid_api_key"),
+        message = ("missing or invalid key for /metrics (send Authorization: Bearer <the metrics key, or else the "
+                   "API key>)" if scope["path"] == METRICS_PATH
+                   else "missing or invalid API key (send Authorization: Bearer <key>)")
+        response = JSONResponse(error_body(401, message, code="invalid_api_key"),
                                 status_code=401, headers={"WWW-Authenticate": "Bearer"})
         await response(scope, receive, send)
+

@@ -21,7 +21,13 @@ class ServerSettings:
     """HTTP-side limits and auth of one app; engine options live in EngineConfig."""
 
     api_key: Optional[str] = None
-    """When set, /v1/*, /tokenize and /detokenize need `Authorization: Bearer <api_key>`."""
+    """When set, /v1/*, /tokenize, /detokenize and /metrics need `Authorization: Bearer <api_key>`."""
+    metrics_key: Optional[str] = None
+    """When set, /metrics needs `Authorization: Bearer <metrics_key>` (and no longer takes the API key): a scraper's
+    own token, kept from the tenants that share the API key. /metrics is an oracle of other clients' prompts."""
+    metrics_open: bool = False
+    """Serve /metrics without a key even when api_key is set (an explicit opt-in: its prefix-cache counters tell
+    a client what others prompted; see docs/server.md)."""
     max_queued_requests: int = 512
     """429 when more than this many sequences would wait for a free engine slot."""
     max_n: int = 16
@@ -64,6 +70,10 @@ class ServerSettings:
     def __post_init__(self) -> None:
         if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key):
             raise ValueError("api_key: must be a non-empty str or None")  # never echo the key itself
+        if self.metrics_key is not None and (not isinstance(self.metrics_key, str) or not self.metrics_key):
+            raise ValueError("metrics_key: must be a non-empty str or None")
+        if self.metrics_open and self.metrics_key is not None:
+            raise ValueError("metrics_open: --metrics-open and --metrics-key contradict each other; give one")
         for name, minimum in (("max_queued_requests", 0), ("max_n", 1), ("max_request_body_bytes", 1),
                               ("max_prompts_per_request", 1), ("retry_after_s", 0)):
             value = getattr(self, name)
@@ -85,9 +95,10 @@ class ServerSettings:
 
     def __repr__(self) -> str:
         # NOTE: a repr that shows the key would leak it into any log line that prints the settings.
-        shown = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "api_key"}
-        return f"ServerSettings(api_key={'<set>' if self.api_key else None}, " + \
-            ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ")"
+        hidden = ("api_key", "metrics_key")
+        shown = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in hidden}
+        keys = "".join(f"{name}={'<set>' if getattr(self, name) else None}, " for name in hidden)
+        return "ServerSettings(" + keys + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ")"
 
 
 @dataclasses.dataclass

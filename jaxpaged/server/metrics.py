@@ -2,6 +2,7 @@
 
 Engine-wide numbers (running, waiting, KV usage, prefix cache, preemptions, tokens, compilations) are read from
 the engine loop's latest stats snapshot at scrape time; latency histograms are observed by the request handlers.
+With a key set, /metrics needs it (auth.py): the prefix-cache counters tell a reader what other clients prompted.
 """
 
 from collections.abc import Iterator

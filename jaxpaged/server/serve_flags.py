@@ -3,6 +3,7 @@ ServerSettings and uvicorn options they make."""
 
 import argparse
 import json
+import logging
 import os
 from typing import Any
 
@@ -16,8 +17,15 @@ from jaxpaged.server.tool_parsers import TOOL_CALL_PARSERS
 from jaxpaged.server.vllm_flags import add_vllm_flags
 from jaxpaged.server.watchdog import DEFAULT_ENGINE_STEP_TIMEOUT_S
 
+logger = logging.getLogger(__name__)
+
 API_KEY_ENV = "JAXPAGED_API_KEY"
 """Environment variable read when --api-key is not given."""
+METRICS_KEY_ENV = "JAXPAGED_METRICS_KEY"
+"""Environment variable read when --metrics-key is not given."""
+PORT_ENV = "JAXPAGED_PORT"
+"""Environment variable that sets --port's default (the container image's entry point and health check share it)."""
+DEFAULT_PORT = 8000
 DEFAULT_LIMIT_CONCURRENCY = 2048
 """uvicorn's limit_concurrency: open connections (idle ones too) beyond which new requests get 503."""
 DEFAULT_TIMEOUT_KEEP_ALIVE_S = 5
@@ -45,6 +53,17 @@ def _json_list(text: str) -> list[str]:
     return value
 
 
+def _port(text: str) -> int:
+    """A TCP port number (from --port or $JAXPAGED_PORT)."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a TCP port 0..65535 (from --port or ${PORT_ENV}), got {text!r}")
+    return port
+
+
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds the serve flags, and --model plus the engine flags unless the caller added them already."""
     from jaxpaged.cli_options import add_engine_arguments
@@ -54,10 +73,18 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     _add_if_absent(parser, "--model", default=None,
                    help="HF checkpoint dir or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
     _add_if_absent(parser, "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    _add_if_absent(parser, "--port", type=int, default=8000, help="port to listen on (default 8000)")
+    # NOTE: a str default goes through type=_port, so a bad $JAXPAGED_PORT is a usage error naming --port.
+    _add_if_absent(parser, "--port", type=_port, default=os.environ.get(PORT_ENV) or str(DEFAULT_PORT),
+                   help=f"port to listen on (default: ${PORT_ENV} if set, else {DEFAULT_PORT})")
     _add_if_absent(parser, "--api-key", default=None,
-                   help=f"require `Authorization: Bearer KEY` on /v1/*, /tokenize, /detokenize "
+                   help=f"require `Authorization: Bearer KEY` on /v1/*, /tokenize, /detokenize and /metrics "
                         f"(default: ${API_KEY_ENV} if set)")
+    _add_if_absent(parser, "--metrics-key", default=None,
+                   help=f"/metrics takes this bearer key (a Prometheus scrape job's token) instead of the API key, "
+                        f"so tenants sharing the API key cannot read it (default: ${METRICS_KEY_ENV} if set)")
+    _add_if_absent(parser, "--metrics-open", action="store_true",
+                   help="serve /metrics without a key even with --api-key. Its prefix-cache counters let a client "
+                        "recover other clients' prompts token by token: only where no tenant can reach the port")
     _add_if_absent(parser, "--max-queued-requests", type=int, default=ServerSettings.max_queued_requests,
                    help="answer 429 when more sequences than this would wait for an engine slot")
     _add_if_absent(parser, "--max-n", type=int, default=ServerSettings.max_n,
@@ -149,6 +176,10 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     """ServerSettings from parsed flags (the API key from the environment when the flag is absent); ValueError
     naming the flag for a bad combination or a chat template file that does not exist."""
     api_key = args.api_key if args.api_key else os.environ.get(API_KEY_ENV) or None
+    metrics_key = getattr(args, "metrics_key", None) or os.environ.get(METRICS_KEY_ENV) or None
+    if getattr(args, "metrics_open", False) and api_key is not None and metrics_key is None:
+        logger.warning("--metrics-open: /metrics answers without a key; its prefix-cache counters let any client "
+                       "that reaches it recover other clients' prompts (docs/server.md#metrics-and-the-api-key)")
     cors: dict[str, Any] = {}
     if getattr(args, "allowed_origins", None):
         cors = {"allowed_origins": tuple(args.allowed_origins), "allow_credentials": args.allow_credentials,
@@ -158,7 +189,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
             or getattr(args, "allow_credentials", False):
         raise ValueError("allowed_origins: --allowed-methods, --allowed-headers and --allow-credentials take effect "
                          "with --allowed-origins; give it too")
-    return ServerSettings(api_key=api_key, max_queued_requests=args.max_queued_requests, max_n=args.max_n,
+    return ServerSettings(api_key=api_key, metrics_key=metrics_key, metrics_open=getattr(args, "metrics_open", False),
+                          max_queued_requests=args.max_queued_requests, max_n=args.max_n,
                           max_request_body_bytes=args.max_request_body_bytes,
                           max_prompts_per_request=args.max_prompts_per_request,
                           request_body_timeout_s=args.request_body_timeout,

@@ -11,6 +11,8 @@ import json
 import math
 import pathlib
 import struct
+from collections.abc import Iterable
+from typing import Any, Optional
 
 import ml_dtypes
 import numpy as np
@@ -25,6 +27,13 @@ _DTYPES: dict[str, np.dtype] = {
 _QUANTIZED_DTYPES: dict[str, np.dtype] = {"I8": np.dtype(np.int8)}
 """Read only where the caller knows the checkpoint's quantization (weights/compressed_tensors.py)."""
 _MAX_HEADER_BYTES = 100 * 2**20  # the format's own limit; a bigger "length" means the file is not safetensors
+_DTYPE_BITS: dict[str, int] = {
+    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "I16": 16, "U16": 16, "F16": 16,
+    "BF16": 16, "I32": 32, "U32": 32, "F32": 32, "I64": 64, "U64": 64, "F64": 64, "C64": 64, "F4": 4,
+    "F6_E2M3": 6, "F6_E3M2": 6,
+}
+"""Bits per element of every dtype tag the format defines: a header's byte ranges are checked against them even for
+tensors jaxpaged never reads."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,27 +51,79 @@ class TensorEntry:
 
 
 def read_header(file: pathlib.Path) -> dict[str, TensorEntry]:
-    """Every tensor of `file`; ValueError when the file is truncated or not safetensors."""
+    """Every tensor of `file`; ValueError when the file is truncated or not safetensors, or (naming the tensor) when
+    a tensor's byte range is negative, reversed, past the end, overlaps another's or is not its dtype x shape size."""
     size = file.stat().st_size
     with open(file, "rb") as handle:
         prefix = handle.read(8)
         if len(prefix) < 8:
             raise ValueError(f"{file}: too short to be a safetensors file (an interrupted download?)")
         (header_len,) = struct.unpack("<Q", prefix)
-        if header_len > min(_MAX_HEADER_BYTES, size - 8):
+        if header_len > _MAX_HEADER_BYTES:
+            raise ValueError(f"{file}: not a safetensors file (header length {header_len} is over the format's "
+                             f"{_MAX_HEADER_BYTES // 2**20} MiB limit)")
+        if header_len > size - 8:
             raise ValueError(f"{file}: not a safetensors file (header length {header_len}, file size {size})")
-        header = json.loads(handle.read(header_len))
+        try:
+            header = json.loads(handle.read(header_len), object_pairs_hook=_no_duplicate_names)
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as error:
+            raise ValueError(f"{file}: not a safetensors file (its header is not JSON: {error})") from None
+        except ValueError as error:  # a name given twice
+            raise ValueError(f"{file}: {error}") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{file}: not a safetensors file (its header is not a JSON object)")
     data_start = 8 + header_len
-    entries = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        begin, end = info["data_offsets"]
-        entry = TensorEntry(file, name, info["dtype"], tuple(info["shape"]), data_start + begin, end - begin)
-        if data_start + end > size:
-            raise ValueError(f"{file}: tensor {name!r} runs past the end of the file (an interrupted download?)")
-        entries[name] = entry
+    entries = {name: _entry(file, name, info, data_start, size) for name, info in header.items()
+               if name != "__metadata__"}
+    _check_disjoint(file, entries.values())
     return entries
+
+
+def _no_duplicate_names(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    names = [name for name, _ in pairs]
+    duplicated = {name for name in names if names.count(name) > 1}
+    if duplicated:
+        raise ValueError(f"tensor {sorted(duplicated)[0]!r} is named twice")
+    return dict(pairs)
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _entry(file: pathlib.Path, name: str, info: object, data_start: int, size: int) -> TensorEntry:
+    """One header entry, checked: a known dtype, a shape of counts, and [begin, end] offsets inside the file that
+    span exactly dtype x shape bytes."""
+    where = f"{file}: tensor {name!r}"
+    if not isinstance(info, dict):
+        raise ValueError(f"{where}: its header entry is not an object")
+    dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+    if dtype not in _DTYPE_BITS:
+        raise ValueError(f"{where}: unknown dtype {dtype!r}")
+    if not isinstance(shape, list) or not all(_is_count(n) for n in shape):
+        raise ValueError(f"{where}: shape {shape!r} is not a list of non-negative ints")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(n) for n in offsets)
+            and offsets[0] <= offsets[1]):
+        raise ValueError(f"{where}: data_offsets {offsets!r} must be [begin, end] with 0 <= begin <= end")
+    begin, end = offsets
+    if data_start + end > size:
+        raise ValueError(f"{where} runs past the end of the file (an interrupted download?)")
+    bits = math.prod(shape) * _DTYPE_BITS[dtype]
+    if bits != (end - begin) * 8:
+        raise ValueError(f"{where}: data_offsets {offsets} span {end - begin} bytes, but {dtype} of shape "
+                         f"{tuple(shape)} is {bits / 8:g} bytes")
+    return TensorEntry(file, name, dtype, tuple(shape), data_start + begin, end - begin)
+
+
+def _check_disjoint(file: pathlib.Path, entries: Iterable[TensorEntry]) -> None:
+    """ValueError naming both tensors when two byte ranges overlap (in whatever order the header lists them)."""
+    previous: Optional[TensorEntry] = None
+    for entry in sorted((e for e in entries if e.nbytes), key=lambda e: e.offset):
+        if previous is not None and entry.offset < previous.offset + previous.nbytes:
+            raise ValueError(f"{file}: tensor {entry.name!r} overlaps tensor {previous.name!r} (data_offsets "
+                             f"share bytes): not a valid safetensors file")
+        if previous is None or entry.offset + entry.nbytes > previous.offset + previous.nbytes:
+            previous = entry
 
 
 def open_tensor(entry: TensorEntry, quantized: bool = False) -> np.ndarray:

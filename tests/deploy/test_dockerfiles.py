@@ -3,16 +3,22 @@ stage, an unprivileged user, the pinned install of the right extra, `jaxpaged se
 arguments the real parser accepts, the server's port, a health check on /health, the compilation cache on a volume.
 hadolint lints both when it is installed (the `test` extra brings it)."""
 
+import http.server
+import json
+import os
 import pathlib
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
+import threading
 
 import pytest
 
 from jaxpaged.cli import build_parser
 from jaxpaged.cli_options import engine_options
+from jaxpaged.server.serve_flags import PORT_ENV
 from tests.deploy.dockerfile import read_instructions, read_stages
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -52,25 +58,59 @@ def test_runs_as_a_numeric_non_root_user(dockerfile):
     assert uid.isdigit() and int(uid) != 0, user
 
 
-def test_entry_point_is_jaxpaged_serve_with_arguments_the_parser_accepts(dockerfile):
-    _, path = dockerfile
-    entrypoint = read_stages(path)[-1].last("ENTRYPOINT").exec_form()
-    assert entrypoint[:2] == ["jaxpaged", "serve"]
-    args = build_parser().parse_args(entrypoint[1:])
-    assert args.host == "0.0.0.0"  # reachable from outside the container
-    # Arguments given to `docker run` follow the entry point's: a later --port wins, as the docs promise.
-    assert build_parser().parse_args([*entrypoint[1:], "--port", "9000"]).port == 9000
-    exposed = read_stages(path)[-1].last("EXPOSE").arguments.split()
-    assert exposed == [str(args.port)] == [str(SERVE_DEFAULTS.port)]
-
-
-def test_health_check_asks_health_on_the_exposed_port(dockerfile):
+def test_entry_point_is_jaxpaged_serve_with_arguments_the_parser_accepts(dockerfile, monkeypatch):
     _, path = dockerfile
     runtime = read_stages(path)[-1]
-    check = runtime.last("HEALTHCHECK").arguments
-    port = runtime.last("EXPOSE").arguments
-    assert f"http://127.0.0.1:{port}/health" in check
-    assert "CMD" in check.split()
+    entrypoint = runtime.last("ENTRYPOINT").exec_form()
+    assert entrypoint[:2] == ["jaxpaged", "serve"]
+    assert "--port" not in entrypoint  # the port comes from JAXPAGED_PORT, which the health check reads too
+    monkeypatch.setenv(PORT_ENV, runtime.env()[PORT_ENV])  # the image's environment
+    args = build_parser().parse_args(entrypoint[1:])
+    assert args.host == "0.0.0.0"  # reachable from outside the container
+    # Arguments given to `docker run` follow the entry point's: a later --host or --port wins.
+    assert build_parser().parse_args([*entrypoint[1:], "--port", "9000"]).port == 9000
+    exposed = runtime.last("EXPOSE").arguments.split()
+    assert exposed == [str(args.port)] == [str(SERVE_DEFAULTS.port)]
+    monkeypatch.setenv(PORT_ENV, "9001")  # `docker run -e JAXPAGED_PORT=9001`
+    assert build_parser().parse_args(entrypoint[1:]).port == 9001
+
+
+def _health_check_command(runtime) -> list[str]:
+    options, _, command = runtime.last("HEALTHCHECK").arguments.partition(" CMD ")
+    assert command, "HEALTHCHECK without CMD"
+    return json.loads(command)
+
+
+class _Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802  (the stdlib's name)
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_health_check_follows_the_serving_port(dockerfile):
+    """The image's HEALTHCHECK command, run with the image's environment, asks /health on JAXPAGED_PORT (what the
+    server listens on): it passes against a /health on that port, and fails when only another port answers."""
+    _, path = dockerfile
+    runtime = read_stages(path)[-1]
+    command = _health_check_command(runtime)
+    assert command[:2] == ["python", "-c"]
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Health) as health:
+        threading.Thread(target=health.serve_forever, daemon=True).start()
+        port = health.server_address[1]
+        environment = {**os.environ, **{k: v for k, v in runtime.env().items() if k != "PATH"}}
+        run = lambda value: subprocess.run([sys.executable, *command[1:]], env={**environment, PORT_ENV: value},
+                                           capture_output=True, timeout=30).returncode
+        try:
+            assert run(str(port)) == 0
+            with socket.socket() as unused:
+                unused.bind(("127.0.0.1", 0))
+                assert run(str(unused.getsockname()[1])) != 0  # nothing answers there
+        finally:
+            health.shutdown()
+    assert runtime.env()[PORT_ENV] == runtime.last("EXPOSE").arguments
 
 
 def test_compilation_cache_lives_on_a_volume(dockerfile):

@@ -1,5 +1,5 @@
-"""--api-key: /v1/*, /tokenize and /detokenize need `Authorization: Bearer <key>`; /health and /metrics stay open;
-the key never shows in logs or errors."""
+"""--api-key: /v1/*, /tokenize, /detokenize and /metrics need `Authorization: Bearer <key>`; /health and /version
+stay open; the key never shows in logs or errors."""
 
 import logging
 
@@ -34,7 +34,8 @@ def test_protected_routes_need_the_key(auth_server, header):
 
 
 def test_right_key_works_and_probes_stay_open(auth_server, model_name, caplog):
-    """The openai client with the key is served; /health, /metrics and /version need no key; no log shows it."""
+    """The openai client with the key is served; /health and /version need no key, /metrics does; no log shows
+    it."""
     caplog.set_level(logging.DEBUG)
     client = openai.OpenAI(base_url=auth_server.base_url + "/v1", api_key=API_KEY, max_retries=0, timeout=60)
     assert [model.id for model in client.models.list()] == [model_name]
@@ -47,7 +48,8 @@ def test_right_key_works_and_probes_stay_open(auth_server, model_name, caplog):
         openai.OpenAI(base_url=auth_server.base_url + "/v1", api_key="nope", max_retries=0).models.list()
     with httpx.Client(base_url=auth_server.base_url, timeout=30) as plain:
         assert plain.get("/health").status_code == 200
-        assert plain.get("/metrics").status_code == 200
+        assert plain.get("/metrics").status_code == 401
+        assert plain.get("/metrics", headers={"Authorization": f"Bearer {API_KEY}"}).status_code == 200
         assert plain.get("/version").status_code == 200
         tokens = plain.post("/tokenize", json={"prompt": "hi"}, headers={"Authorization": f"Bearer {API_KEY}"})
         assert tokens.status_code == 200
