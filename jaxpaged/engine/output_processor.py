@@ -93,8 +93,7 @@ class OutputProcessor:
         self.num_generated_tokens += num_tokens
         outputs = []
         if failed:
-            check_not_systemic({request.request_id: failed[request.request_id] for request in updated
-                                if request.request_id in failed}, len(updated))
+            check_not_systemic(failed, [request.request_id for request in updated], self.table)
             outputs += fail_requests(failed, scheduler, self.table)
             stopped_here = [request_id for request_id in stopped_here if request_id in samples]
             touched = {request_id: group for request_id, group in touched.items() if request_id in self.table}

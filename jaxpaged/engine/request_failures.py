@@ -18,7 +18,7 @@ it is raised as SystemicFaultError, and the loop stops as for any other step fai
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from jaxpaged.core.request import RequestStatus
 from jaxpaged.core.scheduler import Scheduler
@@ -45,14 +45,18 @@ def describe(error: BaseException) -> str:
     return text if len(text) <= _MAX_REASON_CHARS else text[:_MAX_REASON_CHARS] + "..."
 
 
-def check_not_systemic(failures: Mapping[str, Exception], num_requests: int) -> None:
-    """Raises SystemicFaultError when every one of a step's num_requests (at least two) failed with one exception
-    type."""
-    if num_requests < MIN_REQUESTS_FOR_SYSTEMIC_FAULT or len(failures) < num_requests:
+def check_not_systemic(failures: Mapping[str, Exception], step_sample_ids: Sequence[str], table: RequestTable) -> None:
+    """Raises SystemicFaultError when every request of the step (at least two: requests, not samples, as the n
+    samples of one request share its input) failed with one exception type. `failures`: by sample id."""
+    request_of = {sample_id: table.samples[sample_id][0].request_id for sample_id in step_sample_ids
+                  if sample_id in table.samples}
+    num_requests = len(set(request_of.values()))
+    failed = {request_of[sample_id]: error for sample_id, error in failures.items() if sample_id in request_of}
+    if num_requests < MIN_REQUESTS_FOR_SYSTEMIC_FAULT or len(failed) < num_requests:
         return
-    if len({type(error) for error in failures.values()}) != 1:
+    if len({type(error) for error in failed.values()}) != 1:
         return
-    first = next(iter(failures.values()))
+    first = next(iter(failed.values()))
     raise SystemicFaultError(f"the same fault on every one of the step's {num_requests} requests: "
                              f"{describe(first)}") from first
 
