@@ -147,10 +147,13 @@ def build_sampling_params(request: SamplingRequest, *, max_tokens: int, logprobs
         check_token_ids(request.stop_token_ids, vocab_size, "stop_token_ids")
     logit_bias = None
     if request.logit_bias:
-        logit_bias = {logit_bias_token_id(key): bias for key, bias in request.logit_bias.items()}
-        if None in logit_bias:  # not a decimal string, or too long to be a token id (a 5,000-digit key)
-            raise APIError(400, "logit_bias: keys must be token ids written as decimal strings",
-                           param="logit_bias", code="invalid_value")
+        logit_bias = {}
+        for key, bias in request.logit_bias.items():
+            token_id = logit_bias_token_id(key)
+            if token_id is None:  # not a decimal string, or too long to be a token id (a 5,000-digit key)
+                raise APIError(400, "logit_bias: keys must be token ids written as decimal strings",
+                               param="logit_bias", code="invalid_value")
+            logit_bias[token_id] = bias
         check_token_ids(list(logit_bias), vocab_size, "logit_bias")
     structured = structured_outputs_of(request)
     if tool_constraint is not None:
