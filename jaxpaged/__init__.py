@@ -12,6 +12,7 @@ _PUBLIC = {
     "SamplingParams": "jaxpaged.sampling.params",
     "RequestOutput": "jaxpaged.outputs",
     "CompletionOutput": "jaxpaged.outputs",
+    "RequestFailedError": "jaxpaged.outputs",
     "EngineConfig": "jaxpaged.config",
 }
 __all__ = sorted(_PUBLIC)

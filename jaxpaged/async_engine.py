@@ -18,7 +18,7 @@ from typing import Optional, Union
 from jaxpaged.engine import LLMEngine
 from jaxpaged.engine.stats import EngineStats
 from jaxpaged.inputs import PromptInput
-from jaxpaged.outputs import RequestOutput
+from jaxpaged.outputs import RequestFailedError, RequestOutput
 from jaxpaged.sampling.params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -28,7 +28,8 @@ CLOSE_MARGIN_S = 2.0
 still be in flight when the close's deadline passes."""
 
 class EngineDeadError(RuntimeError):
-    """The engine loop has stopped (shut down, or an engine step raised); no request can progress."""
+    """The engine loop has stopped (shut down, or an engine step raised); no request can progress. One request's
+    own failure is not this: its stream ends with RequestFailedError, and the loop goes on."""
 
 
 @dataclasses.dataclass
@@ -333,7 +334,9 @@ class AsyncLLMEngine:
             if output.finished:
                 del self._sinks[output.request_id]
                 self._release(sink)
-            if sink.put(output):
+            # A request the engine failed alone ends its stream with the error; the loop and the others go on.
+            item = output if output.error is None else RequestFailedError(output.request_id, output.error)
+            if sink.put(item):
                 to_wake.setdefault(sink.loop, []).append((output.request_id, sink))
         for loop, woken in to_wake.items():
             try:

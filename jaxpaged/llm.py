@@ -21,7 +21,7 @@ from jaxpaged.inputs import ParsedPrompt, PromptInput
 from jaxpaged.multihost.batch import FollowerBatches, join_job_of
 from jaxpaged.multihost.leader import follower_lost
 from jaxpaged.multihost.runtime import is_leader, is_multi_process
-from jaxpaged.outputs import RequestOutput
+from jaxpaged.outputs import RequestFailedError, RequestOutput
 from jaxpaged.sampling.params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -99,6 +99,8 @@ class LLM:
 
         Every prompt is validated before any is queued, so a bad one raises ValueError and runs nothing. Without
         sampling_params, the model's generation_config.json settings apply (LLMEngine.default_sampling_params).
+        A request the engine fails alone (its own host work raised) raises RequestFailedError naming it; the batch's
+        other requests are aborted, and the engine stays usable.
         Multi-host, every process calls it with the same inputs: process 0 returns the outputs, a follower process
         runs process 0's steps and returns [] once process 0's call has returned.
         """
@@ -129,7 +131,10 @@ class LLM:
         with self._batch():
             self.engine.add_request(next_request_id(), prompt, sampling_params)
             while self.engine.has_unfinished_requests():
-                yield from self.engine.step()
+                for output in self.engine.step():
+                    if output.error is not None:
+                        raise RequestFailedError(output.request_id, output.error)
+                    yield output
 
     @contextlib.contextmanager
     def _batch(self) -> Iterator[None]:
@@ -143,7 +148,7 @@ class LLM:
             raise RuntimeError("generate: this LLM was closed, which ended the multi-host job's followers")
         try:
             yield
-        except ValueError:  # a refused prompt: nothing ran, and the followers' call returns as usual
+        except (ValueError, RequestFailedError):  # a refused prompt, or one request failed alone: the job goes on
             raise
         except Exception as error:
             follower_lost(f"{type(error).__name__}: {error}")
@@ -169,6 +174,10 @@ class LLM:
         with bar:
             while self.engine.has_unfinished_requests():
                 for output in self.engine.step(final_only=True):
+                    if output.error is not None:  # the engine went on; the batch's other requests are dropped
+                        self.engine.abort_request(request_ids)
+                        raise RequestFailedError(output.request_id, f"prompt {request_ids.index(output.request_id)} "
+                                                                    f"of the batch: {output.error}")
                     if output.finished:
                         finished[output.request_id] = output
                         num_output_tokens += sum(len(c.token_ids) for c in output.outputs)

@@ -3,7 +3,7 @@
 import dataclasses
 from typing import Literal, Optional, Union
 
-FinishReason = Literal["stop", "length", "abort"]  # the same values as core.request.FinishReason
+FinishReason = Literal["stop", "length", "abort", "error"]  # the same values as core.request.FinishReason
 
 
 @dataclasses.dataclass
@@ -37,7 +37,8 @@ class CompletionOutput:
     logprobs: Optional[list[TokenLogprobs]]
     """Per generated token, when logprobs were requested."""
     finish_reason: Optional[FinishReason] = None
-    """None while running; "stop" (EOS, stop token or stop string), "length" or "abort"."""
+    """None while running; "stop" (EOS, stop token or stop string), "length", "abort", or "error" (the request failed
+    alone: RequestOutput.error says why)."""
     stop_reason: Union[int, str, None] = None
     """The stop token id or stop string that ended the sample."""
 
@@ -79,3 +80,17 @@ class RequestOutput:
     prompt_logprobs: Optional[list[Optional[dict[int, Logprob]]]] = None
     """With SamplingParams.prompt_logprobs: per prompt token, its logprob and the top alternatives (token id ->
     Logprob); None for the first token (nothing precedes it). None when not asked for."""
+    error: Optional[str] = None
+    """Why the request failed, when it did (finished, every sample's finish_reason "error"): one step of its own
+    host work raised, and the engine failed it alone. The async engine and LLM raise RequestFailedError with it."""
+
+
+class RequestFailedError(RuntimeError):
+    """One request failed inside the engine (its own host work raised); the engine and other requests went on."""
+
+    def __init__(self, request_id: str, reason: str) -> None:
+        super().__init__(f"request {request_id!r} failed: {reason}")
+        self.request_id = request_id
+        """The failed request's id."""
+        self.reason = reason
+        """What raised, as "ExceptionType: message"."""

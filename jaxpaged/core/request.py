@@ -17,17 +17,20 @@ class RequestStatus(enum.Enum):
     FINISHED_STOPPED = enum.auto()
     FINISHED_LENGTH = enum.auto()
     FINISHED_ABORTED = enum.auto()
+    FINISHED_ERROR = enum.auto()
+    """The engine failed this request alone (its own host work raised); the others went on."""
 
     def is_finished(self) -> bool:
-        """True for the three FINISHED_* states."""
+        """True for the FINISHED_* states."""
         return self in _FINISH_REASONS
 
 
-FinishReason = Literal["stop", "length", "abort"]
+FinishReason = Literal["stop", "length", "abort", "error"]
 _FINISH_REASONS: dict[RequestStatus, FinishReason] = {
     RequestStatus.FINISHED_STOPPED: "stop",
     RequestStatus.FINISHED_LENGTH: "length",
     RequestStatus.FINISHED_ABORTED: "abort",
+    RequestStatus.FINISHED_ERROR: "error",
 }
 
 
@@ -149,7 +152,8 @@ class Request:
 
     @property
     def finish_reason(self) -> Optional[FinishReason]:
-        """"stop", "length", "abort", or None while unfinished (the OpenAI finish_reason)."""
+        """"stop", "length", "abort", "error", or None while unfinished (the OpenAI finish_reason, less "error": a
+        failed request reaches a client as an error, never as a finish_reason)."""
         return _FINISH_REASONS.get(self.status)
 
     def append_output_token(self, token_id: int) -> None:

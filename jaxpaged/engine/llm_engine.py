@@ -208,6 +208,7 @@ class LLMEngine:
         dispatched; the sampler waits for sample_deferred()."""
         runner = self.ranks.runners[dp_rank]
         start = time.perf_counter()
+        # NOTE: not isolated per request, unlike each row's host work: request_failures.py says why.
         forwarded = runner.forward(plan)
         self.timings.launch_s += time.perf_counter() - start - runner.last_prepare_seconds
         self.timings.prepare_s += runner.last_prepare_seconds

@@ -2,7 +2,8 @@
 
 The update phase of the engine loop. For every sample the step advanced it accepts the token into its grammar,
 records logprobs, detokenizes (stop strings and the UTF-8 hold-back live in the detokenizer), decides whether the
-sample finished, and builds the cumulative RequestOutput of each group that progressed.
+sample finished, and builds the cumulative RequestOutput of each group that progressed. That work is isolated per
+request: one that raises fails its request alone (request_failures.py), and the others go on.
 """
 
 import time
@@ -12,6 +13,7 @@ from typing import Optional
 from jaxpaged.core.request import Request, RequestStatus
 from jaxpaged.core.scheduler import Scheduler
 from jaxpaged.core.scheduler_output import SchedulerOutput
+from jaxpaged.engine.request_failures import check_not_systemic, fail_requests
 from jaxpaged.engine.request_table import RequestTable
 from jaxpaged.engine.requests import RequestGroup, Sample
 from jaxpaged.engine.step_timings import StepTimings
@@ -53,17 +55,12 @@ class OutputProcessor:
         start = time.perf_counter()
         updated = scheduler.update_from_output(output, result.token_ids)
         self.timings.scheduler_update_s += time.perf_counter() - start
-        grammars = []
-        for request in updated:
-            if request.grammar is not None and not request.is_finished():
-                for token_id in request.output_token_ids[-request.num_step_tokens:]:
-                    request.grammar.accept(token_id)
-                grammars.append(request.grammar)
-        if grammars:  # their next masks take shape on another core while this thread goes on
-            prefetch_bitmasks(grammars)
+        # Sample id -> what its own host work raised this step (the sampler's rows, then ours): request_failures.py.
+        failed: dict[str, Exception] = dict(result.failed_requests)
+        self._accept_into_grammars(updated, failed)
         if tokens_applied is not None:
             tokens_applied()
-        self._record_prompt_logprobs(result.prompt_logprobs)
+        self._record_prompt_logprobs(result.prompt_logprobs, failed)
         row_of = None
         if result.logprobs is not None:  # the first row of each sampled request in the step's results
             row_of = _first_rows(output)
@@ -74,12 +71,18 @@ class OutputProcessor:
         num_tokens = 0
         # NOTE: this loop runs for every running request, every step: what it reads is what a step's host time is.
         for request in updated:
+            if failed and request.request_id in failed:
+                continue
             group, sample = samples[request.request_id]
             row = None if row_of is None else row_of[request.request_id]
-            if request.num_step_tokens == 1:
-                self._record_token(group, sample, request, request.output_token_ids[-1], result, row, True)
-            else:
-                self._record_tokens(group, sample, request, result, row)
+            try:  # one request's detokenizing, logprobs or stop check raising fails that request alone
+                if request.num_step_tokens == 1:
+                    self._record_token(group, sample, request, request.output_token_ids[-1], result, row, True)
+                else:
+                    self._record_tokens(group, sample, request, result, row)
+            except Exception as error:
+                failed[request.request_id] = error
+                continue
             num_tokens += request.num_step_tokens
             if sample.finish_reason is not None:
                 if not request.is_finished():
@@ -88,17 +91,56 @@ class OutputProcessor:
             if not final_only and group.params.output_kind == "cumulative":
                 touched[group.request_id] = group
         self.num_generated_tokens += num_tokens
+        outputs = []
+        if failed:
+            check_not_systemic(failed, [request.request_id for request in updated], self.table)
+            outputs += fail_requests(failed, scheduler, self.table)
+            stopped_here = [request_id for request_id in stopped_here if request_id in samples]
+            touched = {request_id: group for request_id, group in touched.items() if request_id in self.table}
+            sample_finished = {request_id: group for request_id, group in sample_finished.items()
+                               if request_id in self.table}
         if stopped_here:
             scheduler.finish_requests(stopped_here, RequestStatus.FINISHED_STOPPED)
         # A group finishes only in a step where one of its samples does: a final-only output is one of those.
         if not final_only:
             sample_finished = {request_id: group for request_id, group in sample_finished.items()
                                if request_id not in touched}
-        outputs = [group.to_output() for group in touched.values()]
-        outputs += [group.to_output() for group in sample_finished.values() if group.finished()]
+        outputs += self._to_outputs(scheduler, [*touched.values(),
+                                                *(group for group in sample_finished.values() if group.finished())])
         for out in outputs:
             if out.finished:
                 self.table.forget(out.request_id)
+        return outputs
+
+    def _accept_into_grammars(self, updated: Sequence[Request], failed: dict[str, Exception]) -> None:
+        """The step's tokens into their requests' grammars, whose next masks are then computed in the background; a
+        grammar that raises fails its request alone."""
+        grammars = []
+        for request in updated:
+            if request.grammar is not None and not request.is_finished() and request.request_id not in failed:
+                try:
+                    for token_id in request.output_token_ids[-request.num_step_tokens:]:
+                        request.grammar.accept(token_id)
+                except Exception as error:
+                    failed[request.request_id] = error
+                    continue
+                grammars.append(request.grammar)
+        if grammars:  # their next masks take shape on another core while this thread goes on
+            prefetch_bitmasks(grammars)
+
+    def _to_outputs(self, scheduler: Scheduler, groups: Sequence[RequestGroup]) -> list[RequestOutput]:
+        """Each group's RequestOutput (its text is decoded here when it was deferred); a group whose output cannot
+        be built fails alone (the per-group loop runs only after building them all at once raised)."""
+        try:
+            return [group.to_output() for group in groups]
+        except Exception:
+            pass
+        outputs = []
+        for group in groups:
+            try:
+                outputs.append(group.to_output())
+            except Exception as error:
+                outputs += fail_requests({group.samples[0].request.request_id: error}, scheduler, self.table)
         return outputs
 
     def _record_tokens(self, group: RequestGroup, sample: Sample, request: Request, result: StepResult,
@@ -165,20 +207,25 @@ class OutputProcessor:
         sample.logprobs.append(entry)  # to_output() copies the list: an output never changes once made
         sample.cumulative_logprob = (sample.cumulative_logprob or 0.0) + sampled_logprob
 
-    def _record_prompt_logprobs(self, entries: Sequence[PromptLogprobEntry]) -> None:
-        """Prompt tokens' logprobs; a recomputed position (after preemption) keeps its first value."""
+    def _record_prompt_logprobs(self, entries: Sequence[PromptLogprobEntry], failed: dict[str, Exception]) -> None:
+        """Prompt tokens' logprobs; a recomputed position (after preemption) keeps its first value. An entry that
+        raises fails its request alone."""
         decode = self.token_text
         for entry in entries:
             owner = self.table.samples.get(entry.request_id)
-            if owner is None:
+            if owner is None or entry.request_id in failed:
                 continue
             group = owner[0]
             if group.prompt_logprobs is None or group.prompt_logprobs[entry.position] is not None:
                 continue
-            token_id = group.prompt.token_ids[entry.position]
-            top = {top_id: Logprob(top_logprob, k, decode(top_id))
-                   for k, (top_id, top_logprob) in enumerate(entry.top[:group.params.prompt_logprobs or 0], start=1)}
-            top[token_id] = Logprob(entry.logprob, entry.rank, decode(token_id))
+            try:
+                token_id = group.prompt.token_ids[entry.position]
+                top = {top_id: Logprob(top_logprob, k, decode(top_id)) for k, (top_id, top_logprob)
+                       in enumerate(entry.top[:group.params.prompt_logprobs or 0], start=1)}
+                top[token_id] = Logprob(entry.logprob, entry.rank, decode(token_id))
+            except Exception as error:
+                failed[entry.request_id] = error
+                continue
             group.prompt_logprobs[entry.position] = top
 
 

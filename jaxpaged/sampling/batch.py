@@ -128,22 +128,28 @@ def _token_id_array(field: str, token_ids: Sequence[int], vocab_size: int) -> np
     return ids
 
 
-def _dense_penalty_arrays(rows: Sequence[SamplingRow], num_rows_padded: int,
-                          vocab_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _dense_penalty_arrays(rows: Sequence[SamplingRow], num_rows_padded: int, vocab_size: int,
+                          row_errors: Optional[dict[int, Exception]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     # Dense [rows, vocab] arrays keep the compiled shape fixed whatever the prompt and output lengths;
     # they cost O(rows * vocab) host memory and transfer, paid only when some row uses penalties or bias.
     output_token_counts = np.zeros((num_rows_padded, vocab_size), np.int32)
     prompt_token_mask = np.zeros((num_rows_padded, vocab_size), np.bool_)
     logit_bias = np.zeros((num_rows_padded, vocab_size), np.float32)
     for i, row in enumerate(rows):
-        if not _needs_penalties(row):
+        if not _needs_penalties(row) or (row_errors is not None and i in row_errors):
             continue
-        output_ids = _token_id_array("output_token_ids", row.output_token_ids, vocab_size)
-        output_token_counts[i] = np.bincount(output_ids, minlength=vocab_size)
-        prompt_token_mask[i, _token_id_array("prompt_token_ids", row.prompt_token_ids, vocab_size)] = True
-        bias_by_id = row.params.logit_bias or {}
-        logit_bias[i, _token_id_array("logit_bias", list(bias_by_id), vocab_size)] = list(bias_by_id.values())
-        logit_bias[i, _token_id_array("suppress_token_ids", row.suppress_token_ids, vocab_size)] = -np.inf
+        try:
+            output_ids = _token_id_array("output_token_ids", row.output_token_ids, vocab_size)
+            output_token_counts[i] = np.bincount(output_ids, minlength=vocab_size)
+            prompt_token_mask[i, _token_id_array("prompt_token_ids", row.prompt_token_ids, vocab_size)] = True
+            bias_by_id = row.params.logit_bias or {}
+            logit_bias[i, _token_id_array("logit_bias", list(bias_by_id), vocab_size)] = list(bias_by_id.values())
+            logit_bias[i, _token_id_array("suppress_token_ids", row.suppress_token_ids, vocab_size)] = -np.inf
+        except Exception as error:
+            if row_errors is None:
+                raise
+            row_errors[i] = error  # the row stays as a padded one: nothing added, nothing penalized
+            output_token_counts[i], prompt_token_mask[i], logit_bias[i] = 0, False, 0.0
     return output_token_counts, prompt_token_mask, logit_bias
 
 
@@ -152,42 +158,67 @@ _PADDING_ROW = (0.0, 0, 1.0, 0.0, 0.0, 0.0, 1.0, -1)
 """A padded row's (temperature, top_k, top_p, min_p, presence, frequency, repetition, logprobs): greedy, all off."""
 
 
-def _row_values(params: SamplingParams) -> tuple:
-    """The row's parameters in _PADDING_ROW's order (top_k and logprobs not yet clipped to the vocabulary)."""
-    return (0.0 if params.is_greedy else params.temperature, params.top_k, params.top_p, params.min_p,
-            params.presence_penalty, params.frequency_penalty, params.repetition_penalty,
+def _row_values(params: SamplingParams, vocab_size: int) -> tuple:
+    """The row's parameters in _PADDING_ROW's order. top_k is clamped to the vocabulary here, in Python: a Python
+    int is unbounded, and one past float64's range (10**309) made the whole table's conversion raise."""
+    return (0.0 if params.is_greedy else params.temperature, min(params.top_k, vocab_size), params.top_p,
+            params.min_p, params.presence_penalty, params.frequency_penalty, params.repetition_penalty,
             -1 if params.logprobs is None else params.logprobs)
 
 
-def build_sampling_batch(rows: Sequence[SamplingRow], num_rows_padded: int,
-                         vocab_size: int) -> SamplingBatch:
+def _row_seed(row: SamplingRow, index: int) -> int:
+    if not is_int(row.seed):
+        raise ValueError(f"seed: row {index} needs a resolved int seed, got {row.seed!r}")
+    return row.seed & _UINT64_MASK
+
+
+def _fill_rows_one_by_one(rows: Sequence[SamplingRow], vocab_size: int, table: np.ndarray, seeds: np.ndarray,
+                          num_output_tokens: np.ndarray, row_errors: dict[int, Exception]) -> None:
+    """The table filled row by row, each failing row recorded in row_errors and left a padded one: the slow path,
+    taken only when filling every row at once raised."""
+    for i, row in enumerate(rows):
+        try:
+            table[i] = _row_values(row.params, vocab_size)
+            seeds[i] = _row_seed(row, i)
+            num_output_tokens[i] = len(row.output_token_ids) + row.num_tokens_in_flight
+        except Exception as error:
+            row_errors[i] = error
+            table[i], seeds[i], num_output_tokens[i] = _PADDING_ROW, 0, 0
+
+
+def build_sampling_batch(rows: Sequence[SamplingRow], num_rows_padded: int, vocab_size: int,
+                         row_errors: Optional[dict[int, Exception]] = None) -> SamplingBatch:
     """Packs the sampling rows of one step into padded numpy arrays (rows past len(rows) are padding).
 
     It runs for every running request, every step: each row becomes one tuple, and the arrays are made from the
-    table of tuples at once (setting numpy elements one by one cost ~4x as much at 256 rows)."""
+    table of tuples at once (setting numpy elements one by one cost ~4x as much at 256 rows). With `row_errors`, a
+    row whose values cannot be packed does not fail the batch: its index and exception are recorded there and it is
+    packed as a padded row (the caller fails that request alone); without it, the exception propagates."""
     if len(rows) > num_rows_padded:
         raise ValueError(f"num_rows_padded: must be >= the number of rows ({len(rows)}), "
                          f"got {num_rows_padded}")
     if vocab_size < 1:
         raise ValueError(f"vocab_size: must be >= 1, got {vocab_size}")
     num_rows = len(rows)
-    for i, row in enumerate(rows):
-        if not is_int(row.seed):
-            raise ValueError(f"seed: row {i} needs a resolved int seed, got {row.seed!r}")
     table = np.empty((num_rows_padded, _PER_ROW_COLUMNS), np.float64)
     table[num_rows:] = _PADDING_ROW
     seeds = np.zeros(num_rows_padded, np.uint64)
     num_output_tokens = np.zeros(num_rows_padded, np.int32)
     if num_rows:
-        table[:num_rows] = [_row_values(row.params) for row in rows]
-        seeds[:num_rows] = [row.seed & _UINT64_MASK for row in rows]
-        num_output_tokens[:num_rows] = [len(row.output_token_ids) + row.num_tokens_in_flight for row in rows]
+        try:
+            table[:num_rows] = [_row_values(row.params, vocab_size) for row in rows]
+            seeds[:num_rows] = [_row_seed(row, i) for i, row in enumerate(rows)]
+            num_output_tokens[:num_rows] = [len(row.output_token_ids) + row.num_tokens_in_flight for row in rows]
+        except Exception:
+            if row_errors is None:
+                raise
+            _fill_rows_one_by_one(rows, vocab_size, table, seeds, num_output_tokens, row_errors)
     top_ks = table[:, 1].astype(np.int32)
     logprobs = table[:, 7].astype(np.int32)
     seed_words = np.stack([seeds >> np.uint64(32), seeds & np.uint64(_UINT32_MASK)], axis=1).astype(np.uint32)
     dense = (None, None, None)
-    if any(_needs_penalties(row) for row in rows):
-        dense = _dense_penalty_arrays(rows, num_rows_padded, vocab_size)
+    if any(_needs_penalties(row) for i, row in enumerate(rows) if not row_errors or i not in row_errors):
+        dense = _dense_penalty_arrays(rows, num_rows_padded, vocab_size, row_errors)
     return SamplingBatch(
         temperatures=table[:, 0].astype(np.float32),
         top_ks=np.where((top_ks > 0) & (top_ks < vocab_size), top_ks, 0).astype(np.int32),

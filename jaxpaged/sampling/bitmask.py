@@ -17,7 +17,7 @@ import numpy as np
 from jaxtyping import Array, Float, Int
 
 from jaxpaged.core.request import Request
-from jaxpaged.sampling.grammar import fill_bitmasks
+from jaxpaged.sampling.grammar import RequestGrammar, fill_bitmasks
 
 
 def bitmask_words(vocab_size: int) -> int:
@@ -52,11 +52,12 @@ def apply_token_bitmask(logits: Float[Array, "num_rows vocab"], bitmask: Int[Arr
     return logits.at[rows].set(masked, mode="drop")  # NOTE: real rows are distinct; padding ones are dropped
 
 
-def fill_step_bitmask(requests: Sequence[Request], num_rows_padded: int,
-                      vocab_size: int) -> Optional[tuple[np.ndarray, np.ndarray]]:
+def fill_step_bitmask(requests: Sequence[Request], num_rows_padded: int, vocab_size: int,
+                      row_errors: Optional[dict[int, Exception]] = None) -> Optional[tuple[np.ndarray, np.ndarray]]:
     """The step's constrained rows as (bitmask, rows): bitmask[i] allows the next tokens of requests[rows[i]];
     padded to a constrained_row_buckets() size with rows == num_rows_padded. None when no request has a grammar
-    (nothing to mask)."""
+    (nothing to mask). With `row_errors`, a grammar that fails to fill its mask is recorded there by its row in
+    `requests` (its row stays all-allowed: the caller fails that request alone); without it, the error propagates."""
     # A finished grammar (its request stops at this step's token) has no next token: its row, computed by a step
     # planned ahead and dropped, stays all-allowed.
     grammars = [(row, request.grammar) for row, request in enumerate(requests)
@@ -69,5 +70,22 @@ def fill_step_bitmask(requests: Sequence[Request], num_rows_padded: int,
     bitmask[num_constrained:] = -1  # padding: never applied, but defined
     rows = np.full(size, num_rows_padded, np.int32)
     rows[:num_constrained] = [row for row, _ in grammars]
-    fill_bitmasks([(grammar, index) for index, (_, grammar) in enumerate(grammars)], bitmask)
+    try:
+        fill_bitmasks([(grammar, index) for index, (_, grammar) in enumerate(grammars)], bitmask)
+    except Exception:
+        if row_errors is None:
+            raise
+        _fill_one_by_one(grammars, bitmask, row_errors)
     return bitmask, rows
+
+
+def _fill_one_by_one(grammars: Sequence[tuple[int, RequestGrammar]], bitmask: np.ndarray,
+                     row_errors: dict[int, Exception]) -> None:
+    """The slow path, once filling every mask at once raised: each grammar alone, a failing one recorded by its
+    request's row and its mask left all-allowed."""
+    for index, (row, grammar) in enumerate(grammars):
+        try:
+            grammar.fill_bitmask(bitmask, index)
+        except Exception as error:
+            row_errors[row] = error
+            bitmask[index] = -1

@@ -28,6 +28,30 @@ MAX_STOP_STRING_CHARS = 1024
 """Bounds on `stop`: the detokenizer looks for every stop string in the text each step, so their count and
 length bound a request's work per token (OpenAI allows 4 strings; these leave room for tool templates)."""
 
+MAX_N = 2**16
+"""Most samples one request may ask for: each is a sequence with its own state, built when the request is added."""
+
+MAX_INT32 = 2**31 - 1
+"""Bound of every count and token id: positions, lengths and ids travel to the device as int32."""
+
+MAX_STOP_TOKEN_IDS = 1024
+"""Most stop_token_ids: while min_tokens holds them back, each is written into the step's bias row."""
+
+SEED_RANGE = (-(2**63), 2**64 - 1)
+"""A seed is any int64 or uint64 value (vLLM's API takes int64; the row table keeps it modulo 2**64)."""
+
+REPETITION_PENALTY_RANGE = (1e-4, 1e4)
+"""repetition_penalty divides positive logits and multiplies negative ones: inside this range a float32 logit stays
+finite (a positive penalty near 0, which the API's "> 0" allowed, turned logits into inf and the softmax into NaN)."""
+
+_FLOAT32_MAX = 3.4028234663852886e38
+_FLOAT32_TINY = 1.1754943508222875e-38
+"""The float32 range a row's parameters are cast to: a nonzero value outside it would become 0 or inf there."""
+
+_MAX_TOKEN_ID_DIGITS = len(str(MAX_INT32))
+"""A logit_bias key written with more digits than this cannot be a token id (and int() of a 5,000-digit string
+raises a ValueError that names no field)."""
+
 
 _CONSTRAINT_FIELDS = ("json", "regex", "choice", "grammar", "json_object")
 
@@ -83,20 +107,38 @@ class StructuredOutputsParams:
 
 
 def _fail(field: str, message: str, value) -> None:
-    raise ValueError(f"{field}: {message}, got {value!r}")
+    raise ValueError(f"{field}: {message}, got {_shown(value)}")
+
+
+def _shown(value) -> str:
+    """The value as an error message shows it: a huge int by its size (repr of a 5,000-digit int raises)."""
+    if is_int(value) and value.bit_length() > 128:
+        return f"an int of {value.bit_length()} bits"
+    return repr(value)
 
 
 def _check_float(field: str, value, low: float, high: float, *, low_open: bool = False) -> float:
-    """Checks a finite real number in [low, high] (or (low, high]) and returns it as a float."""
+    """Checks a finite real number in [low, high] (or (low, high]) that float32 holds, and returns it as a float."""
     if not is_number(value):
         _fail(field, "must be a number", value)
-    if not math.isfinite(value):
-        _fail(field, "must be finite", value)
+    # NOTE: an int may be too large for a float (10**309 overflows float()): compare before converting.
+    if abs(value) > _FLOAT32_MAX or (isinstance(value, float) and math.isnan(value)):
+        _fail(field, "must be finite (float32's range: at most 3.4e38 in magnitude)", value)
     below = value <= low if low_open else value < low
     if below or value > high:
         interval = f"{'(' if low_open else '['}{low}, {high}]"
         _fail(field, f"must be in {interval}", value)
-    return float(value)
+    value = float(value)
+    if value != 0.0 and not _FLOAT32_TINY <= abs(value) <= _FLOAT32_MAX:
+        _fail(field, "must be 0 or of a magnitude float32 holds (1.2e-38 to 3.4e38)", value)
+    return value
+
+
+def _check_int(field: str, value, low: int, high: int) -> int:
+    """Checks an int (not a bool) in [low, high]; Python ints are unbounded, so every int field has a ceiling."""
+    if not is_int(value) or not low <= value <= high:
+        _fail(field, f"must be an int in [{low}, {high}]", value)
+    return value
 
 
 def _check_bool(field: str, value) -> None:
@@ -128,10 +170,22 @@ def _normalize_stop_token_ids(stop_token_ids) -> list[int]:
         return []
     if not isinstance(stop_token_ids, (list, tuple)):
         _fail("stop_token_ids", "must be a list of int", stop_token_ids)
+    if len(stop_token_ids) > MAX_STOP_TOKEN_IDS:
+        _fail("stop_token_ids", f"must hold at most {MAX_STOP_TOKEN_IDS} ids", f"{len(stop_token_ids)} ids")
     for token_id in stop_token_ids:
-        if not is_int(token_id) or token_id < 0:
-            _fail("stop_token_ids", "must hold only ints >= 0", token_id)
+        if not is_int(token_id) or not 0 <= token_id <= MAX_INT32:
+            _fail("stop_token_ids", f"must hold only ints in [0, {MAX_INT32}]", token_id)
     return list(stop_token_ids)
+
+
+def logit_bias_token_id(key) -> Optional[int]:
+    """A logit_bias key as a token id: an int in [0, MAX_INT32], or (JSON objects only have string keys) its
+    ASCII decimal string; None when it is neither."""
+    if isinstance(key, str):
+        if not (key.isascii() and key.isdigit() and len(key) <= _MAX_TOKEN_ID_DIGITS):
+            return None
+        key = int(key)
+    return key if is_int(key) and 0 <= key <= MAX_INT32 else None
 
 
 def _normalize_logit_bias(logit_bias) -> Optional[dict[int, float]]:
@@ -141,12 +195,15 @@ def _normalize_logit_bias(logit_bias) -> Optional[dict[int, float]]:
         _fail("logit_bias", "must be a dict {token id: bias}", logit_bias)
     normalized = {}
     for key, bias in logit_bias.items():
-        # JSON objects (the OpenAI API) only have string keys, so "42" is taken as token 42.
-        token_id = int(key) if isinstance(key, str) and key.isdigit() else key
-        if not is_int(token_id) or token_id < 0:
-            _fail("logit_bias", "keys must be token ids (ints >= 0)", key)
-        normalized[token_id] = _check_float(f"logit_bias[{token_id}]", bias,
-                                            -MAX_ABS_LOGIT_BIAS, MAX_ABS_LOGIT_BIAS)
+        token_id = logit_bias_token_id(key)
+        if token_id is None:
+            _fail("logit_bias", f"keys must be token ids (ints in [0, {MAX_INT32}])",
+                  f"a key of {len(key)} characters" if isinstance(key, str) and len(key) > 40 else key)
+        if not is_number(bias) or (isinstance(bias, float) and not math.isfinite(bias)):
+            _fail(f"logit_bias[{token_id}]", "must be a finite number", bias)
+        # Any finite bias is taken, clamped to OpenAI's [-100, 100] as vLLM does (an int is compared, never
+        # converted, until it is in range).
+        normalized[token_id] = float(min(max(bias, -MAX_ABS_LOGIT_BIAS), MAX_ABS_LOGIT_BIAS))
     return normalized
 
 
@@ -161,19 +218,21 @@ class SamplingParams:
     top_p: float = 1.0
     """Nucleus sampling: keep the smallest set of tokens whose probability sum reaches top_p, in (0, 1]."""
     top_k: int = 0
-    """Keep only the top_k most likely tokens; 0 or -1 turns it off."""
+    """Keep only the top_k most likely tokens; 0 or -1 turns it off, and so does a top_k at or above the vocabulary
+    size (the sampler clamps it there, as vLLM does)."""
     min_p: float = 0.0
     """Drop tokens whose probability is below min_p times the most likely token's, in [0, 1]."""
     seed: Optional[int] = None
-    """Seed of this request's random draws; None lets the engine pick one. Reduced modulo 2**64."""
+    """Seed of this request's random draws, in SEED_RANGE; None lets the engine pick one. Reduced modulo 2**64."""
     presence_penalty: float = 0.0
     """Subtracted once from the logit of every token already in the output, in [-2, 2]."""
     frequency_penalty: float = 0.0
     """Subtracted from a token's logit once per time it is already in the output, in [-2, 2]."""
     repetition_penalty: float = 1.0
-    """HF-style penalty (> 0) on tokens of prompt or output: positive logits divided, negative multiplied."""
+    """HF-style penalty on tokens of prompt or output: positive logits divided, negative multiplied; in
+    REPETITION_PENALTY_RANGE."""
     logit_bias: Optional[dict[int, float]] = None
-    """Added to the logits of the given token ids before sampling, each bias in [-100, 100]."""
+    """Added to the logits of the given token ids before sampling; each bias is clamped to [-100, 100]."""
     stop: Optional[Union[str, list[str]]] = None
     """Strings that end the completion when they appear in the output text; normalized to a list."""
     stop_token_ids: Optional[list[int]] = None
@@ -200,26 +259,23 @@ class SamplingParams:
     last one (vLLM's RequestOutputKind.FINAL_ONLY: nothing is built or handed over per step)."""
 
     def __post_init__(self) -> None:
-        if not is_int(self.n) or self.n < 1:
-            _fail("n", "must be an int >= 1", self.n)
-        self.temperature = _check_float("temperature", self.temperature, 0.0, math.inf)
+        _check_int("n", self.n, 1, MAX_N)
+        self.temperature = _check_float("temperature", self.temperature, 0.0, _FLOAT32_MAX)
         self.top_p = _check_float("top_p", self.top_p, 0.0, 1.0, low_open=True)
-        if not is_int(self.top_k) or (self.top_k < 1 and self.top_k not in (0, -1)):
+        if not is_int(self.top_k) or self.top_k < -1:
             _fail("top_k", "must be 0 or -1 (off) or an int >= 1", self.top_k)
         self.min_p = _check_float("min_p", self.min_p, 0.0, 1.0)
-        if self.seed is not None and not is_int(self.seed):
-            _fail("seed", "must be an int or None", self.seed)
+        if self.seed is not None:
+            _check_int("seed", self.seed, *SEED_RANGE)
         for name in ("presence_penalty", "frequency_penalty"):
             setattr(self, name, _check_float(name, getattr(self, name), -MAX_ABS_PENALTY, MAX_ABS_PENALTY))
         self.repetition_penalty = _check_float("repetition_penalty", self.repetition_penalty,
-                                               0.0, math.inf, low_open=True)
+                                               *REPETITION_PENALTY_RANGE)
         self.logit_bias = _normalize_logit_bias(self.logit_bias)
         self.stop = _normalize_stop(self.stop)
         self.stop_token_ids = _normalize_stop_token_ids(self.stop_token_ids)
-        if not is_int(self.max_tokens) or self.max_tokens < 1:
-            _fail("max_tokens", "must be an int >= 1", self.max_tokens)
-        if not is_int(self.min_tokens) or self.min_tokens < 0:
-            _fail("min_tokens", "must be an int >= 0", self.min_tokens)
+        _check_int("max_tokens", self.max_tokens, 1, MAX_INT32)
+        _check_int("min_tokens", self.min_tokens, 0, MAX_INT32)
         if self.min_tokens > self.max_tokens:
             _fail("min_tokens", f"must be <= max_tokens ({self.max_tokens})", self.min_tokens)
         for name in ("logprobs", "prompt_logprobs"):

@@ -1,7 +1,7 @@
 """StepResult: what one engine step hands back to the host, as plain Python and numpy (no device arrays)."""
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
 import numpy as np
@@ -40,6 +40,9 @@ class StepResult:
     """Row j belongs to token_ids[j]; None when no sampled request asked for logprobs."""
     prompt_logprobs: Sequence[Any] = ()
     """PromptLogprobEntry objects (sampling/prompt_logprobs.py) of the prompt tokens this step scored."""
+    failed_requests: Mapping[str, Exception] = dataclasses.field(default_factory=dict)
+    """Sample id -> the exception its host work for the sampler raised (its row was sampled as a padded one, and
+    its token means nothing): the engine fails those requests alone."""
 
 
 NOTHING_SAMPLED = StepResult(token_ids=[])

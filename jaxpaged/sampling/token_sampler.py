@@ -22,6 +22,7 @@ from jaxpaged.sampling.bitmask import (
     constrained_row_buckets,
     fill_step_bitmask,
 )
+from jaxpaged.sampling.params import SamplingParams
 from jaxpaged.sampling.prompt_logprobs import PromptLogprobEntry
 from jaxpaged.sampling.sampler import (
     SamplerFlags,
@@ -80,14 +81,15 @@ class TokenSampler:
         request would after output_token_ids + row_drafts[j] (its seed's step, penalties and min_tokens)."""
         if not requests:
             return PendingSample(None, 0, wants_logprobs=False)
-        if row_drafts is None:
-            rows = [self._row(request) for request in requests]
-        else:
-            rows = [self._row(request, drafts) for request, drafts in zip(requests, row_drafts, strict=True)]
-        batch = build_sampling_batch(rows, logits.shape[0], self.vocab_size)
+        # NOTE: each row's host work (its parameters, penalty arrays, grammar mask) is isolated: a row that raises
+        # is recorded in row_errors and sampled as a padded row, and the engine fails that request alone.
+        row_errors: dict[int, Exception] = {}
+        drafts = [()] * len(requests) if row_drafts is None else row_drafts
+        rows = self._rows(requests, drafts, row_errors)
+        batch = build_sampling_batch(rows, logits.shape[0], self.vocab_size, row_errors)
         # Structured outputs: the grammars fill their rows on the host while the device still runs the step (last:
         # masks prefetched when the tokens were accepted may still be computing).
-        constrained = fill_step_bitmask(requests, logits.shape[0], self.vocab_size)
+        constrained = fill_step_bitmask(requests, logits.shape[0], self.vocab_size, row_errors)
         if constrained is not None:
             logits = apply_token_bitmask(logits, *constrained)
         flags = sampler_static_flags(batch)
@@ -95,7 +97,25 @@ class TokenSampler:
         # times cheaper than jax.device_put of the ten-array pytree (which walks it in Python), and lands on the
         # logits' devices (the sampler's placement is a single device or replicated over this process's devices).
         result = sample(logits, batch, flags)
-        return PendingSample(result, len(rows), wants_logprobs=flags.return_logprobs)
+        failed = {requests[row].request_id: error for row, error in row_errors.items()}
+        return PendingSample(result, len(rows), wants_logprobs=flags.return_logprobs, failed=failed)
+
+    def _rows(self, requests: Sequence[Request], row_drafts: Sequence[Sequence[int]],
+              row_errors: dict[int, Exception]) -> list[SamplingRow]:
+        """Each request's SamplingRow; one whose row cannot be made is recorded in row_errors and replaced by a
+        greedy placeholder (the per-row loop runs only after the batch-wide one raised)."""
+        try:
+            return [self._row(request, drafts) for request, drafts in zip(requests, row_drafts, strict=True)]
+        except Exception:
+            pass
+        rows = []
+        for index, (request, drafts) in enumerate(zip(requests, row_drafts, strict=True)):
+            try:
+                rows.append(self._row(request, drafts))
+            except Exception as error:
+                row_errors[index] = error
+                rows.append(_PLACEHOLDER_ROW)
+        return rows
 
     def _row(self, request: Request, drafts: Sequence[int] = ()) -> SamplingRow:
         params = request.sampling_params
@@ -113,13 +133,20 @@ class TokenSampler:
                            in_flight)
 
 
+_PLACEHOLDER_ROW = SamplingRow(SamplingParams(temperature=0.0), seed=0, prompt_token_ids=(), output_token_ids=())
+"""The row of a request whose own row could not be made: greedy, every option off (its token is dropped)."""
+
+
 class PendingSample:
     """A step's sampled ids (and logprobs) still on the device; result() waits for them and pulls them over."""
 
-    def __init__(self, output: Optional[SamplerOutput], num_rows: int, wants_logprobs: bool) -> None:
+    def __init__(self, output: Optional[SamplerOutput], num_rows: int, wants_logprobs: bool,
+                 failed: Optional[dict[str, Exception]] = None) -> None:
         self._output = output
         self._num_rows = num_rows
         self._wants_logprobs = wants_logprobs
+        self._failed = failed or {}
+        """Sample id -> the exception its row's host work raised (StepResult.failed_requests)."""
         self.prompt_logprobs: Optional[Callable[[], list[PromptLogprobEntry]]] = None
         """Set by the runner when the step computed prompt logprobs: pulls them to the host."""
 
@@ -142,6 +169,8 @@ class PendingSample:
 
     def result(self) -> StepResult:
         result = self._sampled()
+        if self._failed:
+            result = dataclasses.replace(result, failed_requests=self._failed)
         if self.prompt_logprobs is None:
             return result
         return dataclasses.replace(result, prompt_logprobs=self.prompt_logprobs())

@@ -9,13 +9,12 @@ from typing import Optional
 from fastapi import Request
 from fastapi.responses import Response
 
-from jaxpaged.async_engine import EngineDeadError
 from jaxpaged.outputs import CompletionOutput, RequestOutput
 from jaxpaged.sampling.params import StructuredOutputsParams
 from jaxpaged.server.chat_text import ChoiceText
 from jaxpaged.server.context import ServerContext
-from jaxpaged.server.errors import APIError, error_body
-from jaxpaged.server.generation import GenerationRun, ensure_ready, respond
+from jaxpaged.server.errors import APIError
+from jaxpaged.server.generation import STREAM_ENDING_ERRORS, GenerationRun, ensure_ready, respond, stream_error_body
 from jaxpaged.server.prompts import ChatRendering, chat_prompt
 from jaxpaged.server.protocol import ChatCompletionRequest
 from jaxpaged.server.responses import SampleProgress, chat_logprobs, usage
@@ -177,7 +176,6 @@ class _ChatView:
                 yield sse_event({**self.header, "object": "chat.completion.chunk", "choices": [],
                                  "usage": usage([final for final in run.finals if final is not None],
                                                with_cached_tokens=self.with_cached_tokens)})
-        except EngineDeadError:
-            yield sse_event(error_body(503, "the engine stopped before the request finished",
-                                       code="engine_unavailable"))
+        except STREAM_ENDING_ERRORS as error:  # the engine stopped, or failed this request alone
+            yield sse_event(stream_error_body(error))
         yield SSE_DONE

@@ -8,12 +8,11 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from fastapi.responses import Response
 
-from jaxpaged.async_engine import EngineDeadError
 from jaxpaged.inputs import ParsedPrompt
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.server.context import ServerContext
-from jaxpaged.server.errors import APIError, error_body
-from jaxpaged.server.generation import GenerationRun, ensure_ready, respond
+from jaxpaged.server.errors import APIError
+from jaxpaged.server.generation import STREAM_ENDING_ERRORS, GenerationRun, ensure_ready, respond, stream_error_body
 from jaxpaged.server.prompts import completion_prompts
 from jaxpaged.server.protocol import CompletionRequest
 from jaxpaged.server.responses import (
@@ -166,7 +165,6 @@ class _CompletionView:
                 finals = [final for final in run.finals if final is not None]
                 total = usage(finals, with_cached_tokens=self.with_cached_tokens)
                 yield sse_event({**self.header, "choices": [], "usage": total})
-        except EngineDeadError:
-            yield sse_event(error_body(503, "the engine stopped before the request finished",
-                                       code="engine_unavailable"))
+        except STREAM_ENDING_ERRORS as error:  # the engine stopped, or failed this request alone
+            yield sse_event(stream_error_body(error))
         yield SSE_DONE

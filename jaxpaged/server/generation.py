@@ -16,10 +16,10 @@ from fastapi.responses import JSONResponse, Response
 
 from jaxpaged.async_engine import EngineDeadError, RequestStream
 from jaxpaged.inputs import ParsedPrompt
-from jaxpaged.outputs import RequestOutput
+from jaxpaged.outputs import RequestFailedError, RequestOutput
 from jaxpaged.sampling.params import SamplingParams
 from jaxpaged.server.context import ServerContext
-from jaxpaged.server.errors import APIError, from_value_error
+from jaxpaged.server.errors import APIError, error_body, from_value_error, sanitize_message
 from jaxpaged.server.streaming import ClientDisconnected, EventStreamResponse, run_until_disconnect
 
 
@@ -43,6 +43,24 @@ def check_capacity(context: ServerContext, num_new_seqs: int) -> None:
         context.metrics.requests_rejected.labels("overloaded").inc()
         raise APIError(429, "the server is overloaded: too many requests are waiting; retry later",
                        code="rate_limit_exceeded", headers={"Retry-After": str(context.settings.retry_after_s)})
+
+
+STREAM_ENDING_ERRORS = (EngineDeadError, RequestFailedError)
+"""What ends a stream before its last output: the stream sends stream_error_body's event, then [DONE]."""
+
+
+def request_failed_error(error: RequestFailedError) -> APIError:
+    """The 500 of a request the engine failed alone (the server goes on serving the others)."""
+    return APIError(500, sanitize_message(f"the request failed in the engine ({error.reason}); other requests are "
+                                          "unaffected"), code="request_failed")
+
+
+def stream_error_body(error: Exception) -> dict:
+    """The error event of a stream ended by one of STREAM_ENDING_ERRORS."""
+    if isinstance(error, RequestFailedError):
+        failed = request_failed_error(error)
+        return error_body(failed.status_code, failed.message, code=failed.code)
+    return error_body(503, "the engine stopped before the request finished", code="engine_unavailable")
 
 
 @dataclasses.dataclass
@@ -194,6 +212,8 @@ async def respond(request: Request, run: GenerationRun, stream: bool,
         return Response(status_code=499)  # nobody reads it; the requests were aborted by close()
     except EngineDeadError:
         raise APIError(503, "the engine stopped before the request finished", code="engine_unavailable") from None
+    except RequestFailedError as error:
+        raise request_failed_error(error) from None
     finally:
         run.close()
     return JSONResponse(render(finals))

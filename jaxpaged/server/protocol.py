@@ -19,7 +19,8 @@ _INT64_MIN = -(2**63)
 _UINT64_MAX = 2**64 - 1
 
 TokenId = Annotated[int, Field(ge=0)]
-BiasValue = Annotated[float, Field(ge=-100.0, le=100.0)]
+BiasValue = float
+"""A logit_bias value: any finite number, clamped to [-100, 100] (as vLLM does) by SamplingParams."""
 
 
 class StrictModel(BaseModel):
@@ -88,7 +89,7 @@ class SamplingRequest(StrictModel):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     """Nucleus sampling mass."""
     top_k: int = Field(0, ge=-1)
-    """0 or -1 turn it off."""
+    """0 or -1 turn it off; a top_k above the vocabulary is clamped to it (validation.py)."""
     min_p: float = Field(0.0, ge=0.0, le=1.0)
     """Relative probability floor."""
     seed: Optional[int] = Field(None, ge=_INT64_MIN, le=_UINT64_MAX)
@@ -100,7 +101,7 @@ class SamplingRequest(StrictModel):
     repetition_penalty: float = Field(1.0, gt=0.0, le=100.0)
     """HF-style repetition penalty; 1 is off."""
     logit_bias: Optional[dict[str, BiasValue]] = None
-    """Token id (as a decimal string) -> bias in [-100, 100]."""
+    """Token id (as a decimal string) -> bias, clamped to [-100, 100]."""
     stop: Union[str, list[str], None] = None
     """Up to 16 non-empty stop strings (counted in validation.py, for a clearer message than a union's)."""
     stop_token_ids: Optional[list[TokenId]] = None

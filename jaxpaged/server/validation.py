@@ -13,7 +13,7 @@ import pydantic
 from fastapi import Request
 
 from jaxpaged import inputs
-from jaxpaged.sampling.params import SamplingParams, StructuredOutputsParams
+from jaxpaged.sampling.params import SamplingParams, StructuredOutputsParams, logit_bias_token_id
 from jaxpaged.server.errors import APIError, from_validation_errors, from_value_error
 from jaxpaged.server.protocol import MAX_STOP_STRINGS, SamplingRequest
 
@@ -133,6 +133,9 @@ def build_sampling_params(request: SamplingRequest, *, max_tokens: int, logprobs
     unset = {key: value for key, value in (model_defaults or {}).items() if key not in request.model_fields_set}
     sampled = {key: unset.get(key, getattr(request, key))
                for key in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")}
+    # A top_k at or above the vocabulary keeps every token: clamped to it, as vLLM does (10**309 is valid JSON).
+    if isinstance(sampled["top_k"], int) and sampled["top_k"] > vocab_size:
+        sampled["top_k"] = vocab_size
     if request.n > max_n:
         raise APIError(400, f"n: must be <= {max_n} (the server's --max-n)", param="n", code="invalid_value")
     stop = [request.stop] if isinstance(request.stop, str) else request.stop or []
@@ -144,10 +147,13 @@ def build_sampling_params(request: SamplingRequest, *, max_tokens: int, logprobs
         check_token_ids(request.stop_token_ids, vocab_size, "stop_token_ids")
     logit_bias = None
     if request.logit_bias:
-        if not all(key.isascii() and key.isdigit() for key in request.logit_bias):
-            raise APIError(400, "logit_bias: keys must be token ids written as decimal strings",
-                           param="logit_bias", code="invalid_value")
-        logit_bias = {int(key): bias for key, bias in request.logit_bias.items()}
+        logit_bias = {}
+        for key, bias in request.logit_bias.items():
+            token_id = logit_bias_token_id(key)
+            if token_id is None:  # not a decimal string, or too long to be a token id (a 5,000-digit key)
+                raise APIError(400, "logit_bias: keys must be token ids written as decimal strings",
+                               param="logit_bias", code="invalid_value")
+            logit_bias[token_id] = bias
         check_token_ids(list(logit_bias), vocab_size, "logit_bias")
     structured = structured_outputs_of(request)
     if tool_constraint is not None:

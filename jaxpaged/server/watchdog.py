@@ -1,6 +1,7 @@
 """A single-host server that cannot serve says so and goes away, so an orchestrator restarts it (as vLLM's does).
 
   - fail-stop: when the engine loop fails (a step raised), streams already got an error and new requests 503;
+    one request's own failure does not reach here (engine/request_failures.py fails that request alone);
     the process then answers 503 on /health for FAIL_STOP_DRAIN_S, so clients and load balancers see why, and exits
     with EXIT_ENGINE_FAILED (multi-host serving has its own fail-stop, server/multihost.py);
   - stall: a step that hangs raises nothing, so /health answers 503 once no step has completed for

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from jaxpaged.sampling.params import MAX_LOGPROBS, SamplingParams
+from jaxpaged.sampling.params import MAX_INT32, MAX_LOGPROBS, MAX_N, MAX_STOP_TOKEN_IDS, SamplingParams
 
 NAN, INF = math.nan, math.inf
 
@@ -23,21 +23,23 @@ def test_defaults_match_vllm():
 
 
 ACCEPTED = [
-    ("n", 1), ("n", 64),
+    ("n", 1), ("n", 64), ("n", MAX_N),
     ("temperature", 0.0), ("temperature", 0), ("temperature", 1e-6), ("temperature", 2.0), ("temperature", 100.0),
     ("top_p", 1.0), ("top_p", 1e-9), ("top_p", 0.5), ("top_p", 1),
-    ("top_k", 0), ("top_k", -1), ("top_k", 1), ("top_k", 50), ("top_k", 10**6),
+    ("top_k", 0), ("top_k", -1), ("top_k", 1), ("top_k", 50), ("top_k", 10**6), ("top_k", 2**31), ("top_k", 10**309),
     ("min_p", 0.0), ("min_p", 1.0), ("min_p", 0.05),
-    ("seed", None), ("seed", 0), ("seed", -5), ("seed", 2**64 + 3),
+    ("seed", None), ("seed", 0), ("seed", -5), ("seed", 2**64 - 1), ("seed", -(2**63)),
     ("presence_penalty", -2.0), ("presence_penalty", 2.0), ("presence_penalty", 0),
     ("frequency_penalty", -2.0), ("frequency_penalty", 2.0), ("frequency_penalty", 1.5),
     ("repetition_penalty", 1e-3), ("repetition_penalty", 1.0), ("repetition_penalty", 5.0),
+    ("repetition_penalty", 1e-4), ("repetition_penalty", 1e4), ("temperature", 3e38), ("top_p", 1.2e-38),
     ("logit_bias", None), ("logit_bias", {}), ("logit_bias", {0: -100.0, 7: 100.0, 3: 0}),
     ("stop", None), ("stop", "###"), ("stop", ["a", "bc"]), ("stop", [str(i) for i in range(64)]),
     ("stop", "x" * 1024),
     ("stop_token_ids", None), ("stop_token_ids", []), ("stop_token_ids", [0, 2, 49151]),
+    ("stop_token_ids", [MAX_INT32]), ("stop_token_ids", list(range(MAX_STOP_TOKEN_IDS))),
     ("include_stop_str_in_output", True),
-    ("max_tokens", 1), ("max_tokens", 10**6),
+    ("max_tokens", 1), ("max_tokens", 10**6), ("max_tokens", MAX_INT32),
     ("min_tokens", 0), ("min_tokens", 16),
     ("ignore_eos", True),
     ("logprobs", None), ("logprobs", 0), ("logprobs", 1), ("logprobs", MAX_LOGPROBS),
@@ -53,31 +55,38 @@ def test_accepts_boundary_and_typical_values(field, value):
 
 
 REJECTED = [
-    ("n", 0), ("n", -1), ("n", 1.0), ("n", True), ("n", None),
+    ("n", 0), ("n", -1), ("n", 1.0), ("n", True), ("n", None), ("n", MAX_N + 1), ("n", 10**309),
     ("temperature", -1e-9), ("temperature", NAN), ("temperature", INF), ("temperature", "1"),
-    ("temperature", True), ("temperature", None),
+    ("temperature", True), ("temperature", None), ("temperature", 1e39), ("temperature", 10**309),
+    ("temperature", 1e-300),
     ("top_p", 0.0), ("top_p", -0.1), ("top_p", 1.0000001), ("top_p", NAN), ("top_p", INF), ("top_p", False),
-    ("top_k", -2), ("top_k", 1.0), ("top_k", True), ("top_k", None),
+    ("top_k", -2), ("top_k", -(10**309)), ("top_k", 1.0), ("top_k", True), ("top_k", None),
     ("min_p", -1e-9), ("min_p", 1.0000001), ("min_p", NAN), ("min_p", INF),
-    ("seed", 1.0), ("seed", True), ("seed", "42"),
+    ("seed", 1.0), ("seed", True), ("seed", "42"), ("seed", 2**64), ("seed", -(2**63) - 1), ("seed", 10**309),
+    ("top_p", 1e-300),
     ("presence_penalty", -2.0000001), ("presence_penalty", 2.0000001), ("presence_penalty", NAN),
     ("presence_penalty", INF),
     ("frequency_penalty", -2.0000001), ("frequency_penalty", 2.0000001), ("frequency_penalty", NAN),
     ("frequency_penalty", -INF),
     ("repetition_penalty", 0.0), ("repetition_penalty", -1.0), ("repetition_penalty", NAN),
-    ("repetition_penalty", INF),
-    ("logit_bias", {0: 100.0001}), ("logit_bias", {0: -100.0001}), ("logit_bias", {0: NAN}),
+    ("repetition_penalty", INF), ("repetition_penalty", 1e-45), ("repetition_penalty", 9e-5),
+    ("repetition_penalty", 1.0001e4), ("repetition_penalty", 10**309),
+    ("logit_bias", {0: NAN}), ("logit_bias", {0: -INF}), ("logit_bias", {"9" * 5000: 1.0}),
+    ("logit_bias", {10**5000: 1.0}), ("logit_bias", {2**31: 1.0}), ("logit_bias", {"\u00b2": 1.0}),
     ("logit_bias", {0: INF}), ("logit_bias", {-1: 1.0}), ("logit_bias", {1.0: 1.0}),
     ("logit_bias", {True: 1.0}), ("logit_bias", {"x": 1.0}), ("logit_bias", {"-1": 1.0}),
     ("logit_bias", [(0, 1.0)]), ("logit_bias", {0: "1"}),
     ("stop", ""), ("stop", ["ok", ""]), ("stop", [1]), ("stop", 5), ("stop", [str(i) for i in range(65)]),
     ("stop", "x" * 1025), ("stop", ["ok", "y" * 5000]),
     ("stop_token_ids", [-1]), ("stop_token_ids", [1.0]), ("stop_token_ids", [True]), ("stop_token_ids", 5),
+    ("stop_token_ids", [2**31]), ("stop_token_ids", [10**309]), ("stop_token_ids", [0] * (MAX_STOP_TOKEN_IDS + 1)),
     ("include_stop_str_in_output", 1), ("include_stop_str_in_output", None),
     ("max_tokens", 0), ("max_tokens", -1), ("max_tokens", 16.0), ("max_tokens", None), ("max_tokens", True),
-    ("min_tokens", -1), ("min_tokens", 17), ("min_tokens", 1.0), ("min_tokens", True),
+    ("min_tokens", -1), ("min_tokens", 17), ("min_tokens", 1.0), ("min_tokens", True), ("min_tokens", 10**309),
+    ("max_tokens", MAX_INT32 + 1), ("max_tokens", 10**309),
     ("ignore_eos", 0), ("ignore_eos", "yes"),
-    ("logprobs", -1), ("logprobs", MAX_LOGPROBS + 1), ("logprobs", 1.0), ("logprobs", True),
+    ("logprobs", -1), ("logprobs", MAX_LOGPROBS + 1), ("logprobs", 1.0), ("logprobs", True), ("logprobs", 10**309),
+    ("prompt_logprobs", -1), ("prompt_logprobs", MAX_LOGPROBS + 1), ("prompt_logprobs", 2**31),
     ("skip_special_tokens", None), ("skip_special_tokens", 1),
     ("output_kind", "delta"), ("output_kind", None), ("output_kind", 1),
 ]
@@ -138,3 +147,17 @@ def test_validate_token_ids_rejects_ids_past_the_vocabulary(field, kwargs):
     with pytest.raises(ValueError, match=f"^{field}") as error:
         SamplingParams(**kwargs).validate_token_ids(100)
     assert "100" in str(error.value)
+
+
+@pytest.mark.parametrize("bias,clamped", [(100.0001, 100.0), (-100.0001, -100.0), (123.456, 100.0), (1e300, 100.0),
+                                          (10**309, 100.0), (-(10**309), -100.0), (-5, -5.0), (100, 100.0)])
+def test_logit_bias_values_are_clamped_to_plus_minus_100(bias, clamped):
+    """Any finite bias is taken and clamped to [-100, 100] (vLLM's handling of OpenAI's range), even an int past
+    float64's range."""
+    assert SamplingParams(logit_bias={3: bias}).logit_bias == {3: clamped}
+
+
+def test_a_huge_value_is_named_by_its_size_not_printed():
+    """A 5,000-digit int in an error message is described, not printed (printing it raises ValueError itself)."""
+    with pytest.raises(ValueError, match="^top_k: .*an int of 16610 bits"):
+        SamplingParams(top_k=-(10**5000))
