@@ -17,15 +17,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpaged.config import EngineConfig
-from jaxpaged.kernels.cpu_native.packed_matmul import packed_int8_available
 from jaxpaged.kernels.cpu_native.paged_decode import native_decode_available
 from jaxpaged.kernels.ragged_paged_attention import resolve_attention_backend
 from jaxpaged.kernels.ragged_paged_attention.dispatch import check_kv_cache_dtype
-from jaxpaged.models.int16_activations import cpu_has_int8_dot_units
 from jaxpaged.models.llama import unroll_layers_on
 from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.models.packed_weights import packs_weights_on
 from jaxpaged.runner.dtype_probe import probe_cpu_dtype
+from jaxpaged.runner.int8_probe import choose_int8_matmul, probe_shapes
 from jaxpaged.runner.kv_cache import bytes_per_block, choose_kv_layout, kv_storage_dtype, num_kv_blocks_for
 from jaxpaged.runner.memory_plan import (
     MemoryPlan,
@@ -152,7 +151,8 @@ def plan_startup(model: ModelConfig, params: dict[str, np.ndarray], config: Engi
     memory.check()
     quantized = any(value.dtype == np.int8 for value in params.values())
     scheme = (quantization or "int8") if quantized else None
-    int8_matmul = choose_int8_matmul(scheme, platform, per_layer, tp, config.cpu_matmul == "native")
+    int8_matmul = choose_int8_matmul(scheme, platform, per_layer, tp, config.cpu_matmul == "native",
+                                     probe_shapes(params, config, dtype, packed))
     return StartupPlan(platform, tuple(int(d.id) for d in mesh.devices.flat), tp, dtype, backend, per_layer, packed,
                        native_decode, kv_layout, memory, scheme, int8_matmul, kv_cache_dtype)
 
@@ -181,22 +181,6 @@ _INT8_MATMUL_DESCRIPTIONS = {
     "w8a8": "XLA int8 x int8 dot, int32 sums",
     "xla": "XLA dot, scales on the output",
 }
-
-
-def choose_int8_matmul(scheme: Optional[str], platform: str, per_layer: bool, tp: int,
-                       native_cpu_matmul: bool) -> Optional[str]:
-    """The int8 projections' matmul (StartupPlan.int8_matmul) for a scheme on a rank: w8a8 is its own; weight-only
-    int8 on a CPU with int8 dot units (VNNI, AMX) runs its inputs as int16 digits there (2.4-3x float32's matmuls;
-    docs/features.md#int8-weights), elsewhere on a CPU the native int8 panels (no bfloat16 or int8 units needed:
-    one device, layers unrolled); XLA's fused-convert dot otherwise. `native_cpu_matmul` False (cpu_matmul "xla")
-    keeps XLA's plain dot."""
-    if scheme is None or scheme == "w8a8":
-        return scheme
-    if platform != "cpu" or not native_cpu_matmul:
-        return "xla"
-    if cpu_has_int8_dot_units():
-        return "int16 digits"
-    return "panels" if per_layer and tp == 1 and packed_int8_available() else "xla"
 
 
 def log_plan(plan: StartupPlan, rank: Optional[int] = None) -> None:
