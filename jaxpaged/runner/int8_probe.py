@@ -26,7 +26,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpaged.config import EngineConfig
-from jaxpaged.kernels.cpu_native.packed_matmul import fills_whole_panels, pack_panels, packed_int8_available
+from jaxpaged.kernels.cpu_native.packed_matmul import (
+    fills_whole_panels,
+    pack_panels,
+    packed_int8_available,
+    packs_dtype,
+)
 from jaxpaged.models.int8_weights import QUANTIZED_PROJECTIONS, Int8Weight
 from jaxpaged.models.int16_activations import W8A16Weight, cpu_has_int8_dot_units
 from jaxpaged.models.layers import matmuls
@@ -44,7 +49,7 @@ PROJECTION_GROUPS = (("q_proj", "k_proj", "v_proj"), ("o_proj",), ("gate_proj", 
 """The projections that share one input in a decoder layer (one fused matmuls call each, as llama.py runs them)."""
 PROBE_LAYERS = 2
 """Layers of distinct weights per timed call, so no call finds its weights in cache from the call before."""
-PREFILL_ROWS_CAP = 512
+PREFILL_ROWS_CAP = 256
 """A prefill chunk's rows at most: keeps the probe a few seconds at large max_num_batched_tokens."""
 REPEATS = 3
 
@@ -96,8 +101,8 @@ class Int8Probe:
         """One line naming the pick and every path's speed as a multiple of the float matmul's."""
         others = ", ".join(f"{path} {self._speed(path)}" for path in CANDIDATES
                            if path in self.seconds and path != self.choice)
-        figures = (f"{self._speed(self.choice)} {dtype}'s matmul speed ({others + '; ' if others else ''}one decoder "
-                   f"layer's projections at {' and '.join(map(str, self.rows))} rows; {source})")
+        timed = f"{PROBE_LAYERS} layers' projections at {' and '.join(map(str, self.rows))} rows; {source}"
+        figures = f"{self._speed(self.choice)} {dtype}'s matmul speed ({others + '; ' if others else ''}{timed})"
         if self.beats_float:
             return f"int8 projections on this CPU: {self.choice}, {figures}"
         return (f"quantization int8 on this CPU saves memory, not time: its fastest matmul ({self.choice}) runs at "
@@ -183,7 +188,8 @@ def _weight(path: str, values: np.ndarray, shapes: ProbeShapes) -> Any:
     scale = jnp.full(values.shape[1], 0.01, jnp.float32)
     if path == FLOAT:
         dense = (values.astype(np.float32) * 0.01).astype(shapes.dtype)
-        packs = shapes.packed_float and fills_whole_panels(values.shape, dense.dtype)
+        # packs_dtype registers the kernel (the plan asked for it already; a test may not have).
+        packs = shapes.packed_float and packs_dtype(dense.dtype) and fills_whole_panels(values.shape, dense.dtype)
         return jnp.asarray(pack_panels(dense) if packs else dense)
     if path == "int16 digits":
         return W8A16Weight(jnp.asarray(values), scale)
