@@ -124,7 +124,8 @@ def test_the_plan_takes_the_probes_pick_on_a_cpu_and_times_nothing_elsewhere(fak
 
 
 def test_the_real_probe_times_a_tiny_shape_set_and_picks_a_candidate(monkeypatch, tmp_path):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    # Only the verdicts move to a fresh directory: the native kernels stay built in the cache directory.
+    monkeypatch.setattr(probe_cache, "cache_root", lambda: tmp_path)
     probe_int8_matmul.cache_clear()
     shapes = ProbeShapes(_TINY.projections, (16,), "float32", True, int8_probe.int8_candidates(True, 1))
     try:
