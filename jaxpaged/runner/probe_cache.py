@@ -10,7 +10,7 @@ import hashlib
 import json
 import logging
 import pathlib
-from typing import Any, Optional
+from typing import Any
 
 import jax
 
@@ -36,7 +36,7 @@ def verdict_file(probe: str, *parts: str) -> pathlib.Path:
     return cache_root() / probe / f"{digest.hexdigest()[:16]}.json"
 
 
-def read_verdict(path: pathlib.Path) -> Optional[Any]:
+def read_verdict(path: pathlib.Path) -> Any:
     """The JSON kept at `path`, or None when there is none or it does not parse (the caller checks its fields)."""
     try:
         return json.loads(path.read_text())
