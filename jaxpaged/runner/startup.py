@@ -80,9 +80,9 @@ class StartupPlan:
     quantize their inputs per token (models/int8_activations.py)."""
     int8_matmul: Optional[str] = None
     """How the int8 projections multiply (None without them): "panels" (packed into panels for the native CPU int8
-    matmul, widened to float32), "int16 digits" (a CPU with int8 dot units: inputs kept to 16 bits as two int8 digits,
+    matmul, widened to float32), "int16 digits" (inputs kept to 16 bits as two int8 digits,
     models/int16_activations.py), "w8a8" (inputs quantized to int8 per token) or "xla" (XLA's dot with the int8
-    convert fused into its operand, scales on the output: TPU, GPU)."""
+    convert fused into its operand, scales on the output: TPU, GPU; on a CPU whichever int8_probe.py times fastest)."""
     kv_cache_dtype: str = "auto"
     """config.cache.kv_cache_dtype ("fp8" as "fp8_e4m3"): "auto" stores K/V in dtype, "int8" / "fp8_e4m3" quantized
     with per-token-per-head scales (the "quantized" layout, or "packed_quantized" on pallas_tpu)."""
