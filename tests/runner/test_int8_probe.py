@@ -135,3 +135,12 @@ def test_the_real_probe_times_a_tiny_shape_set_and_picks_a_candidate(monkeypatch
     assert probe.choice in shapes.candidates
     assert set(probe.seconds) == {FLOAT, *shapes.candidates}
     assert all(len(times) == 1 and times[0] > 0 for times in probe.seconds.values())
+
+
+def test_several_processes_keep_the_flags_guess_and_time_nothing(fake_timer, monkeypatch):
+    """Every process must build the same step, and timings on different hosts could disagree."""
+    timed, _ = fake_timer
+    monkeypatch.setattr(int8_probe.jax, "process_count", lambda: 2)
+    monkeypatch.setattr(int8_probe, "cpu_has_int8_dot_units", lambda: True)
+    assert choose_int8_matmul("int8", "cpu", True, 1, True, _TINY) == "int16 digits"
+    assert timed == []
