@@ -19,6 +19,8 @@ import functools
 import logging
 import math
 import statistics
+import time
+from collections.abc import Callable
 from typing import Any, Optional
 
 import jax
@@ -37,7 +39,6 @@ from jaxpaged.models.int16_activations import W8A16Weight, cpu_has_int8_dot_unit
 from jaxpaged.models.layers import matmuls
 from jaxpaged.runner.buckets import token_ladder
 from jaxpaged.runner.probe_cache import keep_verdict, packed_kernel_digest, read_verdict, verdict_file
-from jaxpaged.timing import call_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -160,8 +161,9 @@ def probe_int8_matmul(shapes: ProbeShapes) -> Int8Probe:
     probe = _read_probe(read_verdict(path), shapes)
     source = f"kept in {path}"
     if probe is None:
-        seconds = {name: tuple(_time_path(name, shapes, rows) for rows in shapes.rows)
-                   for name in (FLOAT, *shapes.candidates)}
+        paths = (FLOAT, *shapes.candidates)
+        by_rows = [_time_paths(paths, shapes, rows) for rows in shapes.rows]
+        seconds = {path: tuple(times[index] for times in by_rows) for index, path in enumerate(paths)}
         probe = Int8Probe(shapes.rows, seconds)
         keep_verdict(path, {"rows": list(probe.rows), "seconds": {k: list(v) for k, v in seconds.items()}})
         source = "measured now"
@@ -197,8 +199,8 @@ def _weight(path: str, values: np.ndarray, shapes: ProbeShapes) -> Any:
     return Int8Weight(jnp.asarray(pack_panels(values) if packs else values), scale)
 
 
-def _time_path(path: str, shapes: ProbeShapes, rows: int) -> float:
-    """Median seconds of PROBE_LAYERS layers' projections in `path`'s form at `rows` rows (one compile)."""
+def _compiled(path: str, shapes: ProbeShapes, rows: int) -> Callable[[], object]:
+    """PROBE_LAYERS layers' projections in `path`'s form at `rows` rows, compiled: a call that returns once done."""
     random = np.random.default_rng(0)
     sizes = {name: (inner, outer) for name, inner, outer in shapes.projections}
     groups = [[name for name in group if name in sizes] for group in PROJECTION_GROUPS]
@@ -215,4 +217,21 @@ def _time_path(path: str, shapes: ProbeShapes, rows: int) -> float:
                 for x, weights in zip(layer_inputs, layer)]
 
     run = jax.jit(projections).lower(inputs, layers).compile()
-    return statistics.median(call_seconds(lambda: jax.block_until_ready(run(inputs, layers)), REPEATS))
+    return lambda: jax.block_until_ready(run(inputs, layers))
+
+
+def _time_paths(paths: tuple[str, ...], shapes: ProbeShapes, rows: int) -> list[float]:
+    """Median seconds of each path at `rows` rows, after one untimed call each (as timing.call_seconds). The paths
+    take turns, repeat by repeat, so a change in the machine's load meets all of them alike."""
+    runs = [_compiled(path, shapes, rows) for path in paths]
+    for run in runs:
+        run()
+    rounds = []
+    for _ in range(REPEATS):
+        turn = []
+        for run in runs:
+            start = time.perf_counter()
+            run()
+            turn.append(time.perf_counter() - start)
+        rounds.append(turn)
+    return [statistics.median(times) for times in zip(*rounds)]

@@ -45,11 +45,11 @@ def fake_timer(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     timed, table = [], {FLOAT: 2.0, "int16 digits": 3.0, "panels": 1.0, "xla": 2.5}
 
-    def time_path(path, shapes, rows):
-        timed.append((path, rows))
-        return table[path] * rows
+    def time_paths(paths, shapes, rows):
+        timed.extend((path, rows) for path in paths)
+        return [table[path] * rows for path in paths]
 
-    monkeypatch.setattr(int8_probe, "_time_path", time_path)
+    monkeypatch.setattr(int8_probe, "_time_paths", time_paths)
     probe_int8_matmul.cache_clear()
     yield timed, table
     probe_int8_matmul.cache_clear()
