@@ -163,7 +163,7 @@ def probe_int8_matmul(shapes: ProbeShapes) -> Int8Probe:
     if probe is None:
         paths = (FLOAT, *shapes.candidates)
         by_rows = [_time_paths(paths, shapes, rows) for rows in shapes.rows]
-        seconds = {path: tuple(times[index] for times in by_rows) for index, path in enumerate(paths)}
+        seconds = {name: tuple(times[index] for times in by_rows) for index, name in enumerate(paths)}
         probe = Int8Probe(shapes.rows, seconds)
         keep_verdict(path, {"rows": list(probe.rows), "seconds": {k: list(v) for k, v in seconds.items()}})
         source = "measured now"
