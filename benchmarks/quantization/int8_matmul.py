@@ -5,9 +5,10 @@ Run: python -m benchmarks.quantization.int8_matmul [--repeats 5] [--rounds 3]
 benchmarks/cpu_matmul.py's program (SmolLM2-135M: 30 layers of q, k, v, o, gate, up and down, then the tied
 49,152-row vocabulary projection, which stays float32 as in the engine) with the layers' weights as float32 panels
 (the default CPU path), int8 panels with column scales (the native int8 matmul), unpacked int8 through XLA's dot
-with the scales on its output, int8 with its inputs as int16 digits (XLA's int8 dot: the CPU's weight-only int8 where
-it has VNNI / AMX, models/int16_activations.py), and w8a8 (rows quantized per token, XLA's int8 x int8 dot into
-int32); at 64 rows (a decode step) and 512 (a prefill step), alternated round by round, medians of every repeat.
+with the scales on its output, int8 with its inputs as int16 digits (XLA's int8 dot,
+models/int16_activations.py; which weight-only int8 path the engine runs is timed at start-up,
+runner/int8_probe.py), and w8a8 (rows quantized per token, XLA's int8 x int8 dot into int32); at
+64 rows (a decode step) and 512 (a prefill step), alternated round by round, medians of every repeat.
 Prints ms per call and the ratios to float32, and names the CPU.
 """
 

@@ -9,8 +9,6 @@ steps also read half the KV bytes in bfloat16, so the probe's verdict is a lower
 
 import dataclasses
 import functools
-import hashlib
-import json
 import logging
 import pathlib
 import statistics
@@ -20,13 +18,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpaged.atomic_file import write_atomically
 from jaxpaged.kernels.cpu_native import packed_matmul
-from jaxpaged.kernels.cpu_native.native_build import cpu_identity
 from jaxpaged.models.layers import matmul
 from jaxpaged.models.packed_weights import packs_weights_on
+from jaxpaged.runner.probe_cache import keep_verdict, packed_kernel_digest, read_verdict, verdict_file
 from jaxpaged.timing import call_seconds
-from jaxpaged.weights.loader import cache_root
 
 logger = logging.getLogger(__name__)
 
@@ -82,34 +78,20 @@ def _time_loop(dtype, rows: int, native_matmul: bool, repeats: int = 5) -> float
 def verdict_path(native_matmul: bool = True) -> pathlib.Path:
     """Where this machine keeps its verdict: keyed by the CPU (model and every flag), JAX, the probe's shapes and each
     dtype's matmul path (the packed kernel's source, when it is built: this builds it)."""
-    digest = hashlib.sha256()
     shapes = (PROBE_ROWS, PROBE_LAYERS, PROBE_HIDDEN, PROBE_INTERMEDIATE)
-    # A new packed kernel (its source) may change either dtype's time, so it asks for a new verdict.
-    source = hashlib.sha256(packed_matmul.SOURCE.read_bytes()).hexdigest()
+    source = packed_kernel_digest()
     paths = [source if _packs(dtype, native_matmul) else "xla" for dtype in (jnp.float32, jnp.bfloat16)]
-    for part in (cpu_identity(), jax.__version__, repr(shapes), *paths):
-        digest.update(part.encode())
-    return cache_root() / "dtype_probe" / f"{digest.hexdigest()[:16]}.json"
+    return verdict_file("dtype_probe", repr(shapes), *paths)
 
 
 def _read_verdict(path: pathlib.Path) -> Optional[DtypeProbe]:
     """The kept verdict, or None when there is none or it does not read as two positive times."""
+    kept = read_verdict(path)
     try:
-        kept = json.loads(path.read_text())
         probe = DtypeProbe(float(kept["float32_seconds"]), float(kept["bfloat16_seconds"]))
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):
         return None
     return probe if probe.float32_seconds > 0 and probe.bfloat16_seconds > 0 else None
-
-
-def _keep_verdict(path: pathlib.Path, probe: DtypeProbe) -> None:
-    """Kept whole (atomic_file), so a process starting at the same time reads all of it or nothing; a cache that
-    cannot be written only costs the next start the probe."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(path, (json.dumps(dataclasses.asdict(probe)).encode(),))
-    except OSError as error:
-        logger.debug("dtype probe verdict not kept at %s: %s", path, error)
 
 
 @functools.cache
@@ -123,7 +105,7 @@ def probe_cpu_dtype(native_matmul: bool = True) -> DtypeProbe:
     if probe is None:
         probe = DtypeProbe(sum(_time_loop(jnp.float32, rows, native_matmul) for rows in PROBE_ROWS),
                            sum(_time_loop(jnp.bfloat16, rows, native_matmul) for rows in PROBE_ROWS))
-        _keep_verdict(path, probe)
+        keep_verdict(path, dataclasses.asdict(probe))
         source = "measured now"
     logger.info("dtype auto on this CPU: %s (weight matmuls at %s rows took %.1f ms in bfloat16, %.1f ms in "
                 "float32; %s)", probe.choice.name, " and ".join(map(str, PROBE_ROWS)), probe.bfloat16_seconds * 1e3,

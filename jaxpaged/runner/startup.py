@@ -17,15 +17,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpaged.config import EngineConfig
-from jaxpaged.kernels.cpu_native.packed_matmul import packed_int8_available
 from jaxpaged.kernels.cpu_native.paged_decode import native_decode_available
 from jaxpaged.kernels.ragged_paged_attention import resolve_attention_backend
 from jaxpaged.kernels.ragged_paged_attention.dispatch import check_kv_cache_dtype
-from jaxpaged.models.int16_activations import cpu_has_int8_dot_units
 from jaxpaged.models.llama import unroll_layers_on
 from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.models.packed_weights import packs_weights_on
 from jaxpaged.runner.dtype_probe import probe_cpu_dtype
+from jaxpaged.runner.int8_probe import choose_int8_matmul, probe_shapes
 from jaxpaged.runner.kv_cache import bytes_per_block, choose_kv_layout, kv_storage_dtype, num_kv_blocks_for
 from jaxpaged.runner.memory_plan import (
     MemoryPlan,
@@ -81,9 +80,9 @@ class StartupPlan:
     quantize their inputs per token (models/int8_activations.py)."""
     int8_matmul: Optional[str] = None
     """How the int8 projections multiply (None without them): "panels" (packed into panels for the native CPU int8
-    matmul, widened to float32), "int16 digits" (a CPU with int8 dot units: inputs kept to 16 bits as two int8 digits,
+    matmul, widened to float32), "int16 digits" (inputs kept to 16 bits as two int8 digits,
     models/int16_activations.py), "w8a8" (inputs quantized to int8 per token) or "xla" (XLA's dot with the int8
-    convert fused into its operand, scales on the output: TPU, GPU)."""
+    convert fused into its operand, scales on the output: TPU, GPU; on a CPU whichever int8_probe.py times fastest)."""
     kv_cache_dtype: str = "auto"
     """config.cache.kv_cache_dtype ("fp8" as "fp8_e4m3"): "auto" stores K/V in dtype, "int8" / "fp8_e4m3" quantized
     with per-token-per-head scales (the "quantized" layout, or "packed_quantized" on pallas_tpu)."""
@@ -152,7 +151,8 @@ def plan_startup(model: ModelConfig, params: dict[str, np.ndarray], config: Engi
     memory.check()
     quantized = any(value.dtype == np.int8 for value in params.values())
     scheme = (quantization or "int8") if quantized else None
-    int8_matmul = choose_int8_matmul(scheme, platform, per_layer, tp, config.cpu_matmul == "native")
+    int8_matmul = choose_int8_matmul(scheme, platform, per_layer, tp, config.cpu_matmul == "native",
+                                     probe_shapes(params, config, dtype, packed))
     return StartupPlan(platform, tuple(int(d.id) for d in mesh.devices.flat), tp, dtype, backend, per_layer, packed,
                        native_decode, kv_layout, memory, scheme, int8_matmul, kv_cache_dtype)
 
@@ -181,22 +181,6 @@ _INT8_MATMUL_DESCRIPTIONS = {
     "w8a8": "XLA int8 x int8 dot, int32 sums",
     "xla": "XLA dot, scales on the output",
 }
-
-
-def choose_int8_matmul(scheme: Optional[str], platform: str, per_layer: bool, tp: int,
-                       native_cpu_matmul: bool) -> Optional[str]:
-    """The int8 projections' matmul (StartupPlan.int8_matmul) for a scheme on a rank: w8a8 is its own; weight-only
-    int8 on a CPU with int8 dot units (VNNI, AMX) runs its inputs as int16 digits there (2.4-3x float32's matmuls;
-    docs/features.md#int8-weights), elsewhere on a CPU the native int8 panels (no bfloat16 or int8 units needed:
-    one device, layers unrolled); XLA's fused-convert dot otherwise. `native_cpu_matmul` False (cpu_matmul "xla")
-    keeps XLA's plain dot."""
-    if scheme is None or scheme == "w8a8":
-        return scheme
-    if platform != "cpu" or not native_cpu_matmul:
-        return "xla"
-    if cpu_has_int8_dot_units():
-        return "int16 digits"
-    return "panels" if per_layer and tp == 1 and packed_int8_available() else "xla"
 
 
 def log_plan(plan: StartupPlan, rank: Optional[int] = None) -> None:

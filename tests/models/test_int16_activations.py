@@ -1,6 +1,7 @@
 """The int16-digit matmul (models/int16_activations.py): the digits stand for each row's 16-bit value exactly, the
 product is within the bound that 16-bit rounding allows of the exact float64 product with the int8 weights, the int32
-sums cannot overflow, and the plan picks it only where the CPU has int8 dot units."""
+sums cannot overflow, and without a probe (several processes) the plan guesses it only where the CPU has int8 dot
+units."""
 
 import jax.numpy as jnp
 import numpy as np
@@ -8,7 +9,7 @@ import pytest
 
 from jaxpaged.models.int8_weights import quantize_int8
 from jaxpaged.models.int16_activations import V_MAX, W8A16Weight, split_rows, w8a16_product
-from jaxpaged.runner import startup
+from jaxpaged.runner import int8_probe
 
 
 def test_digits_of_a_hand_worked_row():
@@ -73,7 +74,8 @@ def test_the_largest_digits_over_a_long_inner_axis_sum_exactly():
     ("int8", "tpu", True, False, 8, True, "xla"),
     ("int8", "gpu", False, False, 1, True, "xla"),
 ])
-def test_the_plan_picks_the_int8_matmul_by_platform_and_cpu(scheme, platform, units, per_layer, tp, native,
-                                                             expected, monkeypatch):
-    monkeypatch.setattr(startup, "cpu_has_int8_dot_units", lambda: units)
-    assert startup.choose_int8_matmul(scheme, platform, per_layer, tp, native) == expected
+def test_without_a_probe_the_plan_guesses_the_int8_matmul_by_platform_and_cpu(scheme, platform, units, per_layer, tp,
+                                                                               native, expected, monkeypatch):
+    """With no shapes to time (int8_probe.choose_int8_matmul), the CPU's flags and the arrangement pick."""
+    monkeypatch.setattr(int8_probe, "cpu_has_int8_dot_units", lambda: units)
+    assert int8_probe.choose_int8_matmul(scheme, platform, per_layer, tp, native) == expected

@@ -9,9 +9,17 @@ import pytest
 import jaxpaged.runner.startup as startup_module
 from jaxpaged.config import EngineConfig
 from jaxpaged.core.scheduler_output import SchedulerOutput
+from jaxpaged.runner import int8_probe
 from jaxpaged.runner.model_runner import ModelRunner
 from tests.runner.test_layer_arrangements import gemma3_dir  # noqa: F401  (a fixture)
 from tests.runner.test_step_preparation import _scheduled
+
+
+def _verdict_for(fastest: str, shapes: int8_probe.ProbeShapes) -> int8_probe.Int8Probe:
+    """A probe table in which `fastest` (if a candidate, else XLA's dot) beats the float matmul and the others."""
+    fastest = fastest if fastest in shapes.candidates else "xla"
+    seconds = {path: (1.0 if path == fastest else 3.0,) for path in shapes.candidates}
+    return int8_probe.Int8Probe((16,), {int8_probe.FLOAT: (2.0,), **seconds})
 
 
 def _int8_runner(model_dir, arrangement: str, monkeypatch) -> ModelRunner:
@@ -24,7 +32,9 @@ def _int8_runner(model_dir, arrangement: str, monkeypatch) -> ModelRunner:
                                        cpu_matmul="xla" if arrangement == "unpacked" else "native")
     with monkeypatch.context() as patches:
         patches.setattr(startup_module, "unroll_layers_on", lambda platform: arrangement != "stacked")
-        patches.setattr(startup_module, "cpu_has_int8_dot_units", lambda: arrangement == "digits")
+        # The start-up probe's verdict, forced: digits, or the panels (the fastest where they run, else XLA's dot).
+        forced = "int16 digits" if arrangement == "digits" else "panels"
+        patches.setattr(int8_probe, "probe_int8_matmul", lambda shapes: _verdict_for(forced, shapes))
         return ModelRunner(load_model(str(model_dir)), config)
 
 
