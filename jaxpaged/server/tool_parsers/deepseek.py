@@ -50,17 +50,17 @@ class DeepSeekScanner(CallScanner):
         super().__init__(parser)
         self._begins: list[int] = []  # each call's begin token, in the section
         self._ends: list[int] = []  # each call's end token, in the section
-        self._begin_search, self._end_search = MarkerSearch(CALL_BEGIN), MarkerSearch(CALL_END)
+        self._call_search = MarkerSearch(CALL_BEGIN, CALL_END)  # one pass finds both
+        self._next_token = -1  # where the next token is looked for (past those found)
         self._next_end = 0  # the first of _ends not in front of the next part to read
         self._malformed = False
 
     @property
     def num_scanned(self) -> int:
-        return super().num_scanned + self._begin_search.num_scanned + self._end_search.num_scanned
+        return super().num_scanned + self._call_search.num_scanned
 
     def _stream_calls(self, text: str, start: int) -> list[Call]:
-        self._find_all(text, start, self._begin_search, self._begins, len(CALL_BEGIN))
-        self._find_all(text, start, self._end_search, self._ends, len(CALL_END))
+        self._find_tokens(text, start)
         last_end = self._ends[-1] if self._ends else -1
         while not self._malformed and len(self.calls) < len(self._begins) \
                 and self._begins[len(self.calls)] < last_end:
@@ -73,11 +73,14 @@ class DeepSeekScanner(CallScanner):
             self._read_part(text, len(self.calls))
         return [] if self._malformed else self.calls
 
-    def _find_all(self, text: str, start: int, search: MarkerSearch, found: list[int], length: int) -> None:
-        position = found[-1] + length if found else start
-        while (position := search.find(text, position)) >= 0:
-            found.append(position)
-            position += length
+    def _find_tokens(self, text: str, start: int) -> None:
+        """Every call's begin and end token written since the last step."""
+        search = self._call_search
+        if self._next_token < 0:
+            self._next_token = start
+        while (position := search.find(text, self._next_token)) >= 0:
+            (self._begins if search.found == CALL_BEGIN else self._ends).append(position)
+            self._next_token = position + len(search.found)
 
     def _read_part(self, text: str, index: int) -> None:
         """Reads part `index`: from its begin token to the first end token in it, or to where it ends."""

@@ -10,6 +10,7 @@ whole stream costs time linear in its text. The finished text is parsed the same
 check that the work is linear without timing it.
 """
 
+import os
 import re
 from typing import TYPE_CHECKING, Optional
 
@@ -20,33 +21,46 @@ _NON_SPACE = re.compile(r"\S")  # \s is str.isspace's whitespace, as str.strip()
 
 
 class MarkerSearch:
-    """Incremental str.find of one marker in a growing text: remembers where a match could still begin."""
+    """Incremental str.find of markers that share a prefix, in a growing text: one pass finds any of them, and
+    the search remembers where a match could still begin."""
 
-    def __init__(self, marker: str) -> None:
-        self.marker = marker
+    def __init__(self, *markers: str) -> None:
+        self.markers = markers
+        self._prefix = os.path.commonprefix(list(markers))
+        assert self._prefix, "markers searched together share a prefix"
         self.resume = 0
         """No match starts in front of this (beyond the `start` a caller asks for); after a failed search, where
         a marker cut off at the end of the text begins (the text's length when none is)."""
+        self.found = ""
+        """The marker the last successful find() found."""
         self.num_scanned = 0
 
     def find(self, text: str, start: int) -> int:
-        """The first match at or after `start`, or -1; a failed search leaves `resume` at a cut-off match."""
-        begin = max(start, self.resume)
-        found = text.find(self.marker, begin)
-        if found >= 0:
-            self.resume = found
-            self.num_scanned += found + len(self.marker) - begin
-            return found
+        """The first match of any marker at or after `start`, or -1 (then `resume` is at a cut-off match)."""
+        begin = position = max(start, self.resume)
+        while (position := text.find(self._prefix, position)) >= 0:
+            for marker in self.markers:
+                if text.startswith(marker, position):
+                    self.num_scanned += position + len(marker) - begin
+                    self.resume, self.found = position, marker
+                    return position
+            if any(len(text) - position < len(marker) and marker.startswith(text[position:])
+                   for marker in self.markers):
+                self.num_scanned += len(text) - begin
+                self.resume = position  # a marker cut off at the end
+                return -1
+            position += 1
         self.num_scanned += len(text) - begin
         self.resume = self._partial_start(text, begin)
         return -1
 
     def _partial_start(self, text: str, begin: int) -> int:
-        """The first position from `begin` where the rest of the text is a proper prefix of the marker."""
-        position = max(begin, len(text) - len(self.marker) + 1)
+        """The first position from `begin` where the rest of the text is a proper prefix of the shared prefix."""
+        prefix = self._prefix
+        position = max(begin, len(text) - len(prefix) + 1)
         self.num_scanned += len(text) - position
-        while (position := text.find(self.marker[0], position)) >= 0:
-            if self.marker.startswith(text[position:]):
+        while (position := text.find(prefix[0], position)) >= 0:
+            if prefix.startswith(text[position:]):
                 return position
             position += 1
         return len(text)
