@@ -8,10 +8,9 @@ output per request, as the single-prompt stream does.
 """
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterable, Sequence
 from typing import Optional
 
-from jaxpaged.async_engine import RequestStream
 from jaxpaged.outputs import RequestOutput
 
 
@@ -60,8 +59,10 @@ class LatestOutputs:
             await self._ready.wait()
 
 
-async def merged_outputs(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
-    """(request index, newest output) from every stream, at most one pending per stream."""
+async def merged_outputs(streams: Sequence[AsyncIterable[RequestOutput]]
+                         ) -> AsyncGenerator[tuple[int, RequestOutput], None]:
+    """(request index, newest output) from every stream (the RequestStreams of one HTTP request), at most one
+    pending per stream."""
     latest = LatestOutputs(len(streams))
     pumps = [asyncio.ensure_future(_pump(index, stream, latest)) for index, stream in enumerate(streams)]
     try:
@@ -72,7 +73,7 @@ async def merged_outputs(streams: list[RequestStream]) -> AsyncIterator[tuple[in
             pump.cancel()
 
 
-async def _pump(index: int, stream: RequestStream, latest: LatestOutputs) -> None:
+async def _pump(index: int, stream: AsyncIterable[RequestOutput], latest: LatestOutputs) -> None:
     try:
         async for output in stream:
             latest.put(index, output)
