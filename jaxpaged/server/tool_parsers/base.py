@@ -15,10 +15,7 @@ import uuid
 from typing import Any, ClassVar, Optional
 
 from jaxpaged.server.tool_parsers.json_depth import nested_too_deep
-from jaxpaged.server.tool_parsers.scanner import CallScanner
-
-Call = tuple[str, str]
-"""(function name, arguments as JSON text)."""
+from jaxpaged.server.tool_parsers.scanner import Call, CallScanner
 
 
 class ToolParser:

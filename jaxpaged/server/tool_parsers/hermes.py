@@ -51,6 +51,7 @@ class HermesScanner(CallScanner):
         self._stream_calls(text, start)
         if self._open >= 0:  # a block cut off before its end tag still counts when its JSON is whole
             self._read_block(text, self._open + len(START), len(text))
+            self._next, self._open = len(text), -1
         return self.calls
 
     def _read_block(self, text: str, body_start: int, body_end: int) -> None:

@@ -15,7 +15,10 @@ import re
 from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:
-    from jaxpaged.server.tool_parsers.base import Call, ToolParser
+    from jaxpaged.server.tool_parsers.base import ToolParser
+
+Call = tuple[str, str]
+"""(function name, arguments as JSON text)."""
 
 _NON_SPACE = re.compile(r"\S")  # \s is str.isspace's whitespace, as str.strip() uses
 
@@ -90,7 +93,7 @@ class CallScanner:
         """Characters of the text looked at so far (each search's span, each JSON decoder's input)."""
         return self._num_scanned_here + sum(search.num_scanned for search in self._markers)
 
-    def advance(self, text: str, base: int = 0, finished: bool = False) -> tuple[int, list["Call"]]:
+    def advance(self, text: str, base: int = 0, finished: bool = False) -> tuple[int, list[Call]]:
         """For the parser's text text[base:] so far (`base` stays the same for a stream; the text only grows):
         (where the sure content ends, as an index into `text`; the calls known so far). Finished: the final calls,
         and the content runs to the section when there are calls, else to the end (all of it is content)."""
@@ -133,11 +136,11 @@ class CallScanner:
             return start
         return min((search.resume for search in self._markers), default=len(text))  # a cut-off marker waits
 
-    def _stream_calls(self, text: str, start: int) -> list["Call"]:
+    def _stream_calls(self, text: str, start: int) -> list[Call]:
         """The calls complete in a text that may still grow (by default none: the section parses only whole)."""
         return self.calls
 
-    def _final_calls(self, text: str, start: int) -> list["Call"]:
+    def _final_calls(self, text: str, start: int) -> list[Call]:
         """The calls of the finished text, whose section starts at `start`."""
         self._num_scanned_here += len(text) - start
         self.calls = self.parser.parse_section(text[start:]) or []
