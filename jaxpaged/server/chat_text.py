@@ -2,13 +2,16 @@
 
 The model's text passes through two optional parsers, in order: the reasoning parser splits off `<think>` text
 (reasoning_content), then the tool parser of tool_choice "auto" splits calls from the rest (content). While
-streaming, each part goes out as soon as it is sure; the deltas add up to the whole response.
+streaming, each part goes out as soon as it is sure; the deltas add up to the whole response. A stream keeps each
+parser's place in the text (a ReasoningStream, a CallScanner), so a step costs what its new text costs, not what the
+whole text does.
 """
 
 from typing import Optional
 
-from jaxpaged.server.reasoning_parsers import ReasoningParser
+from jaxpaged.server.reasoning_parsers import ReasoningParser, ReasoningStream
 from jaxpaged.server.tool_calls import ToolCalling
+from jaxpaged.server.tool_parsers.scanner import CallScanner
 
 
 class ChoiceText:
@@ -22,6 +25,10 @@ class ChoiceText:
         self._content_sent = 0
         self.num_calls_sent = 0
         """Tool calls already streamed (each in one delta, as soon as the parser knows it complete)."""
+        self.reasoning_stream = None if reasoning is None else ReasoningStream(starts_in_reasoning)
+        """Where a stream's reasoning and content are (None without a reasoning parser: all content)."""
+        self.scanner: Optional[CallScanner] = None
+        """The tool parser's place in a stream's content (None without one, or before the content starts)."""
 
     def _split(self, text: str, finished: bool) -> tuple[Optional[str], str]:
         if self.reasoning is None:
@@ -44,22 +51,29 @@ class ChoiceText:
         return message
 
     def delta(self, text: str, finished: bool) -> dict:
-        """The stream delta since the last call: new reasoning, new sure content, and (at the end) the calls."""
-        reasoning, content = self._split(text, finished)
+        """The stream delta since the last call: new reasoning, new sure content, and the calls complete so far
+        (`text`: the choice's whole text so far, which only grows; looked at from where the last call stopped)."""
         delta: dict = {}
-        if reasoning is not None and len(reasoning) > self._reasoning_sent:
-            delta["reasoning_content"] = reasoning[self._reasoning_sent:]
-            self._reasoning_sent = len(reasoning)
+        content_start: Optional[int] = 0
+        if self.reasoning_stream is not None:
+            stream = self.reasoning_stream
+            stream.advance(text, finished)
+            if stream.reasoning_start is not None and stream.reasoning_end - stream.reasoning_start > \
+                    self._reasoning_sent:
+                delta["reasoning_content"] = text[stream.reasoning_start + self._reasoning_sent:stream.reasoning_end]
+                self._reasoning_sent = stream.reasoning_end - stream.reasoning_start
+            content_start = stream.content_start
+        if content_start is None:
+            return delta  # no content yet
         calls: list[tuple[str, str]] = []
-        if self.calling is None or self.calling.parser is None:
-            end = len(content)
-        else:
-            parser = self.calling.parser
-            calls = parser.calls(content) if finished else parser.stream_calls(content)
-            end = len(content) if finished and not calls else parser.stream_content(content)
-        if end > self._content_sent:
-            delta["content"] = content[self._content_sent:end]
-            self._content_sent = end
+        end = len(text)
+        if self.calling is not None and self.calling.parser is not None:
+            if self.scanner is None:
+                self.scanner = self.calling.parser.scanner()
+            end, calls = self.scanner.advance(text, content_start, finished)
+        if end - content_start > self._content_sent:
+            delta["content"] = text[content_start + self._content_sent:end]
+            self._content_sent = end - content_start
         if len(calls) > self.num_calls_sent:
             assert self.calling is not None
             delta["tool_calls"] = [{"index": index, **self.calling.call(*calls[index])}

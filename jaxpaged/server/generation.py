@@ -5,7 +5,7 @@ would wait) and the adds happen with no await between them, so the check holds o
 Latency histograms are observed here, on the outputs as the HTTP side sees them.
 """
 
-import asyncio
+import contextlib
 import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
@@ -20,6 +20,7 @@ from jaxpaged.outputs import RequestFailedError, RequestOutput
 from jaxpaged.sampling.params import SamplingParams
 from jaxpaged.server.context import ServerContext
 from jaxpaged.server.errors import APIError, error_body, from_value_error, sanitize_message
+from jaxpaged.server.merged_outputs import merged_outputs
 from jaxpaged.server.streaming import ClientDisconnected, EventStreamResponse, run_until_disconnect
 
 
@@ -119,21 +120,10 @@ class GenerationRun:
                 self._observe(0, output)
                 yield 0, output
             return
-        merged: asyncio.Queue = asyncio.Queue()
-        tasks = [asyncio.ensure_future(_pump(index, stream, merged)) for index, stream in enumerate(self._streams)]
-        try:
-            for _ in self._streams:  # until each pump said it is done
-                while True:
-                    index, item = await merged.get()
-                    if item is None:
-                        break
-                    if isinstance(item, BaseException):
-                        raise item
-                    self._observe(index, item)
-                    yield index, item
-        finally:
-            for task in tasks:
-                task.cancel()
+        async with contextlib.aclosing(merged_outputs(self._streams)) as merged:  # one pending output per prompt
+            async for index, output in merged:
+                self._observe(index, output)
+                yield index, output
 
     async def collect(self) -> list[RequestOutput]:
         """Runs every request to the end and returns the final outputs, prompt order."""
@@ -179,16 +169,6 @@ class GenerationRun:
             metrics.request_generation_tokens.observe(sum(len(sample.token_ids) for sample in output.outputs))
             for sample in output.outputs:
                 metrics.sequences_finished.labels(sample.finish_reason or "abort").inc()
-
-
-async def _pump(index: int, stream: RequestStream, merged: asyncio.Queue) -> None:
-    try:
-        async for output in stream:
-            merged.put_nowait((index, output))
-    except Exception as error:
-        merged.put_nowait((index, error))
-    finally:
-        merged.put_nowait((index, None))
 
 
 async def respond(request: Request, run: GenerationRun, stream: bool,

@@ -7,10 +7,14 @@ the message's `reasoning_content`, the rest to `content`, in whole responses and
     off before `</think>` is all reasoning.
 
 The split of a text is prefix-stable: what a stream sent as reasoning or content stays so when the text grows, so
-the deltas add up to the whole response. Markers are found with str.find: linear in the text.
+the deltas add up to the whole response. A stream keeps a ReasoningStream, which remembers where the reasoning and
+the content start and looks only at the new text at each step (markers found with str.find: linear in the text).
 """
 
+import re
 from typing import Any, Optional
+
+from jaxpaged.server.marker_search import MarkerSearch
 
 START, END = "<think>", "</think>"
 REASONING_PARSERS = ("qwen3", "deepseek_r1")
@@ -19,12 +23,59 @@ _VLLM_ONLY = ("deepseek_v3", "ernie45", "glm45", "gpt_oss", "granite", "hunyuan_
               "seed_oss", "olmo3", "minimax_m2")
 
 
-def _held_back(text: str, marker: str) -> int:
-    """How many trailing characters of `text` might begin `marker`."""
-    for keep in range(min(len(marker) - 1, len(text)), 0, -1):
-        if marker.startswith(text[-keep:]):
-            return keep
-    return 0
+_NON_SPACE = re.compile(r"\S")  # \s is str.isspace's whitespace, as str.lstrip() uses
+
+
+class ReasoningStream:
+    """Where one growing output's reasoning and content are, as absolute indices into its text.
+
+    While the output opens with whitespace and a prefix of `<think>` nothing is decided; then the reasoning runs
+    from after `<think>` (or from the start, when the output starts inside the reasoning) to `</think>`, and the
+    content from after it. An output that neither opens a block nor starts in one is all content.
+    """
+
+    def __init__(self, starts_in_reasoning: bool) -> None:
+        self.starts_in_reasoning = starts_in_reasoning
+        self.reasoning_start: Optional[int] = None
+        """Where the reasoning starts (None: the output has none, or it is not decided yet)."""
+        self.reasoning_end = 0
+        """Where the sure reasoning ends so far (a possible `</think>` cut off at the end is held back)."""
+        self.content_start: Optional[int] = None
+        """Where the content starts (None: not yet, the output is undecided or still reasoning)."""
+        self._lead = -1  # the output's first non-space character, once found
+        self._lead_resume = 0
+        self._end_search = MarkerSearch(END)
+
+    @property
+    def num_scanned(self) -> int:
+        """Characters of the text looked at so far."""
+        return self._lead_resume + self._end_search.num_scanned
+
+    def advance(self, text: str, finished: bool) -> None:
+        """Reads the output so far (`text` only grows between calls); `finished`: it is the whole output."""
+        if self.reasoning_start is None and self.content_start is None:
+            self._decide(text, finished)
+        if self.reasoning_start is None or self.content_start is not None:
+            return
+        end = self._end_search.find(text, self.reasoning_start)
+        if end >= 0:
+            self.reasoning_end, self.content_start = end, end + len(END)
+        else:
+            self.reasoning_end = len(text) if finished else self._end_search.resume
+
+    def _decide(self, text: str, finished: bool) -> None:
+        """Whether the output opens a `<think>` block, starts inside one, or has no reasoning."""
+        if self._lead < 0:
+            lead = _NON_SPACE.search(text, self._lead_resume)
+            self._lead, self._lead_resume = (lead.start(), lead.start() + 1) if lead else (-1, len(text))
+        if self._lead >= 0 and text.startswith(START, self._lead):
+            self.reasoning_start = self._lead + len(START)
+        elif not finished and (self._lead < 0 or START.startswith(text[self._lead:self._lead + len(START)])):
+            return  # "<thi": the block may still open
+        elif self.starts_in_reasoning:
+            self.reasoning_start = 0
+        else:
+            self.content_start = 0
 
 
 class ReasoningParser:
@@ -44,21 +95,10 @@ class ReasoningParser:
     def split(self, text: str, starts_in_reasoning: bool, finished: bool = True) -> tuple[Optional[str], str]:
         """(reasoning, content) of an output; unfinished, only what is sure so far (a possible marker held back).
         Reasoning is None when the output has none."""
-        stripped = text.lstrip()
-        if stripped.startswith(START):
-            body = stripped[len(START):]
-        elif not finished and START.startswith(stripped):
-            return None, ""  # "<thi": the block may still open
-        elif starts_in_reasoning:
-            body = text
-        else:
-            return None, text
-        end = body.find(END)
-        if end >= 0:
-            return body[:end], body[end + len(END):]
-        if finished:
-            return body, ""
-        return body[:len(body) - _held_back(body, END)], ""
+        stream = ReasoningStream(starts_in_reasoning)
+        stream.advance(text, finished)
+        reasoning = None if stream.reasoning_start is None else text[stream.reasoning_start:stream.reasoning_end]
+        return reasoning, "" if stream.content_start is None else text[stream.content_start:]
 
 
 def make_reasoning_parser(name: Optional[str]) -> Optional[ReasoningParser]:

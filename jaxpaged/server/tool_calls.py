@@ -20,6 +20,7 @@ from jaxpaged.sampling.params import StructuredOutputsParams
 from jaxpaged.server.errors import APIError
 from jaxpaged.server.protocol import ChatCompletionRequest, NamedToolChoice
 from jaxpaged.server.tool_parsers import TOOL_CALL_PARSERS, ToolParser
+from jaxpaged.server.tool_parsers.json_depth import load_json
 
 AUTO_TOOLS_ORIGIN = "tools"
 """The field a tool_choice "auto" grammar's errors name (a tool's parameters that no grammar can hold)."""
@@ -91,8 +92,8 @@ class ToolCalling:
         if self.parser is not None:
             return [self.call(name, arguments) for name, arguments in self.parser.calls(text)]
         try:
-            items = json.loads(text)
-        except ValueError:  # cut off by max_tokens before the grammar closed the array
+            items = load_json(text)
+        except ValueError:  # cut off by max_tokens before the grammar closed the array (or nested too deep)
             return []
         return [self.call(item["name"], json.dumps(item["parameters"], ensure_ascii=False)) for item in items]
 

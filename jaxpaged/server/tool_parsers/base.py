@@ -4,16 +4,18 @@ Every format here has the same shape: free text, then a call section that runs t
 says where the section starts (`section_start`) and parses it (`parse_section`); the rest is shared. Parsing is
 linear in the text: markers are found with str.find and JSON with raw_decode, never a regex over free text.
 
-A parser sees a sample's whole text so far: while streaming, `stream_content` says how much of it is surely content
-(it holds back anything that might start a call); the calls are parsed once the sample ends.
+A stream reads a sample's text through the parser's CallScanner (scanner.py), which keeps its place between steps:
+it says how much of the text is surely content (it holds back anything that might start a call) and which calls are
+complete, looking only at what is new. JSON is decoded with json_depth.py's guards: text nested too deep is
+malformed, never a RecursionError.
 """
 
 import json
 import uuid
 from typing import Any, ClassVar, Optional
 
-Call = tuple[str, str]
-"""(function name, arguments as JSON text)."""
+from jaxpaged.server.tool_parsers.json_depth import nested_too_deep
+from jaxpaged.server.tool_parsers.scanner import Call, CallScanner
 
 
 class ToolParser:
@@ -22,13 +24,25 @@ class ToolParser:
     name: ClassVar[str] = ""
     markers: ClassVar[tuple[str, ...]] = ()
     """Strings that open the call section; a partial one at the end of streamed text is held back."""
+    opener: ClassVar[Optional[str]] = None
+    """When set, an answer whose first non-space character is this is a call section too (without a marker)."""
     keeps_special_tokens: ClassVar[bool] = False
     """The markers are special tokens of the model's tokenizer: requests must keep them in the text."""
+    scanner_class: ClassVar[type[CallScanner]] = CallScanner
+    """How a stream reads this format (a subclass sends calls before the end)."""
+
+    def scanner(self) -> CallScanner:
+        """A new stream's scanner (one per streamed choice)."""
+        return self.scanner_class(self)
 
     def section_start(self, text: str) -> int:
-        """Where the call section starts (-1: none); by default at the first marker."""
+        """Where the call section starts (-1: none): at the first marker, or else, for a format with an opener,
+        where an answer whose first non-space character is the opener begins."""
         found = [index for index in (text.find(marker) for marker in self.markers) if index >= 0]
-        return min(found, default=-1)
+        if found or self.opener is None:
+            return min(found, default=-1)
+        stripped = text.lstrip()
+        return len(text) - len(stripped) if stripped.startswith(self.opener) else -1
 
     def parse_section(self, section: str) -> Optional[list[Call]]:
         """The calls of a section (from its start to the end of the text); None when it is not well formed."""
@@ -44,8 +58,9 @@ class ToolParser:
 
     def stream_calls(self, text: str) -> list[Call]:
         """The calls already complete in a text that may still grow, for a stream to send before the end: the
-        first of the final calls(). By default none: a format whose section parses only as a whole waits."""
-        return []
+        first of the final calls(). None yet for a format whose section parses only as a whole. (A stream keeps
+        a scanner() instead, which reads only what is new at each step.)"""
+        return self.scanner().advance(text)[1]
 
     def content(self, text: str) -> Optional[str]:
         """The text besides the calls (None when it is empty and there are calls)."""
@@ -55,16 +70,7 @@ class ToolParser:
 
     def stream_content(self, text: str) -> int:
         """How many characters of `text` are surely content: up to a call, or to a possible start of one."""
-        start = self.section_start(text)
-        if start >= 0:
-            return start
-        held = 0
-        for marker in self.markers:
-            for keep in range(min(len(marker) - 1, len(text)), 0, -1):
-                if marker.startswith(text[-keep:]):
-                    held = max(held, keep)
-                    break
-        return len(text) - held
+        return self.scanner().advance(text)[0]
 
     def auto_grammar(self, tools: list[dict]) -> Optional[str]:
         """For tool_choice "auto": a Lark grammar (llguidance's) whose outputs are text, or calls of the declared
@@ -98,7 +104,9 @@ def arguments_text(arguments: Any) -> str:
 
 def decode_json_objects(text: str, separators: str = "") -> Optional[list[Any]]:
     """The JSON values written one after another in `text` (whitespace and `separators` between them); None when
-    anything else is there. Linear: json's raw_decode reads each value once."""
+    anything else is there, or they nest too deep. Linear: json's raw_decode reads each value once."""
+    if nested_too_deep(text):
+        return None
     decoder, values, position = json.JSONDecoder(), [], 0
     while True:
         while position < len(text) and (text[position].isspace() or text[position] in separators):
@@ -107,7 +115,7 @@ def decode_json_objects(text: str, separators: str = "") -> Optional[list[Any]]:
             return values
         try:
             value, position = decoder.raw_decode(text, position)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: the last line, nested_too_deep cleared it
             return None
         values.append(value)
 
@@ -118,13 +126,3 @@ def named_call(item: Any, *argument_keys: str) -> Optional[Call]:
         return None
     arguments = next((item[key] for key in argument_keys if key in item), {})
     return item["name"], arguments_text(arguments)
-
-
-def tag_or_leading(text: str, tag: str, opener: str) -> int:
-    """Where a call section starts: at `tag`, or where an answer whose first non-space character is `opener`
-    begins; -1 when neither."""
-    position = text.find(tag)
-    if position >= 0:
-        return position
-    stripped = text.lstrip()
-    return len(text) - len(stripped) if stripped.startswith(opener) else -1

@@ -8,14 +8,96 @@
 Both layouts are read by either name.
 """
 
-import json
 from typing import Optional
 
+from jaxpaged.server.marker_search import MarkerSearch
 from jaxpaged.server.tool_parsers.base import Call, ToolParser, arguments_text
+from jaxpaged.server.tool_parsers.json_depth import load_json
+from jaxpaged.server.tool_parsers.scanner import CallScanner
 
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
 _FENCE = "```"
+
+
+def parse_call(body: str) -> Optional[Call]:
+    """The call of one part (the text after a call's begin token, up to its end token); None when malformed."""
+    head, sep, tail = body.partition(SEP)
+    if not sep:
+        return None
+    if head.strip() == "function":  # V3: the name on the first line, the JSON in a fence
+        name, _, fenced = tail.partition("\n")
+        tail = fenced.strip()
+        if tail.startswith(_FENCE):
+            tail = tail[tail.find("\n") + 1:] if "\n" in tail else ""
+            tail = tail[:tail.rfind(_FENCE)] if _FENCE in tail else tail
+    else:
+        name = head
+    try:
+        arguments = load_json(tail)
+    except ValueError:
+        return None
+    if not name.strip():
+        return None
+    return name.strip(), arguments_text(arguments)
+
+
+class DeepSeekScanner(CallScanner):
+    """Sends calls as their end tokens arrive. The section is cut into parts at each call's begin token; a part
+    is known once an end token follows its begin, and it is read once. As in parse_section, one malformed part
+    makes the whole section text: no call after it is sent, and the finished text has none."""
+
+    def __init__(self, parser: ToolParser) -> None:
+        super().__init__(parser)
+        self._begins: list[int] = []  # each call's begin token, in the section
+        self._ends: list[int] = []  # each call's end token, in the section
+        self._call_search = MarkerSearch(CALL_BEGIN, CALL_END)  # one pass finds both
+        self._next_token = -1  # where the next token is looked for (past those found)
+        self._next_end = 0  # the first of _ends not in front of the next part to read
+        self._malformed = False
+
+    @property
+    def num_scanned(self) -> int:
+        return super().num_scanned + self._call_search.num_scanned
+
+    def _stream_calls(self, text: str, start: int) -> list[Call]:
+        self._find_tokens(text, start)
+        last_end = self._ends[-1] if self._ends else -1
+        while not self._malformed and len(self.calls) < len(self._begins) \
+                and self._begins[len(self.calls)] < last_end:
+            self._read_part(text, len(self.calls))
+        return [] if self._malformed else self.calls
+
+    def _final_calls(self, text: str, start: int) -> list[Call]:
+        self._stream_calls(text, start)
+        while not self._malformed and len(self.calls) < len(self._begins):
+            self._read_part(text, len(self.calls))
+        return [] if self._malformed else self.calls
+
+    def _find_tokens(self, text: str, start: int) -> None:
+        """Every call's begin and end token written since the last step."""
+        search = self._call_search
+        if self._next_token < 0:
+            self._next_token = start
+        while (position := search.find(text, self._next_token)) >= 0:
+            (self._begins if search.found == CALL_BEGIN else self._ends).append(position)
+            self._next_token = position + len(search.found)
+
+    def _read_part(self, text: str, index: int) -> None:
+        """Reads part `index`: from its begin token to the first end token in it, or to where it ends."""
+        body_start = self._begins[index] + len(CALL_BEGIN)
+        part_end = self._begins[index + 1] if index + 1 < len(self._begins) else len(text)
+        while self._next_end < len(self._ends) and self._ends[self._next_end] < body_start:
+            self._next_end += 1
+        body_end = part_end
+        if self._next_end < len(self._ends) and self._ends[self._next_end] < part_end:
+            body_end = self._ends[self._next_end]
+        self._count(body_end - body_start)
+        call = parse_call(text[body_start:body_end])
+        if call is None:
+            self._malformed = True
+        else:
+            self.calls.append(call)
 
 
 class DeepSeekToolParser(ToolParser):
@@ -24,32 +106,13 @@ class DeepSeekToolParser(ToolParser):
     name = "deepseek_v3"
     markers = (CALLS_BEGIN,)
     keeps_special_tokens = True
+    scanner_class = DeepSeekScanner
 
     def parse_section(self, section: str) -> Optional[list[Call]]:
         calls = []
         for part in section.split(CALL_BEGIN)[1:]:
-            body = part.split(CALL_END, 1)[0]
-            head, sep, tail = body.partition(SEP)
-            if not sep:
+            call = parse_call(part.split(CALL_END, 1)[0])
+            if call is None:
                 return None
-            if head.strip() == "function":  # V3: the name on the first line, the JSON in a fence
-                name, _, fenced = tail.partition("\n")
-                tail = fenced.strip()
-                if tail.startswith(_FENCE):
-                    tail = tail[tail.find("\n") + 1:] if "\n" in tail else ""
-                    tail = tail[:tail.rfind(_FENCE)] if _FENCE in tail else tail
-            else:
-                name = head
-            try:
-                arguments = json.loads(tail)
-            except ValueError:
-                return None
-            if not name.strip():
-                return None
-            calls.append((name.strip(), arguments_text(arguments)))
+            calls.append(call)
         return calls
-
-    def stream_calls(self, text: str) -> list[Call]:
-        # Calls are read alike in a prefix that ends after a call's end token and in the whole text.
-        end = text.rfind(CALL_END)
-        return self.calls(text[:end + len(CALL_END)]) if end >= 0 else []

@@ -4,7 +4,62 @@ chat templates write them."""
 import json
 from typing import Optional
 
+from jaxpaged.server.marker_search import MarkerSearch
 from jaxpaged.server.tool_parsers.base import Call, ToolParser, named_call, tool_call_schema
+from jaxpaged.server.tool_parsers.json_depth import load_json
+from jaxpaged.server.tool_parsers.scanner import CallScanner
+
+START, END = "<tool_call>", "</tool_call>"
+
+
+def parse_block(body: str) -> Optional[Call]:
+    """The call of one block's JSON; None when it is malformed (or nested too deep)."""
+    try:
+        return named_call(load_json(body), "arguments", "parameters")
+    except ValueError:
+        return None
+
+
+class HermesScanner(CallScanner):
+    """Sends each block's call once its end tag arrives: blocks already read are never read again."""
+
+    def __init__(self, parser: ToolParser) -> None:
+        super().__init__(parser)
+        self._next = -1  # where the next block's start tag is looked for (past the blocks read)
+        self._open = -1  # the start tag of the block being written, once found
+        self._starts, self._ends = MarkerSearch(START), MarkerSearch(END)
+
+    @property
+    def num_scanned(self) -> int:
+        return super().num_scanned + self._starts.num_scanned + self._ends.num_scanned
+
+    def _stream_calls(self, text: str, start: int) -> list[Call]:
+        if self._next < 0:
+            self._next = start  # the section starts at the first block
+        while True:
+            if self._open < 0:
+                self._open = self._starts.find(text, self._next)
+                if self._open < 0:
+                    return self.calls
+            body_start = self._open + len(START)
+            end = self._ends.find(text, body_start)
+            if end < 0:
+                return self.calls
+            self._read_block(text, body_start, end)
+            self._next, self._open = end + len(END), -1
+
+    def _final_calls(self, text: str, start: int) -> list[Call]:
+        self._stream_calls(text, start)
+        if self._open >= 0:  # a block cut off before its end tag still counts when its JSON is whole
+            self._read_block(text, self._open + len(START), len(text))
+            self._next, self._open = len(text), -1
+        return self.calls
+
+    def _read_block(self, text: str, body_start: int, body_end: int) -> None:
+        self._count(body_end - body_start)
+        call = parse_block(text[body_start:body_end])
+        if call is not None:  # a malformed block is left out
+            self.calls.append(call)
 
 
 class HermesToolParser(ToolParser):
@@ -12,20 +67,17 @@ class HermesToolParser(ToolParser):
     counts when its JSON is whole; a malformed block is left out."""
 
     name = "hermes"
-    START, END = "<tool_call>", "</tool_call>"
     markers = (START,)
+    scanner_class = HermesScanner
 
     def parse_section(self, section: str) -> Optional[list[Call]]:
         calls, position = [], 0
-        while (start := section.find(self.START, position)) >= 0:
-            body_start = start + len(self.START)
-            end = section.find(self.END, body_start)
+        while (start := section.find(START, position)) >= 0:
+            body_start = start + len(START)
+            end = section.find(END, body_start)
             body = section[body_start:] if end < 0 else section[body_start:end]
-            position = len(section) if end < 0 else end + len(self.END)
-            try:
-                call = named_call(json.loads(body), "arguments", "parameters")
-            except ValueError:
-                call = None
+            position = len(section) if end < 0 else end + len(END)
+            call = parse_block(body)
             if call is not None:
                 calls.append(call)
         return calls
@@ -38,12 +90,7 @@ class HermesToolParser(ToolParser):
         call = json.dumps(tool_call_schema(tools, "arguments"))
         return "\n".join([
             "start: TEXT | before blocks",
-            f"TEXT: /(?s:.+)/ & ~/(?s:.*{self.START}.*)/",
-            f'before[stop="{self.START}"]: /(?s:.*)/',
-            f'blocks: "\\n" call "\\n{self.END}" ("\\n{self.START}\\n" call "\\n{self.END}")*',
+            f"TEXT: /(?s:.+)/ & ~/(?s:.*{START}.*)/",
+            f'before[stop="{START}"]: /(?s:.*)/',
+            f'blocks: "\\n" call "\\n{END}" ("\\n{START}\\n" call "\\n{END}")*',
             f"call: %json {call}"])
-
-    def stream_calls(self, text: str) -> list[Call]:
-        # Blocks are read alike in a prefix that ends after an end tag and in the whole text.
-        end = text.rfind(self.END)
-        return self.calls(text[:end + len(self.END)]) if end >= 0 else []

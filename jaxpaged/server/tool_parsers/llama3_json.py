@@ -9,7 +9,6 @@ from jaxpaged.server.tool_parsers.base import (
     ToolParser,
     decode_json_objects,
     named_call,
-    tag_or_leading,
     tool_call_schema,
 )
 
@@ -20,9 +19,7 @@ class Llama3JsonToolParser(ToolParser):
     name = "llama3_json"
     PYTHON_TAG = "<|python_tag|>"
     markers = (PYTHON_TAG,)
-
-    def section_start(self, text: str) -> int:
-        return tag_or_leading(text, self.PYTHON_TAG, "{")
+    opener = "{"
 
     def parse_section(self, section: str) -> Optional[list[Call]]:
         body = section[len(self.PYTHON_TAG):] if section.startswith(self.PYTHON_TAG) else section
@@ -38,8 +35,3 @@ class Llama3JsonToolParser(ToolParser):
             "start: TEXT | call (\"; \" call)*",
             r"TEXT: /(?s:.+)/ & ~/(?s:\s*\{.*)/ & ~/(?s:.*<\|python_tag\|>.*)/",
             f"call: %json {call}"])
-
-    def stream_content(self, text: str) -> int:
-        if not text.strip():
-            return 0  # nothing but whitespace yet: a `{` may still come
-        return super().stream_content(text)

@@ -7,6 +7,7 @@ import string
 from typing import Optional
 
 from jaxpaged.server.tool_parsers.base import Call, ToolParser, arguments_text, named_call
+from jaxpaged.server.tool_parsers.json_depth import raw_decode_json
 
 _ID_ALPHABET = string.ascii_letters + string.digits
 
@@ -25,14 +26,14 @@ class MistralToolParser(ToolParser):
             body = part.strip()
             try:
                 if body.startswith("["):
-                    items, _ = decoder.raw_decode(body)
+                    items, _ = raw_decode_json(decoder, body)
                     found = [named_call(item, "arguments", "parameters") for item in items]
                     if not isinstance(items, list) or not all(found):
                         return None
                     calls.extend(call for call in found if call is not None)
                     continue
                 name, args, rest = body.partition(self.ARGS)
-                arguments, _ = decoder.raw_decode(rest.lstrip())
+                arguments, _ = raw_decode_json(decoder, rest.lstrip())
             except (ValueError, TypeError):
                 return None
             if not args or not name.strip():

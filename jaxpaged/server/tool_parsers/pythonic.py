@@ -4,7 +4,7 @@ and Llama 4 write them (Llama 4 inside `<|python_start|>` ... `<|python_end|>`).
 import ast
 from typing import Optional
 
-from jaxpaged.server.tool_parsers.base import Call, ToolParser, arguments_text, tag_or_leading
+from jaxpaged.server.tool_parsers.base import Call, ToolParser, arguments_text
 
 
 class PythonicToolParser(ToolParser):
@@ -14,9 +14,7 @@ class PythonicToolParser(ToolParser):
     name = "pythonic"
     START, END = "<|python_start|>", "<|python_end|>"
     markers = (START,)
-
-    def section_start(self, text: str) -> int:
-        return tag_or_leading(text, self.START, "[")
+    opener = "["
 
     def parse_section(self, section: str) -> Optional[list[Call]]:
         body = section.replace(self.START, "").replace(self.END, "").strip()
@@ -36,8 +34,3 @@ class PythonicToolParser(ToolParser):
             return calls
         except (SyntaxError, ValueError, TypeError, RecursionError, MemoryError):
             return None
-
-    def stream_content(self, text: str) -> int:
-        if not text.strip():
-            return 0  # nothing but whitespace yet: a `[` may still come
-        return super().stream_content(text)
