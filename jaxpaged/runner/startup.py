@@ -17,10 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpaged.config import EngineConfig
+from jaxpaged.kernels.attention_dispatch import check_kv_cache_dtype, resolve_attention_backend
 from jaxpaged.kernels.cpu_native.packed_matmul import packed_int8_available
 from jaxpaged.kernels.cpu_native.paged_decode import native_decode_available
-from jaxpaged.kernels.ragged_paged_attention import resolve_attention_backend
-from jaxpaged.kernels.ragged_paged_attention.dispatch import check_kv_cache_dtype
 from jaxpaged.models.int16_activations import cpu_has_int8_dot_units
 from jaxpaged.models.llama import unroll_layers_on
 from jaxpaged.models.model_config import ModelConfig

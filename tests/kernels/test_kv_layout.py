@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxpaged.kernels.ragged_paged_attention import ragged_paged_attention, write_kv
-from jaxpaged.kernels.ragged_paged_attention.example_batch import make_ragged_batch
-from jaxpaged.kernels.ragged_paged_attention.kv_layout import (
+from jaxpaged.kernels.attention_dispatch import ragged_paged_attention, write_kv
+from pallas_kernels.ragged_paged_attention.example_batch import make_ragged_batch
+from pallas_kernels.ragged_paged_attention.kv_layout import (
     cache_shape,
     pack_kv_pages,
     physical_bytes,

@@ -5,7 +5,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from jaxpaged.kernels.ragged_paged_attention.metadata import MASK_VALUE
+from pallas_kernels.ragged_paged_attention.metadata import MASK_VALUE
 
 
 def accumulate_head(q, keys, values, mask, value_is_real, head: int, max_ref, sum_ref, acc_ref, *,

@@ -7,15 +7,15 @@ position p from slot block_tables[s, p // page_size] * page_size + p % page_size
 KV head j // (num_q_heads // num_kv_heads) (GQA). Logits are q.k * sm_scale, then soft-capped
 (soft_cap * tanh(logits / soft_cap)) when asked. Rows that belong to no real sequence are zeros.
 
-Every backend (xla.py, tpu.py, gpu.py) is tested against this loop. It is slow on purpose: host numpy,
-no chunking, no online softmax; never call it from the engine.
+Every backend (tpu.py, gpu.py, and the engine's "xla" one) is tested against this loop. It is slow on purpose: host
+numpy, no chunking, no online softmax; never call it from the engine.
 """
 
 from typing import Optional
 
 import numpy as np
 
-from jaxpaged.kernels.ragged_paged_attention.metadata import AttentionMetadata
+from pallas_kernels.ragged_paged_attention.metadata import AttentionMetadata
 
 
 def ragged_paged_attention_spec(q, kv_pages, metadata: AttentionMetadata, *, sm_scale: float,

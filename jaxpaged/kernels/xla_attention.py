@@ -21,11 +21,11 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from jaxpaged.kernels.bfloat16_bits import from_bits
 from jaxpaged.kernels.cpu_native.paged_decode import KV_DTYPES, native_decode_available, paged_decode
-from jaxpaged.kernels.kv_quantization import dequantize_rows, is_quantized_pool
-from jaxpaged.kernels.ragged_paged_attention.kv_layout import KVPages, kv_storage
-from jaxpaged.kernels.ragged_paged_attention.metadata import MASK_VALUE, AttentionMetadata
+from pallas_kernels.bfloat16_bits import from_bits
+from pallas_kernels.kv_quantization import dequantize_rows, is_quantized_pool
+from pallas_kernels.ragged_paged_attention.kv_layout import KVPages, kv_storage
+from pallas_kernels.ragged_paged_attention.metadata import MASK_VALUE, AttentionMetadata
 
 # Pages gathered per loop step. 4 pages of 16 tokens = 64 KV tokens: big enough that the loop
 # overhead is small, small enough that decode rows waste little past their kv_len.

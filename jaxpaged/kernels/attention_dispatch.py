@@ -1,6 +1,6 @@
 """The attention backend switch: validate inputs once, then run the chosen implementation.
 
-Backends: "xla" (xla.py, the jnp CPU path), "pallas_tpu" (Mosaic), "pallas_gpu" (Triton lowering);
+Backends: "xla" (xla_attention.py, the jnp CPU path), "pallas_tpu" (Mosaic), "pallas_gpu" (Triton lowering);
 "auto" picks by the target platform (target_platform: the default device's, so a step traced for a TPU
 topology's device on a CPU machine compiles the TPU kernels for libtpu). A Pallas backend asked for on a
 platform it was not written for runs in its interpret mode, so the whole engine can be checked on a CPU.
@@ -21,11 +21,11 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from jaxpaged.kernels.bfloat16_bits import BITS_DTYPE
-from jaxpaged.kernels.kv_quantization import is_quantized_pool, pool_row_width
-from jaxpaged.kernels.ragged_paged_attention.kv_layout import KVPages, kernel_layout
-from jaxpaged.kernels.ragged_paged_attention.metadata import AttentionMetadata, validate_attention_inputs
-from jaxpaged.kernels.ragged_paged_attention.xla import ragged_paged_attention_xla, write_kv_pages
+from jaxpaged.kernels.xla_attention import ragged_paged_attention_xla, write_kv_pages
+from pallas_kernels.bfloat16_bits import BITS_DTYPE
+from pallas_kernels.kv_quantization import is_quantized_pool, pool_row_width
+from pallas_kernels.ragged_paged_attention.kv_layout import KVPages, kernel_layout
+from pallas_kernels.ragged_paged_attention.metadata import AttentionMetadata, validate_attention_inputs
 
 ATTENTION_BACKENDS = ("auto", "xla", "pallas_tpu", "pallas_gpu")
 _AUTO_BY_PLATFORM = {"tpu": "pallas_tpu", "gpu": "pallas_gpu", "cuda": "pallas_gpu", "rocm": "pallas_gpu"}
@@ -124,7 +124,7 @@ def ragged_paged_attention(
         # The interleaved twin of the packed shape carries the same checks (shapes only, nothing is read).
         validate_attention_inputs(q, jnp.zeros((0, page_size, 2 * num_kv_heads, q.shape[2]), q.dtype), metadata,
                                   sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap)
-        from jaxpaged.kernels.ragged_paged_attention.tpu import ragged_paged_attention_tpu
+        from pallas_kernels.ragged_paged_attention.tpu import ragged_paged_attention_tpu
         quantized = dict(kv_cache_dtype=kv_cache_dtype, page_size=page_size) if kv_cache_dtype != "auto" else {}
         return ragged_paged_attention_tpu(q, kv_pages, metadata, num_kv_heads=num_kv_heads,
                                           interpret=target_platform() != "tpu", **options, **quantized)
@@ -135,10 +135,10 @@ def ragged_paged_attention(
     if backend == "xla":
         return ragged_paged_attention_xla(q, kv_pages, metadata, native=native_decode, **options)
     if backend == "pallas_tpu":
-        from jaxpaged.kernels.ragged_paged_attention.tpu import ragged_paged_attention_tpu
+        from pallas_kernels.ragged_paged_attention.tpu import ragged_paged_attention_tpu
         return ragged_paged_attention_tpu(q, kv_pages, metadata, interpret=target_platform() != "tpu",
                                           **options)
-    from jaxpaged.kernels.ragged_paged_attention.gpu import ragged_paged_attention_gpu
+    from pallas_kernels.ragged_paged_attention.gpu import ragged_paged_attention_gpu
     return ragged_paged_attention_gpu(q, kv_pages, metadata, interpret=target_platform() != "gpu",
                                       **options)
 
@@ -170,12 +170,12 @@ def write_kv(
         raise ValueError(f"slot_mapping: must be [{k.shape[0]}], got {slot_mapping.shape}")
     if kv_pages.ndim == 3 and kv_cache_dtype != "auto":
         # 4 tokens share each word: quantize, then merge into the words (kv_layout_quantized.py).
-        from jaxpaged.kernels.ragged_paged_attention.kv_layout_quantized import write_kv_packed_quantized
+        from pallas_kernels.ragged_paged_attention.kv_layout_quantized import write_kv_packed_quantized
         assert page_size is not None  # _packed_page_size refused None
         return write_kv_packed_quantized(kv_pages, k, v, slot_mapping, kv_cache_dtype, page_size)
     if resolve_attention_backend(backend) == "pallas_tpu" or kv_pages.ndim == 3:
         # XLA's TPU scatter is a serial loop of row updates; the kernel DMAs the rows instead.
-        from jaxpaged.kernels.ragged_paged_attention.kv_write_tpu import write_kv_pages_tpu
+        from pallas_kernels.ragged_paged_attention.kv_write_tpu import write_kv_pages_tpu
         return write_kv_pages_tpu(kv_pages, k, v, slot_mapping, interpret=target_platform() != "tpu")
     # XLA's scatter on CPU and GPU: in place on the donated cache, one parallel pass over new rows.
     return write_kv_pages(kv_pages, k, v, slot_mapping)

@@ -42,19 +42,19 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jaxtyping import Array, Float, UInt32
 
-from jaxpaged.kernels.ragged_paged_attention.kv_layout import (
+from pallas_kernels.ragged_paged_attention.kv_layout import (
     LANES,
     kernel_layout,
     kv_scratch_shape,
     load_head,
 )
-from jaxpaged.kernels.ragged_paged_attention.kv_layout import page_rows as kv_page_rows
-from jaxpaged.kernels.ragged_paged_attention.metadata import MASK_VALUE, AttentionMetadata
-from jaxpaged.kernels.ragged_paged_attention.tpu_decode import ragged_paged_attention_tpu_decode
-from jaxpaged.kernels.ragged_paged_attention.tpu_online_softmax import accumulate_head
-from jaxpaged.kernels.ragged_paged_attention.tpu_quantized_kv import token_offsets
-from jaxpaged.kernels.ragged_paged_attention.tpu_step_cases import STEP_CASES, attend_by_case
-from jaxpaged.kernels.ragged_paged_attention.tpu_vmem import (
+from pallas_kernels.ragged_paged_attention.kv_layout import page_rows as kv_page_rows
+from pallas_kernels.ragged_paged_attention.metadata import MASK_VALUE, AttentionMetadata
+from pallas_kernels.ragged_paged_attention.tpu_decode import ragged_paged_attention_tpu_decode
+from pallas_kernels.ragged_paged_attention.tpu_online_softmax import accumulate_head
+from pallas_kernels.ragged_paged_attention.tpu_quantized_kv import token_offsets
+from pallas_kernels.ragged_paged_attention.tpu_step_cases import STEP_CASES, attend_by_case
+from pallas_kernels.ragged_paged_attention.tpu_vmem import (
     decode_compute_pages,
     decode_intermediate_bytes,
     decode_pages_per_block,

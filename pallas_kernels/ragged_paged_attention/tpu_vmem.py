@@ -20,8 +20,8 @@ from typing import Optional, Union
 
 import jax.numpy as jnp
 
-from jaxpaged.kernels.ragged_paged_attention.kv_layout import LANES, PackedLayout
-from jaxpaged.kernels.ragged_paged_attention.kv_layout_quantized import QuantizedPackedLayout
+from pallas_kernels.ragged_paged_attention.kv_layout import LANES, PackedLayout
+from pallas_kernels.ragged_paged_attention.kv_layout_quantized import QuantizedPackedLayout
 
 KernelLayout = Optional[Union[PackedLayout, QuantizedPackedLayout]]
 """The layout the kernels read pages with: None for interleaved."""

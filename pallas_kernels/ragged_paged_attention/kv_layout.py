@@ -1,6 +1,6 @@
 """Per-backend KV cache layouts: the shape a backend wants, its physical bytes, and how kernels read it.
 
-"interleaved" (every backend accepts it; xla.py, gpu.py and spec.py use only it):
+"interleaved" (every backend accepts it; jaxpaged/kernels/xla_attention.py, gpu.py and spec.py use only it):
   per layer [num_pages, page_size, 2 * num_kv_heads, head_dim], K of head h at 2h, V at 2h + 1.
   On TPU HBM/VMEM the last two dims are tiled (8 * packing sublanes, 128 lanes): 6 heads of head_dim
   64 in bfloat16 occupy a 16 x 128 tile, 5.3x their logical bytes.
@@ -48,8 +48,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int8, Shaped, UInt8, UInt32
 
-from jaxpaged.kernels.bfloat16_bits import BITS_DTYPE, to_bits
-from jaxpaged.kernels.kv_quantization import SCALE_BYTES, format_of_pool, is_quantized_pool, quantize_rows
+from pallas_kernels.bfloat16_bits import BITS_DTYPE, to_bits
+from pallas_kernels.kv_quantization import SCALE_BYTES, format_of_pool, is_quantized_pool, quantize_rows
 
 LANES = 128
 LAYOUTS = ("interleaved", "interleaved_bits", "quantized", "packed", "packed_quantized")
@@ -152,7 +152,7 @@ def cache_shape(num_pages: int, page_size: int, num_kv_heads: int, head_dim: int
         rows = packed_layout_for(num_kv_heads // num_shards, head_dim, dtype).rows_per_token
         return (num_pages, num_shards * page_size * rows, LANES), jnp.dtype(jnp.uint32)
     if layout == "packed_quantized":
-        from jaxpaged.kernels.ragged_paged_attention.kv_layout_quantized import packed_quantized_shape
+        from pallas_kernels.ragged_paged_attention.kv_layout_quantized import packed_quantized_shape
 
         if not is_quantized_pool(dtype):
             raise ValueError(f"dtype: the packed_quantized layout is named by an int8 or uint8 pool dtype, got "
@@ -248,7 +248,7 @@ def kernel_layout(kv_pages, head_dim: int, dtype, num_kv_heads=None, kv_cache_dt
     """(layout, page_size, kv_heads_x2) the TPU kernels read `kv_pages` with: None for interleaved, a PackedLayout,
     or for a quantized kv_cache_dtype a QuantizedPackedLayout (kv_layout_quantized.py; page_size required, as a
     page's rows do not say it). ValueError naming the field for a pool that is not that layout's shape."""
-    from jaxpaged.kernels.ragged_paged_attention.kv_layout_quantized import quantized_layout_for
+    from pallas_kernels.ragged_paged_attention.kv_layout_quantized import quantized_layout_for
 
     if kv_pages.ndim != 3:
         if kv_cache_dtype != "auto":
@@ -315,7 +315,7 @@ def load_head(buf_ref, slot, head: int, layout, num_tokens: int, first_token: Un
     values are the same [K | V] vector (q is zero-padded past lane 64, the output read from lane 64).
     """
     if layout is not None and not isinstance(layout, PackedLayout):  # packed quantized: dequantized float32
-        from jaxpaged.kernels.ragged_paged_attention.tpu_quantized_kv import load_head_quantized
+        from pallas_kernels.ragged_paged_attention.tpu_quantized_kv import load_head_quantized
 
         keys, values = load_head_quantized(buf_ref, slot, head, layout, num_tokens, first_token)
     elif layout is None:

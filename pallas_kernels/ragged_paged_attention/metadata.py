@@ -17,9 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int, Shaped
 
-from jaxpaged.kernels.bfloat16_bits import BITS_DTYPE
-from jaxpaged.kernels.kv_quantization import SCALE_BYTES, is_quantized_pool, pool_row_width
-from jaxpaged.kernels.pytree import HostOrDeviceArray, register_pytree_dataclass
+from pallas_kernels.bfloat16_bits import BITS_DTYPE
+from pallas_kernels.kv_quantization import SCALE_BYTES, is_quantized_pool, pool_row_width
+from pallas_kernels.pytree import HostOrDeviceArray, register_pytree_dataclass
 
 # Finite "minus infinity" for masked logits and running maxima: exp(MASK - MASK) stays 1, never NaN.
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)

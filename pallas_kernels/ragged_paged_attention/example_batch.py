@@ -8,7 +8,7 @@ import jax
 import numpy as np
 from numpy.typing import DTypeLike
 
-from jaxpaged.kernels.ragged_paged_attention.metadata import AttentionMetadata
+from pallas_kernels.ragged_paged_attention.metadata import AttentionMetadata
 
 
 @dataclasses.dataclass(frozen=True)

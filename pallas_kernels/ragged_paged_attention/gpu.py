@@ -40,9 +40,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 from jaxtyping import Array, Float, Int
 
-from jaxpaged.kernels.kv_quantization import SCALE_BYTES, is_quantized_pool
-from jaxpaged.kernels.ragged_paged_attention.kv_layout import KVPages
-from jaxpaged.kernels.ragged_paged_attention.metadata import MASK_VALUE, AttentionMetadata
+from pallas_kernels.kv_quantization import SCALE_BYTES, is_quantized_pool
+from pallas_kernels.ragged_paged_attention.kv_layout import KVPages
+from pallas_kernels.ragged_paged_attention.metadata import MASK_VALUE, AttentionMetadata
 
 PREFILL_BLOCK_ROWS = 64
 DEFAULT_KV_CHUNK_TOKENS = 64

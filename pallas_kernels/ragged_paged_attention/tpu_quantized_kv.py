@@ -17,8 +17,8 @@ from typing import Union
 import jax
 import jax.numpy as jnp
 
-from jaxpaged.kernels.ragged_paged_attention.kv_layout import LANES
-from jaxpaged.kernels.ragged_paged_attention.kv_layout_quantized import QUAD, QuantizedPackedLayout
+from pallas_kernels.ragged_paged_attention.kv_layout import LANES
+from pallas_kernels.ragged_paged_attention.kv_layout_quantized import QUAD, QuantizedPackedLayout
 
 
 def token_offsets(layout, shape: tuple, dimension: int, num_tokens: int) -> jax.Array:

@@ -32,14 +32,14 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, Shaped, UInt32
 
-from jaxpaged.kernels.kv_quantization import (
+from pallas_kernels.kv_quantization import (
     SCALE_BYTES,
     canonical_kv_cache_dtype,
     format_of_pool,
     quantize_rows,
     quantized_pool_dtype,
 )
-from jaxpaged.kernels.ragged_paged_attention.kv_layout import LANES, VectorOrder
+from pallas_kernels.ragged_paged_attention.kv_layout import LANES, VectorOrder
 
 FORMATS = ("int8", "fp8_e4m3")
 _TILE_ROWS = 8
@@ -213,7 +213,7 @@ def write_kv_packed_quantized(pages: UInt32[Array, "num_pages rows lanes"],
 
 def bytes_per_token_table(page_sizes=(16, 128)) -> dict:
     """{(model, tp, page_size): (quantized bytes, bfloat16 packed bytes)} per token per shard (docs, tests)."""
-    from jaxpaged.kernels.ragged_paged_attention.kv_layout import packed_layout_for
+    from pallas_kernels.ragged_paged_attention.kv_layout import packed_layout_for
 
     models = {"SmolLM2": (3, 64, 1), "Llama-3-8B tp1": (8, 128, 1), "Llama-3-8B tp8": (8, 128, 8)}
     table = {}
