@@ -35,7 +35,8 @@ from benchmarks.kernels.tpu_compile_grid import (
 )
 from benchmarks.kernels.tpu_step_compile import STEP_COLUMNS, compile_step, step_cases
 from pallas_kernels.kv_quantization import quantized_pool_dtype
-from pallas_kernels.ragged_paged_attention.kv_layout import cache_shape, packed_layout_for
+from pallas_kernels.ragged_paged_attention.kv_layout import cache_shape
+from pallas_kernels.ragged_paged_attention.kv_layout_packed import packed_layout_for
 from pallas_kernels.ragged_paged_attention.kv_layout_quantized import quantized_layout_for, write_kv_packed_quantized
 from pallas_kernels.ragged_paged_attention.kv_write_tpu import write_kv_pages_tpu
 from pallas_kernels.ragged_paged_attention.metadata import AttentionMetadata

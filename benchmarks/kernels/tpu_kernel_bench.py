@@ -40,7 +40,7 @@ from benchmarks.kernels.kernel_bench_common import (
     run_sections,
     seconds_per_call,
 )
-from pallas_kernels.ragged_paged_attention.kv_layout import pack_kv_pages
+from pallas_kernels.ragged_paged_attention.kv_layout_packed import pack_kv_pages
 from pallas_kernels.ragged_paged_attention.tpu import ragged_paged_attention_tpu
 
 SHAPES = {"smollm_9x3_d64": (9, 3, 64), "llama8b_32x8_d128": (32, 8, 128)}

@@ -25,6 +25,7 @@ from jaxpaged.kernels.xla_attention import ragged_paged_attention_xla, write_kv_
 from pallas_kernels.bfloat16_bits import BITS_DTYPE
 from pallas_kernels.kv_quantization import is_quantized_pool, pool_row_width
 from pallas_kernels.ragged_paged_attention.kv_layout import KVPages, kernel_layout
+from pallas_kernels.ragged_paged_attention.kv_layout_quantized import write_kv_packed_quantized
 from pallas_kernels.ragged_paged_attention.metadata import AttentionMetadata, validate_attention_inputs
 
 ATTENTION_BACKENDS = ("auto", "xla", "pallas_tpu", "pallas_gpu")
@@ -124,7 +125,9 @@ def ragged_paged_attention(
         # The interleaved twin of the packed shape carries the same checks (shapes only, nothing is read).
         validate_attention_inputs(q, jnp.zeros((0, page_size, 2 * num_kv_heads, q.shape[2]), q.dtype), metadata,
                                   sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap)
+        # Only on this path: the Mosaic kernel module (and jax's pallas.tpu under it) loads for pallas_tpu alone.
         from pallas_kernels.ragged_paged_attention.tpu import ragged_paged_attention_tpu
+
         quantized = dict(kv_cache_dtype=kv_cache_dtype, page_size=page_size) if kv_cache_dtype != "auto" else {}
         return ragged_paged_attention_tpu(q, kv_pages, metadata, num_kv_heads=num_kv_heads,
                                           interpret=target_platform() != "tpu", **options, **quantized)
@@ -135,10 +138,14 @@ def ragged_paged_attention(
     if backend == "xla":
         return ragged_paged_attention_xla(q, kv_pages, metadata, native=native_decode, **options)
     if backend == "pallas_tpu":
+        # Only on this platform's backend: the Mosaic kernel module (pallas.tpu) loads for pallas_tpu alone.
         from pallas_kernels.ragged_paged_attention.tpu import ragged_paged_attention_tpu
+
         return ragged_paged_attention_tpu(q, kv_pages, metadata, interpret=target_platform() != "tpu",
                                           **options)
+    # Only on this platform's backend: the Triton kernel module (pallas.triton) loads for pallas_gpu alone.
     from pallas_kernels.ragged_paged_attention.gpu import ragged_paged_attention_gpu
+
     return ragged_paged_attention_gpu(q, kv_pages, metadata, interpret=target_platform() != "gpu",
                                       **options)
 
@@ -170,12 +177,13 @@ def write_kv(
         raise ValueError(f"slot_mapping: must be [{k.shape[0]}], got {slot_mapping.shape}")
     if kv_pages.ndim == 3 and kv_cache_dtype != "auto":
         # 4 tokens share each word: quantize, then merge into the words (kv_layout_quantized.py).
-        from pallas_kernels.ragged_paged_attention.kv_layout_quantized import write_kv_packed_quantized
         assert page_size is not None  # _packed_page_size refused None
         return write_kv_packed_quantized(kv_pages, k, v, slot_mapping, kv_cache_dtype, page_size)
     if resolve_attention_backend(backend) == "pallas_tpu" or kv_pages.ndim == 3:
-        # XLA's TPU scatter is a serial loop of row updates; the kernel DMAs the rows instead.
+        # XLA's TPU scatter is a serial loop of row updates; the kernel DMAs the rows instead. Imported only on this
+        # path: the Mosaic write kernel (pallas.tpu) loads for pallas_tpu alone.
         from pallas_kernels.ragged_paged_attention.kv_write_tpu import write_kv_pages_tpu
+
         return write_kv_pages_tpu(kv_pages, k, v, slot_mapping, interpret=target_platform() != "tpu")
     # XLA's scatter on CPU and GPU: in place on the donated cache, one parallel pass over new rows.
     return write_kv_pages(kv_pages, k, v, slot_mapping)

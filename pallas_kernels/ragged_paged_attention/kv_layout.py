@@ -1,4 +1,7 @@
-"""Per-backend KV cache layouts: the shape a backend wants, its physical bytes, and how kernels read it.
+"""Per-backend KV cache layouts: the shape a backend wants, its physical bytes, and which layout a pool is.
+
+The layouts' own modules sit below this one (kv_layout_packed.py, kv_layout_quantized.py, both over vector_order.py);
+this module chooses between them, and the kernels read pages through tpu_kv_reads.py.
 
 "interleaved" (every backend accepts it; jaxpaged/kernels/xla_attention.py, gpu.py and spec.py use only it):
   per layer [num_pages, page_size, 2 * num_kv_heads, head_dim], K of head h at 2h, V at 2h + 1.
@@ -36,22 +39,22 @@
   as for "quantized"; the returned dtype is uint32.
 
 The runner should allocate cache_shape(...) of the chosen backend and size the pool by
-physical_bytes(...) of one shard's shape; pack_kv_pages / unpack_kv_pages convert between the two layouts
-(tests, tools).
+physical_bytes(...) of one shard's shape; kv_layout_packed.pack_kv_pages / unpack_kv_pages convert between the
+interleaved and packed layouts (tests, tools).
 """
 
-import dataclasses
 from typing import Union
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int8, Shaped, UInt8, UInt32
 
 from pallas_kernels.bfloat16_bits import BITS_DTYPE, to_bits
 from pallas_kernels.kv_quantization import SCALE_BYTES, format_of_pool, is_quantized_pool, quantize_rows
+from pallas_kernels.ragged_paged_attention.kv_layout_packed import packed_layout_for
+from pallas_kernels.ragged_paged_attention.kv_layout_quantized import packed_quantized_shape, quantized_layout_for
+from pallas_kernels.ragged_paged_attention.vector_order import LANES
 
-LANES = 128
 LAYOUTS = ("interleaved", "interleaved_bits", "quantized", "packed", "packed_quantized")
 
 QuantizedPages = Union[Int8[Array, "num_pages page_size kv_heads_x2 quantized_row"],
@@ -63,72 +66,6 @@ KVPages = Union[QuantizedPages, Shaped[Array, "num_pages page_size kv_heads_x2 h
                 UInt32[Array, "num_pages rows lanes"]]
 """A (layer's) page pool in any layout: interleaved [pages, page_size, 2 * kv_heads, head_dim] (floats, or
 bfloat16 bits as uint16), quantized or packed."""
-
-
-@dataclasses.dataclass(frozen=True)
-class VectorOrder:
-    """A token's 128-lane vectors in both packed TPU layouts (this bfloat16 / float32 "packed" one and
-    kv_layout_quantized.py's): for head_dim 64, vector h = [K_h | V_h]; else K_h's lane tiles, then V_h's."""
-
-    num_kv_heads: int
-    head_dim: int
-
-    def __post_init__(self):
-        if self.head_dim != 64 and self.head_dim % LANES:
-            raise ValueError(f"head_dim: the packed TPU layouts need 64 or a multiple of 128, got {self.head_dim}")
-
-    @property
-    def combined(self) -> bool:
-        """head_dim 64: K_h and V_h side by side in one vector (q is zero-padded to 128 lanes)."""
-        return self.head_dim == 64
-
-    @property
-    def lane_tiles(self) -> int:
-        return 1 if self.combined else self.head_dim // LANES
-
-    @property
-    def vectors_per_token(self) -> int:
-        return self.num_kv_heads * (1 if self.combined else 2 * self.lane_tiles)
-
-    def key_vectors(self, head: int) -> list[int]:
-        """Vector indices holding K of `head` (for combined: its [K | V] vector)."""
-        if self.combined:
-            return [head]
-        return [2 * head * self.lane_tiles + t for t in range(self.lane_tiles)]
-
-    def value_vectors(self, head: int) -> list[int]:
-        if self.combined:
-            return [head]
-        return [(2 * head + 1) * self.lane_tiles + t for t in range(self.lane_tiles)]
-
-
-@dataclasses.dataclass(frozen=True)
-class PackedLayout(VectorOrder):
-    """Where each head's K and V sit in a token's uint32 rows (static; hashable)."""
-
-    dtype_name: str
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.dtype_name not in ("float32", "bfloat16"):
-            raise ValueError(f"dtype: the packed TPU layout holds float32 or bfloat16, got {self.dtype_name}")
-
-    @property
-    def dtype(self):
-        return jnp.dtype(self.dtype_name)
-
-    @property
-    def packing(self) -> int:
-        """Vectors per 32-bit word row."""
-        return 4 // self.dtype.itemsize
-
-    @property
-    def rows_per_token(self) -> int:
-        return -(-self.vectors_per_token // self.packing)
-
-
-def packed_layout_for(num_kv_heads: int, head_dim: int, dtype) -> PackedLayout:
-    return PackedLayout(num_kv_heads, head_dim, jnp.dtype(dtype).name)
 
 
 def cache_shape(num_pages: int, page_size: int, num_kv_heads: int, head_dim: int, dtype, layout: str,
@@ -152,8 +89,6 @@ def cache_shape(num_pages: int, page_size: int, num_kv_heads: int, head_dim: int
         rows = packed_layout_for(num_kv_heads // num_shards, head_dim, dtype).rows_per_token
         return (num_pages, num_shards * page_size * rows, LANES), jnp.dtype(jnp.uint32)
     if layout == "packed_quantized":
-        from pallas_kernels.ragged_paged_attention.kv_layout_quantized import packed_quantized_shape
-
         if not is_quantized_pool(dtype):
             raise ValueError(f"dtype: the packed_quantized layout is named by an int8 or uint8 pool dtype, got "
                              f"{jnp.dtype(dtype)}")
@@ -190,66 +125,10 @@ def kv_storage(values: Float[Array, "*rows head_dim"], pool_dtype) -> Shaped[Arr
     return values.astype(pool_dtype)
 
 
-def _vectors(kv_pages: Float[Array, "num_pages page_size kv_heads_x2 head_dim"], layout: PackedLayout):
-    """[num_pages, page_size, vectors_per_token, 128] of the cache dtype, in the packed order."""
-    num_pages, page_size, kv_heads_x2, head_dim = kv_pages.shape
-    keys, values = kv_pages[:, :, 0::2], kv_pages[:, :, 1::2]
-    if layout.combined:
-        return jnp.concatenate([keys, values], axis=-1)
-    split = lambda x: x.reshape(num_pages, page_size, kv_heads_x2 // 2, 1, layout.lane_tiles, LANES)  # noqa: E731
-    return jnp.concatenate([split(keys), split(values)], axis=3).reshape(num_pages, page_size, -1, LANES)
-
-
-def pack_kv_pages(kv_pages: Float[Array, "num_pages page_size kv_heads_x2 head_dim"], num_shards: int = 1
-                  ) -> UInt32[Array, "num_pages rows lanes"]:
-    """The interleaved cache in the packed layout of `num_shards` shards (a full copy: for tests, tools and
-    migration)."""
-    if num_shards > 1:
-        return jnp.concatenate([pack_kv_pages(part) for part in jnp.split(kv_pages, num_shards, axis=2)], axis=1)
-    num_pages, page_size, kv_heads_x2, head_dim = kv_pages.shape
-    layout = packed_layout_for(kv_heads_x2 // 2, head_dim, kv_pages.dtype)
-    vectors = _vectors(kv_pages, layout)
-    padded = layout.rows_per_token * layout.packing
-    vectors = jnp.pad(vectors, ((0, 0), (0, 0), (0, padded - vectors.shape[2]), (0, 0)))
-    if layout.packing == 1:
-        words = jax.lax.bitcast_convert_type(vectors, jnp.uint32)
-    else:
-        halves = jax.lax.bitcast_convert_type(vectors, jnp.uint16).astype(jnp.uint32)
-        halves = halves.reshape(num_pages, page_size, layout.rows_per_token, 2, LANES)
-        words = halves[:, :, :, 0] | (halves[:, :, :, 1] << 16)
-    return words.reshape(num_pages, page_size * layout.rows_per_token, LANES)
-
-
-def unpack_kv_pages(words: UInt32[Array, "num_pages rows lanes"], num_kv_heads: int, head_dim: int,
-                    dtype, num_shards: int = 1) -> Float[Array, "num_pages page_size kv_heads_x2 head_dim"]:
-    """Inverse of pack_kv_pages."""
-    if num_shards > 1:
-        return jnp.concatenate([unpack_kv_pages(part, num_kv_heads // num_shards, head_dim, dtype)
-                                for part in jnp.split(words, num_shards, axis=1)], axis=2)
-    layout = packed_layout_for(num_kv_heads, head_dim, dtype)
-    num_pages = words.shape[0]
-    page_size = words.shape[1] // layout.rows_per_token
-    words = words.reshape(num_pages, page_size, layout.rows_per_token, 1, LANES)
-    if layout.packing == 1:
-        vectors = jax.lax.bitcast_convert_type(words[:, :, :, 0], layout.dtype)
-    else:
-        halves = jnp.concatenate([words & 0xFFFF, words >> 16], axis=3).astype(jnp.uint16)
-        vectors = jax.lax.bitcast_convert_type(halves, layout.dtype).reshape(num_pages, page_size, -1, LANES)
-    vectors = vectors[:, :, :layout.vectors_per_token]
-    if layout.combined:
-        keys, values = vectors[..., :head_dim], vectors[..., head_dim:]
-    else:
-        per_head = vectors.reshape(num_pages, page_size, num_kv_heads, 2, head_dim)
-        keys, values = per_head[:, :, :, 0], per_head[:, :, :, 1]
-    return jnp.stack([keys, values], axis=3).reshape(num_pages, page_size, 2 * num_kv_heads, head_dim)
-
-
 def kernel_layout(kv_pages, head_dim: int, dtype, num_kv_heads=None, kv_cache_dtype: str = "auto", page_size=None):
     """(layout, page_size, kv_heads_x2) the TPU kernels read `kv_pages` with: None for interleaved, a PackedLayout,
     or for a quantized kv_cache_dtype a QuantizedPackedLayout (kv_layout_quantized.py; page_size required, as a
     page's rows do not say it). ValueError naming the field for a pool that is not that layout's shape."""
-    from pallas_kernels.ragged_paged_attention.kv_layout_quantized import quantized_layout_for
-
     if kv_pages.ndim != 3:
         if kv_cache_dtype != "auto":
             raise ValueError(f"kv_pages: kv_cache_dtype {kv_cache_dtype!r} needs the packed quantized layout "
@@ -271,62 +150,3 @@ def kernel_layout(kv_pages, head_dim: int, dtype, num_kv_heads=None, kv_cache_dt
                          f"[num_pages, {expected or 'page_size * rows'}, {LANES}], got {kv_pages.dtype} "
                          f"{kv_pages.shape}")
     return layout, page_size, 2 * num_kv_heads
-
-
-# --- In-kernel access (Mosaic): both TPU kernels read pages through these. -------------------------------
-
-def page_rows(layout, page_size: int) -> int:
-    """Rows along the VMEM buffer's axis 1 per page: page_size for interleaved ([tokens, 2kv, d] buffers), word rows
-    for the packed layouts (the quantized one's page_rows: kv_layout_quantized.py)."""
-    if layout is None:
-        return page_size
-    if isinstance(layout, PackedLayout):
-        return page_size * layout.rows_per_token
-    return layout.page_rows
-
-
-def kv_scratch_shape(layout, block_tokens: int, kv_heads_x2: int, head_dim: int, dtype, page_size: int):
-    """(shape, dtype) of the double-buffered VMEM block both kernels DMA pages into."""
-    if layout is None:
-        return (2, block_tokens, kv_heads_x2, head_dim), dtype
-    return (2, block_tokens // page_size * page_rows(layout, page_size), LANES), jnp.uint32
-
-
-def load_vector(buf_ref, slot, index: int, layout: PackedLayout, num_tokens: int,
-                first_token: Union[int, jax.Array] = 0):
-    """Vector `index` of tokens first_token.. of the slot: one sublane-strided uint32 load, then its half."""
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import tpu as pltpu
-
-    first_row = first_token * layout.rows_per_token + index // layout.packing
-    rows = buf_ref[slot, pl.ds(first_row, num_tokens, stride=layout.rows_per_token), :]
-    if layout.packing == 1:
-        return pltpu.bitcast(rows, jnp.float32)
-    half = rows >> 16 if index % 2 else rows & jnp.uint32(0xFFFF)
-    return pltpu.bitcast(half.astype(jnp.uint16), jnp.bfloat16)
-
-
-def load_head(buf_ref, slot, head: int, layout, num_tokens: int, first_token: Union[int, jax.Array], dtype):
-    """(keys, values) of one KV head for tokens first_token..first_token + num_tokens of the slot, [num_tokens,
-    lanes] each in `dtype` (q's: a quantized page dequantizes to float32 first); first_token may be traced (the
-    kernels walk a DMA block in compute chunks).
-
-    Interleaved: sublane 2h / 2h + 1 of the [tokens, 2kv, d] buffer. Packed with head_dim 64: keys and
-    values are the same [K | V] vector (q is zero-padded past lane 64, the output read from lane 64).
-    """
-    if layout is not None and not isinstance(layout, PackedLayout):  # packed quantized: dequantized float32
-        from pallas_kernels.ragged_paged_attention.tpu_quantized_kv import load_head_quantized
-
-        keys, values = load_head_quantized(buf_ref, slot, head, layout, num_tokens, first_token)
-    elif layout is None:
-        from jax.experimental import pallas as pl
-
-        tokens = pl.ds(first_token, num_tokens)
-        keys, values = buf_ref[slot, tokens, 2 * head, :], buf_ref[slot, tokens, 2 * head + 1, :]
-    else:
-        vectors = {i: load_vector(buf_ref, slot, i, layout, num_tokens, first_token)
-                   for i in sorted(set(layout.key_vectors(head) + layout.value_vectors(head)))}
-        join = lambda indices: (vectors[indices[0]] if len(indices) == 1  # noqa: E731
-                                else jnp.concatenate([vectors[i] for i in indices], axis=1))
-        keys, values = join(layout.key_vectors(head)), join(layout.value_vectors(head))
-    return keys.astype(dtype), values.astype(dtype)

@@ -2,7 +2,7 @@
 
 Why not the "quantized" rows of kv_quantization.py: a TPU tile of 8-bit data is (32 sublanes, 128 lanes), so a
 [2 * kv_heads, head_dim + 2] row pads to 256 lanes and to 32 sublanes: more bytes than bfloat16. Here a page is
-whole uint32 word rows [page_rows, 128], as in the bfloat16 "packed" layout (kv_layout.py), in two regions:
+whole uint32 word rows [page_rows, 128], as in the bfloat16 "packed" layout (kv_layout_packed.py), in two regions:
 
   codes: the page's tokens in quads of 4 consecutive tokens; quad i, vector v (the packed layout's vector order:
     [K_h | V_h] for head_dim 64, else K_h's lane tiles then V_h's) is word row i * V + v (V = vectors per token),
@@ -39,7 +39,8 @@ from pallas_kernels.kv_quantization import (
     quantize_rows,
     quantized_pool_dtype,
 )
-from pallas_kernels.ragged_paged_attention.kv_layout import LANES, VectorOrder
+from pallas_kernels.ragged_paged_attention.kv_layout_packed import packed_layout_for
+from pallas_kernels.ragged_paged_attention.vector_order import LANES, VectorOrder
 
 FORMATS = ("int8", "fp8_e4m3")
 _TILE_ROWS = 8
@@ -213,8 +214,6 @@ def write_kv_packed_quantized(pages: UInt32[Array, "num_pages rows lanes"],
 
 def bytes_per_token_table(page_sizes=(16, 128)) -> dict:
     """{(model, tp, page_size): (quantized bytes, bfloat16 packed bytes)} per token per shard (docs, tests)."""
-    from pallas_kernels.ragged_paged_attention.kv_layout import packed_layout_for
-
     models = {"SmolLM2": (3, 64, 1), "Llama-3-8B tp1": (8, 128, 1), "Llama-3-8B tp8": (8, 128, 8)}
     table = {}
     for name, (heads, head_dim, tp) in models.items():

@@ -17,7 +17,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jaxtyping import Array, Float, Int, UInt32
 
-from pallas_kernels.ragged_paged_attention.kv_layout import LANES, pack_kv_pages, packed_layout_for
+from pallas_kernels.ragged_paged_attention.kv_layout_packed import pack_kv_pages, packed_layout_for
+from pallas_kernels.ragged_paged_attention.vector_order import LANES
 
 DEFAULT_TOKENS_PER_TILE = 128
 

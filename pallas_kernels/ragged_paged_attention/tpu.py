@@ -42,15 +42,11 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jaxtyping import Array, Float, UInt32
 
-from pallas_kernels.ragged_paged_attention.kv_layout import (
-    LANES,
-    kernel_layout,
-    kv_scratch_shape,
-    load_head,
-)
-from pallas_kernels.ragged_paged_attention.kv_layout import page_rows as kv_page_rows
+from pallas_kernels.ragged_paged_attention.kv_layout import kernel_layout
 from pallas_kernels.ragged_paged_attention.metadata import MASK_VALUE, AttentionMetadata
 from pallas_kernels.ragged_paged_attention.tpu_decode import ragged_paged_attention_tpu_decode
+from pallas_kernels.ragged_paged_attention.tpu_kv_reads import kv_scratch_shape, load_head
+from pallas_kernels.ragged_paged_attention.tpu_kv_reads import page_rows as kv_page_rows
 from pallas_kernels.ragged_paged_attention.tpu_online_softmax import accumulate_head
 from pallas_kernels.ragged_paged_attention.tpu_quantized_kv import token_offsets
 from pallas_kernels.ragged_paged_attention.tpu_step_cases import STEP_CASES, attend_by_case
@@ -62,6 +58,7 @@ from pallas_kernels.ragged_paged_attention.tpu_vmem import (
     prefill_blocks,
     vmem_bytes,
 )
+from pallas_kernels.ragged_paged_attention.vector_order import LANES
 
 _LANES = 128
 # Scalar-prefetch budget: half of the 1 MiB SMEM of v5e/v6e, the rest left to Mosaic's own use.

@@ -26,10 +26,11 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jaxtyping import Array, Float, Int, UInt32
 
-from pallas_kernels.ragged_paged_attention.kv_layout import PackedLayout, kv_scratch_shape, load_head
-from pallas_kernels.ragged_paged_attention.kv_layout import page_rows as kv_page_rows
+from pallas_kernels.ragged_paged_attention.kv_layout_packed import PackedLayout
 from pallas_kernels.ragged_paged_attention.kv_layout_quantized import QuantizedPackedLayout
 from pallas_kernels.ragged_paged_attention.metadata import MASK_VALUE
+from pallas_kernels.ragged_paged_attention.tpu_kv_reads import kv_scratch_shape, load_head
+from pallas_kernels.ragged_paged_attention.tpu_kv_reads import page_rows as kv_page_rows
 from pallas_kernels.ragged_paged_attention.tpu_online_softmax import accumulate_head
 from pallas_kernels.ragged_paged_attention.tpu_quantized_kv import token_offsets
 from pallas_kernels.ragged_paged_attention.tpu_vmem import decode_compute_pages

@@ -16,9 +16,11 @@ from typing import Union
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
 
-from pallas_kernels.ragged_paged_attention.kv_layout import LANES
 from pallas_kernels.ragged_paged_attention.kv_layout_quantized import QUAD, QuantizedPackedLayout
+from pallas_kernels.ragged_paged_attention.vector_order import LANES
 
 
 def token_offsets(layout, shape: tuple, dimension: int, num_tokens: int) -> jax.Array:
@@ -33,8 +35,6 @@ def token_offsets(layout, shape: tuple, dimension: int, num_tokens: int) -> jax.
 
 def _byte_to_float(words: jax.Array, byte: int, kv_format: str) -> jax.Array:
     """Byte `byte` of each uint32 word as the float32 its 8-bit code stands for (before the scale)."""
-    from jax.experimental.pallas import tpu as pltpu
-
     if kv_format == "int8":
         signed = pltpu.bitcast(words << jnp.uint32(24 - 8 * byte), jnp.int32) >> 24  # arithmetic: sign-extends
         return signed.astype(jnp.float32)
@@ -50,9 +50,6 @@ def _byte_to_float(words: jax.Array, byte: int, kv_format: str) -> jax.Array:
 
 def _scale_columns(buf_ref, slot, base, head: int, layout: QuantizedPackedLayout, pages: int):
     """[(K scale, V scale)] per token of the page, each [pages, 1] float32."""
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import tpu as pltpu
-
     rows = {}
     columns = []
     for token in range(layout.page_size):
@@ -68,8 +65,6 @@ def _scale_columns(buf_ref, slot, base, head: int, layout: QuantizedPackedLayout
 
 def _load_vector(buf_ref, slot, base, vector: int, layout: QuantizedPackedLayout, pages: int, scales) -> jax.Array:
     """Vector `vector` of the slice's tokens, dequantized, [page_size * pages, 128] float32 (page-minor)."""
-    from jax.experimental import pallas as pl
-
     pieces = []
     lanes = jax.lax.broadcasted_iota(jnp.int32, (pages, LANES), 1)
     for quad in range(layout.page_size // QUAD):

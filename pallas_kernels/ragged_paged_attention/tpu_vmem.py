@@ -20,8 +20,9 @@ from typing import Optional, Union
 
 import jax.numpy as jnp
 
-from pallas_kernels.ragged_paged_attention.kv_layout import LANES, PackedLayout
+from pallas_kernels.ragged_paged_attention.kv_layout_packed import PackedLayout
 from pallas_kernels.ragged_paged_attention.kv_layout_quantized import QuantizedPackedLayout
+from pallas_kernels.ragged_paged_attention.vector_order import LANES
 
 KernelLayout = Optional[Union[PackedLayout, QuantizedPackedLayout]]
 """The layout the kernels read pages with: None for interleaved."""
@@ -46,6 +47,7 @@ _TILE_INTERMEDIATE_ARRAYS = 8
 
 def vmem_capacity_bytes() -> int:
     """VMEM bytes per TensorCore of the default device's chip (the fallback where it is not a TPU)."""
+    # Mosaic's TPU module, loaded only when the chip is asked (the rest of this module is plain arithmetic).
     from jax.experimental.pallas import tpu as pltpu
 
     try:

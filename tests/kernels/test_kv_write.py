@@ -91,7 +91,7 @@ def test_tpu_kv_write_contiguous_chunks_are_bit_exact(dtype):
                                                          (3, 64, np.float32)])
 def test_tpu_kv_write_packed_layout_is_bit_exact(num_kv_heads, head_dim, dtype):
     """Into the packed uint32 layout: the packed image of the interleaved scatter's result."""
-    from pallas_kernels.ragged_paged_attention.kv_layout import pack_kv_pages
+    from pallas_kernels.ragged_paged_attention.kv_layout_packed import pack_kv_pages
 
     rng = np.random.default_rng(4)
     kv_pages = jnp.asarray(rng.standard_normal((12, 16, 2 * num_kv_heads, head_dim)).astype(dtype))
