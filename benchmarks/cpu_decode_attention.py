@@ -20,8 +20,8 @@ import statistics
 import jax
 import jax.numpy as jnp
 
-from benchmarks.sweep.machine_info import machine_info
-from benchmarks.sweep.roofline import copy_bytes_per_s
+from jaxpaged.bench.machine_info import machine_info
+from jaxpaged.bench.roofline import copy_bytes_per_s
 from jaxpaged.kernels import xla_attention
 from jaxpaged.timing import call_seconds
 from pallas_kernels.bfloat16_bits import to_bits

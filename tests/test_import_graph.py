@@ -128,6 +128,16 @@ def test_the_graph_holds_imports_made_inside_functions():
     assert "pallas_kernels.ragged_paged_attention.metadata" in graph["jaxpaged.models.layers"]
 
 
+def test_the_wheels_packages_import_nothing_of_benchmarks():
+    """benchmarks/ is not in the wheel: no module of jaxpaged (the sweep runner in jaxpaged/bench included) or
+    pallas_kernels imports it, even inside a function."""
+    graph = import_graph(ROOT, PACKAGES + ("benchmarks",))
+    assert any("jaxpaged.bench.machine_info" in targets for module, targets in graph.items()
+               if module.startswith("benchmarks."))  # the one-off studies reuse the sweep's helpers
+    assert {(module, target) for module, targets in graph.items() if not module.startswith("benchmarks")
+            for target in targets if target.split(".")[0] == "benchmarks"} == set()
+
+
 def _write_package(root: pathlib.Path, files: dict[str, str]) -> None:
     for relative, text in files.items():
         path = root / relative

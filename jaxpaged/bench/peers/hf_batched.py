@@ -8,10 +8,10 @@ logits are ready, which is when that step's token is chosen.
 
 import time
 
-from benchmarks.sweep.bench_config import SamplingConfig
-from benchmarks.sweep.latency_stats import RequestTiming, run_metrics
-from benchmarks.sweep.peers.hf_model import HFPeerModel
-from benchmarks.sweep.workloads import BenchRequest, group_by_turn
+from jaxpaged.bench.bench_config import SamplingConfig
+from jaxpaged.bench.latency_stats import RequestTiming, run_metrics
+from jaxpaged.bench.peers.hf_model import HFPeerModel
+from jaxpaged.bench.workloads import BenchRequest, group_by_turn
 
 
 class _StepClock:

@@ -5,8 +5,8 @@ import math
 import pathlib
 from typing import Optional
 
-from benchmarks.sweep.machine_info import describe_machine
-from benchmarks.sweep.roofline import REPEATS as ROOFLINE_REPEATS
+from jaxpaged.bench.machine_info import describe_machine
+from jaxpaged.bench.roofline import REPEATS as ROOFLINE_REPEATS
 
 NOISE_NOTE = ("Tokens/s on a shared machine are noisy: other jobs share the CPU cores (load averages above). "
               "Ratios against a peer are measured in the same run; medians of repeats where repeats > 1.")

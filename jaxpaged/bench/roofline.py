@@ -22,7 +22,7 @@ from typing import Optional
 
 import numpy as np
 
-from benchmarks.sweep.workloads import BenchRequest
+from jaxpaged.bench.workloads import BenchRequest
 from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.timing import call_seconds
 

@@ -22,15 +22,15 @@ from typing import TYPE_CHECKING, Optional
 
 from tqdm.auto import tqdm
 
-from benchmarks.sweep.bench_config import BenchConfig, SweepPoint, load_config
-from benchmarks.sweep.kv_baseline import RESERVATIONS, contiguous_baseline
-from benchmarks.sweep.latency_stats import median_of_repeats
-from benchmarks.sweep.machine_info import git_state, load_average, machine_info, package_versions
-from benchmarks.sweep.workloads import BenchRequest, generate_requests, workload_kind
+from jaxpaged.bench.bench_config import BenchConfig, SweepPoint, load_config
+from jaxpaged.bench.kv_baseline import RESERVATIONS, contiguous_baseline
+from jaxpaged.bench.latency_stats import median_of_repeats
+from jaxpaged.bench.machine_info import git_state, load_average, machine_info, package_versions
+from jaxpaged.bench.workloads import BenchRequest, generate_requests, workload_kind
 from jaxpaged.config import EngineConfig
 
 if TYPE_CHECKING:
-    from benchmarks.sweep.roofline import MachineRates
+    from jaxpaged.bench.roofline import MachineRates
 
 
 def workload_key(point: SweepPoint) -> str:
@@ -86,7 +86,7 @@ def resolve_scratch(engine_options: dict, out_dir: pathlib.Path) -> dict:
 
 def _offline_group(config: BenchConfig, points: list[SweepPoint], indices: list[int], rows: dict, bar,
                    info: dict, out_dir: pathlib.Path) -> None:
-    from benchmarks.sweep.offline_runner import build_llm, run_offline, warm_up_llm
+    from jaxpaged.bench.offline_runner import build_llm, run_offline, warm_up_llm
 
     llm, startup_s = build_llm(config.model, resolve_scratch(points[indices[0]].engine_options, out_dir))
     info.setdefault("model_name", llm.engine.model_name)
@@ -119,8 +119,8 @@ def _offline_group(config: BenchConfig, points: list[SweepPoint], indices: list[
 
 def _online_group(config: BenchConfig, points: list[SweepPoint], indices: list[int], rows: dict, bar, info: dict,
                   out_dir: pathlib.Path) -> None:
-    from benchmarks.sweep.online_runner import run_online, warm_up_server
-    from benchmarks.sweep.server_process import ServerProcess
+    from jaxpaged.bench.online_runner import run_online, warm_up_server
+    from jaxpaged.bench.server_process import ServerProcess
 
     first = points[indices[0]]
     log_path = out_dir / f"server-{indices[0]}.log"
@@ -177,8 +177,8 @@ def _peer_workloads(config: BenchConfig, points: list[SweepPoint]) -> list[Sweep
 
 
 def _run_peers(config: BenchConfig, points: list[SweepPoint], bar) -> list[dict]:
-    from benchmarks.sweep.peers import PeerUnavailable
-    from benchmarks.sweep.peers.dispatch import PeerModels, measure_peer
+    from jaxpaged.bench.peers import PeerUnavailable
+    from jaxpaged.bench.peers.dispatch import PeerModels, measure_peer
 
     models = PeerModels(config.model)
     rows = []
@@ -207,7 +207,7 @@ def _step_rows(points: list[SweepPoint]) -> tuple[int, int]:
 
 def _measure_rates(model_config, step_rows: tuple[int, int]) -> "MachineRates":
     """The machine's rates at the sweep's step shapes (decode rows, prefill rows)."""
-    from benchmarks.sweep.roofline import measure_rates
+    from jaxpaged.bench.roofline import measure_rates
 
     return measure_rates(model_config, decode_rows=step_rows[0], prefill_rows=step_rows[1])
 
@@ -216,7 +216,7 @@ def _add_roofline(rates: "MachineRates", step_rows: tuple[int, int], points: lis
                   model_config) -> dict:
     """Give every measured row its workload's lower bound under `rates` and the fraction of it the row achieved; the
     rates, as the run records them."""
-    from benchmarks.sweep.roofline import lower_bound_seconds
+    from jaxpaged.bench.roofline import lower_bound_seconds
 
     decode_rows, prefill_rows = step_rows
     requests_of = {workload_key(point): generate_requests(point.workload) for point in points}
@@ -239,7 +239,7 @@ def _add_roofline(rates: "MachineRates", step_rows: tuple[int, int], points: lis
 
 def run_sweep(config: BenchConfig, out_dir: pathlib.Path, *, progress: bool = True) -> dict:
     """Run the whole sweep; the run as a JSON-ready dict (targets evaluated, nothing written yet)."""
-    from benchmarks.sweep.targets import evaluate_targets
+    from jaxpaged.bench.targets import evaluate_targets
 
     started = datetime.now(UTC)
     start = time.perf_counter()
@@ -263,7 +263,7 @@ def run_sweep(config: BenchConfig, out_dir: pathlib.Path, *, progress: bool = Tr
             roofline = _add_roofline(rates, step_rows, points, rows, model_config)
         probe = None
         if config.warmup_probe:
-            from benchmarks.sweep.warmup_probe import probe_cold_and_warm
+            from jaxpaged.bench.warmup_probe import probe_cold_and_warm
 
             try:
                 probe = probe_cold_and_warm(config.model, points[0].engine_options)
@@ -280,8 +280,8 @@ def run_sweep(config: BenchConfig, out_dir: pathlib.Path, *, progress: bool = Tr
 
 def write_run(run: dict, config: BenchConfig, out_dir: pathlib.Path) -> dict[str, pathlib.Path]:
     """JSON, PNGs and markdown of a run under out_dir; their paths."""
-    from benchmarks.sweep.plots import write_plots
-    from benchmarks.sweep.results_writer import write_json, write_markdown
+    from jaxpaged.bench.plots import write_plots
+    from jaxpaged.bench.results_writer import write_json, write_markdown
 
     x_axis = config.plot_x or next(iter(config.sweep), None)
     plots = write_plots(run, out_dir, x_axis)

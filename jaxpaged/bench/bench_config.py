@@ -30,7 +30,7 @@ from typing import Any, NoReturn, Optional
 
 import yaml
 
-from benchmarks.sweep.workloads import make_workload_spec
+from jaxpaged.bench.workloads import make_workload_spec
 from jaxpaged.checks import is_int, is_number
 from jaxpaged.config import EngineConfig
 

@@ -10,11 +10,11 @@ import math
 import time
 from typing import Optional
 
-from benchmarks.sweep.bench_config import SamplingConfig
-from benchmarks.sweep.latency_stats import RequestTiming, run_metrics
-from benchmarks.sweep.peers import PeerUnavailable
-from benchmarks.sweep.peers.hf_model import gguf_path
-from benchmarks.sweep.workloads import BenchRequest, group_by_turn
+from jaxpaged.bench.bench_config import SamplingConfig
+from jaxpaged.bench.latency_stats import RequestTiming, run_metrics
+from jaxpaged.bench.peers import PeerUnavailable
+from jaxpaged.bench.peers.hf_model import gguf_path
+from jaxpaged.bench.workloads import BenchRequest, group_by_turn
 
 
 def llama_cpp_available() -> bool:

@@ -7,10 +7,10 @@ Every request of a round arrives when generate() is called; a multi-turn workloa
 import time
 from typing import Optional
 
-from benchmarks.sweep.bench_config import ModeConfig, SamplingConfig
-from benchmarks.sweep.latency_stats import RequestTiming, run_metrics
-from benchmarks.sweep.step_probe import StepProbe
-from benchmarks.sweep.workloads import BenchRequest, group_by_turn
+from jaxpaged.bench.bench_config import ModeConfig, SamplingConfig
+from jaxpaged.bench.latency_stats import RequestTiming, run_metrics
+from jaxpaged.bench.step_probe import StepProbe
+from jaxpaged.bench.workloads import BenchRequest, group_by_turn
 
 
 def build_llm(model: Optional[str], engine_options: dict):

@@ -4,7 +4,7 @@ for the bfloat16 rows), no network."""
 import pathlib
 from typing import Optional
 
-from benchmarks.sweep.peers import PeerUnavailable
+from jaxpaged.bench.peers import PeerUnavailable
 
 
 def hf_source(model: Optional[str]) -> dict:

@@ -13,7 +13,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 
-from benchmarks.sweep.results_writer import fmt  # noqa: E402
+from jaxpaged.bench.results_writer import fmt  # noqa: E402
 
 # Line style of an axis-independent reference line, per marker style of the plotted series.
 _REFERENCE_STYLES = {"-o": "--", "--s": "-.", ":^": ":"}

@@ -16,10 +16,10 @@ from typing import Optional
 import httpx
 import numpy as np
 
-from benchmarks.sweep.bench_config import ModeConfig, SamplingConfig
-from benchmarks.sweep.latency_stats import RequestTiming, run_metrics
-from benchmarks.sweep.server_process import ServerProcess, parse_metrics
-from benchmarks.sweep.workloads import BenchRequest
+from jaxpaged.bench.bench_config import ModeConfig, SamplingConfig
+from jaxpaged.bench.latency_stats import RequestTiming, run_metrics
+from jaxpaged.bench.server_process import ServerProcess, parse_metrics
+from jaxpaged.bench.workloads import BenchRequest
 
 _KV_POLL_INTERVAL_S = 0.5
 _ENGINE_METRICS = ("jaxpaged_prefix_cache_queries", "jaxpaged_prefix_cache_hits",

@@ -2,9 +2,9 @@
 
 from typing import Optional
 
-from benchmarks.sweep.bench_config import PeerConfig, SamplingConfig
-from benchmarks.sweep.latency_stats import median_of_repeats
-from benchmarks.sweep.workloads import BenchRequest
+from jaxpaged.bench.bench_config import PeerConfig, SamplingConfig
+from jaxpaged.bench.latency_stats import median_of_repeats
+from jaxpaged.bench.workloads import BenchRequest
 
 
 class PeerModels:
@@ -17,7 +17,7 @@ class PeerModels:
 
     def hf(self, dtype: str = "float32"):
         """The shared HF torch model in `dtype` (one per dtype; the other is dropped first, to bound memory)."""
-        from benchmarks.sweep.peers.hf_model import HFPeerModel
+        from jaxpaged.bench.peers.hf_model import HFPeerModel
 
         if dtype not in self._hf:
             self._hf.clear()
@@ -26,7 +26,7 @@ class PeerModels:
 
     def llama_cpp(self, options: dict):
         """A llama.cpp model per distinct option set."""
-        from benchmarks.sweep.peers.llama_cpp import LlamaCppPeer
+        from jaxpaged.bench.peers.llama_cpp import LlamaCppPeer
 
         key = tuple(sorted(options.items()))
         if key not in self._llama_cpp:
@@ -58,19 +58,19 @@ def _with_torch_threads(num_threads: Optional[int], run, *args):
 def _measure(peer: PeerConfig, models: PeerModels, requests: list[BenchRequest],
              sampling: SamplingConfig) -> tuple[dict, list[dict]]:
     if peer.kind == "hf_batched":
-        from benchmarks.sweep.peers.hf_batched import run_hf_batched, warm_up_hf_batched
+        from jaxpaged.bench.peers.hf_batched import run_hf_batched, warm_up_hf_batched
 
         hf = models.hf(peer.dtype)
         warm_up_hf_batched(hf, requests, sampling)
         repeats = [run_hf_batched(hf, requests, sampling, peer.batch_size) for _ in range(peer.repeats)]
     elif peer.kind == "hf_continuous":
-        from benchmarks.sweep.peers.hf_continuous import run_hf_continuous, warm_up_hf_continuous
+        from jaxpaged.bench.peers.hf_continuous import run_hf_continuous, warm_up_hf_continuous
 
         hf = models.hf(peer.dtype)
         warm_up_hf_continuous(hf, requests, sampling)
         repeats = [run_hf_continuous(hf, requests, sampling) for _ in range(peer.repeats)]
     elif peer.kind == "llama_cpp":
-        from benchmarks.sweep.peers.llama_cpp import run_llama_cpp
+        from jaxpaged.bench.peers.llama_cpp import run_llama_cpp
 
         llama = models.llama_cpp(peer.options)
         repeats = [run_llama_cpp(llama, requests, sampling) for _ in range(peer.repeats)]

@@ -1,7 +1,7 @@
 """Warm-up time of a fresh process: cold (empty persistent compilation cache) and warm (a second start on it).
 
 Each start is its own process, as a restarted server would be:
-    python -m benchmarks.sweep.warmup_probe '{"model": null, "engine_options": {...}}'
+    python -m jaxpaged.bench.warmup_probe '{"model": null, "engine_options": {...}}'
 prints one JSON line {"startup_s", "warmup_s", "num_compilations"}.
 """
 
@@ -16,7 +16,7 @@ from typing import Optional
 def probe_once(model: Optional[str], engine_options: dict, cache_dir: str, timeout_s: float = 1800.0) -> dict:
     """Start an engine in a child process with `cache_dir` as its compilation cache; its start-up figures."""
     spec = json.dumps({"model": model, "engine_options": {**engine_options, "compilation_cache_dir": cache_dir}})
-    completed = subprocess.run([sys.executable, "-m", "benchmarks.sweep.warmup_probe", spec], capture_output=True,
+    completed = subprocess.run([sys.executable, "-m", "jaxpaged.bench.warmup_probe", spec], capture_output=True,
                                text=True, timeout=timeout_s)
     if completed.returncode != 0:
         raise RuntimeError(f"warm-up probe failed ({completed.returncode}): {completed.stderr[-2000:]}")

@@ -10,7 +10,7 @@ agree on some keys (pair_by), e.g. jaxpaged's faster dtype against the peers in 
 
 from typing import Any, Optional
 
-from benchmarks.sweep.bench_config import TargetConfig, axis_parameters
+from jaxpaged.bench.bench_config import TargetConfig, axis_parameters
 from jaxpaged.checks import is_number
 
 _ABSENT = object()
