@@ -1,4 +1,5 @@
-"""Benchmarks: config-driven sweeps (`benchmarks/sweep`, run by `jaxpaged bench`) and one-off scripts.
+"""Benchmarks: one-off studies and kernel checks, run from the checkout (`python -m benchmarks.<study>`).
 
-Not part of the product: nothing under `jaxpaged/` imports this package, except `jaxpaged bench`, lazily.
+Not part of the product and not in the wheel: nothing under `jaxpaged/` imports this package. The config-driven
+sweep runner behind `jaxpaged bench` ships inside the package (jaxpaged/bench); scripts here reuse its helpers.
 """

@@ -20,13 +20,13 @@ import statistics
 import jax
 import jax.numpy as jnp
 
-from benchmarks.sweep.machine_info import machine_info
-from benchmarks.sweep.roofline import copy_bytes_per_s
-from jaxpaged.kernels.bfloat16_bits import to_bits
-from jaxpaged.kernels.kv_quantization import SCALE_BYTES, quantize_rows, quantized_pool_dtype
-from jaxpaged.kernels.ragged_paged_attention import xla
-from jaxpaged.kernels.ragged_paged_attention.example_batch import make_ragged_batch
+from jaxpaged.bench.machine_info import machine_info
+from jaxpaged.bench.roofline import copy_bytes_per_s
+from jaxpaged.kernels import xla_attention
 from jaxpaged.timing import call_seconds
+from pallas_kernels.bfloat16_bits import to_bits
+from pallas_kernels.kv_quantization import SCALE_BYTES, quantize_rows, quantized_pool_dtype
+from pallas_kernels.ragged_paged_attention.example_batch import make_ragged_batch
 
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, PAGE = 9, 3, 64, 16
 
@@ -75,7 +75,7 @@ def compile_attention(q_lens: list[int], kv_lens: list[int], num_tokens: int, *,
     def step(q, pool, metadata):
         def layer(carry, index):
             shifted = metadata.on_pages_from((index % num_copies) * num_pages, PAGE)
-            out = xla.ragged_paged_attention_xla(q + carry * 1e-9, pool, shifted, sm_scale=0.125,
+            out = xla_attention.ragged_paged_attention_xla(q + carry * 1e-9, pool, shifted, sm_scale=0.125,
                                                  native=native)
             return out[0, 0, 0], None
         return jax.lax.scan(layer, jnp.float32(0), jnp.arange(layers, dtype=jnp.int32))[0]

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.sweep.machine_info import machine_info
+from jaxpaged.bench.machine_info import machine_info
 from jaxpaged.kernels.cpu_native.packed_matmul import pack_panels, packs_dtype
 from jaxpaged.models.layers import matmul
 from jaxpaged.timing import call_seconds

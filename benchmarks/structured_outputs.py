@@ -12,7 +12,7 @@ import argparse
 import statistics
 import time
 
-from benchmarks.sweep.machine_info import describe_machine, machine_info
+from jaxpaged.bench.machine_info import describe_machine, machine_info
 from jaxpaged.llm import LLM
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.sampling.params import SamplingParams, StructuredOutputsParams

@@ -57,19 +57,11 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    # The sweep lives in benchmarks/sweep, outside the product's import graph: imported only here, on demand.
-    import importlib
+    # Imported here, not at the top: `jaxpaged serve` and `generate` never load the sweep runner (jaxpaged/bench),
+    # and the engine, LLM and the server never import it (tests/bench/test_bench_outside_product.py).
+    from jaxpaged.bench.sweep import bench_main
 
-    try:
-        sweep = importlib.import_module("benchmarks.sweep.sweep")
-    except ModuleNotFoundError as error:
-        if error.name is None or error.name.split(".")[0] != "benchmarks":
-            raise
-        raise SystemExit("jaxpaged bench: error: the `benchmarks` package is not importable. The sweep runner "
-                         "lives in the source checkout's benchmarks/sweep, outside the jaxpaged package: run "
-                         "`jaxpaged bench` from a checkout installed with `make install` (pip install -e .)."
-                         ) from error
-    return sweep.bench_main(args) or 0
+    return bench_main(args) or 0
 
 
 def _advise(args: argparse.Namespace) -> int:

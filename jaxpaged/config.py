@@ -53,9 +53,9 @@ class CacheConfig:
     kv_cache_dtype: KVCacheDTypeName = "auto"
     """How K and V are stored (vLLM's --kv-cache-dtype): "auto" in the model dtype; "int8" or "fp8" / "fp8_e4m3"
     as 8-bit codes with one bfloat16 scale per token per KV head, quantized on write and dequantized inside attention
-    (kernels/kv_quantization.py): about twice the tokens of bfloat16 in the same kv_cache_memory. "fp8" is stored
+    (pallas_kernels/kv_quantization.py): about twice the tokens of bfloat16 in the same kv_cache_memory. "fp8" is stored
     as "fp8_e4m3". Every attention backend: "xla" and "pallas_gpu" in the "quantized" layout, "pallas_tpu" in its own
-    (kernels/ragged_paged_attention/kv_layout_quantized.py)."""
+    (pallas_kernels/ragged_paged_attention/kv_layout_quantized.py)."""
     enable_prefix_caching: bool = True
     """Reuse computed full blocks across requests by their chain hash."""
     prefix_caching_granularity: PrefixCachingGranularity = "token"

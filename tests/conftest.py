@@ -21,9 +21,10 @@ import pytest
 
 # The sampling modules that were runner/ before the redesign: SamplingParams (sampling.params) is left out, as it
 # validates user input itself (a ValueError naming the field, not a type-check error).
-_TYPE_CHECKED_PACKAGES = ("jaxpaged.models", "jaxpaged.runner", "jaxpaged.kernels", "jaxpaged.sampling.sampler",
-                          "jaxpaged.sampling.batch", "jaxpaged.sampling.token_sampler", "jaxpaged.sampling.bitmask",
-                          "jaxpaged.sampling.prompt_logprobs", "jaxpaged.sampling.step_result")
+_TYPE_CHECKED_PACKAGES = ("pallas_kernels", "jaxpaged.models", "jaxpaged.runner", "jaxpaged.kernels",
+                          "jaxpaged.sampling.sampler", "jaxpaged.sampling.batch", "jaxpaged.sampling.token_sampler",
+                          "jaxpaged.sampling.bitmask", "jaxpaged.sampling.prompt_logprobs",
+                          "jaxpaged.sampling.step_result")
 _already_imported = sorted(name for name in sys.modules
                            if any(name == p or name.startswith(p + ".") for p in _TYPE_CHECKED_PACKAGES))
 if _already_imported:  # the hook only instruments modules imported after it is installed

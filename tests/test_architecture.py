@@ -82,7 +82,7 @@ def test_sampling_imports_nothing_from_the_runner_the_server_or_the_attention_ke
     for path in sources("jaxpaged/sampling"):
         for module in imports_of(path):
             assert not module.startswith(("jaxpaged.runner", "jaxpaged.server", "jaxpaged.engine",
-                                          "jaxpaged.kernels.ragged_paged_attention")), (path.name, module)
+                                          "pallas_kernels.ragged_paged_attention")), (path.name, module)
 
 
 def test_optional_features_are_imported_only_where_they_are_wired():

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from benchmarks.host_path import report
 from benchmarks.host_path.cases import Case, run_case, summarize, tiny_model
-from benchmarks.sweep.machine_info import machine_info
+from jaxpaged.bench.machine_info import machine_info
 
 
 def cases_of_config(config: dict[str, Any]) -> list[Case]:

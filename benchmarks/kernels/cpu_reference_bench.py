@@ -11,8 +11,8 @@ import time
 import jax
 import numpy as np
 
-from jaxpaged.kernels.ragged_paged_attention.example_batch import make_ragged_batch
-from jaxpaged.kernels.ragged_paged_attention.xla import ragged_paged_attention_xla
+from jaxpaged.kernels.xla_attention import ragged_paged_attention_xla
+from pallas_kernels.ragged_paged_attention.example_batch import make_ragged_batch
 
 # (name, q_lens, kv_lens, num_tokens bucket, max_num_seqs bucket)
 WORKLOADS = [

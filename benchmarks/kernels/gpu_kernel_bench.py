@@ -44,7 +44,7 @@ from benchmarks.kernels.kernel_bench_common import (
     run_sections,
     seconds_per_call,
 )
-from jaxpaged.kernels.ragged_paged_attention.gpu import ragged_paged_attention_gpu
+from pallas_kernels.ragged_paged_attention.gpu import ragged_paged_attention_gpu
 
 SHAPES = {"smollm_9x3_d64": (9, 3, 64), "llama8b_32x8_d128": (32, 8, 128)}
 

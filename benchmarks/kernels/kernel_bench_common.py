@@ -19,9 +19,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpaged.kernels.ragged_paged_attention.example_batch import make_ragged_batch
-from jaxpaged.kernels.ragged_paged_attention.metadata import AttentionMetadata
-from jaxpaged.kernels.ragged_paged_attention.xla import ragged_paged_attention_xla
+from jaxpaged.kernels.xla_attention import ragged_paged_attention_xla
+from pallas_kernels.ragged_paged_attention.example_batch import make_ragged_batch
+from pallas_kernels.ragged_paged_attention.metadata import AttentionMetadata
 
 TOLERANCE = {"float32": 2e-5, "bfloat16": 3e-2}
 """Max |error| against the float32 reference a row may show and PASS (bfloat16: its inputs' own rounding)."""

@@ -34,13 +34,14 @@ from benchmarks.kernels.tpu_compile_grid import (
     full_grid,
 )
 from benchmarks.kernels.tpu_step_compile import STEP_COLUMNS, compile_step, step_cases
-from jaxpaged.kernels.kv_quantization import quantized_pool_dtype
-from jaxpaged.kernels.ragged_paged_attention.kv_layout import cache_shape, packed_layout_for
-from jaxpaged.kernels.ragged_paged_attention.kv_layout_quantized import quantized_layout_for, write_kv_packed_quantized
-from jaxpaged.kernels.ragged_paged_attention.kv_write_tpu import write_kv_pages_tpu
-from jaxpaged.kernels.ragged_paged_attention.metadata import AttentionMetadata
-from jaxpaged.kernels.ragged_paged_attention.tpu import ragged_paged_attention_tpu
-from jaxpaged.kernels.ragged_paged_attention.tpu_vmem import (
+from pallas_kernels.kv_quantization import quantized_pool_dtype
+from pallas_kernels.ragged_paged_attention.kv_layout import cache_shape
+from pallas_kernels.ragged_paged_attention.kv_layout_packed import packed_layout_for
+from pallas_kernels.ragged_paged_attention.kv_layout_quantized import quantized_layout_for, write_kv_packed_quantized
+from pallas_kernels.ragged_paged_attention.kv_write_tpu import write_kv_pages_tpu
+from pallas_kernels.ragged_paged_attention.metadata import AttentionMetadata
+from pallas_kernels.ragged_paged_attention.tpu import ragged_paged_attention_tpu
+from pallas_kernels.ragged_paged_attention.tpu_vmem import (
     decode_pages_per_block,
     default_vmem_limit_bytes,
     prefill_blocks,

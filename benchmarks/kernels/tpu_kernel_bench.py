@@ -40,8 +40,8 @@ from benchmarks.kernels.kernel_bench_common import (
     run_sections,
     seconds_per_call,
 )
-from jaxpaged.kernels.ragged_paged_attention.kv_layout import pack_kv_pages
-from jaxpaged.kernels.ragged_paged_attention.tpu import ragged_paged_attention_tpu
+from pallas_kernels.ragged_paged_attention.kv_layout_packed import pack_kv_pages
+from pallas_kernels.ragged_paged_attention.tpu import ragged_paged_attention_tpu
 
 SHAPES = {"smollm_9x3_d64": (9, 3, 64), "llama8b_32x8_d128": (32, 8, 128)}
 HBM_BYTES_PER_S = [("v6", 1640e9), ("v5 lite", 819e9), ("v5e", 819e9), ("v5", 2765e9), ("v4", 1228e9)]

@@ -18,7 +18,6 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
-from jaxpaged.kernels.ragged_paged_attention.kv_layout import cache_shape
 from jaxpaged.models.layers import paged_attention
 from jaxpaged.models.llama import LlamaForCausalLM
 from jaxpaged.models.model_config import ModelConfig
@@ -28,6 +27,7 @@ from jaxpaged.runner.batch import PackedLayout, empty_step_inputs, pack_step_inp
 from jaxpaged.runner.kv_cache import bytes_per_block, choose_kv_layout, kv_storage_dtype
 from jaxpaged.runner.memory_plan import MemoryPlan, plan_memory, weight_bytes_per_device
 from jaxpaged.runner.model_runner import _forward
+from pallas_kernels.ragged_paged_attention.kv_layout import cache_shape
 
 MIB = 1024 * 1024
 STEP_COLUMNS = ("model", "tp", "chip", "layout", "dtype", "blocks", "plan_weights", "plan_kv", "hbm_args", "plan_gap",

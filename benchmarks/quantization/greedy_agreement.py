@@ -18,7 +18,7 @@ import time
 from typing import Any, Optional
 
 from benchmarks.json_report import print_json
-from benchmarks.sweep.machine_info import describe_machine, load_average, machine_info
+from jaxpaged.bench.machine_info import describe_machine, load_average, machine_info
 from jaxpaged.llm import LLM
 from jaxpaged.sampling.params import SamplingParams
 

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.cpu_matmul import HIDDEN, LAYER_SHAPES, LAYERS, VOCAB, step_matmuls
-from benchmarks.sweep.machine_info import describe_machine, load_average, machine_info
+from jaxpaged.bench.machine_info import describe_machine, load_average, machine_info
 from jaxpaged.kernels.cpu_native.packed_matmul import pack_panels, packed_int8_available, packed_matmul_available
 from jaxpaged.models.int8_activations import W8A8Weight
 from jaxpaged.models.int8_weights import Int8Weight, quantize_int8

@@ -21,7 +21,7 @@ from benchmarks.quantization.greedy_agreement import (
     share,
     teacher_forced,
 )
-from benchmarks.sweep.machine_info import describe_machine, load_average, machine_info
+from jaxpaged.bench.machine_info import describe_machine, load_average, machine_info
 from jaxpaged.llm import LLM
 
 

@@ -22,8 +22,8 @@ from typing import Any, Optional
 from benchmarks.json_report import print_json
 from benchmarks.quantization.mc_task import TASK_NAME, write_task
 from benchmarks.quantization.paired_difference import paired_difference
-from benchmarks.sweep.machine_info import describe_machine, load_average, machine_info
-from benchmarks.sweep.server_process import ServerProcess
+from jaxpaged.bench.machine_info import describe_machine, load_average, machine_info
+from jaxpaged.bench.server_process import ServerProcess
 
 SERVER_OPTIONS: dict[str, Any] = dict(max_model_len=512, max_num_seqs=16, max_num_batched_tokens=256)
 

@@ -21,7 +21,7 @@ from typing import Any, Optional
 from benchmarks.json_report import print_json
 from benchmarks.quantization.mc_task import questions
 from benchmarks.quantization.paired_difference import paired_difference
-from benchmarks.sweep.machine_info import describe_machine, load_average, machine_info
+from jaxpaged.bench.machine_info import describe_machine, load_average, machine_info
 from jaxpaged.models.int8_weights import QUANTIZED_PROJECTIONS, dequantize_int8, quantize_int8
 
 ENGINE_OPTIONS: dict[str, Any] = dict(dtype="float32", max_model_len=128, max_num_seqs=64,

@@ -34,7 +34,7 @@ from benchmarks.quantization.greedy_agreement import (
     teacher_forced,
     token_logprobs,
 )
-from benchmarks.sweep.machine_info import describe_machine, load_average, machine_info
+from jaxpaged.bench.machine_info import describe_machine, load_average, machine_info
 from jaxpaged.models.int8_weights import dequantize_int8, requantize_rows
 from jaxpaged.weights.default_model import default_model_path
 from jaxpaged.weights.gguf_checkpoint import q8_0_rows

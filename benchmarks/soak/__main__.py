@@ -18,7 +18,7 @@ import numpy as np
 
 from benchmarks.json_report import print_json
 from benchmarks.soak.traffic import Tally, run_phase
-from benchmarks.sweep.server_process import ServerProcess
+from jaxpaged.bench.server_process import ServerProcess
 
 DESCRIPTION = "A bounded soak of jaxpaged serve on loopback: normal streams alone, then with hostile traffic."
 # Small enough to warm up in a minute on a laptop's CPU, large enough for the streams and the hostile requests.

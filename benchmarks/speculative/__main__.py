@@ -26,7 +26,7 @@ import sys
 import time
 from typing import Any, Optional
 
-from benchmarks.sweep.machine_info import describe_machine, machine_info
+from jaxpaged.bench.machine_info import describe_machine, machine_info
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}

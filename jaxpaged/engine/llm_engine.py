@@ -29,7 +29,7 @@ from jaxpaged.engine.stats import EngineStats
 from jaxpaged.engine.step_timings import StepObserver, StepTimings
 from jaxpaged.features.wiring import build_features
 from jaxpaged.inputs import PromptInput, parse_prompt
-from jaxpaged.kernels.ragged_paged_attention.dispatch import check_kv_cache_dtype
+from jaxpaged.kernels.attention_dispatch import check_kv_cache_dtype
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.runner import ModelRunner, build_rank_runners, compile_counter
 from jaxpaged.sampling.batch import penalizes_output_tokens

@@ -1,7 +1,8 @@
-"""jaxpaged's kernels, kept apart from the engine: they import nothing of jaxpaged outside this package.
+"""The engine's kernels: the attention backend switch, its CPU path, and the native CPU kernels.
 
-ragged_paged_attention/: attention over the paged KV cache behind one signature: the plain reference (spec.py), the
-CPU path ("xla": jnp, with decode rows read by the native kernel), Pallas for TPU (Mosaic) and GPU (Triton).
-cpu_native/: native C++ kernels for the CPU (paged decode attention, the packed-weight matmul), built with the
-system compiler on first use and called through XLA's FFI. pytree.py and bfloat16_bits.py: shared helpers.
+attention_dispatch.py: validates the attention inputs once and runs the chosen backend ("xla", or the Pallas kernels
+of the top-level pallas_kernels package); xla_attention.py: the "xla" backend (jnp, with decode rows read by the native
+kernel); cpu_native/: native C++ kernels for the CPU (paged decode attention, the packed-weight matmul), built with the
+system compiler on first use and called through XLA's FFI. They import nothing of the engine outside this package but
+pallas_kernels.
 """

@@ -1,6 +1,6 @@
 """Building blocks of a Llama-family decoder: RMSNorm, RoPE, the gated MLP and paged attention.
 
-`paged_attention` is the only caller of the attention backends (jaxpaged.kernels.ragged_paged_attention).
+`paged_attention` is the only caller of the attention backends (jaxpaged/kernels/attention_dispatch.py).
 """
 
 import math
@@ -11,13 +11,14 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
+from jaxpaged.kernels.attention_dispatch import ragged_paged_attention, write_kv
 from jaxpaged.kernels.cpu_native.packed_matmul import packed_int8_matmuls, packed_matmul, packed_matmuls
-from jaxpaged.kernels.ragged_paged_attention import AttentionMetadata, KVPages, ragged_paged_attention, write_kv
-from jaxpaged.kernels.ragged_paged_attention.kv_layout import tokens_per_page
 from jaxpaged.models.int8_activations import W8A8Weight, w8a8_product
 from jaxpaged.models.int8_weights import Int8Weight
 from jaxpaged.models.int16_activations import W8A16Weight, w8a16_product
 from jaxpaged.models.model_config import RopeScaling
+from pallas_kernels.ragged_paged_attention.kv_layout import KVPages, tokens_per_page
+from pallas_kernels.ragged_paged_attention.metadata import AttentionMetadata
 
 
 def rms_norm(x: Float[Array, "... dim"], weight: Float[Array, " dim"], eps: float,

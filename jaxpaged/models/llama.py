@@ -15,8 +15,6 @@ import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Float, Int, Shaped, UInt32
 
-from jaxpaged.kernels.bfloat16_bits import from_bits, to_bits
-from jaxpaged.kernels.ragged_paged_attention import AttentionMetadata
 from jaxpaged.models.int8_activations import W8A8Weight
 from jaxpaged.models.int8_weights import Int8Weight, scale_name, scale_shapes
 from jaxpaged.models.int16_activations import W8A16Weight
@@ -33,6 +31,8 @@ from jaxpaged.models.layers import (
 from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.models.packed_weights import embedding_rows, is_packed, packed_shape
 from jaxpaged.models.param_shapes import param_shapes
+from pallas_kernels.bfloat16_bits import from_bits, to_bits
+from pallas_kernels.ragged_paged_attention.metadata import AttentionMetadata
 
 KVCache = Union[Shaped[Array, "layers blocks block_size kv_heads_x2 head_dim"],
                 UInt32[Array, "layers blocks rows lanes"]]

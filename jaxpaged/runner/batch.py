@@ -18,10 +18,10 @@ import numpy as np
 from jaxtyping import Array, Int
 
 from jaxpaged.core.scheduler_output import ScheduledRequest
-from jaxpaged.kernels.pytree import HostOrDeviceArray, register_pytree_dataclass
-from jaxpaged.kernels.ragged_paged_attention import AttentionMetadata, empty_attention_metadata
 from jaxpaged.runner.buckets import Bucket
 from jaxpaged.runner.host_block_table import HostBlockTable
+from pallas_kernels.pytree import HostOrDeviceArray, register_pytree_dataclass
+from pallas_kernels.ragged_paged_attention.metadata import AttentionMetadata, empty_attention_metadata
 
 
 @register_pytree_dataclass

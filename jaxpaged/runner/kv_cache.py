@@ -7,9 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpaged.config import CacheConfig
-from jaxpaged.kernels.kv_quantization import pool_row_width, quantized_pool_dtype
-from jaxpaged.kernels.ragged_paged_attention.kv_layout import cache_shape, packed_layout_for, physical_bytes
 from jaxpaged.models.model_config import ModelConfig
+from pallas_kernels.kv_quantization import pool_row_width, quantized_pool_dtype
+from pallas_kernels.ragged_paged_attention.kv_layout import cache_shape, physical_bytes
+from pallas_kernels.ragged_paged_attention.kv_layout_packed import packed_layout_for
 
 # On CPU the KV pool shares a 24 GiB machine with the weights, XLA's buffers and the rest of the box.
 CPU_DEFAULT_KV_CACHE_BYTES = 1 << 30

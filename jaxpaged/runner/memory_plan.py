@@ -8,11 +8,11 @@ from typing import Any, Optional
 
 import numpy as np
 
-from jaxpaged.kernels.kv_quantization import SCALE_DTYPE, format_of_pool, is_quantized_pool
 from jaxpaged.models.int8_weights import stored_dtype
 from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.runner import mesh as mesh_lib
 from jaxpaged.runner.kv_cache import bytes_per_block, logical_bytes_per_block
+from pallas_kernels.kv_quantization import SCALE_DTYPE, format_of_pool, is_quantized_pool
 
 logger = logging.getLogger(__name__)
 

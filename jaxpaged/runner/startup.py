@@ -17,9 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpaged.config import EngineConfig
+from jaxpaged.kernels.attention_dispatch import check_kv_cache_dtype, resolve_attention_backend
 from jaxpaged.kernels.cpu_native.paged_decode import native_decode_available
-from jaxpaged.kernels.ragged_paged_attention import resolve_attention_backend
-from jaxpaged.kernels.ragged_paged_attention.dispatch import check_kv_cache_dtype
 from jaxpaged.models.llama import unroll_layers_on
 from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.models.packed_weights import packs_weights_on
@@ -73,7 +72,7 @@ class StartupPlan:
     native_decode: bool
     """Decode rows read their KV in place through the native CPU attention kernel (else the jnp path)."""
     kv_layout: str
-    """The KV pool's layout (jaxpaged/kernels/ragged_paged_attention/kv_layout.py)."""
+    """The KV pool's layout (pallas_kernels/ragged_paged_attention/kv_layout.py)."""
     memory: MemoryPlan
     quantization: Optional[str] = None
     """"int8": the projections are int8 with per-column scales (models/int8_weights.py); "w8a8": and their matmuls

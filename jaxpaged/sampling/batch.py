@@ -14,8 +14,8 @@ import numpy as np
 from jaxtyping import Bool, Float32, Int32, UInt32
 
 from jaxpaged.checks import is_int
-from jaxpaged.kernels.pytree import HostOrDeviceArray, register_pytree_dataclass
 from jaxpaged.sampling.params import MAX_LOGPROBS, SamplingParams
+from pallas_kernels.pytree import HostOrDeviceArray, register_pytree_dataclass
 
 SamplingMode = Literal["greedy", "random", "top_k_top_p"]
 SAMPLING_MODES: tuple[SamplingMode, ...] = ("greedy", "random", "top_k_top_p")

@@ -13,8 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
-from jaxpaged.kernels.pytree import HostOrDeviceArray, register_pytree_dataclass
 from jaxpaged.sampling.params import MAX_LOGPROBS
+from pallas_kernels.pytree import HostOrDeviceArray, register_pytree_dataclass
 
 
 @register_pytree_dataclass

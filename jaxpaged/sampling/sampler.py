@@ -20,7 +20,6 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, UInt32
 
-from jaxpaged.kernels.pytree import HostOrDeviceArray, register_pytree_dataclass
 from jaxpaged.sampling.batch import (
     SAMPLING_MODES,
     SamplerFlags,
@@ -34,6 +33,7 @@ from jaxpaged.sampling.batch import (
     warmup_sampling_batch,
 )
 from jaxpaged.sampling.params import MAX_LOGPROBS
+from pallas_kernels.pytree import HostOrDeviceArray, register_pytree_dataclass
 
 __all__ = [
     "SAMPLING_MODES", "SamplerFlags", "SamplerOutput", "SamplingBatch", "SamplingRow",

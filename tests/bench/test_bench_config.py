@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from benchmarks.sweep.bench_config import load_config, parse_config
+from jaxpaged.bench.bench_config import load_config, parse_config
 
 CONFIG_DIR = pathlib.Path(__file__).resolve().parents[2] / "configs" / "bench"
 
@@ -151,7 +151,7 @@ def test_every_config_the_issue_names_is_shipped():
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
 def test_shipped_config_parses_and_fits_max_model_len(path):
     """Every shipped config validates, its name is its file name, and no request exceeds max_model_len."""
-    from benchmarks.sweep.workloads import generate_requests
+    from jaxpaged.bench.workloads import generate_requests
 
     config = load_config(str(path))
     assert config.name == path.stem

@@ -1,20 +1,32 @@
-"""The bench sweep lives in benchmarks/, outside the product: the engine, LLM and the server never import it, and
-only `jaxpaged bench` reaches it, lazily."""
+"""The bench sweep ships inside jaxpaged (jaxpaged/bench) but stays off the serving path: the engine, LLM and the
+server import neither it nor the checkout's benchmarks/, and only `jaxpaged bench` reaches it, lazily."""
 
 import json
+import os
+import pathlib
 import subprocess
 import sys
 
 from jaxpaged.cli import build_parser
 
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
-def test_product_imports_load_no_benchmarks_module(tmp_path):
-    """A fresh process (outside the checkout, so only the installed mapping could find `benchmarks`)."""
-    code = ("import json, sys; import jaxpaged, jaxpaged.llm, jaxpaged.server.app; "
-            "print(json.dumps(sorted(m for m in sys.modules if m == 'benchmarks' or m.startswith('benchmarks.'))))")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+
+def _loaded_modules(code: str, tmp_path: pathlib.Path) -> list[str]:
+    """Modules of benchmarks or jaxpaged.bench loaded after `code`, in a fresh process outside the checkout (this
+    checkout's packages first on the path)."""
+    probe = (f"{code}; import json, sys; print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] == "
+             "'benchmarks' or m == 'jaxpaged.bench' or m.startswith('jaxpaged.bench.'))))")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                            env=env)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert json.loads(result.stdout.strip().splitlines()[-1]) == []
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_product_imports_load_no_bench_module(tmp_path):
+    """Importing the package, LLM and the server app loads no sweep module and nothing of benchmarks/."""
+    assert _loaded_modules("import jaxpaged, jaxpaged.llm, jaxpaged.server.app, jaxpaged.cli", tmp_path) == []
 
 
 def test_cli_still_has_the_bench_command():
@@ -23,11 +35,3 @@ def test_cli_still_has_the_bench_command():
     assert args.command == "bench"
     assert (args.config, args.out) == ("configs/bench/w1_offline.yaml", "/tmp/results")
     assert args.handler.__name__ == "_bench"
-
-
-def test_bench_finds_the_sweep_from_any_directory(tmp_path):
-    """The editable install maps `benchmarks`, so the console script's lazy import works outside the checkout."""
-    code = "import benchmarks.sweep.sweep as sweep; print(callable(sweep.bench_main))"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.strip().splitlines()[-1] == "True"

@@ -2,7 +2,7 @@
 
 import pytest
 
-from benchmarks.sweep.kv_baseline import contiguous_baseline
+from jaxpaged.bench.kv_baseline import contiguous_baseline
 
 
 def test_hand_worked_two_requests():

@@ -2,7 +2,7 @@
 
 import pytest
 
-from benchmarks.sweep.latency_stats import (
+from jaxpaged.bench.latency_stats import (
     RequestTiming,
     latency_metrics,
     median_of_repeats,

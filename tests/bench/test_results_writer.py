@@ -5,10 +5,10 @@ import math
 
 import pytest
 
-from benchmarks.sweep.online_runner import conversation_groups, poisson_offsets
-from benchmarks.sweep.results_writer import fmt, peer_ratios, render_markdown, write_json
-from benchmarks.sweep.server_process import parse_metrics, serve_command
-from benchmarks.sweep.workloads import BenchRequest
+from jaxpaged.bench.online_runner import conversation_groups, poisson_offsets
+from jaxpaged.bench.results_writer import fmt, peer_ratios, render_markdown, write_json
+from jaxpaged.bench.server_process import parse_metrics, serve_command
+from jaxpaged.bench.workloads import BenchRequest
 
 
 def fake_run():
@@ -95,7 +95,7 @@ def test_parse_metrics_reads_counters_and_gauges():
 
 @pytest.mark.parametrize("with_axis", [True, False])
 def test_plots_are_written_with_and_without_a_sweep_axis(tmp_path, with_axis):
-    from benchmarks.sweep.plots import write_plots
+    from jaxpaged.bench.plots import write_plots
 
     run = fake_run()
     if not with_axis:

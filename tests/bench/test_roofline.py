@@ -2,8 +2,8 @@
 
 import pytest
 
-from benchmarks.sweep.roofline import MachineRates, lower_bound_seconds, matmul_params_per_token, weight_bytes
-from benchmarks.sweep.workloads import BenchRequest
+from jaxpaged.bench.roofline import MachineRates, lower_bound_seconds, matmul_params_per_token, weight_bytes
+from jaxpaged.bench.workloads import BenchRequest
 from jaxpaged.models.model_config import ModelConfig
 
 # 2 layers, hidden 4, 2 q heads and 1 kv head of dim 2, MLP 8, vocabulary 10.

@@ -2,7 +2,7 @@
 
 import types
 
-from benchmarks.sweep.step_probe import StepProbe
+from jaxpaged.bench.step_probe import StepProbe
 from jaxpaged.engine.step_timings import StepTimings
 
 

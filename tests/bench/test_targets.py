@@ -2,8 +2,8 @@
 
 import pytest
 
-from benchmarks.sweep.bench_config import TargetConfig
-from benchmarks.sweep.targets import evaluate_target, row_matches
+from jaxpaged.bench.bench_config import TargetConfig
+from jaxpaged.bench.targets import evaluate_target, row_matches
 
 
 def row(system, kind, point, metrics, key="w", status="ok"):
@@ -71,7 +71,7 @@ def test_unmeasured_target_is_neither_met_nor_missed():
 
 def test_dtype_selects_rows_by_precision_and_ratios_stay_within_one():
     """float32 against float32, bfloat16 against bfloat16: a selection's "dtype" is the precision a row ran in."""
-    from benchmarks.sweep.results_writer import peer_ratios
+    from jaxpaged.bench.results_writer import peer_ratios
 
     rows = [row("jaxpaged", "jaxpaged", {"engine.dtype": "float32"}, {"tps": 100.0, "dtype": "float32"}),
             row("jaxpaged", "jaxpaged", {"engine.dtype": "bfloat16"}, {"tps": 150.0, "dtype": "bfloat16"}),

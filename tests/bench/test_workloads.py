@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from benchmarks.sweep.workloads import (
+from jaxpaged.bench.workloads import (
     BenchRequest,
     MultiTurnWorkload,
     RandomWorkload,

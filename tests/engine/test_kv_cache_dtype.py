@@ -9,7 +9,7 @@ import pytest
 
 from jaxpaged.cli_options import add_engine_arguments, engine_options_from_args
 from jaxpaged.config import EngineConfig
-from jaxpaged.kernels.ragged_paged_attention.dispatch import check_kv_cache_dtype
+from jaxpaged.kernels.attention_dispatch import check_kv_cache_dtype
 from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.runner.kv_cache import kv_storage_dtype, num_kv_blocks_for
 from jaxpaged.sampling.params import SamplingParams

@@ -13,7 +13,7 @@ def ragged_scenarios(page_size: int, **shape) -> list:
     Covers decode-only, prefill-only (fresh and chunked), mixed, kv lengths 1, page-1, page,
     page+1 and many pages, padded rows and sequences, an all-padding step, shuffled page ids.
     """
-    from jaxpaged.kernels.ragged_paged_attention.example_batch import make_ragged_batch
+    from pallas_kernels.ragged_paged_attention.example_batch import make_ragged_batch
 
     p = page_size
     padded = dict(num_tokens=80, max_num_seqs=6, pages_per_seq=8, num_pages=24, page_size=p)
@@ -52,7 +52,7 @@ def check_kernel_against_spec(kernel, page_size: int, head_dim: int, num_q_heads
     import jax
     import jax.numpy as jnp
 
-    from jaxpaged.kernels.ragged_paged_attention.spec import ragged_paged_attention_spec
+    from pallas_kernels.ragged_paged_attention.spec import ragged_paged_attention_spec
 
     options = dict(sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap)
     jitted_kernel = jax.jit(lambda *args: kernel(*args, **options))
@@ -101,7 +101,7 @@ def abstract_step(kernel, num_tokens: int, num_q_heads: int, head_dim: int, num_
     import jax
     import jax.numpy as jnp
 
-    from jaxpaged.kernels.ragged_paged_attention.metadata import AttentionMetadata
+    from pallas_kernels.ragged_paged_attention.metadata import AttentionMetadata
 
     fields = [jax.ShapeDtypeStruct(shape, jnp.int32) for shape in (
         (num_tokens,), (max_num_seqs,), (max_num_seqs, pages_per_seq), (max_num_seqs + 1,), (1,))]

@@ -1,18 +1,14 @@
-"""The backend switch: name resolution, input validation, and that "xla" runs xla.py."""
+"""The backend switch: name resolution, input validation, and that "xla" runs xla_attention.py."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxpaged.kernels.ragged_paged_attention import (
-    AttentionMetadata,
-    ragged_paged_attention,
-    ragged_paged_attention_xla,
-    resolve_attention_backend,
-    write_kv,
-)
-from jaxpaged.kernels.ragged_paged_attention.example_batch import make_ragged_batch
+from jaxpaged.kernels.attention_dispatch import ragged_paged_attention, resolve_attention_backend, write_kv
+from jaxpaged.kernels.xla_attention import ragged_paged_attention_xla
+from pallas_kernels.ragged_paged_attention.example_batch import make_ragged_batch
+from pallas_kernels.ragged_paged_attention.metadata import AttentionMetadata
 
 
 @pytest.fixture

@@ -9,10 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxpaged.kernels import xla_attention
 from jaxpaged.kernels.cpu_native.paged_decode import native_decode_available
-from jaxpaged.kernels.ragged_paged_attention import xla
-from jaxpaged.kernels.ragged_paged_attention.example_batch import make_ragged_batch
-from jaxpaged.kernels.ragged_paged_attention.spec import ragged_paged_attention_spec
+from pallas_kernels.ragged_paged_attention.example_batch import make_ragged_batch
+from pallas_kernels.ragged_paged_attention.spec import ragged_paged_attention_spec
 
 PAGE = 16
 # Decode rows at kv lengths 1, page - 1, page, page + 1 and many pages, beside a prefill and a padded sequence.
@@ -27,7 +27,7 @@ PREFILL_KV_LENS = [2, PAGE, 2 * PAGE + 1, 4 * PAGE - 1, 9 * PAGE + 5, 3 * PAGE]
 def test_the_kernel_is_built_and_in_the_compiled_step():
     assert native_decode_available()  # gcc is part of every machine this project runs tests on
     batch = make_ragged_batch(Q_LENS, KV_LENS, num_q_heads=6, num_kv_heads=2, head_dim=64, page_size=PAGE)
-    hlo = jax.jit(functools.partial(xla.ragged_paged_attention_xla, sm_scale=0.125)).lower(
+    hlo = jax.jit(functools.partial(xla_attention.ragged_paged_attention_xla, sm_scale=0.125)).lower(
         *batch.attention_args()).as_text()
     assert "jaxpaged_paged_decode" in hlo
 
@@ -44,8 +44,8 @@ def test_native_rows_equal_the_spec_and_the_jnp_passes(q_lens, kv_lens, num_q_he
                               head_dim=head_dim, page_size=PAGE, num_tokens=64, max_num_seqs=9, dtype=dtype)
     options = dict(sm_scale=head_dim ** -0.5, sliding_window=sliding_window, soft_cap=soft_cap)
     expected = ragged_paged_attention_spec(*batch.attention_args(), **options)
-    native = np.asarray(xla.ragged_paged_attention_xla(*batch.attention_args(), **options), np.float32)
-    in_chunks = np.asarray(xla.ragged_paged_attention_xla(*batch.attention_args(), native=False, **options),
+    native = np.asarray(xla_attention.ragged_paged_attention_xla(*batch.attention_args(), **options), np.float32)
+    in_chunks = np.asarray(xla_attention.ragged_paged_attention_xla(*batch.attention_args(), native=False, **options),
                            np.float32)
     tolerance = 2e-5 if dtype == jnp.float32 else 2e-2
     np.testing.assert_allclose(native, expected, atol=tolerance, rtol=tolerance)

@@ -8,13 +8,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxpaged.kernels.ragged_paged_attention.gpu import (
+from jaxpaged.kernels.xla_attention import ragged_paged_attention_xla
+from pallas_kernels.ragged_paged_attention.gpu import (
     ragged_paged_attention_gpu,
     resident_programs,
     step_kv_splits,
 )
-from jaxpaged.kernels.ragged_paged_attention.metadata import AttentionMetadata
-from jaxpaged.kernels.ragged_paged_attention.xla import ragged_paged_attention_xla
+from pallas_kernels.ragged_paged_attention.metadata import AttentionMetadata
 from tests.kernels.conftest import REAL_SHAPES, abstract_step, check_kernel_config
 
 # (page_size, head_dim, num_q_heads, num_kv_heads, dtype, kernel options): every page size, head dim,

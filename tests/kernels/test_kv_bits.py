@@ -8,12 +8,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxpaged.kernels.bfloat16_bits import BITS_DTYPE, from_bits, to_bits
-from jaxpaged.kernels.ragged_paged_attention import empty_attention_metadata, write_kv
-from jaxpaged.kernels.ragged_paged_attention.dispatch import ragged_paged_attention
-from jaxpaged.kernels.ragged_paged_attention.example_batch import make_ragged_batch
-from jaxpaged.kernels.ragged_paged_attention.kv_layout import cache_shape, kv_storage
-from jaxpaged.kernels.ragged_paged_attention.xla import ragged_paged_attention_xla
+from jaxpaged.kernels.attention_dispatch import ragged_paged_attention, write_kv
+from jaxpaged.kernels.xla_attention import ragged_paged_attention_xla
+from pallas_kernels.bfloat16_bits import BITS_DTYPE, from_bits, to_bits
+from pallas_kernels.ragged_paged_attention.example_batch import make_ragged_batch
+from pallas_kernels.ragged_paged_attention.kv_layout import cache_shape, kv_storage
+from pallas_kernels.ragged_paged_attention.metadata import empty_attention_metadata
 
 PAGE = 16
 # Decodes at kv lengths 1, page - 1, page, page + 1 and many pages, a prefill chunk and a fresh prompt.

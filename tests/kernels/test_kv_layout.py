@@ -7,14 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxpaged.kernels.ragged_paged_attention import ragged_paged_attention, write_kv
-from jaxpaged.kernels.ragged_paged_attention.example_batch import make_ragged_batch
-from jaxpaged.kernels.ragged_paged_attention.kv_layout import (
-    cache_shape,
-    pack_kv_pages,
-    physical_bytes,
-    unpack_kv_pages,
-)
+from jaxpaged.kernels.attention_dispatch import ragged_paged_attention, write_kv
+from pallas_kernels.ragged_paged_attention.example_batch import make_ragged_batch
+from pallas_kernels.ragged_paged_attention.kv_layout import cache_shape, physical_bytes
+from pallas_kernels.ragged_paged_attention.kv_layout_packed import pack_kv_pages, unpack_kv_pages
 
 
 @pytest.mark.parametrize("num_kv_heads,head_dim,dtype", [(3, 64, jnp.float32), (3, 64, jnp.bfloat16),

@@ -6,9 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxpaged.kernels.kv_quantization import quantize_rows, quantized_pool_dtype, row_scales
-from jaxpaged.kernels.ragged_paged_attention.kv_layout import cache_shape, physical_bytes
-from jaxpaged.kernels.ragged_paged_attention.kv_layout_quantized import (
+from pallas_kernels.kv_quantization import quantize_rows, quantized_pool_dtype, row_scales
+from pallas_kernels.ragged_paged_attention.kv_layout import cache_shape, physical_bytes
+from pallas_kernels.ragged_paged_attention.kv_layout_quantized import (
     bytes_per_token_table,
     pack_quantized_pages,
     packed_quantized_shape,

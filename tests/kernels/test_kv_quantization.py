@@ -9,7 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxpaged.kernels.kv_quantization import (
+from jaxpaged.kernels.attention_dispatch import ragged_paged_attention, write_kv
+from jaxpaged.kernels.xla_attention import ragged_paged_attention_xla
+from pallas_kernels.kv_quantization import (
     FP8_MAX,
     INT8_MAX,
     SCALE_BYTES,
@@ -19,11 +21,9 @@ from jaxpaged.kernels.kv_quantization import (
     quantized_pool_dtype,
     row_scales,
 )
-from jaxpaged.kernels.ragged_paged_attention import empty_attention_metadata, write_kv
-from jaxpaged.kernels.ragged_paged_attention.dispatch import ragged_paged_attention
-from jaxpaged.kernels.ragged_paged_attention.example_batch import make_ragged_batch
-from jaxpaged.kernels.ragged_paged_attention.kv_layout import cache_shape
-from jaxpaged.kernels.ragged_paged_attention.xla import ragged_paged_attention_xla
+from pallas_kernels.ragged_paged_attention.example_batch import make_ragged_batch
+from pallas_kernels.ragged_paged_attention.kv_layout import cache_shape
+from pallas_kernels.ragged_paged_attention.metadata import empty_attention_metadata
 
 PAGE = 16
 Q_LENS = [1, 1, 1, 1, 1, 5, PAGE + 1]
@@ -179,7 +179,7 @@ def test_the_gpu_kernel_in_interpret_mode_dequantizes_as_the_jnp_path_does(kv_fo
                                                                            head_dim, sliding_window, soft_cap):
     """pallas_gpu (Triton lowering, interpreted) over a quantized pool: decodes at the edge lengths and prefill chunks
     in one launch, head_dim 80 read padded to 128, equal to the xla backend's jnp path."""
-    from jaxpaged.kernels.ragged_paged_attention.gpu import ragged_paged_attention_gpu
+    from pallas_kernels.ragged_paged_attention.gpu import ragged_paged_attention_gpu
 
     batch = make_ragged_batch(Q_LENS, KV_LENS, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                               page_size=PAGE, num_tokens=48, max_num_seqs=9, dtype=jnp.float32)
@@ -202,8 +202,8 @@ def test_the_gpu_kernel_over_a_quantized_pool_lowers_to_triton(kv_format, num_q_
 
     import jax
 
-    from jaxpaged.kernels.ragged_paged_attention.gpu import ragged_paged_attention_gpu
-    from jaxpaged.kernels.ragged_paged_attention.metadata import AttentionMetadata
+    from pallas_kernels.ragged_paged_attention.gpu import ragged_paged_attention_gpu
+    from pallas_kernels.ragged_paged_attention.metadata import AttentionMetadata
 
     num_tokens, max_num_seqs, pages_per_seq = 64, 8, 16
     fields = [jax.ShapeDtypeStruct(shape, jnp.int32) for shape in (

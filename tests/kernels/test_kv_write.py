@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 from jax.experimental.pallas import tpu as pltpu
 
-from jaxpaged.kernels.ragged_paged_attention import empty_attention_metadata, write_kv, write_kv_pages
-from jaxpaged.kernels.ragged_paged_attention.kv_write_tpu import write_kv_pages_tpu
-from jaxpaged.kernels.ragged_paged_attention.spec import write_kv_spec
+from jaxpaged.kernels.attention_dispatch import write_kv
+from jaxpaged.kernels.xla_attention import write_kv_pages
+from pallas_kernels.ragged_paged_attention.kv_write_tpu import write_kv_pages_tpu
+from pallas_kernels.ragged_paged_attention.metadata import empty_attention_metadata
+from pallas_kernels.ragged_paged_attention.spec import write_kv_spec
 
 
 def _step(dtype, num_tokens=40, num_padding=5, seed=0):
@@ -62,7 +64,7 @@ def test_tpu_kv_write_lowers_to_mosaic_in_place(monkeypatch):
 
 def test_tpu_kv_write_batches_runs_of_slots():
     """A prefill chunk is one DMA per page it touches, a decode one DMA; tile edges cut runs too."""
-    from jaxpaged.kernels.ragged_paged_attention.kv_write_tpu import slot_runs
+    from pallas_kernels.ragged_paged_attention.kv_write_tpu import slot_runs
 
     # 20-token chunk from slot 40 (pages 2, 3, 4 of 16), two decodes, three padding tokens.
     slots = np.concatenate([np.arange(40, 60), [95, 130], [0, 0, 0]]).astype(np.int32)
@@ -89,7 +91,7 @@ def test_tpu_kv_write_contiguous_chunks_are_bit_exact(dtype):
                                                          (3, 64, np.float32)])
 def test_tpu_kv_write_packed_layout_is_bit_exact(num_kv_heads, head_dim, dtype):
     """Into the packed uint32 layout: the packed image of the interleaved scatter's result."""
-    from jaxpaged.kernels.ragged_paged_attention.kv_layout import pack_kv_pages
+    from pallas_kernels.ragged_paged_attention.kv_layout_packed import pack_kv_pages
 
     rng = np.random.default_rng(4)
     kv_pages = jnp.asarray(rng.standard_normal((12, 16, 2 * num_kv_heads, head_dim)).astype(dtype))

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from jax.experimental.pallas import tpu as pltpu
 
-from jaxpaged.kernels.ragged_paged_attention.metadata import AttentionMetadata
-from jaxpaged.kernels.ragged_paged_attention.tpu import ragged_paged_attention_tpu
-from jaxpaged.kernels.ragged_paged_attention.xla import ragged_paged_attention_xla
+from jaxpaged.kernels.xla_attention import ragged_paged_attention_xla
+from pallas_kernels.ragged_paged_attention.metadata import AttentionMetadata
+from pallas_kernels.ragged_paged_attention.tpu import ragged_paged_attention_tpu
 from tests.kernels.conftest import abstract_step, check_kernel_config
 
 # (page_size, head_dim, num_q_heads, num_kv_heads, dtype, kernel options): every page size, head dim,
@@ -94,7 +94,7 @@ def test_tpu_kernel_rejects_misaligned_blocks():
 def test_tile_ranges_skip_the_leading_decodes_of_a_mixed_step():
     """Told to start at sequence 2, the tile kernel's tiles begin there, and a tile holding only the leading decodes'
     rows gets an empty range (it fetches nothing)."""
-    from jaxpaged.kernels.ragged_paged_attention.tpu import _tile_sequence_ranges
+    from pallas_kernels.ragged_paged_attention.tpu import _tile_sequence_ranges
 
     cu_q_lens = jnp.asarray([0, 1, 2, 9, 10, 30, 30], jnp.int32)  # q rows 1, 1, 7, 1, 20; one padded sequence
     ranges = np.asarray(_tile_sequence_ranges(cu_q_lens, jnp.asarray([5]), 4, 8, jnp.int32(2))).reshape(4, 2)
@@ -109,8 +109,8 @@ def test_tile_ranges_skip_the_leading_decodes_of_a_mixed_step():
 def test_every_step_case_matches_the_spec_when_forced(scenarios):
     """The mixed branch (leading decodes through the decode kernel, the rest through the tile kernel) is exact on every
     scenario, including those with no leading decode or nothing but decodes; the split picks the same rows."""
-    from jaxpaged.kernels.ragged_paged_attention.spec import ragged_paged_attention_spec
-    from jaxpaged.kernels.ragged_paged_attention.tpu_step_cases import leading_decodes
+    from pallas_kernels.ragged_paged_attention.spec import ragged_paged_attention_spec
+    from pallas_kernels.ragged_paged_attention.tpu_step_cases import leading_decodes
 
     attend = jax.jit(functools.partial(ragged_paged_attention_tpu, sm_scale=0.125, q_block_size=16, case="mixed",
                                        interpret=True))
@@ -127,8 +127,8 @@ def test_every_step_case_matches_the_spec_when_forced(scenarios):
 def test_tile_kernel_walks_a_1k_chunk_in_compute_slices():
     """The default tile blocks (a 1,024-token KV chunk per DMA, attended in 256-token slices, slices past kv_len
     skipped): contexts of 1, 2 and 3 slices plus a page, a decode after a prefill, against the spec."""
-    from jaxpaged.kernels.ragged_paged_attention.example_batch import make_ragged_batch
-    from jaxpaged.kernels.ragged_paged_attention.spec import ragged_paged_attention_spec
+    from pallas_kernels.ragged_paged_attention.example_batch import make_ragged_batch
+    from pallas_kernels.ragged_paged_attention.spec import ragged_paged_attention_spec
 
     batch = make_ragged_batch([5, 33, 1], [600, 290, 17 + 768], num_q_heads=4, num_kv_heads=2, head_dim=128,
                               page_size=16, dtype=jnp.float32, num_tokens=48, max_num_seqs=4, seed=11)

@@ -10,12 +10,12 @@ import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from jaxpaged.kernels.kv_quantization import dequantize_rows, quantize_rows, quantized_pool_dtype
-from jaxpaged.kernels.ragged_paged_attention.example_batch import make_ragged_batch
-from jaxpaged.kernels.ragged_paged_attention.kv_layout_quantized import pack_quantized_pages
-from jaxpaged.kernels.ragged_paged_attention.spec import ragged_paged_attention_spec
-from jaxpaged.kernels.ragged_paged_attention.tpu import ragged_paged_attention_tpu
-from jaxpaged.kernels.ragged_paged_attention.tpu_quantized_kv import _byte_to_float
+from pallas_kernels.kv_quantization import dequantize_rows, quantize_rows, quantized_pool_dtype
+from pallas_kernels.ragged_paged_attention.example_batch import make_ragged_batch
+from pallas_kernels.ragged_paged_attention.kv_layout_quantized import pack_quantized_pages
+from pallas_kernels.ragged_paged_attention.spec import ragged_paged_attention_spec
+from pallas_kernels.ragged_paged_attention.tpu import ragged_paged_attention_tpu
+from pallas_kernels.ragged_paged_attention.tpu_quantized_kv import _byte_to_float
 
 # (page_size, head_dim, num_q_heads, num_kv_heads, q dtype, kv_cache_dtype, kernel options): combined [K | V] vectors
 # and lane tiles, int8 and fp8, float32 and bfloat16 q, a sliding window with a soft cap.
@@ -94,8 +94,8 @@ def test_each_tensor_parallel_shard_writes_then_reads_its_rows():
     """What mesh.shard_attention runs per shard, through dispatch: the step's K / V written into the shard's rows of a
     tp-2 pool (4 KV heads of 128, 2 per shard), then attention over the shard's q heads. Together: the pool unpacks to
     the quantized pool after the step's writes, and the output is the spec's over its dequantized values."""
-    from jaxpaged.kernels.ragged_paged_attention import ragged_paged_attention, write_kv
-    from jaxpaged.kernels.ragged_paged_attention.kv_layout_quantized import unpack_quantized_pages
+    from jaxpaged.kernels.attention_dispatch import ragged_paged_attention, write_kv
+    from pallas_kernels.ragged_paged_attention.kv_layout_quantized import unpack_quantized_pages
 
     page, tp, num_kv_heads, num_q_heads = 16, 2, 4, 8
     batch = make_ragged_batch([1, 17, 1, 5], [1, page + 1, page, 3 * page + 7], num_q_heads=num_q_heads,

@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 from jax.experimental.pallas import tpu as pltpu
 
-from jaxpaged.kernels.ragged_paged_attention.example_batch import make_ragged_batch
-from jaxpaged.kernels.ragged_paged_attention.kv_layout import cache_shape, pack_kv_pages
-from jaxpaged.kernels.ragged_paged_attention.spec import ragged_paged_attention_spec
-from jaxpaged.kernels.ragged_paged_attention.tpu import ragged_paged_attention_tpu, sequences_per_call
+from pallas_kernels.ragged_paged_attention.example_batch import make_ragged_batch
+from pallas_kernels.ragged_paged_attention.kv_layout import cache_shape
+from pallas_kernels.ragged_paged_attention.kv_layout_packed import pack_kv_pages
+from pallas_kernels.ragged_paged_attention.spec import ragged_paged_attention_spec
+from pallas_kernels.ragged_paged_attention.tpu import ragged_paged_attention_tpu, sequences_per_call
 from tests.kernels.conftest import REAL_SHAPES, TOLERANCE, abstract_step
 
 

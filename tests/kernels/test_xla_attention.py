@@ -9,9 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxpaged.kernels.ragged_paged_attention.example_batch import make_ragged_batch
-from jaxpaged.kernels.ragged_paged_attention.spec import ragged_paged_attention_spec, write_kv_spec
-from jaxpaged.kernels.ragged_paged_attention.xla import ragged_paged_attention_xla, write_kv_pages
+from jaxpaged.kernels.xla_attention import ragged_paged_attention_xla, write_kv_pages
+from pallas_kernels.ragged_paged_attention.example_batch import make_ragged_batch
+from pallas_kernels.ragged_paged_attention.spec import ragged_paged_attention_spec, write_kv_spec
 
 # (q_lens, kv_lens) as functions of the page size: the edge lengths 1, page-1, page, page+1, many pages.
 BATCHES = {

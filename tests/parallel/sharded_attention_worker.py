@@ -15,11 +15,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from jaxpaged.kernels.ragged_paged_attention import ragged_paged_attention, write_kv
-from jaxpaged.kernels.ragged_paged_attention.example_batch import make_ragged_batch
-from jaxpaged.kernels.ragged_paged_attention.kv_layout import cache_shape, pack_kv_pages, unpack_kv_pages
-from jaxpaged.kernels.ragged_paged_attention.spec import ragged_paged_attention_spec, write_kv_spec
+from jaxpaged.kernels.attention_dispatch import ragged_paged_attention, write_kv
 from jaxpaged.runner import mesh as mesh_lib
+from pallas_kernels.ragged_paged_attention.example_batch import make_ragged_batch
+from pallas_kernels.ragged_paged_attention.kv_layout import cache_shape
+from pallas_kernels.ragged_paged_attention.kv_layout_packed import pack_kv_pages, unpack_kv_pages
+from pallas_kernels.ragged_paged_attention.spec import ragged_paged_attention_spec, write_kv_spec
 
 PAGE = 16
 # (q heads, kv heads, head_dim, dtype): [K | V] in one vector at head_dim 64 (2 kv heads per shard at tp 2), one

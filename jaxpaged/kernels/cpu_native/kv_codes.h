@@ -1,5 +1,5 @@
 // Quantized KV rows for the CPU attention kernel (paged_decode.cc includes this file; the build key hashes it too):
-// a row is head_dim 8-bit codes followed by its bfloat16 scale (jaxpaged/kernels/kv_quantization.py). int8 codes are
+// a row is head_dim 8-bit codes followed by its bfloat16 scale (pallas_kernels/kv_quantization.py). int8 codes are
 // int8_t; float8_e4m3fn codes are their bits, uint8_t. A value is code * scale: the kernel widens the codes of a row
 // to float32 and multiplies by the row's scale as it streams the page, the same exact product the jnp path forms.
 

@@ -1,0 +1,6 @@
+"""Pallas attention kernels for TPU (Mosaic) and GPU (Triton), with their KV layouts, metadata and jnp reference.
+
+A package of its own, apart from the engine: it imports nothing of jaxpaged (tests/test_import_graph.py), so the
+kernels can be read, tested and reused without it. ragged_paged_attention/: the kernels; kv_quantization.py: 8-bit KV
+rows and their scales; bfloat16_bits.py: bfloat16 held as uint16 bits; pytree.py: dataclasses as jax pytrees.
+"""
