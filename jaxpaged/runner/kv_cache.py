@@ -20,7 +20,7 @@ ACCELERATOR_KV_CACHE_FRACTION = 0.6
 
 def kv_storage_dtype(dtype, kv_cache_dtype: str = "auto") -> np.dtype:
     """The dtype of the pool's elements: the model dtype, or for a quantized kv_cache_dtype int8 / uint8
-    (kernels/kv_quantization.py)."""
+    (pallas_kernels/kv_quantization.py)."""
     if kv_cache_dtype == "auto":
         return np.dtype(dtype)
     return np.dtype(quantized_pool_dtype(kv_cache_dtype))

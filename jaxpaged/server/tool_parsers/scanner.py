@@ -11,15 +11,26 @@ check that the work is linear without timing it.
 """
 
 import re
-from typing import TYPE_CHECKING, Optional
+from typing import ClassVar, Optional, Protocol
 
 from jaxpaged.server.marker_search import MarkerSearch
 
-if TYPE_CHECKING:
-    from jaxpaged.server.tool_parsers.base import ToolParser
-
 Call = tuple[str, str]
 """(function name, arguments as JSON text)."""
+
+
+class CallFormat(Protocol):
+    """What a scanner reads of its parser (base.ToolParser is one): the format's markers, its opener, its section
+    parse. A protocol rather than an import of base.py, which imports this module."""
+
+    markers: ClassVar[tuple[str, ...]]
+    """Strings that open the call section."""
+    opener: ClassVar[Optional[str]]
+    """When set, an answer that begins with it is a call section too."""
+
+    def parse_section(self, section: str) -> Optional[list[Call]]:
+        """The calls of a whole call section, or None if it does not parse."""
+        ...
 
 _NON_SPACE = re.compile(r"\S")  # \s is str.isspace's whitespace, as str.strip() uses
 
@@ -32,7 +43,7 @@ class CallScanner:
     Hermes and DeepSeek subclass it to send each call as soon as its end marker arrives.
     """
 
-    def __init__(self, parser: "ToolParser") -> None:
+    def __init__(self, parser: CallFormat) -> None:
         self.parser = parser
         self._markers = [MarkerSearch(marker) for marker in parser.markers]
         self._base: Optional[int] = None  # where the parser's text begins in the sample's text
