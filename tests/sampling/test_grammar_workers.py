@@ -11,8 +11,8 @@ from llguidance.numpy import fill_next_token_bitmask
 from transformers import PreTrainedTokenizerFast
 
 from jaxpaged.sampling.grammar import GrammarCompiler, worker_pool
-from jaxpaged.sampling.grammar.compile_worker import CRASH_ON_ENV
 from jaxpaged.sampling.grammar.grammar_source import grammar_of_key
+from jaxpaged.sampling.grammar.worker_protocol import CRASH_ON_ENV
 from jaxpaged.sampling.params import StructuredOutputsParams
 from tests.sampling.test_grammar_limits import ref_chain
 

@@ -1,7 +1,7 @@
 """The grammar worker: a child process that compiles and checks grammars, so llguidance crashing on one kills only it.
 
 Run as `python -m jaxpaged.sampling.grammar.compile_worker` by worker_pool.GrammarWorker. It reads frames from stdin
-and writes frames to stdout (frames: an 8-byte big-endian length, then a pickle). The first frame is the tokenizer
+and writes frames to stdout (worker_protocol.py). The first frame is the tokenizer
 (its Hugging Face JSON, the logits' vocabulary size, the EOS ids); every later one is a constraint's cache key
 (grammar_source.constraint_key), answered with ("ok", grammar) or ("error", why). The worker does everything the
 engine will do with the grammar before a token is sampled (compile, validate, build a matcher, compute its first
@@ -9,37 +9,14 @@ mask), so a grammar that would crash llguidance crashes here. It exits when stdi
 """
 
 import os
-import pickle
-import struct
 import sys
-from typing import Any, BinaryIO, Optional
 
 import llguidance
 import numpy as np
 from llguidance.numpy import fill_next_token_bitmask
 
 from jaxpaged.sampling.grammar.grammar_source import grammar_of_key
-
-_HEADER = struct.Struct(">Q")
-CRASH_ON_ENV = "JAXPAGED_GRAMMAR_WORKER_TEST_CRASH_ON"
-"""Test-only: a worker started with this variable set calls os.abort() on a regex equal to its value (the stand-in
-for a grammar that crashes llguidance, in tests of the crash path)."""
-
-
-def write_frame(stream: BinaryIO, message: Any) -> None:
-    """Writes one length-prefixed pickle and flushes it."""
-    payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    stream.write(_HEADER.pack(len(payload)) + payload)
-    stream.flush()
-
-
-def read_frame(stream: BinaryIO) -> Optional[Any]:
-    """The next message, or None at the end of the stream (the other side closed or died)."""
-    header = stream.read(_HEADER.size)
-    if len(header) < _HEADER.size:
-        return None
-    payload = stream.read(_HEADER.unpack(header)[0])
-    return pickle.loads(payload)
+from jaxpaged.sampling.grammar.worker_protocol import CRASH_ON_ENV, read_frame, write_frame
 
 
 def compile_checked(key: tuple, tokenizer: "llguidance.LLTokenizer", vocab_size: int) -> tuple[str, str]:

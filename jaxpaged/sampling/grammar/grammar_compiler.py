@@ -122,10 +122,13 @@ class GrammarCompiler:
         # The worker has built and used the same matcher, so this cannot crash; llguidance drops the GIL here.
         matcher = llguidance.LLMatcher(self.tokenizer, text, log_level=0)
         first_mask = np.zeros((1, self.bitmask_words), np.int32)
-        if not matcher.is_error():
-            fill_next_token_bitmask(matcher, first_mask, 0)
-        if matcher.is_error():
-            raise ValueError(f"{params.field}: {matcher.get_error()}")
+        # On a copy, so the compiled matcher stays exactly as built (it is only ever copied); the lexer states this
+        # builds are shared by every copy, so the samples' next masks start warm.
+        probe = matcher.deep_copy()
+        if not probe.is_error():
+            fill_next_token_bitmask(probe, first_mask, 0)
+        if matcher.is_error() or probe.is_error():
+            raise ValueError(f"{params.field}: {matcher.get_error() or probe.get_error()}")
         compiled = CompiledGrammar(text, matcher, first_mask)
         with self._lock:
             self._cache[key] = compiled

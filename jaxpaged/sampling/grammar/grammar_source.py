@@ -23,15 +23,16 @@ _JSON_LAYOUT: "JsonCompileOptions" = {"whitespace_flexible": False, "item_separa
 
 
 def constraint_key(params: StructuredOutputsParams) -> tuple:
-    """What the grammar is made from, hashable and canonical (the same schema with its keys in another order has
-    the same key); ValueError "<params.field>: <why>" for a schema that is no JSON or a constraint over a limit."""
+    """What the grammar is made from, hashable and canonical (a schema sent as a dict or as JSON text in any layout
+    has the same key); ValueError "<params.field>: <why>" for a schema that is no JSON or a constraint over a limit."""
     field = params.field
     if params.json is not None:
         schema = _schema_of(params.json, field)
         if not isinstance(schema, (dict, bool)):
             raise ValueError(f"{field}: a JSON schema must be an object or a boolean, got {type(schema).__name__}")
         check_constraint_size(field, "json", schema)
-        return "json", json.dumps(schema, sort_keys=True)
+        # NOTE: keys keep their order: llguidance writes an object's properties in the order the schema lists them.
+        return "json", json.dumps(schema)
     if params.json_object:
         return ("json_object",)
     if params.choice is not None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import jaxpaged
-from jaxpaged.sampling.grammar.compile_worker import read_frame, write_frame
+from jaxpaged.sampling.grammar.worker_protocol import read_frame, write_frame
 
 NUM_GRAMMAR_WORKERS = 2
 """Grammar worker processes per engine: compiles of different constraints run side by side, and one slow compile
