@@ -1,0 +1,135 @@
+"""How long issue 56's structured-output attacks stall other clients' streams: a live server on a tiny model, streams
+running back to back, each attack sent while one runs; prints the largest gap between two tokens of a stream while
+each attack was being answered (target: under 250 ms), beside the largest gap with no attack.
+
+    python -m benchmarks.hostile.grammar_stall [--model DIR] [--max-tokens 200]
+
+Without --model a seeded random 2-layer Llama with SmolLM2's vocabulary is written to a temporary directory (the test
+suite's tiny model). Not a test: the figures depend on the machine.
+"""
+
+import argparse
+import json
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import httpx
+
+from tests.hostile.live_server import LiveServer
+
+
+def ref_chain(length: int = 1200) -> dict:
+    """$defs d0..d<length-1>, each an array of the next (the schema that segfaulted llguidance)."""
+    defs = {f"d{i}": {"type": "array", "items": {"$ref": f"#/$defs/d{i + 1}"}} for i in range(length)}
+    defs[f"d{length}"] = {"type": "integer"}
+    return {"$defs": defs, "$ref": "#/$defs/d0"}
+
+
+def properties(count: int) -> dict:
+    """An object schema with `count` integer properties."""
+    return {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(count)}}
+
+
+def attacks() -> list[tuple[str, str, dict]]:
+    """(name, path, body) of each attack, plus the largest constraints the limits still let through."""
+    chat = {"messages": [{"role": "user", "content": "Call the tool."}], "max_tokens": 8}
+    done = {"prompt": "Answer:", "max_tokens": 8, "temperature": 0}
+    tools = [{"type": "function", "function": {"name": "deep", "parameters": ref_chain()}}]
+    return [
+        ("$defs chain, structured_outputs.json", "/v1/completions",
+         {**done, "structured_outputs": {"json": ref_chain()}}),
+        ("$defs chain, guided_json", "/v1/completions", {**done, "guided_json": ref_chain()}),
+        ("$defs chain, tool parameters", "/v1/chat/completions", {**chat, "tools": tools, "tool_choice": "required"}),
+        ("60,000-string choice", "/v1/completions",
+         {**done, "structured_outputs": {"choice": [f"option-{i:05d}-abcdefgh" for i in range(60_000)]}}),
+        ("10,000 properties, n=8", "/v1/completions", {**done, "n": 8, "guided_json": properties(10_000)}),
+        ("regex (a{1000}){1000}", "/v1/completions", {**done, "structured_outputs": {"regex": "(a{1000}){1000}"}}),
+        ("10,000-string choice (the limit)", "/v1/completions",
+         {**done, "structured_outputs": {"choice": [f"option-{i:05d}-abcdefgh" for i in range(10_000)]}}),
+        ("2,000 properties, n=8 (the limit)", "/v1/completions", {**done, "n": 8, "guided_json": properties(2_000)}),
+    ]
+
+
+class StreamWatch:
+    """Streams one completion after another on a thread, keeping (previous token time, token time) of every gap."""
+
+    def __init__(self, server: LiveServer, max_tokens: int) -> None:
+        self.server = server
+        self.max_tokens = max_tokens
+        self.gaps: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "StreamWatch":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+    def largest_gap(self, start: float, end: float) -> Optional[float]:
+        """The largest gap (s) that overlaps [start, end]; None if no stream token came in that window."""
+        overlapping = [after - before for before, after in list(self.gaps) if after >= start and before <= end]
+        return max(overlapping, default=None)
+
+    def _run(self) -> None:
+        body = {"prompt": "Once upon a time", "max_tokens": self.max_tokens, "temperature": 0, "ignore_eos": True,
+                "stream": True}
+        while not self._stop.is_set():
+            last = None
+            with httpx.stream("POST", self.server.base_url + "/v1/completions", json=body,
+                              headers=self.server.headers, timeout=600) as response:
+                for line in response.iter_lines():
+                    if not line.startswith("data: {"):
+                        continue
+                    now = time.monotonic()
+                    if last is not None:
+                        self.gaps.append((last, now))
+                    last = now
+                    if self._stop.is_set():
+                        break
+
+
+def main() -> None:
+    assert __doc__ is not None
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None, help="a model directory (default: the tiny random Llama)")
+    parser.add_argument("--max-tokens", type=int, default=200, help="tokens per watched stream")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as scratch:
+        model = Path(args.model) if args.model else tiny_model(Path(scratch))
+        flags = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
+        with LiveServer(model, Path(scratch) / "server.log", *flags) as server, \
+                StreamWatch(server, args.max_tokens) as watch:
+            time.sleep(3.0)
+            quiet_start = time.monotonic()
+            time.sleep(3.0)
+            rows = [("no attack (3 s)", "-", watch.largest_gap(quiet_start, time.monotonic()), 0.0)]
+            for name, path, body in attacks():
+                start = time.monotonic()
+                response = server.post(path, body, timeout=600)
+                end = time.monotonic()
+                time.sleep(0.3)  # the gap that ends after the answer still counts
+                rows.append((name, f"{response.status_code}", watch.largest_gap(start, end + 0.3), end - start))
+            server.assert_still_serving()
+    print(f"{'attack':<40} {'status':>6} {'answered in':>11} {'largest gap':>11}")
+    for name, status, gap, seconds in rows:
+        shown = "no tokens" if gap is None else f"{gap * 1e3:.0f} ms"
+        print(f"{name:<40} {status:>6} {seconds:>10.2f}s {shown:>11}")
+    print(json.dumps({name: None if gap is None else round(gap * 1e3) for name, _, gap, _ in rows}))
+
+
+def tiny_model(directory: Path) -> Path:
+    """The test suite's tiny random Llama over SmolLM2's tokenizer, written into `directory`."""
+    from jaxpaged.weights.loader import locate_model
+    from tests.conftest import TINY_LLAMA, save_tiny_llama
+
+    return save_tiny_llama(directory / "tiny-llama", locate_model(None)[0], TINY_LLAMA)
+
+
+if __name__ == "__main__":
+    main()
