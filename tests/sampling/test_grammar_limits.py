@@ -12,7 +12,7 @@ from jaxpaged.sampling.params import StructuredOutputsParams
 
 def ref_chain(length: int) -> dict:
     """Issue 56's attack: $defs d0..d<length-1>, each an array of the next, ending in an integer."""
-    defs = {f"d{i}": {"type": "array", "items": {"$ref": f"#/$defs/d{i + 1}"}} for i in range(length)}
+    defs: dict[str, dict] = {f"d{i}": {"type": "array", "items": {"$ref": f"#/$defs/d{i + 1}"}} for i in range(length)}
     defs[f"d{length}"] = {"type": "integer"}
     return {"$defs": defs, "$ref": "#/$defs/d0"}
 
@@ -47,7 +47,8 @@ def test_a_recursive_schema_is_not_too_deep():
 def test_refs_to_one_schema_from_many_places_cost_one_visit_each():
     """Thirty subschemas each referring to the next twice (2^30 paths, 2 levels a link) are measured at once and
     pass: each target's height is remembered, not walked again per path."""
-    defs = {f"d{i}": {"anyOf": [{"$ref": f"#/$defs/d{i + 1}"}, {"$ref": f"#/$defs/d{i + 1}"}]} for i in range(30)}
+    defs: dict[str, dict] = {f"d{i}": {"anyOf": [{"$ref": f"#/$defs/d{i + 1}"}, {"$ref": f"#/$defs/d{i + 1}"}]}
+                             for i in range(30)}
     defs["d30"] = {"type": "integer"}
     limits.check_schema_limits({"$defs": defs, "$ref": "#/$defs/d0"})  # would never return if paths were walked
 

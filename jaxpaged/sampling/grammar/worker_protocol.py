@@ -6,7 +6,7 @@ of the engine), so the pickles are trusted.
 
 import pickle
 import struct
-from typing import Any, BinaryIO, Optional
+from typing import IO, Any, Optional
 
 _HEADER = struct.Struct(">Q")
 CRASH_ON_ENV = "JAXPAGED_GRAMMAR_WORKER_TEST_CRASH_ON"
@@ -14,14 +14,14 @@ CRASH_ON_ENV = "JAXPAGED_GRAMMAR_WORKER_TEST_CRASH_ON"
 for a grammar that crashes llguidance, in tests of the crash path)."""
 
 
-def write_frame(stream: BinaryIO, message: Any) -> None:
+def write_frame(stream: IO[bytes], message: Any) -> None:
     """Writes one length-prefixed pickle and flushes it."""
     payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     stream.write(_HEADER.pack(len(payload)) + payload)
     stream.flush()
 
 
-def read_frame(stream: BinaryIO) -> Optional[Any]:
+def read_frame(stream: IO[bytes]) -> Optional[Any]:
     """The next message, or None at the end of the stream (the other side closed or died)."""
     header = stream.read(_HEADER.size)
     if len(header) < _HEADER.size:
