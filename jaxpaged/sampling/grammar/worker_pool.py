@@ -120,8 +120,10 @@ class GrammarWorkerPool:
     def __init__(self, tokenizer_spec: tuple[str, int, list[int]], num_workers: int = NUM_GRAMMAR_WORKERS,
                  env: Optional[dict[str, str]] = None) -> None:
         self._workers = [GrammarWorker(tokenizer_spec, env) for _ in range(num_workers)]
-        self._idle: queue.Queue[GrammarWorker] = queue.Queue()
-        for worker in self._workers:
+        # Last in, first out: the worker used last (already started) takes the next compile; another one starts
+        # only while it is busy.
+        self._idle: queue.LifoQueue[GrammarWorker] = queue.LifoQueue()
+        for worker in reversed(self._workers):
             self._idle.put(worker)
         self.num_crashes = 0
         """Workers lost to a crash or a timeout so far."""
