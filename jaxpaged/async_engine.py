@@ -230,7 +230,10 @@ class AsyncLLMEngine:
                 raise EngineDeadError("the engine loop is not running")
             self._num_unfinished_seqs += sink.num_seqs
             command = _AddCommand(request_id, prompt, sampling_params, sink, added)
-            if sampling_params.structured_outputs is None:
+            if request_id in self._grammar_pending:  # the engine cannot refuse it: the first is not there yet
+                self._release(sink)
+                added.set_exception(ValueError(f"request_id: {request_id!r} is already in use"))
+            elif sampling_params.structured_outputs is None:
                 self._commands.put(command)
             else:
                 self._grammar_pending[request_id] = command
@@ -242,10 +245,8 @@ class AsyncLLMEngine:
     def _grammar_ready(self, command: _AddCommand) -> None:
         """The command's grammar is compiled (or refused): it goes to the loop, unless aborted or the loop is gone."""
         with self._lock:
-            if self._grammar_pending.get(command.request_id) is not command:
-                return  # aborted, or failed by _fail_all, meanwhile (its sink is released there)
-            del self._grammar_pending[command.request_id]
-            self._commands.put(command)
+            if self._grammar_pending.get(command.request_id) is command:  # else aborted or failed meanwhile
+                self._commands.put(self._grammar_pending.pop(command.request_id))
 
     def abort(self, request_id: str) -> None:
         """Asks the loop to abort a request (a no-op for unknown or finished ids); its KV blocks are freed."""
@@ -378,10 +379,8 @@ class AsyncLLMEngine:
         self._sinks.clear()
         with self._lock:
             self._accepting = False
-            for command in self._grammar_pending.values():  # adds still waiting for their grammar
-                self._release(command.sink)
-                if command.added.set_running_or_notify_cancel():
-                    command.added.set_exception(error)
+            for command in self._grammar_pending.values():  # adds still waiting for their grammar: failed below
+                self._commands.put(command)
             self._grammar_pending.clear()
             while True:  # adds that never reached the engine
                 try:
