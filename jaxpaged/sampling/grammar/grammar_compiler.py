@@ -62,8 +62,7 @@ class GrammarCompiler:
         self._lock = threading.Lock()
         self._tokenizer: Optional[llguidance.LLTokenizer] = None  # built on first use: most engines see no grammar
         self._pool: Optional[GrammarWorkerPool] = None
-        # Cache hits and the matcher builds go on while all workers compile.
-        self._threads = concurrent.futures.ThreadPoolExecutor(num_workers + 2, thread_name_prefix="grammar-prepare")
+        self._threads: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._cache: collections.OrderedDict[tuple, CompiledGrammar] = collections.OrderedDict()
         """Compiled grammars by constraint_key, least recently used first."""
 
@@ -87,7 +86,11 @@ class GrammarCompiler:
     def submit(self, params: StructuredOutputsParams) -> "concurrent.futures.Future[CompiledGrammar]":
         """Starts compiling `params` off this thread; the future raises ValueError "<params.field>: <why>" for a
         constraint that is invalid, over a limit, or crashed the grammar engine."""
-        return self._threads.submit(self._prepare, params)
+        with self._lock:
+            if self._threads is None:  # two more threads than workers: cache hits go on while all workers compile
+                self._threads = concurrent.futures.ThreadPoolExecutor(self._num_workers + 2,
+                                                                      thread_name_prefix="grammar-prepare")
+            return self._threads.submit(self._prepare, params)
 
     def compile(self, params: StructuredOutputsParams) -> CompiledGrammar:
         """submit(params)'s result, waited for (the offline engine's path)."""
@@ -99,10 +102,13 @@ class GrammarCompiler:
         return RequestGrammar(compiled.matcher.deep_copy(), self.bitmask_words, first_mask=compiled.first_mask)
 
     def close(self) -> None:
-        """Stops the worker processes and the threads (compiles in flight finish first)."""
-        self._threads.shutdown(wait=False, cancel_futures=True)
+        """Stops the worker processes and the threads (queued compiles are cancelled); a later submit() starts them
+        again."""
         with self._lock:
+            threads, self._threads = self._threads, None
             pool, self._pool = self._pool, None
+        if threads is not None:
+            threads.shutdown(wait=False, cancel_futures=True)
         if pool is not None:
             pool.close()
 
