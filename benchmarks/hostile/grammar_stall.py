@@ -34,7 +34,8 @@ def properties(count: int) -> dict:
 
 
 def attacks() -> list[tuple[str, str, dict]]:
-    """(name, path, body) of each attack, plus the largest constraints the limits still let through."""
+    """(name, path, body) of each attack, the largest constraints the limits still let through, and plain requests of
+    the same shape (what admitting any request costs the stream)."""
     chat = {"messages": [{"role": "user", "content": "Call the tool."}], "max_tokens": 8}
     done = {"prompt": "Answer:", "max_tokens": 8, "temperature": 0}
     tools = [{"type": "function", "function": {"name": "deep", "parameters": ref_chain()}}]
@@ -50,6 +51,8 @@ def attacks() -> list[tuple[str, str, dict]]:
         ("10,000-string choice (the limit)", "/v1/completions",
          {**done, "structured_outputs": {"choice": [f"option-{i:05d}-abcdefgh" for i in range(10_000)]}}),
         ("2,000 properties, n=8 (the limit)", "/v1/completions", {**done, "n": 8, "guided_json": properties(2_000)}),
+        ("control: no constraint, n=1", "/v1/completions", done),
+        ("control: no constraint, n=8", "/v1/completions", {**done, "n": 8}),
     ]
 
 
@@ -125,8 +128,9 @@ def main() -> None:
 
 def tiny_model(directory: Path) -> Path:
     """The test suite's tiny random Llama over SmolLM2's tokenizer, written into `directory`."""
-    from jaxpaged.weights.loader import locate_model
-    from tests.conftest import TINY_LLAMA, save_tiny_llama
+    # tests.conftest first: it refuses to load after jaxpaged's models (its jaxtyping hook must see them load).
+    from tests.conftest import TINY_LLAMA, save_tiny_llama  # isort: skip
+    from jaxpaged.weights.loader import locate_model  # isort: skip
 
     return save_tiny_llama(directory / "tiny-llama", locate_model(None)[0], TINY_LLAMA)
 

@@ -16,7 +16,7 @@ import numpy as np
 from llguidance.numpy import fill_next_token_bitmask
 
 from jaxpaged.sampling.grammar.grammar_source import grammar_of_key
-from jaxpaged.sampling.grammar.worker_protocol import CRASH_ON_ENV, read_frame, write_frame
+from jaxpaged.sampling.grammar.worker_protocol import CRASH_ON_ENV, WORKER_NICENESS, read_frame, write_frame
 
 
 def compile_checked(key: tuple, tokenizer: "llguidance.LLTokenizer", vocab_size: int) -> tuple[str, str]:
@@ -38,6 +38,7 @@ def compile_checked(key: tuple, tokenizer: "llguidance.LLTokenizer", vocab_size:
 
 def main() -> None:
     """Serves compile requests from stdin until it closes."""
+    os.nice(WORKER_NICENESS)  # a compile takes the CPU the engine loop leaves, never the loop's own
     requests, replies = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing but frames may reach the pipe
     init = read_frame(requests)

@@ -12,6 +12,7 @@ drops the GIL for both). llguidance (Rust, no torch) is what vLLM uses; its toke
 import collections
 import concurrent.futures
 import copy
+import os
 import threading
 from collections.abc import Sequence
 from typing import Any, Optional
@@ -23,6 +24,7 @@ from llguidance.numpy import fill_next_token_bitmask
 from jaxpaged.sampling.grammar.grammar_source import constraint_key, grammar_of_key
 from jaxpaged.sampling.grammar.request_grammar import RequestGrammar
 from jaxpaged.sampling.grammar.worker_pool import NUM_GRAMMAR_WORKERS, GrammarWorkerCrash, GrammarWorkerPool
+from jaxpaged.sampling.grammar.worker_protocol import WORKER_NICENESS
 from jaxpaged.sampling.params import StructuredOutputsParams
 
 GRAMMAR_CACHE_SIZE = 64
@@ -88,8 +90,8 @@ class GrammarCompiler:
         constraint that is invalid, over a limit, or crashed the grammar engine."""
         with self._lock:
             if self._threads is None:  # two more threads than workers: cache hits go on while all workers compile
-                self._threads = concurrent.futures.ThreadPoolExecutor(self._num_workers + 2,
-                                                                      thread_name_prefix="grammar-prepare")
+                self._threads = concurrent.futures.ThreadPoolExecutor(
+                    self._num_workers + 2, thread_name_prefix="grammar-prepare", initializer=_lower_thread_priority)
             return self._threads.submit(self._prepare, params)
 
     def compile(self, params: StructuredOutputsParams) -> CompiledGrammar:
@@ -156,3 +158,10 @@ def _needs_worker(key: tuple) -> bool:
     """Whether a constraint comes from the client (json_object's grammar is the engine's own: no worker needed)."""
     return key[0] != "json_object"
 
+
+def _lower_thread_priority() -> None:
+    """Runs the calling thread below the engine loop (Linux: a thread's nice value is its own), as the workers."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0) + WORKER_NICENESS)
+    except (AttributeError, OSError):  # not Linux, or not allowed: run at the engine's priority
+        pass

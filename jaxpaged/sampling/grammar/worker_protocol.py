@@ -9,6 +9,8 @@ import struct
 from typing import IO, Any, Optional
 
 _HEADER = struct.Struct(">Q")
+WORKER_NICENESS = 10
+"""How much lower than the engine the grammar work runs (os.nice): on a busy host the streams come first."""
 CRASH_ON_ENV = "JAXPAGED_GRAMMAR_WORKER_TEST_CRASH_ON"
 """Test-only: a worker started with this variable set calls os.abort() on a regex equal to its value (the stand-in
 for a grammar that crashes llguidance, in tests of the crash path)."""
