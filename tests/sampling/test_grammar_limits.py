@@ -54,13 +54,13 @@ def test_refs_to_one_schema_from_many_places_cost_one_visit_each():
 
 
 def test_property_count_limit_counts_every_object():
-    """Properties over all objects count together: 2,000 pass, 2,001 (split over two objects) are refused."""
-    half = {f"p{i}": {"type": "integer"} for i in range(1000)}
+    """Properties over all objects count together: 1,000 pass, 1,001 (split over two objects) are refused."""
+    half = {f"p{i}": {"type": "integer"} for i in range(500)}
     ok = {"type": "object", "properties": {**half, "inner": {"type": "object", "properties": dict(
-        list(half.items())[:999])}}}
+        list(half.items())[:499])}}}
     limits.check_schema_limits(ok)
     over = {"type": "object", "properties": {**half, "inner": {"type": "object", "properties": half}}}
-    with pytest.raises(ValueError, match=r"^tools: the schema declares 2001 properties, over the limit of 2000 "
+    with pytest.raises(ValueError, match=r"^tools: the schema declares 1001 properties, over the limit of 1000 "
                                          r"\(MAX_SCHEMA_PROPERTIES\)"):
         limits.check_schema_limits(over, "tools")
 

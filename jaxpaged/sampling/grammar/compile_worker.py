@@ -15,7 +15,7 @@ import llguidance
 import numpy as np
 from llguidance.numpy import fill_next_token_bitmask
 
-from jaxpaged.sampling.grammar.grammar_source import grammar_of_key
+from jaxpaged.sampling.grammar.grammar_source import grammar_of_key, terse_limits
 from jaxpaged.sampling.grammar.worker_protocol import CRASH_ON_ENV, WORKER_NICENESS, read_frame, write_frame
 
 
@@ -28,7 +28,7 @@ def compile_checked(key: tuple, tokenizer: "llguidance.LLTokenizer", vocab_size:
     problem = llguidance.LLMatcher.validate_grammar(grammar, tokenizer)
     if problem:
         return "error", problem
-    matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+    matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0, limits=terse_limits())
     if not matcher.is_error():
         fill_next_token_bitmask(matcher, np.zeros((1, -(-vocab_size // 32)), np.int32), 0)
     if matcher.is_error():

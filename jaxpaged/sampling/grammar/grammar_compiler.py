@@ -21,7 +21,7 @@ import llguidance
 import numpy as np
 from llguidance.numpy import fill_next_token_bitmask
 
-from jaxpaged.sampling.grammar.grammar_source import constraint_key, grammar_of_key
+from jaxpaged.sampling.grammar.grammar_source import constraint_key, grammar_of_key, terse_limits
 from jaxpaged.sampling.grammar.request_grammar import RequestGrammar
 from jaxpaged.sampling.grammar.worker_pool import NUM_GRAMMAR_WORKERS, GrammarWorkerCrash, GrammarWorkerPool
 from jaxpaged.sampling.grammar.worker_protocol import WORKER_NICENESS
@@ -128,7 +128,7 @@ class GrammarCompiler:
         if outcome != "ok":
             raise ValueError(f"{params.field}: {text}")
         # The worker has built and used the same matcher, so this cannot crash; llguidance drops the GIL here.
-        matcher = llguidance.LLMatcher(self.tokenizer, text, log_level=0)
+        matcher = llguidance.LLMatcher(self.tokenizer, text, log_level=0, limits=terse_limits())
         first_mask = np.zeros((1, self.bitmask_words), np.int32)
         # On a copy, so the compiled matcher stays exactly as built (it is only ever copied); the lexer states this
         # builds are shared by every copy, so the samples' next masks start warm.

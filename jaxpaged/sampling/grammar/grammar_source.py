@@ -61,6 +61,12 @@ def grammar_of_key(key: tuple) -> str:
     return matcher.grammar_from_lark(key[1])
 
 
+def terse_limits() -> "llguidance.LLParserLimits":
+    """llguidance's default limits, with short errors: its verbose ones dump the parser's state (tens of ms of the
+    engine's time on a large grammar, and the client's schema into the logs)."""
+    return llguidance.LLParserLimits(verbose_errors=False)
+
+
 def _schema_of(schema: Any, field: str) -> Any:
     """The JSON schema, parsed when given as text (a boolean schema arrives as True/False)."""
     if not isinstance(schema, str):

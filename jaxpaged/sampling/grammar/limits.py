@@ -16,8 +16,9 @@ refused before Python's recursion (a 500) or llguidance's (its stack) meets them
 the path (a recursive schema such as a tree) is legal and adds nothing."""
 MAX_SCHEMA_DEFS = 1_000
 """Most named subschemas (entries of every `$defs` and `definitions`) a JSON schema may hold."""
-MAX_SCHEMA_PROPERTIES = 2_000
-"""Most `properties` entries a JSON schema may declare, over all its objects."""
+MAX_SCHEMA_PROPERTIES = 1_000
+"""Most `properties` entries a JSON schema may declare, over all its objects. (llguidance itself cannot follow one
+object of more than about 450: its parser stops at 2,000 items a row, about 4 a property.)"""
 MAX_CHOICES = 10_000
 """Most strings a `choice` constraint may list."""
 MAX_GRAMMAR_BYTES = 256 * 1024
