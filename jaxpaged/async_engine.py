@@ -39,6 +39,7 @@ class _AddCommand:
     sampling_params: SamplingParams
     sink: "_OutputSink"
     added: concurrent.futures.Future
+    grammar: Optional[concurrent.futures.Future] = None  # its grammar compiling off the loop: queued once done
 
 
 @dataclasses.dataclass
@@ -152,6 +153,7 @@ class AsyncLLMEngine:
         self._idle_wait_s = idle_wait_s
         self._commands: queue.Queue = queue.Queue()
         self._sinks: dict[str, _OutputSink] = {}  # touched only on the loop thread
+        self._grammar_pending: dict[str, _AddCommand] = {}  # guarded by _lock: adds waiting for their grammar
         self._lock = threading.RLock()
         self._accepting = True
         self._num_unfinished_seqs = 0
@@ -228,11 +230,32 @@ class AsyncLLMEngine:
             if not self._accepting or not self.is_alive:
                 raise EngineDeadError("the engine loop is not running")
             self._num_unfinished_seqs += sink.num_seqs
-            self._commands.put(_AddCommand(request_id, prompt, sampling_params, sink, added))
+            command = _AddCommand(request_id, prompt, sampling_params, sink, added)
+            if request_id in self._grammar_pending:  # the engine cannot refuse it: the first is not there yet
+                self._release(sink)
+                added.set_exception(ValueError(f"request_id: {request_id!r} is already in use"))
+            elif sampling_params.structured_outputs is None:
+                self._commands.put(command)
+            else:
+                self._grammar_pending[request_id] = command
+                command.grammar = self.engine.grammars.submit(sampling_params.structured_outputs)
+        if command.grammar is not None:
+            command.grammar.add_done_callback(lambda _: self._grammar_ready(command))
         return RequestStream(self, request_id, sink, added)
+
+    def _grammar_ready(self, command: _AddCommand) -> None:
+        """The command's grammar is compiled (or refused): it goes to the loop, unless aborted or the loop is gone."""
+        with self._lock:
+            if self._grammar_pending.get(command.request_id) is command:  # else aborted or failed meanwhile
+                self._commands.put(self._grammar_pending.pop(command.request_id))
 
     def abort(self, request_id: str) -> None:
         """Asks the loop to abort a request (a no-op for unknown or finished ids); its KV blocks are freed."""
+        with self._lock:
+            pending = self._grammar_pending.pop(request_id, None)
+            if pending is not None:  # never reached the engine: nothing to free there
+                self._release(pending.sink)
+                return
         self._commands.put(_AbortCommand(request_id))
 
     @property
@@ -308,7 +331,8 @@ class AsyncLLMEngine:
             self._release(command.sink)
             return
         try:
-            self.engine.add_request(command.request_id, command.prompt, command.sampling_params)
+            grammar = command.grammar.result() if command.grammar is not None else None
+            self.engine.add_request(command.request_id, command.prompt, command.sampling_params, grammar=grammar)
         except Exception as error:  # ValueError on bad input; the engine stays as it was
             self._release(command.sink)
             command.added.set_exception(error)
@@ -358,6 +382,9 @@ class AsyncLLMEngine:
         self._sinks.clear()
         with self._lock:
             self._accepting = False
+            for command in self._grammar_pending.values():  # adds still waiting for their grammar: failed below
+                self._commands.put(command)
+            self._grammar_pending.clear()
             while True:  # adds that never reached the engine
                 try:
                     command = self._commands.get_nowait()

@@ -33,7 +33,7 @@ from jaxpaged.kernels.attention_dispatch import check_kv_cache_dtype
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.runner import ModelRunner, build_rank_runners, compile_counter
 from jaxpaged.sampling.batch import penalizes_output_tokens
-from jaxpaged.sampling.grammar import GrammarCompiler
+from jaxpaged.sampling.grammar import CompiledGrammar, GrammarCompiler
 from jaxpaged.sampling.params import SamplingParams
 from jaxpaged.speculative import build_speculator
 from jaxpaged.weights.generation_config import request_defaults
@@ -68,7 +68,7 @@ class LLMEngine:
         self.ranks = DataParallelRanks(schedulers, runners, config.cache.block_size)
         self.requests = RequestTable()
         self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
-        """Structured outputs: compiles each constrained request's grammar when it is added."""
+        """Structured outputs: compiles each constrained request's grammar (off this thread; see submit())."""
         self.timings = StepTimings()
         """The host time of the last step, by phase (filled in place)."""
         self.processor = OutputProcessor(self.requests, self.tokenizer, self.timings)
@@ -110,8 +110,11 @@ class LLMEngine:
 
     # ---- requests --------------------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: PromptInput, sampling_params: Optional[SamplingParams] = None,
-                    *, arrival_time: Optional[float] = None) -> None:
-        """Queue a request; ValueError naming the problem (and nothing changed) on bad input."""
+                    *, arrival_time: Optional[float] = None, grammar: Optional[CompiledGrammar] = None) -> None:
+        """Queue a request; ValueError naming the problem (and nothing changed) on bad input.
+
+        `grammar`: its structured_outputs already compiled (self.grammars.submit(), as the async engine does, so the
+        loop never waits for a compile); when None, a constrained request's grammar is compiled here, waited for."""
         params = sampling_params or self.default_sampling_params()
         if request_id in self.requests:
             raise ValueError(f"request_id: {request_id!r} is already in use")
@@ -123,11 +126,12 @@ class LLMEngine:
                              f"exceeds max_model_len ({self.max_model_len})")
         arrival_time = time.time() if arrival_time is None else arrival_time
         # A bad schema, regex or grammar is refused here, before anything is queued (never mid-stream).
-        grammar = self.grammars.compile(params.structured_outputs) if params.structured_outputs else None
+        if grammar is None and params.structured_outputs is not None:
+            grammar = self.grammars.compile(params.structured_outputs)
         samples = make_samples(request_id, parsed, params, arrival_time, self.tokenizer, self.eos_token_ids,
                                self._seed_rng)
         if grammar is not None:
-            for sample in samples:
+            for sample in samples:  # copies of one compiled matcher (cheap), never a rebuild per sample
                 sample.request.grammar = self.grammars.new_request_grammar(grammar)
         dp_rank = self.ranks.route(samples[0].request)
         self.ranks.schedulers[dp_rank].add_request(samples[0].request)  # validates against the pool before anything
@@ -280,6 +284,7 @@ class LLMEngine:
         Call once no step will run again. `deadline` (time.monotonic()): the persist stops there, logging how many
         blocks it wrote and how many it did not."""
         self.features.close(self.ranks, deadline)
+        self.grammars.close()
 
     def _add_spec_decode_stats(self, stats: EngineStats) -> None:
         (stats.spec_decode_num_drafts, stats.spec_decode_num_draft_tokens, stats.spec_decode_num_accepted_tokens,

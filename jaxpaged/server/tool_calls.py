@@ -15,7 +15,7 @@ import json
 import uuid
 from typing import Optional
 
-from jaxpaged.sampling.grammar.grammar_compiler import check_schema_depth
+from jaxpaged.sampling.grammar.limits import check_schema_depth, check_schema_limits
 from jaxpaged.sampling.params import StructuredOutputsParams
 from jaxpaged.server.errors import APIError
 from jaxpaged.server.protocol import ChatCompletionRequest, NamedToolChoice
@@ -74,6 +74,8 @@ class ToolCalling:
             return None
         try:  # before the schemas are written into the grammar (json.dumps recurses)
             check_schema_depth(self.tools)
+            for tool in self.tools:  # each tool's own $refs and sizes (its schema is the root they resolve in)
+                check_schema_limits(tool["function"].get("parameters") or {})
         except ValueError as error:
             raise APIError(400, f"{AUTO_TOOLS_ORIGIN}: {error}", param=AUTO_TOOLS_ORIGIN, code="invalid_value") \
                 from None

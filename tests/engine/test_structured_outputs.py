@@ -71,6 +71,20 @@ def test_other_constraint_kinds(llm, constraint, check):
     assert out.finish_reason == "stop" and check(out.text), out.text
 
 
+def test_n_samples_get_independent_matchers_copied_from_one_compile(llm):
+    """n=2 sampled under one regex: the grammar compiles once (one worker compile), each sample's matcher is its own
+    copy, and both outputs are whole, valid and (seeded sampling over 26^6 strings) different."""
+    pattern = r"[a-z]{6}"
+    params = SamplingParams(n=2, temperature=1.0, seed=7, max_tokens=32,
+                            structured_outputs=StructuredOutputsParams(regex=pattern))
+    num_compiles = llm.engine.grammars.pool.num_compiles
+    outputs = llm.generate("Write a word:", params, use_tqdm=False)[0].outputs
+    assert llm.engine.grammars.pool.num_compiles == num_compiles + 1
+    texts = [out.text for out in outputs]
+    assert all(out.finish_reason == "stop" and re.fullmatch(pattern, out.text) for out in outputs), texts
+    assert texts[0] != texts[1]
+
+
 @pytest.mark.parametrize("constraint, field", [
     (StructuredOutputsParams(json={"type": "objekt"}), "structured_outputs.json"),
     (StructuredOutputsParams(json="{not json"), "structured_outputs.json"),

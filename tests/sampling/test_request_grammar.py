@@ -19,7 +19,9 @@ def tokenizer(smollm2_tokenizer_dir):
 
 @pytest.fixture(scope="module")
 def compiler(tokenizer):
-    return GrammarCompiler(tokenizer, tokenizer.vocab_size, [tokenizer.eos_token_id])
+    compiler = GrammarCompiler(tokenizer, tokenizer.vocab_size, [tokenizer.eos_token_id])
+    yield compiler
+    compiler.close()
 
 
 def masks_on_the_spot(grammars, num_rows: int) -> np.ndarray:

@@ -9,7 +9,7 @@ import concurrent.futures
 import functools
 import os
 from collections.abc import Sequence
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import llguidance
 import numpy as np
@@ -24,13 +24,16 @@ class RequestGrammar:
 
     __slots__ = ("_matcher", "_finished", "_next_mask", "bitmask_words")
 
-    def __init__(self, matcher: Any, bitmask_words: int) -> None:
+    def __init__(self, matcher: Any, bitmask_words: int, first_mask: Optional[np.ndarray] = None) -> None:
+        """first_mask: the tokens allowed at the start, when already known ([1, bitmask_words] int32 words)."""
         if matcher.is_error():
             raise ValueError(f"structured_outputs: {matcher.get_error()}")
         self._matcher = matcher
         self._finished = matcher.is_stopped()
-        self._next_mask: Optional[tuple[_MaskJob, int]] = None
+        self._next_mask: Optional[tuple[Union[_MaskJob, _KnownMask], int]] = None
         """The tokens allowed next, computed ahead: (the job, its row there); None until prefetched."""
+        if first_mask is not None:
+            self._next_mask = (_KnownMask(first_mask), 0)
         self.bitmask_words = bitmask_words
         """int32 words per bitmask row (the logits' vocabulary / 32, rounded up)."""
 
@@ -91,6 +94,18 @@ class _MaskJob:
     def wait(self) -> None:
         """Returns once the masks are written (re-raises what llguidance raised)."""
         self._future.result()
+
+
+class _KnownMask:
+    """A mask computed before the sample started (GrammarCompiler's first mask, shared by every sample)."""
+
+    __slots__ = ("words",)
+
+    def __init__(self, words: np.ndarray) -> None:
+        self.words = words
+
+    def wait(self) -> None:
+        """Already there."""
 
 
 def prefetch_bitmasks(grammars: Sequence[RequestGrammar]) -> None:
