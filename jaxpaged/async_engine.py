@@ -13,12 +13,13 @@ import logging
 import queue
 import threading
 import time
-from typing import Optional, Union
+from typing import Optional
 
 from jaxpaged.engine import LLMEngine
 from jaxpaged.engine.stats import EngineStats
 from jaxpaged.inputs import PromptInput
 from jaxpaged.outputs import RequestFailedError, RequestOutput
+from jaxpaged.request_stream import OutputSink, RequestStream
 from jaxpaged.sampling.params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -37,7 +38,7 @@ class _AddCommand:
     request_id: str
     prompt: PromptInput
     sampling_params: SamplingParams
-    sink: "_OutputSink"
+    sink: OutputSink
     added: concurrent.futures.Future
     grammar: Optional[concurrent.futures.Future] = None  # its grammar compiling off the loop: queued once done
 
@@ -45,98 +46,6 @@ class _AddCommand:
 @dataclasses.dataclass
 class _AbortCommand:
     request_id: str
-
-
-class _OutputSink:
-    """Where the loop thread delivers one request's outputs: one slot that keeps the newest (outputs are
-    cumulative, so it says all the older ones did) and a wake-up for the reader on the caller's event loop, sent
-    only when none is pending. However far a reader lags, its stream holds one output, and the loop thread pays one
-    call_soon_threadsafe per reader wake-up, not per step."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, num_seqs: int) -> None:
-        self.loop = loop
-        self.num_seqs = num_seqs
-        self.released = False  # guarded by AsyncLLMEngine._lock
-        self._lock = threading.Lock()
-        self._latest: Union[RequestOutput, BaseException, None] = None  # guarded by _lock
-        self._wake_pending = False  # guarded by _lock
-        self._ready = asyncio.Event()  # touched on the caller's loop only
-
-    def deliver(self, item: Union[RequestOutput, BaseException]) -> bool:
-        """Hands an output (or the error that ends the stream) over; False when the caller's loop is gone."""
-        if not self.put(item):
-            return True
-        try:
-            self.loop.call_soon_threadsafe(self.wake)
-            return True
-        except RuntimeError:  # the event loop was closed: nobody is listening any more
-            return False
-
-    def put(self, item: Union[RequestOutput, BaseException]) -> bool:
-        """deliver() without the wake-up: True when the reader needs one (wake(), on its loop)."""
-        with self._lock:
-            self._latest = item
-            wake, self._wake_pending = not self._wake_pending, True
-        return wake
-
-    def wake(self) -> None:
-        """Wakes the reader (call on the caller's loop)."""
-        self._ready.set()
-
-    async def next(self) -> Union[RequestOutput, BaseException]:
-        """The newest item, waiting for one if none came since the last call."""
-        while True:
-            with self._lock:
-                item, self._latest = self._latest, None
-                self._wake_pending = False
-            if item is not None:
-                return item
-            # Runs on the caller's loop, like the scheduled set(): no set() can slip between the check and here.
-            self._ready.clear()
-            await self._ready.wait()
-
-
-class RequestStream:
-    """One request's outputs as an async iterator; closing it before the end aborts the request."""
-
-    def __init__(self, engine: "AsyncLLMEngine", request_id: str, sink: _OutputSink,
-                 added: concurrent.futures.Future) -> None:
-        self.request_id = request_id
-        self._engine = engine
-        self._sink = sink
-        self._added = added
-        self._finished = False
-        self._closed = False
-
-    async def wait_added(self) -> None:
-        """Waits until the engine accepted the request; re-raises its ValueError if it refused it."""
-        await asyncio.wrap_future(self._added)
-
-    def __aiter__(self) -> "RequestStream":
-        return self
-
-    async def __anext__(self) -> RequestOutput:
-        if self._finished or self._closed:
-            raise StopAsyncIteration
-        item = await self._sink.next()
-        if isinstance(item, BaseException):
-            self._finished = True
-            raise item
-        self._finished = item.finished
-        return item
-
-    @property
-    def finished(self) -> bool:
-        """Whether the final output has been read."""
-        return self._finished
-
-    def close(self) -> None:
-        """Aborts the request unless it already finished (idempotent; safe from any state)."""
-        if self._closed:
-            return
-        self._closed = True
-        if not self._finished:
-            self._engine.abort(self.request_id)
 
 
 class AsyncLLMEngine:
@@ -152,7 +61,7 @@ class AsyncLLMEngine:
         self.sampling_defaults: dict = engine.sampling_defaults
         self._idle_wait_s = idle_wait_s
         self._commands: queue.Queue = queue.Queue()
-        self._sinks: dict[str, _OutputSink] = {}  # touched only on the loop thread
+        self._sinks: dict[str, OutputSink] = {}  # touched only on the loop thread
         self._grammar_pending: dict[str, _AddCommand] = {}  # guarded by _lock: adds waiting for their grammar
         self._lock = threading.RLock()
         self._accepting = True
@@ -224,7 +133,7 @@ class AsyncLLMEngine:
         Counting the request's sequences happens here, synchronously, so an admission check followed by
         add_request calls with no await between them is atomic on the caller's event loop.
         """
-        sink = _OutputSink(asyncio.get_running_loop(), sampling_params.n)
+        sink = OutputSink(asyncio.get_running_loop(), sampling_params.n)
         added: concurrent.futures.Future = concurrent.futures.Future()
         with self._lock:  # NOTE: the loop's final drain takes this lock too, so no add is ever left unanswered
             if not self._accepting or not self.is_alive:
@@ -241,7 +150,7 @@ class AsyncLLMEngine:
                 command.grammar = self.engine.grammars.submit(sampling_params.structured_outputs)
         if command.grammar is not None:
             command.grammar.add_done_callback(lambda _: self._grammar_ready(command))
-        return RequestStream(self, request_id, sink, added)
+        return RequestStream(self.abort, request_id, sink, added)
 
     def _grammar_ready(self, command: _AddCommand) -> None:
         """The command's grammar is compiled (or refused): it goes to the loop, unless aborted or the loop is gone."""
@@ -350,7 +259,7 @@ class AsyncLLMEngine:
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         """Each output into its stream's slot, then one wake-up call per caller event loop for all its readers
         that need one (a call_soon_threadsafe per stream per step was most of this loop's hand-over time)."""
-        to_wake: dict[asyncio.AbstractEventLoop, list[tuple[str, _OutputSink]]] = {}
+        to_wake: dict[asyncio.AbstractEventLoop, list[tuple[str, OutputSink]]] = {}
         for output in outputs:
             sink = self._sinks.get(output.request_id)
             if sink is None:
@@ -369,7 +278,7 @@ class AsyncLLMEngine:
                 for request_id, _ in woken:
                     self._abort(request_id)  # a no-op for the finished ones (no longer in _sinks)
 
-    def _release(self, sink: _OutputSink) -> None:
+    def _release(self, sink: OutputSink) -> None:
         with self._lock:
             if not sink.released:
                 sink.released = True
@@ -396,6 +305,6 @@ class AsyncLLMEngine:
                         command.added.set_exception(error)
 
 
-def _wake_all(sinks: list[_OutputSink]) -> None:
+def _wake_all(sinks: list[OutputSink]) -> None:
     for sink in sinks:
         sink.wake()

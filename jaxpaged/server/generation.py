@@ -14,9 +14,10 @@ from typing import Optional
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from jaxpaged.async_engine import EngineDeadError, RequestStream
+from jaxpaged.async_engine import EngineDeadError
 from jaxpaged.inputs import ParsedPrompt
 from jaxpaged.outputs import RequestFailedError, RequestOutput
+from jaxpaged.request_stream import RequestStream
 from jaxpaged.sampling.params import SamplingParams
 from jaxpaged.server.context import ServerContext
 from jaxpaged.server.errors import APIError, error_body, from_value_error, sanitize_message

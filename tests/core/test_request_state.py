@@ -25,7 +25,8 @@ def test_prompt_is_copied_and_outputs_grow_both_lists():
 
 def test_finish_reasons():
     expected = {RequestStatus.FINISHED_STOPPED: "stop", RequestStatus.FINISHED_LENGTH: "length",
-                RequestStatus.FINISHED_ABORTED: "abort", RequestStatus.FINISHED_ERROR: "error", RequestStatus.WAITING: None, RequestStatus.RUNNING: None,
+                RequestStatus.FINISHED_ABORTED: "abort", RequestStatus.FINISHED_ERROR: "error",
+                RequestStatus.WAITING: None, RequestStatus.RUNNING: None,
                 RequestStatus.PREEMPTED: None}
     for status, reason in expected.items():
         request = Request("a", [1])
