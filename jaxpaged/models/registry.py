@@ -6,7 +6,7 @@ Adding a family is a file in models/families/ (a config reader, its names, its E
 
 from jaxpaged.models.families import gemma, llama
 from jaxpaged.models.model_config import ModelConfig
-from jaxpaged.models.model_entry import ModelEntry
+from jaxpaged.models.model_entry import GgufFormat, ModelEntry
 
 REGISTRY: dict[str, ModelEntry] = {entry.architecture: entry for entry in (
     *llama.ENTRIES,
@@ -28,9 +28,10 @@ def resolve(architecture: str) -> ModelEntry:
     return entry
 
 
-def resolve_gguf(architecture: str) -> ModelEntry:
-    """The entry whose GGUF files say general.architecture = `architecture`; ValueError naming it otherwise."""
-    by_gguf = {entry.gguf.architecture: entry for entry in REGISTRY.values() if entry.gguf is not None}
+def resolve_gguf(architecture: str) -> tuple[ModelEntry, GgufFormat]:
+    """(the entry, its GGUF format) of files that say general.architecture = `architecture`; ValueError naming it
+    and the supported ones when no entry reads such files."""
+    by_gguf = {entry.gguf.architecture: (entry, entry.gguf) for entry in REGISTRY.values() if entry.gguf is not None}
     if architecture not in by_gguf:
         raise ValueError(f"GGUF architecture {architecture!r} is not supported; supported: {sorted(by_gguf)}")
     return by_gguf[architecture]

@@ -42,7 +42,7 @@ def _field(reader: gguf.GGUFReader, key: str, default: Any = None) -> Any:
 def gguf_hf_config(reader: gguf.GGUFReader) -> dict:
     """The HF config.json equivalent of the file's metadata."""
     arch = _field(reader, "general.architecture")
-    entry = resolve_gguf(arch)
+    entry, _ = resolve_gguf(arch)
     names = {t.name for t in reader.tensors}
     num_heads = _field(reader, f"{arch}.attention.head_count")
     config = {
@@ -100,9 +100,7 @@ def load_gguf_checkpoint(path: pathlib.Path) -> tuple[dict, dict[str, np.ndarray
     every projection is Q8_0 (keeps_int8), the projections as int8 with per-channel scales ("int8")."""
     reader = gguf.GGUFReader(str(path))
     hf_config = gguf_hf_config(reader)
-    entry = resolve_gguf(hf_config["model_type"])
-    layout = entry.gguf
-    assert layout is not None  # resolve_gguf only answers entries with a GGUF format
+    entry, layout = resolve_gguf(hf_config["model_type"])
     cfg = entry.read_config(hf_config, entry.architecture)
     tensors = {t.name: t for t in reader.tensors}
     scheme = "int8" if keeps_int8(reader, layout, cfg.num_layers) else None

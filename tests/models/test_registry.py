@@ -57,7 +57,7 @@ def test_a_config_without_architectures_resolves_by_model_type(architecture):
 
 def test_gguf_architectures_resolve_to_their_llama_family_entry():
     """GGUF's general.architecture names map to the HF architectures they load as; Gemma has no GGUF reader."""
-    by_gguf = {name: registry.resolve_gguf(name).architecture for name in ("llama", "mistral", "qwen2", "qwen3")}
+    by_gguf = {name: registry.resolve_gguf(name)[0].architecture for name in ("llama", "mistral", "qwen2", "qwen3")}
     assert by_gguf == {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                        "qwen3": "Qwen3ForCausalLM"}
     with pytest.raises(ValueError, match=r"GGUF architecture 'gemma2' is not supported; supported: \['llama'"):
