@@ -170,9 +170,15 @@ def test_a_family_registered_in_a_test_generates_the_llama_entrys_tokens(tiny_mo
     entry = ModelEntry("ThrowawayForCausalLM", read_llama_config,
                        dataclasses.replace(LLAMA_HF_NAMES, mapper=WeightsMapper((("backbone.", "model."),))),
                        model_class=ThrowawayDecoder, model_type="throwaway")
-    monkeypatch.setitem(registry.REGISTRY, entry.architecture, entry)
     monkeypatch.setattr(ThrowawayDecoder, "built", [])
     renamed = _renamed_checkpoint(tiny_model_dir, tmp_path / "throwaway", "backbone.")
+    from jaxpaged.weights.loader import load_model
+
+    without_rule = dataclasses.replace(entry, hf_names=LLAMA_HF_NAMES)  # the prefix rule is what finds the weights
+    monkeypatch.setitem(registry.REGISTRY, entry.architecture, without_rule)
+    with pytest.raises(ValueError, match=r"tensor 'model\.\S+' is missing"):
+        load_model(str(renamed))
+    monkeypatch.setitem(registry.REGISTRY, entry.architecture, entry)
     prompt = [5, 17, 301, 42, 9000, 77, 3]
     expected = _greedy_tokens(tiny_model_dir, prompt)
     assert ThrowawayDecoder.built == []  # the Llama entry builds its own class
