@@ -117,6 +117,19 @@ def test_gemma_names_differ_from_llamas_only_in_its_norms():
     assert gemma.globals == LLAMA_HF_NAMES.globals
 
 
+def test_a_familys_layer_weights_come_from_its_entry():
+    """param_shapes asks the architecture's entry for the layer weights: Gemma adds its two sandwich norms to the
+    shared decoder's, which is all a Llama has."""
+    from jaxpaged.models.param_shapes import param_shapes
+
+    config = dict(TINY_LLAMA, sliding_window=8)
+    llama = param_shapes(ModelConfig.from_hf(dict(config, architectures=["LlamaForCausalLM"])))
+    gemma = param_shapes(ModelConfig.from_hf(dict(config, architectures=["Gemma2ForCausalLM"])))
+    assert set(gemma) - set(llama) == {"layers.attn_out_norm", "layers.mlp_out_norm"}
+    assert set(llama) <= set(gemma)
+    assert gemma["layers.attn_out_norm"] == (2, 64)
+
+
 class ThrowawayDecoder(LlamaForCausalLM):
     """The shared decoder under another name, recording each build: proves the runner asks the registry."""
 
