@@ -1,5 +1,6 @@
-"""The Llama family (Llama, Mistral, Qwen2, Qwen3) and Gemma 2 / 3 (text) as one Flax NNX model over a ragged
-batch and a paged KV cache; ModelConfig's fields switch the Gemma parts on.
+"""The decoder every registered family runs (models/registry.py): one Flax NNX model over a ragged batch and a
+paged KV cache. ModelConfig's variant fields, set by a family's config reader (models/families/), switch the parts
+that differ on (Gemma's norms, caps and windows); a family with its own MLP block subclasses it (feed_forward).
 
 Layer weights are stacked on a leading axis and the layers run under `lax.scan` (one layer body to compile), or
 on the CPU stored per layer and unrolled (DecoderLayers says why). Every layer's KV pages live in one array
@@ -147,7 +148,7 @@ class LlamaForCausalLM(nnx.Module):
         alternating = bool(cfg.layer_is_sliding) and cfg.sliding_window is not None
         step = _StepContext(cfg, metadata, attend, num_rows=metadata.cu_q_lens[-1], num_blocks=num_blocks,
                             global_tables=global_tables, local_tables=local_tables, alternating=alternating,
-                            int8_matmul=self.int8_matmul)
+                            feed_forward=self.feed_forward, int8_matmul=self.int8_matmul)
         if self.layers.per_layer:
             carry = (x, kv_pages)
             for index in range(num_layers):
@@ -165,6 +166,14 @@ class LlamaForCausalLM(nnx.Module):
             (x, kv_pages), _ = jax.lax.scan(scanned_layer, (x, kv_pages),
                                             (self.layers.stacked(), layer_ids, is_sliding))
         return x, kv_pages.reshape(kv_cache.shape)
+
+    def feed_forward(self, h: Float[Array, "num_tokens hidden"], w: dict[str, Any], proj: Callable,
+                     num_rows: Int[Array, ""]) -> Float[Array, "num_tokens hidden"]:
+        """One layer's MLP on its normed input `h`, from the layer's weights `w` (`proj(name)` gives a projection
+        as matmul takes it): the gated MLP. A family with its own block (a mixture of experts) overrides this."""
+        del w  # the gated MLP's weights are all projections
+        return gated_mlp(h, proj("gate_proj"), proj("up_proj"), proj("down_proj"), self.cfg.hidden_activation,
+                         num_rows)
 
     def _rope_tables(self, positions: Int[Array, " num_tokens"]) -> tuple[RopeTables, RopeTables]:
         """(global, local) RoPE tables of the step's positions: Gemma 3's local layers rotate with another base;
@@ -212,6 +221,8 @@ class _StepContext:
     local_tables: Any
     alternating: bool
     """Layers alternate sliding-window and full attention (Gemma 2 / 3)."""
+    feed_forward: Callable
+    """The model's MLP block (LlamaForCausalLM.feed_forward)."""
     int8_matmul: Optional[str] = None
     """How the int8 projections multiply (LlamaForCausalLM's `int8_matmul`)."""
 
@@ -254,8 +265,7 @@ def _decoder_layer(step: _StepContext, carry, w: dict[str, Any], layer_index, la
         attn = rms_norm(attn, w["attn_out_norm"], eps, offset)
     x = x + attn
     h = rms_norm(x, w["post_norm"], eps, offset)
-    mlp = gated_mlp(h, proj("gate_proj"), proj("up_proj"), proj("down_proj"),
-                    cfg.hidden_activation, num_rows)
+    mlp = step.feed_forward(h, w, proj, num_rows)
     if cfg.sandwich_norms:
         mlp = rms_norm(mlp, w["mlp_out_norm"], eps, offset)
     return x + mlp, kv_pages

@@ -26,7 +26,7 @@ from jaxpaged.core.scheduler_output import SchedulerOutput
 from jaxpaged.kv_tiers import KVTiers
 from jaxpaged.models.int8_weights import quantize_params
 from jaxpaged.models.layers import paged_attention
-from jaxpaged.models.llama import LlamaForCausalLM
+from jaxpaged.models.registry import resolve
 from jaxpaged.runner import compile_counter
 from jaxpaged.runner import mesh as mesh_lib
 from jaxpaged.runner.batch import (
@@ -154,8 +154,9 @@ class ModelRunner:
         plan = self.plan
         placed = mesh_lib.place_params(params, self.model_config, self.mesh, self.dtype, per_layer=plan.per_layer,
                                        pack=plan.packed_weights, pack_int8=plan.packed_int8)
-        graphdef, state = nnx.split(LlamaForCausalLM(self.model_config, placed, packed=plan.packed_weights,
-                                                     int8_matmul=plan.int8_matmul))
+        model_class = resolve(self.model_config.architecture).model_class  # the architecture's (models/registry.py)
+        graphdef, state = nnx.split(model_class(self.model_config, placed, packed=plan.packed_weights,
+                                                int8_matmul=plan.int8_matmul))
         # A plain dict of arrays: every step flattens it to call the executable, and nnx's Variables flatten in
         # Python, several times slower than the dict for a model's per-layer weights.
         self.state = nnx.to_pure_dict(state)

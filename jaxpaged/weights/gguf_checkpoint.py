@@ -18,24 +18,13 @@ from typing import Any, Optional
 import gguf
 import numpy as np
 
-from jaxpaged.models.int8_weights import HostInt8, requantize_rows
-from jaxpaged.models.model_config import ModelConfig
+from jaxpaged.models.int8_weights import QUANTIZED_PROJECTIONS, HostInt8, requantize_rows
+from jaxpaged.models.model_entry import GgufFormat
+from jaxpaged.models.registry import resolve_gguf
 from jaxpaged.weights.param_names import stack_layers
 
 logger = logging.getLogger(__name__)
 
-_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-                  "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
-_LAYER_TENSORS = {
-    "input_norm": "attn_norm.weight", "q_proj": "attn_q.weight", "k_proj": "attn_k.weight",
-    "v_proj": "attn_v.weight", "o_proj": "attn_output.weight", "q_bias": "attn_q.bias", "k_bias": "attn_k.bias",
-    "v_bias": "attn_v.bias", "q_norm": "attn_q_norm.weight", "k_norm": "attn_k_norm.weight",
-    "post_norm": "ffn_norm.weight", "gate_proj": "ffn_gate.weight", "up_proj": "ffn_up.weight",
-    "down_proj": "ffn_down.weight",
-}
-_GLOBAL_TENSORS = {"embed": "token_embd.weight", "final_norm": "output_norm.weight", "lm_head": "output.weight"}
-_PROJECTIONS = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"}
-_LAYER_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _Q8_0_BLOCK = 32
 """Values per Q8_0 block; a block is its float16 scale (2 bytes) then the 32 int8 values."""
 
@@ -53,12 +42,11 @@ def _field(reader: gguf.GGUFReader, key: str, default: Any = None) -> Any:
 def gguf_hf_config(reader: gguf.GGUFReader) -> dict:
     """The HF config.json equivalent of the file's metadata."""
     arch = _field(reader, "general.architecture")
-    if arch not in _ARCHITECTURES:
-        raise ValueError(f"GGUF architecture {arch!r} is not supported; supported: {sorted(_ARCHITECTURES)}")
+    entry, _ = resolve_gguf(arch)
     names = {t.name for t in reader.tensors}
     num_heads = _field(reader, f"{arch}.attention.head_count")
     config = {
-        "architectures": [_ARCHITECTURES[arch]],
+        "architectures": [entry.architecture],
         "model_type": arch,
         "vocab_size": _field(reader, f"{arch}.vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data),
         "hidden_size": _field(reader, f"{arch}.embedding_length"),
@@ -88,12 +76,12 @@ def _unpermute_rope_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
     return weight.reshape(num_heads, half, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
 
-def keeps_int8(reader: gguf.GGUFReader) -> bool:
-    """Whether every layer projection of the file is Q8_0 (then they load as int8, not float32)."""
+def keeps_int8(reader: gguf.GGUFReader, layout: GgufFormat, num_layers: int) -> bool:
+    """Whether every layer projection of the file (`layout` names them) is Q8_0 (then they load as int8, not
+    float32)."""
     types = {tensor.name: tensor.tensor_type for tensor in reader.tensors}
-    names = [name for layer_name, name in _LAYER_TENSORS.items() if layer_name in _LAYER_PROJECTIONS]
-    projections = [kind for tensor_name, kind in types.items()
-                   if tensor_name.startswith("blk.") and tensor_name.split(".", 2)[2] in names]
+    names = [layout.names.tensor(name, layer).name for name in QUANTIZED_PROJECTIONS for layer in range(num_layers)]
+    projections = [types[name] for name in names if name in types]
     return bool(projections) and all(kind == gguf.GGMLQuantizationType.Q8_0 for kind in projections)
 
 
@@ -112,30 +100,30 @@ def load_gguf_checkpoint(path: pathlib.Path) -> tuple[dict, dict[str, np.ndarray
     every projection is Q8_0 (keeps_int8), the projections as int8 with per-channel scales ("int8")."""
     reader = gguf.GGUFReader(str(path))
     hf_config = gguf_hf_config(reader)
-    cfg = ModelConfig.from_hf(hf_config)
+    entry, layout = resolve_gguf(hf_config["model_type"])
+    cfg = entry.read_config(hf_config, entry.architecture)
     tensors = {t.name: t for t in reader.tensors}
-    permutes_rope = hf_config["model_type"] in ("llama", "mistral")
-    scheme = "int8" if keeps_int8(reader) else None
+    scheme = "int8" if keeps_int8(reader, layout, cfg.num_layers) else None
 
     def unpermuted(name: str, rows: np.ndarray) -> np.ndarray:
         """`rows` (a [out, ...] array of q_proj's or k_proj's output rows) in HF's order."""
-        if permutes_rope and name == "q_proj":
+        if layout.unpermutes_rope and name == "q_proj":
             return _unpermute_rope_rows(rows, cfg.num_q_heads)
-        if permutes_rope and name == "k_proj":
+        if layout.unpermutes_rope and name == "k_proj":
             return _unpermute_rope_rows(rows, cfg.num_kv_heads)
         return rows
 
     def fetch(name: str, layer: Optional[int]) -> "np.ndarray | HostInt8":
-        file_name = f"blk.{layer}.{_LAYER_TENSORS[name]}" if layer is not None else _GLOBAL_TENSORS[name]
-        if file_name not in tensors:
-            raise ValueError(f"GGUF {path}: tensor {file_name!r} is missing")
-        tensor = tensors[file_name]
-        if scheme is not None and name in _LAYER_PROJECTIONS:
+        stored = layout.names.tensor(name, layer)
+        if stored.name not in tensors:
+            raise ValueError(f"GGUF {path}: tensor {stored.name!r} is missing")
+        tensor = tensors[stored.name]
+        if scheme is not None and layer is not None and name in QUANTIZED_PROJECTIONS:
             values, scales = q8_0_rows(tensor.data)  # NOTE: a row permutation commutes with per-row blocks
             return requantize_rows(unpermuted(name, values), unpermuted(name, scales), _Q8_0_BLOCK)
         # GGUF stores a [out, in] matrix as rows of `in` elements, like torch's Linear.weight.
         value = unpermuted(name, np.asarray(gguf.quants.dequantize(tensor.data, tensor.tensor_type), np.float32))
-        return value.T if name in _PROJECTIONS else value
+        return value.T if stored.transpose else value
 
     params = stack_layers(cfg, fetch, scheme)
     if scheme is not None:

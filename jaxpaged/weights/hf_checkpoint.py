@@ -9,7 +9,7 @@ from typing import Optional
 import numpy as np
 
 from jaxpaged.models.int8_weights import HostInt8, dequantize_int8
-from jaxpaged.models.model_config import ModelConfig
+from jaxpaged.models.registry import architecture_of, resolve
 from jaxpaged.weights import compressed_tensors
 from jaxpaged.weights.param_names import stack_layers
 from jaxpaged.weights.safetensors_file import TensorEntry, open_tensor, read_header
@@ -17,33 +17,6 @@ from jaxpaged.weights.safetensors_file import TensorEntry, open_tensor, read_hea
 logger = logging.getLogger(__name__)
 
 _INDEX_FILE = "model.safetensors.index.json"
-
-# jaxpaged layer weight -> (HF name inside model.layers.N, transpose?)
-_LAYER_NAMES = {
-    "input_norm": ("input_layernorm.weight", False),
-    "q_proj": ("self_attn.q_proj.weight", True),
-    "k_proj": ("self_attn.k_proj.weight", True),
-    "v_proj": ("self_attn.v_proj.weight", True),
-    "o_proj": ("self_attn.o_proj.weight", True),
-    "q_bias": ("self_attn.q_proj.bias", False),
-    "k_bias": ("self_attn.k_proj.bias", False),
-    "v_bias": ("self_attn.v_proj.bias", False),
-    "q_norm": ("self_attn.q_norm.weight", False),
-    "k_norm": ("self_attn.k_norm.weight", False),
-    "post_norm": ("post_attention_layernorm.weight", False),
-    "gate_proj": ("mlp.gate_proj.weight", True),
-    "up_proj": ("mlp.up_proj.weight", True),
-    "down_proj": ("mlp.down_proj.weight", True),
-}
-# Gemma's four norms per layer: HF's post_attention_layernorm normalises the attention output, and its
-# pre_feedforward_layernorm is the pre-MLP norm every other family calls post_attention_layernorm.
-_SANDWICH_NAMES = {
-    "post_norm": ("pre_feedforward_layernorm.weight", False),
-    "attn_out_norm": ("post_attention_layernorm.weight", False),
-    "mlp_out_norm": ("post_feedforward_layernorm.weight", False),
-}
-_GLOBAL_NAMES = {"embed": ("model.embed_tokens.weight", False), "final_norm": ("model.norm.weight", False),
-                 "lm_head": ("lm_head.weight", True)}
 
 
 def is_hf_checkpoint(path: pathlib.Path) -> bool:
@@ -82,32 +55,33 @@ def load_hf_checkpoint(path: pathlib.Path, quantization: Optional[str] = None,
     hf_config = json.loads((path / "config.json").read_text())
     checkpoint = compressed_tensors.read_checkpoint_quantization(hf_config)
     scheme = compressed_tensors.resolve_scheme(checkpoint, quantization)
-    cfg = ModelConfig.from_hf(hf_config)
+    architecture = architecture_of(hf_config)
+    entry = resolve(architecture)
+    cfg = entry.read_config(hf_config, architecture)
     entries: dict[str, TensorEntry] = {}
     for file in checkpoint_files(path):
         entries.update(read_header(file))
     if checkpoint is not None:
         compressed_tensors.check_int8_entries(entries, checkpoint)
-
-    layer_names = _LAYER_NAMES | _SANDWICH_NAMES if cfg.sandwich_norms else _LAYER_NAMES
+    names = entry.hf_names
+    file_names = names.mapper.map_names(entries)  # {the family's spelling: the file's}
     notes: set[str] = set()
 
     def fetch(name: str, layer: Optional[int]) -> "np.ndarray | HostInt8":
-        hf_name, transpose = layer_names[name] if layer is not None else _GLOBAL_NAMES[name]
-        if layer is not None:
-            hf_name = f"model.layers.{layer}.{hf_name}"
-        if hf_name not in entries:
-            raise ValueError(f"checkpoint {path}: tensor {hf_name!r} is missing")
-        entry = entries[hf_name]
-        if checkpoint is not None and entry.dtype == "I8":
+        tensor = names.tensor(name, layer)
+        hf_name, transpose = file_names.get(tensor.name), tensor.transpose
+        if hf_name is None:
+            raise ValueError(f"checkpoint {path}: tensor {tensor.name!r} is missing")
+        stored = entries[hf_name]
+        if checkpoint is not None and stored.dtype == "I8":
             int8 = compressed_tensors.read_int8_weight(
-                entry, entries.get(compressed_tensors.scale_entry_name(hf_name)), checkpoint)
+                stored, entries.get(compressed_tensors.scale_entry_name(hf_name)), checkpoint)
             if layer is not None:
                 return int8
             notes.add(f"{hf_name} dequantized (the engine keeps it in the model dtype)")
             dequantized = dequantize_int8(int8.values, int8.scale)  # [in, out]: the file's rows are its columns
             return dequantized if transpose else dequantized.T
-        value = open_tensor(entry)
+        value = open_tensor(stored)
         if checkpoint is not None and layer is not None and transpose:
             notes.add("float projections (the checkpoint's ignore list) quantized per channel as they load")
         return value.T if transpose else value
