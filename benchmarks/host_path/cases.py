@@ -19,8 +19,8 @@ from jaxpaged.async_engine import AsyncLLMEngine
 from jaxpaged.config import EngineConfig
 from jaxpaged.engine import LLMEngine
 from jaxpaged.engine.step_timings import StepTimings
-from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.models.param_shapes import param_shapes
+from jaxpaged.models.registry import read_model_config
 from jaxpaged.sampling.params import SamplingParams, StructuredOutputsParams
 from jaxpaged.weights.loader import LoadedModel, locate_model
 
@@ -43,7 +43,7 @@ at random, which may close the array at any time, but the note cannot close befo
 def tiny_model() -> LoadedModel:
     """A random one-layer Llama with the embedded model's tokenizer: real detokenization, a cheap device step."""
     tokenizer_dir = locate_model(None)[0]
-    config = ModelConfig.from_hf(TINY_HF_CONFIG)
+    config = read_model_config(TINY_HF_CONFIG)
     rng = np.random.default_rng(0)
     params = {name: (rng.standard_normal(shape) * 0.5).astype(np.float32)
               for name, shape in param_shapes(config).items()}

@@ -69,13 +69,23 @@ class ModelConfig:
         """Query heads per KV head (GQA)."""
         return self.num_q_heads // self.num_kv_heads
 
-    @classmethod
-    def from_hf(cls, hf_config: Any) -> "ModelConfig":
-        """Read an HF config (PretrainedConfig or its dict) through the registry's entry for its architecture;
-        ValueError naming it when it is not supported."""
-        from jaxpaged.models.registry import read_model_config  # the registry's families import this module
-
-        return read_model_config(hf_config if isinstance(hf_config, dict) else hf_config.to_dict())
+    def layer_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Shapes of one layer's weights (stacked over layers they gain a leading num_layers axis): attention (with
+        q/k/v biases and q/k norms when set), the gated MLP, and Gemma's sandwich norms when set. A family with
+        weights of its own (a mixture of experts' router and experts) overrides this in its ModelConfig subclass."""
+        hidden, q_dim, kv_dim = self.hidden_size, self.num_q_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        shapes = {
+            "input_norm": (hidden,), "q_proj": (hidden, q_dim), "k_proj": (hidden, kv_dim), "v_proj": (hidden, kv_dim),
+            "o_proj": (q_dim, hidden), "post_norm": (hidden,), "gate_proj": (hidden, self.intermediate_size),
+            "up_proj": (hidden, self.intermediate_size), "down_proj": (self.intermediate_size, hidden),
+        }
+        if self.qkv_bias:
+            shapes.update(q_bias=(q_dim,), k_bias=(kv_dim,), v_bias=(kv_dim,))
+        if self.qk_norm:
+            shapes.update(q_norm=(self.head_dim,), k_norm=(self.head_dim,))
+        if self.sandwich_norms:  # the attention and MLP outputs are normalised again before each residual add
+            shapes.update(attn_out_norm=(hidden,), mlp_out_norm=(hidden,))
+        return shapes
 
 
 def decoder_fields(raw: dict, architecture: str) -> dict[str, Any]:

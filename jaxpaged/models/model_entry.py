@@ -8,7 +8,6 @@ from flax import nnx
 
 from jaxpaged.models.llama import LlamaForCausalLM
 from jaxpaged.models.model_config import ModelConfig
-from jaxpaged.models.param_shapes import layer_param_shapes
 from jaxpaged.models.weight_names import WeightNames
 
 
@@ -29,9 +28,9 @@ class ModelEntry:
     """One architecture: its config reader, its checkpoint names and the model class that runs it.
 
     A family that differs only in constants (Gemma's norms, caps and windows) points at the shared decoder and sets
-    ModelConfig's variant fields in its reader and adds its weights in layer_shapes; a family with fields of its own
-    returns a ModelConfig subclass, and one with its own blocks (a mixture-of-experts MLP) names a LlamaForCausalLM
-    subclass overriding feed_forward as model_class.
+    ModelConfig's variant fields in its reader; a family with fields or weights of its own returns a ModelConfig
+    subclass (overriding layer_shapes for its weights), and one with its own blocks (a mixture-of-experts MLP)
+    names a LlamaForCausalLM subclass overriding feed_forward as model_class.
     """
 
     architecture: str
@@ -43,9 +42,6 @@ class ModelEntry:
     model_class: Callable[..., nnx.Module] = LlamaForCausalLM
     """Built as model_class(cfg, params, packed=..., int8_matmul=...); LlamaForCausalLM's __call__, hidden_states and
     logits are what the runner calls."""
-    layer_shapes: Callable[[ModelConfig], dict[str, tuple[int, ...]]] = layer_param_shapes
-    """One layer's weights by name -> shape (without the layer axis): what the loaders read per layer and the model
-    checks; a family with weights of its own adds them to layer_param_shapes'."""
     model_type: Optional[str] = None
     """config.json's model_type, which names the architecture when a config has no architectures list."""
     gguf: Optional[GgufFormat] = None

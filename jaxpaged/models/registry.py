@@ -4,6 +4,8 @@
 Adding a family is a file in models/families/ (a config reader, its names, its ENTRIES) and one line below.
 """
 
+from typing import Any
+
 from jaxpaged.models.families import gemma, llama
 from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.models.model_entry import GgufFormat, ModelEntry
@@ -48,7 +50,9 @@ def architecture_of(raw: dict) -> str:
     return by_type.get(model_type or "", f"<model_type {model_type!r}>")
 
 
-def read_model_config(raw: dict) -> ModelConfig:
-    """The ModelConfig of an HF config dict, read by its architecture's entry."""
+def read_model_config(hf_config: Any) -> ModelConfig:
+    """The ModelConfig of an HF config (a dict, or a transformers PretrainedConfig), read by its architecture's
+    entry; ValueError naming the architecture when it is not supported."""
+    raw = hf_config if isinstance(hf_config, dict) else hf_config.to_dict()
     architecture = architecture_of(raw)
     return resolve(architecture).read_config(raw, architecture)

@@ -13,6 +13,7 @@ import numpy as np
 
 from jaxpaged.models.int8_weights import WEIGHT_SCHEMES, quantize_params
 from jaxpaged.models.model_config import ModelConfig
+from jaxpaged.models.registry import read_model_config
 from jaxpaged.weights.compressed_tensors import QUANT_METHOD
 from jaxpaged.weights.converted_store import (
     converted_quantization,
@@ -103,7 +104,7 @@ def load_model(model: Optional[str] = None, *, revision: Optional[str] = None,
         hf_config, params, scheme = load_hf_checkpoint(directory, quantization)
     generation_config = read_generation_config(directory)
     hf_config = with_generation_eos(hf_config, generation_config)
-    return LoadedModel(name, hf_config, ModelConfig.from_hf(hf_config), params, directory,
+    return LoadedModel(name, hf_config, read_model_config(hf_config), params, directory,
                        sampling_defaults(generation_config), scheme)
 
 

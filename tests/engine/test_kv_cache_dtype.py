@@ -10,7 +10,7 @@ import pytest
 from jaxpaged.cli_options import add_engine_arguments, engine_options_from_args
 from jaxpaged.config import EngineConfig
 from jaxpaged.kernels.attention_dispatch import check_kv_cache_dtype
-from jaxpaged.models.model_config import ModelConfig
+from jaxpaged.models.registry import read_model_config
 from jaxpaged.runner.kv_cache import kv_storage_dtype, num_kv_blocks_for
 from jaxpaged.sampling.params import SamplingParams
 from tests.conftest import TINY_ENGINE_OPTIONS, TINY_LLAMA
@@ -60,7 +60,7 @@ def test_a_refusal_comes_before_the_weights_load(tmp_path, caplog):
                          [(16, 32 / 18, 64 / 18), (64, 128 / 66, 256 / 66), (128, 256 / 130, 512 / 130)])
 def test_the_same_memory_holds_about_twice_the_bfloat16_blocks(head_dim, int8_over_bfloat16, int8_over_float32):
     """A row of head_dim codes carries SCALE_BYTES = 2 more: bfloat16's 2 * head_dim bytes over head_dim + 2."""
-    model = ModelConfig.from_hf(dict(TINY_LLAMA, head_dim=head_dim, model_type="llama"))
+    model = read_model_config(dict(TINY_LLAMA, head_dim=head_dim, model_type="llama"))
     memory = EngineConfig.from_options(kv_cache_memory="64MiB").cache
     blocks = {name: num_kv_blocks_for(model, memory, kv_storage_dtype(dtype, kv), layout=layout)
               for name, dtype, kv, layout in (("float32", "float32", "auto", "interleaved"),

@@ -5,7 +5,7 @@ the layouts and kernels differ."""
 import jax.numpy as jnp
 import pytest
 
-from jaxpaged.models.model_config import ModelConfig
+from jaxpaged.models.registry import read_model_config
 from jaxpaged.runner.kv_cache import bytes_per_block, choose_kv_layout, kv_storage_dtype
 from jaxpaged.runner.mesh import kv_cache_spec
 from jaxpaged.sampling.params import SamplingParams
@@ -24,7 +24,7 @@ def tpu_model_dir(tmp_path_factory, smollm2_tokenizer_dir):
 
 
 def test_pallas_tpu_plans_the_packed_quantized_layout():
-    model = ModelConfig.from_hf(dict(TPU_LLAMA, model_type="llama"))
+    model = read_model_config(dict(TPU_LLAMA, model_type="llama"))
     assert choose_kv_layout(model, "pallas_tpu", jnp.bfloat16, 1, "int8") == "packed_quantized"
     assert choose_kv_layout(model, "pallas_tpu", jnp.bfloat16, 2, "fp8_e4m3") == "packed_quantized"
     assert choose_kv_layout(model, "xla", jnp.bfloat16, 1, "int8") == "quantized"
@@ -36,7 +36,7 @@ def test_pallas_tpu_plans_the_packed_quantized_layout():
     at_64 = bytes_per_block(model, 64, kv_storage_dtype(jnp.bfloat16, "int8"), "tpu", layout="packed_quantized")
     assert at_64 == 2 * 40 * 128 * 4 < bytes_per_block(model, 64, jnp.bfloat16, "tpu", layout="packed")
     with pytest.raises(ValueError, match="^kv_cache_dtype:"):
-        choose_kv_layout(ModelConfig.from_hf(dict(TINY_LLAMA, model_type="llama")), "pallas_tpu", jnp.bfloat16, 1,
+        choose_kv_layout(read_model_config(dict(TINY_LLAMA, model_type="llama")), "pallas_tpu", jnp.bfloat16, 1,
                          "int8")
 
 
@@ -71,7 +71,7 @@ def test_a_block_size_whose_padding_saves_nothing_is_warned_about(block_size, wa
     from jaxpaged.config import EngineConfig
     from jaxpaged.runner.startup import _check_tpu_quantized_block
 
-    model = ModelConfig.from_hf(dict(TPU_LLAMA, model_type="llama"))
+    model = read_model_config(dict(TPU_LLAMA, model_type="llama"))
     config = EngineConfig.from_options(block_size=block_size, kv_cache_dtype="int8", attention_backend="pallas_tpu")
     with caplog.at_level(logging.WARNING, logger="jaxpaged"):
         _check_tpu_quantized_block(model, config, jnp.bfloat16, "tpu", 1)

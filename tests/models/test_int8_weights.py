@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from jaxpaged.models.int8_weights import dequantize_int8, quantize_int8, quantize_params, scale_shapes
-from jaxpaged.models.model_config import ModelConfig
+from jaxpaged.models.registry import read_model_config
 from jaxpaged.runner import mesh as mesh_lib
 from jaxpaged.runner.memory_plan import weight_bytes_per_device, weight_format
 from jaxpaged.weights.param_names import stack_layers
@@ -60,7 +60,7 @@ def test_a_checkpoint_ordered_view_quantizes_as_the_copy_does():
 
 
 def test_streamed_quantization_while_loading_equals_quantizing_the_loaded_model():
-    cfg = ModelConfig.from_hf(TINY_LLAMA | {"vocab_size": 64, "model_type": "llama"})
+    cfg = read_model_config(TINY_LLAMA | {"vocab_size": 64, "model_type": "llama"})
     rng = np.random.default_rng(1)
     tensors: dict[tuple[str, object], np.ndarray] = {}
 
@@ -88,7 +88,7 @@ def test_streamed_quantization_while_loading_equals_quantizing_the_loaded_model(
 
 
 def test_scales_shard_with_their_output_axis_and_count_as_float32():
-    cfg = ModelConfig.from_hf(TINY_LLAMA | {"vocab_size": 64, "model_type": "llama"})
+    cfg = read_model_config(TINY_LLAMA | {"vocab_size": 64, "model_type": "llama"})
     layers, hidden, inner = cfg.num_layers, cfg.hidden_size, cfg.intermediate_size
     assert mesh_lib.param_partition_spec("layers.gate_proj_scale", (layers, inner), cfg, 2) == mesh_lib.P(
         None, mesh_lib.MODEL_AXIS)

@@ -12,8 +12,8 @@ from jaxpaged.models import registry
 from jaxpaged.models.families.llama import HF_NAMES as LLAMA_HF_NAMES
 from jaxpaged.models.families.llama import read_llama_config
 from jaxpaged.models.llama import LlamaForCausalLM
-from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.models.model_entry import ModelEntry
+from jaxpaged.models.registry import read_model_config
 from jaxpaged.models.weight_names import WeightsMapper
 from tests.conftest import TINY_ENGINE_OPTIONS, TINY_LLAMA
 
@@ -41,7 +41,7 @@ def test_every_architecture_resolves_and_reads_its_config(architecture):
     """Each architecture name resolves to its own entry, whose reader sets that family's variant fields."""
     entry = registry.resolve(architecture)
     assert entry.architecture == architecture
-    cfg = ModelConfig.from_hf(dict(TINY_LLAMA, architectures=[architecture], sliding_window=8))
+    cfg = read_model_config(dict(TINY_LLAMA, architectures=[architecture], sliding_window=8))
     assert cfg.architecture == architecture
     assert (cfg.qkv_bias, cfg.qk_norm, cfg.sliding_window, cfg.norm_offset) == EXPECTED_VARIANTS[architecture]
     assert (cfg.num_layers, cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim) == (2, 4, 2, 16)
@@ -52,7 +52,7 @@ def test_a_config_without_architectures_resolves_by_model_type(architecture):
     """A config.json that names only its model_type ("qwen2", "gemma3_text") reads as that type's architecture."""
     model_type = registry.resolve(architecture).model_type
     assert model_type is not None
-    assert ModelConfig.from_hf(dict(TINY_LLAMA, model_type=model_type)).architecture == architecture
+    assert read_model_config(dict(TINY_LLAMA, model_type=model_type)).architecture == architecture
 
 
 def test_gguf_architectures_resolve_to_their_llama_family_entry():
@@ -67,7 +67,7 @@ def test_gguf_architectures_resolve_to_their_llama_family_entry():
 def test_an_unknown_architecture_is_refused_naming_it_and_the_supported_ones():
     """An architecture no entry has gets `architecture: 'X' is not supported` listing every supported one."""
     with pytest.raises(ValueError) as refused:
-        ModelConfig.from_hf(dict(TINY_LLAMA, architectures=["FalconForCausalLM"]))
+        read_model_config(dict(TINY_LLAMA, architectures=["FalconForCausalLM"]))
     assert str(refused.value) == ("architecture: 'FalconForCausalLM' is not supported; "
                                   f"supported: {EXPECTED_ARCHITECTURES}")
 
@@ -75,7 +75,7 @@ def test_an_unknown_architecture_is_refused_naming_it_and_the_supported_ones():
 def test_an_unknown_model_type_without_architectures_is_refused_naming_it():
     """A config with neither a known architecture nor a known model_type is refused with its model_type."""
     with pytest.raises(ValueError, match=r"architecture: \"<model_type 'falcon'>\" is not supported"):
-        ModelConfig.from_hf(dict(TINY_LLAMA, model_type="falcon"))
+        read_model_config(dict(TINY_LLAMA, model_type="falcon"))
 
 
 def test_an_hf_checkpoint_of_an_unknown_architecture_is_refused_before_its_weights(tmp_path):
@@ -117,14 +117,14 @@ def test_gemma_names_differ_from_llamas_only_in_its_norms():
     assert gemma.globals == LLAMA_HF_NAMES.globals
 
 
-def test_a_familys_layer_weights_come_from_its_entry():
-    """param_shapes asks the architecture's entry for the layer weights: Gemma adds its two sandwich norms to the
-    shared decoder's, which is all a Llama has."""
+def test_a_familys_layer_weights_come_from_its_config():
+    """param_shapes asks the config its family's reader made for the layer weights: Gemma's adds its two sandwich
+    norms to the shared decoder's, which is all a Llama has."""
     from jaxpaged.models.param_shapes import param_shapes
 
     config = dict(TINY_LLAMA, sliding_window=8)
-    llama = param_shapes(ModelConfig.from_hf(dict(config, architectures=["LlamaForCausalLM"])))
-    gemma = param_shapes(ModelConfig.from_hf(dict(config, architectures=["Gemma2ForCausalLM"])))
+    llama = param_shapes(read_model_config(dict(config, architectures=["LlamaForCausalLM"])))
+    gemma = param_shapes(read_model_config(dict(config, architectures=["Gemma2ForCausalLM"])))
     assert set(gemma) - set(llama) == {"layers.attn_out_norm", "layers.mlp_out_norm"}
     assert set(llama) <= set(gemma)
     assert gemma["layers.attn_out_norm"] == (2, 64)

@@ -95,7 +95,7 @@ def test_layout_options_and_their_errors():
 
     from jaxpaged.cli_options import add_engine_arguments, engine_options_from_args
     from jaxpaged.config import EngineConfig
-    from jaxpaged.models.model_config import ModelConfig
+    from jaxpaged.models.registry import read_model_config
     from jaxpaged.runner.mesh import check_parallel_layout
 
     parser = argparse.ArgumentParser()
@@ -104,7 +104,7 @@ def test_layout_options_and_their_errors():
         tensor_parallel_size=2, data_parallel_size=3)
     with pytest.raises(ValueError, match="tensor_parallel_size: must be a positive int"):
         EngineConfig.from_options(tensor_parallel_size=0)
-    model = ModelConfig.from_hf(dict(TINY_LLAMA, architectures=["LlamaForCausalLM"]))  # 4 q heads, 2 kv heads
+    model = read_model_config(dict(TINY_LLAMA, architectures=["LlamaForCausalLM"]))  # 4 q heads, 2 kv heads
     with pytest.raises(ValueError, match=r"tensor_parallel_size: .* 8 devices are needed, but only 4 exist "
                                          r"\(model: 4 q heads, 2 kv heads; 4 devices\)"):
         check_parallel_layout(model, 4, 2, num_devices=4)

@@ -4,11 +4,12 @@ import numpy as np
 import pytest
 
 from jaxpaged.models.model_config import ModelConfig
+from jaxpaged.models.registry import read_model_config
 from jaxpaged.runner.memory_plan import MemoryPlan, check_weights_fit, plan_memory, weight_bytes_per_device
 
 
 def tiny_model() -> ModelConfig:
-    return ModelConfig.from_hf(dict(
+    return read_model_config(dict(
         architectures=["LlamaForCausalLM"], vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-5, tie_word_embeddings=True))
 

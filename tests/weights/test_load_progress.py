@@ -5,6 +5,7 @@ import pytest
 
 from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.models.param_shapes import param_shapes
+from jaxpaged.models.registry import read_model_config
 from jaxpaged.weights.param_names import stack_layers
 from tests.conftest import TINY_LLAMA
 
@@ -23,7 +24,7 @@ def _zeros_fetch(cfg: ModelConfig):
                                                  ("int8", "Reading weights, quantizing to int8")])
 def test_reading_and_quantizing_weights_show_progress_when_asked(quantization, label, capsys):
     """progress=True (a terminal) shows the bar, one step per tensor read; progress=False shows nothing."""
-    cfg = ModelConfig.from_hf({**TINY_LLAMA, "architectures": ["LlamaForCausalLM"]})
+    cfg = read_model_config({**TINY_LLAMA, "architectures": ["LlamaForCausalLM"]})
     num_fetches = sum(cfg.num_layers if name.startswith("layers.") else 1 for name in param_shapes(cfg))
     stack_layers(cfg, _zeros_fetch(cfg), quantization, progress=True)
     err = capsys.readouterr().err

@@ -9,7 +9,6 @@ import functools
 from jaxpaged.models.families.llama import HF_NAMES as LLAMA_HF_NAMES
 from jaxpaged.models.model_config import ModelConfig, decoder_fields, global_rope_parameters
 from jaxpaged.models.model_entry import ModelEntry
-from jaxpaged.models.param_shapes import layer_param_shapes
 from jaxpaged.models.weight_names import CheckpointTensor
 
 HF_NAMES = LLAMA_HF_NAMES.with_layer(
@@ -22,12 +21,6 @@ HF_NAMES = LLAMA_HF_NAMES.with_layer(
 """transformers' Gemma2ForCausalLM / Gemma3ForCausalLM names."""
 
 _GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh")
-
-
-def gemma_layer_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """The shared decoder's layer weights and Gemma's sandwich norms (the attention and MLP outputs are normalised
-    again before each residual add)."""
-    return layer_param_shapes(cfg) | {"attn_out_norm": (cfg.hidden_size,), "mlp_out_norm": (cfg.hidden_size,)}
 
 
 def read_gemma_config(raw: dict, architecture: str, *, qk_norm: bool) -> ModelConfig:
@@ -58,8 +51,8 @@ def read_gemma_config(raw: dict, architecture: str, *, qk_norm: bool) -> ModelCo
 
 ENTRIES = (
     ModelEntry("Gemma2ForCausalLM", functools.partial(read_gemma_config, qk_norm=False), HF_NAMES,
-               layer_shapes=gemma_layer_shapes, model_type="gemma2"),
+               model_type="gemma2"),
     ModelEntry("Gemma3ForCausalLM", functools.partial(read_gemma_config, qk_norm=True), HF_NAMES,
-               layer_shapes=gemma_layer_shapes, model_type="gemma3_text"),
+               model_type="gemma3_text"),
 )
 """This family's registry entries."""
