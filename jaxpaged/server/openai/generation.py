@@ -19,8 +19,8 @@ from jaxpaged.inputs import ParsedPrompt
 from jaxpaged.outputs import RequestFailedError, RequestOutput
 from jaxpaged.sampling.params import SamplingParams
 from jaxpaged.server.context import ServerContext
-from jaxpaged.server.errors import APIError, error_body, from_value_error, sanitize_message
-from jaxpaged.server.streaming import ClientDisconnected, EventStreamResponse, run_until_disconnect
+from jaxpaged.server.http.errors import APIError, error_body, from_value_error, sanitize_message
+from jaxpaged.server.openai.streaming import ClientDisconnected, EventStreamResponse, run_until_disconnect
 
 
 def ensure_ready(context: ServerContext) -> None:

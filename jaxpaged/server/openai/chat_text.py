@@ -7,8 +7,8 @@ streaming, each part goes out as soon as it is sure; the deltas add up to the wh
 
 from typing import Optional
 
-from jaxpaged.server.reasoning_parsers import ReasoningParser
-from jaxpaged.server.tool_calls import ToolCalling
+from jaxpaged.server.openai.tool_calls import ToolCalling
+from jaxpaged.server.parsers.reasoning import ReasoningParser
 
 
 class ChoiceText:

@@ -11,7 +11,7 @@ Both layouts are read by either name.
 import json
 from typing import Optional
 
-from jaxpaged.server.tool_parsers.base import Call, ToolParser, arguments_text
+from jaxpaged.server.parsers.tool.base import Call, ToolParser, arguments_text
 
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"

@@ -6,7 +6,7 @@ import random
 import string
 from typing import Optional
 
-from jaxpaged.server.tool_parsers.base import Call, ToolParser, arguments_text, named_call
+from jaxpaged.server.parsers.tool.base import Call, ToolParser, arguments_text, named_call
 
 _ID_ALPHABET = string.ascii_letters + string.digits
 

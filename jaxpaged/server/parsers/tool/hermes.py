@@ -4,7 +4,7 @@ chat templates write them."""
 import json
 from typing import Optional
 
-from jaxpaged.server.tool_parsers.base import Call, ToolParser, named_call, tool_call_schema
+from jaxpaged.server.parsers.tool.base import Call, ToolParser, named_call, tool_call_schema
 
 
 class HermesToolParser(ToolParser):

@@ -4,7 +4,7 @@ from the functions' JSON schemas) and returns it as OpenAI tool_calls; "none" le
   - a named function: the output is that function's arguments object, so they can stream as they are sampled;
   - "required": the output is a JSON array of {"name": ..., "parameters": {...}} (one item per call, any of the
     tools, vLLM's layout), parsed into tool_calls when it is complete;
-  - "auto": the model decides; the server's --tool-call-parser (tool_parsers.py) splits its text into content
+  - "auto": the model decides; the server's --tool-call-parser (parsers/tool/) splits its text into content
     and tool_calls. Without a parser, "auto" with tools is refused (400). Where the parser has a grammar of its
     format (hermes, llama3_json), the output is constrained to text or well-formed calls of the declared tools,
     unless the request sets its own structured output.
@@ -17,9 +17,9 @@ from typing import Optional
 
 from jaxpaged.sampling.grammar.grammar_compiler import check_schema_depth
 from jaxpaged.sampling.params import StructuredOutputsParams
-from jaxpaged.server.errors import APIError
-from jaxpaged.server.protocol import ChatCompletionRequest, NamedToolChoice
-from jaxpaged.server.tool_parsers import TOOL_CALL_PARSERS, ToolParser
+from jaxpaged.server.http.errors import APIError
+from jaxpaged.server.openai.protocol import ChatCompletionRequest, NamedToolChoice
+from jaxpaged.server.parsers.tool import TOOL_CALL_PARSERS, ToolParser
 
 AUTO_TOOLS_ORIGIN = "tools"
 """The field a tool_choice "auto" grammar's errors name (a tool's parameters that no grammar can hold)."""
