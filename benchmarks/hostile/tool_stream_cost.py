@@ -16,10 +16,10 @@ import platform
 import statistics
 import time
 
-from jaxpaged.server.chat_text import ChoiceText
-from jaxpaged.server.tool_calls import ToolCalling
-from jaxpaged.server.tool_parsers import make_tool_parser
-from jaxpaged.server.tool_parsers.deepseek import CALL_BEGIN, CALL_END, CALLS_BEGIN, SEP
+from jaxpaged.server.openai.chat_text import ChoiceText
+from jaxpaged.server.openai.tool_calls import ToolCalling
+from jaxpaged.server.parsers.tool import make_tool_parser
+from jaxpaged.server.parsers.tool.deepseek import CALL_BEGIN, CALL_END, CALLS_BEGIN, SEP
 
 LENGTHS = (1_000, 16_000, 128_000)
 CHUNK_CHARS = 4

@@ -1,6 +1,6 @@
 """build_app: the FastAPI app of the OpenAI-compatible server around one AsyncLLMEngine.
 
-Routes parse their own bodies (validation.py) rather than through FastAPI's body parameters, so that size,
+Routes parse their own bodies (openai/validation.py) rather than through FastAPI's body parameters, so that size,
 encoding, NaN and schema errors all come back as OpenAI error bodies with status 400 / 413, never 422.
 """
 
@@ -16,15 +16,15 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 import jaxpaged
 from jaxpaged.async_engine import AsyncLLMEngine
-from jaxpaged.server.auth import BearerAuthMiddleware
-from jaxpaged.server.body_deadline import BodyDeadlineMiddleware
-from jaxpaged.server.chat import create_chat_completion
-from jaxpaged.server.completions import create_completion
 from jaxpaged.server.context import ServerContext, ServerSettings
-from jaxpaged.server.errors import error_body, install_error_handlers
-from jaxpaged.server.host_guard import AllowedHostsMiddleware
+from jaxpaged.server.http.auth import BearerAuthMiddleware
+from jaxpaged.server.http.body_deadline import BodyDeadlineMiddleware
+from jaxpaged.server.http.errors import error_body, install_error_handlers
+from jaxpaged.server.http.host_guard import AllowedHostsMiddleware
 from jaxpaged.server.metrics import ServerMetrics
-from jaxpaged.server.tokenization import detokenize, tokenize
+from jaxpaged.server.openai.chat import create_chat_completion
+from jaxpaged.server.openai.completions import create_completion
+from jaxpaged.server.openai.tokenization import detokenize, tokenize
 
 
 def build_app(engine: AsyncLLMEngine, settings: Optional[ServerSettings] = None, *,

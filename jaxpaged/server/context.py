@@ -5,11 +5,11 @@ from typing import Optional
 
 from jaxpaged.async_engine import AsyncLLMEngine
 from jaxpaged.checks import is_int
-from jaxpaged.server.body_deadline import DEFAULT_REQUEST_BODY_TIMEOUT_S
-from jaxpaged.server.host_guard import check_host_patterns
+from jaxpaged.server.http.body_deadline import DEFAULT_REQUEST_BODY_TIMEOUT_S
+from jaxpaged.server.http.host_guard import check_host_patterns
 from jaxpaged.server.metrics import ServerMetrics
-from jaxpaged.server.reasoning_parsers import ReasoningParser, make_reasoning_parser
-from jaxpaged.server.tool_parsers import ToolParser, make_tool_parser
+from jaxpaged.server.parsers.reasoning import ReasoningParser, make_reasoning_parser
+from jaxpaged.server.parsers.tool import ToolParser, make_tool_parser
 from jaxpaged.server.watchdog import DEFAULT_ENGINE_STEP_TIMEOUT_S
 
 DEFAULT_MAX_REQUEST_BODY_BYTES = 2 * 1024 * 1024
@@ -46,11 +46,11 @@ class ServerSettings:
     retry_after_s: int = 1
     """The Retry-After header of a 429."""
     tool_call_parser: Optional[str] = None
-    """Parser of the model's tool-call syntax (server/tool_parsers/) that tool_choice "auto" needs."""
+    """Parser of the model's tool-call syntax (server/parsers/tool/) that tool_choice "auto" needs."""
     enable_auto_tool_choice: bool = False
     """vLLM's --enable-auto-tool-choice: accepted with a tool_call_parser (which alone already enables "auto")."""
     reasoning_parser: Optional[str] = None
-    """Splits `<think>` reasoning into reasoning_content (server/reasoning_parsers.py)."""
+    """Splits `<think>` reasoning into reasoning_content (server/parsers/reasoning.py)."""
     served_model_names: tuple[str, ...] = ()
     """The names requests may use for the model; the first is the one responses and /metrics carry. Empty: the
     engine's model name."""

@@ -21,11 +21,11 @@ from jaxpaged.async_engine import AsyncLLMEngine
 from jaxpaged.multihost.runtime import is_leader, join_job
 from jaxpaged.server import multihost
 from jaxpaged.server.app import build_app
-from jaxpaged.server.chat_template import check_chat_template
 from jaxpaged.server.context import ServerContext
-from jaxpaged.server.reasoning_parsers import check_reasoning_markers
+from jaxpaged.server.openai.chat_template import check_chat_template
+from jaxpaged.server.parsers.reasoning import check_reasoning_markers
 from jaxpaged.server.serve_flags import API_KEY_ENV, settings_from_args, uvicorn_options
-from jaxpaged.server.vllm_flags import IGNORED_DEST, ignored_flag_warnings
+from jaxpaged.server.vllm.flags import IGNORED_DEST, ignored_flag_warnings
 from jaxpaged.server.watchdog import fail_stop_on_engine_failure
 
 logger = logging.getLogger(__name__)

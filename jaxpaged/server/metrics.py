@@ -2,7 +2,7 @@
 
 Engine-wide numbers (running, waiting, KV usage, prefix cache, preemptions, tokens, compilations) are read from
 the engine loop's latest stats snapshot at scrape time; latency histograms are observed by the request handlers.
-With a key set, /metrics needs it (auth.py): the prefix-cache counters tell a reader what other clients prompted.
+With a key set, /metrics needs it (http/auth.py): the prefix-cache counters tell a reader what other clients prompted.
 """
 
 from collections.abc import Iterator
@@ -13,8 +13,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from jaxpaged.async_engine import AsyncLLMEngine
-from jaxpaged.server.vllm_metrics import MODEL_LABEL, TOKEN_BUCKETS, VllmRequestMetrics, VllmStatsCollector
-from jaxpaged.server.vllm_metrics import PREFIX as VLLM_PREFIX
+from jaxpaged.server.vllm.metrics import MODEL_LABEL, TOKEN_BUCKETS, VllmRequestMetrics, VllmStatsCollector
+from jaxpaged.server.vllm.metrics import PREFIX as VLLM_PREFIX
 
 PREFIX = "jaxpaged_"
 

@@ -8,13 +8,13 @@ import os
 from typing import Any
 
 from jaxpaged.logging_setup import LOG_LEVELS
-from jaxpaged.server.body_deadline import DEFAULT_REQUEST_BODY_TIMEOUT_S
-from jaxpaged.server.chat_template import load_chat_template
 from jaxpaged.server.context import DEFAULT_MAX_PROMPTS_PER_REQUEST, DEFAULT_MAX_REQUEST_BODY_BYTES, ServerSettings
-from jaxpaged.server.header_deadline import DEFAULT_REQUEST_HEADER_TIMEOUT_S, header_deadline_protocol
-from jaxpaged.server.reasoning_parsers import REASONING_PARSERS
-from jaxpaged.server.tool_parsers import TOOL_CALL_PARSERS
-from jaxpaged.server.vllm_flags import add_vllm_flags
+from jaxpaged.server.http.body_deadline import DEFAULT_REQUEST_BODY_TIMEOUT_S
+from jaxpaged.server.http.header_deadline import DEFAULT_REQUEST_HEADER_TIMEOUT_S, header_deadline_protocol
+from jaxpaged.server.openai.chat_template import load_chat_template
+from jaxpaged.server.parsers.reasoning import REASONING_PARSERS
+from jaxpaged.server.parsers.tool import TOOL_CALL_PARSERS
+from jaxpaged.server.vllm.flags import add_vllm_flags
 from jaxpaged.server.watchdog import DEFAULT_ENGINE_STEP_TIMEOUT_S
 
 logger = logging.getLogger(__name__)

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from jaxpaged.cli import build_parser
-from jaxpaged.server import vllm_metrics
 from jaxpaged.server.serve_flags import API_KEY_ENV
+from jaxpaged.server.vllm import metrics as vllm_metrics
 from tests.deploy.dockerfile import read_stages
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

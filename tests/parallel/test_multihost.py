@@ -41,7 +41,7 @@ def reference_choices(model_dir) -> list[dict]:
     """The single-process, single-device engine on the same prompts: text and top-5 logprobs per token."""
     from jaxpaged.llm import LLM
     from jaxpaged.sampling.params import SamplingParams
-    from jaxpaged.server.responses import token_text
+    from jaxpaged.server.openai.responses import token_text
     from tests.parallel.multihost_cluster import ENGINE_FLAGS
 
     options = {flag[2:].replace("-", "_"): value for flag, value in zip(ENGINE_FLAGS[::2], ENGINE_FLAGS[1::2])}

@@ -7,8 +7,8 @@ import httpx
 import openai
 import pytest
 
-from jaxpaged.server.auth import BearerAuthMiddleware
 from jaxpaged.server.context import ServerSettings
+from jaxpaged.server.http.auth import BearerAuthMiddleware
 from tests.server.server_helpers import API_KEY
 
 pytestmark = pytest.mark.xdist_group("server")

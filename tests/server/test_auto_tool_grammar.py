@@ -7,10 +7,10 @@ import pytest
 from transformers import PreTrainedTokenizerFast
 
 from jaxpaged.sampling.grammar import GrammarCompiler
-from jaxpaged.server.errors import APIError
-from jaxpaged.server.protocol import ChatCompletionRequest
-from jaxpaged.server.tool_calls import AUTO_TOOLS_ORIGIN, tool_calling
-from jaxpaged.server.tool_parsers import make_tool_parser
+from jaxpaged.server.http.errors import APIError
+from jaxpaged.server.openai.protocol import ChatCompletionRequest
+from jaxpaged.server.openai.tool_calls import AUTO_TOOLS_ORIGIN, tool_calling
+from jaxpaged.server.parsers.tool import make_tool_parser
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
@@ -106,7 +106,7 @@ def test_tools_nested_too_deep_for_a_grammar_are_a_400_naming_tools():
 
 
 def test_the_chat_route_puts_the_auto_grammar_on_unless_the_request_constrains_the_output():
-    from jaxpaged.server.chat import _tool_constraint
+    from jaxpaged.server.openai.chat import _tool_constraint
 
     body = {"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS, "tool_choice": "auto"}
     request = ChatCompletionRequest.model_validate(body)

@@ -7,14 +7,14 @@ import json
 import pytest
 
 from jaxpaged.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from jaxpaged.server.chat import _ChatView
-from jaxpaged.server.chat_text import ChoiceText
-from jaxpaged.server.protocol import ChatCompletionRequest
-from jaxpaged.server.streaming import SSE_DONE
-from jaxpaged.server.tool_calls import ToolCalling
-from jaxpaged.server.tool_parsers import TOOL_CALL_PARSERS, make_tool_parser
-from jaxpaged.server.tool_parsers.deepseek import CALL_BEGIN, CALL_END, CALLS_BEGIN, SEP
-from jaxpaged.server.tool_parsers.json_depth import MAX_JSON_DEPTH, load_json, nested_too_deep
+from jaxpaged.server.openai.chat import _ChatView
+from jaxpaged.server.openai.chat_text import ChoiceText
+from jaxpaged.server.openai.protocol import ChatCompletionRequest
+from jaxpaged.server.openai.streaming import SSE_DONE
+from jaxpaged.server.openai.tool_calls import ToolCalling
+from jaxpaged.server.parsers.tool import TOOL_CALL_PARSERS, make_tool_parser
+from jaxpaged.server.parsers.tool.deepseek import CALL_BEGIN, CALL_END, CALLS_BEGIN, SEP
+from jaxpaged.server.parsers.tool.json_depth import MAX_JSON_DEPTH, load_json, nested_too_deep
 
 DEPTH = 100_000
 NESTINGS = {"objects": '{"a":' * DEPTH, "arrays": "[" * DEPTH}

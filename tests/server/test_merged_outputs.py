@@ -7,7 +7,7 @@ from typing import Any, Optional
 import pytest
 
 from jaxpaged.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from jaxpaged.server.merged_outputs import LatestOutputs, merged_outputs
+from jaxpaged.server.openai.merged_outputs import LatestOutputs, merged_outputs
 
 NUM_PROMPTS = 3
 NUM_STEPS = 500

@@ -5,7 +5,7 @@ import httpx
 import pytest
 
 from jaxpaged.server import ServerSettings, build_app
-from jaxpaged.server.auth import BearerAuthMiddleware
+from jaxpaged.server.http.auth import BearerAuthMiddleware
 from jaxpaged.server.serve_flags import settings_from_args
 from tests.server.server_helpers import API_KEY, ServerThread
 

@@ -7,13 +7,13 @@ import random
 
 import pytest
 
-from jaxpaged.server.chat_text import ChoiceText
-from jaxpaged.server.reasoning_parsers import END as THINK_END
-from jaxpaged.server.reasoning_parsers import START as THINK_START
-from jaxpaged.server.reasoning_parsers import ReasoningStream, make_reasoning_parser
-from jaxpaged.server.tool_calls import ToolCalling
-from jaxpaged.server.tool_parsers import TOOL_CALL_PARSERS, ToolParser, make_tool_parser
-from jaxpaged.server.tool_parsers.deepseek import CALL_BEGIN, CALL_END, CALLS_BEGIN, SEP
+from jaxpaged.server.openai.chat_text import ChoiceText
+from jaxpaged.server.openai.tool_calls import ToolCalling
+from jaxpaged.server.parsers.reasoning import END as THINK_END
+from jaxpaged.server.parsers.reasoning import START as THINK_START
+from jaxpaged.server.parsers.reasoning import ReasoningStream, make_reasoning_parser
+from jaxpaged.server.parsers.tool import TOOL_CALL_PARSERS, ToolParser, make_tool_parser
+from jaxpaged.server.parsers.tool.deepseek import CALL_BEGIN, CALL_END, CALLS_BEGIN, SEP
 
 LONG_OUTPUT_CHARS = 128_000
 CHUNK_CHARS = 4  # about a token's text

@@ -3,11 +3,11 @@ prefix-stable while streaming, and refused by name when unknown or when the mode
 
 import pytest
 
-from jaxpaged.server.chat_text import ChoiceText
 from jaxpaged.server.context import ServerSettings
-from jaxpaged.server.reasoning_parsers import check_reasoning_markers, make_reasoning_parser
-from jaxpaged.server.tool_calls import ToolCalling
-from jaxpaged.server.tool_parsers import make_tool_parser
+from jaxpaged.server.openai.chat_text import ChoiceText
+from jaxpaged.server.openai.tool_calls import ToolCalling
+from jaxpaged.server.parsers.reasoning import check_reasoning_markers, make_reasoning_parser
+from jaxpaged.server.parsers.tool import make_tool_parser
 
 QWEN3 = make_reasoning_parser("qwen3")
 R1 = make_reasoning_parser("deepseek_r1")

@@ -6,10 +6,10 @@ import asyncio
 import pytest
 
 from jaxpaged.sampling.params import StructuredOutputsParams
-from jaxpaged.server.errors import APIError
-from jaxpaged.server.prompts import completion_prompts
-from jaxpaged.server.protocol import ChatCompletionRequest, CompletionRequest
-from jaxpaged.server.validation import build_sampling_params, structured_outputs_of
+from jaxpaged.server.http.errors import APIError
+from jaxpaged.server.openai.prompts import completion_prompts
+from jaxpaged.server.openai.protocol import ChatCompletionRequest, CompletionRequest
+from jaxpaged.server.openai.validation import build_sampling_params, structured_outputs_of
 
 VOCAB_SIZE = 1000
 SAMPLING_KEYS = {"n": 2, "temperature": 0.7, "top_p": 0.9, "top_k": 40, "min_p": 0.05, "seed": 11,

@@ -11,7 +11,7 @@ from jaxpaged.cli_options import engine_options_from_args
 from jaxpaged.config import EngineConfig
 from jaxpaged.server.context import ServerSettings
 from jaxpaged.server.serve_flags import settings_from_args, uvicorn_options
-from jaxpaged.server.vllm_flags import IGNORED_DEST, ignored_flag_warnings
+from jaxpaged.server.vllm.flags import IGNORED_DEST, ignored_flag_warnings
 
 
 def _args(*argv: str) -> argparse.Namespace:

@@ -4,11 +4,11 @@ import pytest
 
 from jaxpaged.outputs import CompletionOutput, Logprob
 from jaxpaged.server.context import ServerSettings
-from jaxpaged.server.errors import APIError, from_validation_errors, from_value_error, sanitize_message
-from jaxpaged.server.prompts import MAX_SHOWN_KEY_CHARS, ChatRendering
-from jaxpaged.server.protocol import ChatCompletionRequest, CompletionRequest
-from jaxpaged.server.responses import SampleProgress, chat_logprobs, completion_logprobs, usage
-from jaxpaged.server.validation import parse_model, resolve_max_tokens
+from jaxpaged.server.http.errors import APIError, from_validation_errors, from_value_error, sanitize_message
+from jaxpaged.server.openai.prompts import MAX_SHOWN_KEY_CHARS, ChatRendering
+from jaxpaged.server.openai.protocol import ChatCompletionRequest, CompletionRequest
+from jaxpaged.server.openai.responses import SampleProgress, chat_logprobs, completion_logprobs, usage
+from jaxpaged.server.openai.validation import parse_model, resolve_max_tokens
 
 
 class _Tokenizer:

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from jaxpaged.server import ServerSettings, build_app
-from jaxpaged.server.header_deadline import header_deadline_protocol
+from jaxpaged.server.http.header_deadline import header_deadline_protocol
 from tests.server.server_helpers import ServerThread
 
 pytestmark = pytest.mark.xdist_group("server")

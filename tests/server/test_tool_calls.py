@@ -123,9 +123,9 @@ def test_auto_with_the_hermes_parser_answers_in_text_or_calls(hermes_server, mod
 def test_unknown_named_tool_error_lists_few_names_cut_short():
     """An unknown tool_choice name lists at most 10 of the tools' names, each cut to 32 characters, and how many
     more: a request with thousands of 64-character names must not get them all echoed back."""
-    from jaxpaged.server.errors import APIError
-    from jaxpaged.server.protocol import ChatCompletionRequest
-    from jaxpaged.server.tool_calls import tool_calling
+    from jaxpaged.server.http.errors import APIError
+    from jaxpaged.server.openai.protocol import ChatCompletionRequest
+    from jaxpaged.server.openai.tool_calls import tool_calling
 
     names = [f"tool_{i:04d}_" + "x" * 54 for i in range(2000)]
     request = ChatCompletionRequest.model_validate({

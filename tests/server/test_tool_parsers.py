@@ -6,10 +6,10 @@ import time
 
 import pytest
 
-from jaxpaged.server.chat_text import ChoiceText
 from jaxpaged.server.context import ServerSettings
-from jaxpaged.server.tool_calls import ToolCalling
-from jaxpaged.server.tool_parsers import TOOL_CALL_PARSERS, HermesToolParser, make_tool_parser
+from jaxpaged.server.openai.chat_text import ChoiceText
+from jaxpaged.server.openai.tool_calls import ToolCalling
+from jaxpaged.server.parsers.tool import TOOL_CALL_PARSERS, HermesToolParser, make_tool_parser
 
 WEATHER_PARIS = ("get_weather", {"city": "Paris"})
 TIME_CET = ("get_time", {"timezone": "CET"})

@@ -6,7 +6,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from jaxpaged.engine.stats import EngineStats
-from jaxpaged.server.vllm_metrics import VllmStatsCollector
+from jaxpaged.server.vllm.metrics import VllmStatsCollector
 
 
 class _EngineWithStats:

@@ -13,9 +13,9 @@ import pytest
 
 from jaxpaged.sampling.params import StructuredOutputsParams
 from jaxpaged.server import ServerSettings, build_app
-from jaxpaged.server.chat_template import check_chat_template
-from jaxpaged.server.protocol import CompletionRequest
-from jaxpaged.server.validation import structured_outputs_of
+from jaxpaged.server.openai.chat_template import check_chat_template
+from jaxpaged.server.openai.protocol import CompletionRequest
+from jaxpaged.server.openai.validation import structured_outputs_of
 from tests.server.server_helpers import ServerThread
 from tests.server.test_tool_parsers import FIXTURES
 

@@ -109,8 +109,8 @@ def test_llm_generates_from_a_repo_id(cached_repo):
 
 
 def test_server_fills_only_unset_sampling_fields_from_the_model():
-    from jaxpaged.server.protocol import CompletionRequest
-    from jaxpaged.server.validation import build_sampling_params
+    from jaxpaged.server.openai.protocol import CompletionRequest
+    from jaxpaged.server.openai.validation import build_sampling_params
 
     model_defaults = {"temperature": 0.6, "top_p": 0.9, "top_k": 20}
     unset = CompletionRequest.model_validate({"prompt": "x"})

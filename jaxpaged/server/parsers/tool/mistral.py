@@ -6,8 +6,8 @@ import random
 import string
 from typing import Optional
 
-from jaxpaged.server.tool_parsers.base import Call, ToolParser, arguments_text, named_call
-from jaxpaged.server.tool_parsers.json_depth import raw_decode_json
+from jaxpaged.server.parsers.tool.base import Call, ToolParser, arguments_text, named_call
+from jaxpaged.server.parsers.tool.json_depth import raw_decode_json
 
 _ID_ALPHABET = string.ascii_letters + string.digits
 

@@ -7,7 +7,7 @@ when it asks for something: null, or the value that means "off", passes.
 
 from typing import Any
 
-from jaxpaged.server.errors import APIError
+from jaxpaged.server.http.errors import APIError
 
 _OFF = object()
 """Any value other than null is refused."""

@@ -5,11 +5,11 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from jaxpaged.server.context import ServerContext
-from jaxpaged.server.errors import APIError
-from jaxpaged.server.generation import ensure_ready
-from jaxpaged.server.prompts import ChatRendering, tokenize_chat, tokenize_text
-from jaxpaged.server.protocol import DetokenizeRequest, TokenizeRequest
-from jaxpaged.server.validation import check_model_name, check_token_ids, parse_model, read_json_body
+from jaxpaged.server.http.errors import APIError
+from jaxpaged.server.openai.generation import ensure_ready
+from jaxpaged.server.openai.prompts import ChatRendering, tokenize_chat, tokenize_text
+from jaxpaged.server.openai.protocol import DetokenizeRequest, TokenizeRequest
+from jaxpaged.server.openai.validation import check_model_name, check_token_ids, parse_model, read_json_body
 
 
 async def tokenize(request: Request, context: ServerContext) -> JSONResponse:

@@ -14,8 +14,8 @@ import json
 import uuid
 from typing import Any, ClassVar, Optional
 
-from jaxpaged.server.tool_parsers.json_depth import nested_too_deep
-from jaxpaged.server.tool_parsers.scanner import Call, CallScanner
+from jaxpaged.server.parsers.tool.json_depth import nested_too_deep
+from jaxpaged.server.parsers.tool.scanner import Call, CallScanner
 
 
 class ToolParser:

@@ -14,7 +14,7 @@ the content start and looks only at the new text at each step (markers found wit
 import re
 from typing import Any, Optional
 
-from jaxpaged.server.marker_search import MarkerSearch
+from jaxpaged.server.parsers.marker_search import MarkerSearch
 
 START, END = "<think>", "</think>"
 REASONING_PARSERS = ("qwen3", "deepseek_r1")

@@ -9,9 +9,9 @@ whole text does.
 
 from typing import Optional
 
-from jaxpaged.server.reasoning_parsers import ReasoningParser, ReasoningStream
-from jaxpaged.server.tool_calls import ToolCalling
-from jaxpaged.server.tool_parsers.scanner import CallScanner
+from jaxpaged.server.openai.tool_calls import ToolCalling
+from jaxpaged.server.parsers.reasoning import ReasoningParser, ReasoningStream
+from jaxpaged.server.parsers.tool.scanner import CallScanner
 
 
 class ChoiceText:

@@ -11,16 +11,22 @@ from fastapi.responses import Response
 
 from jaxpaged.outputs import CompletionOutput, RequestOutput
 from jaxpaged.sampling.params import StructuredOutputsParams
-from jaxpaged.server.chat_text import ChoiceText
 from jaxpaged.server.context import ServerContext
-from jaxpaged.server.errors import APIError
-from jaxpaged.server.generation import STREAM_ENDING_ERRORS, GenerationRun, ensure_ready, respond, stream_error_body
-from jaxpaged.server.prompts import ChatRendering, chat_prompt
-from jaxpaged.server.protocol import ChatCompletionRequest
-from jaxpaged.server.responses import SampleProgress, chat_logprobs, usage
-from jaxpaged.server.streaming import SSE_DONE, sse_event
-from jaxpaged.server.tool_calls import AUTO_TOOLS_ORIGIN, ToolCalling, tool_calling
-from jaxpaged.server.validation import (
+from jaxpaged.server.http.errors import APIError
+from jaxpaged.server.openai.chat_text import ChoiceText
+from jaxpaged.server.openai.generation import (
+    STREAM_ENDING_ERRORS,
+    GenerationRun,
+    ensure_ready,
+    respond,
+    stream_error_body,
+)
+from jaxpaged.server.openai.prompts import ChatRendering, chat_prompt
+from jaxpaged.server.openai.protocol import ChatCompletionRequest
+from jaxpaged.server.openai.responses import SampleProgress, chat_logprobs, usage
+from jaxpaged.server.openai.streaming import SSE_DONE, sse_event
+from jaxpaged.server.openai.tool_calls import AUTO_TOOLS_ORIGIN, ToolCalling, tool_calling
+from jaxpaged.server.openai.validation import (
     build_sampling_params,
     check_model_name,
     check_prompt_count,
@@ -29,7 +35,7 @@ from jaxpaged.server.validation import (
     resolve_max_tokens,
     structured_outputs_of,
 )
-from jaxpaged.server.vllm_keys import reject_unhonoured_keys
+from jaxpaged.server.vllm.request_keys import reject_unhonoured_keys
 
 
 async def create_chat_completion(request: Request, context: ServerContext) -> Response:

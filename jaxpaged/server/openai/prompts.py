@@ -10,8 +10,8 @@ from typing import Any, Optional, Union, cast
 from starlette.concurrency import run_in_threadpool
 
 from jaxpaged.inputs import ParsedPrompt
-from jaxpaged.server.errors import APIError, from_value_error
-from jaxpaged.server.protocol import ChatMessage, CompletionRequest, TokenId
+from jaxpaged.server.http.errors import APIError, from_value_error
+from jaxpaged.server.openai.protocol import ChatMessage, CompletionRequest, TokenId
 
 
 def _engine_prompt(token_ids: list[int], vocab_size: int, text: Optional[str], cache_salt: Optional[str],

@@ -4,7 +4,7 @@ separated by `;`, optionally after the `<|python_tag|>` token."""
 import json
 from typing import Optional
 
-from jaxpaged.server.tool_parsers.base import (
+from jaxpaged.server.parsers.tool.base import (
     Call,
     ToolParser,
     decode_json_objects,

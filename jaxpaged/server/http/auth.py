@@ -16,7 +16,7 @@ from typing import Optional
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from jaxpaged.server.errors import error_body
+from jaxpaged.server.http.errors import error_body
 
 OPEN_PATHS = frozenset({"/health", "/version"})
 """Paths that stay reachable without a key (probes)."""

@@ -9,7 +9,7 @@ import asyncio
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from jaxpaged.server.errors import APIError
+from jaxpaged.server.http.errors import APIError
 
 DEFAULT_REQUEST_BODY_TIMEOUT_S = 60.0
 """Seconds a request body may take to arrive, counted from its headers (2 MiB at ~35 KB/s)."""

@@ -17,10 +17,10 @@ from typing import Optional
 
 from jaxpaged.sampling.grammar.limits import check_schema_depth, check_schema_limits
 from jaxpaged.sampling.params import StructuredOutputsParams
-from jaxpaged.server.errors import APIError
-from jaxpaged.server.protocol import ChatCompletionRequest, NamedToolChoice
-from jaxpaged.server.tool_parsers import TOOL_CALL_PARSERS, ToolParser
-from jaxpaged.server.tool_parsers.json_depth import load_json
+from jaxpaged.server.http.errors import APIError
+from jaxpaged.server.openai.protocol import ChatCompletionRequest, NamedToolChoice
+from jaxpaged.server.parsers.tool import TOOL_CALL_PARSERS, ToolParser
+from jaxpaged.server.parsers.tool.json_depth import load_json
 
 AUTO_TOOLS_ORIGIN = "tools"
 """The field a tool_choice "auto" grammar's errors name (a tool's parameters that no grammar can hold)."""

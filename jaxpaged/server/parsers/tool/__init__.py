@@ -3,12 +3,12 @@ model decides whether to call a tool, and its text is split into content and Ope
 
 from typing import Optional
 
-from jaxpaged.server.tool_parsers.base import Call, ToolParser
-from jaxpaged.server.tool_parsers.deepseek import DeepSeekToolParser
-from jaxpaged.server.tool_parsers.hermes import HermesToolParser
-from jaxpaged.server.tool_parsers.llama3_json import Llama3JsonToolParser
-from jaxpaged.server.tool_parsers.mistral import MistralToolParser
-from jaxpaged.server.tool_parsers.pythonic import PythonicToolParser
+from jaxpaged.server.parsers.tool.base import Call, ToolParser
+from jaxpaged.server.parsers.tool.deepseek import DeepSeekToolParser
+from jaxpaged.server.parsers.tool.hermes import HermesToolParser
+from jaxpaged.server.parsers.tool.llama3_json import Llama3JsonToolParser
+from jaxpaged.server.parsers.tool.mistral import MistralToolParser
+from jaxpaged.server.parsers.tool.pythonic import PythonicToolParser
 
 _PARSERS: dict[str, type[ToolParser]] = {
     "hermes": HermesToolParser, "llama3_json": Llama3JsonToolParser, "pythonic": PythonicToolParser,

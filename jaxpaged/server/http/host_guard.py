@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from jaxpaged.server.errors import error_body
+from jaxpaged.server.http.errors import error_body
 
 _ADMITTED = "jaxpaged.host_admitted"
 """Scope key the inner checker sets when the Host header matched."""

@@ -10,10 +10,10 @@ Both layouts are read by either name.
 
 from typing import Optional
 
-from jaxpaged.server.marker_search import MarkerSearch
-from jaxpaged.server.tool_parsers.base import Call, ToolParser, arguments_text
-from jaxpaged.server.tool_parsers.json_depth import load_json
-from jaxpaged.server.tool_parsers.scanner import CallScanner
+from jaxpaged.server.parsers.marker_search import MarkerSearch
+from jaxpaged.server.parsers.tool.base import Call, ToolParser, arguments_text
+from jaxpaged.server.parsers.tool.json_depth import load_json
+from jaxpaged.server.parsers.tool.scanner import CallScanner
 
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"

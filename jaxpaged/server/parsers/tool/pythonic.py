@@ -4,7 +4,7 @@ and Llama 4 write them (Llama 4 inside `<|python_start|>` ... `<|python_end|>`).
 import ast
 from typing import Optional
 
-from jaxpaged.server.tool_parsers.base import Call, ToolParser, arguments_text
+from jaxpaged.server.parsers.tool.base import Call, ToolParser, arguments_text
 
 
 class PythonicToolParser(ToolParser):

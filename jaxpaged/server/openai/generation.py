@@ -20,9 +20,9 @@ from jaxpaged.outputs import RequestFailedError, RequestOutput
 from jaxpaged.request_stream import RequestStream
 from jaxpaged.sampling.params import SamplingParams
 from jaxpaged.server.context import ServerContext
-from jaxpaged.server.errors import APIError, error_body, from_value_error, sanitize_message
-from jaxpaged.server.merged_outputs import merged_outputs
-from jaxpaged.server.streaming import ClientDisconnected, EventStreamResponse, run_until_disconnect
+from jaxpaged.server.http.errors import APIError, error_body, from_value_error, sanitize_message
+from jaxpaged.server.openai.merged_outputs import merged_outputs
+from jaxpaged.server.openai.streaming import ClientDisconnected, EventStreamResponse, run_until_disconnect
 
 
 def ensure_ready(context: ServerContext) -> None:

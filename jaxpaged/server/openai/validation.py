@@ -14,8 +14,8 @@ from fastapi import Request
 
 from jaxpaged import inputs
 from jaxpaged.sampling.params import SamplingParams, StructuredOutputsParams, logit_bias_token_id
-from jaxpaged.server.errors import APIError, from_validation_errors, from_value_error
-from jaxpaged.server.protocol import MAX_STOP_STRINGS, SamplingRequest
+from jaxpaged.server.http.errors import APIError, from_validation_errors, from_value_error
+from jaxpaged.server.openai.protocol import MAX_STOP_STRINGS, SamplingRequest
 
 ModelT = TypeVar("ModelT", bound=pydantic.BaseModel)
 

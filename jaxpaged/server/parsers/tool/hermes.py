@@ -4,10 +4,10 @@ chat templates write them."""
 import json
 from typing import Optional
 
-from jaxpaged.server.marker_search import MarkerSearch
-from jaxpaged.server.tool_parsers.base import Call, ToolParser, named_call, tool_call_schema
-from jaxpaged.server.tool_parsers.json_depth import load_json
-from jaxpaged.server.tool_parsers.scanner import CallScanner
+from jaxpaged.server.parsers.marker_search import MarkerSearch
+from jaxpaged.server.parsers.tool.base import Call, ToolParser, named_call, tool_call_schema
+from jaxpaged.server.parsers.tool.json_depth import load_json
+from jaxpaged.server.parsers.tool.scanner import CallScanner
 
 START, END = "<tool_call>", "</tool_call>"
 

@@ -13,7 +13,7 @@ check that the work is linear without timing it.
 import re
 from typing import ClassVar, Optional, Protocol
 
-from jaxpaged.server.marker_search import MarkerSearch
+from jaxpaged.server.parsers.marker_search import MarkerSearch
 
 Call = tuple[str, str]
 """(function name, arguments as JSON text)."""

@@ -11,19 +11,25 @@ from fastapi.responses import Response
 from jaxpaged.inputs import ParsedPrompt
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.server.context import ServerContext
-from jaxpaged.server.errors import APIError
-from jaxpaged.server.generation import STREAM_ENDING_ERRORS, GenerationRun, ensure_ready, respond, stream_error_body
-from jaxpaged.server.prompts import completion_prompts
-from jaxpaged.server.protocol import CompletionRequest
-from jaxpaged.server.responses import (
+from jaxpaged.server.http.errors import APIError
+from jaxpaged.server.openai.generation import (
+    STREAM_ENDING_ERRORS,
+    GenerationRun,
+    ensure_ready,
+    respond,
+    stream_error_body,
+)
+from jaxpaged.server.openai.prompts import completion_prompts
+from jaxpaged.server.openai.protocol import CompletionRequest
+from jaxpaged.server.openai.responses import (
     SampleProgress,
     completion_logprobs,
     join_logprobs,
     prompt_completion_logprobs,
     usage,
 )
-from jaxpaged.server.streaming import SSE_DONE, sse_event
-from jaxpaged.server.validation import (
+from jaxpaged.server.openai.streaming import SSE_DONE, sse_event
+from jaxpaged.server.openai.validation import (
     build_sampling_params,
     check_model_name,
     check_prompt_count,
@@ -31,7 +37,7 @@ from jaxpaged.server.validation import (
     read_json_body,
     resolve_max_tokens,
 )
-from jaxpaged.server.vllm_keys import reject_unhonoured_keys
+from jaxpaged.server.vllm.request_keys import reject_unhonoured_keys
 
 DEFAULT_MAX_TOKENS = 16
 """OpenAI's default max_tokens for completions (clipped to what fits in max_model_len)."""
