@@ -37,10 +37,9 @@ from jaxpaged.runner.batch import (
     pack_step_inputs,
     unpack_step_inputs,
 )
-from jaxpaged.runner.block_copy import copy_blocks, empty_copy_batch, padded_copy_batches
 from jaxpaged.runner.buckets import Bucket, BucketLadder
 from jaxpaged.runner.host_block_table import HostBlockTable
-from jaxpaged.runner.kv_cache import allocate_kv_cache
+from jaxpaged.runner.kv_pool import KVPool
 from jaxpaged.runner.startup import log_plan, plan_startup
 from jaxpaged.runner.tier_transfer import TierTransfer
 from jaxpaged.sampling.prompt_logprobs import (
@@ -128,20 +127,13 @@ class ModelRunner:
         """The compiled step takes the packed numpy inputs as they are (its own transfer costs a fraction of
         jax.device_put's, ~20 against ~50 us); a mesh over several processes needs them put as a global array."""
         graphdef = self._place_weights(params)
-        kv_sharding = jax.sharding.NamedSharding(self.mesh, mesh_lib.kv_cache_spec(self.kv_layout))
-        self.kv_cache = allocate_kv_cache(self.model_config, self.num_kv_blocks, self.block_size,
-                                          plan.kv_storage_dtype, sharding=kv_sharding, layout=self.kv_layout,
-                                          num_shards=plan.tensor_parallel_size)
-        self._build_step(graphdef, kv_sharding)
+        self.kv_pool = KVPool(plan.kv_spec, plan.num_kv_blocks, self.mesh)
+        """The donated KV cache, its block copies and tier transfers."""
+        self._build_step(graphdef, self.kv_pool.sharding)
         self._compiled: dict[Bucket, jax.stages.Compiled] = {}
-        self._copy_compiled: Optional[jax.stages.Compiled] = None
         self._set_up_sampling(loaded.config.vocab_size, eos_token_ids, config)
         self.before_step: Optional[Callable[[Bucket, StepInputs], None]] = None
         """Called with each step's padded plan before it runs (multi-host: broadcasts it to the followers)."""
-        self.before_copy: Optional[Callable[[np.ndarray], None]] = None
-        """Called with each batch of block copies before it runs (multi-host: broadcasts it too)."""
-        self.tier_transfer: Optional[TierTransfer] = None
-        """Moves blocks to and from the KV tiers below the device, when they are on (attach_kv_tiers)."""
         self.warmup_seconds = 0.0
         self.last_prepare_seconds = 0.0
         """Host time of the last launch's prepare() (the engine's step timings read it)."""
@@ -173,8 +165,6 @@ class ModelRunner:
         self._jitted = jax.jit(functools.partial(_forward, graphdef, attend), donate_argnums=(1,), static_argnums=(4,),
                                in_shardings=(state_shardings, kv_sharding, replicated, replicated),
                                out_shardings=(replicated, kv_sharding, replicated))
-        self._copy_jitted = jax.jit(copy_blocks, donate_argnums=(0,), in_shardings=(kv_sharding, replicated),
-                                    out_shardings=kv_sharding)
 
     def _set_up_sampling(self, vocab_size: int, eos_token_ids: Sequence[int], config: EngineConfig) -> None:
         """The token sampler, where it samples, and the state async scheduling feeds the next step from."""
@@ -198,22 +188,38 @@ class ModelRunner:
         self._feeds_previous = False
         """The prepared batch has rows whose token comes from _previous_sampled."""
 
+    @property
+    def kv_cache(self) -> jax.Array:
+        """The KV pool's array as it is now (every step donates it and replaces it)."""
+        return self.kv_pool.cache
+
+    @property
+    def tier_transfer(self) -> Optional[TierTransfer]:
+        """Moves blocks to and from the KV tiers below the device, when they are on (attach_kv_tiers)."""
+        return self.kv_pool.tier_transfer
+
+    @property
+    def before_copy(self) -> Optional[Callable[[np.ndarray], None]]:
+        """Called with each batch of block copies before it runs (multi-host: broadcasts it to the followers)."""
+        return self.kv_pool.before_copy
+
+    @before_copy.setter
+    def before_copy(self, hook: Optional[Callable[[np.ndarray], None]]) -> None:
+        self.kv_pool.before_copy = hook
+
     def tier_block_shape(self) -> tuple[int, ...]:
-        """One block's shape as each tensor-parallel shard stores it below the device: [layers, *page] of one
-        device's part of the pool (for the tiers' fingerprint)."""
-        num_layers, _, *page = self.kv_cache.sharding.shard_shape(self.kv_cache.shape)
-        return (num_layers, *page)
+        """One block's shape as each tensor-parallel shard stores it below the device (for the tiers' fingerprint)."""
+        return self.plan.kv_spec.tier_block_shape
 
     def attach_kv_tiers(self, tiers: KVTiers) -> None:
         """Offload evicted blocks to `tiers` and load lower-tier hits from them (compiles the two transfers)."""
-        self.tier_transfer = TierTransfer(self.kv_cache, tiers)
+        self.kv_pool.attach_tiers(tiers)
 
     def measure_load_and_prefill_seconds(self) -> tuple[float, float]:
         """(seconds to load one batch of tier blocks, seconds per prefill token of the largest bucket's step), both
         medians of a few runs on padding (which only writes the null block): what recomputing costs against
         loading. Call after warm-up."""
-        assert self.tier_transfer is not None
-        self.kv_cache, load_seconds = self.tier_transfer.measure_load_seconds(self.kv_cache)
+        load_seconds = self.kv_pool.measure_load_seconds()
         bucket = self.ladder.buckets()[-1]
         batch = empty_step_inputs(bucket.num_tokens, bucket.num_seqs, self.blocks_per_seq)
         seconds = []
@@ -231,7 +237,7 @@ class ModelRunner:
         start = time.perf_counter()
         buckets = self.ladder.buckets()
         tasks: list[Callable[[], object]] = [functools.partial(self._executable, bucket) for bucket in buckets]
-        tasks.append(self._copy_executable)
+        tasks.append(self.kv_pool.copy_executable)
         if sampler:
             tasks += self.sampler.warmup_tasks(bucket.num_seqs for bucket in buckets)
             if self.async_scheduling:  # a full row count needs no padding (_padded_previous_sampled)
@@ -254,19 +260,13 @@ class ModelRunner:
         if bucket not in self._compiled:
             example = empty_step_inputs(bucket.num_tokens, bucket.num_seqs, self.blocks_per_seq)
             packed = jax.device_put(pack_step_inputs(example), self._replicated)
-            self._compiled[bucket] = self._jitted.lower(self.state, self.kv_cache, packed, self._no_previous_tokens,
-                                                        PackedLayout.of(example)).compile()
+            self._compiled[bucket] = self._jitted.lower(self.state, self.kv_pool.cache, packed,
+                                                        self._no_previous_tokens, PackedLayout.of(example)).compile()
         return self._compiled[bucket]
 
     def _compile_pad(self, num_rows: int) -> None:
         sampled = jax.device_put(np.zeros(num_rows, np.int32), self.sampler.placement)
         jax.block_until_ready(self._pad_sampled(sampled))
-
-    def _copy_executable(self):
-        if self._copy_compiled is None:
-            example = jax.device_put(empty_copy_batch(), self._replicated)
-            self._copy_compiled = self._copy_jitted.lower(self.kv_cache, example).compile()
-        return self._copy_compiled
 
     # ---- one step --------------------------------------------------------------------------------------------
     def prepare(self, output: SchedulerOutput) -> tuple[Bucket, StepInputs]:
@@ -314,15 +314,9 @@ class ModelRunner:
         self.last_prepare_seconds = 0.0
         if not output.scheduled:
             return ForwardedStep(None, [])
-        pending_saves = None
-        if output.kv_saves or output.kv_loads:
-            assert self.tier_transfer is not None  # the scheduler only plans transfers when the tiers are on
-            pending_saves = self.tier_transfer.start_saves(self.kv_cache, output.kv_saves)
-            self.kv_cache = self.tier_transfer.load(self.kv_cache, output.kv_loads)
-        for pairs in padded_copy_batches(output.block_copies):
-            if self.before_copy is not None:
-                self.before_copy(pairs)
-            self.copy_blocks(pairs)
+        pool = self.kv_pool
+        pending_saves = pool.start_tier_transfers(output.kv_saves, output.kv_loads)
+        pool.apply_block_copies(output.block_copies)
         start = time.perf_counter()
         bucket, batch = self.prepare(output)
         self.last_prepare_seconds = time.perf_counter() - start
@@ -333,9 +327,7 @@ class ModelRunner:
         logits, prompt_stats = self.run_step(bucket, batch, previous_tokens)  # row j: the j-th sampling request
         if self._samples_locally:
             logits = logits.addressable_data(0)
-        if pending_saves is not None:
-            assert self.tier_transfer is not None
-            self.tier_transfer.finish_saves(pending_saves)  # host copies while the device runs the step
+        pool.finish_tier_saves(pending_saves)  # host copies while the device runs the step
         prompt_logprobs = (lambda: host_entries(prompt_stats, prompt_rows)) if prompt_rows else None
         if not any(item.num_spec_tokens for item in output.scheduled):
             return ForwardedStep(logits, [item.request for item in output.scheduled if item.sample],
@@ -362,7 +354,7 @@ class ModelRunner:
 
     def copy_blocks(self, pairs: np.ndarray) -> None:
         """Apply one padded batch of (source, destination) block copies to the KV cache, in place."""
-        self.kv_cache = self._copy_executable()(self.kv_cache, jax.device_put(pairs, self._replicated))
+        self.kv_pool.copy_blocks(pairs)
 
     def compute_logits(self, bucket: Bucket, host_batch: StepInputs) -> jax.Array:
         """Run the compiled step of `bucket` on a prepared batch, updating the KV cache in place; the sampled
@@ -379,8 +371,8 @@ class ModelRunner:
             packed = jax.device_put(packed, self._replicated)
         if previous_tokens is None:
             previous_tokens = self._no_previous_tokens
-        logits, self.kv_cache, prompt_stats = self._executable(bucket)(self.state, self.kv_cache, packed,
-                                                                       previous_tokens)
+        pool = self.kv_pool
+        logits, pool.cache, prompt_stats = self._executable(bucket)(self.state, pool.cache, packed, previous_tokens)
         return logits, prompt_stats
 
     def _padded_previous_sampled(self) -> Int[Array, " max_num_seqs"]:
