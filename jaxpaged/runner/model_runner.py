@@ -33,14 +33,13 @@ from jaxpaged.runner.batch import (
     PackedLayout,
     StepInputs,
     empty_step_inputs,
-    fill_step_inputs,
     pack_step_inputs,
     unpack_step_inputs,
 )
-from jaxpaged.runner.buckets import Bucket, BucketLadder
-from jaxpaged.runner.host_block_table import HostBlockTable
+from jaxpaged.runner.buckets import Bucket
 from jaxpaged.runner.kv_pool import KVPool
 from jaxpaged.runner.startup import log_plan, plan_startup
+from jaxpaged.runner.step_inputs import StepInputBuilder
 from jaxpaged.runner.tier_transfer import TierTransfer
 from jaxpaged.sampling.prompt_logprobs import (
     PromptLogprobEntry,
@@ -119,9 +118,10 @@ class ModelRunner:
         sched = config.scheduler
         self.max_model_len = plan.memory.max_model_len
         """config's max_model_len, or the model's context length the plan fitted to the pool when it was None."""
-        self.blocks_per_seq = -(-self.max_model_len // self.block_size)
-        self.ladder = BucketLadder(sched.max_num_batched_tokens, sched.max_num_seqs)
-        self.block_table = HostBlockTable(sched.max_num_seqs, self.blocks_per_seq)
+        self.inputs = StepInputBuilder(sched.max_num_batched_tokens, sched.max_num_seqs, self.max_model_len,
+                                       self.block_size)
+        """The host side of each step: the padded numpy batch (step_inputs.py)."""
+        self.blocks_per_seq, self.ladder = self.inputs.blocks_per_seq, self.inputs.ladder
         self._replicated = mesh_lib.replicated(self.mesh)
         self._inputs_need_device_put = jax.process_count() > 1
         """The compiled step takes the packed numpy inputs as they are (its own transfer costs a fraction of
@@ -136,9 +136,7 @@ class ModelRunner:
         """Called with each step's padded plan before it runs (multi-host: broadcasts it to the followers)."""
         self.warmup_seconds = 0.0
         self.last_prepare_seconds = 0.0
-        """Host time of the last launch's prepare() (the engine's step timings read it)."""
-        # (token row, request id, prompt position) of the prepared batch's prompt-logprob targets.
-        self._prompt_rows: list[tuple[int, str, int]] = []
+        """Host time of the last forward's prepare() (the engine's step timings read it)."""
         log_plan(plan)
 
     def _place_weights(self, params: dict[str, np.ndarray]) -> nnx.GraphDef:
@@ -183,10 +181,6 @@ class ModelRunner:
         self._pad_sampled = jax.jit(functools.partial(_pad_rows, size=max_num_seqs), out_shardings=self._replicated)
         self._previous_sampled: Optional[jax.Array] = None
         """The last launched step's sampled ids, on the device (async scheduling)."""
-        self._previous_rows: dict[str, int] = {}
-        """Request id -> its row in _previous_sampled."""
-        self._feeds_previous = False
-        """The prepared batch has rows whose token comes from _previous_sampled."""
 
     @property
     def kv_cache(self) -> jax.Array:
@@ -221,7 +215,7 @@ class ModelRunner:
         loading. Call after warm-up."""
         load_seconds = self.kv_pool.measure_load_seconds()
         bucket = self.ladder.buckets()[-1]
-        batch = empty_step_inputs(bucket.num_tokens, bucket.num_seqs, self.blocks_per_seq)
+        batch = self.inputs.empty(bucket)
         seconds = []
         for _ in range(3):
             start = time.perf_counter()
@@ -270,33 +264,8 @@ class ModelRunner:
 
     # ---- one step --------------------------------------------------------------------------------------------
     def prepare(self, output: SchedulerOutput) -> tuple[Bucket, StepInputs]:
-        """Pad the scheduled requests into their bucket as host numpy arrays. Which rows carry prompt-logprob
-        targets is left in self._prompt_rows for launch()."""
-        scheduled = output.scheduled
-        bucket = self.ladder.pick(output.num_scheduled_tokens, len(scheduled))
-        batch = fill_step_inputs(scheduled, bucket, self.block_table, self.block_size)
-        self._prompt_rows = []
-        self._feeds_previous = False
-        for seq_index, item in enumerate(scheduled):
-            if item.input_in_flight:  # a decode row: its one token sits at the sequence's first row
-                row = int(batch.attention.cu_q_lens[seq_index])
-                batch.token_sources[row] = self._previous_rows[item.request.request_id]
-                self._feeds_previous = True
-            if item.request.computes_whole_prompt:
-                token_start = int(batch.attention.cu_q_lens[seq_index])
-                self._set_prompt_logprob_targets(batch, item.request, token_start, item.start_position,
-                                                 item.start_position + len(item.token_ids))
-        return bucket, batch
-
-    def _set_prompt_logprob_targets(self, batch: StepInputs, request, token_start: int, start: int,
-                                    end: int) -> None:
-        """Rows of positions start..end-1 whose next token is a prompt token target it (a request that asked for
-        prompt logprobs computes its whole prompt: core/request.py computes_whole_prompt)."""
-        prompt = request.prompt_token_ids
-        for position in range(start, min(end, len(prompt) - 1)):
-            row = token_start + position - start
-            batch.prompt_logprob_targets[row] = prompt[position + 1]
-            self._prompt_rows.append((row, request.request_id, position + 1))
+        """Pad the scheduled requests into their bucket as host numpy arrays (StepInputBuilder.build)."""
+        return self.inputs.build(output)
 
     def execute(self, output: SchedulerOutput) -> StepResult:
         """Run the step and sample: one token per scheduled request that reached the end of its known tokens."""
@@ -322,8 +291,8 @@ class ModelRunner:
         self.last_prepare_seconds = time.perf_counter() - start
         if self.before_step is not None:
             self.before_step(bucket, batch)
-        prompt_rows = self._prompt_rows
-        previous_tokens = self._padded_previous_sampled() if self._feeds_previous else None
+        prompt_rows = self.inputs.prompt_rows
+        previous_tokens = self._padded_previous_sampled() if self.inputs.feeds_previous else None
         logits, prompt_stats = self.run_step(bucket, batch, previous_tokens)  # row j: the j-th sampling request
         if self._samples_locally:
             logits = logits.addressable_data(0)
@@ -348,7 +317,7 @@ class ModelRunner:
         pending = self.sampler.launch(step.logits, step.sampling, step.row_drafts)
         if self.async_scheduling:
             self._previous_sampled = pending.device_token_ids
-            self._previous_rows = {request.request_id: row for row, request in enumerate(step.sampling)}
+            self.inputs.remember_sampling_rows(step.sampling)
         pending.prompt_logprobs = step.prompt_logprobs
         return pending
 
