@@ -39,6 +39,7 @@ class RunningRows:
         number of proposals scheduled (each samples one of the step's max_num_seqs rows)."""
         budget = self.max_num_batched_tokens
         block_size = self.kv_cache_manager.block_size
+        get_block_ids = self.kv_cache_manager.get_block_ids
         max_model_len = self.max_model_len
         # A proposal's row is a sampling row like a sequence's: rows for every running request stay free.
         spec_limit = spec_budget = min(self.max_spec_tokens_per_step, self.max_num_seqs - len(running))
@@ -64,7 +65,23 @@ class RunningRows:
                 if new_index is None:
                     break  # the request preempted itself: nothing behind it would get blocks either
                 index = new_index
-            scheduled.append(self._row(request, start, num_new_tokens, num_spec))
+            # NOTE: the row is built here, not in a helper: this loop runs for every decode, every step.
+            tokens = request.all_token_ids
+            num_known, num_pending = len(tokens), request.num_pending_tokens
+            end = start + num_new_tokens
+            if num_pending:  # a one-token step whose token is still on the device: a placeholder stands in
+                scheduled.append(ScheduledRequest(request, [0], start, get_block_ids(request.request_id), True,
+                                                  input_in_flight=True))
+            elif num_spec:  # the newest token and the proposals after it, verified by sampling at each
+                scheduled.append(ScheduledRequest(request, [tokens[start], *request.spec_token_ids[:num_spec]],
+                                                  start, get_block_ids(request.request_id), True,
+                                                  num_spec_tokens=num_spec))
+            else:
+                scheduled.append(ScheduledRequest(request, tokens[start:end], start,
+                                                  get_block_ids(request.request_id), end == num_known))
+            if end - num_spec == num_known + num_pending:
+                request.num_pending_tokens = num_pending + 1
+            request.num_computed_tokens = end
             budget -= num_new_tokens
             index += 1
         return budget, spec_limit - spec_budget
@@ -105,22 +122,3 @@ class RunningRows:
             if victim_index < index:
                 index -= 1
         return index, num_returned
-
-    def _row(self, request: Request, start: int, num_new_tokens: int, num_spec: int) -> ScheduledRequest:
-        """The request's row of num_new_tokens from `start` (num_spec of them proposals), its counts advanced."""
-        tokens = request.all_token_ids
-        num_known = len(tokens)
-        num_pending = request.num_pending_tokens
-        end = start + num_new_tokens
-        block_ids = self.kv_cache_manager.get_block_ids(request.request_id)
-        if num_pending:  # a one-token step whose token is still on the device: a placeholder stands in
-            row = ScheduledRequest(request, [0], start, block_ids, True, input_in_flight=True)
-        elif num_spec:  # the newest token and the proposals after it, verified by sampling at each
-            row = ScheduledRequest(request, [tokens[start], *request.spec_token_ids[:num_spec]], start, block_ids,
-                                   True, num_spec_tokens=num_spec)
-        else:
-            row = ScheduledRequest(request, tokens[start:end], start, block_ids, end == num_known)
-        if end - num_spec == num_known + num_pending:
-            request.num_pending_tokens = num_pending + 1
-        request.num_computed_tokens = end
-        return row
