@@ -171,10 +171,6 @@ class ModelRunner:
     def before_copy(self, hook: Optional[Callable[[np.ndarray], None]]) -> None:
         self.kv_pool.before_copy = hook
 
-    def tier_block_shape(self) -> tuple[int, ...]:
-        """One block's shape as each tensor-parallel shard stores it below the device (for the tiers' fingerprint)."""
-        return self.plan.kv_spec.tier_block_shape
-
     # ---- start-up ----
 
     def attach_kv_tiers(self, tiers: KVTiers) -> None:
