@@ -48,16 +48,11 @@ class Scheduler:
         proposal takes a sampling row, and a step has max_num_seqs of them: sequences plus proposals stay within it."""
         if not is_int(num_kv_blocks) or num_kv_blocks < 2:
             raise ValueError(f"num_kv_blocks: must be an int >= 2 (block 0 is the null block), got {num_kv_blocks!r}")
-        self.scheduler_config = scheduler_config
-        """Step and request limits."""
-        self.cache_config = cache_config
-        """Block size and prefix caching."""
         self.max_num_seqs = scheduler_config.max_num_seqs
         self.max_num_batched_tokens = scheduler_config.max_num_batched_tokens
         if scheduler_config.max_model_len is None:  # the engine settles it from the model and the pool first
             raise ValueError("max_model_len: the scheduler needs a number (None is resolved by the engine)")
         self.max_model_len: int = scheduler_config.max_model_len
-        self.long_prefill_token_threshold = scheduler_config.long_prefill_token_threshold
         self.block_size = cache_config.block_size
         self.kv_cache_manager = KVCacheManager(num_kv_blocks, cache_config.block_size,
                                                cache_config.enable_prefix_caching,
@@ -71,15 +66,15 @@ class Scheduler:
         self.running: list[Request] = []
         """Requests holding KV blocks, in admission order."""
         self._finished_request_ids: set[str] = set()
-        self.max_spec_tokens_per_step = max_spec_tokens_per_step
         self.spec_stats = SpecDecodeStats()
         """Speculative decoding: proposals verified and accepted so far (cumulative, by position)."""
         self._preemption = Preemption(self.kv_cache_manager, self.waiting, scheduler_config.scheduling_policy)
+        threshold = scheduler_config.long_prefill_token_threshold
         self._running_rows = RunningRows(self.kv_cache_manager, self._preemption, self.max_num_batched_tokens,
-                                         self.max_num_seqs, self.max_model_len, self.long_prefill_token_threshold,
-                                         max_spec_tokens_per_step)
-        self._admission = Admission(self.kv_cache_manager, self.waiting, self.max_num_seqs,
-                                    self.long_prefill_token_threshold)
+                                         self.max_num_seqs, self.max_model_len, threshold, max_spec_tokens_per_step)
+        """This step's rows of the running requests (running_rows.py)."""
+        self._admission = Admission(self.kv_cache_manager, self.waiting, self.max_num_seqs, threshold)
+        """Waiting requests into the step (admission.py)."""
 
     # ---- requests in and out ----
 
