@@ -111,7 +111,7 @@ class StubDevice:
             return functools.partial(_stub_step, num_rows=bucket.num_seqs, num_tokens=bucket.num_tokens,
                                      vocab_size=vocab_size)
 
-        runner._executable = executable
+        runner.step.executable = executable
 
     def restore(self) -> None:
         token_sampler.sample, token_sampler.apply_token_bitmask = self._saved

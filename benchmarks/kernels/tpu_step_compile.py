@@ -1,7 +1,7 @@
 """The engine's whole jitted step, sharded over a TPU v5e-8 / v6e-8 mesh, compiled by libtpu on a CPU machine, and the
 start-up memory plan checked against the HBM XLA:TPU planned for it (`make tpu-compile` runs it after the kernels).
 
-The step is the runner's own (model_runner._forward: embedding, every layer's projections and the attention kernels
+The step is the runner's own (compiled_step.forward_step: embedding, every layer's projections and the attention kernels
 per shard in shard_map, the sampled rows' logits, prompt logprobs) with the runner's shardings (runner/mesh.py), the
 KV pool in the layout choose_kv_layout picks at this tp and sized per shard as the plan sizes it, and the weights as
 ShapeDtypeStructs (nothing is allocated). Per chip, the plan's weights + KV pool must agree with
@@ -24,10 +24,10 @@ from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.models.param_shapes import param_shapes
 from jaxpaged.runner import mesh as mesh_lib
 from jaxpaged.runner.batch import PackedLayout, empty_step_inputs, pack_step_inputs
+from jaxpaged.runner.compiled_step import forward_step
 from jaxpaged.runner.kv_cache import bytes_per_block, choose_kv_layout, kv_storage_dtype
+from jaxpaged.runner.kv_spec import build_kv_spec
 from jaxpaged.runner.memory_plan import MemoryPlan, plan_memory, weight_bytes_per_device
-from jaxpaged.runner.model_runner import _forward
-from pallas_kernels.ragged_paged_attention.kv_layout import cache_shape
 
 MIB = 1024 * 1024
 STEP_COLUMNS = ("model", "tp", "chip", "layout", "dtype", "blocks", "plan_weights", "plan_kv", "hbm_args", "plan_gap",
@@ -105,15 +105,15 @@ def _abstract_step(model: ModelConfig, plan: MemoryPlan, mesh: Mesh, dtype, kv_c
     state = {key: ({name: _placed(value, f"layers.{name}", model, mesh) for name, value in value.items()}
                    if key == "layers" else _placed(value, key, model, mesh))
              for key, value in nnx.to_pure_dict(state).items()}
-    layer_shape, kv_dtype = cache_shape(plan.num_kv_blocks, BLOCK_SIZE, model.num_kv_heads, model.head_dim,
-                                        kv_storage_dtype(dtype, kv_cache_dtype), plan.layout, tp)
+    kv_spec = build_kv_spec(model, BLOCK_SIZE, kv_storage_dtype(dtype, kv_cache_dtype), plan.layout, kv_cache_dtype,
+                            tp, "tpu")
     kv_sharding = NamedSharding(mesh, mesh_lib.kv_cache_spec(plan.layout))
-    kv_cache = jax.ShapeDtypeStruct((model.num_layers, *layer_shape), kv_dtype, sharding=kv_sharding)
+    kv_cache = jax.ShapeDtypeStruct(kv_spec.pool_shape(plan.num_kv_blocks), kv_spec.pool_dtype, sharding=kv_sharding)
     attend = mesh_lib.shard_attention(functools.partial(paged_attention, backend="pallas_tpu", native_decode=False,
                                                         kv_cache_dtype=kv_cache_dtype, page_size=BLOCK_SIZE), mesh)
     replicated = mesh_lib.replicated(mesh)
     state_shardings = jax.tree.map(lambda x: x.sharding, state)
-    jitted = jax.jit(functools.partial(_forward, graphdef, attend), donate_argnums=(1,), static_argnums=(4,),
+    jitted = jax.jit(functools.partial(forward_step, graphdef, attend), donate_argnums=(1,), static_argnums=(4,),
                      in_shardings=(state_shardings, kv_sharding, replicated, replicated),
                      out_shardings=(replicated, kv_sharding, replicated))
     example = empty_step_inputs(NUM_TOKENS, MAX_NUM_SEQS, -(-MAX_MODEL_LEN // BLOCK_SIZE))

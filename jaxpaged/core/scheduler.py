@@ -11,6 +11,9 @@ schedule() for step N+1 before update_from_output() of step N: a request whose t
 
 Speculative decoding: a decoding request's proposals (Request.spec_token_ids) ride its row, counted as computed
 until update_from_output() keeps the accepted ones and rolls the rest back (spec_verification.py).
+
+The step's concerns live beside it: running_rows.py (chunks, decodes, tokens in flight, speculative rows),
+preemption.py (who gives its blocks back) and admission.py (waiting requests at their prefix hits).
 """
 
 from collections.abc import Iterable
@@ -18,16 +21,19 @@ from typing import Optional
 
 from ..checks import is_int
 from ..config import CacheConfig, SchedulerConfig
-from .kv_cache_manager import KVCacheManager, PrefixHit
+from .admission import Admission
+from .kv_cache_manager import KVCacheManager
 from .lower_tiers import LowerTiers
+from .preemption import Preemption
 from .request import Request, RequestStatus
 from .request_queue import make_request_queue
 from .request_validation import validate_new_request
+from .running_rows import RunningRows
 from .scheduler_output import ScheduledRequest, SchedulerOutput
 from .scheduler_stats import SchedulerStats
 from .spec_decode_stats import SpecDecodeStats
-from .spec_verification import append_verified_tokens, num_verifiable
-from .stop_criteria import check_stop, reaches_length_limit
+from .spec_verification import append_verified_tokens
+from .stop_criteria import check_stop
 
 _RUNNING = RequestStatus.RUNNING
 
@@ -42,16 +48,11 @@ class Scheduler:
         proposal takes a sampling row, and a step has max_num_seqs of them: sequences plus proposals stay within it."""
         if not is_int(num_kv_blocks) or num_kv_blocks < 2:
             raise ValueError(f"num_kv_blocks: must be an int >= 2 (block 0 is the null block), got {num_kv_blocks!r}")
-        self.scheduler_config = scheduler_config
-        """Step and request limits."""
-        self.cache_config = cache_config
-        """Block size and prefix caching."""
         self.max_num_seqs = scheduler_config.max_num_seqs
         self.max_num_batched_tokens = scheduler_config.max_num_batched_tokens
         if scheduler_config.max_model_len is None:  # the engine settles it from the model and the pool first
             raise ValueError("max_model_len: the scheduler needs a number (None is resolved by the engine)")
         self.max_model_len: int = scheduler_config.max_model_len
-        self.long_prefill_token_threshold = scheduler_config.long_prefill_token_threshold
         self.block_size = cache_config.block_size
         self.kv_cache_manager = KVCacheManager(num_kv_blocks, cache_config.block_size,
                                                cache_config.enable_prefix_caching,
@@ -64,12 +65,16 @@ class Scheduler:
         """New and preempted requests, in admission order of the policy."""
         self.running: list[Request] = []
         """Requests holding KV blocks, in admission order."""
-        self.num_preemptions = 0
-        """Preemptions since start."""
         self._finished_request_ids: set[str] = set()
-        self.max_spec_tokens_per_step = max_spec_tokens_per_step
         self.spec_stats = SpecDecodeStats()
         """Speculative decoding: proposals verified and accepted so far (cumulative, by position)."""
+        self._preemption = Preemption(self.kv_cache_manager, self.waiting, scheduler_config.scheduling_policy)
+        threshold = scheduler_config.long_prefill_token_threshold
+        self._running_rows = RunningRows(self.kv_cache_manager, self._preemption, self.max_num_batched_tokens,
+                                         self.max_num_seqs, self.max_model_len, threshold, max_spec_tokens_per_step)
+        """This step's rows of the running requests (running_rows.py)."""
+        self._admission = Admission(self.kv_cache_manager, self.waiting, self.max_num_seqs, threshold)
+        """Waiting requests into the step (admission.py)."""
 
     # ---- requests in and out ----
 
@@ -110,6 +115,11 @@ class Scheduler:
         return len(self.running)
 
     @property
+    def num_preemptions(self) -> int:
+        """Preemptions since start."""
+        return self._preemption.num_preemptions
+
+    @property
     def num_waiting(self) -> int:
         """Requests queued for admission."""
         return len(self.waiting)
@@ -135,10 +145,10 @@ class Scheduler:
         """Choose this step's tokens: running requests first, then admissions; advances num_computed_tokens."""
         scheduled: list[ScheduledRequest] = []
         preempted_request_ids: set[str] = set()
-        budget, num_spec_rows = self._schedule_running(scheduled, preempted_request_ids)
+        budget, num_spec_rows = self._running_rows.schedule(self.running, scheduled, preempted_request_ids)
         # A step that had to preempt is short of blocks: admitting more would only preempt again.
         if not preempted_request_ids:
-            budget = self._schedule_waiting(scheduled, budget, num_spec_rows)
+            budget = self._admission.admit(self.running, scheduled, budget, num_spec_rows)
         finished_request_ids, self._finished_request_ids = self._finished_request_ids, set()
         kv = self.kv_cache_manager
         saves, loads = kv.take_tier_transfers()
@@ -233,165 +243,6 @@ class Scheduler:
                 continue  # (a speculative row's num_computed_tokens counts proposals that may be rejected)
             if len(scheduled_request.token_ids) != 1 or (scheduled_request.start_position + 1) % block_size == 0:
                 cache_full_blocks(scheduled_request.request)
-
-    def _schedule_running(self, scheduled: list[ScheduledRequest],
-                          preempted_request_ids: set[str]) -> tuple[int, int]:
-        """Schedule running requests in admission order, preempting when blocks run out; the budget left and the
-        number of proposals scheduled (each samples one of the step's max_num_seqs rows)."""
-        budget = self.max_num_batched_tokens
-        threshold = self.long_prefill_token_threshold
-        allocate_slots = self.kv_cache_manager.allocate_slots
-        get_block_ids = self.kv_cache_manager.get_block_ids
-        block_size = self.block_size
-        max_model_len = self.max_model_len
-        running = self.running
-        # A proposal's row is a sampling row like a sequence's: rows for every running request stay free.
-        spec_limit = spec_budget = min(self.max_spec_tokens_per_step, self.max_num_seqs - len(running))
-        # NOTE: decodes are never starved: running requests keep their admission order, a prefill chunk is
-        # capped by the budget only when nothing was admitted behind it, so what the requests up to any
-        # decode ask for never exceeds what they got the step before.
-        index = 0
-        while index < len(running) and budget > 0:
-            request = running[index]
-            tokens = request.all_token_ids
-            start = request.num_computed_tokens
-            # Async scheduling plans a step while the one before is in flight: its sampled token is known to come
-            # (num_pending_tokens), not what it is; this step computes it all the same, fed on the device.
-            num_known = len(tokens)
-            num_pending = request.num_pending_tokens
-            num_new_tokens = num_known + num_pending - start
-            if num_new_tokens > 1:  # a prefill chunk (plain ifs: this loop runs for every decode, every step)
-                if threshold and num_new_tokens > threshold:
-                    num_new_tokens = threshold
-                if num_new_tokens > budget:
-                    num_new_tokens = budget
-            elif num_new_tokens <= 0 or (num_pending and reaches_length_limit(request, max_model_len, num_pending)):
-                # Nothing to compute until update_from_output() appends its sampled token, or the token in flight
-                # ends the request by length (nothing is planned past it).
-                index += 1
-                continue
-            num_spec = 0
-            if request.spec_token_ids and num_new_tokens == 1 and not num_pending:
-                num_spec = min(num_verifiable(request, budget, max_model_len), spec_budget)
-                spec_budget -= num_spec
-                num_new_tokens += num_spec
-            # Most decodes write into room left in their last block (its earlier slot is computed, so it is
-            # held): only a chunk, or a token that opens a new block, needs allocating.
-            if num_new_tokens != 1 or start % block_size == 0:
-                new_block_ids = allocate_slots(request, num_new_tokens)
-                while new_block_ids is None:
-                    victim_index = self._select_victim_index()
-                    victim = running[victim_index]
-                    budget += self._preempt(victim_index, index, scheduled, preempted_request_ids)
-                    if victim is request:
-                        break
-                    if victim_index < index:
-                        index -= 1
-                    new_block_ids = allocate_slots(request, num_new_tokens)
-                if new_block_ids is None:
-                    break  # the request preempted itself: nothing behind it would get blocks either
-            end = start + num_new_tokens
-            if num_pending:  # a one-token step whose token is still on the device: a placeholder stands in
-                scheduled.append(ScheduledRequest(request, [0], start, get_block_ids(request.request_id), True,
-                                                  input_in_flight=True))
-            elif num_spec:  # the newest token and the proposals after it, verified by sampling at each
-                scheduled.append(ScheduledRequest(request, [tokens[start], *request.spec_token_ids[:num_spec]],
-                                                  start, get_block_ids(request.request_id), True,
-                                                  num_spec_tokens=num_spec))
-            else:
-                scheduled.append(ScheduledRequest(request, tokens[start:end], start,
-                                                  get_block_ids(request.request_id), end == num_known))
-            if end - num_spec == num_known + num_pending:
-                request.num_pending_tokens = num_pending + 1
-            request.num_computed_tokens = end
-            budget -= num_new_tokens
-            index += 1
-        return budget, spec_limit - spec_budget
-
-    def _schedule_waiting(self, scheduled: list[ScheduledRequest], budget: int, num_spec_rows: int) -> int:
-        """Admit waiting requests in policy order, each starting at its prefix-cache hit; the budget left."""
-        kv = self.kv_cache_manager
-        waiting = self.waiting
-        max_running = self.max_num_seqs - num_spec_rows  # the step's proposals hold sampling rows too
-        while len(waiting) > 0 and budget > 0 and len(self.running) < max_running:
-            request = waiting.peek()
-            hit = kv.find_prefix_hit(request)
-            if not self._allocate_admission(request, hit, budget):
-                if hit.copy_source is None:
-                    break  # the head of the queue waits for blocks; nobody overtakes it
-                # The copy holds its source beside the block it fills: one block more than computing those
-                # tokens. In a pool that small the head of the queue would wait for blocks nobody will free.
-                hit = hit.without_copy()
-                if not self._allocate_admission(request, hit, budget):
-                    break
-            num_hit_tokens = hit.num_tokens
-            if hit.lower_tier_hashes:
-                # Reads (and checks) the blocks now; a damaged one shortens the hit, which only shrinks the step.
-                num_hit_tokens = kv.load_lower_tier_blocks(request, hit)
-            tokens = request.all_token_ids
-            num_new_tokens = self._num_admitted_tokens(request, num_hit_tokens, budget)
-            waiting.pop()
-            kv.record_prefix_lookup(len(tokens), num_hit_tokens)
-            if request.status is RequestStatus.WAITING:
-                request.num_cached_tokens = num_hit_tokens
-            request.status = _RUNNING
-            self.running.append(request)
-            end = num_hit_tokens + num_new_tokens
-            scheduled.append(ScheduledRequest(request, tokens[num_hit_tokens:end], num_hit_tokens,
-                                              kv.get_block_ids(request.request_id), end == len(tokens)))
-            if end == len(tokens):
-                request.num_pending_tokens = 1
-            request.num_computed_tokens = end
-            budget -= num_new_tokens
-        return budget
-
-    def _num_admitted_tokens(self, request: Request, num_hit_tokens: int, budget: int) -> int:
-        """Prompt tokens an admission computes in this step after its num_hit_tokens from the cache."""
-        return min(request.num_tokens - num_hit_tokens, self.long_prefill_token_threshold or budget, budget)
-
-    def _allocate_admission(self, request: Request, hit: PrefixHit, budget: int) -> bool:
-        """Give a waiting request its hit blocks and the blocks of this step's tokens; False (nothing changed)
-        when the free blocks do not suffice."""
-        num_new_tokens = self._num_admitted_tokens(request, hit.num_tokens, budget)
-        return self.kv_cache_manager.allocate_slots(request, num_new_tokens, hit.block_ids, hit.copy_source,
-                                                    hit.num_copied_tokens, len(hit.lower_tier_hashes)) is not None
-
-    def _select_victim_index(self) -> int:
-        """The running request to preempt: the latest admitted ("fcfs"), or the lowest priority, then latest
-        arrival ("priority"; ties go to the latest admitted)."""
-        running = self.running
-        victim_index = len(running) - 1
-        if self.scheduler_config.scheduling_policy == "priority":
-            victim = running[victim_index]
-            for index in range(len(running) - 2, -1, -1):
-                candidate = running[index]
-                if (candidate.priority, candidate.arrival_time) > (victim.priority, victim.arrival_time):
-                    victim_index, victim = index, candidate
-        return victim_index
-
-    def _preempt(self, victim_index: int, current_index: int, scheduled: list[ScheduledRequest],
-                 preempted_request_ids: set[str]) -> int:
-        """Preempt by recompute: free all of the victim's blocks, restart it at 0, queue it first.
-
-        Returns the budget the victim gives back if it was already scheduled in this step.
-        """
-        victim = self.running.pop(victim_index)
-        num_returned_tokens = 0
-        if victim_index < current_index:
-            for position, scheduled_request in enumerate(scheduled):
-                if scheduled_request.request is victim:
-                    num_returned_tokens = len(scheduled.pop(position).token_ids)
-                    break
-        # Tokens scheduled in this very step were counted as computed but never ran.
-        self.kv_cache_manager.free(victim, tail_is_computed=num_returned_tokens == 0)
-        victim.status = RequestStatus.PREEMPTED
-        victim.num_computed_tokens = 0
-        victim.num_pending_tokens = 0  # a token still in flight is dropped: the recompute samples it again
-        victim.num_preemptions += 1
-        self.num_preemptions += 1
-        self.waiting.prepend(victim)
-        preempted_request_ids.add(victim.request_id)
-        return num_returned_tokens
 
     def _release(self, request: Request) -> None:
         """Forget a request that just finished (its status already set) and free its blocks."""

@@ -31,13 +31,3 @@ class SpecDecodeStats:
             self.drafted_per_position[position] += 1
         for position in range(num_accepted):
             self.accepted_per_position[position] += 1
-
-    @property
-    def acceptance_rate(self) -> float:
-        """Accepted over proposed tokens (0 before any)."""
-        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
-
-    @property
-    def mean_accepted_length(self) -> float:
-        """Tokens a verified row appended on average: its accepted proposals plus the one drawn after them."""
-        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0

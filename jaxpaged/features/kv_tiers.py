@@ -29,16 +29,17 @@ def build_kv_tiers(loaded: LoadedModel, config: EngineConfig, runners: Sequence[
     cache = config.cache
     tp = config.tensor_parallel_size
     runner = runners[0]
+    kv_spec = runner.plan.kv_spec
     weights = weights_sample_digest(loaded.params)
     # int8 weights compute other K/V than the float checkpoint they came from (params loaded float and quantized by
     # the runner would sample the same digest); unquantized engines keep their fingerprints.
     quantization = loaded.quantization or config.quantization
     dtype = str(runner.dtype) if quantization is None else f"{runner.dtype}, {quantization} weights"
     fingerprints = [layout_fingerprint(loaded.name, loaded.hf_config, dtype, cache.block_size,
-                                       runner.kv_layout, runner.tier_block_shape(), tp, shard, weights,
+                                       kv_spec.layout, kv_spec.tier_block_shape, tp, shard, weights,
                                        cache.kv_cache_dtype)
                     for shard in range(tp)]
-    block_spec = (str(runner.kv_cache.dtype), tuple(runner.tier_block_shape()))
+    block_spec = (str(kv_spec.pool_dtype), kv_spec.tier_block_shape)
     mac_key = cache.kv_offload_key.encode() if cache.kv_offload_key is not None else None
     tiers = KVTiers(fingerprints, cache.kv_offload_memory, cache.kv_offload_dir, cache.kv_offload_dir_max_bytes,
                     block_spec, mac_key)

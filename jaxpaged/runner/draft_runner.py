@@ -18,7 +18,6 @@ from jaxtyping import Array, Float, Int
 
 from jaxpaged.config import CacheConfig, EngineConfig, SchedulerConfig
 from jaxpaged.core.scheduler_output import ScheduledRequest
-from jaxpaged.runner.batch import empty_step_inputs, fill_step_inputs
 from jaxpaged.runner.model_runner import ModelRunner
 from jaxpaged.weights.loader import LoadedModel
 
@@ -81,7 +80,7 @@ class DraftRunner:
         runner = self.runner
         runner.warmup(sampler=False, progress=False)
         for bucket in runner.ladder.buckets():  # an empty step writes only the null block
-            batch = empty_step_inputs(bucket.num_tokens, bucket.num_seqs, runner.blocks_per_seq)
+            batch = runner.inputs.empty(bucket)
             jax.block_until_ready(self._greedy(runner.compute_logits(bucket, batch)))
         return time.perf_counter() - start
 
@@ -90,9 +89,7 @@ class DraftRunner:
         samples, in order."""
         start = time.perf_counter()
         runner = self.runner
-        num_tokens = sum(len(item.token_ids) for item in scheduled)
-        bucket = runner.ladder.pick(num_tokens, len(scheduled))
-        batch = fill_step_inputs(scheduled, bucket, runner.block_table, runner.block_size)
+        bucket, batch = runner.inputs.fill(scheduled)
         ids = np.asarray(self._greedy(runner.compute_logits(bucket, batch)))
         self.num_steps += 1
         self.seconds += time.perf_counter() - start

@@ -1,4 +1,5 @@
-"""Sizing and allocating the paged KV cache: [num_layers, num_blocks, block_size, 2 * num_kv_heads, head_dim]."""
+"""Sizing the paged KV cache: its layout, its element dtype and how many blocks fit the budget (one block's shape and
+bytes: kv_spec.py; the pool itself: kv_pool.py)."""
 
 from typing import Optional
 
@@ -8,8 +9,8 @@ import numpy as np
 
 from jaxpaged.config import CacheConfig
 from jaxpaged.models.model_config import ModelConfig
-from pallas_kernels.kv_quantization import pool_row_width, quantized_pool_dtype
-from pallas_kernels.ragged_paged_attention.kv_layout import cache_shape, physical_bytes
+from jaxpaged.runner.kv_spec import build_kv_spec, logical_bytes_per_token
+from pallas_kernels.kv_quantization import quantized_pool_dtype
 from pallas_kernels.ragged_paged_attention.kv_layout_packed import packed_layout_for
 
 # On CPU the KV pool shares a 24 GiB machine with the weights, XLA's buffers and the rest of the box.
@@ -67,17 +68,14 @@ def bytes_per_block(model: ModelConfig, block_size: int, dtype, platform: Option
     may store a small shard unpadded (docs/tpu-compile.md). Elsewhere, and in the packed layout, they equal the
     logical bytes, which is what XLA:TPU allocates for the packed pool.
     """
-    if num_shards < 1 or model.num_kv_heads % num_shards:
-        raise ValueError(f"num_shards: must divide num_kv_heads ({model.num_kv_heads}), got {num_shards}")
-    shape, kv_dtype = cache_shape(1, block_size, model.num_kv_heads // num_shards, model.head_dim, dtype, layout)
-    return model.num_layers * physical_bytes(shape, kv_dtype, platform or jax.default_backend())
+    return build_kv_spec(model, block_size, dtype, layout, num_shards=num_shards,
+                         platform=platform).bytes_per_block_per_device
 
 
 def logical_bytes_per_block(model: ModelConfig, block_size: int, dtype) -> int:
     """KV bytes one block's values (quantized: codes and scales) occupy across all layers, without any tile padding
     (`dtype`: the pool's, kv_storage_dtype)."""
-    row = pool_row_width(model.head_dim, dtype)
-    return model.num_layers * block_size * 2 * model.num_kv_heads * row * np.dtype(dtype).itemsize
+    return block_size * logical_bytes_per_token(model, dtype)
 
 
 def num_kv_blocks_for(model: ModelConfig, cache: CacheConfig, dtype, num_shards: int = 1,
@@ -90,8 +88,15 @@ def num_kv_blocks_for(model: ModelConfig, cache: CacheConfig, dtype, num_shards:
     """
     if cache.num_kv_blocks is not None:
         return cache.num_kv_blocks
-    budget = cache.kv_cache_memory or _default_budget_bytes(pending_weight_bytes, cache.gpu_memory_utilization)
     block_bytes = bytes_per_block(model, cache.block_size, dtype, layout=layout, num_shards=num_shards)
+    return num_kv_blocks_in_budget(cache, block_bytes, pending_weight_bytes)
+
+
+def num_kv_blocks_in_budget(cache: CacheConfig, block_bytes: int, pending_weight_bytes: int = 0) -> int:
+    """num_kv_blocks_for with one block's bytes per device known (KVSpec.bytes_per_block_per_device)."""
+    if cache.num_kv_blocks is not None:
+        return cache.num_kv_blocks
+    budget = cache.kv_cache_memory or _default_budget_bytes(pending_weight_bytes, cache.gpu_memory_utilization)
     num_blocks = budget // block_bytes
     if num_blocks < 2:
         raise ValueError(f"kv_cache_memory: {budget} bytes hold fewer than 2 blocks of {block_bytes} bytes")
@@ -123,15 +128,3 @@ def utilization_budget_bytes(limit: int, in_use: int, pending_weight_bytes: int,
         raise ValueError(f"gpu_memory_utilization: {utilization} of {limit} bytes leaves no room for the KV cache "
                          f"after {in_use + pending_weight_bytes} bytes of weights and buffers; raise it")
     return budget
-
-
-def allocate_kv_cache(model: ModelConfig, num_blocks: int, block_size: int, dtype,
-                      sharding: Optional[jax.sharding.Sharding] = None, layout: str = "interleaved",
-                      num_shards: int = 1) -> jax.Array:
-    """A zeroed pool of every layer's blocks in `layout` over `num_shards` tensor-parallel shards (`sharding` splits
-    it so), stacked on axis 0 and created in place on its devices (each shard allocates only its part); block 0 is
-    the null block that padding writes to. `dtype`: the pool's (kv_storage_dtype)."""
-    layer_shape, layer_dtype = cache_shape(num_blocks, block_size, model.num_kv_heads, model.head_dim, dtype, layout,
-                                           num_shards)
-    shape = (model.num_layers, *layer_shape)
-    return jax.jit(lambda: jnp.zeros(shape, layer_dtype), out_shardings=sharding)()

@@ -11,7 +11,7 @@ import numpy as np
 from jaxpaged.models.int8_weights import stored_dtype
 from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.runner import mesh as mesh_lib
-from jaxpaged.runner.kv_cache import bytes_per_block, logical_bytes_per_block
+from jaxpaged.runner.kv_spec import KVSpec, build_kv_spec
 from pallas_kernels.kv_quantization import SCALE_DTYPE, format_of_pool, is_quantized_pool
 
 logger = logging.getLogger(__name__)
@@ -138,7 +138,14 @@ def plan_memory(model: ModelConfig, weight_bytes: int, num_kv_blocks: int, block
     """The plan of a rank whose KV cache is split over tp devices by heads (`dtype`: the KV pool's,
     runner/kv_cache.py kv_storage_dtype; `weight_format`: see MemoryPlan; `platform`: whose tiling sizes the blocks,
     jax's default backend when None)."""
-    logical_per_token = logical_bytes_per_block(model, 1, dtype)
-    per_device = bytes_per_block(model, block_size, dtype, platform, layout=layout, num_shards=tp)
-    return MemoryPlan(weight_bytes, logical_per_token, per_device, num_kv_blocks, block_size, max_model_len, layout,
-                      per_device * tp / (logical_per_token * block_size), weight_format, kv_format(dtype))
+    spec = build_kv_spec(model, block_size, dtype, layout, num_shards=tp, platform=platform)
+    return memory_plan_for(spec, weight_bytes, num_kv_blocks, max_model_len, weight_format)
+
+
+def memory_plan_for(spec: KVSpec, weight_bytes: int, num_kv_blocks: int, max_model_len: int,
+                    weight_format: str = "") -> MemoryPlan:
+    """The plan of a rank whose KV blocks are `spec`'s (the start-up plan's, sized once)."""
+    per_device, per_token = spec.bytes_per_block_per_device, spec.logical_bytes_per_token
+    return MemoryPlan(weight_bytes, per_token, per_device, num_kv_blocks, spec.block_size, max_model_len, spec.layout,
+                      per_device * spec.num_shards / (per_token * spec.block_size), weight_format,
+                      kv_format(spec.storage_dtype))

@@ -24,13 +24,14 @@ from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.models.packed_weights import packs_weights_on
 from jaxpaged.runner.dtype_probe import probe_cpu_dtype
 from jaxpaged.runner.int8_probe import choose_int8_matmul, probe_shapes
-from jaxpaged.runner.kv_cache import bytes_per_block, choose_kv_layout, kv_storage_dtype, num_kv_blocks_for
+from jaxpaged.runner.kv_cache import bytes_per_block, choose_kv_layout, kv_storage_dtype, num_kv_blocks_in_budget
+from jaxpaged.runner.kv_spec import KVSpec, build_kv_spec
 from jaxpaged.runner.memory_plan import (
     MemoryPlan,
     check_weights_fit,
     device_memory_bytes,
     fit_max_model_len,
-    plan_memory,
+    memory_plan_for,
     weight_bytes_per_device,
     weight_format,
 )
@@ -71,8 +72,8 @@ class StartupPlan:
     """Matmul weights packed into panels at load for the native CPU matmul (else XLA's dot)."""
     native_decode: bool
     """Decode rows read their KV in place through the native CPU attention kernel (else the jnp path)."""
-    kv_layout: str
-    """The KV pool's layout (pallas_kernels/ragged_paged_attention/kv_layout.py)."""
+    kv_spec: KVSpec
+    """One KV block: layout, dtypes, page size, bytes and layer groups (every reader of the pool's shape takes it)."""
     memory: MemoryPlan
     quantization: Optional[str] = None
     """"int8": the projections are int8 with per-column scales (models/int8_weights.py); "w8a8": and their matmuls
@@ -82,14 +83,22 @@ class StartupPlan:
     matmul, widened to float32), "int16 digits" (inputs kept to 16 bits as two int8 digits,
     models/int16_activations.py), "w8a8" (inputs quantized to int8 per token) or "xla" (XLA's dot with the int8
     convert fused into its operand, scales on the output: TPU, GPU; on a CPU whichever int8_probe.py times fastest)."""
-    kv_cache_dtype: str = "auto"
-    """config.cache.kv_cache_dtype ("fp8" as "fp8_e4m3"): "auto" stores K/V in dtype, "int8" / "fp8_e4m3" quantized
-    with per-token-per-head scales (the "quantized" layout, or "packed_quantized" on pallas_tpu)."""
+
+    @property
+    def kv_layout(self) -> str:
+        """The KV pool's layout (pallas_kernels/ragged_paged_attention/kv_layout.py)."""
+        return self.kv_spec.layout
+
+    @property
+    def kv_cache_dtype(self) -> str:
+        """config.cache.kv_cache_dtype ("fp8" as "fp8_e4m3"): "auto" stores K/V in dtype, "int8" / "fp8_e4m3"
+        quantized with per-token-per-head scales (the "quantized" layout, or "packed_quantized" on pallas_tpu)."""
+        return self.kv_spec.kv_cache_dtype
 
     @property
     def kv_storage_dtype(self) -> np.dtype:
         """The KV pool's element dtype (int8 / uint8 codes and scale bytes, or dtype)."""
-        return kv_storage_dtype(self.dtype, self.kv_cache_dtype)
+        return self.kv_spec.storage_dtype
 
     @property
     def packed_int8(self) -> bool:
@@ -138,22 +147,22 @@ def plan_startup(model: ModelConfig, params: dict[str, np.ndarray], config: Engi
     kv_layout = choose_kv_layout(model, backend, dtype, tp, kv_cache_dtype)
     if kv_layout == "packed_quantized":
         _check_tpu_quantized_block(model, config, dtype, platform, tp)
-    kv_dtype = kv_storage_dtype(dtype, kv_cache_dtype)
+    kv_spec = build_kv_spec(model, config.cache.block_size, kv_storage_dtype(dtype, kv_cache_dtype), kv_layout,
+                            kv_cache_dtype, num_shards=tp)
     # NOTE: the weights are placed after the plan is made; the pool's default size leaves room for them.
-    num_kv_blocks = num_kv_blocks_for(model, config.cache, kv_dtype, num_shards=tp, layout=kv_layout,
-                                      pending_weight_bytes=weight_bytes)
+    num_kv_blocks = num_kv_blocks_in_budget(config.cache, kv_spec.bytes_per_block_per_device,
+                                            pending_weight_bytes=weight_bytes)
     max_model_len = config.scheduler.max_model_len
     if max_model_len is None:
         max_model_len = fit_max_model_len(model.max_position_embeddings, num_kv_blocks, config.cache.block_size)
-    memory = plan_memory(model, weight_bytes, num_kv_blocks, config.cache.block_size, max_model_len, kv_dtype, tp,
-                         kv_layout, weight_format(params, dtype))
+    memory = memory_plan_for(kv_spec, weight_bytes, num_kv_blocks, max_model_len, weight_format(params, dtype))
     memory.check()
     quantized = any(value.dtype == np.int8 for value in params.values())
     scheme = (quantization or "int8") if quantized else None
     int8_matmul = choose_int8_matmul(scheme, platform, per_layer, tp, config.cpu_matmul == "native",
                                      probe_shapes(params, config, dtype, packed))
     return StartupPlan(platform, tuple(int(d.id) for d in mesh.devices.flat), tp, dtype, backend, per_layer, packed,
-                       native_decode, kv_layout, memory, scheme, int8_matmul, kv_cache_dtype)
+                       native_decode, kv_spec, memory, scheme, int8_matmul)
 
 
 def _check_tpu_quantized_block(model: ModelConfig, config: EngineConfig, dtype, platform: str, tp: int) -> None:

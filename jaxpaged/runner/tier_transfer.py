@@ -5,9 +5,9 @@ way, compiled at warm-up; padding rows read or write the null block 0), never on
 Under tensor parallelism the batch keeps the pool's sharding, so each device sends (or receives) only its own
 shard: the host tier stores shards separately (kv_tiers/tiers.py).
 
-Order within a step (ModelRunner.launch): gather the evicted blocks (dispatched first, so they read the pool
-before anything overwrites it), scatter the loaded ones, then block copies and the step; the gathered bytes are
-pulled to the host while the step runs.
+Order within a step (ModelRunner.forward, through KVPool.start_tier_transfers): gather the evicted blocks
+(dispatched first, so they read the pool before anything overwrites it), scatter the loaded ones, then block copies
+and the step; the gathered bytes are pulled to the host while the step runs.
 """
 
 import dataclasses
@@ -23,6 +23,7 @@ import numpy as np
 from jaxtyping import Array, Int, Shaped
 
 from jaxpaged.kv_tiers.tiers import BlockPayload, KVTiers
+from jaxpaged.runner.kv_spec import KVSpec
 
 TIER_TRANSFER_BATCH = 16
 """Blocks per gather or scatter call."""
@@ -50,13 +51,14 @@ class PendingSaves:
 class TierTransfer:
     """One rank's transfers between its KV pool and the shared KVTiers."""
 
-    def __init__(self, kv_cache: jax.Array, tiers: KVTiers) -> None:
+    def __init__(self, kv_cache: jax.Array, spec: KVSpec, tiers: KVTiers) -> None:
+        """`kv_cache`: the pool (its sharding, and the example the transfers compile against); `spec`: its blocks."""
         self.tiers = tiers
         sharding = kv_cache.sharding
         assert isinstance(sharding, jax.sharding.NamedSharding)  # the runner places the pool with one
-        num_layers, _, *page = kv_cache.shape
-        self._batch_shape = (TIER_TRANSFER_BATCH, num_layers, *page)
-        self._dtype = kv_cache.dtype
+        group = spec.group
+        self._batch_shape = (TIER_TRANSFER_BATCH, group.num_layers, *group.page_shape)
+        self._dtype = group.page_dtype
         # [batch, layers, *page] keeps the pool's axes after the first two, so the pool's spec shards it alike.
         self._batch_sharding = sharding
         replicated = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())

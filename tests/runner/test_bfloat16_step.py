@@ -61,7 +61,7 @@ def test_the_cpu_step_reads_each_layer_weight_in_place(bfloat16_runner):
                 if "layers" in jax.tree_util.keystr(path) and weight.ndim in (2, 3)]
     assert len(matrices) == 3 * 7 and all(weight.dtype == jnp.bfloat16 for weight in matrices)
     (bucket,) = runner.ladder.buckets()
-    hlo = runner._executable(bucket).as_text()
+    hlo = runner.step.executable(bucket).as_text()
     # No float32 copy of the pool or of any weight...
     assert not _shapes(hlo, "f32", [runner.kv_cache.shape] + [weight.shape for weight in matrices])
     # ...and no instruction but a parameter holds a weight-shaped bfloat16 array: no slice or copy of a weight.
