@@ -24,7 +24,7 @@ from typing import Any, Literal, Optional, Union
 
 import yaml
 
-from jaxpaged import config, speculative_config
+from jaxpaged import config, speculative_config, vllm_values
 from jaxpaged.checks import parse_byte_size
 
 ENV_PREFIX = config.ENV_PREFIX
@@ -59,6 +59,10 @@ class EngineOption:
         """The value of a flag's or an environment variable's text; ValueError saying what was expected."""
         if self.name in _BYTE_SIZES:
             return parse_byte_size(text, self.name)
+        if self.name == "max_model_len":
+            return vllm_values.max_model_len(text)
+        if self.choices is not None:
+            return vllm_values.choice(self.name, text, self.choices)
         if self.is_bool:
             if text.strip().lower() in _TRUE + _FALSE:
                 return text.strip().lower() in _TRUE
@@ -136,6 +140,10 @@ def _argparse_type(option: EngineOption) -> Callable[[str], Any]:
     return parse
 
 
+def _metavar(option: EngineOption) -> Optional[str]:
+    return "{" + ",".join(map(str, option.choices)) + "}" if option.choices else None
+
+
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     """Add --model, --revision, --config and a flag for every engine option to `parser`."""
     parser.add_argument("--model", default=None,
@@ -157,8 +165,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
             group.add_argument(*flags, dest=option.name, action=argparse.BooleanOptionalAction, default=None,
                                help=help_text)
         else:
-            group.add_argument(*flags, dest=option.name, type=_argparse_type(option), choices=option.choices,
-                               default=None, help=help_text)
+            # NOTE: the type checks the choices (naming the supported ones and taking vLLM's aliases), so no
+            # argparse choices=, whose check would refuse an alias such as --dtype half.
+            group.add_argument(*flags, dest=option.name, type=_argparse_type(option), default=None,
+                               metavar=_metavar(option), help=help_text)
 
 
 def options_from_file(path: str) -> dict[str, Any]:

@@ -45,7 +45,7 @@ async def create_chat_completion(request: Request, context: ServerContext) -> Re
         raise APIError(400, "top_logprobs: needs logprobs=true", param="top_logprobs", code="invalid_value")
     calling = tool_calling(body, context.tool_parser)
     rendering = ChatRendering(body.add_generation_prompt, body.continue_final_message, context.settings.chat_template,
-                              body.chat_template_kwargs)
+                              context.settings.chat_template_kwargs_for(body.chat_template_kwargs))
     prompt = await chat_prompt(engine.tokenizer, engine.vocab_size, body.messages, rendering,
                                cache_salt=body.cache_salt, priority=body.priority,
                                tools=calling.tools if calling else None)

@@ -35,6 +35,8 @@ def ensure_ready(context: ServerContext) -> None:
 
 def check_capacity(context: ServerContext, num_new_seqs: int) -> None:
     """429 with Retry-After when admitting num_new_seqs would leave more than max_queued_requests waiting."""
+    if context.settings.max_queued_requests is None:
+        return
     engine = context.engine
     beyond_slots = engine.num_unfinished_seqs + num_new_seqs - engine.max_num_seqs
     # Requests the scheduler left waiting (KV cache full, say): newcomers queue behind them.

@@ -26,6 +26,12 @@ from jaxpaged.server.context import ServerContext
 from jaxpaged.server.reasoning_parsers import check_reasoning_markers
 from jaxpaged.server.serve_flags import API_KEY_ENV, settings_from_args, uvicorn_options
 from jaxpaged.server.vllm_flags import IGNORED_DEST, ignored_flag_warnings
+from jaxpaged.server.vllm_launch_flags import (
+    apply_download_flags,
+    logged_flag_lines,
+    loopback_note,
+    override_sampling_defaults,
+)
 from jaxpaged.server.watchdog import fail_stop_on_engine_failure
 
 logger = logging.getLogger(__name__)
@@ -74,7 +80,10 @@ def serve_main(args: argparse.Namespace) -> int:
 
     for line in ignored_flag_warnings(getattr(args, IGNORED_DEST, None) or []):
         logger.warning("%s", line)
+    for line in logged_flag_lines(args):
+        logger.info("%s", line)
     try:
+        apply_download_flags(args)
         args.model = model_argument(args)
         settings = settings_from_args(args)
         server_options = uvicorn_options(args)
@@ -89,6 +98,8 @@ def serve_main(args: argparse.Namespace) -> int:
                 multihost.exit_at_once(code)
             return code
         engine = LLMEngine.from_options(model=args.model, revision=getattr(args, "revision", None), **engine_options)
+        engine.sampling_defaults = override_sampling_defaults(engine.sampling_defaults,
+                                                              getattr(args, "override_generation_config", None))
         check_chat_template(engine.tokenizer, settings.chat_template)
         check_reasoning_markers(settings.reasoning_parser, engine.tokenizer, settings.chat_template)
     except (ValueError, FileNotFoundError) as error:
@@ -113,7 +124,7 @@ def serve_main(args: argparse.Namespace) -> int:
     server = _GracefulServer(uvicorn.Config(app, **server_options), app.state.context)
     scheme, model_name = ("https" if "ssl_certfile" in server_options else "http"), app.state.context.model_name
     print(f"jaxpaged: serving {model_name} on {scheme}://{args.host}:{args.port} "
-          f"(OpenAI API under /v1; /health, /metrics)\n  try: "
+          f"(OpenAI API under /v1; /health, /metrics){loopback_note(args.host)}\n  try: "
           f"{_curl_example(args.host, args.port, model_name, settings.api_key is not None, scheme)}",
           flush=True)
     # NOTE: uvicorn re-raises a caught SIGTERM once it has shut down, to exit "as killed". The drain already
