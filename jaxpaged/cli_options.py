@@ -19,7 +19,7 @@ import inspect
 import os
 import types
 import typing
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any, Literal, Optional, Union
 
 import yaml
@@ -171,8 +171,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                                metavar=_metavar(option), help=help_text)
 
 
-def options_from_file(path: str) -> dict[str, Any]:
-    """The engine options of a YAML file; ValueError naming the file (and the key) when it has anything else."""
+def options_from_file(path: str, other_keys: Collection[str] = ()) -> dict[str, Any]:
+    """The engine options of a YAML file; ValueError naming the file (and the key) when it has anything else but
+    `other_keys` (the serve flags `jaxpaged serve` read from it)."""
     with open(path, encoding="utf-8") as file:  # FileNotFoundError: the CLI reports it
         try:
             data = yaml.safe_load(file)
@@ -186,6 +187,8 @@ def options_from_file(path: str) -> dict[str, Any]:
     options = {}
     for key, value in data.items():
         name = str(key).replace("-", "_")
+        if key in other_keys:
+            continue
         if name not in known:
             raise ValueError(f"{path}: unknown engine option {key!r} (known: {', '.join(known)})")
         # YAML types numbers and bools itself; a quoted one (or "8GiB") is read as its flag reads it.
@@ -214,7 +217,7 @@ def engine_options_from_args(args: argparse.Namespace, environ: Optional[Mapping
     environ = os.environ if environ is None else environ
     path = getattr(args, "engine_config_file", None)
     from_env = options_from_env(environ)
-    from_file = options_from_file(path) if path else {}
+    from_file = options_from_file(path, getattr(args, "config_file_serve_keys", None) or ()) if path else {}
     from_flags = {name: getattr(args, name) for name in engine_options() if getattr(args, name, None) is not None}
     options = {**from_env, **from_file, **from_flags}
     # Where a value came from, for the config's own checks (block_size >= 1, dtype's choices): the error should

@@ -22,6 +22,7 @@ from jaxpaged.multihost.runtime import is_leader, join_job
 from jaxpaged.server import multihost
 from jaxpaged.server.app import build_app
 from jaxpaged.server.chat_template import check_chat_template
+from jaxpaged.server.config_file import CONFIG_MODEL_DEST
 from jaxpaged.server.context import ServerContext
 from jaxpaged.server.reasoning_parsers import check_reasoning_markers
 from jaxpaged.server.serve_flags import API_KEY_ENV, settings_from_args, uvicorn_options
@@ -64,6 +65,8 @@ def model_argument(args: argparse.Namespace) -> Optional[str]:
     positional, flag = getattr(args, "model_path", None), getattr(args, "model", None)
     if positional is not None and flag is not None and positional != flag:
         raise ValueError(f"model: given twice, as MODEL ({positional!r}) and --model ({flag!r}); give one")
+    if positional is None and flag is None:  # the --config file's `model:`, the command line's model beating it
+        return getattr(args, CONFIG_MODEL_DEST, None)
     return positional if positional is not None else flag
 
 
