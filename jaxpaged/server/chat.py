@@ -66,7 +66,8 @@ async def create_chat_completion(request: Request, context: ServerContext) -> Re
     constrained = params.structured_outputs is not None and params.structured_outputs.origin != AUTO_TOOLS_ORIGIN
     starts_in_reasoning = reasoning is not None and not constrained and reasoning.starts_in_reasoning(prompt.text)
     run = GenerationRun(context, f"chatcmpl-{uuid.uuid4().hex}", [prompt], [params])
-    texts = [ChoiceText(calling, reasoning, starts_in_reasoning) if calling is None or calling.parser is not None
+    texts = [ChoiceText(calling, reasoning, starts_in_reasoning, body.include_reasoning)
+             if calling is None or calling.parser is not None
              else None for _ in range(body.n)]
     view = _ChatView(body, engine.tokenizer, context.model_name, run.request_id, calling, texts,
                      len(prompt.token_ids), context.settings.enable_prompt_tokens_details)

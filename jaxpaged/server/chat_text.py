@@ -1,8 +1,9 @@
 """ChoiceText: what one chat choice's text says (reasoning, content, tool calls), whole or as stream deltas.
 
 The model's text passes through two optional parsers, in order: the reasoning parser splits off `<think>` text
-(reasoning_content), then the tool parser of tool_choice "auto" splits calls from the rest (content). While
-streaming, each part goes out as soon as it is sure; the deltas add up to the whole response.
+(`reasoning`, vLLM's current name: it dropped `reasoning_content`, vllm#27752 and #33402), then the tool parser of
+tool_choice "auto" splits calls from the rest (content). While streaming, each part goes out as soon as it is
+sure; the deltas add up to the whole response.
 """
 
 from typing import Optional
@@ -15,9 +16,11 @@ class ChoiceText:
     """One choice's text as OpenAI message fields; `calling` is None or tool_choice "auto" (it has a parser)."""
 
     def __init__(self, calling: Optional[ToolCalling], reasoning: Optional[ReasoningParser],
-                 starts_in_reasoning: bool) -> None:
+                 starts_in_reasoning: bool, include_reasoning: bool = True) -> None:
         assert calling is None or calling.parser is not None
         self.calling, self.reasoning, self.starts_in_reasoning = calling, reasoning, starts_in_reasoning
+        self.include_reasoning = include_reasoning
+        """False (the request's include_reasoning): the reasoning is split off and dropped."""
         self._reasoning_sent = 0
         self._content_sent = 0
         self.num_calls_sent = 0
@@ -33,7 +36,8 @@ class ChoiceText:
         reasoning, content = self._split(text, finished=True)
         message: dict = {"role": "assistant", "content": content}
         if self.reasoning is not None:
-            message["reasoning_content"] = reasoning
+            if self.include_reasoning:
+                message["reasoning"] = reasoning
             if reasoning is not None and not content:
                 message["content"] = None
         calls = self.calling.calls(content) if self.calling is not None else []
@@ -47,8 +51,8 @@ class ChoiceText:
         """The stream delta since the last call: new reasoning, new sure content, and (at the end) the calls."""
         reasoning, content = self._split(text, finished)
         delta: dict = {}
-        if reasoning is not None and len(reasoning) > self._reasoning_sent:
-            delta["reasoning_content"] = reasoning[self._reasoning_sent:]
+        if reasoning is not None and len(reasoning) > self._reasoning_sent and self.include_reasoning:
+            delta["reasoning"] = reasoning[self._reasoning_sent:]
             self._reasoning_sent = len(reasoning)
         calls: list[tuple[str, str]] = []
         if self.calling is None or self.calling.parser is None:

@@ -52,7 +52,7 @@ class ServerSettings:
     enable_auto_tool_choice: bool = False
     """vLLM's --enable-auto-tool-choice: accepted with a tool_call_parser (which alone already enables "auto")."""
     reasoning_parser: Optional[str] = None
-    """Splits `<think>` reasoning into reasoning_content (server/reasoning_parsers.py)."""
+    """Splits `<think>` reasoning into `reasoning` (server/reasoning_parsers.py)."""
     served_model_names: tuple[str, ...] = ()
     """The names requests may use for the model; the first is the one responses and /metrics carry. Empty: the
     engine's model name."""

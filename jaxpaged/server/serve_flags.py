@@ -151,7 +151,7 @@ def _add_model_flags(group: argparse._ArgumentGroup) -> None:
                        help="put usage.prompt_tokens_details.cached_tokens in responses (off: the prefix cache is "
                             "shared by clients without a cache_salt, and the count would show another's prompt)")
     group.add_argument("--reasoning-parser", default=None, metavar="NAME",
-                       help=f"put a thinking model's <think> text in reasoning_content: {', '.join(REASONING_PARSERS)}")
+                       help=f"put a thinking model's <think> text in `reasoning`: {', '.join(REASONING_PARSERS)}")
 
 
 def _add_http_flags(group: argparse._ArgumentGroup) -> None:
