@@ -66,6 +66,8 @@ class ServerSettings:
     """CORS: request headers allowed (with allowed_origins)."""
     allow_credentials: bool = False
     """CORS: allow cookies and Authorization on cross-origin requests (with allowed_origins)."""
+    log_requests: bool = False
+    """Log one line per engine request: id, prompt length, sampling parameters (vLLM's --enable-log-requests)."""
     default_chat_template_kwargs: Optional[dict] = None
     """chat_template_kwargs every chat request starts from (vLLM's --default-chat-template-kwargs); the request's
     own keys win."""

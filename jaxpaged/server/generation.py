@@ -20,6 +20,7 @@ from jaxpaged.outputs import RequestFailedError, RequestOutput
 from jaxpaged.sampling.params import SamplingParams
 from jaxpaged.server.context import ServerContext
 from jaxpaged.server.errors import APIError, error_body, from_value_error, sanitize_message
+from jaxpaged.server.stats_log import log_request
 from jaxpaged.server.streaming import ClientDisconnected, EventStreamResponse, run_until_disconnect
 
 
@@ -98,6 +99,8 @@ class GenerationRun:
             self._params = [dataclasses.replace(params, output_kind="final_only") for params in self._params]
         for index, (prompt, params) in enumerate(zip(self.prompts, self._params)):
             engine_request_id = self.request_id if len(self.prompts) == 1 else f"{self.request_id}-{index}"
+            if self._context.settings.log_requests:
+                log_request(engine_request_id, len(prompt.token_ids), params)
             try:
                 self._streams.append(self._context.engine.add_request(engine_request_id, prompt, params))
             except EngineDeadError:

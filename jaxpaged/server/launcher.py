@@ -26,6 +26,7 @@ from jaxpaged.server.config_file import CONFIG_MODEL_DEST
 from jaxpaged.server.context import ServerContext
 from jaxpaged.server.reasoning_parsers import check_reasoning_markers
 from jaxpaged.server.serve_flags import API_KEY_ENV, settings_from_args, uvicorn_options
+from jaxpaged.server.stats_log import StatsLogger
 from jaxpaged.server.vllm_flags import IGNORED_DEST, ignored_flag_warnings
 from jaxpaged.server.vllm_launch_flags import (
     apply_download_flags,
@@ -122,6 +123,7 @@ def serve_main(args: argparse.Namespace) -> int:
     else:
         fail_stop_on_engine_failure(async_engine)
     async_engine.start()
+    stats_logger = None if getattr(args, "disable_log_stats", False) else StatsLogger(async_engine.get_stats).start()
     # NOTE: the engine is stopped below, not by the app's shutdown, so that its persist gets its own time bound.
     app = build_app(async_engine, settings)
     server = _GracefulServer(uvicorn.Config(app, **server_options), app.state.context)
@@ -137,5 +139,7 @@ def serve_main(args: argparse.Namespace) -> int:
         server.run()
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if stats_logger is not None:
+            stats_logger.stop()
         async_engine.shutdown(timeout_s=args.kv_persist_timeout)
     return 0 if server.started else 1

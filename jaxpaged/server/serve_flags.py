@@ -208,7 +208,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
                           served_model_names=tuple(getattr(args, "served_model_name", None) or ()),
                           allowed_hosts=tuple(getattr(args, "allowed_hosts", None) or ()),
                           chat_template=load_chat_template(getattr(args, "chat_template", None)),
-                          default_chat_template_kwargs=getattr(args, "default_chat_template_kwargs", None), **cors)
+                          default_chat_template_kwargs=getattr(args, "default_chat_template_kwargs", None),
+                          log_requests=getattr(args, "enable_log_requests", False), **cors)
 
 
 def api_key_from(flag: Union[str, list[str], None], environ: Mapping[str, str]) -> Union[str, tuple[str, ...], None]:

@@ -22,9 +22,7 @@ from jaxpaged.speculative_config import VLLM_SPECULATIVE_KEYS
 
 IGNORED_SWITCHES = {
     "--trust-remote-code": "jaxpaged runs no Python code from a checkpoint; its own model code reads the weights",
-    "--disable-log-requests": "jaxpaged does not log requests",
-    "--enable-log-requests": "jaxpaged does not log requests",
-    "--disable-log-stats": "jaxpaged logs no periodic stats; /metrics has them",
+    "--disable-log-requests": "requests are not logged unless --enable-log-requests",
     "--enforce-eager": "jaxpaged compiles every bucket at start-up and never compiles while serving",
     "--disable-frontend-multiprocessing": "jaxpaged's server and engine loop share one process",
     "--disable-custom-all-reduce": "jaxpaged's collectives are XLA's",

@@ -84,6 +84,10 @@ def add_vllm_launch_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--default-chat-template-kwargs", type=_json_object("default_chat_template_kwargs"),
                         default=None, metavar="JSON",
                         help="chat_template_kwargs every chat request starts from ('{\"enable_thinking\": false}')")
+    parser.add_argument("--disable-log-stats", action="store_true",
+                        help="no stats line every 10 s (throughput, running, waiting, KV cache usage, prefix hits)")
+    parser.add_argument("--enable-log-requests", action="store_true",
+                        help="log one line per request: its id, prompt length and sampling parameters")
     parser.add_argument("--download-dir", default=None, help="where Hugging Face downloads go (default: its cache)")
     parser.add_argument("--hf-token", nargs="?", const=True, default=None,
                         help="the Hugging Face token for downloads (no value: the one `hf auth login` stored)")
