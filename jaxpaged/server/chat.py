@@ -15,6 +15,7 @@ from jaxpaged.server.chat_text import ChoiceText
 from jaxpaged.server.context import ServerContext
 from jaxpaged.server.errors import APIError
 from jaxpaged.server.generation import STREAM_ENDING_ERRORS, GenerationRun, ensure_ready, respond, stream_error_body
+from jaxpaged.server.prompt_truncation import requested_truncation, truncated
 from jaxpaged.server.prompts import ChatRendering, chat_prompt
 from jaxpaged.server.protocol import ChatCompletionRequest
 from jaxpaged.server.responses import SampleProgress, chat_logprobs, usage
@@ -49,6 +50,7 @@ async def create_chat_completion(request: Request, context: ServerContext) -> Re
     prompt = await chat_prompt(engine.tokenizer, engine.vocab_size, body.messages, rendering,
                                cache_salt=body.cache_salt, priority=body.priority,
                                tools=calling.tools if calling else None)
+    prompt = truncated(prompt, requested_truncation(payload), engine.max_model_len)
     field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     # NOTE: unset, the whole rest of the context is the limit (OpenAI's chat behaviour).
