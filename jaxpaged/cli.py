@@ -114,7 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[list[str]] = None) -> int:
     """Entry point of the console script."""
-    args = build_parser().parse_args(argv)
+    from jaxpaged.server.config_file import parse_command_line
+
+    args = parse_command_line(build_parser(), argv)
     configure_logging(getattr(args, "log_level", "info"))
     try:
         return args.handler(args)

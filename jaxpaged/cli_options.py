@@ -19,12 +19,12 @@ import inspect
 import os
 import types
 import typing
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any, Literal, Optional, Union
 
 import yaml
 
-from jaxpaged import config, speculative_config
+from jaxpaged import config, speculative_config, vllm_values
 from jaxpaged.checks import parse_byte_size
 
 ENV_PREFIX = config.ENV_PREFIX
@@ -59,6 +59,10 @@ class EngineOption:
         """The value of a flag's or an environment variable's text; ValueError saying what was expected."""
         if self.name in _BYTE_SIZES:
             return parse_byte_size(text, self.name)
+        if self.name == "max_model_len":
+            return vllm_values.max_model_len(text)
+        if self.choices is not None:
+            return vllm_values.choice(self.name, text, self.choices)
         if self.is_bool:
             if text.strip().lower() in _TRUE + _FALSE:
                 return text.strip().lower() in _TRUE
@@ -136,6 +140,10 @@ def _argparse_type(option: EngineOption) -> Callable[[str], Any]:
     return parse
 
 
+def _metavar(option: EngineOption) -> Optional[str]:
+    return "{" + ",".join(map(str, option.choices)) + "}" if option.choices else None
+
+
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     """Add --model, --revision, --config and a flag for every engine option to `parser`."""
     parser.add_argument("--model", default=None,
@@ -157,12 +165,15 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
             group.add_argument(*flags, dest=option.name, action=argparse.BooleanOptionalAction, default=None,
                                help=help_text)
         else:
-            group.add_argument(*flags, dest=option.name, type=_argparse_type(option), choices=option.choices,
-                               default=None, help=help_text)
+            # NOTE: the type checks the choices (naming the supported ones and taking vLLM's aliases), so no
+            # argparse choices=, whose check would refuse an alias such as --dtype half.
+            group.add_argument(*flags, dest=option.name, type=_argparse_type(option), default=None,
+                               metavar=_metavar(option), help=help_text)
 
 
-def options_from_file(path: str) -> dict[str, Any]:
-    """The engine options of a YAML file; ValueError naming the file (and the key) when it has anything else."""
+def options_from_file(path: str, other_keys: Collection[str] = ()) -> dict[str, Any]:
+    """The engine options of a YAML file; ValueError naming the file (and the key) when it has anything else but
+    `other_keys` (the serve flags `jaxpaged serve` read from it)."""
     with open(path, encoding="utf-8") as file:  # FileNotFoundError: the CLI reports it
         try:
             data = yaml.safe_load(file)
@@ -176,6 +187,8 @@ def options_from_file(path: str) -> dict[str, Any]:
     options = {}
     for key, value in data.items():
         name = str(key).replace("-", "_")
+        if key in other_keys:
+            continue
         if name not in known:
             raise ValueError(f"{path}: unknown engine option {key!r} (known: {', '.join(known)})")
         # YAML types numbers and bools itself; a quoted one (or "8GiB") is read as its flag reads it.
@@ -204,7 +217,7 @@ def engine_options_from_args(args: argparse.Namespace, environ: Optional[Mapping
     environ = os.environ if environ is None else environ
     path = getattr(args, "engine_config_file", None)
     from_env = options_from_env(environ)
-    from_file = options_from_file(path) if path else {}
+    from_file = options_from_file(path, getattr(args, "config_file_serve_keys", None) or ()) if path else {}
     from_flags = {name: getattr(args, name) for name in engine_options() if getattr(args, name, None) is not None}
     options = {**from_env, **from_file, **from_flags}
     # Where a value came from, for the config's own checks (block_size >= 1, dtype's choices): the error should

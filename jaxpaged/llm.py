@@ -23,6 +23,7 @@ from jaxpaged.multihost.leader import follower_lost
 from jaxpaged.multihost.runtime import is_leader, is_multi_process
 from jaxpaged.outputs import RequestFailedError, RequestOutput
 from jaxpaged.sampling.params import SamplingParams
+from jaxpaged.vllm_llm_options import engine_options_from_vllm
 
 logger = logging.getLogger(__name__)
 Prompts = Union[PromptInput, Sequence[PromptInput]]
@@ -43,6 +44,7 @@ class LLM:
         engine options go to LLMEngine.from_options. The multi-host ones (coordinator_address, num_processes,
         process_id or distributed) join the job first; a follower process then builds no engine of its own."""
         revision = engine_options.pop("revision", None)
+        engine_options = engine_options_from_vllm(engine_options)
         config = join_job_of(engine_options)
         self._engine: Optional[LLMEngine] = None
         self._follower: Optional[FollowerBatches] = None

@@ -1,7 +1,7 @@
 """ServerSettings (the serve flags that shape HTTP behaviour) and ServerContext (what every route reaches)."""
 
 import dataclasses
-from typing import Optional
+from typing import Optional, Union
 
 from jaxpaged.async_engine import AsyncLLMEngine
 from jaxpaged.checks import is_int
@@ -20,16 +20,18 @@ DEFAULT_MAX_PROMPTS_PER_REQUEST = 1024
 class ServerSettings:
     """HTTP-side limits and auth of one app; engine options live in EngineConfig."""
 
-    api_key: Optional[str] = None
-    """When set, /v1/*, /tokenize, /detokenize and /metrics need `Authorization: Bearer <api_key>`."""
+    api_key: Union[str, tuple[str, ...], None] = None
+    """When set, /v1/*, /tokenize, /detokenize and /metrics need `Authorization: Bearer <api_key>` (with several
+    keys, as vLLM's --api-key k1 k2, any of them)."""
     metrics_key: Optional[str] = None
     """When set, /metrics needs `Authorization: Bearer <metrics_key>` (and no longer takes the API key): a scraper's
     own token, kept from the tenants that share the API key. /metrics is an oracle of other clients' prompts."""
     metrics_open: bool = False
     """Serve /metrics without a key even when api_key is set (an explicit opt-in: its prefix-cache counters tell
     a client what others prompted; see docs/server.md)."""
-    max_queued_requests: int = 512
-    """429 when more than this many sequences would wait for a free engine slot."""
+    max_queued_requests: Optional[int] = None
+    """429 when more than this many sequences would wait for a free engine slot. None: no limit (as vLLM's
+    --max-num-queued-reqs: a benchmark's burst queues rather than fails)."""
     max_n: int = 16
     """Largest n (choices per prompt) one request may ask for."""
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
@@ -50,7 +52,7 @@ class ServerSettings:
     enable_auto_tool_choice: bool = False
     """vLLM's --enable-auto-tool-choice: accepted with a tool_call_parser (which alone already enables "auto")."""
     reasoning_parser: Optional[str] = None
-    """Splits `<think>` reasoning into reasoning_content (server/parsers/reasoning.py)."""
+    """Splits `<think>` reasoning into `reasoning` (server/parsers/reasoning.py)."""
     served_model_names: tuple[str, ...] = ()
     """The names requests may use for the model; the first is the one responses and /metrics carry. Empty: the
     engine's model name."""
@@ -64,17 +66,31 @@ class ServerSettings:
     """CORS: request headers allowed (with allowed_origins)."""
     allow_credentials: bool = False
     """CORS: allow cookies and Authorization on cross-origin requests (with allowed_origins)."""
+    log_requests: bool = False
+    """Log one line per engine request: id, prompt length, sampling parameters (vLLM's --enable-log-requests)."""
+    default_chat_template_kwargs: Optional[dict] = None
+    """chat_template_kwargs every chat request starts from (vLLM's --default-chat-template-kwargs); the request's
+    own keys win."""
     allowed_hosts: tuple[str, ...] = ()
     """Host header allow-list against DNS rebinding (names, addresses, "*.example.com"). Empty: any host."""
 
+    def chat_template_kwargs_for(self, requested: Optional[dict]) -> Optional[dict]:
+        """A chat request's template kwargs: default_chat_template_kwargs under the request's own."""
+        if not self.default_chat_template_kwargs:
+            return requested
+        return {**self.default_chat_template_kwargs, **(requested or {})}
+
     def __post_init__(self) -> None:
-        if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key):
-            raise ValueError("api_key: must be a non-empty str or None")  # never echo the key itself
+        keys = self.api_key if isinstance(self.api_key, tuple) else (self.api_key,)
+        if self.api_key is not None and (not keys or not all(isinstance(key, str) and key for key in keys)):
+            # never echo the key itself
+            raise ValueError("api_key: must be a non-empty str, a tuple of them (any is accepted) or None")
         if self.metrics_key is not None and (not isinstance(self.metrics_key, str) or not self.metrics_key):
             raise ValueError("metrics_key: must be a non-empty str or None")
         if self.metrics_open and self.metrics_key is not None:
             raise ValueError("metrics_open: --metrics-open and --metrics-key contradict each other; give one")
-        for name, minimum in (("max_queued_requests", 0), ("max_n", 1), ("max_request_body_bytes", 1),
+        for name, minimum in (*((("max_queued_requests", 0),) if self.max_queued_requests is not None else ()),
+                              ("max_n", 1), ("max_request_body_bytes", 1),
                               ("max_prompts_per_request", 1), ("retry_after_s", 0)):
             value = getattr(self, name)
             if not is_int(value) or value < minimum:

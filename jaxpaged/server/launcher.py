@@ -21,11 +21,19 @@ from jaxpaged.async_engine import AsyncLLMEngine
 from jaxpaged.multihost.runtime import is_leader, join_job
 from jaxpaged.server import multihost
 from jaxpaged.server.app import build_app
+from jaxpaged.server.config_file import CONFIG_MODEL_DEST
 from jaxpaged.server.context import ServerContext
 from jaxpaged.server.openai.chat_template import check_chat_template
 from jaxpaged.server.parsers.reasoning import check_reasoning_markers
 from jaxpaged.server.serve_flags import API_KEY_ENV, settings_from_args, uvicorn_options
+from jaxpaged.server.stats_log import StatsLogger
 from jaxpaged.server.vllm.flags import IGNORED_DEST, ignored_flag_warnings
+from jaxpaged.server.vllm.launch_flags import (
+    apply_download_flags,
+    logged_flag_lines,
+    loopback_note,
+    override_sampling_defaults,
+)
 from jaxpaged.server.watchdog import fail_stop_on_engine_failure
 
 logger = logging.getLogger(__name__)
@@ -58,6 +66,8 @@ def model_argument(args: argparse.Namespace) -> Optional[str]:
     positional, flag = getattr(args, "model_path", None), getattr(args, "model", None)
     if positional is not None and flag is not None and positional != flag:
         raise ValueError(f"model: given twice, as MODEL ({positional!r}) and --model ({flag!r}); give one")
+    if positional is None and flag is None:  # the --config file's `model:`, the command line's model beating it
+        return getattr(args, CONFIG_MODEL_DEST, None)
     return positional if positional is not None else flag
 
 
@@ -74,7 +84,10 @@ def serve_main(args: argparse.Namespace) -> int:
 
     for line in ignored_flag_warnings(getattr(args, IGNORED_DEST, None) or []):
         logger.warning("%s", line)
+    for line in logged_flag_lines(args):
+        logger.info("%s", line)
     try:
+        apply_download_flags(args)
         args.model = model_argument(args)
         settings = settings_from_args(args)
         server_options = uvicorn_options(args)
@@ -89,6 +102,8 @@ def serve_main(args: argparse.Namespace) -> int:
                 multihost.exit_at_once(code)
             return code
         engine = LLMEngine.from_options(model=args.model, revision=getattr(args, "revision", None), **engine_options)
+        engine.sampling_defaults = override_sampling_defaults(engine.sampling_defaults,
+                                                              getattr(args, "override_generation_config", None))
         check_chat_template(engine.tokenizer, settings.chat_template)
         check_reasoning_markers(settings.reasoning_parser, engine.tokenizer, settings.chat_template)
     except (ValueError, FileNotFoundError) as error:
@@ -108,12 +123,13 @@ def serve_main(args: argparse.Namespace) -> int:
     else:
         fail_stop_on_engine_failure(async_engine)
     async_engine.start()
+    stats_logger = None if getattr(args, "disable_log_stats", False) else StatsLogger(async_engine.get_stats).start()
     # NOTE: the engine is stopped below, not by the app's shutdown, so that its persist gets its own time bound.
     app = build_app(async_engine, settings)
     server = _GracefulServer(uvicorn.Config(app, **server_options), app.state.context)
     scheme, model_name = ("https" if "ssl_certfile" in server_options else "http"), app.state.context.model_name
     print(f"jaxpaged: serving {model_name} on {scheme}://{args.host}:{args.port} "
-          f"(OpenAI API under /v1; /health, /metrics)\n  try: "
+          f"(OpenAI API under /v1; /health, /metrics){loopback_note(args.host)}\n  try: "
           f"{_curl_example(args.host, args.port, model_name, settings.api_key is not None, scheme)}",
           flush=True)
     # NOTE: uvicorn re-raises a caught SIGTERM once it has shut down, to exit "as killed". The drain already
@@ -123,5 +139,7 @@ def serve_main(args: argparse.Namespace) -> int:
         server.run()
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if stats_logger is not None:
+            stats_logger.stop()
         async_engine.shutdown(timeout_s=args.kv_persist_timeout)
     return 0 if server.started else 1

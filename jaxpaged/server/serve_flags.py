@@ -5,7 +5,8 @@ import argparse
 import json
 import logging
 import os
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Union
 
 from jaxpaged.logging_setup import LOG_LEVELS
 from jaxpaged.server.context import DEFAULT_MAX_PROMPTS_PER_REQUEST, DEFAULT_MAX_REQUEST_BODY_BYTES, ServerSettings
@@ -21,6 +22,9 @@ logger = logging.getLogger(__name__)
 
 API_KEY_ENV = "JAXPAGED_API_KEY"
 """Environment variable read when --api-key is not given."""
+VLLM_API_KEY_ENV = "VLLM_API_KEY"
+"""vLLM's variable, read when neither --api-key nor $JAXPAGED_API_KEY is given (a vLLM manifest must not serve
+without its key)."""
 METRICS_KEY_ENV = "JAXPAGED_METRICS_KEY"
 """Environment variable read when --metrics-key is not given."""
 PORT_ENV = "JAXPAGED_PORT"
@@ -76,17 +80,19 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     # NOTE: a str default goes through type=_port, so a bad $JAXPAGED_PORT is a usage error naming --port.
     _add_if_absent(parser, "--port", type=_port, default=os.environ.get(PORT_ENV) or str(DEFAULT_PORT),
                    help=f"port to listen on (default: ${PORT_ENV} if set, else {DEFAULT_PORT})")
-    _add_if_absent(parser, "--api-key", default=None,
-                   help=f"require `Authorization: Bearer KEY` on /v1/*, /tokenize, /detokenize and /metrics "
-                        f"(default: ${API_KEY_ENV} if set)")
+    _add_if_absent(parser, "--api-key", nargs="+", default=None, metavar="KEY",
+                   help=f"require `Authorization: Bearer KEY` on /v1/*, /tokenize, /detokenize and /metrics; with "
+                        f"several keys, any of them (default: ${API_KEY_ENV}, else ${VLLM_API_KEY_ENV}, if set)")
     _add_if_absent(parser, "--metrics-key", default=None,
                    help=f"/metrics takes this bearer key (a Prometheus scrape job's token) instead of the API key, "
                         f"so tenants sharing the API key cannot read it (default: ${METRICS_KEY_ENV} if set)")
     _add_if_absent(parser, "--metrics-open", action="store_true",
                    help="serve /metrics without a key even with --api-key. Its prefix-cache counters let a client "
                         "recover other clients' prompts token by token: only where no tenant can reach the port")
-    _add_if_absent(parser, "--max-queued-requests", type=int, default=ServerSettings.max_queued_requests,
-                   help="answer 429 when more sequences than this would wait for an engine slot")
+    _add_if_absent(parser, "--max-queued-requests", "--max-num-queued-reqs", type=int,
+                   default=ServerSettings.max_queued_requests,
+                   help="answer 429 (with Retry-After) when more sequences than this would wait for an engine slot "
+                        "(default: no limit)")
     _add_if_absent(parser, "--max-n", type=int, default=ServerSettings.max_n,
                    help="largest n (choices per prompt) a request may ask for")
     _add_if_absent(parser, "--max-request-body-bytes", type=int, default=DEFAULT_MAX_REQUEST_BODY_BYTES,
@@ -145,7 +151,7 @@ def _add_model_flags(group: argparse._ArgumentGroup) -> None:
                        help="put usage.prompt_tokens_details.cached_tokens in responses (off: the prefix cache is "
                             "shared by clients without a cache_salt, and the count would show another's prompt)")
     group.add_argument("--reasoning-parser", default=None, metavar="NAME",
-                       help=f"put a thinking model's <think> text in reasoning_content: {', '.join(REASONING_PARSERS)}")
+                       help=f"put a thinking model's <think> text in `reasoning`: {', '.join(REASONING_PARSERS)}")
 
 
 def _add_http_flags(group: argparse._ArgumentGroup) -> None:
@@ -175,7 +181,7 @@ def _add_http_flags(group: argparse._ArgumentGroup) -> None:
 def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     """ServerSettings from parsed flags (the API key from the environment when the flag is absent); ValueError
     naming the flag for a bad combination or a chat template file that does not exist."""
-    api_key = args.api_key if args.api_key else os.environ.get(API_KEY_ENV) or None
+    api_key = api_key_from(args.api_key, os.environ)
     metrics_key = getattr(args, "metrics_key", None) or os.environ.get(METRICS_KEY_ENV) or None
     if getattr(args, "metrics_open", False) and api_key is not None and metrics_key is None:
         logger.warning("--metrics-open: /metrics answers without a key; its prefix-cache counters let any client "
@@ -201,7 +207,22 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
                           enable_prompt_tokens_details=getattr(args, "enable_prompt_tokens_details", False),
                           served_model_names=tuple(getattr(args, "served_model_name", None) or ()),
                           allowed_hosts=tuple(getattr(args, "allowed_hosts", None) or ()),
-                          chat_template=load_chat_template(getattr(args, "chat_template", None)), **cors)
+                          chat_template=load_chat_template(getattr(args, "chat_template", None)),
+                          default_chat_template_kwargs=getattr(args, "default_chat_template_kwargs", None),
+                          log_requests=getattr(args, "enable_log_requests", False), **cors)
+
+
+def api_key_from(flag: Union[str, list[str], None], environ: Mapping[str, str]) -> Union[str, tuple[str, ...], None]:
+    """The API key(s): --api-key's, else $JAXPAGED_API_KEY, else $VLLM_API_KEY (jaxpaged's own variable wins, with a
+    warning, when both are set and differ)."""
+    if flag:
+        keys = (flag,) if isinstance(flag, str) else tuple(flag)
+        return keys[0] if len(keys) == 1 else keys
+    own, vllms = environ.get(API_KEY_ENV) or None, environ.get(VLLM_API_KEY_ENV) or None
+    if own is not None and vllms is not None and own != vllms:
+        logger.warning("$%s and $%s are both set and differ: $%s is the key", API_KEY_ENV, VLLM_API_KEY_ENV,
+                       API_KEY_ENV)
+    return own or vllms
 
 
 def uvicorn_options(args: argparse.Namespace) -> dict[str, Any]:

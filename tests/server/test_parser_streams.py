@@ -70,7 +70,7 @@ def test_a_long_streamed_reasoning_costs_linear_work():
     deltas = _stream(choice, text, CHUNK_CHARS)
     assert choice.reasoning_stream is not None
     assert choice.reasoning_stream.num_scanned <= MAX_WORK_PER_CHAR * len(text)
-    assert "".join(delta.get("reasoning_content", "") for delta in deltas) == reasoning
+    assert "".join(delta.get("reasoning", "") for delta in deltas) == reasoning
     assert "".join(delta.get("content", "") for delta in deltas) == "The answer."
 
 

@@ -1,4 +1,4 @@
-"""The reasoning parsers: `<think>` text split into reasoning_content and content as vLLM's qwen3 and deepseek_r1 do,
+"""The reasoning parsers: `<think>` text split into reasoning and content as vLLM's qwen3 and deepseek_r1 do,
 prefix-stable while streaming, and refused by name when unknown or when the model lacks the markers."""
 
 import pytest
@@ -46,15 +46,15 @@ def test_stream_deltas_add_up_to_the_whole_message(text, starts):
     whole = ChoiceText(ToolCalling([], None, make_tool_parser("hermes")), QWEN3, starts).message(text)
     choice = ChoiceText(ToolCalling([], None, make_tool_parser("hermes")), QWEN3, starts)
     deltas = [choice.delta(text[:end], end == len(text)) for end in range(1, len(text) + 1)]
-    reasoning = "".join(d.get("reasoning_content", "") for d in deltas)
-    assert reasoning == (whole["reasoning_content"] or "")
+    reasoning = "".join(d.get("reasoning", "") for d in deltas)
+    assert reasoning == (whole["reasoning"] or "")
     assert "".join(d.get("content", "") for d in deltas).rstrip() == (whole["content"] or "")
     calls = [call["function"]["name"] for d in deltas for call in d.get("tool_calls", [])]
     assert calls == [call["function"]["name"] for call in whole.get("tool_calls", [])]
     seen_content = False
     for delta in deltas:  # no reasoning after content started
         seen_content = seen_content or "content" in delta
-        assert not (seen_content and "reasoning_content" in delta)
+        assert not (seen_content and "reasoning" in delta)
 
 
 def test_unknown_parsers_and_missing_markers_are_refused_by_name():

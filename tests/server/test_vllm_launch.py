@@ -49,13 +49,15 @@ def vllm_style_server(tiny_model_dir, tmp_path_factory) -> Iterator[LaunchedServ
     directory = tmp_path_factory.mktemp("vllm-launch")
     config = directory / "engine.yaml"
     options = {key: value for key, value in TINY_ENGINE_OPTIONS.items() if key != "max_model_len"}
-    config.write_text(yaml.safe_dump({key.replace("_", "-"): value for key, value in options.items()}))
+    # vLLM's --config holds serve flags too: the tool-call parser comes from the file.
+    config.write_text(yaml.safe_dump({**{key.replace("_", "-"): value for key, value in options.items()},
+                                      "tool-call-parser": "llama3_json"}))
     port = _free_port()
     log_path = directory / "server.log"
     command = [sys.executable, "-m", "jaxpaged.cli", "serve", str(tiny_model_dir), "--served-model-name", "x", "y",
-               "--enable-auto-tool-choice", "--tool-call-parser", "llama3_json", "--config", str(config),
+               "--enable-auto-tool-choice", "--config", str(config), "--max-model-len", "auto",
                "--port", str(port), "--trust-remote-code", "--disable-log-requests", "--gpu-memory-utilization",
-               "0.9"]
+               "0.9", "--enable-chunked-prefill", "--dtype", "float", "--enable-log-requests"]
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     server = LaunchedServer(f"http://127.0.0.1:{port}", process, log_path)
@@ -133,6 +135,13 @@ def test_metrics_carry_vllm_names_with_the_model_name(vllm_style_server, launche
     assert samples[("vllm:request_success_total", (("finished_reason", "length"), ("model_name", "x")))] >= 1
 
 
+def test_the_request_log_has_one_line_per_request(vllm_style_server, launched_client):
+    """--enable-log-requests: the request's id, prompt length and sampling parameters, once."""
+    response = launched_client.completions.create(model="x", prompt="Logged", max_tokens=2)
+    lines = [line for line in vllm_style_server.log.splitlines() if f"Received request {response.id}" in line]
+    assert len(lines) == 1 and "prompt tokens: " in lines[0] and "max_tokens=2" in lines[0]
+
+
 def test_the_start_up_log_says_what_was_decided(vllm_style_server):
     log = vllm_style_server.log
     assert f"max_model_len: {TINY_LLAMA['max_position_embeddings']} (the model's context length) lowered to " \
@@ -140,5 +149,7 @@ def test_the_start_up_log_says_what_was_decided(vllm_style_server):
     assert "--trust-remote-code: vLLM's flag is accepted and ignored" in log
     assert "--disable-log-requests: vLLM's flag is accepted and ignored" in log
     assert "start-up plan: devices" in log and "serving x on http://" in log
+    assert "127.0.0.1 is loopback only" in log
+    assert "--enable-chunked-prefill: vLLM's flag is accepted and changes nothing here" in log
     # At the default level (no --log-level on the line): the dtype and the memory plan.
     assert "\n  dtype float32; layers " in log and "memory plan per device: weights " in log

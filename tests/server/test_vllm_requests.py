@@ -58,24 +58,24 @@ def _client(server: ServerThread) -> openai.OpenAI:
 
 
 def _chat(server: ServerThread, model_name: str, stream: bool, **extra: Any) -> tuple[dict, Optional[str]]:
-    """The message (content, reasoning_content, tool calls) and finish reason, whole or gathered from a stream."""
+    """The message (content, reasoning, tool calls) and finish reason, whole or gathered from a stream."""
     client = _client(server)
     kwargs: dict[str, Any] = dict(model=model_name, messages=ASK, max_completion_tokens=150, temperature=0.0, **extra)
     if not stream:
         choice = client.chat.completions.create(**kwargs).choices[0]
         message = choice.message.model_dump()
         calls = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message["tool_calls"] or []]
-        return {"content": message["content"], "reasoning_content": message.get("reasoning_content"),
+        return {"content": message["content"], "reasoning": message.get("reasoning"),
                 "calls": calls}, choice.finish_reason
     content, reasoning, calls, finish = "", "", {}, None
     for chunk in client.chat.completions.create(**kwargs, stream=True):
         delta = chunk.choices[0].delta.model_dump()
         content += delta.get("content") or ""
-        reasoning += delta.get("reasoning_content") or ""
+        reasoning += delta.get("reasoning") or ""
         for call in delta.get("tool_calls") or []:
             calls[call["index"]] = (call["function"]["name"], json.loads(call["function"]["arguments"]))
         finish = chunk.choices[0].finish_reason or finish
-    return {"content": content.rstrip() or None, "reasoning_content": reasoning or None,
+    return {"content": content.rstrip() or None, "reasoning": reasoning or None,
             "calls": [calls[i] for i in sorted(calls)]}, finish
 
 
@@ -95,7 +95,7 @@ def test_reasoning_is_split_from_content(servers, model_name, stream):
     message, finish = _chat(servers["thinking"], model_name, stream,
                             extra_body={"structured_outputs": {"regex": literal_regex(text)}})
     assert finish == "stop"
-    assert message["reasoning_content"] == "\nParis is in France.\n"
+    assert message["reasoning"] == "\nParis is in France.\n"
     assert message["content"].strip() == "It is sunny."
 
 

@@ -11,7 +11,7 @@ An allow-list of open paths (rather than a list of protected prefixes) keeps any
 
 import hashlib
 import hmac
-from typing import Optional
+from typing import Optional, Union
 
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -29,8 +29,11 @@ def _digest(value: bytes) -> bytes:
     return hashlib.sha256(value).digest()
 
 
-def _bearer_digest(key: Optional[str]) -> Optional[bytes]:
-    return None if key is None else _digest(f"Bearer {key}".encode())
+def _bearer_digests(key: Union[str, tuple[str, ...], None]) -> Optional[tuple[bytes, ...]]:
+    # Several keys (vLLM's --api-key k1 k2): any of them is accepted.
+    if key is None:
+        return None
+    return tuple(_digest(f"Bearer {one}".encode()) for one in ((key,) if isinstance(key, str) else key))
 
 
 class BearerAuthMiddleware:
@@ -38,20 +41,24 @@ class BearerAuthMiddleware:
     path: the API key (api_key None: those routes are open), and for /metrics the metrics key if set, else the API
     key, unless metrics_open."""
 
-    def __init__(self, app: ASGIApp, api_key: Optional[str], metrics_key: Optional[str] = None,
+    def __init__(self, app: ASGIApp, api_key: Union[str, tuple[str, ...], None], metrics_key: Optional[str] = None,
                  metrics_open: bool = False) -> None:
         if metrics_open and metrics_key is not None:
             raise ValueError("metrics_open: --metrics-open and --metrics-key contradict each other; give one")
         self.app = app
-        self._expected_digest = _bearer_digest(api_key)
-        self._metrics_digest = None if metrics_open else (_bearer_digest(metrics_key) or self._expected_digest)
+        self._expected_digest = _bearer_digests(api_key)
+        self._metrics_digest = None if metrics_open else (_bearer_digests(metrics_key) or self._expected_digest)
 
     def is_authorized(self, authorization: bytes, path: str = "") -> bool:
         """Constant-time check of an Authorization header value for `path` (default: an API route)."""
         expected = self._expected_for(path)
-        return expected is None or hmac.compare_digest(_digest(authorization), expected)
+        if expected is None:
+            return True
+        given = _digest(authorization)
+        # Every key is compared (no early exit), so the timing does not say which one matched.
+        return sum(hmac.compare_digest(given, digest) for digest in expected) > 0
 
-    def _expected_for(self, path: str) -> Optional[bytes]:
+    def _expected_for(self, path: str) -> Optional[tuple[bytes, ...]]:
         if path == METRICS_PATH:
             return self._metrics_digest
         return None if path in OPEN_PATHS else self._expected_digest

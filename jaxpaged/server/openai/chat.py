@@ -21,6 +21,7 @@ from jaxpaged.server.openai.generation import (
     respond,
     stream_error_body,
 )
+from jaxpaged.server.openai.prompt_truncation import requested_truncation, truncated
 from jaxpaged.server.openai.prompts import ChatRendering, chat_prompt
 from jaxpaged.server.openai.protocol import ChatCompletionRequest
 from jaxpaged.server.openai.responses import SampleProgress, chat_logprobs, usage
@@ -51,10 +52,11 @@ async def create_chat_completion(request: Request, context: ServerContext) -> Re
         raise APIError(400, "top_logprobs: needs logprobs=true", param="top_logprobs", code="invalid_value")
     calling = tool_calling(body, context.tool_parser)
     rendering = ChatRendering(body.add_generation_prompt, body.continue_final_message, context.settings.chat_template,
-                              body.chat_template_kwargs)
+                              context.settings.chat_template_kwargs_for(body.chat_template_kwargs))
     prompt = await chat_prompt(engine.tokenizer, engine.vocab_size, body.messages, rendering,
                                cache_salt=body.cache_salt, priority=body.priority,
                                tools=calling.tools if calling else None)
+    prompt = truncated(prompt, requested_truncation(payload), engine.max_model_len)
     field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     # NOTE: unset, the whole rest of the context is the limit (OpenAI's chat behaviour).
@@ -72,7 +74,8 @@ async def create_chat_completion(request: Request, context: ServerContext) -> Re
     constrained = params.structured_outputs is not None and params.structured_outputs.origin != AUTO_TOOLS_ORIGIN
     starts_in_reasoning = reasoning is not None and not constrained and reasoning.starts_in_reasoning(prompt.text)
     run = GenerationRun(context, f"chatcmpl-{uuid.uuid4().hex}", [prompt], [params])
-    texts = [ChoiceText(calling, reasoning, starts_in_reasoning) if calling is None or calling.parser is not None
+    texts = [ChoiceText(calling, reasoning, starts_in_reasoning, body.include_reasoning)
+             if calling is None or calling.parser is not None
              else None for _ in range(body.n)]
     view = _ChatView(body, engine.tokenizer, context.model_name, run.request_id, calling, texts,
                      len(prompt.token_ids), context.settings.enable_prompt_tokens_details)

@@ -1,7 +1,8 @@
 """ChoiceText: what one chat choice's text says (reasoning, content, tool calls), whole or as stream deltas.
 
 The model's text passes through two optional parsers, in order: the reasoning parser splits off `<think>` text
-(reasoning_content), then the tool parser of tool_choice "auto" splits calls from the rest (content). While
+(`reasoning`, vLLM's current name: it dropped `reasoning_content`, vllm#27752 and #33402), then the tool parser of
+tool_choice "auto" splits calls from the rest (content). While
 streaming, each part goes out as soon as it is sure; the deltas add up to the whole response. A stream keeps each
 parser's place in the text (a ReasoningStream, a CallScanner), so a step costs what its new text costs, not what the
 whole text does.
@@ -18,9 +19,11 @@ class ChoiceText:
     """One choice's text as OpenAI message fields; `calling` is None or tool_choice "auto" (it has a parser)."""
 
     def __init__(self, calling: Optional[ToolCalling], reasoning: Optional[ReasoningParser],
-                 starts_in_reasoning: bool) -> None:
+                 starts_in_reasoning: bool, include_reasoning: bool = True) -> None:
         assert calling is None or calling.parser is not None
         self.calling, self.reasoning, self.starts_in_reasoning = calling, reasoning, starts_in_reasoning
+        self.include_reasoning = include_reasoning
+        """False (the request's include_reasoning): the reasoning is split off and dropped."""
         self._reasoning_sent = 0
         self._content_sent = 0
         self.num_calls_sent = 0
@@ -40,7 +43,8 @@ class ChoiceText:
         reasoning, content = self._split(text, finished=True)
         message: dict = {"role": "assistant", "content": content}
         if self.reasoning is not None:
-            message["reasoning_content"] = reasoning
+            if self.include_reasoning:
+                message["reasoning"] = reasoning
             if reasoning is not None and not content:
                 message["content"] = None
         calls = self.calling.calls(content) if self.calling is not None else []
@@ -60,7 +64,8 @@ class ChoiceText:
             stream.advance(text, finished)
             if stream.reasoning_start is not None and stream.reasoning_end - stream.reasoning_start > \
                     self._reasoning_sent:
-                delta["reasoning_content"] = text[stream.reasoning_start + self._reasoning_sent:stream.reasoning_end]
+                if self.include_reasoning:
+                    delta["reasoning"] = text[stream.reasoning_start + self._reasoning_sent:stream.reasoning_end]
                 self._reasoning_sent = stream.reasoning_end - stream.reasoning_start
             content_start = stream.content_start
         if content_start is None:

@@ -19,6 +19,7 @@ from jaxpaged.server.openai.generation import (
     respond,
     stream_error_body,
 )
+from jaxpaged.server.openai.prompt_truncation import requested_truncation, truncated
 from jaxpaged.server.openai.prompts import completion_prompts
 from jaxpaged.server.openai.protocol import CompletionRequest
 from jaxpaged.server.openai.responses import (
@@ -53,7 +54,9 @@ async def create_completion(request: Request, context: ServerContext) -> Respons
     body = parse_model(CompletionRequest, payload)
     check_model_name(body.model, context.model_names)
     _reject_unsupported(body)
-    prompts = await completion_prompts(body, engine.tokenizer, engine.vocab_size)
+    keep = requested_truncation(payload)
+    prompts = [truncated(prompt, keep, engine.max_model_len)
+               for prompt in await completion_prompts(body, engine.tokenizer, engine.vocab_size)]
     # max_tokens 0 (with echo: score the prompt) still samples one token, which the response leaves out.
     requested = 1 if body.max_tokens == 0 else body.max_tokens
     params = [build_sampling_params(

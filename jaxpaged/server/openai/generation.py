@@ -23,6 +23,7 @@ from jaxpaged.server.context import ServerContext
 from jaxpaged.server.http.errors import APIError, error_body, from_value_error, sanitize_message
 from jaxpaged.server.openai.merged_outputs import merged_outputs
 from jaxpaged.server.openai.streaming import ClientDisconnected, EventStreamResponse, run_until_disconnect
+from jaxpaged.server.stats_log import log_request
 
 
 def ensure_ready(context: ServerContext) -> None:
@@ -37,6 +38,8 @@ def ensure_ready(context: ServerContext) -> None:
 
 def check_capacity(context: ServerContext, num_new_seqs: int) -> None:
     """429 with Retry-After when admitting num_new_seqs would leave more than max_queued_requests waiting."""
+    if context.settings.max_queued_requests is None:
+        return
     engine = context.engine
     beyond_slots = engine.num_unfinished_seqs + num_new_seqs - engine.max_num_seqs
     # Requests the scheduler left waiting (KV cache full, say): newcomers queue behind them.
@@ -98,6 +101,8 @@ class GenerationRun:
             self._params = [dataclasses.replace(params, output_kind="final_only") for params in self._params]
         for index, (prompt, params) in enumerate(zip(self.prompts, self._params)):
             engine_request_id = self.request_id if len(self.prompts) == 1 else f"{self.request_id}-{index}"
+            if self._context.settings.log_requests:
+                log_request(engine_request_id, len(prompt.token_ids), params)
             try:
                 self._streams.append(self._context.engine.add_request(engine_request_id, prompt, params))
             except EngineDeadError:

@@ -69,6 +69,9 @@ def _message_dict(message: ChatMessage) -> dict:
         rendered["tool_calls"] = [call.model_dump() for call in message.tool_calls]
     if message.tool_call_id is not None:
         rendered["tool_call_id"] = message.tool_call_id
+    reasoning = message.reasoning if message.reasoning is not None else message.reasoning_content
+    if reasoning is not None:  # templates read either name (Qwen3's reads reasoning_content)
+        rendered["reasoning"] = rendered["reasoning_content"] = reasoning
     return rendered
 
 

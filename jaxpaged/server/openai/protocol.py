@@ -188,6 +188,11 @@ class ChatMessage(StrictModel):
     """An assistant message's calls (passed to the chat template)."""
     tool_call_id: Optional[str] = None
     """A tool message: the call it answers."""
+    reasoning: Optional[str] = None
+    """An assistant message's reasoning (vLLM's current name), passed to the chat template for interleaved
+    thinking."""
+    reasoning_content: Optional[str] = None
+    """The same under its former name (DeepSeek's, still sent by many clients); `reasoning` wins."""
 
 
 class FunctionDefinition(StrictModel):
@@ -239,6 +244,8 @@ class ChatCompletionRequest(SamplingRequest):
     """vLLM's: extra variables for the chat template (enable_thinking: false, ...)."""
     continue_final_message: bool = False
     """vLLM's: the prompt ends inside the last (assistant) message, which the output continues."""
+    include_reasoning: bool = True
+    """vLLM's: false leaves the reasoning parser's `reasoning` out of the response (content is unchanged)."""
 
 
 class TokenizeRequest(StrictModel):

@@ -25,7 +25,8 @@ async def tokenize(request: Request, context: ServerContext) -> JSONResponse:
     else:
         assert body.messages is not None  # exactly one of prompt and messages, checked above
         rendering = ChatRendering(body.add_generation_prompt, chat_template=context.settings.chat_template,
-                                  template_kwargs=body.chat_template_kwargs)
+                                  template_kwargs=context.settings.chat_template_kwargs_for(
+                                      body.chat_template_kwargs))
         _, token_ids = await tokenize_chat(engine.tokenizer, body.messages, rendering)
     return JSONResponse({"count": len(token_ids), "max_model_len": engine.max_model_len, "tokens": token_ids})
 

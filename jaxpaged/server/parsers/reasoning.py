@@ -1,5 +1,5 @@
 """Reasoning parsers (--reasoning-parser NAME, vLLM's names): a thinking model's `<think> ... </think>` text goes to
-the message's `reasoning_content`, the rest to `content`, in whole responses and in stream deltas.
+the message's `reasoning` (vLLM's current name), the rest to `content`, in whole responses and in stream deltas.
 
   - qwen3: the output thinks only when it opens with `<think>` (Qwen3 with enable_thinking=false writes no tags:
     all content), or when the rendered prompt already opened the block (templates that end it with `<think>`);

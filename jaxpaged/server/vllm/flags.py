@@ -17,13 +17,12 @@ import json
 from collections.abc import Sequence
 from typing import Any, Optional
 
+from jaxpaged.server.vllm.launch_flags import add_vllm_launch_flags
 from jaxpaged.speculative_config import VLLM_SPECULATIVE_KEYS
 
 IGNORED_SWITCHES = {
     "--trust-remote-code": "jaxpaged runs no Python code from a checkpoint; its own model code reads the weights",
-    "--disable-log-requests": "jaxpaged does not log requests",
-    "--enable-log-requests": "jaxpaged does not log requests",
-    "--disable-log-stats": "jaxpaged logs no periodic stats; /metrics has them",
+    "--disable-log-requests": "requests are not logged unless --enable-log-requests",
     "--enforce-eager": "jaxpaged compiles every bucket at start-up and never compiles while serving",
     "--disable-frontend-multiprocessing": "jaxpaged's server and engine loop share one process",
     "--disable-custom-all-reduce": "jaxpaged's collectives are XLA's",
@@ -98,6 +97,7 @@ def add_vllm_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--speculative-config", action=_SpeculativeConfig, metavar="JSON",
                         help="vLLM's speculative_config as JSON (method, num_speculative_tokens, prompt_lookup_min, "
                              "prompt_lookup_max, disable_by_batch_size): the --speculative-* options in one flag")
+    add_vllm_launch_flags(parser)
     for flag in UNSUPPORTED:
         # nargs="?": refused the same way as a switch or with a value.
         parser.add_argument(flag, *_SHORT_FORMS.get(flag, ()), nargs="?", action=_Unsupported, help=argparse.SUPPRESS)
