@@ -75,6 +75,11 @@ def traced_chat(tiny_model_dir) -> Iterator[set[str]]:
     from jaxpaged.server import ServerSettings, build_app
     from tests.server.server_helpers import ServerThread
 
+    import jax
+
+    # jit traces a function once per process and shape: a step traced by an earlier test of this worker would not
+    # run its Python again. Cleared, start-up traces every compiled function anew.
+    jax.clear_caches()
     with CallTrace() as trace:
         engine = AsyncLLMEngine(LLMEngine.from_options(str(tiny_model_dir), **TINY_ENGINE_OPTIONS))
         engine.start()

@@ -43,9 +43,9 @@ class Watcher:
     """A tier with KV events recorded into one log, and a subscriber fed from that log."""
 
     def __init__(self, directory) -> None:
-        # Host memory for 2 blocks; disk for 3 files (each a header of about 200 bytes and the payload).
+        # Host memory for 2 blocks; disk for 3 files (each a signed header of about 270 bytes and the payload).
         self.tiers = KVTiers([FINGERPRINT], host_bytes=2 * PAYLOAD.nbytes, disk_directory=str(directory),
-                             disk_bytes=900)
+                             disk_bytes=1100)
         self.log = KVEventLog(BLOCK_SIZE)
         self.recorder = TierEventRecorder([self.log])
         self.subscriber = Subscriber(f"inproc://unused-{uuid.uuid4().hex}", "", BLOCK_SIZE)
@@ -179,7 +179,7 @@ def test_engine_events_rebuild_device_host_and_disk_through_eviction_reload_rese
 
 def test_every_data_parallel_rank_is_told_of_the_shared_tiers(tmp_path):
     """The ranks share the tiers (any of them loads from them): each rank's log gets the same tier events."""
-    tiers = KVTiers([FINGERPRINT], host_bytes=PAYLOAD.nbytes, disk_directory=str(tmp_path), disk_bytes=900)
+    tiers = KVTiers([FINGERPRINT], host_bytes=PAYLOAD.nbytes, disk_directory=str(tmp_path), disk_bytes=1100)
     logs = [KVEventLog(BLOCK_SIZE), KVEventLog(BLOCK_SIZE)]
     recorder = TierEventRecorder(logs)
     tiers.record_events(recorder)
