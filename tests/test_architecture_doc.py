@@ -70,12 +70,12 @@ class CallTrace:
 @pytest.fixture(scope="module")
 def traced_chat(tiny_model_dir) -> Iterator[set[str]]:
     """The calls of: start an engine and a server on the tiny model, stream one chat completion, shut down."""
+    import jax
+
     from jaxpaged.async_engine import AsyncLLMEngine
     from jaxpaged.engine import LLMEngine
     from jaxpaged.server import ServerSettings, build_app
     from tests.server.server_helpers import ServerThread
-
-    import jax
 
     # jit traces a function once per process and shape: a step traced by an earlier test of this worker would not
     # run its Python again. Cleared, start-up traces every compiled function anew.

@@ -44,4 +44,5 @@ def test_a_bad_truncation_is_a_400_naming_the_key(client, model_name, value):
     with pytest.raises(openai.BadRequestError) as error:
         client.completions.create(model=model_name, prompt=PROMPT, max_tokens=2,
                                   extra_body={"truncate_prompt_tokens": value})
-    assert error.value.body["param"] == "truncate_prompt_tokens"
+    body = error.value.body
+    assert isinstance(body, dict) and body["param"] == "truncate_prompt_tokens"
