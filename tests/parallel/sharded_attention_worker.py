@@ -9,6 +9,7 @@ over the devices (each device's rows are its shard's packed heads).
 
 import dataclasses
 import json
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -86,7 +87,9 @@ def run_case(num_q_heads: int, num_kv_heads: int, head_dim: int, dtype_name: str
 
 
 def main() -> None:
-    results = [run_case(*shape, step, tp) for shape in SHAPES for step in STEPS for tp in (1, 2)]
+    """argv: the dtype whose shape to run (SHAPES' last field); every shape without one."""
+    shapes = [shape for shape in SHAPES if len(sys.argv) < 2 or shape[-1] == sys.argv[1]]
+    results = [run_case(*shape, step, tp) for shape in shapes for step in STEPS for tp in (1, 2)]
     print(json.dumps(results))
 
 
