@@ -3,7 +3,7 @@
 import dataclasses
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 from fastapi import Request
 from fastapi.responses import Response
@@ -92,6 +92,8 @@ class _CompletionView:
                  response_id: str, with_cached_tokens: bool) -> None:
         self.request, self.prompts, self.tokenizer = body, prompts, tokenizer
         self.with_cached_tokens = with_cached_tokens
+        self.prompt_ids_sent: set[int] = set()
+        """Choices whose stream has carried prompt_token_ids (return_token_ids)."""
         self.header = {"id": response_id, "object": "text_completion", "created": int(time.time()),
                        "model": model_name}
 
@@ -115,10 +117,14 @@ class _CompletionView:
                     generated, _ = completion_logprobs(self.tokenizer, sample, 0, len(sample.token_ids), num_top,
                                                        offset)
                     logprobs = generated if prompt_logprobs is None else join_logprobs(prompt_logprobs, generated)
-                choices.append({"index": prompt_index * self.request.n + sample.index,
-                                "text": prefix if scoring_only else prefix + sample.text, "logprobs": logprobs,
-                                "finish_reason": "length" if scoring_only else sample.finish_reason,
-                                "stop_reason": None if scoring_only else sample.stop_reason})
+                choice = {"index": prompt_index * self.request.n + sample.index,
+                          "text": prefix if scoring_only else prefix + sample.text, "logprobs": logprobs,
+                          "finish_reason": "length" if scoring_only else sample.finish_reason,
+                          "stop_reason": None if scoring_only else sample.stop_reason}
+                if self.request.return_token_ids:  # vLLM's: per choice, as each choice has its own prompt
+                    choice["prompt_token_ids"] = list(self.prompts[prompt_index].token_ids)
+                    choice["token_ids"] = [] if scoring_only else list(sample.token_ids)
+                choices.append(choice)
         choices.sort(key=lambda choice: choice["index"])
         total = usage(finals, with_cached_tokens=self.with_cached_tokens)
         if scoring_only:
@@ -126,8 +132,15 @@ class _CompletionView:
             total["completion_tokens"] = 0
         return {**self.header, "choices": choices, "usage": total}
 
-    def _chunk(self, index: int, text: str, logprobs, finish_reason, num_tokens: int = 0) -> str:
+    def _chunk(self, index: int, text: str, logprobs, finish_reason, num_tokens: int = 0,
+               token_ids: Sequence[int] = ()) -> str:
         choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+        if self.request.return_token_ids:
+            # vLLM's: the choice's prompt ids ride on its first chunk; each chunk carries the ids it adds.
+            if index not in self.prompt_ids_sent:
+                self.prompt_ids_sent.add(index)
+                choice["prompt_token_ids"] = list(self.prompts[index // self.request.n].token_ids)
+            choice["token_ids"] = list(token_ids)
         chunk = {**self.header, "choices": [choice]}
         options = self.request.stream_options
         if options is not None and options.continuous_usage_stats:  # vLLM's: this choice's usage so far
@@ -169,7 +182,7 @@ class _CompletionView:
                             self.tokenizer, sample, delta.start_token, delta.end_token, num_logprobs,
                             text_offsets[(p, sample.index)])
                     yield self._chunk(p * n + sample.index, delta.text, logprobs, delta.finish_reason,
-                                      len(sample.token_ids))
+                                      len(sample.token_ids), sample.token_ids[delta.start_token:delta.end_token])
             if self.request.stream_options is not None and self.request.stream_options.include_usage:
                 finals = [final for final in run.finals if final is not None]
                 total = usage(finals, with_cached_tokens=self.with_cached_tokens)

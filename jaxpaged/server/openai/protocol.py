@@ -136,6 +136,8 @@ class SamplingRequest(StrictModel):
     """vLLM's extra body: the output is one of these strings."""
     guided_grammar: Optional[str] = None
     """vLLM's extra body: the output follows this Lark grammar (llguidance's dialect)."""
+    return_token_ids: bool = False
+    """vLLM's: each choice carries its output `token_ids`, and the response its `prompt_token_ids`."""
 
 
 class CompletionRequest(SamplingRequest):

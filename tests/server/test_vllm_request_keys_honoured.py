@@ -1,0 +1,65 @@
+"""vLLM's request keys this server honours as vLLM does: return_token_ids, allowed_token_ids and request_id, on
+completions and chat, whole and streamed."""
+
+import json
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.xdist_group("server")
+
+ASK = [{"role": "user", "content": "Count to five."}]
+GREEDY = {"max_tokens": 6, "temperature": 0.0, "ignore_eos": True}
+
+
+def _events(http, path: str, body: dict) -> list[dict]:
+    """The JSON chunks of one streamed request (the [DONE] line left out)."""
+    with http.stream("POST", path, json={**body, "stream": True}) as response:
+        assert response.status_code == 200, response.read()
+        lines = [line[len("data: "):] for line in response.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    return [json.loads(line) for line in lines[:-1]]
+
+
+def _post(http, path: str, body: dict) -> dict[str, Any]:
+    response = http.post(path, json=body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_return_token_ids_on_completions_whole_and_streamed(http, async_engine, model_name):
+    """Each completion choice carries its prompt's ids and its output ids; the stream's ids add up to the same."""
+    tokenizer = async_engine.tokenizer
+    body = {"model": model_name, "prompt": ["The sky is", "One, two,"], "return_token_ids": True, **GREEDY}
+    whole = _post(http, "/v1/completions", body)
+    for choice, prompt in zip(whole["choices"], body["prompt"]):
+        assert choice["prompt_token_ids"] == tokenizer.encode(prompt)
+        assert len(choice["token_ids"]) == GREEDY["max_tokens"]
+        assert tokenizer.decode(choice["token_ids"]) == choice["text"]
+    streamed: dict[int, list[int]] = {0: [], 1: []}
+    prompt_ids: dict[int, list] = {}
+    for chunk in _events(http, "/v1/completions", body):
+        for choice in chunk["choices"]:
+            streamed[choice["index"]] += choice["token_ids"]
+            if "prompt_token_ids" in choice:
+                assert choice["index"] not in prompt_ids, "prompt ids sent twice"
+                prompt_ids[choice["index"]] = choice["prompt_token_ids"]
+    assert [streamed[i] for i in (0, 1)] == [choice["token_ids"] for choice in whole["choices"]]
+    assert [prompt_ids[i] for i in (0, 1)] == [choice["prompt_token_ids"] for choice in whole["choices"]]
+    plain = _post(http, "/v1/completions", {**body, "return_token_ids": False})
+    assert "token_ids" not in plain["choices"][0] and "prompt_token_ids" not in plain["choices"][0]
+
+
+def test_return_token_ids_on_chat_whole_and_streamed(http, async_engine, model_name):
+    """A chat response carries the rendered prompt's ids once, each choice its output ids; streamed alike."""
+    body = {"model": model_name, "messages": ASK, "return_token_ids": True, **GREEDY}
+    whole = _post(http, "/v1/chat/completions", body)
+    assert len(whole["prompt_token_ids"]) == whole["usage"]["prompt_tokens"]
+    choice = whole["choices"][0]
+    assert len(choice["token_ids"]) == GREEDY["max_tokens"]
+    assert async_engine.tokenizer.decode(choice["token_ids"], skip_special_tokens=True) == \
+        choice["message"]["content"]
+    chunks = _events(http, "/v1/chat/completions", body)
+    assert [chunk for chunk in chunks if "prompt_token_ids" in chunk] == chunks[:1]
+    assert chunks[0]["prompt_token_ids"] == whole["prompt_token_ids"]
+    assert [token for chunk in chunks for token in chunk["choices"][0]["token_ids"]] == choice["token_ids"]
