@@ -1,9 +1,11 @@
 """vLLM's request keys this server honours as vLLM does: return_token_ids, allowed_token_ids and request_id, on
 completions and chat, whole and streamed."""
 
+import concurrent.futures
 import json
 from typing import Any
 
+import httpx
 import pytest
 
 pytestmark = pytest.mark.xdist_group("server")
@@ -63,3 +65,26 @@ def test_return_token_ids_on_chat_whole_and_streamed(http, async_engine, model_n
     assert [chunk for chunk in chunks if "prompt_token_ids" in chunk] == chunks[:1]
     assert chunks[0]["prompt_token_ids"] == whole["prompt_token_ids"]
     assert [token for chunk in chunks for token in chunk["choices"][0]["token_ids"]] == choice["token_ids"]
+
+
+def test_request_id_names_the_response_and_two_clients_may_share_it(server, http, model_name):
+    """The client's request_id is the response id (cmpl-/chatcmpl-), whole and streamed; two requests in flight with
+    the same request_id both complete, as the engine's own ids stay unique."""
+    body = {"model": model_name, "prompt": "Hello", "request_id": "client-7", **GREEDY}
+    assert _post(http, "/v1/completions", body)["id"] == "cmpl-client-7"
+    assert {chunk["id"] for chunk in _events(http, "/v1/completions", body)} == {"cmpl-client-7"}
+    chat = {"model": model_name, "messages": ASK, "request_id": "client-7", **GREEDY}
+    assert _post(http, "/v1/chat/completions", chat)["id"] == "chatcmpl-client-7"
+    assert {chunk["id"] for chunk in _events(http, "/v1/chat/completions", chat)} == {"chatcmpl-client-7"}
+
+    def run_one(_: int) -> dict:
+        with httpx.Client(base_url=server.base_url, timeout=120) as session:
+            return _post(session, "/v1/completions", {**body, "max_tokens": 24})
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        both = list(pool.map(run_one, range(2)))
+    assert [response["id"] for response in both] == ["cmpl-client-7"] * 2
+    assert [len(response["choices"][0]["text"]) > 0 for response in both] == [True, True]
+    assert _post(http, "/v1/completions", {**body, "request_id": None})["id"].startswith("cmpl-")
+    response = http.post("/v1/completions", json={**body, "request_id": ""})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "request_id"

@@ -19,6 +19,7 @@ from jaxpaged.server.openai.generation import (
     GenerationRun,
     ensure_ready,
     respond,
+    response_id,
     stream_error_body,
 )
 from jaxpaged.server.openai.prompt_truncation import requested_truncation, truncated
@@ -77,7 +78,7 @@ async def create_chat_completion(request: Request, context: ServerContext) -> Re
     texts = [ChoiceText(calling, reasoning, starts_in_reasoning, body.include_reasoning)
              if calling is None or calling.parser is not None
              else None for _ in range(body.n)]
-    view = _ChatView(body, engine.tokenizer, context.model_name, run.request_id, calling, texts,
+    view = _ChatView(body, engine.tokenizer, context.model_name, response_id("chatcmpl", body, run), calling, texts,
                      prompt.token_ids, context.settings.enable_prompt_tokens_details)
     return await respond(request, run, body.stream, view.events, lambda finals: view.body(finals[0]))
 

@@ -17,6 +17,7 @@ from jaxpaged.server.openai.generation import (
     GenerationRun,
     ensure_ready,
     respond,
+    response_id,
     stream_error_body,
 )
 from jaxpaged.server.openai.prompt_truncation import requested_truncation, truncated
@@ -67,7 +68,7 @@ async def create_completion(request: Request, context: ServerContext) -> Respons
     if body.echo and body.logprobs is not None:
         params = [dataclasses.replace(p, prompt_logprobs=body.logprobs) for p in params]
     run = GenerationRun(context, f"cmpl-{uuid.uuid4().hex}", prompts, params)
-    view = _CompletionView(body, prompts, engine.tokenizer, context.model_name, run.request_id,
+    view = _CompletionView(body, prompts, engine.tokenizer, context.model_name, response_id("cmpl", body, run),
                            context.settings.enable_prompt_tokens_details)
     return await respond(request, run, body.stream, view.events, view.body)
 

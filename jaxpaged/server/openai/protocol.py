@@ -136,6 +136,8 @@ class SamplingRequest(StrictModel):
     """vLLM's extra body: the output is one of these strings."""
     guided_grammar: Optional[str] = None
     """vLLM's extra body: the output follows this Lark grammar (llguidance's dialect)."""
+    request_id: Optional[str] = Field(None, min_length=1, max_length=256)
+    """vLLM's: the response id is "cmpl-<request_id>" / "chatcmpl-<request_id>" (the engine's id stays unique)."""
     return_token_ids: bool = False
     """vLLM's: each choice carries its output `token_ids`, and the response its `prompt_token_ids`."""
 
