@@ -1,5 +1,5 @@
-"""vLLM's request keys this server honours as vLLM does: return_token_ids, allowed_token_ids and request_id, on
-completions and chat, whole and streamed."""
+"""vLLM's request keys this server honours as vLLM does: return_token_ids, request_id, allowed_token_ids and
+bad_words, on completions and chat, whole and streamed."""
 
 import concurrent.futures
 import json
@@ -7,6 +7,9 @@ from typing import Any
 
 import httpx
 import pytest
+
+from jaxpaged.sampling.batch import banned_bad_word_ids
+from jaxpaged.server.vllm.bad_words import bad_words_token_ids
 
 pytestmark = pytest.mark.xdist_group("server")
 
@@ -88,3 +91,53 @@ def test_request_id_names_the_response_and_two_clients_may_share_it(server, http
     assert _post(http, "/v1/completions", {**body, "request_id": None})["id"].startswith("cmpl-")
     response = http.post("/v1/completions", json={**body, "request_id": ""})
     assert response.status_code == 400 and response.json()["error"]["param"] == "request_id"
+
+
+def _contains(tokens: list[int], sequence: list[int]) -> bool:
+    return any(tokens[i:i + len(sequence)] == sequence for i in range(len(tokens) - len(sequence) + 1))
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_allowed_token_ids_restrict_every_sampled_token(http, async_engine, model_name, path):
+    """With allowed_token_ids, every generated token is one of them, even sampled at temperature 1; an id outside
+    the vocabulary is a 400 naming the field."""
+    tokenizer = async_engine.tokenizer
+    allowed = sorted({tokenizer.encode(word, add_special_tokens=False)[0] for word in (" cat", " dog", " 7")})
+    prompt = {"prompt": "Once upon a time"} if path == "/v1/completions" else {"messages": ASK}
+    body = {"model": model_name, **prompt, **GREEDY, "temperature": 1.0, "seed": 3, "n": 2,
+            "allowed_token_ids": allowed, "return_token_ids": True}
+    for choice in _post(http, path, body)["choices"]:
+        assert len(choice["token_ids"]) == GREEDY["max_tokens"]
+        assert set(choice["token_ids"]) <= set(allowed), choice["token_ids"]
+    only = _post(http, path, {**body, "allowed_token_ids": allowed[:1], "n": 1})["choices"][0]["token_ids"]
+    assert only == allowed[:1] * GREEDY["max_tokens"]
+    response = http.post(path, json={**body, "allowed_token_ids": [async_engine.vocab_size]})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "allowed_token_ids", response.text
+
+
+def test_banned_bad_word_ids_follow_vllms_rule():
+    """A one-token bad word is always banned; a longer one bans its last token only right after its other ones."""
+    words = [[5], [1, 2, 3], [9, 4]]
+    assert banned_bad_word_ids(words, []) == [5]
+    assert banned_bad_word_ids(words, [7, 1, 2]) == [5, 3]
+    assert banned_bad_word_ids(words, [1, 2, 7]) == [5]
+    assert banned_bad_word_ids(words, [2]) == [5]
+    assert banned_bad_word_ids(words, [1, 2, 9]) == [5, 4]
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_bad_words_are_never_generated(http, async_engine, model_name, path):
+    """The greedy output's own words, given as bad_words, disappear from the next greedy output."""
+    tokenizer = async_engine.tokenizer
+    prompt = {"prompt": "The capital of France is"} if path == "/v1/completions" else {"messages": ASK}
+    body = {"model": model_name, **prompt, **GREEDY, "return_token_ids": True}
+    first = _post(http, path, body)["choices"][0]["token_ids"]
+    words = [tokenizer.decode(first[:1]), tokenizer.decode(first[1:3])]
+    banned = bad_words_token_ids(tokenizer, words)
+    assert first[:1] in banned  # the word as the model spelled it
+    again = _post(http, path, {**body, "bad_words": words})["choices"][0]["token_ids"]
+    assert again[0] != first[0]
+    for sequence in banned:
+        assert not _contains(again, sequence), (sequence, again)
+    response = http.post(path, json={**body, "bad_words": [""]})
+    assert response.status_code == 400 and response.json()["error"]["param"].startswith("bad_words"), response.text

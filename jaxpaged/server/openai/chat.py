@@ -64,7 +64,7 @@ async def create_chat_completion(request: Request, context: ServerContext) -> Re
     max_tokens = resolve_max_tokens(requested, None, len(prompt.token_ids), engine.max_model_len, field)
     params = build_sampling_params(body, max_tokens=max_tokens, logprobs=(body.top_logprobs or 0) if body.logprobs
                                    else None, vocab_size=engine.vocab_size, max_n=context.settings.max_n,
-                                   model_defaults=engine.sampling_defaults,
+                                   model_defaults=engine.sampling_defaults, tokenizer=engine.tokenizer,
                                    tool_constraint=_tool_constraint(body, calling))
     if calling is not None and calling.parser is not None and calling.parser.keeps_special_tokens \
             and "skip_special_tokens" not in body.model_fields_set:

@@ -64,7 +64,7 @@ async def create_completion(request: Request, context: ServerContext) -> Respons
         body, max_tokens=resolve_max_tokens(requested, DEFAULT_MAX_TOKENS, len(prompt.token_ids),
                                             engine.max_model_len),
         logprobs=body.logprobs, vocab_size=engine.vocab_size, max_n=context.settings.max_n,
-        model_defaults=engine.sampling_defaults) for prompt in prompts]
+        model_defaults=engine.sampling_defaults, tokenizer=engine.tokenizer) for prompt in prompts]
     if body.echo and body.logprobs is not None:
         params = [dataclasses.replace(p, prompt_logprobs=body.logprobs) for p in params]
     run = GenerationRun(context, f"cmpl-{uuid.uuid4().hex}", prompts, params)
