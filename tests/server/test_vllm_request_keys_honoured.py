@@ -141,3 +141,37 @@ def test_bad_words_are_never_generated(http, async_engine, model_name, path):
         assert not _contains(again, sequence), (sequence, again)
     response = http.post(path, json={**body, "bad_words": [""]})
     assert response.status_code == 400 and response.json()["error"]["param"].startswith("bad_words"), response.text
+
+
+def test_prompt_logprobs_on_completions_match_the_echoed_prompts(http, model_name):
+    """prompt_logprobs: None for the first token, then the token itself and the k most likely (ranks 1..k), the
+    token's logprob the same as echo + logprobs reports; per completion choice."""
+    body = {"model": model_name, "prompt": "The quick brown fox jumps", "max_tokens": 1, "temperature": 0.0,
+            "return_token_ids": True}
+    choice = _post(http, "/v1/completions", {**body, "prompt_logprobs": 2})["choices"][0]
+    echoed = _post(http, "/v1/completions", {**body, "echo": True, "logprobs": 1})["choices"][0]["logprobs"]
+    prompt_ids, prompt_logprobs = choice["prompt_token_ids"], choice["prompt_logprobs"]
+    assert len(prompt_logprobs) == len(prompt_ids) and prompt_logprobs[0] is None
+    for position, (token_id, entries) in enumerate(zip(prompt_ids[1:], prompt_logprobs[1:]), start=1):
+        assert str(token_id) in entries
+        assert entries[str(token_id)]["logprob"] == pytest.approx(echoed["token_logprobs"][position], abs=1e-4)
+        assert sorted(entry["rank"] for entry in entries.values())[:2] == [1, 2]
+        assert len(entries) == (2 if entries[str(token_id)]["rank"] <= 2 else 3)
+        best = max(entries.values(), key=lambda entry: entry["logprob"])
+        assert best["rank"] == 1 and isinstance(best["decoded_token"], str)
+    assert "prompt_logprobs" not in _post(http, "/v1/completions", body)["choices"][0]
+
+
+def test_prompt_logprobs_on_chat_and_refused_when_streaming(http, model_name):
+    """Chat carries prompt_logprobs at the response's level, one entry per prompt token; streaming with them is a
+    400 naming the field, as in vLLM."""
+    body = {"model": model_name, "messages": ASK, "max_tokens": 1, "prompt_logprobs": 0, "return_token_ids": True}
+    whole = _post(http, "/v1/chat/completions", body)
+    prompt_logprobs = whole["prompt_logprobs"]
+    assert len(prompt_logprobs) == whole["usage"]["prompt_tokens"] and prompt_logprobs[0] is None
+    for token_id, entries in zip(whole["prompt_token_ids"][1:], prompt_logprobs[1:]):
+        assert str(token_id) in entries and entries[str(token_id)]["logprob"] <= 0.0
+        assert list(entries) == [str(token_id)]  # k = 0: the token alone
+    for path, prompt in (("/v1/chat/completions", {"messages": ASK}), ("/v1/completions", {"prompt": "Hi"})):
+        response = http.post(path, json={"model": model_name, **prompt, "prompt_logprobs": 1, "stream": True})
+        assert response.status_code == 400 and response.json()["error"]["param"] == "prompt_logprobs", response.text

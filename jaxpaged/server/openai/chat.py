@@ -25,7 +25,7 @@ from jaxpaged.server.openai.generation import (
 from jaxpaged.server.openai.prompt_truncation import requested_truncation, truncated
 from jaxpaged.server.openai.prompts import ChatRendering, chat_prompt
 from jaxpaged.server.openai.protocol import ChatCompletionRequest
-from jaxpaged.server.openai.responses import SampleProgress, chat_logprobs, usage
+from jaxpaged.server.openai.responses import SampleProgress, chat_logprobs, usage, vllm_prompt_logprobs
 from jaxpaged.server.openai.streaming import SSE_DONE, sse_event
 from jaxpaged.server.openai.tool_calls import AUTO_TOOLS_ORIGIN, ToolCalling, tool_calling
 from jaxpaged.server.openai.validation import (
@@ -126,6 +126,8 @@ class _ChatView:
                 choices[-1]["token_ids"] = list(sample.token_ids)
         response = {**self.header, "object": "chat.completion", "choices": choices,
                     "usage": usage([final], with_cached_tokens=self.with_cached_tokens)}
+        if self.request.prompt_logprobs is not None:  # vLLM's: at the response's level, as prompt_token_ids
+            response["prompt_logprobs"] = vllm_prompt_logprobs(self.tokenizer, final, self.request.prompt_logprobs)
         if self.request.return_token_ids:  # vLLM's: one prompt per chat request, so at the response's level
             response["prompt_token_ids"] = list(final.prompt_token_ids)
         return response

@@ -29,6 +29,7 @@ from jaxpaged.server.openai.responses import (
     join_logprobs,
     prompt_completion_logprobs,
     usage,
+    vllm_prompt_logprobs,
 )
 from jaxpaged.server.openai.streaming import SSE_DONE, sse_event
 from jaxpaged.server.openai.validation import (
@@ -66,7 +67,7 @@ async def create_completion(request: Request, context: ServerContext) -> Respons
         logprobs=body.logprobs, vocab_size=engine.vocab_size, max_n=context.settings.max_n,
         model_defaults=engine.sampling_defaults, tokenizer=engine.tokenizer) for prompt in prompts]
     if body.echo and body.logprobs is not None:
-        params = [dataclasses.replace(p, prompt_logprobs=body.logprobs) for p in params]
+        params = [dataclasses.replace(p, prompt_logprobs=max(body.logprobs, p.prompt_logprobs or 0)) for p in params]
     run = GenerationRun(context, f"cmpl-{uuid.uuid4().hex}", prompts, params)
     view = _CompletionView(body, prompts, engine.tokenizer, context.model_name, response_id("cmpl", body, run),
                            context.settings.enable_prompt_tokens_details)
@@ -122,6 +123,9 @@ class _CompletionView:
                           "text": prefix if scoring_only else prefix + sample.text, "logprobs": logprobs,
                           "finish_reason": "length" if scoring_only else sample.finish_reason,
                           "stop_reason": None if scoring_only else sample.stop_reason}
+                if self.request.prompt_logprobs is not None:  # vLLM's: per choice, as each has its own prompt
+                    choice["prompt_logprobs"] = vllm_prompt_logprobs(self.tokenizer, final,
+                                                                     self.request.prompt_logprobs)
                 if self.request.return_token_ids:  # vLLM's: per choice, as each choice has its own prompt
                     choice["prompt_token_ids"] = list(self.prompts[prompt_index].token_ids)
                     choice["token_ids"] = [] if scoring_only else list(sample.token_ids)

@@ -144,6 +144,8 @@ class SamplingRequest(StrictModel):
     """vLLM's: only these token ids may be sampled."""
     bad_words: Optional[list[Annotated[str, Field(min_length=1)]]] = Field(None, max_length=MAX_BAD_WORDS)
     """vLLM's: words the output must not spell (a word's last token is banned after its other tokens)."""
+    prompt_logprobs: Optional[int] = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    """vLLM's: each prompt token's logprob and this many alternatives (not when streaming)."""
     return_token_ids: bool = False
     """vLLM's: each choice carries its output `token_ids`, and the response its `prompt_token_ids`."""
 

@@ -157,6 +157,9 @@ def build_sampling_params(request: SamplingRequest, *, max_tokens: int, logprobs
                                param="logit_bias", code="invalid_value")
             logit_bias[token_id] = bias
         check_token_ids(list(logit_bias), vocab_size, "logit_bias")
+    if request.prompt_logprobs is not None and request.stream:  # as vLLM: they would have no chunk to ride on
+        raise APIError(400, "prompt_logprobs: not available when stream is true", param="prompt_logprobs",
+                       code="unsupported")
     if request.allowed_token_ids:
         check_token_ids(request.allowed_token_ids, vocab_size, "allowed_token_ids")
     bad_words = None
@@ -177,7 +180,8 @@ def build_sampling_params(request: SamplingRequest, *, max_tokens: int, logprobs
             include_stop_str_in_output=request.include_stop_str_in_output, max_tokens=max_tokens,
             min_tokens=request.min_tokens, ignore_eos=request.ignore_eos, logprobs=logprobs,
             skip_special_tokens=request.skip_special_tokens, structured_outputs=structured,
-            allowed_token_ids=request.allowed_token_ids, bad_words_token_ids=bad_words)
+            allowed_token_ids=request.allowed_token_ids, bad_words_token_ids=bad_words,
+            prompt_logprobs=request.prompt_logprobs)
         params.validate_token_ids(vocab_size)
     except ValueError as error:
         raise from_value_error(error) from None
