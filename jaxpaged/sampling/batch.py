@@ -110,12 +110,26 @@ def min_tokens_suppress_ids(params: SamplingParams, eos_token_ids: Sequence[int]
 
 def penalizes_output_tokens(params: SamplingParams) -> bool:
     """Whether the request's logits depend on the tokens it generated (presence, frequency or repetition
-    penalty): async scheduling cannot plan its next step before the last token is on the host."""
-    return bool(params.presence_penalty or params.frequency_penalty or params.repetition_penalty != 1.0)
+    penalty, or a multi-token bad word): async scheduling cannot plan its next step before the last token is on the
+    host."""
+    return bool(params.presence_penalty or params.frequency_penalty or params.repetition_penalty != 1.0
+                or any(len(word) > 1 for word in params.bad_words_token_ids or ()))
 
 
 def _needs_penalties(row: SamplingRow) -> bool:
-    return penalizes_output_tokens(row.params) or bool(row.params.logit_bias or len(row.suppress_token_ids))
+    params = row.params
+    return penalizes_output_tokens(params) or bool(params.logit_bias or len(row.suppress_token_ids)
+                                                   or params.allowed_token_ids or params.bad_words_token_ids)
+
+
+def banned_bad_word_ids(bad_words_token_ids: Sequence[Sequence[int]], output_token_ids: Sequence[int]) -> list[int]:
+    """The last token of each bad word whose other tokens end the output so far (vLLM's bad_words rule)."""
+    banned = []
+    for word in bad_words_token_ids:
+        prefix = list(word[:-1])
+        if not prefix or list(output_token_ids[len(output_token_ids) - len(prefix):]) == prefix:
+            banned.append(word[-1])
+    return banned
 
 
 def _token_id_array(field: str, token_ids: Sequence[int], vocab_size: int) -> np.ndarray:
@@ -145,6 +159,13 @@ def _dense_penalty_arrays(rows: Sequence[SamplingRow], num_rows_padded: int, voc
             bias_by_id = row.params.logit_bias or {}
             logit_bias[i, _token_id_array("logit_bias", list(bias_by_id), vocab_size)] = list(bias_by_id.values())
             logit_bias[i, _token_id_array("suppress_token_ids", row.suppress_token_ids, vocab_size)] = -np.inf
+            if row.params.allowed_token_ids:  # everything else -inf: a mask on top of the bias
+                allowed = np.zeros(vocab_size, np.bool_)
+                allowed[_token_id_array("allowed_token_ids", row.params.allowed_token_ids, vocab_size)] = True
+                logit_bias[i, ~allowed] = -np.inf
+            if row.params.bad_words_token_ids:
+                banned = banned_bad_word_ids(row.params.bad_words_token_ids, row.output_token_ids)
+                logit_bias[i, _token_id_array("bad_words", banned, vocab_size)] = -np.inf
         except Exception as error:
             if row_errors is None:
                 raise

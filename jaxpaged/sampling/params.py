@@ -165,6 +165,15 @@ def _normalize_stop(stop) -> list[str]:
     return list(stop)
 
 
+def _normalize_token_id_list(field: str, token_ids) -> list[int]:
+    if not isinstance(token_ids, (list, tuple)):
+        _fail(field, "must be a list of int", token_ids)
+    for token_id in token_ids:
+        if not is_int(token_id) or not 0 <= token_id <= MAX_INT32:
+            _fail(field, f"must hold only ints in [0, {MAX_INT32}]", token_id)
+    return list(token_ids)
+
+
 def _normalize_stop_token_ids(stop_token_ids) -> list[int]:
     if stop_token_ids is None:
         return []
@@ -254,6 +263,11 @@ class SamplingParams:
     prompt_logprobs: Optional[int] = None
     """Return each prompt token's logprob and this many top alternatives (0..20; the first token has none).
     Such a request computes its whole prompt (no prefix-cache hits), in the same compiled step."""
+    allowed_token_ids: Optional[list[int]] = None
+    """vLLM's: only these token ids may be sampled (None: any). Must not be empty."""
+    bad_words_token_ids: Optional[list[list[int]]] = None
+    """vLLM's bad_words as token sequences: a sequence's last token is banned wherever the output ends with the
+    tokens before it (a one-token sequence is banned everywhere). The server tokenizes the words."""
     output_kind: OutputKind = "cumulative"
     """"cumulative": an output after every step the request progressed in (to stream it); "final_only": only its
     last one (vLLM's RequestOutputKind.FINAL_ONLY: nothing is built or handed over per step)."""
@@ -274,6 +288,15 @@ class SamplingParams:
         self.logit_bias = _normalize_logit_bias(self.logit_bias)
         self.stop = _normalize_stop(self.stop)
         self.stop_token_ids = _normalize_stop_token_ids(self.stop_token_ids)
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = _normalize_token_id_list("allowed_token_ids", self.allowed_token_ids)
+            if not self.allowed_token_ids:
+                _fail("allowed_token_ids", "must hold at least one id (or be None)", self.allowed_token_ids)
+        if self.bad_words_token_ids is not None:
+            self.bad_words_token_ids = [_normalize_token_id_list("bad_words_token_ids", word)
+                                        for word in self.bad_words_token_ids]
+            if not all(self.bad_words_token_ids):
+                _fail("bad_words_token_ids", "must not hold an empty sequence", self.bad_words_token_ids)
         _check_int("max_tokens", self.max_tokens, 1, MAX_INT32)
         _check_int("min_tokens", self.min_tokens, 0, MAX_INT32)
         if self.min_tokens > self.max_tokens:
@@ -302,3 +325,8 @@ class SamplingParams:
         for token_id in self.logit_bias or {}:
             if token_id >= vocab_size:
                 _fail("logit_bias", f"keys must be < vocab_size ({vocab_size})", token_id)
+        for field, token_ids in (("allowed_token_ids", self.allowed_token_ids or ()),
+                                 *(("bad_words", word) for word in self.bad_words_token_ids or ())):
+            for token_id in token_ids:
+                if token_id >= vocab_size:
+                    _fail(field, f"token ids must be < vocab_size ({vocab_size})", token_id)

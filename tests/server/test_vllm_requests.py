@@ -133,7 +133,7 @@ def test_structured_outputs_constrain_chat_and_completions(client, model_name):
     ({"structured_outputs": {"regex": "a", "structural_tag": "{}"}}, "structured_outputs.structural_tag"),
     ({"structured_outputs": {"json": "{not json"}}, "structured_outputs.json"),
     ({"use_beam_search": True}, "use_beam_search"),
-    ({"prompt_logprobs": 1}, "prompt_logprobs"),
+    ({"logits_processors": ["x"]}, "logits_processors"),
     ({"chat_template": "{{ x }}"}, "chat_template"),
     ({"chat_template_kwargs": ["enable_thinking"]}, "chat_template_kwargs"),
     ({"chat_template_kwargs": {"tokenize": True}}, "chat_template_kwargs.tokenize"),

@@ -3,7 +3,7 @@
 import dataclasses
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Optional
 
 from fastapi import Request
@@ -19,12 +19,13 @@ from jaxpaged.server.openai.generation import (
     GenerationRun,
     ensure_ready,
     respond,
+    response_id,
     stream_error_body,
 )
 from jaxpaged.server.openai.prompt_truncation import requested_truncation, truncated
 from jaxpaged.server.openai.prompts import ChatRendering, chat_prompt
 from jaxpaged.server.openai.protocol import ChatCompletionRequest
-from jaxpaged.server.openai.responses import SampleProgress, chat_logprobs, usage
+from jaxpaged.server.openai.responses import SampleProgress, chat_logprobs, usage, vllm_prompt_logprobs
 from jaxpaged.server.openai.streaming import SSE_DONE, sse_event
 from jaxpaged.server.openai.tool_calls import AUTO_TOOLS_ORIGIN, ToolCalling, tool_calling
 from jaxpaged.server.openai.validation import (
@@ -63,7 +64,7 @@ async def create_chat_completion(request: Request, context: ServerContext) -> Re
     max_tokens = resolve_max_tokens(requested, None, len(prompt.token_ids), engine.max_model_len, field)
     params = build_sampling_params(body, max_tokens=max_tokens, logprobs=(body.top_logprobs or 0) if body.logprobs
                                    else None, vocab_size=engine.vocab_size, max_n=context.settings.max_n,
-                                   model_defaults=engine.sampling_defaults,
+                                   model_defaults=engine.sampling_defaults, tokenizer=engine.tokenizer,
                                    tool_constraint=_tool_constraint(body, calling))
     if calling is not None and calling.parser is not None and calling.parser.keeps_special_tokens \
             and "skip_special_tokens" not in body.model_fields_set:
@@ -77,8 +78,8 @@ async def create_chat_completion(request: Request, context: ServerContext) -> Re
     texts = [ChoiceText(calling, reasoning, starts_in_reasoning, body.include_reasoning)
              if calling is None or calling.parser is not None
              else None for _ in range(body.n)]
-    view = _ChatView(body, engine.tokenizer, context.model_name, run.request_id, calling, texts,
-                     len(prompt.token_ids), context.settings.enable_prompt_tokens_details)
+    view = _ChatView(body, engine.tokenizer, context.model_name, response_id("chatcmpl", body, run), calling, texts,
+                     prompt.token_ids, context.settings.enable_prompt_tokens_details)
     return await respond(request, run, body.stream, view.events, lambda finals: view.body(finals[0]))
 
 
@@ -96,13 +97,16 @@ class _ChatView:
     """Renders engine outputs as OpenAI chat completion objects (whole or chunked)."""
 
     def __init__(self, request: ChatCompletionRequest, tokenizer, model_name: str, response_id: str,
-                 calling: Optional[ToolCalling], texts: list[Optional[ChoiceText]], num_prompt_tokens: int,
+                 calling: Optional[ToolCalling], texts: list[Optional[ChoiceText]], prompt_token_ids: Sequence[int],
                  with_cached_tokens: bool) -> None:
         self.request, self.tokenizer, self.calling = request, tokenizer, calling
         self.with_cached_tokens = with_cached_tokens
         self.texts = texts
         """Per choice: its text's reasoning / content / "auto" calls (None for a forced or required call)."""
-        self.num_prompt_tokens = num_prompt_tokens
+        self.prompt_token_ids = prompt_token_ids
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.prompt_ids_sent = False
+        """Whether the stream has carried prompt_token_ids (return_token_ids)."""
         self.num_top = request.top_logprobs or 0
         self.header = {"id": response_id, "created": int(time.time()), "model": model_name}
 
@@ -118,8 +122,15 @@ class _ChatView:
                             "logprobs": self._logprobs(sample, 0, len(sample.token_ids)),
                             "finish_reason": self._finish_reason(sample.finish_reason, "tool_calls" in message),
                             "stop_reason": sample.stop_reason})
-        return {**self.header, "object": "chat.completion", "choices": choices,
-                "usage": usage([final], with_cached_tokens=self.with_cached_tokens)}
+            if self.request.return_token_ids:
+                choices[-1]["token_ids"] = list(sample.token_ids)
+        response = {**self.header, "object": "chat.completion", "choices": choices,
+                    "usage": usage([final], with_cached_tokens=self.with_cached_tokens)}
+        if self.request.prompt_logprobs is not None:  # vLLM's: at the response's level, as prompt_token_ids
+            response["prompt_logprobs"] = vllm_prompt_logprobs(self.tokenizer, final, self.request.prompt_logprobs)
+        if self.request.return_token_ids:  # vLLM's: one prompt per chat request, so at the response's level
+            response["prompt_token_ids"] = list(final.prompt_token_ids)
+        return response
 
     def _message(self, sample: CompletionOutput) -> dict:
         text = self.texts[sample.index]
@@ -144,9 +155,15 @@ class _ChatView:
         return {"role": "assistant", "content": None, "tool_calls": [{"index": 0, **call}]}
 
     def _chunk(self, index: int, delta: dict, logprobs: Optional[dict], finish_reason: Optional[str],
-               num_tokens: int = 0) -> str:
+               num_tokens: int = 0, token_ids: Sequence[int] = ()) -> str:
         choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
         chunk = {**self.header, "object": "chat.completion.chunk", "choices": [choice]}
+        if self.request.return_token_ids:
+            # vLLM's: the prompt ids ride on the stream's first chunk; each chunk carries the ids it adds.
+            choice["token_ids"] = list(token_ids)
+            if not self.prompt_ids_sent:
+                self.prompt_ids_sent = True
+                chunk["prompt_token_ids"] = list(self.prompt_token_ids)
         options = self.request.stream_options
         if options is not None and options.continuous_usage_stats:  # vLLM's: this choice's usage so far
             chunk["usage"] = {"prompt_tokens": self.num_prompt_tokens, "completion_tokens": num_tokens,
@@ -180,7 +197,7 @@ class _ChatView:
                                       self._logprobs(sample, delta.start_token, delta.end_token),
                                       self._finish_reason(delta.finish_reason, "tool_calls" in content or (
                                           text is not None and text.num_calls_sent > 0)),
-                                      len(sample.token_ids))
+                                      len(sample.token_ids), sample.token_ids[delta.start_token:delta.end_token])
             if self.request.stream_options is not None and self.request.stream_options.include_usage:
                 yield sse_event({**self.header, "object": "chat.completion.chunk", "choices": [],
                                  "usage": usage([final for final in run.finals if final is not None],

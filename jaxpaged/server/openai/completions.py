@@ -3,7 +3,7 @@
 import dataclasses
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 from fastapi import Request
 from fastapi.responses import Response
@@ -17,6 +17,7 @@ from jaxpaged.server.openai.generation import (
     GenerationRun,
     ensure_ready,
     respond,
+    response_id,
     stream_error_body,
 )
 from jaxpaged.server.openai.prompt_truncation import requested_truncation, truncated
@@ -28,6 +29,7 @@ from jaxpaged.server.openai.responses import (
     join_logprobs,
     prompt_completion_logprobs,
     usage,
+    vllm_prompt_logprobs,
 )
 from jaxpaged.server.openai.streaming import SSE_DONE, sse_event
 from jaxpaged.server.openai.validation import (
@@ -63,11 +65,11 @@ async def create_completion(request: Request, context: ServerContext) -> Respons
         body, max_tokens=resolve_max_tokens(requested, DEFAULT_MAX_TOKENS, len(prompt.token_ids),
                                             engine.max_model_len),
         logprobs=body.logprobs, vocab_size=engine.vocab_size, max_n=context.settings.max_n,
-        model_defaults=engine.sampling_defaults) for prompt in prompts]
+        model_defaults=engine.sampling_defaults, tokenizer=engine.tokenizer) for prompt in prompts]
     if body.echo and body.logprobs is not None:
-        params = [dataclasses.replace(p, prompt_logprobs=body.logprobs) for p in params]
+        params = [dataclasses.replace(p, prompt_logprobs=max(body.logprobs, p.prompt_logprobs or 0)) for p in params]
     run = GenerationRun(context, f"cmpl-{uuid.uuid4().hex}", prompts, params)
-    view = _CompletionView(body, prompts, engine.tokenizer, context.model_name, run.request_id,
+    view = _CompletionView(body, prompts, engine.tokenizer, context.model_name, response_id("cmpl", body, run),
                            context.settings.enable_prompt_tokens_details)
     return await respond(request, run, body.stream, view.events, view.body)
 
@@ -92,6 +94,8 @@ class _CompletionView:
                  response_id: str, with_cached_tokens: bool) -> None:
         self.request, self.prompts, self.tokenizer = body, prompts, tokenizer
         self.with_cached_tokens = with_cached_tokens
+        self.prompt_ids_sent: set[int] = set()
+        """Choices whose stream has carried prompt_token_ids (return_token_ids)."""
         self.header = {"id": response_id, "object": "text_completion", "created": int(time.time()),
                        "model": model_name}
 
@@ -115,10 +119,17 @@ class _CompletionView:
                     generated, _ = completion_logprobs(self.tokenizer, sample, 0, len(sample.token_ids), num_top,
                                                        offset)
                     logprobs = generated if prompt_logprobs is None else join_logprobs(prompt_logprobs, generated)
-                choices.append({"index": prompt_index * self.request.n + sample.index,
-                                "text": prefix if scoring_only else prefix + sample.text, "logprobs": logprobs,
-                                "finish_reason": "length" if scoring_only else sample.finish_reason,
-                                "stop_reason": None if scoring_only else sample.stop_reason})
+                choice = {"index": prompt_index * self.request.n + sample.index,
+                          "text": prefix if scoring_only else prefix + sample.text, "logprobs": logprobs,
+                          "finish_reason": "length" if scoring_only else sample.finish_reason,
+                          "stop_reason": None if scoring_only else sample.stop_reason}
+                if self.request.prompt_logprobs is not None:  # vLLM's: per choice, as each has its own prompt
+                    choice["prompt_logprobs"] = vllm_prompt_logprobs(self.tokenizer, final,
+                                                                     self.request.prompt_logprobs)
+                if self.request.return_token_ids:  # vLLM's: per choice, as each choice has its own prompt
+                    choice["prompt_token_ids"] = list(self.prompts[prompt_index].token_ids)
+                    choice["token_ids"] = [] if scoring_only else list(sample.token_ids)
+                choices.append(choice)
         choices.sort(key=lambda choice: choice["index"])
         total = usage(finals, with_cached_tokens=self.with_cached_tokens)
         if scoring_only:
@@ -126,8 +137,15 @@ class _CompletionView:
             total["completion_tokens"] = 0
         return {**self.header, "choices": choices, "usage": total}
 
-    def _chunk(self, index: int, text: str, logprobs, finish_reason, num_tokens: int = 0) -> str:
+    def _chunk(self, index: int, text: str, logprobs, finish_reason, num_tokens: int = 0,
+               token_ids: Sequence[int] = ()) -> str:
         choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+        if self.request.return_token_ids:
+            # vLLM's: the choice's prompt ids ride on its first chunk; each chunk carries the ids it adds.
+            if index not in self.prompt_ids_sent:
+                self.prompt_ids_sent.add(index)
+                choice["prompt_token_ids"] = list(self.prompts[index // self.request.n].token_ids)
+            choice["token_ids"] = list(token_ids)
         chunk = {**self.header, "choices": [choice]}
         options = self.request.stream_options
         if options is not None and options.continuous_usage_stats:  # vLLM's: this choice's usage so far
@@ -169,7 +187,7 @@ class _CompletionView:
                             self.tokenizer, sample, delta.start_token, delta.end_token, num_logprobs,
                             text_offsets[(p, sample.index)])
                     yield self._chunk(p * n + sample.index, delta.text, logprobs, delta.finish_reason,
-                                      len(sample.token_ids))
+                                      len(sample.token_ids), sample.token_ids[delta.start_token:delta.end_token])
             if self.request.stream_options is not None and self.request.stream_options.include_usage:
                 finals = [final for final in run.finals if final is not None]
                 total = usage(finals, with_cached_tokens=self.with_cached_tokens)

@@ -22,6 +22,7 @@ from jaxpaged.sampling.params import SamplingParams
 from jaxpaged.server.context import ServerContext
 from jaxpaged.server.http.errors import APIError, error_body, from_value_error, sanitize_message
 from jaxpaged.server.openai.merged_outputs import merged_outputs
+from jaxpaged.server.openai.protocol import SamplingRequest
 from jaxpaged.server.openai.streaming import ClientDisconnected, EventStreamResponse, run_until_disconnect
 from jaxpaged.server.stats_log import log_request
 
@@ -34,6 +35,14 @@ def ensure_ready(context: ServerContext) -> None:
     if not context.engine.is_alive:
         context.metrics.requests_rejected.labels("engine_dead").inc()
         raise APIError(503, "the engine is not running", code="engine_unavailable")
+
+
+def response_id(prefix: str, body: SamplingRequest, run: "GenerationRun") -> str:
+    """The response's id: "<prefix>-<request_id>" when the client named one (vLLM's), else the engine's own id.
+
+    The engine keeps its unique id either way: two clients sending the same request_id must not collide there.
+    """
+    return f"{prefix}-{body.request_id}" if body.request_id is not None else run.request_id
 
 
 def check_capacity(context: ServerContext, num_new_seqs: int) -> None:

@@ -9,6 +9,8 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from jaxpaged.server.vllm.bad_words import MAX_BAD_WORDS
+
 MAX_STOP_STRINGS = 16
 """Most stop strings one request may give."""
 
@@ -136,6 +138,16 @@ class SamplingRequest(StrictModel):
     """vLLM's extra body: the output is one of these strings."""
     guided_grammar: Optional[str] = None
     """vLLM's extra body: the output follows this Lark grammar (llguidance's dialect)."""
+    request_id: Optional[str] = Field(None, min_length=1, max_length=256)
+    """vLLM's: the response id is "cmpl-<request_id>" / "chatcmpl-<request_id>" (the engine's id stays unique)."""
+    allowed_token_ids: Optional[list[TokenId]] = Field(None, min_length=1)
+    """vLLM's: only these token ids may be sampled."""
+    bad_words: Optional[list[Annotated[str, Field(min_length=1)]]] = Field(None, max_length=MAX_BAD_WORDS)
+    """vLLM's: words the output must not spell (a word's last token is banned after its other tokens)."""
+    prompt_logprobs: Optional[int] = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    """vLLM's: each prompt token's logprob and this many alternatives (not when streaming)."""
+    return_token_ids: bool = False
+    """vLLM's: each choice carries its output `token_ids`, and the response its `prompt_token_ids`."""
 
 
 class CompletionRequest(SamplingRequest):

@@ -115,6 +115,24 @@ def prompt_completion_logprobs(tokenizer: Any, output: RequestOutput, num_top: i
     return _completions_logprobs(tokenizer, zip(output.prompt_token_ids, entries), num_top, 0)
 
 
+def vllm_prompt_logprobs(tokenizer: Any, output: RequestOutput, num_top: int) -> list[Optional[dict]]:
+    """vLLM's prompt_logprobs: per prompt token (None for the first) {token id: {logprob, rank, decoded_token}}
+    for the token itself and the num_top most likely ones."""
+    entries = output.prompt_logprobs or [None] * len(output.prompt_token_ids)
+    rendered: list[Optional[dict]] = []
+    for token_id, position in zip(output.prompt_token_ids, entries):
+        if position is None:
+            rendered.append(None)
+            continue
+        kept = dict(_top(position, num_top))
+        if token_id in position:
+            kept[token_id] = position[token_id]
+        rendered.append({alt_id: {"logprob": _finite(alt.logprob), "rank": alt.rank,
+                                  "decoded_token": token_text(tokenizer, alt_id, alt)}
+                         for alt_id, alt in kept.items()})
+    return rendered
+
+
 def join_logprobs(first: dict, second: dict) -> dict:
     """Two completions-API logprobs objects, one after the other (an echoed prompt, then the completion)."""
     return {key: first[key] + second[key] for key in first}

@@ -16,6 +16,7 @@ from jaxpaged import inputs
 from jaxpaged.sampling.params import SamplingParams, StructuredOutputsParams, logit_bias_token_id
 from jaxpaged.server.http.errors import APIError, from_validation_errors, from_value_error
 from jaxpaged.server.openai.protocol import MAX_STOP_STRINGS, SamplingRequest
+from jaxpaged.server.vllm.bad_words import bad_words_token_ids
 
 ModelT = TypeVar("ModelT", bound=pydantic.BaseModel)
 
@@ -124,11 +125,12 @@ def resolve_max_tokens(requested: Optional[int], default: Optional[int], num_pro
 
 def build_sampling_params(request: SamplingRequest, *, max_tokens: int, logprobs: Optional[int],
                           vocab_size: int, max_n: int, model_defaults: Optional[dict] = None,
-                          tool_constraint: Optional[StructuredOutputsParams] = None) -> SamplingParams:
+                          tool_constraint: Optional[StructuredOutputsParams] = None, tokenizer=None) -> SamplingParams:
     """SamplingParams from a validated request; 400 for n over max_n or token ids outside the vocabulary.
 
     `model_defaults` (the model's generation_config.json settings) fill the fields the request left unset;
-    `tool_constraint` is the grammar of a tool_choice that calls tools (tool_calls.py).
+    `tool_constraint` is the grammar of a tool_choice that calls tools (tool_calls.py); `tokenizer` spells the
+    request's bad_words as token ids (needed when it has some).
     """
     unset = {key: value for key, value in (model_defaults or {}).items() if key not in request.model_fields_set}
     sampled = {key: unset.get(key, getattr(request, key))
@@ -155,6 +157,15 @@ def build_sampling_params(request: SamplingRequest, *, max_tokens: int, logprobs
                                param="logit_bias", code="invalid_value")
             logit_bias[token_id] = bias
         check_token_ids(list(logit_bias), vocab_size, "logit_bias")
+    if request.prompt_logprobs is not None and request.stream:  # as vLLM: they would have no chunk to ride on
+        raise APIError(400, "prompt_logprobs: not available when stream is true", param="prompt_logprobs",
+                       code="unsupported")
+    if request.allowed_token_ids:
+        check_token_ids(request.allowed_token_ids, vocab_size, "allowed_token_ids")
+    bad_words = None
+    if request.bad_words:
+        assert tokenizer is not None, "bad_words need the tokenizer"
+        bad_words = bad_words_token_ids(tokenizer, request.bad_words) or None
     structured = structured_outputs_of(request)
     if tool_constraint is not None:
         if structured is not None:
@@ -168,7 +179,9 @@ def build_sampling_params(request: SamplingRequest, *, max_tokens: int, logprobs
             logit_bias=logit_bias, stop=stop, stop_token_ids=request.stop_token_ids,
             include_stop_str_in_output=request.include_stop_str_in_output, max_tokens=max_tokens,
             min_tokens=request.min_tokens, ignore_eos=request.ignore_eos, logprobs=logprobs,
-            skip_special_tokens=request.skip_special_tokens, structured_outputs=structured)
+            skip_special_tokens=request.skip_special_tokens, structured_outputs=structured,
+            allowed_token_ids=request.allowed_token_ids, bad_words_token_ids=bad_words,
+            prompt_logprobs=request.prompt_logprobs)
         params.validate_token_ids(vocab_size)
     except ValueError as error:
         raise from_value_error(error) from None

@@ -13,10 +13,9 @@ _OFF = object()
 """Any value other than null is refused."""
 
 _SAMPLING_KEYS: dict[str, Any] = {
-    "use_beam_search": False, "length_penalty": 1.0, "allowed_token_ids": _OFF, "bad_words": _OFF,
-    "prompt_logprobs": _OFF, "guided_decoding_backend": _OFF,
+    "use_beam_search": False, "length_penalty": 1.0, "guided_decoding_backend": _OFF,
     "guided_whitespace_pattern": _OFF, "logits_processors": _OFF, "return_tokens_as_token_ids": False,
-    "return_token_ids": False, "kv_transfer_params": _OFF, "vllm_xargs": _OFF, "spaces_between_special_tokens": True,
+    "kv_transfer_params": _OFF, "vllm_xargs": _OFF, "spaces_between_special_tokens": True,
     "repetition_detection": _OFF, "thinking_token_budget": _OFF,
 }
 _STRUCTURED_OUTPUTS_KEYS: dict[str, Any] = {
