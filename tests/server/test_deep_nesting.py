@@ -107,7 +107,7 @@ def test_a_chat_stream_of_deep_nesting_ends_with_done(name, nesting):
     request = ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}],
                                                     "stream": True})
     calling = ToolCalling([], None, make_tool_parser(parser_name))
-    view = _ChatView(request, None, "m", "chatcmpl-test", calling, [ChoiceText(calling, None, False)], 2, False)
+    view = _ChatView(request, None, "m", "chatcmpl-test", calling, [ChoiceText(calling, None, False)], [1, 2], False)
     events = asyncio.run(_events(view, _OneOutputRun(text)))
     assert events[-1] == SSE_DONE
     chunks = [json.loads(event[len("data: "):]) for event in events[:-1]]
