@@ -18,8 +18,8 @@ from jaxpaged.models.weight_names import WeightsMapper
 from tests.conftest import TINY_ENGINE_OPTIONS, TINY_LLAMA
 
 EXPECTED_ARCHITECTURES = ["Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration",
-                          "LlamaForCausalLM", "Mistral3ForConditionalGeneration", "MistralForCausalLM", "Qwen2ForCausalLM",
-                          "Qwen3ForCausalLM"]
+                          "LlamaForCausalLM", "Mistral3ForConditionalGeneration", "MistralForCausalLM",
+                          "Qwen2ForCausalLM", "Qwen3ForCausalLM"]
 # What each architecture's reader must make of the same config (sliding_window 8, use_sliding_window unset):
 # (qkv_bias, qk_norm, sliding_window, norm_offset) as transformers' model of that name behaves.
 EXPECTED_VARIANTS = {
