@@ -209,8 +209,9 @@ class ChatMessage(StrictModel):
         for part in content if isinstance(content, list) else ():
             kind = part.get("type") if isinstance(part, dict) else None
             if isinstance(kind, str) and kind in _MEDIA_PART_TYPES:  # a known name: no client text comes back
-                raise PydanticCustomError("unsupported_content", f"content: {_MEDIA_PART_TYPES[kind]} not supported "
-                                          f"(content part type {kind!r}); this server takes text parts only")
+                raise PydanticCustomError(
+                    "unsupported_content", "content: {what} not supported (content part type {kind}); this server "
+                    "takes text parts only", {"what": _MEDIA_PART_TYPES[kind], "kind": repr(kind)})
         return data
 
 
