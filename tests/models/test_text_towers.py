@@ -10,11 +10,14 @@ import safetensors.torch
 import torch
 import transformers
 
+from jaxpaged.config import EngineConfig
 from jaxpaged.llm import LLM
 from jaxpaged.models.families.text_towers import TEXT_TOWER_MAPPER, text_config_of
 from jaxpaged.models.registry import read_model_config
+from jaxpaged.runner.model_runner import ModelRunner
 from jaxpaged.sampling.params import SamplingParams
 from jaxpaged.weights.loader import load_model
+from tests.models.test_hf_parity import BLOCK_SIZE, assert_close, hf_logits, run_step
 
 TEXT: dict = dict(vocab_size=49152, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=16, max_position_embeddings=256, rms_norm_eps=1e-5,
@@ -82,6 +85,17 @@ def test_text_tower_greedy_matches_hf_text_only_generate(wrapper_checkpoint):
     params = SamplingParams(temperature=0.0, max_tokens=NUM_NEW_TOKENS, min_tokens=NUM_NEW_TOKENS)
     outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
     assert [list(o.outputs[0].token_ids) for o in outputs] == hf_text_greedy(model)
+
+
+def test_text_tower_logits_match_hf_at_every_position(wrapper_checkpoint):
+    """Every position's logits of a prompt longer than Gemma's window match HF's text-only forward (float32)."""
+    _, model, directory = wrapper_checkpoint
+    config = EngineConfig.from_options(block_size=BLOCK_SIZE, num_kv_blocks=32, max_model_len=64,
+                                       max_num_batched_tokens=32, max_num_seqs=16, dtype="float32",
+                                       attention_backend="xla")
+    runner = ModelRunner(load_model(str(directory)), config)
+    tokens = PROMPTS[0]
+    assert_close(run_step(runner, [(tokens, 0, [3, 1, 4, 2])]), hf_logits(model, tokens))
 
 
 def test_the_other_prefix_loads_the_same_weights(wrapper_checkpoint, tmp_path):
