@@ -150,3 +150,29 @@ def test_text_config_takes_what_it_lacks_from_the_top_level():
     cfg = read_model_config(raw)
     assert (cfg.architecture, cfg.vocab_size, cfg.hidden_size, cfg.eos_token_ids, cfg.qk_norm, cfg.norm_offset) == (
         "Gemma3ForConditionalGeneration", 500, 64, (1, 106), True, 1.0)
+
+
+def test_a_hub_style_sparse_gemma3_config_reads_as_transformers_fills_it():
+    """google/gemma-3-4b-it's config.json lists few text fields: the rest are Gemma3TextConfig's defaults, as
+    transformers reads them (heads, head_dim, vocab, RoPE bases, one global layer in six, the query scalar)."""
+    raw = dict(architectures=["Gemma3ForConditionalGeneration"], model_type="gemma3", eos_token_id=[1, 106],
+               text_config=dict(hidden_size=2560, intermediate_size=10240, model_type="gemma3_text",
+                                num_hidden_layers=34, rope_scaling={"factor": 8.0, "rope_type": "linear"},
+                                sliding_window=1024),
+               vision_config=dict(model_type="siglip_vision_model", hidden_size=1152, image_size=896,
+                                  intermediate_size=4304, num_attention_heads=16, num_hidden_layers=27,
+                                  patch_size=14))
+    cfg = read_model_config(raw)
+    hf = transformers.Gemma3Config(**{k: v for k, v in raw.items() if k != "architectures"}).text_config
+    assert (cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size, cfg.num_layers) == (
+        hf.vocab_size, hf.hidden_size, hf.intermediate_size, hf.num_hidden_layers)
+    assert (cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps) == (
+        hf.num_attention_heads, hf.num_key_value_heads, hf.head_dim, hf.rms_norm_eps)
+    assert cfg.layer_is_sliding == tuple(kind == "sliding_attention" for kind in hf.layer_types)
+    assert cfg.sliding_window == hf.sliding_window == 1024
+    rope = hf.rope_parameters
+    assert (cfg.rope_theta, cfg.local_rope_theta, cfg.rope_linear_factor) == (
+        rope["full_attention"]["rope_theta"], rope["sliding_attention"]["rope_theta"],
+        rope["full_attention"]["factor"])
+    assert cfg.attn_scale == hf.query_pre_attn_scalar ** -0.5
+    assert (cfg.eos_token_ids, cfg.tie_word_embeddings) == ((1, 106), True)

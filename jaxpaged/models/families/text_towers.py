@@ -9,6 +9,7 @@ current transformers), with the vision tower and projector dropped. Image inputs
 
 import functools
 from collections.abc import Callable
+from typing import Optional
 
 from jaxpaged.models.families import gemma, llama
 from jaxpaged.models.model_config import ModelConfig
@@ -30,19 +31,30 @@ tie_word_embeddings, and the checkpoint's generation_config.json eos (weights/ge
 
 _WRAPPER_ONLY = ("text_config", "vision_config", "architectures", "model_type")
 
+GEMMA3_TEXT_DEFAULTS: dict = dict(
+    vocab_size=262_208, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26, num_attention_heads=8,
+    num_key_value_heads=4, head_dim=256, hidden_activation="gelu_pytorch_tanh", max_position_embeddings=131_072,
+    rms_norm_eps=1e-6, pad_token_id=0, eos_token_id=1, bos_token_id=2, tie_word_embeddings=True,
+    query_pre_attn_scalar=256, sliding_window=4096, sliding_window_pattern=6, rope_theta=1_000_000.0,
+    rope_local_base_freq=10_000.0)
+"""transformers' Gemma3TextConfig defaults: the hub's Gemma 3 4b / 12b / 27b configs list only what differs (4b's
+text_config is hidden_size, intermediate_size, num_hidden_layers, rope_scaling and sliding_window)."""
 
-def text_config_of(raw: dict) -> dict:
-    """The text model's config of a multimodal wrapper config: its text_config, with the keys it lacks (vocab size,
-    token ids) taken from the top level, and the top level's eos_token_id / tie_word_embeddings when set."""
+
+def text_config_of(raw: dict, defaults: Optional[dict] = None) -> dict:
+    """The text model's config of a multimodal wrapper config: its text_config, with the keys it lacks taken from
+    the top level (vocab size, token ids), then from the text model's `defaults`; the top level's eos_token_id and
+    tie_word_embeddings win when set."""
     top = {key: value for key, value in raw.items() if key not in _WRAPPER_ONLY}
     text = raw.get("text_config") or {}
-    return {**top, **text, **{key: raw[key] for key in _TOP_LEVEL_WINS if raw.get(key) is not None}}
+    return {**(defaults or {}), **top, **text,
+            **{key: raw[key] for key in _TOP_LEVEL_WINS if raw.get(key) is not None}}
 
 
-def read_text_tower_config(raw: dict, architecture: str, *,
-                           read_text: Callable[[dict, str], ModelConfig]) -> ModelConfig:
-    """A multimodal wrapper's ModelConfig: its text model's, read by that family's `read_text`."""
-    return read_text(text_config_of(raw), architecture)
+def read_text_tower_config(raw: dict, architecture: str, *, read_text: Callable[[dict, str], ModelConfig],
+                           defaults: Optional[dict] = None) -> ModelConfig:
+    """A multimodal wrapper's ModelConfig: its text model's (text_config_of), read by that family's `read_text`."""
+    return read_text(text_config_of(raw, defaults), architecture)
 
 
 def _text_tower_names(names: WeightNames) -> WeightNames:
@@ -52,7 +64,8 @@ def _text_tower_names(names: WeightNames) -> WeightNames:
 ENTRIES = (
     ModelEntry("Gemma3ForConditionalGeneration",
                functools.partial(read_text_tower_config,
-                                 read_text=functools.partial(gemma.read_gemma_config, qk_norm=True)),
+                                 read_text=functools.partial(gemma.read_gemma_config, qk_norm=True),
+                                 defaults=GEMMA3_TEXT_DEFAULTS),
                _text_tower_names(gemma.HF_NAMES), model_type="gemma3"),
     ModelEntry("Mistral3ForConditionalGeneration",
                functools.partial(read_text_tower_config,
