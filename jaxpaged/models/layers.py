@@ -17,6 +17,7 @@ from jaxpaged.models.int8_activations import W8A8Weight, w8a8_product
 from jaxpaged.models.int8_weights import Int8Weight
 from jaxpaged.models.int16_activations import W8A16Weight, w8a16_product
 from jaxpaged.models.model_config import RopeScaling
+from jaxpaged.models.yarn import YarnScaling, yarn_inverse_frequencies
 from pallas_kernels.ragged_paged_attention.kv_layout import KVPages, tokens_per_page
 from pallas_kernels.ragged_paged_attention.metadata import AttentionMetadata
 
@@ -30,8 +31,11 @@ def rms_norm(x: Float[Array, "... dim"], weight: Float[Array, " dim"], eps: floa
     return ((offset + weight.astype(jnp.float32)) * normed).astype(x.dtype)
 
 
-def rope_inverse_frequencies(head_dim: int, theta: float, scaling: Optional[RopeScaling]) -> jnp.ndarray:
-    """Per-pair inverse frequencies, with Llama 3 scaling applied when configured (a host-side constant)."""
+def rope_inverse_frequencies(head_dim: int, theta: float,
+                             scaling: Optional[Union[RopeScaling, YarnScaling]]) -> jnp.ndarray:
+    """Per-pair inverse frequencies, with Llama 3 or YaRN scaling applied when configured (a host-side constant)."""
+    if isinstance(scaling, YarnScaling):
+        return jnp.asarray(yarn_inverse_frequencies(head_dim, theta, scaling))
     inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
     if scaling is None:
         return inv_freq
@@ -52,8 +56,8 @@ RopeTables = tuple[Float[Array, "tokens half"], Float[Array, "tokens half"]]
 
 
 def rope_tables(positions: Int[Array, " tokens"], inv_freq: Float[Array, " half"], *,
-                materialize: bool = False) -> RopeTables:
-    """cos and sin of position * inv_freq, for a step's layers to share.
+                materialize: bool = False, scale: float = 1.0) -> RopeTables:
+    """cos and sin of position * inv_freq (times `scale`: YaRN's attention factor), for a step's layers to share.
 
     `materialize`: keep them one computed pair. Left to itself XLA:CPU fuses the sincos into every unrolled layer's
     rotation and recomputes it per head and layer (a visible share of a prefill step; docs/performance.md), and
@@ -62,7 +66,9 @@ def rope_tables(positions: Int[Array, " tokens"], inv_freq: Float[Array, " half"
     unrolled CPU steps: a GPU conditional reads its predicate back on the host."""
     def tables(positions):
         angles = positions.astype(jnp.float32)[:, None] * inv_freq[None, :]
-        return jnp.cos(angles), jnp.sin(angles)
+        if scale == 1.0:
+            return jnp.cos(angles), jnp.sin(angles)
+        return jnp.cos(angles) * scale, jnp.sin(angles) * scale
     if not materialize:
         return tables(positions)
     return jax.lax.cond(positions[0] >= 0, tables, tables, positions)

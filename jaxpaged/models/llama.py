@@ -181,7 +181,7 @@ class LlamaForCausalLM(nnx.Module):
         cfg = self.cfg
         global_freq = rope_inverse_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling) / cfg.rope_linear_factor
         materialize = self.layers.per_layer
-        global_tables = rope_tables(positions, global_freq, materialize=materialize)
+        global_tables = rope_tables(positions, global_freq, materialize=materialize, scale=cfg.rope_attention_scale)
         local_tables = global_tables if cfg.local_rope_theta is None else rope_tables(
             positions, rope_inverse_frequencies(cfg.head_dim, cfg.local_rope_theta, None), materialize=materialize)
         return global_tables, local_tables

@@ -4,7 +4,9 @@ Which architecture reads which fields is the registry's business (models/registr
 """
 
 import dataclasses
-from typing import Any, Optional
+from typing import Any, Optional, Union
+
+from jaxpaged.models.yarn import YarnScaling, read_yarn
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +39,8 @@ class ModelConfig:
     """Qwen2 adds a bias to the q, k and v projections."""
     qk_norm: bool = False
     """Qwen3 RMS-normalises each head of q and k before RoPE."""
-    rope_scaling: Optional[RopeScaling] = None
+    rope_scaling: Optional[Union[RopeScaling, YarnScaling]] = None
+    """Llama 3 or YaRN scaling of the global layers' RoPE frequencies."""
     sliding_window: Optional[int] = None
     """Attention window (Mistral; Gemma's local layers), if the checkpoint enables one."""
     bos_token_id: Optional[int] = None
@@ -63,6 +66,11 @@ class ModelConfig:
     """Gemma 2 caps attention logits at soft_cap * tanh(logits / soft_cap)."""
     final_soft_cap: Optional[float] = None
     """Gemma 2 caps the output logits the same way."""
+
+    @property
+    def rope_attention_scale(self) -> float:
+        """What the global layers' cos and sin are multiplied by: YaRN's attention factor, else 1."""
+        return self.rope_scaling.cos_sin_scale() if isinstance(self.rope_scaling, YarnScaling) else 1.0
 
     @property
     def group_size(self) -> int:
@@ -109,7 +117,8 @@ def decoder_fields(raw: dict, architecture: str) -> dict[str, Any]:
         rope_theta=float(rope_theta),
         max_position_embeddings=raw.get("max_position_embeddings", 2048),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        rope_scaling=_rope_scaling(rope) if rope.get("rope_type", rope.get("type")) != "linear" else None,
+        rope_scaling=(_rope_scaling(rope, raw.get("max_position_embeddings", 2048))
+                      if rope.get("rope_type", rope.get("type")) != "linear" else None),
         bos_token_id=raw.get("bos_token_id"),
         eos_token_ids=eos_ids,
     )
@@ -121,11 +130,13 @@ def global_rope_parameters(raw: dict) -> dict:
     return rope.get("full_attention", rope)
 
 
-def _rope_scaling(rope: dict) -> Optional[RopeScaling]:
+def _rope_scaling(rope: dict, max_position_embeddings: int) -> Optional[Union[RopeScaling, YarnScaling]]:
     kind = rope.get("rope_type", rope.get("type", "default"))
     if kind in (None, "default"):
         return None
+    if kind == "yarn":
+        return read_yarn(rope, max_position_embeddings)
     if kind != "llama3":
-        raise ValueError(f"rope_scaling: type {kind!r} is not supported (only 'default' and 'llama3')")
+        raise ValueError(f"rope_scaling: type {kind!r} is not supported (only 'default', 'llama3' and 'yarn')")
     return RopeScaling(float(rope["factor"]), float(rope["low_freq_factor"]),
                        float(rope["high_freq_factor"]), int(rope["original_max_position_embeddings"]))

@@ -17,7 +17,8 @@ from jaxpaged.models.registry import read_model_config
 from jaxpaged.models.weight_names import WeightsMapper
 from tests.conftest import TINY_ENGINE_OPTIONS, TINY_LLAMA
 
-EXPECTED_ARCHITECTURES = ["Gemma2ForCausalLM", "Gemma3ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM",
+EXPECTED_ARCHITECTURES = ["Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration",
+                          "LlamaForCausalLM", "Mistral3ForConditionalGeneration", "MistralForCausalLM",
                           "Qwen2ForCausalLM", "Qwen3ForCausalLM"]
 # What each architecture's reader must make of the same config (sliding_window 8, use_sliding_window unset):
 # (qkv_bias, qk_norm, sliding_window, norm_offset) as transformers' model of that name behaves.
@@ -28,6 +29,9 @@ EXPECTED_VARIANTS = {
     "Qwen3ForCausalLM": (False, True, None, 0.0),
     "Gemma2ForCausalLM": (False, False, 8, 1.0),
     "Gemma3ForCausalLM": (False, True, 8, 1.0),
+    # The multimodal wrappers read as their text models (a flat config is its own text_config).
+    "Gemma3ForConditionalGeneration": (False, True, 8, 1.0),
+    "Mistral3ForConditionalGeneration": (False, False, 8, 0.0),
 }
 
 

@@ -12,6 +12,9 @@ MARK = "ECHO-MARK-7f3a"
 
 COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
 USER = [{"role": "user", "content": "hi"}]
+IMAGE_MESSAGES = [{"role": "user", "content": [
+    {"type": "text", "text": "What is in this picture?"},
+    {"type": "image_url", "image_url": {"url": "data:image/png;base64," + MARK}}]}]
 LONG_TEXT = " ".join(["hello"] * 600)  # ~600 tokens, over max_model_len=512
 
 
@@ -43,6 +46,7 @@ CASES = [
     ("empty-token-prompt", COMPLETIONS, _body(prompt=[]), 400, "prompt", None),
     ("empty-prompt-in-batch", COMPLETIONS, _body(prompt=["hi", ""]), 400, "prompt", None),
     ("empty-messages", CHAT, json.dumps({"messages": []}).encode(), 400, "messages", None),
+    ("image-part", CHAT, json.dumps({"messages": IMAGE_MESSAGES}).encode(), 400, "messages[0]", MARK),
     ("bad-role", CHAT, json.dumps({"messages": [{"role": MARK, "content": "x"}]}).encode(), 400, None, MARK),
     ("prompt-over-max-model-len", COMPLETIONS, _body(prompt=LONG_TEXT + MARK), 400, "prompt", MARK),
     ("prompt-plus-max-tokens-over", COMPLETIONS, _body(max_tokens=512), 400, "max_tokens", None),
@@ -109,6 +113,17 @@ def test_bad_input_rejected_before_engine(http, async_engine, model_name, path, 
     assert http.get("/health").status_code == 200
     ok = http.post(COMPLETIONS, json={"model": model_name, "prompt": "hi", "max_tokens": 1})
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 1
+
+
+@pytest.mark.parametrize("part", [{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}},
+                                  {"type": "input_image", "image_url": "https://example.com/a.png"}])
+def test_an_image_part_is_refused_as_unsupported(http, part):
+    """A chat message carrying an image gets a 400 that says images are not supported (a text-only engine)."""
+    messages = [{"role": "user", "content": [{"type": "text", "text": "Describe it."}, part]}]
+    response = http.post(CHAT, json={"messages": messages, "max_tokens": 2})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert "images are not supported" in error["message"] and error["param"] == "messages[0]"
 
 
 def test_unknown_route_and_method_use_error_body(http):

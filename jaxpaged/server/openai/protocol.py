@@ -8,6 +8,7 @@ Unknown fields are ignored, as OpenAI clients send fields this server has no use
 from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 
 from jaxpaged.server.vllm.bad_words import MAX_BAD_WORDS
 
@@ -167,6 +168,11 @@ class CompletionRequest(SamplingRequest):
     """Only None or equal to n is supported."""
 
 
+_MEDIA_PART_TYPES = {"image_url": "images are", "input_image": "images are", "image": "images are",
+                     "input_audio": "audio is", "audio_url": "audio is", "video_url": "video is", "file": "files are"}
+"""OpenAI / vLLM content-part types that carry media, which the engine (text models only) cannot take."""
+
+
 class TextPart(StrictModel):
     """One text part of a message's content."""
 
@@ -205,6 +211,20 @@ class ChatMessage(StrictModel):
     thinking."""
     reasoning_content: Optional[str] = None
     """The same under its former name (DeepSeek's, still sent by many clients); `reasoning` wins."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_parts_only(cls, data: Any) -> Any:
+        # A multimodal checkpoint is served by its text tower alone (models/families/text_towers.py): an image
+        # part is refused by name, not with pydantic's "Input should be 'text'".
+        content = data.get("content") if isinstance(data, dict) else None
+        for part in content if isinstance(content, list) else ():
+            kind = part.get("type") if isinstance(part, dict) else None
+            if isinstance(kind, str) and kind in _MEDIA_PART_TYPES:  # a known name: no client text comes back
+                raise PydanticCustomError(
+                    "unsupported_content", "content: {what} not supported (content part type {kind}); this server "
+                    "takes text parts only", {"what": _MEDIA_PART_TYPES[kind], "kind": repr(kind)})
+        return data
 
 
 class FunctionDefinition(StrictModel):
