@@ -3,6 +3,7 @@ and generate what HF's text-only generate does on the same model; both saved pre
 
 import pathlib
 import shutil
+from typing import Any
 
 import numpy as np
 import pytest
@@ -59,7 +60,7 @@ def save_wrapper(kind: str, directory: pathlib.Path, tokenizer_dir: pathlib.Path
     return model
 
 
-def hf_text_greedy(model: transformers.PreTrainedModel) -> list[list[int]]:
+def hf_text_greedy(model: Any) -> list[list[int]]:
     """HF's greedy generate from token ids alone (no pixels), exactly NUM_NEW_TOKENS each."""
     continuations = []
     for prompt in PROMPTS:
@@ -155,15 +156,14 @@ def test_text_config_takes_what_it_lacks_from_the_top_level():
 def test_a_hub_style_sparse_gemma3_config_reads_as_transformers_fills_it():
     """google/gemma-3-4b-it's config.json lists few text fields: the rest are Gemma3TextConfig's defaults, as
     transformers reads them (heads, head_dim, vocab, RoPE bases, one global layer in six, the query scalar)."""
-    raw = dict(architectures=["Gemma3ForConditionalGeneration"], model_type="gemma3", eos_token_id=[1, 106],
-               text_config=dict(hidden_size=2560, intermediate_size=10240, model_type="gemma3_text",
-                                num_hidden_layers=34, rope_scaling={"factor": 8.0, "rope_type": "linear"},
-                                sliding_window=1024),
-               vision_config=dict(model_type="siglip_vision_model", hidden_size=1152, image_size=896,
-                                  intermediate_size=4304, num_attention_heads=16, num_hidden_layers=27,
-                                  patch_size=14))
+    raw: dict[str, Any] = dict(
+        architectures=["Gemma3ForConditionalGeneration"], model_type="gemma3", eos_token_id=[1, 106],
+        text_config=dict(hidden_size=2560, intermediate_size=10240, model_type="gemma3_text", num_hidden_layers=34,
+                         rope_scaling={"factor": 8.0, "rope_type": "linear"}, sliding_window=1024),
+        vision_config=dict(model_type="siglip_vision_model", hidden_size=1152, image_size=896, intermediate_size=4304,
+                           num_attention_heads=16, num_hidden_layers=27, patch_size=14))
     cfg = read_model_config(raw)
-    hf = transformers.Gemma3Config(**{k: v for k, v in raw.items() if k != "architectures"}).text_config
+    hf: Any = transformers.Gemma3Config(**{k: v for k, v in raw.items() if k != "architectures"}).text_config
     assert (cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size, cfg.num_layers) == (
         hf.vocab_size, hf.hidden_size, hf.intermediate_size, hf.num_hidden_layers)
     assert (cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps) == (
