@@ -10,11 +10,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any, Optional
 
 import httpx
+
+from tests.server_health import wait_healthy
 
 API_KEY = "hostile-key-5e1f0c2a"
 STARTUP_TIMEOUT_S = 300.0
@@ -57,7 +58,7 @@ class LiveServer:
             self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, env=self.env,
                                             start_new_session=True)
         try:
-            self._wait_healthy()
+            wait_healthy(self.base_url, [self.process], lambda _: self.log_tail(), STARTUP_TIMEOUT_S)
             self.baseline_text = self.normal_completion()
         except BaseException:
             self.__exit__(None, None, None)
@@ -72,20 +73,6 @@ class LiveServer:
     def log_tail(self, num_chars: int = 4000) -> str:
         """The end of the child's combined stdout and stderr."""
         return self.log_path.read_text(errors="replace")[-num_chars:]
-
-    def _wait_healthy(self) -> None:
-        assert self.process is not None
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise AssertionError(f"server exited with {self.process.returncode}:\n{self.log_tail()}")
-            try:
-                if httpx.get(self.base_url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
-        raise AssertionError(f"server not healthy after {STARTUP_TIMEOUT_S}s:\n{self.log_tail()}")
 
     def post(self, path: str, body: Any, timeout: float = 120.0, **kwargs: Any) -> httpx.Response:
         """POSTs a JSON body with the key."""

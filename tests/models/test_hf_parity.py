@@ -40,6 +40,18 @@ def run_step(runner: ModelRunner, parts: list[tuple[list[int], int, list[int]]])
     return np.asarray(runner.compute_logits(bucket, batch))[:num_rows]
 
 
+def hf_greedy(hf_model, prompts: list[list[int]], num_new_tokens: int) -> list[list[int]]:
+    """HF's greedy generate from token ids alone, exactly num_new_tokens after each prompt."""
+    continuations = []
+    for prompt in prompts:
+        ids = torch.tensor([prompt])
+        with torch.no_grad():
+            out = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=num_new_tokens,
+                                    min_new_tokens=num_new_tokens, do_sample=False)
+        continuations.append(out[0, len(prompt):].tolist())
+    return continuations
+
+
 def assert_close(actual: np.ndarray, expected: np.ndarray) -> None:
     rel = np.max(np.abs(actual - expected)) / np.max(np.abs(expected))
     assert rel < REL_TOL, f"relative error {rel:.2e}"

@@ -18,7 +18,7 @@ from jaxpaged.models.registry import read_model_config
 from jaxpaged.runner.model_runner import ModelRunner
 from jaxpaged.sampling.params import SamplingParams
 from jaxpaged.weights.loader import load_model
-from tests.models.test_hf_parity import BLOCK_SIZE, assert_close, hf_logits, run_step
+from tests.models.test_hf_parity import BLOCK_SIZE, assert_close, hf_greedy, hf_logits, run_step
 
 TEXT: dict = dict(vocab_size=49152, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=16, max_position_embeddings=256, rms_norm_eps=1e-5,
@@ -60,18 +60,6 @@ def save_wrapper(kind: str, directory: pathlib.Path, tokenizer_dir: pathlib.Path
     return model
 
 
-def hf_text_greedy(model: Any) -> list[list[int]]:
-    """HF's greedy generate from token ids alone (no pixels), exactly NUM_NEW_TOKENS each."""
-    continuations = []
-    for prompt in PROMPTS:
-        ids = torch.tensor([prompt])
-        with torch.no_grad():
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NUM_NEW_TOKENS,
-                                 min_new_tokens=NUM_NEW_TOKENS, do_sample=False)
-        continuations.append(out[0, len(prompt):].tolist())
-    return continuations
-
-
 @pytest.fixture(scope="module", params=sorted(WRAPPERS))
 def wrapper_checkpoint(request, tmp_path_factory, smollm2_tokenizer_dir):
     directory = tmp_path_factory.mktemp(f"mm-{request.param}")
@@ -85,7 +73,7 @@ def test_text_tower_greedy_matches_hf_text_only_generate(wrapper_checkpoint):
               max_num_batched_tokens=32, compilation_cache_dir="")
     params = SamplingParams(temperature=0.0, max_tokens=NUM_NEW_TOKENS, min_tokens=NUM_NEW_TOKENS)
     outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
-    assert [list(o.outputs[0].token_ids) for o in outputs] == hf_text_greedy(model)
+    assert [list(o.outputs[0].token_ids) for o in outputs] == hf_greedy(model, PROMPTS, NUM_NEW_TOKENS)
 
 
 def test_text_tower_logits_match_hf_at_every_position(wrapper_checkpoint):

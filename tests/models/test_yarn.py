@@ -16,7 +16,7 @@ from jaxpaged.models.yarn import YarnScaling, yarn_inverse_frequencies
 from jaxpaged.runner.model_runner import ModelRunner
 from jaxpaged.sampling.params import SamplingParams
 from jaxpaged.weights.loader import load_model
-from tests.models.test_hf_parity import BLOCK_SIZE, assert_close, hf_logits, run_step
+from tests.models.test_hf_parity import BLOCK_SIZE, assert_close, hf_greedy, hf_logits, run_step
 
 ORIGINAL_LENGTH = 64
 QWEN3: dict = dict(vocab_size=49152, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -79,13 +79,7 @@ def test_yarn_qwen3_greedy_matches_hf_past_the_original_length(yarn_qwen3):
     model, directory = yarn_qwen3
     rng = np.random.default_rng(7)
     prompts = [rng.integers(3, 49152, n).tolist() for n in (100, 150)]
-    expected = []
-    for prompt in prompts:
-        ids = torch.tensor([prompt])
-        with torch.no_grad():
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NUM_NEW_TOKENS,
-                                 min_new_tokens=NUM_NEW_TOKENS, do_sample=False)
-        expected.append(out[0, len(prompt):].tolist())
+    expected = hf_greedy(model, prompts, NUM_NEW_TOKENS)
     llm = LLM(str(directory), dtype="float32", attention_backend="xla", max_model_len=256, max_num_seqs=4,
               max_num_batched_tokens=64, compilation_cache_dir="")
     params = SamplingParams(temperature=0.0, max_tokens=NUM_NEW_TOKENS, min_tokens=NUM_NEW_TOKENS)

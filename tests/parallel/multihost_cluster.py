@@ -5,11 +5,10 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Optional
 
-import httpx
+from tests.server_health import wait_healthy as wait_until_healthy
 
 STARTUP_TIMEOUT_S = 240
 DISTRIBUTED_TIMEOUT_S = 8.0
@@ -49,18 +48,8 @@ class Cluster:
                 self.processes.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env))
 
     def wait_healthy(self) -> None:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while time.monotonic() < deadline:
-            for index, process in enumerate(self.processes):
-                if process.poll() is not None:
-                    raise AssertionError(f"process {index} exited with {process.returncode}:\n{self.log_tail(index)}")
-            try:
-                if httpx.get(self.base_url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
-        raise AssertionError(f"job not healthy after {STARTUP_TIMEOUT_S}s:\n{self.log_tail(0)}")
+        """Returns once process 0 serves; fails with the log of a process that exited."""
+        wait_until_healthy(self.base_url, self.processes, self.log_tail, STARTUP_TIMEOUT_S)
 
     def wait_exit(self, index: int, timeout_s: float) -> Optional[int]:
         """The process's exit code, or None if it is still running after timeout_s."""
