@@ -50,6 +50,9 @@ class ServerSettings:
     tool_call_parser: Optional[str] = None
     """Parser of the model's tool-call syntax (server/parsers/tool/) that tool_choice "auto" needs."""
     enable_auto_tool_choice: bool = False
+    exclude_tools_when_tool_choice_none: bool = False
+    """vLLM's --exclude-tools-when-tool-choice-none: tool_choice "none" renders the prompt without the tools (by
+    default they stay in it, as in vLLM)."""
     """vLLM's --enable-auto-tool-choice: accepted with a tool_call_parser (which alone already enables "auto")."""
     reasoning_parser: Optional[str] = None
     """Splits `<think>` reasoning into `reasoning` (server/parsers/reasoning.py)."""
@@ -74,11 +77,14 @@ class ServerSettings:
     allowed_hosts: tuple[str, ...] = ()
     """Host header allow-list against DNS rebinding (names, addresses, "*.example.com"). Empty: any host."""
 
-    def chat_template_kwargs_for(self, requested: Optional[dict]) -> Optional[dict]:
-        """A chat request's template kwargs: default_chat_template_kwargs under the request's own."""
-        if not self.default_chat_template_kwargs:
-            return requested
-        return {**self.default_chat_template_kwargs, **(requested or {})}
+    def chat_template_kwargs_for(self, requested: Optional[dict], reasoning_effort: Optional[str] = None,
+                                 ) -> Optional[dict]:
+        """A chat request's template kwargs: default_chat_template_kwargs under the request's own, which the
+        request's reasoning_effort (OpenAI's field; gpt-oss's template reads it) joins unless they set it."""
+        kwargs = {**(self.default_chat_template_kwargs or {}), **(requested or {})}
+        if reasoning_effort is not None:
+            kwargs.setdefault("reasoning_effort", reasoning_effort)
+        return kwargs or requested
 
     def __post_init__(self) -> None:
         keys = self.api_key if isinstance(self.api_key, tuple) else (self.api_key,)

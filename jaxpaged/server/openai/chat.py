@@ -27,7 +27,7 @@ from jaxpaged.server.openai.prompts import ChatRendering, chat_prompt
 from jaxpaged.server.openai.protocol import ChatCompletionRequest
 from jaxpaged.server.openai.responses import SampleProgress, chat_logprobs, usage, vllm_prompt_logprobs
 from jaxpaged.server.openai.streaming import SSE_DONE, sse_event
-from jaxpaged.server.openai.tool_calls import AUTO_TOOLS_ORIGIN, ToolCalling, tool_calling
+from jaxpaged.server.openai.tool_calls import AUTO_TOOLS_ORIGIN, ToolCalling, prompt_tools, tool_calling
 from jaxpaged.server.openai.validation import (
     build_sampling_params,
     check_model_name,
@@ -52,11 +52,12 @@ async def create_chat_completion(request: Request, context: ServerContext) -> Re
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs: needs logprobs=true", param="top_logprobs", code="invalid_value")
     calling = tool_calling(body, context.tool_parser)
+    template_kwargs = context.settings.chat_template_kwargs_for(body.chat_template_kwargs, body.reasoning_effort)
     rendering = ChatRendering(body.add_generation_prompt, body.continue_final_message, context.settings.chat_template,
-                              context.settings.chat_template_kwargs_for(body.chat_template_kwargs))
+                              template_kwargs)
+    tools = prompt_tools(body, calling, context.settings.exclude_tools_when_tool_choice_none)
     prompt = await chat_prompt(engine.tokenizer, engine.vocab_size, body.messages, rendering,
-                               cache_salt=body.cache_salt, priority=body.priority,
-                               tools=calling.tools if calling else None)
+                               cache_salt=body.cache_salt, priority=body.priority, tools=tools)
     prompt = truncated(prompt, requested_truncation(payload), engine.max_model_len)
     field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens

@@ -76,6 +76,7 @@ class ChoiceText:
             if self.scanner is None:
                 self.scanner = self.calling.parser.scanner()
             end, calls = self.scanner.advance(text, content_start, finished)
+            calls = self.calling.limited(calls)
         if end - content_start > self._content_sent:
             delta["content"] = text[content_start + self._content_sent:end]
             self._content_sent = end - content_start

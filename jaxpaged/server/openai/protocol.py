@@ -278,6 +278,11 @@ class ChatCompletionRequest(SamplingRequest):
     """vLLM's: the prompt ends inside the last (assistant) message, which the output continues."""
     include_reasoning: bool = True
     """vLLM's: false leaves the reasoning parser's `reasoning` out of the response (content is unchanged)."""
+    parallel_tool_calls: Optional[bool] = True
+    """OpenAI's: false allows at most one tool call per choice (a "required" grammar then holds one call)."""
+    reasoning_effort: Optional[Literal["none", "minimal", "low", "medium", "high"]] = None
+    """OpenAI's: reaches the chat template as `reasoning_effort` (gpt-oss's and other thinking models' templates
+    read it; others ignore it)."""
 
 
 class TokenizeRequest(StrictModel):

@@ -1,5 +1,6 @@
 """Tool calls on /v1/chat/completions: tool_choice "required" or a named function constrains the output (a grammar
-from the functions' JSON schemas) and returns it as OpenAI tool_calls; "none" leaves tools out of the prompt.
+from the functions' JSON schemas) and returns it as OpenAI tool_calls; "none" answers in text (the tools stay in the
+prompt, as vLLM keeps them, unless the server runs with --exclude-tools-when-tool-choice-none).
 
   - a named function: the output is that function's arguments object, so they can stream as they are sampled;
   - "required": the output is a JSON array of {"name": ..., "parameters": {...}} (one item per call, any of the
@@ -52,6 +53,9 @@ class ToolCalling:
     """tool_choice named this function: the whole output is its arguments."""
     parser: Optional[ToolParser] = None
     """tool_choice "auto": the parser of the model's own syntax (no grammar; the model may answer in text)."""
+    max_calls: Optional[int] = None
+    """1 when the request sets parallel_tool_calls false: later calls are dropped (and "required" grammars hold
+    one call); None: any number."""
 
     def constraint(self) -> Optional[StructuredOutputsParams]:
         """The grammar the output must follow (None for "auto")."""
@@ -65,8 +69,10 @@ class ToolCalling:
                                                    "parameters": t["function"].get("parameters") or
                                                    {"type": "object"}},
                   "required": ["name", "parameters"], "additionalProperties": False} for t in self.tools]
-        return StructuredOutputsParams(json={"type": "array", "minItems": 1, "items": {"anyOf": calls}},
-                                       origin="tools.function.parameters")
+        array: dict = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+        if self.max_calls is not None:
+            array["maxItems"] = self.max_calls
+        return StructuredOutputsParams(json=array, origin="tools.function.parameters")
 
     def auto_constraint(self) -> Optional[StructuredOutputsParams]:
         """tool_choice "auto": the parser's grammar of text or calls (None where its format has none here)."""
@@ -87,8 +93,15 @@ class ToolCalling:
         """A named function's arguments stream as they are sampled; "required" calls come whole at the end."""
         return self.forced_name is not None
 
+    def limited(self, calls: list) -> list:
+        """The calls a choice may return: the first max_calls of them."""
+        return calls if self.max_calls is None else calls[:self.max_calls]
+
     def calls(self, text: str) -> list[dict]:
         """The OpenAI tool_calls of a finished output (arguments as JSON text)."""
+        return self.limited(self._all_calls(text))
+
+    def _all_calls(self, text: str) -> list[dict]:
         if self.forced_name is not None:
             return [self.call(self.forced_name, text)]
         if self.parser is not None:
@@ -115,6 +128,7 @@ def tool_calling(request: ChatCompletionRequest, parser: Optional[ToolParser] = 
     choice = request.tool_choice or "auto"
     if choice == "none":
         return None
+    max_calls = None if request.parallel_tool_calls is not False else 1
     tools = [tool.model_dump(exclude_none=True) for tool in request.tools]
     names = [tool["function"]["name"] for tool in tools]
     if len(set(names)) != len(names):
@@ -124,7 +138,7 @@ def tool_calling(request: ChatCompletionRequest, parser: Optional[ToolParser] = 
             raise APIError(400, f'tool_choice: "auto" needs the server started with --enable-auto-tool-choice '
                            f'--tool-call-parser NAME ({", ".join(TOOL_CALL_PARSERS)}); or use "required" or name '
                            f'the function', param="tool_choice", code="invalid_value")
-        return ToolCalling(tools, None, parser)
+        return ToolCalling(tools, None, parser, max_calls)
     if request.response_format is not None and request.response_format.type != "text":
         raise APIError(400, "response_format: cannot be combined with a tool_choice that calls tools",
                        param="response_format", code="invalid_value")
@@ -133,4 +147,16 @@ def tool_calling(request: ChatCompletionRequest, parser: Optional[ToolParser] = 
             raise APIError(400, f"tool_choice: names no function in tools (have {shown_names(names)})",
                            param="tool_choice", code="invalid_value")
         return ToolCalling(tools, choice.function.name)
-    return ToolCalling(tools, None)
+    return ToolCalling(tools, None, max_calls=max_calls)
+
+
+def prompt_tools(request: ChatCompletionRequest, calling: Optional[ToolCalling],
+                 exclude_when_none: bool = False) -> Optional[list[dict]]:
+    """The tools the chat template shows the model: the request's, also under tool_choice "none" (vLLM keeps them
+    there, so the model knows of them while it answers in text) unless `exclude_when_none`
+    (--exclude-tools-when-tool-choice-none)."""
+    if calling is not None:
+        return calling.tools
+    if not request.tools or request.tool_choice != "none" or exclude_when_none:
+        return None
+    return [tool.model_dump(exclude_none=True) for tool in request.tools]
