@@ -34,7 +34,7 @@ from jaxpaged.outputs import RequestOutput
 from jaxpaged.runner import ModelRunner, build_rank_runners, compile_counter
 from jaxpaged.sampling.batch import penalizes_output_tokens
 from jaxpaged.sampling.grammar import CompiledGrammar, GrammarCompiler
-from jaxpaged.sampling.params import SamplingParams
+from jaxpaged.sampling.params import SamplingParams, StructuredOutputsParams
 from jaxpaged.speculative import build_speculator
 from jaxpaged.weights.generation_config import request_defaults
 from jaxpaged.weights.loader import LoadedModel, load_model
@@ -131,14 +131,25 @@ class LLMEngine:
         samples = make_samples(request_id, parsed, params, arrival_time, self.tokenizer, self.eos_token_ids,
                                self._seed_rng)
         if grammar is not None:
+            starts_after = self._marker_ids(params.structured_outputs)
             for sample in samples:  # copies of one compiled matcher (cheap), never a rebuild per sample
-                sample.request.grammar = self.grammars.new_request_grammar(grammar)
+                sample.request.grammar = self.grammars.new_request_grammar(grammar, starts_after)
         dp_rank = self.ranks.route(samples[0].request)
         self.ranks.schedulers[dp_rank].add_request(samples[0].request)  # validates against the pool before anything
         group = RequestGroup(request_id, parsed, params, samples, arrival_time)
         self.requests.add(group, dp_rank, needs_tokens_on_host=grammar is not None or penalizes_output_tokens(params))
         self.features.on_add(group, dp_rank, self.ranks)
         self._prompt_tokens_total += num_prompt * params.n
+
+    def _marker_ids(self, structured: Optional[StructuredOutputsParams]) -> tuple[int, ...]:
+        """The token ids a grammar starts after (StructuredOutputsParams.starts_after), as the model writes the
+        marker: one special token for `</think>` in the thinking models' vocabularies."""
+        if structured is None or structured.starts_after is None:
+            return ()
+        ids = tuple(self.tokenizer.encode(structured.starts_after, add_special_tokens=False))
+        if not ids:
+            raise ValueError(f"structured_outputs.starts_after: {structured.starts_after!r} encodes to no tokens")
+        return ids
 
     def default_sampling_params(self) -> SamplingParams:
         """SamplingParams() with the model's recommended settings (generation_config.json), as vLLM does."""

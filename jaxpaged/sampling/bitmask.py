@@ -59,9 +59,9 @@ def fill_step_bitmask(requests: Sequence[Request], num_rows_padded: int, vocab_s
     (nothing to mask). With `row_errors`, a grammar that fails to fill its mask is recorded there by its row in
     `requests` (its row stays all-allowed: the caller fails that request alone); without it, the error propagates."""
     # A finished grammar (its request stops at this step's token) has no next token: its row, computed by a step
-    # planned ahead and dropped, stays all-allowed.
+    # planned ahead and dropped, stays all-allowed. So does a grammar still waiting for its start marker.
     grammars = [(row, request.grammar) for row, request in enumerate(requests)
-                if request.grammar is not None and not request.grammar.is_finished]
+                if request.grammar is not None and request.grammar.constrains_next]
     if not grammars:
         return None
     num_constrained = len(grammars)

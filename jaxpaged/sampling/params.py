@@ -79,6 +79,10 @@ class StructuredOutputsParams:
     """The output is any JSON object (OpenAI's response_format {"type": "json_object"})."""
     origin: Optional[str] = None
     """The request field this came from (e.g. "response_format", "guided_json"), for error messages."""
+    starts_after: Optional[str] = None
+    """The constraint holds only for the text after the output has written this marker (a reasoning model's
+    `</think>`): what comes before it is free, so a thinking model thinks before it answers in the schema (vLLM
+    starts a grammar once the reasoning ends). None: from the first token."""
 
     def _given(self) -> list[str]:
         # json_object is a flag (set when True); every other field is set when not None (json=False is a schema).
@@ -99,6 +103,8 @@ class StructuredOutputsParams:
         if self.json is not None and not isinstance(self.json, (dict, str, bool)):
             _fail(self.field, "must be a JSON schema (a dict or its JSON text)", self.json)
         _check_bool("json_object", self.json_object)
+        if self.starts_after is not None and (not isinstance(self.starts_after, str) or not self.starts_after):
+            _fail("structured_outputs.starts_after", "must be a non-empty str", self.starts_after)
 
     @property
     def field(self) -> str:

@@ -68,3 +68,39 @@ def test_several_grammars_prefetched_together_or_not_fill_one_step_s_bitmask(com
     fill_bitmasks([(prefetched[0], 0), (plain, 1), (prefetched[1], 3)], bitmask)
     expected = masks_on_the_spot([prefetched[0], plain, prefetched[1]], 3)
     assert np.array_equal(bitmask[[0, 1, 3]], expected) and (bitmask[2] == -1).all()
+
+
+def test_a_grammar_that_starts_after_a_marker_leaves_the_text_before_it_free(compiler, tokenizer):
+    """starts_after: no mask and no matcher step until the output has written the marker's tokens; from there the
+    masks are a fresh grammar's, and the schema's text is accepted to its end (vLLM's grammar after reasoning)."""
+    from jaxpaged.core.request import Request
+    from jaxpaged.sampling.bitmask import fill_step_bitmask
+
+    marker = tokenizer.encode("</think>")
+    assert len(marker) > 1  # SmolLM2 spells it in pieces: the search must match a sequence
+    grammar = compiler.compile(StructuredOutputsParams(json=SCHEMA))
+    waiting, fresh = compiler.new_request_grammar(grammar, marker), compiler.new_request_grammar(grammar)
+    request = Request("r", [1, 2, 3])
+    request.grammar = waiting
+    free_text = tokenizer.encode("not json at all </think") + marker[:1]  # a partial marker does not start it
+    for token_id in free_text:
+        assert waiting.is_waiting and not waiting.constrains_next
+        assert fill_step_bitmask([request], 8, tokenizer.vocab_size) is None
+        waiting.accept(token_id)
+        assert not waiting.is_finished
+    for token_id in marker:
+        waiting.accept(token_id)
+    assert not waiting.is_waiting and waiting.constrains_next
+    assert fill_step_bitmask([request], 8, tokenizer.vocab_size) is not None
+    answer = tokenizer.encode('{"name": "x", "n": 1}')
+    for token_id in answer:
+        assert np.array_equal(masks_on_the_spot([waiting], 1), masks_on_the_spot([fresh], 1))
+        waiting.accept(token_id)
+        fresh.accept(token_id)
+    assert waiting.is_finished
+
+
+def test_starts_after_must_be_a_non_empty_string():
+    """A bad starts_after is refused naming the field."""
+    with pytest.raises(ValueError, match="structured_outputs.starts_after"):
+        StructuredOutputsParams(json=SCHEMA, starts_after="")

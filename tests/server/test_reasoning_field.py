@@ -54,3 +54,25 @@ def test_reasoning_wins_over_its_former_name():
                                           "reasoning_content": "old"})
     assert _message_dict(message)["reasoning"] == "new"
     assert "reasoning" not in _message_dict(ChatMessage.model_validate({"role": "user", "content": "x"}))
+
+
+def _params_with(structured):
+    from jaxpaged.sampling.params import SamplingParams
+    return SamplingParams(max_tokens=8, structured_outputs=structured)
+
+
+def test_a_schema_waits_for_the_reasoning_to_end_unless_the_prompt_closed_it():
+    """With a reasoning parser a response_format schema holds after `</think>` (the model thinks first, as in vLLM);
+    a prompt that closed the reasoning (thinking off) or a tool call's grammar starts at the first token."""
+    from jaxpaged.sampling.params import StructuredOutputsParams
+    from jaxpaged.server.openai.chat import _grammar_after_reasoning
+    from jaxpaged.server.openai.tool_calls import ToolCalling
+
+    params = _params_with(StructuredOutputsParams(json={"type": "object"}, origin="response_format"))
+    waiting = _grammar_after_reasoning(params, QWEN3, None, "<|im_start|>assistant\n")
+    assert waiting.structured_outputs is not None and waiting.structured_outputs.starts_after == "</think>"
+    closed = _grammar_after_reasoning(params, QWEN3, None, "<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert closed.structured_outputs is not None and closed.structured_outputs.starts_after is None
+    forced = _grammar_after_reasoning(params, QWEN3, ToolCalling([], "f"), "<|im_start|>assistant\n")
+    assert forced.structured_outputs is not None and forced.structured_outputs.starts_after is None
+    assert _grammar_after_reasoning(params, None, None, "x") is params

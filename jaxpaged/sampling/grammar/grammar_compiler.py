@@ -98,10 +98,12 @@ class GrammarCompiler:
         """submit(params)'s result, waited for (the offline engine's path)."""
         return self.submit(params).result()
 
-    def new_request_grammar(self, compiled: CompiledGrammar) -> RequestGrammar:
+    def new_request_grammar(self, compiled: CompiledGrammar, starts_after: Sequence[int] = ()) -> RequestGrammar:
         """A fresh matcher at the start of the output for one sample: a copy of the compiled one (each sample consumes
-        its own tokens), its first mask already known."""
-        return RequestGrammar(compiled.matcher.deep_copy(), self.bitmask_words, first_mask=compiled.first_mask)
+        its own tokens), its first mask already known; `starts_after`: the token ids it waits for
+        (RequestGrammar)."""
+        return RequestGrammar(compiled.matcher.deep_copy(), self.bitmask_words, first_mask=compiled.first_mask,
+                              starts_after=starts_after)
 
     def close(self) -> None:
         """Stops the worker processes and the threads (queued compiles are cancelled); a later submit() starts them

@@ -22,14 +22,21 @@ class RequestGrammar:
     NOTE: while a prefetched mask is being computed, the background job holds the matcher: every method that
     touches it waits for that job first (_settle), and is_finished reads a flag kept at accept()."""
 
-    __slots__ = ("_matcher", "_finished", "_next_mask", "bitmask_words")
+    __slots__ = ("_matcher", "_finished", "_next_mask", "bitmask_words", "_starts_after", "_recent")
 
-    def __init__(self, matcher: Any, bitmask_words: int, first_mask: Optional[np.ndarray] = None) -> None:
-        """first_mask: the tokens allowed at the start, when already known ([1, bitmask_words] int32 words)."""
+    def __init__(self, matcher: Any, bitmask_words: int, first_mask: Optional[np.ndarray] = None,
+                 starts_after: Sequence[int] = ()) -> None:
+        """first_mask: the tokens allowed at the start, when already known ([1, bitmask_words] int32 words).
+        starts_after: the grammar waits until the output's tokens end with these (a reasoning end marker's ids);
+        until then every token is allowed and none reaches the matcher."""
         if matcher.is_error():
             raise ValueError(f"structured_outputs: {matcher.get_error()}")
         self._matcher = matcher
         self._finished = matcher.is_stopped()
+        self._starts_after = tuple(starts_after)
+        """The marker still awaited (empty once written, or when there is none)."""
+        self._recent: list[int] = []
+        """The output's last tokens while the marker is awaited (at most its length)."""
         self._next_mask: Optional[tuple[Union[_MaskJob, _KnownMask], int]] = None
         """The tokens allowed next, computed ahead: (the job, its row there); None until prefetched."""
         if first_mask is not None:
@@ -46,9 +53,25 @@ class RequestGrammar:
             return
         fill_next_token_bitmask(self._matcher, bitmask, row)
 
+    @property
+    def is_waiting(self) -> bool:
+        """The grammar has not started: the output has not yet written the marker it starts after."""
+        return bool(self._starts_after)
+
+    @property
+    def constrains_next(self) -> bool:
+        """The next token is masked by this grammar (it has started and is not finished)."""
+        return not self._finished and not self._starts_after
+
     def accept(self, token_id: int) -> None:
         """Advances past the sampled token. A token the mask allowed is always accepted; one it could not have
-        allowed (an EOS after the grammar already stopped) changes nothing."""
+        allowed (an EOS after the grammar already stopped) changes nothing. While the grammar waits for its marker,
+        the token only moves the marker search (the marker itself is not part of the constrained text)."""
+        if self._starts_after:
+            self._recent = (self._recent + [token_id])[-len(self._starts_after):]
+            if tuple(self._recent) == self._starts_after:
+                self._starts_after, self._recent = (), []
+            return
         self._settle()
         self._next_mask = None  # computed for the position before this token
         if not self._matcher.is_stopped():
@@ -115,7 +138,7 @@ def prefetch_bitmasks(grammars: Sequence[RequestGrammar]) -> None:
     while this thread detokenizes, makes outputs and plans the next step, instead of after all that (a JSON
     schema's mask costs ~25-50 us a row, docs/performance.md). A grammar that accepts another token first
     drops its prefetched mask."""
-    unfinished = [grammar for grammar in grammars if not grammar._finished]
+    unfinished = [grammar for grammar in grammars if grammar.constrains_next]
     if not unfinished:
         return
     job = _MaskJob([grammar._matcher for grammar in unfinished], unfinished[0].bitmask_words)

@@ -10,7 +10,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from jaxpaged.outputs import CompletionOutput, RequestOutput
-from jaxpaged.sampling.params import StructuredOutputsParams
+from jaxpaged.sampling.params import SamplingParams, StructuredOutputsParams
 from jaxpaged.server.context import ServerContext
 from jaxpaged.server.http.errors import APIError
 from jaxpaged.server.openai.chat_text import ChoiceText
@@ -37,6 +37,8 @@ from jaxpaged.server.openai.validation import (
     resolve_max_tokens,
     structured_outputs_of,
 )
+from jaxpaged.server.parsers.reasoning import END as REASONING_END
+from jaxpaged.server.parsers.reasoning import ReasoningParser
 from jaxpaged.server.vllm.request_keys import reject_unhonoured_keys
 
 
@@ -71,9 +73,12 @@ async def create_chat_completion(request: Request, context: ServerContext) -> Re
             and "skip_special_tokens" not in body.model_fields_set:
         params = dataclasses.replace(params, skip_special_tokens=False)  # the call markers are special tokens
     reasoning = context.reasoning_parser
-    # NOTE: a constrained output (a schema, a regex) starts with the answer, whatever the prompt opened; the
-    # "auto" tools grammar lets any text (reasoning included) come first.
-    constrained = params.structured_outputs is not None and params.structured_outputs.origin != AUTO_TOOLS_ORIGIN
+    params = _grammar_after_reasoning(params, reasoning, calling, prompt.text)
+    # NOTE: a constrained output that does not wait for the reasoning to end (a forced tool call, or a prompt that
+    # closed the reasoning) starts with the answer, whatever the prompt opened; the "auto" tools grammar lets any
+    # text (reasoning included) come first.
+    structured = params.structured_outputs
+    constrained = structured is not None and structured.origin != AUTO_TOOLS_ORIGIN and structured.starts_after is None
     starts_in_reasoning = reasoning is not None and not constrained and reasoning.starts_in_reasoning(prompt.text)
     run = GenerationRun(context, f"chatcmpl-{uuid.uuid4().hex}", [prompt], [params])
     texts = [ChoiceText(calling, reasoning, starts_in_reasoning, body.include_reasoning)
@@ -82,6 +87,18 @@ async def create_chat_completion(request: Request, context: ServerContext) -> Re
     view = _ChatView(body, engine.tokenizer, context.model_name, response_id("chatcmpl", body, run), calling, texts,
                      prompt.token_ids, context.settings.enable_prompt_tokens_details)
     return await respond(request, run, body.stream, view.events, lambda finals: view.body(finals[0]))
+
+
+def _grammar_after_reasoning(params: SamplingParams, reasoning: Optional[ReasoningParser],
+                             calling: Optional[ToolCalling], prompt_text: Optional[str]) -> SamplingParams:
+    """With a reasoning parser, a schema, regex or grammar holds only after the reasoning ends (vLLM's rule), so a
+    thinking model thinks first and then answers in the schema. Not for tool calls (their grammar is the call), nor
+    when the prompt already closed the reasoning."""
+    structured = params.structured_outputs
+    if reasoning is None or structured is None or calling is not None or reasoning.ended_in_prompt(prompt_text):
+        return params
+    return dataclasses.replace(params, structured_outputs=dataclasses.replace(structured,
+                                                                              starts_after=REASONING_END))
 
 
 def _tool_constraint(body: ChatCompletionRequest, calling: Optional[ToolCalling]) -> Optional[StructuredOutputsParams]:

@@ -92,6 +92,11 @@ class ReasoningParser:
         tail = (prompt_text or "").rstrip()
         return tail.endswith(START)
 
+    def ended_in_prompt(self, prompt_text: Optional[str]) -> bool:
+        """Whether the rendered prompt already closed the reasoning block (a template with thinking switched off
+        ends with an empty `<think></think>`): the output then starts with the answer."""
+        return (prompt_text or "").rstrip().endswith(END)
+
     def split(self, text: str, starts_in_reasoning: bool, finished: bool = True) -> tuple[Optional[str], str]:
         """(reasoning, content) of an output; unfinished, only what is sure so far (a possible marker held back).
         Reasoning is None when the output has none."""
