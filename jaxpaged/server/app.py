@@ -24,6 +24,7 @@ from jaxpaged.server.http.host_guard import AllowedHostsMiddleware
 from jaxpaged.server.metrics import ServerMetrics
 from jaxpaged.server.openai.chat import create_chat_completion
 from jaxpaged.server.openai.completions import create_completion
+from jaxpaged.server.openai.responses_endpoint import create_response
 from jaxpaged.server.openai.tokenization import detokenize, tokenize
 
 
@@ -65,6 +66,10 @@ def build_app(engine: AsyncLLMEngine, settings: Optional[ServerSettings] = None,
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         return await create_chat_completion(request, context)
+
+    @app.post("/v1/responses")
+    async def responses(request: Request) -> Response:
+        return await create_response(request, context)
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:

@@ -9,6 +9,7 @@ from typing import Optional
 from fastapi import Request
 from fastapi.responses import Response
 
+from jaxpaged.inputs import ParsedPrompt
 from jaxpaged.outputs import CompletionOutput, RequestOutput
 from jaxpaged.sampling.params import SamplingParams, StructuredOutputsParams
 from jaxpaged.server.context import ServerContext
@@ -45,11 +46,33 @@ from jaxpaged.server.vllm.request_keys import reject_unhonoured_keys
 async def create_chat_completion(request: Request, context: ServerContext) -> Response:
     """Validates, admits and runs one chat completion request."""
     ensure_ready(context)
-    engine = context.engine
     payload = await read_json_body(request, context.settings.max_request_body_bytes)
     check_prompt_count(payload, context.settings.max_prompts_per_request)  # n alone may pass the cap
     reject_unhonoured_keys(payload, chat=True)
     body = parse_model(ChatCompletionRequest, payload)
+    chat = await prepare_chat(body, context, requested_truncation(payload))
+    view = _ChatView(body, context.engine.tokenizer, context.model_name, response_id("chatcmpl", body, chat.run),
+                     chat.calling, chat.texts, chat.prompt.token_ids, context.settings.enable_prompt_tokens_details)
+    return await respond(request, chat.run, body.stream, view.events, lambda finals: view.body(finals[0]))
+
+
+@dataclasses.dataclass
+class PreparedChat:
+    """A validated chat request ready to run: its engine run and how its outputs read (shared by /v1/responses)."""
+
+    run: GenerationRun
+    calling: Optional[ToolCalling]
+    """How the request calls tools (None: plain text)."""
+    texts: list[Optional[ChoiceText]]
+    """Per choice: its text's reasoning / content / "auto" calls (None for a forced or required call)."""
+    prompt: ParsedPrompt
+
+
+async def prepare_chat(body: ChatCompletionRequest, context: ServerContext,
+                       truncation: Optional[int] = None) -> PreparedChat:
+    """Renders, tokenizes and turns `body` into sampling parameters (400s naming the field for what cannot work);
+    `truncation`: the request's truncate_prompt_tokens."""
+    engine = context.engine
     check_model_name(body.model, context.model_names)
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs: needs logprobs=true", param="top_logprobs", code="invalid_value")
@@ -60,7 +83,7 @@ async def create_chat_completion(request: Request, context: ServerContext) -> Re
     tools = prompt_tools(body, calling, context.settings.exclude_tools_when_tool_choice_none)
     prompt = await chat_prompt(engine.tokenizer, engine.vocab_size, body.messages, rendering,
                                cache_salt=body.cache_salt, priority=body.priority, tools=tools)
-    prompt = truncated(prompt, requested_truncation(payload), engine.max_model_len)
+    prompt = truncated(prompt, truncation, engine.max_model_len)
     field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     # NOTE: unset, the whole rest of the context is the limit (OpenAI's chat behaviour).
@@ -84,9 +107,7 @@ async def create_chat_completion(request: Request, context: ServerContext) -> Re
     texts = [ChoiceText(calling, reasoning, starts_in_reasoning, body.include_reasoning)
              if calling is None or calling.parser is not None
              else None for _ in range(body.n)]
-    view = _ChatView(body, engine.tokenizer, context.model_name, response_id("chatcmpl", body, run), calling, texts,
-                     prompt.token_ids, context.settings.enable_prompt_tokens_details)
-    return await respond(request, run, body.stream, view.events, lambda finals: view.body(finals[0]))
+    return PreparedChat(run, calling, texts, prompt)
 
 
 def _grammar_after_reasoning(params: SamplingParams, reasoning: Optional[ReasoningParser],
