@@ -53,6 +53,8 @@ class RequestMetrics:
 
     arrival_time: float
     """When the request was added."""
+    first_scheduled_time: Optional[float] = None
+    """When a step first computed any of its prompt (the end of its time in the queue)."""
     first_token_time: Optional[float] = None
     """When the first generated token reached the host."""
     finish_time: Optional[float] = None

@@ -213,9 +213,22 @@ class LLMEngine:
         start = time.perf_counter()
         plan = scheduler.schedule()
         self.timings.schedule_s += time.perf_counter() - start
+        self._note_first_scheduled(plan)
         for observer in self.observers:
             observer.after_schedule(scheduler)
         return plan
+
+    def _note_first_scheduled(self, plan: SchedulerOutput) -> None:
+        """Stamps when each request's group was first scheduled (its queue time ends there). Only rows without an
+        output token yet are looked up: a step's decode rows cost nothing here."""
+        now = None
+        for scheduled in plan.scheduled:
+            if scheduled.request.num_output_tokens:
+                continue
+            owner = self.requests.samples.get(scheduled.request.request_id)
+            if owner is not None and owner[0].metrics.first_scheduled_time is None:
+                now = now or time.time()
+                owner[0].metrics.first_scheduled_time = now
 
     def execute(self, dp_rank: int, plan: SchedulerOutput, defer_sampling: bool = False) -> LaunchedStep:
         """Phase 2: a rank's step (model + sampler) is dispatched to its devices; its result is not awaited, so the

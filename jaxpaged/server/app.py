@@ -59,6 +59,8 @@ def build_app(engine: AsyncLLMEngine, settings: Optional[ServerSettings] = None,
         # NOTE: outermost: a rebound name is refused before CORS or auth look at the request.
         app.add_middleware(AllowedHostsMiddleware, allowed_hosts=list(settings.allowed_hosts))
 
+    context.metrics.instrument_http(app)
+
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         return await create_completion(request, context)

@@ -8,12 +8,21 @@ With a key set, /metrics needs it (http/auth.py): the prefix-cache counters tell
 from collections.abc import Iterator
 from typing import Any, Optional
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from fastapi import FastAPI
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_fastapi_instrumentator import Instrumentator
 
 from jaxpaged.async_engine import AsyncLLMEngine
-from jaxpaged.server.vllm.metrics import MODEL_LABEL, TOKEN_BUCKETS, VllmRequestMetrics, VllmStatsCollector
+from jaxpaged.server.vllm.metrics import (
+    ENGINE_INDEX,
+    ENGINE_LABEL,
+    MODEL_LABEL,
+    TOKEN_BUCKETS,
+    VllmRequestMetrics,
+    VllmStatsCollector,
+)
 from jaxpaged.server.vllm.metrics import PREFIX as VLLM_PREFIX
 
 PREFIX = "jaxpaged_"
@@ -118,8 +127,8 @@ def register_cache_config_info(registry: CollectorRegistry, engine: AsyncLLMEngi
           ).labels(config.cache.kv_cache_dtype, runner.memory_plan.kv_format, block_size, num_blocks,
                    str(runner.memory_plan.kv_bytes_per_token)).set(1)
     Gauge(VLLM_PREFIX + "cache_config_info", "Information of the LLMEngine CacheConfig.",
-          [MODEL_LABEL, "cache_dtype", "block_size", "num_gpu_blocks"], registry=registry
-          ).labels(model_name, config.cache.kv_cache_dtype, block_size, num_blocks).set(1)
+          [MODEL_LABEL, ENGINE_LABEL, "cache_dtype", "block_size", "num_gpu_blocks"], registry=registry
+          ).labels(model_name, ENGINE_INDEX, config.cache.kv_cache_dtype, block_size, num_blocks).set(1)
 
 
 class ServerMetrics:
@@ -129,6 +138,7 @@ class ServerMetrics:
     def __init__(self, engine: AsyncLLMEngine, model_name: Optional[str] = None) -> None:
         model_name = model_name or engine.model_name
         self.registry = CollectorRegistry()
+        ProcessCollector(registry=self.registry)  # process_* (CPU seconds, resident memory, open fds), as vLLM's
         self.registry.register(_EngineStatsCollector(engine))
         self.registry.register(VllmStatsCollector(engine, model_name))
         register_cache_config_info(self.registry, engine, model_name)
@@ -147,12 +157,19 @@ class ServerMetrics:
         """vLLM only: prompt tokens per finished engine request."""
         self.request_generation_tokens = vllm.request_generation_tokens
         """vLLM only: generated tokens per finished engine request (all its choices)."""
+        self.request_phases = vllm
+        """vLLM only: a finished request's queue, prefill, decode and inference times (observe_phases)."""
         self.sequences_finished = _FinishCounter(Counter(
             PREFIX + "sequences_finished", "Choices (sequences) that ended, by finish reason (abort: client gone).",
             ["finish_reason"], registry=self.registry), vllm)
         self.requests_rejected = Counter(
             PREFIX + "requests_rejected", "HTTP requests refused before reaching the engine, by reason.",
             ["reason"], registry=self.registry)
+
+    def instrument_http(self, app: FastAPI) -> None:
+        """vLLM's http_* series (prometheus-fastapi-instrumentator, as vLLM uses it): requests by handler, method
+        and status, their latency and sizes, in this registry; /metrics itself is left out."""
+        Instrumentator(excluded_handlers=["/metrics"], registry=self.registry).instrument(app)
 
     def render(self) -> bytes:
         """The registry in Prometheus text format."""

@@ -44,6 +44,16 @@ def test_metrics_parse_and_move(server, client, model_name):
     assert delta("jaxpaged_sequences_finished_total{finish_reason=length}") == 1
     assert delta("jaxpaged_xla_compilations_total") == 0  # warm-up compiled every shape already
     assert after["jaxpaged_num_preemptions_total"] >= 0
+    # vLLM's dashboard panels: the request's phases (one observation each), its longest sample, and the http_*
+    # and process_* series.
+    vllm = f"engine=0,model_name={model_name}"
+    for phase in ("queue_time", "prefill_time", "decode_time", "inference_time"):
+        assert delta(f"vllm:request_{phase}_seconds_count{{{vllm}}}") == 1, phase
+    assert delta(f"vllm:request_max_num_generation_tokens_sum{{{vllm}}}") == 7
+    assert delta(f"vllm:request_inference_time_seconds_sum{{{vllm}}}") <= delta(
+        f"vllm:e2e_request_latency_seconds_sum{{{vllm}}}") + 1e-3
+    assert delta("http_requests_total{handler=/v1/completions,method=POST,status=2xx}") == 1
+    assert after["process_resident_memory_bytes"] > 0
 
 
 def test_rejections_are_counted(overload_server):

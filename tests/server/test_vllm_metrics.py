@@ -31,7 +31,7 @@ def test_every_vllm_gauge_and_counter_is_its_engine_number_with_the_model_name()
     samples = {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
                for family in text_string_to_metric_families(generate_latest(registry).decode())
                for sample in family.samples}
-    label = (("model_name", "served-name"),)
+    label = (("engine", "0"), ("model_name", "served-name"))
     expected = {"vllm:num_requests_running": 3, "vllm:num_requests_waiting": 5, "vllm:kv_cache_usage_perc": 0.25,
                 "vllm:prefix_cache_queries_total": 70, "vllm:prefix_cache_hits_total": 40,
                 "vllm:num_preemptions_total": 2, "vllm:prompt_tokens_total": 110,
@@ -39,7 +39,8 @@ def test_every_vllm_gauge_and_counter_is_its_engine_number_with_the_model_name()
                 "vllm:spec_decode_num_draft_tokens_total": 44, "vllm:spec_decode_num_accepted_tokens_total": 23}
     assert {name: samples[(name, label)] for name in expected} == expected
     per_position = {position: samples[("vllm:spec_decode_num_accepted_tokens_per_pos_total",
-                                       (("model_name", "served-name"), ("position", str(position))))]
+                                       (("engine", "0"), ("model_name", "served-name"),
+                                        ("position", str(position))))]
                     for position in range(3)}
     assert per_position == {0: 10, 1: 8, 2: 5}
 
@@ -48,3 +49,24 @@ def test_nothing_is_collected_before_the_engine_has_stats():
     registry = CollectorRegistry()
     registry.register(VllmStatsCollector(_EngineWithStats(None), "x"))  # type: ignore[arg-type]
     assert "vllm:" not in generate_latest(registry).decode()
+
+
+def test_a_finished_request_s_phases_are_observed_from_its_engine_times():
+    """Hand-worked: arrival 10.0, first scheduled 10.5, first token 11.0, finish 13.0 give queue 0.5, prefill 0.5,
+    decode 2.0 and inference 2.5 s; a request aborted while waiting adds only its token count."""
+    from jaxpaged.outputs import RequestMetrics
+    from jaxpaged.server.vllm.metrics import VllmRequestMetrics
+
+    registry = CollectorRegistry()
+    buckets = {key: (1.0, 10.0) for key in ("ttft", "itl", "e2e", "tokens")}
+    metrics = VllmRequestMetrics(registry, "m", buckets)
+    metrics.observe_phases(RequestMetrics(10.0, first_scheduled_time=10.5, first_token_time=11.0, finish_time=13.0), 7)
+    metrics.observe_phases(RequestMetrics(20.0), 0)
+    sums = {sample.name: sample.value for family in text_string_to_metric_families(generate_latest(registry).decode())
+            for sample in family.samples if sample.name.endswith(("_sum", "_count"))}
+    assert {name: sums[f"vllm:request_{name}_seconds_sum"] for name in ("queue_time", "prefill_time", "decode_time",
+                                                                        "inference_time")} == {
+        "queue_time": 0.5, "prefill_time": 0.5, "decode_time": 2.0, "inference_time": 2.5}
+    assert sums["vllm:request_queue_time_seconds_count"] == 1
+    assert (sums["vllm:request_max_num_generation_tokens_count"], sums["vllm:request_max_num_generation_tokens_sum"]) \
+        == (2, 7)

@@ -182,6 +182,7 @@ class GenerationRun:
             metrics.e2e_request_latency.observe(now - timing.arrival)
             metrics.request_prompt_tokens.observe(len(output.prompt_token_ids))
             metrics.request_generation_tokens.observe(sum(len(sample.token_ids) for sample in output.outputs))
+            metrics.request_phases.observe_phases(engine_times, num_tokens)
             for sample in output.outputs:
                 metrics.sequences_finished.labels(sample.finish_reason or "abort").inc()
 

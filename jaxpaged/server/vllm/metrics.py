@@ -10,9 +10,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from jaxpaged.async_engine import AsyncLLMEngine
+from jaxpaged.outputs import RequestMetrics
 
 PREFIX = "vllm:"
 MODEL_LABEL = "model_name"
+ENGINE_LABEL, ENGINE_INDEX = "engine", "0"
+"""vLLM V1 labels every series with its engine core's index; one engine loop serves every rank here."""
 
 # (engine stats field, vLLM's name without the prefix, help text).
 _GAUGES = (
@@ -45,13 +48,14 @@ class VllmStatsCollector(Collector):
             return
         for fields, family in ((_GAUGES, GaugeMetricFamily), (_COUNTERS, CounterMetricFamily)):
             for field, name, documentation in fields:
-                metric = family(PREFIX + name, documentation, labels=[MODEL_LABEL])
-                metric.add_metric([self._model_name], float(getattr(stats, field)))
+                metric = family(PREFIX + name, documentation, labels=[MODEL_LABEL, ENGINE_LABEL])
+                metric.add_metric([self._model_name, ENGINE_INDEX], float(getattr(stats, field)))
                 yield metric
         per_position = CounterMetricFamily(PREFIX + "spec_decode_num_accepted_tokens_per_pos",
-                                           "Accepted tokens per draft position.", labels=[MODEL_LABEL, "position"])
+                                           "Accepted tokens per draft position.",
+                                           labels=[MODEL_LABEL, ENGINE_LABEL, "position"])
         for position, count in enumerate(stats.spec_decode_num_accepted_tokens_per_pos):
-            per_position.add_metric([self._model_name, str(position)], float(count))
+            per_position.add_metric([self._model_name, ENGINE_INDEX, str(position)], float(count))
         yield per_position
 
 
@@ -60,8 +64,8 @@ class VllmRequestMetrics:
 
     def __init__(self, registry: CollectorRegistry, model_name: str, buckets: dict[str, tuple]) -> None:
         def histogram(name: str, documentation: str, bucket_key: str) -> Any:
-            return Histogram(PREFIX + name, documentation, [MODEL_LABEL], buckets=buckets[bucket_key],
-                             registry=registry).labels(model_name)
+            return Histogram(PREFIX + name, documentation, [MODEL_LABEL, ENGINE_LABEL], buckets=buckets[bucket_key],
+                             registry=registry).labels(model_name, ENGINE_INDEX)
 
         self.time_to_first_token = histogram("time_to_first_token_seconds",
                                              "Histogram of time to first token in seconds.", "ttft")
@@ -73,11 +77,36 @@ class VllmRequestMetrics:
                                                "Number of prefill tokens processed.", "tokens")
         self.request_generation_tokens = histogram("request_generation_tokens",
                                                    "Number of generation tokens processed.", "tokens")
+        # The phases of a finished request (vLLM's dashboard panels "Queue Time", "Requests Prefill and Decode
+        # Time" and "Max Generation Token in Sequence Group").
+        self.request_queue_time = histogram("request_queue_time_seconds",
+                                            "Histogram of time spent in WAITING phase for request.", "e2e")
+        self.request_prefill_time = histogram("request_prefill_time_seconds",
+                                              "Histogram of time spent in PREFILL phase for request.", "e2e")
+        self.request_decode_time = histogram("request_decode_time_seconds",
+                                             "Histogram of time spent in DECODE phase for request.", "e2e")
+        self.request_inference_time = histogram("request_inference_time_seconds",
+                                                "Histogram of time spent in RUNNING phase for request.", "e2e")
+        self.request_max_num_generation_tokens = histogram(
+            "request_max_num_generation_tokens", "Histogram of maximum number of requested generation tokens.",
+            "tokens")
         self._success = Counter(PREFIX + "request_success", "Count of successfully processed requests.",
-                                [MODEL_LABEL, "finished_reason"], registry=registry)
+                                [MODEL_LABEL, ENGINE_LABEL, "finished_reason"], registry=registry)
         self._model_name = model_name
 
     def request_success(self, finished_reason: str) -> Any:
         """The counter child of one finish reason (stop, length, abort)."""
-        return self._success.labels(self._model_name, finished_reason)
+        return self._success.labels(self._model_name, ENGINE_INDEX, finished_reason)
+
+    def observe_phases(self, times: RequestMetrics, max_generation_tokens: int) -> None:
+        """A finished request's queue, prefill, decode and inference times (engine clock) and its longest
+        sample's token count."""
+        self.request_max_num_generation_tokens.observe(max_generation_tokens)
+        if times.first_scheduled_time is None or times.finish_time is None:
+            return  # aborted while waiting
+        self.request_queue_time.observe(times.first_scheduled_time - times.arrival_time)
+        self.request_inference_time.observe(times.finish_time - times.first_scheduled_time)
+        if times.first_token_time is not None:
+            self.request_prefill_time.observe(times.first_token_time - times.first_scheduled_time)
+            self.request_decode_time.observe(times.finish_time - times.first_token_time)
 
