@@ -19,7 +19,8 @@ LONG_OUTPUT_CHARS = 128_000
 CHUNK_CHARS = 4  # about a token's text
 MAX_WORK_PER_CHAR = 4
 
-CALL_END_MARKERS = {"hermes": "</tool_call>", "deepseek_v3": CALL_END, "deepseek_v31": CALL_END}
+CALL_END_MARKERS = {"hermes": "</tool_call>", "deepseek_v3": CALL_END, "deepseek_v31": CALL_END,
+                    "qwen3_xml": "</tool_call>", "qwen3_coder": "</tool_call>"}
 """The formats that send each call when its end marker arrives."""
 
 
@@ -109,6 +110,11 @@ PIECES = {
     "mistral": ["[TOOL_CALLS]", '[{"name": "f", "arguments": {"a": 1}}]', "f[ARGS]", '{"a": 1}', " ", "x", "[TOOL"],
 }
 PIECES["deepseek_v31"] = PIECES["deepseek_v3"]
+PIECES["qwen3_xml"] = PIECES["qwen3_coder"] = [
+    "Sure. ", "<tool_call>", "</tool_call>", "<function=f>", "</function>", "<parameter=a>", "</parameter>", "\n",
+    "1", "Paris", "<tool_", "<"]
+PIECES["xlam"] = ["```json", "```", "[TOOL_CALLS]", "<tool_call>", "</tool_call>", '[{"name": "f", "arguments": {}}]',
+                  '{"name": "g", "arguments": {"a": 1}}', " ", "x", "[", "```j"]
 
 
 @pytest.mark.parametrize("name", TOOL_CALL_PARSERS)

@@ -72,3 +72,18 @@ def test_unknown_parsers_and_missing_markers_are_refused_by_name():
     with pytest.raises(ValueError, match="^reasoning_parser: --reasoning-parser qwen3 needs a model that writes"):
         check_reasoning_markers("qwen3", NoThinking(), None)
     check_reasoning_markers("qwen3", NoThinking(), "{% if x %}<think>{% endif %}</think>")  # the template has them
+
+
+def test_mistral_reads_think_brackets_whole_and_streamed():
+    """Magistral's `[THINK] ... [/THINK]`: split as qwen3 splits `<think>`, streamed a character at a time to the same
+    message; its markers are special tokens, so the text must keep them; a schema waits for `[/THINK]`."""
+    mistral = make_reasoning_parser("mistral")
+    assert mistral is not None and mistral.keeps_special_tokens and mistral.end == "[/THINK]"
+    text = "[THINK]Paris is in France.[/THINK]The capital is Paris."
+    assert mistral.split(text, False) == ("Paris is in France.", "The capital is Paris.")
+    assert mistral.split("<think>not these markers</think>", False) == (None, "<think>not these markers</think>")
+    choice = ChoiceText(None, mistral, False)
+    deltas = [choice.delta(text[:end], end == len(text)) for end in range(1, len(text) + 1)]
+    assert "".join(d.get("reasoning", "") for d in deltas) == "Paris is in France."
+    assert "".join(d.get("content", "") for d in deltas) == "The capital is Paris."
+    assert mistral.starts_in_reasoning("[INST]hi[/INST][THINK]") and mistral.ended_in_prompt("...[/THINK]\n")

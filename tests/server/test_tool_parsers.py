@@ -28,6 +28,11 @@ FIXTURES = {
                     '```json\n{"city": "Paris"}\n```<｜tool▁call▁end｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>'
                     'get_time\n```json\n{"timezone": "CET"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
                     "Let me look.", [WEATHER_PARIS, TIME_CET]),
+    "qwen3_xml": ("I'll check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+                  "</function>\n</tool_call>\n<tool_call>\n<function=get_time>\n<parameter=timezone>\nCET\n"
+                  "</parameter>\n</function>\n</tool_call>", "I'll check.", [WEATHER_PARIS, TIME_CET]),
+    "xlam": ('[{"name": "get_weather", "arguments": {"city": "Paris"}}, '
+             '{"name": "get_time", "arguments": {"timezone": "CET"}}]', None, [WEATHER_PARIS, TIME_CET]),
 }
 OTHER_LAYOUTS = {
     "llama3_json": ('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}', None, [WEATHER_PARIS]),
@@ -35,9 +40,15 @@ OTHER_LAYOUTS = {
                 [WEATHER_PARIS, TIME_CET]),
     "deepseek_v31": ('<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Paris"}'
                      "<｜tool▁call▁end｜><｜tool▁calls▁end｜>", None, [WEATHER_PARIS]),
+    "qwen3_coder": ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+                    "<parameter=days>\n3\n</parameter>\n<parameter=units>\n{\"t\": \"C\"}\n</parameter>\n</function>\n"
+                    "</tool_call>", None, [("get_weather", {"city": "Paris", "days": 3, "units": {"t": "C"}})]),
+    "xlam": ('Sure.\n```json\n[{"name": "get_weather", "arguments": {"city": "Paris"}}]\n```', "Sure.",
+             [WEATHER_PARIS]),
 }
 PLAIN = {"hermes": "Use <tool_call> tags.", "llama3_json": "The weather is {sunny}.", "pythonic": "Sure: [1, 2].",
-         "mistral": "No calls [here].", "deepseek_v3": "Plain answer."}
+         "mistral": "No calls [here].", "deepseek_v3": "Plain answer.",
+         "qwen3_xml": "Write <function=f> in a <tool_call> block.", "xlam": "Lists look like [1, 2]."}
 
 
 def _decoded(calls):
@@ -124,9 +135,9 @@ def test_unknown_parsers_are_refused_naming_the_flag():
         ServerSettings(tool_call_parser="granite")
 
 
-@pytest.mark.parametrize("name", ["hermes", "deepseek_v3"])
+@pytest.mark.parametrize("name", ["hermes", "deepseek_v3", "qwen3_xml"])
 def test_block_formats_stream_each_call_as_soon_as_it_is_complete(name):
-    """hermes and DeepSeek close every call with its own end marker: the stream need not wait for the end."""
+    """hermes, qwen3_xml and DeepSeek close every call with its own end marker: the stream need not wait for the end."""
     text = FIXTURES[name][0]
     deltas = _stream(name, text)
     sent = [(position, call["index"]) for position, d in enumerate(deltas) for call in d.get("tool_calls", [])]

@@ -38,7 +38,6 @@ from jaxpaged.server.openai.validation import (
     resolve_max_tokens,
     structured_outputs_of,
 )
-from jaxpaged.server.parsers.reasoning import END as REASONING_END
 from jaxpaged.server.parsers.reasoning import ReasoningParser
 from jaxpaged.server.vllm.request_keys import reject_unhonoured_keys
 
@@ -92,10 +91,11 @@ async def prepare_chat(body: ChatCompletionRequest, context: ServerContext,
                                    else None, vocab_size=engine.vocab_size, max_n=context.settings.max_n,
                                    model_defaults=engine.sampling_defaults, tokenizer=engine.tokenizer,
                                    tool_constraint=_tool_constraint(body, calling))
-    if calling is not None and calling.parser is not None and calling.parser.keeps_special_tokens \
-            and "skip_special_tokens" not in body.model_fields_set:
-        params = dataclasses.replace(params, skip_special_tokens=False)  # the call markers are special tokens
     reasoning = context.reasoning_parser
+    markers_are_special = (calling is not None and calling.parser is not None and calling.parser.keeps_special_tokens
+                           ) or (reasoning is not None and reasoning.keeps_special_tokens)
+    if markers_are_special and "skip_special_tokens" not in body.model_fields_set:
+        params = dataclasses.replace(params, skip_special_tokens=False)  # the markers are special tokens
     params = _grammar_after_reasoning(params, reasoning, calling, prompt.text)
     # NOTE: a constrained output that does not wait for the reasoning to end (a forced tool call, or a prompt that
     # closed the reasoning) starts with the answer, whatever the prompt opened; the "auto" tools grammar lets any
@@ -119,7 +119,7 @@ def _grammar_after_reasoning(params: SamplingParams, reasoning: Optional[Reasoni
     if reasoning is None or structured is None or calling is not None or reasoning.ended_in_prompt(prompt_text):
         return params
     return dataclasses.replace(params, structured_outputs=dataclasses.replace(structured,
-                                                                              starts_after=REASONING_END))
+                                                                              starts_after=reasoning.end))
 
 
 def _tool_constraint(body: ChatCompletionRequest, calling: Optional[ToolCalling]) -> Optional[StructuredOutputsParams]:

@@ -28,7 +28,8 @@ class ChoiceText:
         self._content_sent = 0
         self.num_calls_sent = 0
         """Tool calls already streamed (each in one delta, as soon as the parser knows it complete)."""
-        self.reasoning_stream = None if reasoning is None else ReasoningStream(starts_in_reasoning)
+        self.reasoning_stream: Optional[ReasoningStream] = None if reasoning is None else \
+            reasoning.stream(starts_in_reasoning)
         """Where a stream's reasoning and content are (None without a reasoning parser: all content)."""
         self.scanner: Optional[CallScanner] = None
         """The tool parser's place in a stream's content (None without one, or before the content starts)."""

@@ -4,7 +4,9 @@ the message's `reasoning` (vLLM's current name), the rest to `content`, in whole
   - qwen3: the output thinks only when it opens with `<think>` (Qwen3 with enable_thinking=false writes no tags:
     all content), or when the rendered prompt already opened the block (templates that end it with `<think>`);
   - deepseek_r1: the output starts inside the reasoning (R1's template opens it), up to `</think>`; an output cut
-    off before `</think>` is all reasoning.
+    off before `</think>` is all reasoning;
+  - mistral: Magistral's `[THINK] ... [/THINK]`, read as qwen3 reads `<think>`; the markers are control tokens of
+    Mistral's tokenizer, so requests keep special tokens in the text (`keeps_special_tokens`).
 
 The split of a text is prefix-stable: what a stream sent as reasoning or content stays so when the text grows, so
 the deltas add up to the whole response. A stream keeps a ReasoningStream, which remembers where the reasoning and
@@ -17,9 +19,10 @@ from typing import Any, Optional
 from jaxpaged.server.parsers.marker_search import MarkerSearch
 
 START, END = "<think>", "</think>"
-REASONING_PARSERS = ("qwen3", "deepseek_r1")
+_MARKERS = {"qwen3": (START, END), "deepseek_r1": (START, END), "mistral": ("[THINK]", "[/THINK]")}
+REASONING_PARSERS = tuple(_MARKERS)
 """The names --reasoning-parser accepts."""
-_VLLM_ONLY = ("deepseek_v3", "ernie45", "glm45", "gpt_oss", "granite", "hunyuan_a13b", "mistral", "step3",
+_VLLM_ONLY = ("deepseek_v3", "ernie45", "glm45", "gpt_oss", "granite", "hunyuan_a13b", "step3",
               "seed_oss", "olmo3", "minimax_m2")
 
 
@@ -34,8 +37,10 @@ class ReasoningStream:
     content from after it. An output that neither opens a block nor starts in one is all content.
     """
 
-    def __init__(self, starts_in_reasoning: bool) -> None:
+    def __init__(self, starts_in_reasoning: bool, start: str = START, end: str = END) -> None:
         self.starts_in_reasoning = starts_in_reasoning
+        self.start, self.end = start, end
+        """The markers that open and close the reasoning (`<think>`, `</think>` unless the parser says)."""
         self.reasoning_start: Optional[int] = None
         """Where the reasoning starts (None: the output has none, or it is not decided yet)."""
         self.reasoning_end = 0
@@ -44,7 +49,7 @@ class ReasoningStream:
         """Where the content starts (None: not yet, the output is undecided or still reasoning)."""
         self._lead = -1  # the output's first non-space character, once found
         self._lead_resume = 0
-        self._end_search = MarkerSearch(END)
+        self._end_search = MarkerSearch(end)
 
     @property
     def num_scanned(self) -> int:
@@ -59,7 +64,7 @@ class ReasoningStream:
             return
         end = self._end_search.find(text, self.reasoning_start)
         if end >= 0:
-            self.reasoning_end, self.content_start = end, end + len(END)
+            self.reasoning_end, self.content_start = end, end + len(self.end)
         else:
             self.reasoning_end = len(text) if finished else self._end_search.resume
 
@@ -68,9 +73,10 @@ class ReasoningStream:
         if self._lead < 0:
             lead = _NON_SPACE.search(text, self._lead_resume)
             self._lead, self._lead_resume = (lead.start(), lead.start() + 1) if lead else (-1, len(text))
-        if self._lead >= 0 and text.startswith(START, self._lead):
-            self.reasoning_start = self._lead + len(START)
-        elif not finished and (self._lead < 0 or START.startswith(text[self._lead:self._lead + len(START)])):
+        start = self.start
+        if self._lead >= 0 and text.startswith(start, self._lead):
+            self.reasoning_start = self._lead + len(start)
+        elif not finished and (self._lead < 0 or start.startswith(text[self._lead:self._lead + len(start)])):
             return  # "<thi": the block may still open
         elif self.starts_in_reasoning:
             self.reasoning_start = 0
@@ -84,23 +90,31 @@ class ReasoningParser:
     def __init__(self, name: str) -> None:
         self.name = name
         self.always_starts_in_reasoning = name == "deepseek_r1"
+        self.start, self.end = _MARKERS[name]
+        """The markers that open and close the reasoning block."""
+        self.keeps_special_tokens = name == "mistral"
+        """The markers are special tokens: the output's text must keep them."""
+
+    def stream(self, starts_in_reasoning: bool) -> ReasoningStream:
+        """A new stream's place in one output."""
+        return ReasoningStream(starts_in_reasoning, self.start, self.end)
 
     def starts_in_reasoning(self, prompt_text: Optional[str]) -> bool:
         """Whether an output of this prompt begins inside the reasoning block."""
         if self.always_starts_in_reasoning:
             return True
         tail = (prompt_text or "").rstrip()
-        return tail.endswith(START)
+        return tail.endswith(self.start)
 
     def ended_in_prompt(self, prompt_text: Optional[str]) -> bool:
         """Whether the rendered prompt already closed the reasoning block (a template with thinking switched off
         ends with an empty `<think></think>`): the output then starts with the answer."""
-        return (prompt_text or "").rstrip().endswith(END)
+        return (prompt_text or "").rstrip().endswith(self.end)
 
     def split(self, text: str, starts_in_reasoning: bool, finished: bool = True) -> tuple[Optional[str], str]:
         """(reasoning, content) of an output; unfinished, only what is sure so far (a possible marker held back).
         Reasoning is None when the output has none."""
-        stream = ReasoningStream(starts_in_reasoning)
+        stream = self.stream(starts_in_reasoning)
         stream.advance(text, finished)
         reasoning = None if stream.reasoning_start is None else text[stream.reasoning_start:stream.reasoning_end]
         return reasoning, "" if stream.content_start is None else text[stream.content_start:]
@@ -121,10 +135,11 @@ def make_reasoning_parser(name: Optional[str]) -> Optional[ReasoningParser]:
 def check_reasoning_markers(name: Optional[str], tokenizer: Any, chat_template: Optional[str]) -> None:
     """ValueError naming --reasoning-parser when neither the chat template nor the vocabulary knows `</think>`: the
     model never writes the markers, so every answer would be misread."""
-    if name is None:
+    if name is None or name not in _MARKERS:
         return
+    start, end = _MARKERS[name]
     template = chat_template if chat_template is not None else getattr(tokenizer, "chat_template", None) or ""
-    in_vocab = END in getattr(tokenizer, "get_vocab", dict)()
-    if END not in str(template) and not in_vocab:
-        raise ValueError(f"reasoning_parser: --reasoning-parser {name} needs a model that writes {START} ... {END}, "
-                         f"but neither its chat template nor its vocabulary has {END}")
+    in_vocab = end in getattr(tokenizer, "get_vocab", dict)()
+    if end not in str(template) and not in_vocab:
+        raise ValueError(f"reasoning_parser: --reasoning-parser {name} needs a model that writes {start} ... {end}, "
+                         f"but neither its chat template nor its vocabulary has {end}")
