@@ -50,6 +50,8 @@ class ServerSettings:
     tool_call_parser: Optional[str] = None
     """Parser of the model's tool-call syntax (server/parsers/tool/) that tool_choice "auto" needs."""
     enable_auto_tool_choice: bool = False
+    return_tokens_as_token_ids: bool = False
+    """vLLM's --return-tokens-as-token-ids: logprobs spell every token "token_id:<id>" (a request may ask alone)."""
     exclude_tools_when_tool_choice_none: bool = False
     """vLLM's --exclude-tools-when-tool-choice-none: tool_choice "none" renders the prompt without the tools (by
     default they stay in it, as in vLLM)."""
@@ -76,6 +78,11 @@ class ServerSettings:
     own keys win."""
     allowed_hosts: tuple[str, ...] = ()
     """Host header allow-list against DNS rebinding (names, addresses, "*.example.com"). Empty: any host."""
+
+    def spells_token_ids(self, requested: Optional[bool]) -> bool:
+        """Whether a request's logprobs spell tokens as "token_id:<id>": its own return_tokens_as_token_ids, else
+        the server's flag."""
+        return self.return_tokens_as_token_ids if requested is None else requested
 
     def chat_template_kwargs_for(self, requested: Optional[dict], reasoning_effort: Optional[str] = None,
                                  ) -> Optional[dict]:

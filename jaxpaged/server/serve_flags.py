@@ -147,6 +147,8 @@ def _add_model_flags(group: argparse._ArgumentGroup) -> None:
                             f"{', '.join(TOOL_CALL_PARSERS)}")
     group.add_argument("--enable-auto-tool-choice", action="store_true",
                        help="let the model choose to call tools (tool_choice \"auto\"); needs --tool-call-parser")
+    group.add_argument("--return-tokens-as-token-ids", action="store_true",
+                       help="logprobs spell every token \"token_id:<id>\" (vLLM's flag; a request may ask alone)")
     group.add_argument("--exclude-tools-when-tool-choice-none", action="store_true",
                        help="tool_choice \"none\" renders the prompt without the tools (default: they stay in it)")
     group.add_argument("--enable-prompt-tokens-details", action="store_true",
@@ -205,6 +207,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
                           engine_step_timeout_s=args.engine_step_timeout,
                           tool_call_parser=getattr(args, "tool_call_parser", None),
                           enable_auto_tool_choice=getattr(args, "enable_auto_tool_choice", False),
+                          return_tokens_as_token_ids=getattr(args, "return_tokens_as_token_ids", False),
                           exclude_tools_when_tool_choice_none=getattr(args, "exclude_tools_when_tool_choice_none",
                                                                       False),
                           reasoning_parser=getattr(args, "reasoning_parser", None),

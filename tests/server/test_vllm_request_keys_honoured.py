@@ -175,3 +175,21 @@ def test_prompt_logprobs_on_chat_and_refused_when_streaming(http, model_name):
     for path, prompt in (("/v1/chat/completions", {"messages": ASK}), ("/v1/completions", {"prompt": "Hi"})):
         response = http.post(path, json={"model": model_name, **prompt, "prompt_logprobs": 1, "stream": True})
         assert response.status_code == 400 and response.json()["error"]["param"] == "prompt_logprobs", response.text
+
+
+def test_return_tokens_as_token_ids_spells_each_logprob_token_by_its_id(http, model_name):
+    """return_tokens_as_token_ids: every logprob token (sampled and alternatives) is "token_id:<id>", the sampled
+    ones the very ids return_token_ids gives; the text itself is unchanged."""
+    chat = _post(http, "/v1/chat/completions", {"model": model_name, "messages": ASK, "logprobs": True,
+                                                "top_logprobs": 2, "return_token_ids": True,
+                                                "return_tokens_as_token_ids": True, **GREEDY})
+    choice = chat["choices"][0]
+    assert [entry["token"] for entry in choice["logprobs"]["content"]] == \
+        [f"token_id:{token_id}" for token_id in choice["token_ids"]]
+    assert all(alt["token"].startswith("token_id:") for entry in choice["logprobs"]["content"]
+               for alt in entry["top_logprobs"])
+    body = {"model": model_name, "prompt": "The sky is", "logprobs": 1, "return_token_ids": True, **GREEDY}
+    spelled = _post(http, "/v1/completions", {**body, "return_tokens_as_token_ids": True})["choices"][0]
+    plain = _post(http, "/v1/completions", body)["choices"][0]
+    assert spelled["logprobs"]["tokens"] == [f"token_id:{token_id}" for token_id in spelled["token_ids"]]
+    assert spelled["text"] == plain["text"] and plain["logprobs"]["tokens"][0] != spelled["logprobs"]["tokens"][0]

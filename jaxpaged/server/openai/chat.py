@@ -26,7 +26,7 @@ from jaxpaged.server.openai.generation import (
 from jaxpaged.server.openai.prompt_truncation import requested_truncation, truncated
 from jaxpaged.server.openai.prompts import ChatRendering, chat_prompt
 from jaxpaged.server.openai.protocol import ChatCompletionRequest
-from jaxpaged.server.openai.responses import SampleProgress, chat_logprobs, usage, vllm_prompt_logprobs
+from jaxpaged.server.openai.responses import TOKEN_IDS, SampleProgress, chat_logprobs, usage, vllm_prompt_logprobs
 from jaxpaged.server.openai.streaming import SSE_DONE, sse_event
 from jaxpaged.server.openai.tool_calls import AUTO_TOOLS_ORIGIN, ToolCalling, prompt_tools, tool_calling
 from jaxpaged.server.openai.validation import (
@@ -50,7 +50,9 @@ async def create_chat_completion(request: Request, context: ServerContext) -> Re
     reject_unhonoured_keys(payload, chat=True)
     body = parse_model(ChatCompletionRequest, payload)
     chat = await prepare_chat(body, context, requested_truncation(payload))
-    view = _ChatView(body, context.engine.tokenizer, context.model_name, response_id("chatcmpl", body, chat.run),
+    spelling = TOKEN_IDS if context.settings.spells_token_ids(body.return_tokens_as_token_ids) else \
+        context.engine.tokenizer
+    view = _ChatView(body, spelling, context.model_name, response_id("chatcmpl", body, chat.run),
                      chat.calling, chat.texts, chat.prompt.token_ids, context.settings.enable_prompt_tokens_details)
     return await respond(request, chat.run, body.stream, view.events, lambda finals: view.body(finals[0]))
 

@@ -24,6 +24,7 @@ from jaxpaged.server.openai.prompt_truncation import requested_truncation, trunc
 from jaxpaged.server.openai.prompts import completion_prompts
 from jaxpaged.server.openai.protocol import CompletionRequest
 from jaxpaged.server.openai.responses import (
+    TOKEN_IDS,
     SampleProgress,
     completion_logprobs,
     join_logprobs,
@@ -70,7 +71,8 @@ async def create_completion(request: Request, context: ServerContext) -> Respons
         params = [dataclasses.replace(p, prompt_logprobs=max(body.logprobs, p.prompt_logprobs or 0)) for p in params]
     run = GenerationRun(context, f"cmpl-{uuid.uuid4().hex}", prompts, params)
     view = _CompletionView(body, prompts, engine.tokenizer, context.model_name, response_id("cmpl", body, run),
-                           context.settings.enable_prompt_tokens_details)
+                           context.settings.enable_prompt_tokens_details,
+                           context.settings.spells_token_ids(body.return_tokens_as_token_ids))
     return await respond(request, run, body.stream, view.events, view.body)
 
 
@@ -91,8 +93,10 @@ class _CompletionView:
     """Renders engine outputs as OpenAI completion objects (whole or chunked)."""
 
     def __init__(self, body: CompletionRequest, prompts: list[ParsedPrompt], tokenizer, model_name: str,
-                 response_id: str, with_cached_tokens: bool) -> None:
+                 response_id: str, with_cached_tokens: bool, spells_token_ids: bool = False) -> None:
         self.request, self.prompts, self.tokenizer = body, prompts, tokenizer
+        self.spelling = TOKEN_IDS if spells_token_ids else tokenizer
+        """What the logprobs spell tokens with: the tokenizer, or "token_id:<id>" (return_tokens_as_token_ids)."""
         self.with_cached_tokens = with_cached_tokens
         self.prompt_ids_sent: set[int] = set()
         """Choices whose stream has carried prompt_token_ids (return_token_ids)."""
@@ -112,11 +116,11 @@ class _CompletionView:
             prefix = self._echo_text(prompt_index) if self.request.echo else ""
             prompt_logprobs, offset = None, 0
             if self.request.echo and num_top is not None:
-                prompt_logprobs, offset = prompt_completion_logprobs(self.tokenizer, final, num_top)
+                prompt_logprobs, offset = prompt_completion_logprobs(self.spelling, final, num_top)
             for sample in final.outputs:
                 logprobs = prompt_logprobs
                 if num_top is not None and not scoring_only:
-                    generated, _ = completion_logprobs(self.tokenizer, sample, 0, len(sample.token_ids), num_top,
+                    generated, _ = completion_logprobs(self.spelling, sample, 0, len(sample.token_ids), num_top,
                                                        offset)
                     logprobs = generated if prompt_logprobs is None else join_logprobs(prompt_logprobs, generated)
                 choice = {"index": prompt_index * self.request.n + sample.index,
@@ -124,7 +128,7 @@ class _CompletionView:
                           "finish_reason": "length" if scoring_only else sample.finish_reason,
                           "stop_reason": None if scoring_only else sample.stop_reason}
                 if self.request.prompt_logprobs is not None:  # vLLM's: per choice, as each has its own prompt
-                    choice["prompt_logprobs"] = vllm_prompt_logprobs(self.tokenizer, final,
+                    choice["prompt_logprobs"] = vllm_prompt_logprobs(self.spelling, final,
                                                                      self.request.prompt_logprobs)
                 if self.request.return_token_ids:  # vLLM's: per choice, as each choice has its own prompt
                     choice["prompt_token_ids"] = list(self.prompts[prompt_index].token_ids)
@@ -173,7 +177,7 @@ class _CompletionView:
                     # The prompt is scored by its prefill: it goes out, with its logprobs, before any token.
                     echoed.add(p)
                     assert num_logprobs is not None
-                    prompt_logprobs, offset = prompt_completion_logprobs(self.tokenizer, output, num_logprobs)
+                    prompt_logprobs, offset = prompt_completion_logprobs(self.spelling, output, num_logprobs)
                     for s in range(n):
                         text_offsets[(p, s)] = offset
                         yield self._chunk(p * n + s, self._echo_text(p), prompt_logprobs, None)
@@ -184,7 +188,7 @@ class _CompletionView:
                     logprobs = None
                     if num_logprobs is not None:
                         logprobs, text_offsets[(p, sample.index)] = completion_logprobs(
-                            self.tokenizer, sample, delta.start_token, delta.end_token, num_logprobs,
+                            self.spelling, sample, delta.start_token, delta.end_token, num_logprobs,
                             text_offsets[(p, sample.index)])
                     yield self._chunk(p * n + sample.index, delta.text, logprobs, delta.finish_reason,
                                       len(sample.token_ids), sample.token_ids[delta.start_token:delta.end_token])

@@ -83,6 +83,9 @@ class ResponseFormat(StrictModel):
 class SamplingRequest(StrictModel):
     """Fields shared by completions and chat completions: model, sampling, stopping, streaming."""
 
+    return_tokens_as_token_ids: Optional[bool] = None
+    """vLLM's: logprobs spell every token "token_id:<id>" (None: as the server's --return-tokens-as-token-ids)."""
+
     model: Optional[str] = None
     """Must name the served model when given (else 404)."""
     n: int = Field(1, ge=1)

@@ -67,8 +67,19 @@ def usage(finals: Sequence[RequestOutput], *, with_cached_tokens: bool = False) 
     return counts
 
 
+class TokenIdSpelling:
+    """What the logprobs renderers take as their tokenizer under vLLM's return_tokens_as_token_ids: every token is
+    spelled "token_id:<id>" (for clients that map ids themselves; a lone token of a multi-byte character has no
+    valid text of its own)."""
+
+
+TOKEN_IDS = TokenIdSpelling()
+
+
 def token_text(tokenizer: Any, token_id: int, logprob: Optional[Logprob] = None) -> str:
-    """A token's text, from the engine's decoded_token when it has one."""
+    """A token's text, from the engine's decoded_token when it has one ("token_id:<id>" under TOKEN_IDS)."""
+    if tokenizer is TOKEN_IDS:
+        return f"token_id:{token_id}"
     if logprob is not None and logprob.decoded_token is not None:
         return logprob.decoded_token
     return tokenizer.decode([token_id])

@@ -14,7 +14,7 @@ _OFF = object()
 
 _SAMPLING_KEYS: dict[str, Any] = {
     "use_beam_search": False, "length_penalty": 1.0, "guided_decoding_backend": _OFF,
-    "guided_whitespace_pattern": _OFF, "logits_processors": _OFF, "return_tokens_as_token_ids": False,
+    "guided_whitespace_pattern": _OFF, "logits_processors": _OFF,
     "kv_transfer_params": _OFF, "vllm_xargs": _OFF, "spaces_between_special_tokens": True,
     "repetition_detection": _OFF, "thinking_token_budget": _OFF,
 }
