@@ -23,6 +23,7 @@ from jaxpaged.server.openai.generation import (
     response_id,
     stream_error_body,
 )
+from jaxpaged.server.openai.harmony_text import choice_text
 from jaxpaged.server.openai.prompt_truncation import requested_truncation, truncated
 from jaxpaged.server.openai.prompts import ChatRendering, chat_prompt
 from jaxpaged.server.openai.protocol import ChatCompletionRequest
@@ -106,7 +107,7 @@ async def prepare_chat(body: ChatCompletionRequest, context: ServerContext,
     constrained = structured is not None and structured.origin != AUTO_TOOLS_ORIGIN and structured.starts_after is None
     starts_in_reasoning = reasoning is not None and not constrained and reasoning.starts_in_reasoning(prompt.text)
     run = GenerationRun(context, f"chatcmpl-{uuid.uuid4().hex}", [prompt], [params])
-    texts = [ChoiceText(calling, reasoning, starts_in_reasoning, body.include_reasoning)
+    texts = [choice_text(calling, reasoning, starts_in_reasoning, body.include_reasoning)
              if calling is None or calling.parser is not None
              else None for _ in range(body.n)]
     return PreparedChat(run, calling, texts, prompt)

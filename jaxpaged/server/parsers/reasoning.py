@@ -6,7 +6,8 @@ the message's `reasoning` (vLLM's current name), the rest to `content`, in whole
   - deepseek_r1: the output starts inside the reasoning (R1's template opens it), up to `</think>`; an output cut
     off before `</think>` is all reasoning;
   - mistral: Magistral's `[THINK] ... [/THINK]`, read as qwen3 reads `<think>`; the markers are control tokens of
-    Mistral's tokenizer, so requests keep special tokens in the text (`keeps_special_tokens`).
+    Mistral's tokenizer, so requests keep special tokens in the text (`keeps_special_tokens`);
+  - openai_gptoss: gpt-oss's harmony messages, the analysis channel being the reasoning (harmony.py).
 
 The split of a text is prefix-stable: what a stream sent as reasoning or content stays so when the text grows, so
 the deltas add up to the whole response. A stream keeps a ReasoningStream, which remembers where the reasoning and
@@ -19,7 +20,10 @@ from typing import Any, Optional
 from jaxpaged.server.parsers.marker_search import MarkerSearch
 
 START, END = "<think>", "</think>"
-_MARKERS = {"qwen3": (START, END), "deepseek_r1": (START, END), "mistral": ("[THINK]", "[/THINK]")}
+_MARKERS = {"qwen3": (START, END), "deepseek_r1": (START, END), "mistral": ("[THINK]", "[/THINK]"),
+            # gpt-oss's harmony channels (server/parsers/harmony.py reads its messages); the answer's body starts
+            # after the final channel's header, which is where a grammar starts (starts_after).
+            "openai_gptoss": ("<|channel|>analysis<|message|>", "<|channel|>final<|message|>")}
 REASONING_PARSERS = tuple(_MARKERS)
 """The names --reasoning-parser accepts."""
 _VLLM_ONLY = ("deepseek_v3", "ernie45", "glm45", "gpt_oss", "granite", "hunyuan_a13b", "step3",
@@ -92,7 +96,9 @@ class ReasoningParser:
         self.always_starts_in_reasoning = name == "deepseek_r1"
         self.start, self.end = _MARKERS[name]
         """The markers that open and close the reasoning block."""
-        self.keeps_special_tokens = name == "mistral"
+        self.keeps_special_tokens = name in ("mistral", "openai_gptoss")
+        self.harmony = name == "openai_gptoss"
+        """The output is harmony messages (server/openai/harmony_text.py reads them), not one marked block."""
         """The markers are special tokens: the output's text must keep them."""
 
     def stream(self, starts_in_reasoning: bool) -> ReasoningStream:
@@ -138,6 +144,8 @@ def check_reasoning_markers(name: Optional[str], tokenizer: Any, chat_template: 
     if name is None or name not in _MARKERS:
         return
     start, end = _MARKERS[name]
+    if name == "openai_gptoss":
+        end = "<|channel|>"  # the harmony header's own token
     template = chat_template if chat_template is not None else getattr(tokenizer, "chat_template", None) or ""
     in_vocab = end in getattr(tokenizer, "get_vocab", dict)()
     if end not in str(template) and not in_vocab:

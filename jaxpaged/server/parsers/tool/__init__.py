@@ -5,6 +5,7 @@ from typing import Optional
 
 from jaxpaged.server.parsers.tool.base import Call, ToolParser
 from jaxpaged.server.parsers.tool.deepseek import DeepSeekToolParser
+from jaxpaged.server.parsers.tool.harmony_calls import HarmonyToolParser
 from jaxpaged.server.parsers.tool.hermes import HermesToolParser
 from jaxpaged.server.parsers.tool.llama3_json import Llama3JsonToolParser
 from jaxpaged.server.parsers.tool.mistral import MistralToolParser
@@ -16,12 +17,13 @@ _PARSERS: dict[str, type[ToolParser]] = {
     "hermes": HermesToolParser, "llama3_json": Llama3JsonToolParser, "pythonic": PythonicToolParser,
     "mistral": MistralToolParser, "deepseek_v3": DeepSeekToolParser, "deepseek_v31": DeepSeekToolParser,
     "qwen3_xml": Qwen3XmlToolParser, "qwen3_coder": Qwen3XmlToolParser, "xlam": XlamToolParser,
+    "openai": HarmonyToolParser,
 }
 TOOL_CALL_PARSERS = tuple(_PARSERS)
 """The names `--tool-call-parser` accepts."""
 
 _VLLM_ONLY = ("granite", "granite-20b-fc", "internlm", "jamba", "llama4_json", "llama4_pythonic", "phi4_mini_json",
-              "kimi_k2", "hunyuan_a13b", "glm45", "minimax", "openai", "step3",
+              "kimi_k2", "hunyuan_a13b", "glm45", "minimax", "step3",
               "seed_oss", "longcat")
 
 
@@ -38,4 +40,5 @@ def make_tool_parser(name: Optional[str]) -> Optional[ToolParser]:
 
 
 __all__ = ["Call", "ToolParser", "TOOL_CALL_PARSERS", "make_tool_parser", "HermesToolParser", "Llama3JsonToolParser",
-           "PythonicToolParser", "MistralToolParser", "DeepSeekToolParser", "Qwen3XmlToolParser", "XlamToolParser"]
+           "PythonicToolParser", "MistralToolParser", "DeepSeekToolParser", "Qwen3XmlToolParser", "XlamToolParser",
+           "HarmonyToolParser"]
