@@ -1,0 +1,10 @@
+"""Grouped matmul (the MoE expert computation): rows sorted by group, each group times its own weight matrix.
+
+reference.py: the contract and its jnp reference (jax.lax.ragged_dot); tpu.py: the Mosaic kernel, with its visit
+schedule (tpu_schedule.py) and block sizes (tpu_tiles.py). `grouped_matmul` is the TPU kernel.
+"""
+
+from pallas_kernels.grouped_matmul.reference import grouped_matmul_reference
+from pallas_kernels.grouped_matmul.tpu import grouped_matmul_tpu as grouped_matmul
+
+__all__ = ["grouped_matmul", "grouped_matmul_reference"]
