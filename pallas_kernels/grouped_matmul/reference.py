@@ -16,7 +16,7 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int, Int8
+from jaxtyping import Array, Float, Int, Int8, Int32
 
 FLOAT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 
@@ -41,7 +41,7 @@ def check_grouped_matmul_args(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.A
                          f"{list(rhs_scale.shape)}")
 
 
-def row_groups(group_sizes: Int[Array, " groups"], num_rows: int) -> Int[Array, " m"]:
+def row_groups(group_sizes: Int32[Array, " groups"], num_rows: int) -> Int[Array, " m"]:
     """The group each row belongs to (rows past the last group get the last group; they are padding)."""
     ends = jnp.cumsum(group_sizes)
     return jnp.minimum(jnp.searchsorted(ends, jnp.arange(num_rows), side="right"), group_sizes.shape[0] - 1)
@@ -50,7 +50,7 @@ def row_groups(group_sizes: Int[Array, " groups"], num_rows: int) -> Int[Array, 
 def grouped_matmul_reference(
     lhs: Float[Array, "m k"],
     rhs: Float[Array, "groups k n"] | Int8[Array, "groups k n"],
-    group_sizes: Int[Array, " groups"],
+    group_sizes: Int32[Array, " groups"],
     rhs_scale: Optional[Float[Array, "groups n"]] = None,
 ) -> Float[Array, "m n"]:
     """The contract above, computed by jax.lax.ragged_dot in float32 (HIGHEST precision), in lhs's dtype."""

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
-from jaxtyping import Array, Float, Int, Int8
+from jaxtyping import Array, Float, Int8, Int32
 
 from pallas_kernels.grouped_matmul.reference import check_grouped_matmul_args
 from pallas_kernels.grouped_matmul.tpu_schedule import FIRST_OF_TILE, HAS_GROUP, max_visits, visit_schedule
@@ -74,7 +74,7 @@ def _kernel(group_ids_ref, row_tiles_ref, flags_ref, group_offsets_ref,  # scala
 def grouped_matmul_tpu(
     lhs: Float[Array, "m k"],
     rhs: Float[Array, "groups k n"] | Int8[Array, "groups k n"],
-    group_sizes: Int[Array, " groups"],
+    group_sizes: Int32[Array, " groups"],
     rhs_scale: Optional[Float[Array, "groups n"]] = None,
     *,
     tiles: Optional[GroupedMatmulTiles] = None,
@@ -89,9 +89,9 @@ def grouped_matmul_tpu(
     (m, k), (num_groups, _, n) = lhs.shape, rhs.shape
     tiles = tiles or choose_tiles(m, k, n, num_groups, rhs.dtype)
     tm, tk, tn = tiles.row_tile, tiles.contraction_tile, tiles.column_tile
-    if tm % 16 or (tk != k and tk % 128) or (tn != n and (tn % 128 or n % tn)):
-        raise ValueError(f"tiles: rows must be a multiple of 16, k all of k or a multiple of 128, n all of n or a "
-                         f"multiple of 128 dividing it; got {tiles} for k={k}, n={n}")
+    if tm % 16 or (tk != k and tk % 128) or (tn != n and tn % 128):
+        raise ValueError(f"tiles: rows must be a multiple of 16, k and n tiles all of the dim or a multiple of 128; "
+                         f"got {tiles} for k={k}, n={n}")
     num_row_tiles, num_k_tiles = -(-m // tm), -(-k // tk)
     # Whole row tiles and whole k tiles of lhs: zero rows and columns (activations; the weights are never padded).
     lhs = jnp.pad(lhs, ((0, num_row_tiles * tm - m), (0, num_k_tiles * tk - k)))
@@ -121,7 +121,7 @@ def grouped_matmul_tpu(
                           has_scale=rhs_scale is not None),
         out_shape=jax.ShapeDtypeStruct((num_row_tiles * tm, n), lhs.dtype),
         grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=4, grid=(n // tn, num_visits, num_k_tiles), in_specs=in_specs,
+            num_scalar_prefetch=4, grid=(-(-n // tn), num_visits, num_k_tiles), in_specs=in_specs,
             out_specs=pl.BlockSpec((tm, tn), out_block),
             scratch_shapes=[pltpu.VMEM((tm, tn), jnp.float32)]),
         # Column tiles are independent (a megacore chip splits them); visits of one tile must run in order.

@@ -36,7 +36,7 @@ class GroupedMatmulTiles:
     contraction_tile: int
     """Slice of k per block (tk): all of k, or a multiple of 128."""
     column_tile: int
-    """Output columns per block (tn): a multiple of 128 dividing n, or all of n."""
+    """Output columns per block (tn): a multiple of 128, or all of n."""
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -53,11 +53,17 @@ def choose_row_tile(num_rows: int, num_groups: int) -> int:
     return min(tile, max(MIN_ROW_TILE, _round_up(num_rows, MIN_ROW_TILE)))
 
 
-def choose_column_tile(n: int) -> int:
-    """The widest multiple of 128 up to MAX_COLUMN_TILE that divides n; all of n when 128 does not divide it."""
+def choose_column_tile(k: int, n: int, rhs_dtype) -> int:
+    """Output columns per block: all of n when 128 does not divide it; else the widest multiple of 128 that keeps a
+    whole-k weight block within RHS_BLOCK_BYTES (at most MAX_COLUMN_TILE, at least 128), a divisor of n if one is
+    at least half that wide, else n split evenly into such tiles (the last one partial: its columns past n are
+    never written)."""
     if n % LANES:
         return n
-    return max(tile for tile in range(LANES, min(n, MAX_COLUMN_TILE) + 1, LANES) if n % tile == 0)
+    widest = RHS_BLOCK_BYTES // (k * jnp.dtype(rhs_dtype).itemsize) // LANES * LANES
+    widest = min(n, MAX_COLUMN_TILE, max(LANES, widest))
+    divisors = [tile for tile in range(widest, widest // 2, -LANES) if n % tile == 0]
+    return divisors[0] if divisors else _round_up(-(-n // -(-n // widest)), LANES)
 
 
 def choose_contraction_tile(k: int, column_tile: int, rhs_dtype) -> int:
@@ -73,7 +79,7 @@ def choose_contraction_tile(k: int, column_tile: int, rhs_dtype) -> int:
 
 def choose_tiles(num_rows: int, k: int, n: int, num_groups: int, rhs_dtype) -> GroupedMatmulTiles:
     """The default blocks for an [num_rows, k] x [num_groups, k, n] grouped matmul."""
-    column_tile = choose_column_tile(n)
+    column_tile = choose_column_tile(k, n, rhs_dtype)
     return GroupedMatmulTiles(choose_row_tile(num_rows, num_groups),
                               choose_contraction_tile(k, column_tile, rhs_dtype), column_tile)
 
