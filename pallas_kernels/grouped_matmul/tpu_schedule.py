@@ -18,12 +18,15 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Int
 
+from pallas_kernels.pytree import register_pytree_dataclass
+
 HAS_GROUP = 1
 """Visit flag: the visit multiplies a group's rows (else it pads or idles)."""
 FIRST_OF_TILE = 2
 """Visit flag: the first visit of its row tile, which zeroes the output block before any group writes."""
 
 
+@register_pytree_dataclass
 @dataclasses.dataclass(frozen=True)
 class VisitSchedule:
     """Scalar-prefetched arrays that drive the kernel's grid (one entry per visit, padded to the static bound)."""

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels.grouped_matmul import grouped_matmul, grouped_matmul_reference
+from pallas_kernels.grouped_matmul import grouped_matmul, grouped_matmul_reference, pad_columns_to_lanes
 from pallas_kernels.grouped_matmul.tpu_schedule import FIRST_OF_TILE, HAS_GROUP, visit_schedule
 from pallas_kernels.grouped_matmul.tpu_tiles import GroupedMatmulTiles, choose_tiles
 
@@ -75,12 +75,28 @@ def test_default_tiles_at_gpt_oss_widths_scaled_down():
     _check_every_group_sizing(360, 360, jnp.float32, None)
 
 
+def test_weights_padded_to_lanes_give_the_same_columns():
+    """int8 weights and scales with n = 360 padded to 384 zero columns at load: the kernel's first 360 output
+    columns are the unpadded reference's, the extra ones zero."""
+    lhs, rhs, scale = _operands(96, 360, jnp.float32, int8=True)
+    padded_rhs, padded_scale = pad_columns_to_lanes(rhs, scale)
+    assert padded_rhs.shape == (6, 96, 384) and padded_scale is not None and padded_scale.shape == (6, 384)
+    sizes = jnp.asarray(GROUP_SIZES["empty_between"], jnp.int32)
+    out = np.asarray(grouped_matmul(lhs, padded_rhs, sizes, padded_scale, interpret=True))
+    expected = np.asarray(grouped_matmul_reference(lhs, rhs, sizes, scale))
+    np.testing.assert_allclose(out[:, :360], expected, atol=1e-4, rtol=1e-4)
+    assert np.all(out[:, 360:] == 0)
+
+
+_jitted_schedule = jax.jit(visit_schedule, static_argnums=(1, 2, 3))  # one compile, not one per eager op
+
+
 @pytest.mark.parametrize("name", list(GROUP_SIZES))
 def test_schedule_reads_each_non_empty_group_once(name):
     """The visit schedule names only non-empty groups, each in one run of consecutive visits (so with k in one
     block its weights are fetched once per column tile), covers every row tile, and zeroes each tile once."""
     sizes = GROUP_SIZES[name]
-    schedule = visit_schedule(jnp.asarray(sizes, jnp.int32), NUM_ROWS, 3, 16)
+    schedule = _jitted_schedule(jnp.asarray(sizes, jnp.int32), NUM_ROWS, 3, 16)
     groups, tiles, flags = (np.asarray(a) for a in (schedule.group_ids, schedule.row_tiles, schedule.flags))
     non_empty = [group for group, size in enumerate(sizes) if size]
     multiplied = groups[(flags & HAS_GROUP) != 0]
