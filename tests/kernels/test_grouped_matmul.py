@@ -1,4 +1,5 @@
-"""The TPU grouped matmul (pallas_kernels/grouped_matmul) under the TPU interpreter vs the ragged_dot reference."""
+"""The grouped matmuls of pallas_kernels/grouped_matmul (TPU under the TPU interpreter, GPU in Pallas' interpret mode)
+vs the ragged_dot reference, their visit schedule, and their Mosaic / Triton lowerings."""
 
 import functools
 
@@ -8,6 +9,7 @@ import numpy as np
 import pytest
 
 from pallas_kernels.grouped_matmul import grouped_matmul, grouped_matmul_reference, pad_columns_to_lanes
+from pallas_kernels.grouped_matmul.gpu import grouped_matmul_gpu
 from pallas_kernels.grouped_matmul.tpu_schedule import FIRST_OF_TILE, HAS_GROUP, visit_schedule
 from pallas_kernels.grouped_matmul.tpu_tiles import GroupedMatmulTiles, choose_tiles
 
@@ -36,10 +38,10 @@ def _operands(k: int, n: int, dtype, int8: bool, seed: int = 0):
     return lhs, jnp.asarray(rng.standard_normal((6, k, n)) / np.sqrt(k), dtype), None
 
 
-def _check_every_group_sizing(k: int, n: int, dtype, tiles, int8: bool = False) -> None:
+def _check_every_group_sizing(k: int, n: int, dtype, tiles, int8: bool = False, kernel_fn=grouped_matmul) -> None:
     """Every GROUP_SIZES case: kernel == reference within the dtype's tolerance, padding rows exactly zero."""
     lhs, rhs, scale = _operands(k, n, dtype, int8)
-    kernel = jax.jit(functools.partial(grouped_matmul, tiles=tiles, interpret=True))
+    kernel = jax.jit(functools.partial(kernel_fn, interpret=True, **({"tiles": tiles} if tiles else {})))
     for name, sizes in GROUP_SIZES.items():
         group_sizes = jnp.asarray(sizes, jnp.int32)
         out = kernel(lhs, rhs, group_sizes, scale)
@@ -138,3 +140,22 @@ def test_lowers_to_mosaic(monkeypatch):
             jax.ShapeDtypeStruct((8,), jnp.int32), jax.ShapeDtypeStruct((8, 384), jnp.float32))
     kernel = jax.jit(functools.partial(grouped_matmul, tiles=GroupedMatmulTiles(32, 256, 128)))
     assert kernel.trace(*args).lower(lowering_platforms=("tpu",)).as_text().count("tpu_custom_call") == 1
+
+
+def test_gpu_float32_k_and_n_tails():
+    """The Triton kernel in float32: k = 200 over 64-deep steps and n = 72 over 64-wide tiles, both tails masked."""
+    _check_every_group_sizing(200, 72, jnp.float32, GroupedMatmulTiles(16, 64, 64), kernel_fn=grouped_matmul_gpu)
+
+
+def test_gpu_int8_weights_with_column_scales():
+    """The Triton kernel with int8 weights and per-column scales, bfloat16 activations, its default tiles."""
+    _check_every_group_sizing(96, 160, jnp.bfloat16, None, int8=True, kernel_fn=grouped_matmul_gpu)
+
+
+def test_gpu_lowers_to_triton():
+    """Pallas' Triton lowering accepts the kernel at Qwen3-30B-A3B's gate_up shape (decode, int8 experts): one
+    Triton custom call."""
+    args = (jax.ShapeDtypeStruct((512, 2048), jnp.bfloat16), jax.ShapeDtypeStruct((128, 2048, 1536), jnp.int8),
+            jax.ShapeDtypeStruct((128,), jnp.int32), jax.ShapeDtypeStruct((128, 1536), jnp.float32))
+    text = grouped_matmul_gpu.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    assert text.count("xla.gpu.triton") == 1
