@@ -84,6 +84,8 @@ def grouped_matmul_gpu(
     """
     check_grouped_matmul_args(lhs, rhs, group_sizes, rhs_scale)
     (m, k), (num_groups, _, n) = lhs.shape, rhs.shape
+    if m == 0:  # no rows, no tiles: nothing to launch
+        return jnp.zeros((0, n), lhs.dtype)
     tm, tk, tn = tiles.row_tile, tiles.contraction_tile, tiles.column_tile
     if not all(_is_power_of_two(side) and side >= 16 for side in (tm, tk, tn)):
         raise ValueError(f"tiles: every side must be a power of two of at least 16, got {tiles}")

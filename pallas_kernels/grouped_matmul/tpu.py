@@ -87,6 +87,8 @@ def grouped_matmul_tpu(
     """
     check_grouped_matmul_args(lhs, rhs, group_sizes, rhs_scale)
     (m, k), (num_groups, _, n) = lhs.shape, rhs.shape
+    if m == 0:  # no rows, no tiles: nothing to launch
+        return jnp.zeros((0, n), lhs.dtype)
     tiles = tiles or choose_tiles(m, k, n, num_groups, rhs.dtype)
     tm, tk, tn = tiles.row_tile, tiles.contraction_tile, tiles.column_tile
     if tm % 16 or (tk != k and tk % 128) or (tn != n and tn % 128):

@@ -11,7 +11,7 @@ import pytest
 from pallas_kernels.grouped_matmul import grouped_matmul, grouped_matmul_reference, pad_columns_to_lanes
 from pallas_kernels.grouped_matmul.gpu import grouped_matmul_gpu
 from pallas_kernels.grouped_matmul.tpu_schedule import FIRST_OF_TILE, HAS_GROUP, visit_schedule
-from pallas_kernels.grouped_matmul.tpu_tiles import GroupedMatmulTiles, choose_tiles
+from pallas_kernels.grouped_matmul.tpu_tiles import RHS_BLOCK_BYTES, GroupedMatmulTiles, choose_tiles
 
 # Group sizes over 6 groups and 48 rows (row tiles of 16), one compile serving all of them: empty groups between
 # others, one group taking every row, every group empty, sizes on and off the tile edges, groups spanning tiles,
@@ -88,6 +88,27 @@ def test_weights_padded_to_lanes_give_the_same_columns():
     expected = np.asarray(grouped_matmul_reference(lhs, rhs, sizes, scale))
     np.testing.assert_allclose(out[:, :360], expected, atol=1e-4, rtol=1e-4)
     assert np.all(out[:, 360:] == 0)
+
+
+@pytest.mark.parametrize("rows", [64 * 8, 512 * 8])
+@pytest.mark.parametrize("k,n", [(2048, 1536), (768, 2048), (2880, 5760), (2880, 2944)])
+def test_default_tiles_keep_all_of_k_at_moe_shapes(rows, k, n):
+    """At Qwen3-30B-A3B's and gpt-oss-120b's (lane-padded) expert shapes the default weight block holds all of k
+    (a group spanning row tiles keeps its block: each expert read once per column tile) within RHS_BLOCK_BYTES, in
+    whole 128-lane columns; row tiles stay small at decode (a few rows per expert) and grow at prefill."""
+    for dtype in (jnp.bfloat16, jnp.int8):
+        tiles = choose_tiles(rows, k, n, 128, dtype)
+        assert tiles.contraction_tile == k
+        assert k * tiles.column_tile * jnp.dtype(dtype).itemsize <= RHS_BLOCK_BYTES
+        assert tiles.column_tile % 128 == 0 and -(-n // tiles.column_tile) <= 9
+        assert tiles.row_tile == (16 if rows == 64 * 8 else 64)
+
+
+def test_no_rows():
+    """An empty batch (m = 0) gives an empty result without launching a kernel."""
+    lhs, rhs, sizes = jnp.zeros((0, 64), jnp.float32), jnp.zeros((2, 64, 128), jnp.float32), jnp.zeros(2, jnp.int32)
+    assert grouped_matmul(lhs, rhs, sizes, interpret=True).shape == (0, 128)
+    assert grouped_matmul_gpu(lhs, rhs, sizes, interpret=True).shape == (0, 128)
 
 
 _jitted_schedule = jax.jit(visit_schedule, static_argnums=(1, 2, 3))  # one compile, not one per eager op
