@@ -38,18 +38,26 @@ def _operands(k: int, n: int, dtype, int8: bool, seed: int = 0):
     return lhs, jnp.asarray(rng.standard_normal((6, k, n)) / np.sqrt(k), dtype), None
 
 
-def _check_every_group_sizing(k: int, n: int, dtype, tiles, int8: bool = False, kernel_fn=grouped_matmul) -> None:
-    """Every GROUP_SIZES case: kernel == reference within the dtype's tolerance, padding rows exactly zero."""
+def _check_every_group_sizing(k: int, n: int, dtype, tiles, int8: bool = False, kernel_fn=grouped_matmul,
+                              pad_columns: bool = False) -> None:
+    """Every GROUP_SIZES case: kernel == reference within the dtype's tolerance, padding rows exactly zero.
+
+    pad_columns: the kernel gets the weights (and scales) padded to 128-lane columns at load, the reference the
+    unpadded ones; the extra output columns must be zero.
+    """
     lhs, rhs, scale = _operands(k, n, dtype, int8)
+    kernel_rhs, kernel_scale = pad_columns_to_lanes(rhs, scale) if pad_columns else (rhs, scale)
     kernel = jax.jit(functools.partial(kernel_fn, interpret=True, **({"tiles": tiles} if tiles else {})))
     for name, sizes in GROUP_SIZES.items():
         group_sizes = jnp.asarray(sizes, jnp.int32)
-        out = kernel(lhs, rhs, group_sizes, scale)
-        assert out.dtype == lhs.dtype and out.shape == (NUM_ROWS, n), name
+        out = kernel(lhs, kernel_rhs, group_sizes, kernel_scale)
+        assert out.dtype == lhs.dtype and out.shape == (NUM_ROWS, kernel_rhs.shape[2]), name
         expected = np.asarray(grouped_matmul_reference(lhs, rhs, group_sizes, scale), np.float32)
         tolerance = TOLERANCE[jnp.dtype(dtype).name]
-        np.testing.assert_allclose(np.asarray(out, np.float32), expected, atol=tolerance, rtol=tolerance, err_msg=name)
-        assert np.all(np.asarray(out)[sum(sizes):] == 0), f"{name}: rows past sum(group_sizes) must be zero"
+        out = np.asarray(out, np.float32)
+        np.testing.assert_allclose(out[:, :n], expected, atol=tolerance, rtol=tolerance, err_msg=name)
+        assert np.all(out[sum(sizes):] == 0), f"{name}: rows past sum(group_sizes) must be zero"
+        assert np.all(out[:, n:] == 0), f"{name}: the lane-padding columns must be zero"
     assert kernel._cache_size() == 1, "group sizes are data: one compile serves them all"  # pyright: ignore[reportAttributeAccessIssue]
 
 
@@ -59,35 +67,18 @@ def test_float32_k_and_n_not_multiples_of_128():
     _check_every_group_sizing(200, 72, jnp.float32, GroupedMatmulTiles(16, 128, 72))
 
 
-def test_bfloat16_partial_last_column_tile():
-    """bfloat16 in and out (float32 accumulation), n = 384 in 256-column tiles (the second one half past n, its
-    extra columns never written), k in one block."""
-    _check_every_group_sizing(256, 384, jnp.bfloat16, GroupedMatmulTiles(16, 256, 256))
+def test_bfloat16_default_tiles_at_gpt_oss_widths_scaled_down():
+    """bfloat16 in and out (float32 accumulation) at gpt-oss's hidden and expert width (2880, not a multiple of
+    128) scaled by 1/8, with the tiles the kernel picks itself: k and n each one whole block."""
+    assert choose_tiles(NUM_ROWS, 360, 360, 6, jnp.bfloat16) == GroupedMatmulTiles(16, 360, 360)
+    _check_every_group_sizing(360, 360, jnp.bfloat16, None)
 
 
-def test_int8_weights_with_column_scales():
-    """int8 weights times per-group, per-column float32 scales, bfloat16 activations, k = 160 with a masked tail."""
-    _check_every_group_sizing(160, 256, jnp.bfloat16, GroupedMatmulTiles(16, 128, 128), int8=True)
-
-
-def test_default_tiles_at_gpt_oss_widths_scaled_down():
-    """gpt-oss's hidden and expert width (2880, not a multiple of 128) scaled by 1/8 with the tiles the kernel
-    picks itself: k and n each one whole block."""
-    assert choose_tiles(NUM_ROWS, 360, 360, 6, jnp.float32) == GroupedMatmulTiles(16, 360, 360)
-    _check_every_group_sizing(360, 360, jnp.float32, None)
-
-
-def test_weights_padded_to_lanes_give_the_same_columns():
-    """int8 weights and scales with n = 360 padded to 384 zero columns at load: the kernel's first 360 output
-    columns are the unpadded reference's, the extra ones zero."""
-    lhs, rhs, scale = _operands(96, 360, jnp.float32, int8=True)
-    padded_rhs, padded_scale = pad_columns_to_lanes(rhs, scale)
-    assert padded_rhs.shape == (6, 96, 384) and padded_scale is not None and padded_scale.shape == (6, 384)
-    sizes = jnp.asarray(GROUP_SIZES["empty_between"], jnp.int32)
-    out = np.asarray(grouped_matmul(lhs, padded_rhs, sizes, padded_scale, interpret=True))
-    expected = np.asarray(grouped_matmul_reference(lhs, rhs, sizes, scale))
-    np.testing.assert_allclose(out[:, :360], expected, atol=1e-4, rtol=1e-4)
-    assert np.all(out[:, 360:] == 0)
+def test_int8_weights_padded_to_lanes_with_column_scales():
+    """int8 weights times per-group, per-column float32 scales, bfloat16 activations; n = 360 padded at load to
+    384 zero columns (pad_columns_to_lanes) in 256-column tiles (the second half past n), k = 160 with a masked
+    tail: the first 360 columns are the unpadded reference's."""
+    _check_every_group_sizing(160, 360, jnp.bfloat16, GroupedMatmulTiles(16, 128, 256), int8=True, pad_columns=True)
 
 
 @pytest.mark.parametrize("rows", [64 * 8, 512 * 8])
