@@ -1,9 +1,11 @@
 """Grouped matmul on TPU (Mosaic): rows tiled per group, only non-empty groups' weight blocks fetched.
 
-Our own kernel rather than JAX's megablox `gmm`, which libtpu compiles at these shapes but which (1) copies the
-whole weight tensor per call when n is not a multiple of 128 (gpt-oss's [128, 2880, 2880] down projection: 2 GiB of
-temporaries, so decode would read every expert), (2) takes no int8 weights or per-column scales, and (3) leaves
-the padding rows past sum(group_sizes) unwritten. The compile evidence is in docs/tpu-compile.md.
+Our own kernel rather than JAX's megablox `gmm`. libtpu compiles megablox at the MoE shapes, but it takes no int8
+weights or per-column scales (int8 experts would be converted, i.e. every expert read and written, per call), leaves
+the rows past sum(group_sizes) unwritten, and tiles k, n and rows alike (128 each by default, each row tile re-fetching
+its group's weights per k tile). Both kernels get a per-call copy of the whole weight tensor from XLA:TPU when n is not
+a multiple of 128 (gpt-oss's [128, 2880, 2880]: 2 GiB of temporaries); weight_layout.py pads n at load instead.
+The compile evidence is in docs/tpu-compile.md ("The MoE grouped matmul").
 
 Grid: (column tile, visit, contraction tile). A visit is one (row tile, group) pair from tpu_schedule.py, in row
 order; its weight block index (group, k tile, column tile) comes from the scalar-prefetched schedule, so the
