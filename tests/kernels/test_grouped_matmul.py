@@ -81,6 +81,22 @@ def test_int8_weights_padded_to_lanes_with_column_scales():
     _check_every_group_sizing(160, 360, jnp.bfloat16, GroupedMatmulTiles(16, 128, 256), int8=True, pad_columns=True)
 
 
+@pytest.mark.slow
+def test_tpu_kernel_has_no_dma_races():
+    """The TPU interpreter's race detector finds no conflicting DMA / compute accesses while row tiles are revisited
+    by several groups, over k tiles and column tiles."""
+    from jax._src.pallas.mosaic.interpret import interpret_pallas_call
+    from jax.experimental.pallas import tpu as pltpu
+
+    lhs, rhs, _ = _operands(160, 256, jnp.float32, int8=False)
+    sizes = jnp.asarray(GROUP_SIZES["empty_between"], jnp.int32)
+    params = pltpu.InterpretParams(detect_races=True, dma_execution_mode="on_wait")
+    out = grouped_matmul(lhs, rhs, sizes, tiles=GroupedMatmulTiles(16, 128, 128), interpret=params)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(grouped_matmul_reference(lhs, rhs, sizes)), atol=1e-4)
+    races = interpret_pallas_call.races
+    assert races is not None and not races.races_found
+
+
 @pytest.mark.parametrize("rows", [64 * 8, 512 * 8])
 @pytest.mark.parametrize("k,n", [(2048, 1536), (768, 2048), (2880, 5760), (2880, 2944)])
 def test_default_tiles_keep_all_of_k_at_moe_shapes(rows, k, n):
