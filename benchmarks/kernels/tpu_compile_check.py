@@ -5,7 +5,8 @@ for a TPU topology without a TPU: inputs are ShapeDtypeStructs placed on one of 
 and the topology's device is the default device while tracing, so Pallas (`pltpu.get_tpu_info()`) and the
 kernels' VMEM plans read that chip. Prints one row per case: OK or the compiler's message, the VMEM limit
 the kernel asked for and its block plan, HBM argument and temporary bytes as XLA:TPU planned them
-(`compiled.memory_analysis()`). Then the engine's whole step sharded over a v5e-8 / v6e-8 mesh
+(`compiled.memory_analysis()`). Then the MoE grouped matmul at real expert shapes (tpu_compile_gmm.py). Then the
+engine's whole step sharded over a v5e-8 / v6e-8 mesh
 (tpu_step_compile.py), with the memory plan checked against XLA:TPU's HBM. Exits 1 on any rejection.
 
     .venv-tpu/bin/python -m benchmarks.kernels.tpu_compile_check [--full] [--chips v5e] [--shapes Llama-3-8B]
@@ -22,6 +23,7 @@ import time
 import jax
 import jax.numpy as jnp
 
+from benchmarks.kernels.tpu_compile_gmm import GMM_COLUMNS, compile_gmm_case, gmm_cases
 from benchmarks.kernels.tpu_compile_grid import (
     CHIPS,
     MAX_MODEL_LEN,
@@ -148,7 +150,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Compile every TPU kernel with libtpu for TPU topologies.")
     parser.add_argument("--full", action="store_true", help="every shape x chip x kernel x layout x page x dtype")
     parser.add_argument("--chips", nargs="+", help="only these chips (v5e, v6e)")
-    parser.add_argument("--shapes", nargs="+", help="only these model shapes (names as in tpu_compile_grid.py)")
+    parser.add_argument("--shapes", nargs="+",
+                        help="only these model shapes (as named in tpu_compile_grid.py and tpu_compile_gmm.py)")
     parser.add_argument("--no-step", action="store_true",
                         help="skip the whole sharded step (tpu_step_compile.py) and its memory-plan check")
     options = parser.parse_args(argv)
@@ -158,17 +161,23 @@ def main(argv=None) -> int:
     cases = [case for case in cases if (not options.chips or case.chip in options.chips)
              and (not options.shapes or case.shape.name in options.shapes)]
     libtpu = importlib.metadata.version("libtpu")  # the TPU compiler this check proves the kernels against
-    print(f"jax {jax.__version__}, libtpu {libtpu}: {len(cases)} compiles", flush=True)
+    chips = [chip for chip in CHIPS if not options.chips or chip in options.chips]
+    grouped = gmm_cases(chips, options.shapes, options.full)
+    print(f"jax {jax.__version__}, libtpu {libtpu}: {len(cases)} + {len(grouped)} grouped-matmul compiles", flush=True)
     started = time.perf_counter()
-    rows = []
-    for chip in dict.fromkeys(case.chip for case in cases):
+    rows, gmm_rows = [], []
+    for chip in chips:
         device = topologies.get_topology_desc(topology_name=f"{chip}:2x2", platform="tpu").devices[0]
         rows += [compile_case(case, device) for case in cases if case.chip == chip]
-    print_table(rows)
-    steps = [] if options.no_step else [compile_step(case) for case in step_cases(
-        [chip for chip in CHIPS if not options.chips or chip in options.chips])]
+        gmm_rows += [compile_gmm_case(case, device, _message) for case in grouped if case.chip == chip]
+    if rows:
+        print_table(rows)
+    if gmm_rows:
+        print_table(gmm_rows, GMM_COLUMNS)
+    steps = [] if options.no_step else [compile_step(case) for case in step_cases(chips)]
     if steps:
         print_table(steps, STEP_COLUMNS)
+    rows += gmm_rows
     rejected = [row for row in rows + steps if not row["result"].startswith("OK")]
     print(f"{len(rows) + len(steps) - len(rejected)}/{len(rows) + len(steps)} compiled in "
           f"{time.perf_counter() - started:.0f} s", flush=True)
