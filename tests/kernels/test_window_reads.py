@@ -40,10 +40,18 @@ def batch_with_freed_pages(window: int) -> RaggedBatch:
                        cu_q_lens=batch.cu_q_lens, num_seqs=batch.num_seqs, slot_mapping=batch.slot_mapping)
 
 
-@pytest.mark.parametrize("window", WINDOWS)
-@pytest.mark.parametrize("backend,native", [("xla", True), ("xla", False), ("pallas_tpu", False),
-                                            ("pallas_gpu", False)],
-                         ids=["xla-native", "xla-jnp", "pallas_tpu", "pallas_gpu"])
+def _interpreted_in_ci(window: int) -> list:
+    """The Pallas kernels run interpreted (seconds a compile): page - 1 and several pages in CI, every window in the
+    slow sweep."""
+    marks = [] if window in (PAGE - 1, 3 * PAGE + 5) else [pytest.mark.slow]
+    return [pytest.param(backend, False, window, id=f"{backend}-{window}", marks=marks)
+            for backend in ("pallas_tpu", "pallas_gpu")]
+
+
+@pytest.mark.parametrize("backend,native,window", [
+    *(pytest.param("xla", native, window, id=f"xla-{'native' if native else 'jnp'}-{window}")
+      for native in (True, False) for window in WINDOWS),
+    *(param for window in WINDOWS for param in _interpreted_in_ci(window))])
 def test_no_page_before_the_window_is_read(backend, native, window):
     """Each backend equals the spec (finite everywhere) though the pages before every window are NaN."""
     batch = batch_with_freed_pages(window)
