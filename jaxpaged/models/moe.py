@@ -75,6 +75,10 @@ Activation = Callable[[jax.Array, jax.Array], jax.Array]
 """(gate, up) -> the down projection's input; gpt-oss passes its clamped SwiGLU."""
 
 
+EXPERT_MATMUL = "jax.lax.ragged_dot"
+"""What expert_matmul runs, for the start-up plan's line (runner/startup.py describe_experts)."""
+
+
 def expert_matmul(lhs: Float[Array, "m k"], rhs: Union[Float[Array, "g k n"], Int[Array, "g k n"]],
                   group_sizes: Int32[Array, " g"], rhs_scale: Optional[Float32[Array, "g n"]] = None,
                   ) -> Float[Array, "m n"]:

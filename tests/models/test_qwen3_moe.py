@@ -1,6 +1,7 @@
 """Qwen3-MoE through the whole engine generates HF transformers' greedy tokens (float32) on tiny random models:
 norm_topk_prob on and off, dense layers mixed in, both checkpoint layouts, a batch routed to one expert."""
 
+import logging
 import pathlib
 import shutil
 
@@ -134,3 +135,20 @@ def test_every_token_routed_to_one_expert(tmp_path, smollm2_tokenizer_dir):
     save_file(tensors, str(file), metadata={"format": "pt"})
     hf_model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
     assert engine_greedy(tmp_path, PROMPTS) == [hf_greedy(hf_model, p) for p in PROMPTS]
+
+
+def test_int8_experts_generate_the_fake_quantized_models_tokens(qwen3_moe, tmp_path, caplog):
+    """quantization="int8" covers the experts (int8 [E, in, out] + float32 scales [E, out]): the engine generates
+    HF's greedy tokens of the same checkpoint with every projection and expert replaced by its int8 round trip; the
+    start-up plan's MoE line names the layout, the int8 experts and where they live."""
+    from tests.models.test_int8_engine import _fake_quantized_checkpoint
+
+    _, directory, _ = qwen3_moe
+    fake = _fake_quantized_checkpoint(directory, tmp_path / "fake")
+    hf_fake = transformers.AutoModelForCausalLM.from_pretrained(fake, dtype=torch.float32).eval()
+    with caplog.at_level(logging.INFO, logger="jaxpaged.runner.startup"):
+        tokens = engine_greedy(directory, PROMPTS[:2], quantization="int8")
+    assert tokens == [hf_greedy(hf_fake, p) for p in PROMPTS[:2]]
+    plan = caplog.text
+    assert "experts: 8 per layer" in plan and "top 2" in plan and ", int8;" in plan
+    assert "grouped matmul jax.lax.ragged_dot; all experts on the one device" in plan
