@@ -112,10 +112,13 @@ def expert_weight(w: dict[str, Any], name: str) -> Any:
 class MoeForCausalLM(LlamaForCausalLM):
     """The shared decoder with mixture-of-experts MLPs (MoeModelConfig)."""
 
+    takes_mesh = True
+    """runner/compiled_step.py place_model hands it the rank's mesh."""
+
     def __init__(self, cfg: ModelConfig, params: dict[str, LayerWeight], packed: bool = False,
                  int8_matmul: Optional[str] = None, mesh: Optional[jax.sharding.Mesh] = None):
         """As LlamaForCausalLM; `mesh`: the rank's mesh, over which the experts run per shard when tp > 1."""
-        super().__init__(cfg, params, packed=packed, int8_matmul=int8_matmul, mesh=mesh)
+        super().__init__(cfg, params, packed=packed, int8_matmul=int8_matmul)
         self.expert_mesh = mesh if mesh is not None and mesh.shape["model"] > 1 else None
 
     def feed_forward(self, h: Float[Array, "num_tokens hidden"], w: dict[str, Any], proj: Callable,

@@ -4,6 +4,7 @@ norm_topk_prob on and off, dense layers mixed in, both checkpoint layouts, a bat
 import logging
 import pathlib
 import shutil
+from typing import Any
 
 import numpy as np
 import pytest
@@ -30,8 +31,8 @@ def make_qwen3_moe(directory: pathlib.Path, tokenizer_dir: pathlib.Path, **overr
     """A seeded random tiny Qwen3-MoE saved (bfloat16-rounded values, float32 file) beside SmolLM2's tokenizer; the
     float32 HF model with those weights."""
     torch.manual_seed(0)
-    settings = TINY | dict(intermediate_size=48, moe_intermediate_size=16, num_experts=8, num_experts_per_tok=2,
-                           tie_word_embeddings=False) | overrides
+    settings: dict[str, Any] = TINY | dict(intermediate_size=48, moe_intermediate_size=16, num_experts=8,
+                                           num_experts_per_tok=2, tie_word_embeddings=False) | overrides
     config = transformers.Qwen3MoeConfig(**settings)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     with torch.no_grad():
