@@ -1,11 +1,14 @@
 """Random bench models (`model: random:NAME`): made once as HF checkpoints the registry reads, and the shipped MoE pair
 has the sizes its configs claim (~0.7B total; the dense twin's weights equal the MoE's active ones per token)."""
 
+import json
+
 import numpy as np
 import pytest
 import transformers
 
 from jaxpaged.bench.random_models import RANDOM_MODELS, is_random_model, materialize
+from jaxpaged.models.moe_decoder import MoeModelConfig
 from jaxpaged.models.param_shapes import param_shapes
 from jaxpaged.models.registry import read_model_config
 
@@ -28,7 +31,7 @@ def test_materialize_writes_once_and_refuses_unknown_names(tmp_path):
     written = config_file.stat().st_mtime_ns
     assert materialize("random:tiny_moe", tmp_path, TINY_SPEC) == directory
     assert config_file.stat().st_mtime_ns == written
-    assert read_model_config(__import__("json").loads(config_file.read_text())).architecture == "Qwen3MoeForCausalLM"
+    assert read_model_config(json.loads(config_file.read_text())).architecture == "Qwen3MoeForCausalLM"
     assert is_random_model("random:tiny_moe") and not is_random_model("/models/x") and not is_random_model(None)
     with pytest.raises(ValueError, match="model: 'random:nope'"):
         materialize("random:nope", tmp_path, TINY_SPEC)
@@ -38,6 +41,7 @@ def test_the_moe_pair_has_equal_active_parameters():
     """qwen3_moe_0.7b holds 0.5-1B parameters; top 8 of its experts per token hold as many weights as the dense
     twin's MLP, and everything else is the same shape."""
     moe, dense = _config("qwen3_moe_0.7b"), _config("qwen3_dense_0.7b_active")
+    assert isinstance(moe, MoeModelConfig)
     moe_shapes, dense_shapes = param_shapes(moe), param_shapes(dense)
     total = sum(int(np.prod(shape)) for shape in moe_shapes.values())
     assert 0.5e9 < total < 1e9
