@@ -23,6 +23,7 @@ def _config(name: str):
     return read_model_config(getattr(transformers, config_class)(**arguments).to_dict())
 
 
+@pytest.mark.slow  # builds and saves a model through torch and transformers
 def test_materialize_writes_once_and_refuses_unknown_names(tmp_path):
     """The first use writes config, weights and tokenizer; the second reads the cache; an unknown name is refused."""
     directory = materialize("random:tiny_moe", tmp_path, TINY_SPEC)
