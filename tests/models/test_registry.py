@@ -19,7 +19,7 @@ from tests.conftest import TINY_ENGINE_OPTIONS, TINY_LLAMA
 
 EXPECTED_ARCHITECTURES = ["Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration",
                           "LlamaForCausalLM", "Mistral3ForConditionalGeneration", "MistralForCausalLM",
-                          "Qwen2ForCausalLM", "Qwen3ForCausalLM"]
+                          "Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"]
 # What each architecture's reader must make of the same config (sliding_window 8, use_sliding_window unset):
 # (qkv_bias, qk_norm, sliding_window, norm_offset) as transformers' model of that name behaves.
 EXPECTED_VARIANTS = {
@@ -27,6 +27,8 @@ EXPECTED_VARIANTS = {
     "MistralForCausalLM": (False, False, 8, 0.0),
     "Qwen2ForCausalLM": (True, False, None, 0.0),  # Qwen configs carry a window only use_sliding_window enables
     "Qwen3ForCausalLM": (False, True, None, 0.0),
+    "Qwen3MoeForCausalLM": (False, True, None, 0.0),  # Qwen3's attention (its experts: test_qwen3_moe.py)
+    "Qwen2MoeForCausalLM": (True, False, None, 0.0),  # Qwen2's attention
     "Gemma2ForCausalLM": (False, False, 8, 1.0),
     "Gemma3ForCausalLM": (False, True, 8, 1.0),
     # The multimodal wrappers read as their text models (a flat config is its own text_config).
