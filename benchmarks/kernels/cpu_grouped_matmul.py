@@ -1,0 +1,139 @@
+"""The native CPU grouped matmul (jaxpaged/kernels/cpu_native/grouped_matmul) against XLA's two ways of running a
+mixture-of-experts layer's expert matmul on the CPU, at Qwen3-30B-A3B's expert shape, measured in the same run.
+
+Run: PYTHONPATH=. .venv/bin/python -m benchmarks.kernels.cpu_grouped_matmul [--experts 64] [--repeats 7]
+
+One expert matrix per layer, [experts, hidden 2048, width 768] (Qwen3-30B-A3B's gate or up projection; 128 experts
+there, fewer here by default to keep the weights' memory small on a shared machine: each call reads only the experts
+it touches, so the figures per touched expert do not depend on the count), top 8 of the experts per token, chosen at
+random, at 1, 8 and 64 tokens (decode) and 512 (a prefill). Paths:
+  - native: grouped_matmul_cpu, float32, bfloat16 and int8 (with scales) weights;
+  - ragged_dot: jax.lax.ragged_dot, which XLA:CPU lowers to a dense dot over every expert, masked;
+  - gather + einsum: each row's expert weight gathered ([rows, hidden, width]) and a batched matvec: reads one expert
+    per row, a touched expert as often as rows route to it (skipped where the gathered copy would pass 2 GiB).
+The figure that matters for decode is the bandwidth achieved on the touched experts' bytes (each non-empty group's
+weight once): bytes / median seconds, and its ratio to a measured read bandwidth (jnp.sum over 512 MiB, every thread)
+and to a numpy copy (roofline.copy_bytes_per_s). Each repeat routes anew (8 routings, cycled), so the touched experts
+change from call to call and come from memory, not from the cache a previous call left. Medians; prints the CPU and
+the load average, and a JSON line at the end.
+"""
+
+import argparse
+import json
+import statistics
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxpaged.bench.machine_info import load_average, machine_info
+from jaxpaged.bench.roofline import copy_bytes_per_s
+from jaxpaged.kernels.cpu_native.grouped_matmul import grouped_matmul_available, grouped_matmul_cpu
+from jaxpaged.timing import call_seconds
+
+HIDDEN, WIDTH, TOP_K = 2048, 768, 8
+TOKENS = (1, 8, 64, 512)
+ROUTINGS = 8
+GATHER_LIMIT_BYTES = 2 * 2**30
+READ_BYTES = 512 * 2**20
+
+
+def routings(rng, tokens: int, experts: int) -> list[np.ndarray]:
+    """ROUTINGS group-size vectors: each token's top-k experts drawn at random without repeats."""
+    sizes = []
+    for _ in range(ROUTINGS):
+        chosen = np.stack([rng.choice(experts, TOP_K, replace=False) for _ in range(tokens)])
+        sizes.append(np.bincount(chosen.ravel(), minlength=experts).astype(np.int32))
+    return sizes
+
+
+def read_bytes_per_s(repeats: int) -> float:
+    """Bandwidth of a jitted sum over READ_BYTES of float32 (every XLA thread): the machine's read rate."""
+    data = jnp.asarray(np.random.default_rng(0).standard_normal(READ_BYTES // 4).astype(np.float32))
+    total = jax.jit(jnp.sum)
+    return READ_BYTES / statistics.median(call_seconds(lambda: total(data).block_until_ready(), repeats))
+
+
+def gather_einsum(lhs, rhs, group_sizes):
+    """Each row's expert weight gathered, then one matvec per row (rows past the groups use expert 0, zeroed)."""
+    rows = lhs.shape[0]
+    expert_of_row = jnp.repeat(jnp.arange(rhs.shape[0]), group_sizes, total_repeat_length=rows)
+    real = jnp.arange(rows) < jnp.sum(group_sizes)
+    product = jnp.einsum("mk,mkn->mn", lhs, rhs[expert_of_row], preferred_element_type=jnp.float32)
+    return jnp.where(real[:, None], product, 0.0).astype(lhs.dtype)
+
+
+def ragged(lhs, rhs, group_sizes):
+    return jax.lax.ragged_dot(lhs, rhs, group_sizes, preferred_element_type=jnp.float32).astype(lhs.dtype)
+
+
+def native(lhs, rhs, group_sizes, scale=None):
+    return grouped_matmul_cpu(lhs, rhs, group_sizes, scale)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Native CPU grouped matmul vs ragged_dot and gather + einsum.")
+    parser.add_argument("--experts", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--tokens", type=int, nargs="*", default=list(TOKENS))
+    parser.add_argument("--dtypes", nargs="*", default=["float32", "bfloat16", "int8"])
+    parser.add_argument("--ragged-max-tokens", type=int, default=64,
+                        help="ragged_dot's dense dot over every expert is skipped above this many tokens")
+    args = parser.parse_args()
+    machine = machine_info()
+    print(f"{machine.get('cpu')} ({machine.get('num_cpus')} cpus), JAX {jax.__version__}, load {load_average()}")
+    read_rate, copy_rate = read_bytes_per_s(args.repeats), copy_bytes_per_s(args.repeats, statistics.median)
+    print(f"read (jnp.sum) {read_rate / 1e9:.1f} GB/s, numpy copy {copy_rate / 1e9:.1f} GB/s (medians)")
+    results = {"cpu": machine.get("cpu"), "load_average": load_average(), "read_gb_per_s": read_rate / 1e9,
+               "copy_gb_per_s": copy_rate / 1e9, "experts": args.experts, "rows": []}
+    print("| weights | tokens | rows | touched experts | path | ms | GB/s on touched | / read | / copy |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    rng = np.random.default_rng(0)
+    for dtype_name in args.dtypes:
+        dtype = jnp.dtype(dtype_name)
+        if not grouped_matmul_available(dtype):
+            print(f"| {dtype_name} | – | – | – | native | no native kernel on this machine |")
+            continue
+        if dtype == jnp.int8:
+            rhs = jnp.asarray(rng.integers(-127, 128, (args.experts, HIDDEN, WIDTH), dtype=np.int8))
+            scale = jnp.asarray(rng.uniform(1e-3, 2e-3, (args.experts, WIDTH)).astype(np.float32))
+            lhs_dtype = jnp.dtype(jnp.float32)
+        else:
+            rhs = jnp.asarray((rng.standard_normal((args.experts, HIDDEN, WIDTH)) / np.sqrt(HIDDEN)).astype(dtype))
+            scale, lhs_dtype = None, dtype
+        for tokens in args.tokens:
+            rows = tokens * TOP_K
+            lhs = jnp.asarray(rng.standard_normal((rows, HIDDEN)).astype(lhs_dtype))
+            sizes = [jnp.asarray(s) for s in routings(rng, tokens, args.experts)]
+            touched = statistics.median(int(np.count_nonzero(np.asarray(s))) for s in sizes)
+            touched_bytes = touched * HIDDEN * WIDTH * dtype.itemsize
+            paths = {"native": jax.jit(native)}
+            if dtype != jnp.int8 and tokens <= args.ragged_max_tokens:
+                paths["ragged_dot"] = jax.jit(ragged)
+            if dtype != jnp.int8 and rows * HIDDEN * WIDTH * dtype.itemsize <= GATHER_LIMIT_BYTES:
+                paths["gather + einsum"] = jax.jit(gather_einsum)
+            extra = () if scale is None else (scale,)
+            reference = np.asarray(paths["native"](lhs, rhs, sizes[0], *extra), np.float32)
+            for name, path in paths.items():
+                if name != "native":
+                    np.testing.assert_allclose(np.asarray(path(lhs, rhs, sizes[0]), np.float32), reference,
+                                               rtol=2e-2, atol=2e-2)
+                turn = iter(range(10**9))
+
+                def call(path=path):
+                    return path(lhs, rhs, sizes[next(turn) % ROUTINGS], *extra).block_until_ready()
+
+                seconds = statistics.median(call_seconds(call, args.repeats))
+                rate = touched_bytes / seconds
+                print(f"| {dtype_name} | {tokens} | {rows} | {touched:g} | {name} | {seconds * 1e3:.2f} | "
+                      f"{rate / 1e9:.1f} | {rate / read_rate:.2f} | {rate / copy_rate:.2f} |", flush=True)
+                results["rows"].append({"dtype": dtype_name, "tokens": tokens, "rows": rows, "touched": touched,
+                                        "path": name, "ms": seconds * 1e3, "touched_gb_per_s": rate / 1e9})
+        del rhs
+    results["load_average_after"] = load_average()
+    print(f"load after: {load_average()}")
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
