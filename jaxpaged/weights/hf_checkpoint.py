@@ -10,6 +10,7 @@ import numpy as np
 
 from jaxpaged.models.int8_weights import HostInt8, dequantize_int8
 from jaxpaged.models.registry import architecture_of, resolve
+from jaxpaged.models.weight_names import AssembledTensor
 from jaxpaged.weights import compressed_tensors
 from jaxpaged.weights.param_names import stack_layers
 from jaxpaged.weights.safetensors_file import TensorEntry, open_tensor, read_header
@@ -67,7 +68,23 @@ def load_hf_checkpoint(path: pathlib.Path, quantization: Optional[str] = None,
     file_names = names.mapper.map_names(entries)  # {the family's spelling: the file's}
     notes: set[str] = set()
 
+    def lookup(full_name: str) -> Optional[np.ndarray]:
+        """A tensor as stored (a mapped view), for an AssembledTensor; None when absent."""
+        hf_name = file_names.get(full_name)
+        if hf_name is None:
+            return None
+        if entries[hf_name].dtype == "I8":
+            raise ValueError(f"checkpoint {path}: tensor {full_name!r} is int8; this parameter is read from "
+                             "float tensors only")
+        return open_tensor(entries[hf_name])
+
     def fetch(name: str, layer: Optional[int]) -> "np.ndarray | HostInt8":
+        assembled = names.layer.get(name) if layer is not None else None
+        if isinstance(assembled, AssembledTensor):  # a MoE family's experts (models/expert_tensors.py)
+            try:
+                return assembled.build(lookup, names.layer_prefix.format(layer=layer), layer, cfg)
+            except ValueError as error:
+                raise ValueError(f"checkpoint {path}: {error}") from None
         tensor = names.tensor(name, layer)
         hf_name, transpose = file_names.get(tensor.name), tensor.transpose
         if hf_name is None:
