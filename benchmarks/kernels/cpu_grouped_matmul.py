@@ -54,6 +54,13 @@ def read_bytes_per_s(repeats: int) -> float:
     return READ_BYTES / statistics.median(call_seconds(lambda: total(data).block_until_ready(), repeats))
 
 
+def median_seconds(path, calls: list[tuple], repeats: int) -> float:
+    """Median seconds of `repeats` calls of `path`, each on the next of `calls`' operands in turn."""
+    turn = iter(range(10**9))
+    return statistics.median(call_seconds(
+        lambda: path(*calls[next(turn) % len(calls)]).block_until_ready(), repeats))
+
+
 def gather_einsum(lhs, rhs, group_sizes):
     """Each row's expert weight gathered, then one matvec per row (rows past the groups use expert 0, zeroed)."""
     rows = lhs.shape[0]
@@ -118,18 +125,12 @@ def main() -> None:
                 if name != "native":
                     np.testing.assert_allclose(np.asarray(path(lhs, rhs, sizes[0]), np.float32), reference,
                                                rtol=2e-2, atol=2e-2)
-                turn = iter(range(10**9))
-
-                def call(path=path):
-                    return path(lhs, rhs, sizes[next(turn) % ROUTINGS], *extra).block_until_ready()
-
-                seconds = statistics.median(call_seconds(call, args.repeats))
+                seconds = median_seconds(path, [(lhs, rhs, s, *extra) for s in sizes], args.repeats)
                 rate = touched_bytes / seconds
                 print(f"| {dtype_name} | {tokens} | {rows} | {touched:g} | {name} | {seconds * 1e3:.2f} | "
                       f"{rate / 1e9:.1f} | {rate / read_rate:.2f} | {rate / copy_rate:.2f} |", flush=True)
                 results["rows"].append({"dtype": dtype_name, "tokens": tokens, "rows": rows, "touched": touched,
                                         "path": name, "ms": seconds * 1e3, "touched_gb_per_s": rate / 1e9})
-        del rhs
     results["load_average_after"] = load_average()
     print(f"load after: {load_average()}")
     print(json.dumps(results))

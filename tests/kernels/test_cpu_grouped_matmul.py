@@ -179,3 +179,15 @@ def test_bad_shapes_and_dtypes_are_refused_by_name():
     with pytest.raises((ValueError, TypeError), match="dtype"):
         grouped_matmul_cpu(lhs, rhs.astype(jnp.float16), sizes)
     assert not grouped_matmul_available(jnp.float16)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+def test_the_moe_layers_expert_matmul_runs_this_kernel_on_the_cpu(dtype):
+    """models/moe.py's expert_matmul compiles to this custom call on the CPU (no dense dot) and keeps its semantics."""
+    from jaxpaged.models.moe import expert_matmul
+
+    lhs, rhs, group_sizes, scale = random_problem(np.random.default_rng(9), 21, 24, 40, (4, 0, 9, 2), dtype)
+    args = (jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(group_sizes), None if scale is None else jnp.asarray(scale))
+    compiled = jax.jit(expert_matmul).lower(*args).compile().as_text() or ""
+    assert "jaxpaged_grouped_matmul" in compiled and "ragged" not in compiled
+    assert_close(np.asarray(expert_matmul(*args)), reference(lhs, rhs, group_sizes, scale), 24)
