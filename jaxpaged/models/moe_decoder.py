@@ -96,6 +96,13 @@ def moe_fields(base: ModelConfig) -> dict[str, Any]:
     return {field.name: getattr(base, field.name) for field in dataclasses.fields(ModelConfig)}
 
 
+def with_expert_parallel(model: ModelConfig, enabled: bool) -> ModelConfig:
+    """`model` with EngineConfig.enable_expert_parallel applied (a dense model is returned as it is)."""
+    if not isinstance(model, MoeModelConfig) or model.expert_parallel == enabled:
+        return model
+    return dataclasses.replace(model, expert_parallel=enabled)
+
+
 def expert_weight(w: dict[str, Any], name: str) -> Any:
     """One expert stack as moe.py takes it: the float [E, in, out], or Int8Weight with its scales [E, out]."""
     scale = w.get(scale_name(name))
