@@ -10,7 +10,9 @@ random, at 1, 8 and 64 tokens (decode) and 512 (a prefill). Paths:
   - native: grouped_matmul_cpu, float32, bfloat16 and int8 (with scales) weights;
   - ragged_dot: jax.lax.ragged_dot, which XLA:CPU lowers to a dense dot over every expert, masked;
   - gather + einsum: each row's expert weight gathered ([rows, hidden, width]) and a batched matvec: reads one expert
-    per row, a touched expert as often as rows route to it (skipped where the gathered copy would pass 2 GiB).
+    per row, a touched expert as often as rows route to it (skipped where the gathered copy would pass 2 GiB);
+  - dense dot: every row times one expert's weight (XLA's dot): the same multiply-adds, one weight; the compute
+    rate a prefill could reach, not an MoE path.
 The figure that matters for decode is the bandwidth achieved on the touched experts' bytes (each non-empty group's
 weight once): bytes / median seconds, and its ratio to a measured read bandwidth (jnp.sum over 512 MiB, every thread)
 and to a numpy copy (roofline.copy_bytes_per_s). Each repeat routes anew (8 routings, cycled), so the touched experts
@@ -74,6 +76,11 @@ def ragged(lhs, rhs, group_sizes):
     return jax.lax.ragged_dot(lhs, rhs, group_sizes, preferred_element_type=jnp.float32).astype(lhs.dtype)
 
 
+def dense_dot(lhs, rhs, group_sizes):
+    del group_sizes
+    return jnp.dot(lhs, rhs[0], preferred_element_type=jnp.float32).astype(lhs.dtype)
+
+
 def native(lhs, rhs, group_sizes, scale=None):
     return grouped_matmul_cpu(lhs, rhs, group_sizes, scale)
 
@@ -93,8 +100,8 @@ def main() -> None:
     print(f"read (jnp.sum) {read_rate / 1e9:.1f} GB/s, numpy copy {copy_rate / 1e9:.1f} GB/s (medians)")
     results = {"cpu": machine.get("cpu"), "load_average": load_average(), "read_gb_per_s": read_rate / 1e9,
                "copy_gb_per_s": copy_rate / 1e9, "experts": args.experts, "rows": []}
-    print("| weights | tokens | rows | touched experts | path | ms | GB/s on touched | / read | / copy |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| weights | tokens | rows | touched experts | path | ms | GFLOP/s | GB/s on touched | / read | / copy |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     rng = np.random.default_rng(0)
     for dtype_name in args.dtypes:
         dtype = jnp.dtype(dtype_name)
@@ -119,18 +126,22 @@ def main() -> None:
                 paths["ragged_dot"] = jax.jit(ragged)
             if dtype != jnp.int8 and rows * HIDDEN * WIDTH * dtype.itemsize <= GATHER_LIMIT_BYTES:
                 paths["gather + einsum"] = jax.jit(gather_einsum)
+            if dtype != jnp.int8:
+                paths["dense dot"] = jax.jit(dense_dot)
             extra = () if scale is None else (scale,)
             reference = np.asarray(paths["native"](lhs, rhs, sizes[0], *extra), np.float32)
             for name, path in paths.items():
-                if name != "native":
+                if name not in ("native", "dense dot"):
                     np.testing.assert_allclose(np.asarray(path(lhs, rhs, sizes[0]), np.float32), reference,
                                                rtol=2e-2, atol=2e-2)
                 seconds = median_seconds(path, [(lhs, rhs, s, *extra) for s in sizes], args.repeats)
-                rate = touched_bytes / seconds
+                rate, flops = touched_bytes / seconds, 2 * rows * HIDDEN * WIDTH / seconds
                 print(f"| {dtype_name} | {tokens} | {rows} | {touched:g} | {name} | {seconds * 1e3:.2f} | "
-                      f"{rate / 1e9:.1f} | {rate / read_rate:.2f} | {rate / copy_rate:.2f} |", flush=True)
+                      f"{flops / 1e9:.1f} | {rate / 1e9:.2f} | {rate / read_rate:.2f} | {rate / copy_rate:.2f} |",
+                      flush=True)
                 results["rows"].append({"dtype": dtype_name, "tokens": tokens, "rows": rows, "touched": touched,
-                                        "path": name, "ms": seconds * 1e3, "touched_gb_per_s": rate / 1e9})
+                                        "path": name, "ms": seconds * 1e3, "gflop_per_s": flops / 1e9,
+                                        "touched_gb_per_s": rate / 1e9})
     results["load_average_after"] = load_average()
     print(f"load after: {load_average()}")
     print(json.dumps(results))

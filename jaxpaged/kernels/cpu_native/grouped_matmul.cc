@@ -34,6 +34,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <type_traits>
 #include <vector>
 
 #include "packed_tiles.h"
@@ -73,14 +74,21 @@ constexpr int64_t kPrefetchRows = 32;
 
 static_assert(kRunColumns % (kTileVectors * kLanes) == 0, "a work item holds whole tiles");
 
-// The weights' element types, each loaded as float32 vectors.
+// The weights' element types, each loaded as float32 vectors. kFromMemory: the tiles ask for the rows ahead
+// (false for a strip already widened into a per-thread buffer, which is in L2).
 struct Float32 {
   using Element = float;
+  static constexpr bool kFromMemory = true;
   static Vec Load(const float* at) { return *reinterpret_cast<const Vec*>(at); }
+};
+
+struct WidenedStrip : Float32 {
+  static constexpr bool kFromMemory = false;
 };
 
 struct Bfloat16 {
   using Element = uint16_t;  // bfloat16 bits, as XLA's FFI hands them over; float32 is the same bits shifted up 16
+  static constexpr bool kFromMemory = true;
   static Vec Load(const uint16_t* at) {
 #if defined(__AVX512F__)
     const __m512i widened = _mm512_slli_epi32(
@@ -98,7 +106,11 @@ struct Bfloat16 {
   }
 };
 
-using Int8 = packed_tiles::Int8;  // widened in registers; Int8::Load reads kLanes bytes
+struct Int8 {
+  using Element = int8_t;
+  static constexpr bool kFromMemory = true;
+  static Vec Load(const int8_t* at) { return packed_tiles::Int8::Load(at); }  // reads kLanes bytes
+};
 
 inline float ScalarOf(float value) { return value; }
 inline float ScalarOf(uint16_t bits) {
@@ -109,51 +121,60 @@ inline float ScalarOf(uint16_t bits) {
 }
 inline float ScalarOf(int8_t value) { return static_cast<float>(value); }
 
-template <typename T>
-struct Problem {
-  const float* x;                   // [rows, inner]
-  const typename T::Element* weights;  // [groups, inner, outer]
-  const float* scales;              // [groups, outer] or nullptr
-  float* out;                       // [rows, outer]
+// What every tile of a call shares, whatever its weights' element type.
+struct Operands {
+  const float* x;       // [rows, inner]
+  const float* scales;  // [groups, outer] or nullptr
+  float* out;           // [rows, outer]
   int64_t inner, outer;
+};
+
+template <typename T>
+struct Problem : Operands {
+  const typename T::Element* weights;  // [groups, inner, outer]
   int64_t weight_size() const { return inner * outer; }
 };
 
-// One tile: kRows rows from `row` x kVectors vectors of columns from `column`, of group `group`, summed over the whole
-// inner dimension; the weight rows kPrefetchRows steps ahead are asked for as it goes.
+// A column strip of one group's weight: element (i, c) of the strip at strip[i * stride + c].
+template <typename T>
+struct Strip {
+  const typename T::Element* at;
+  int64_t stride;
+};
+
+// One tile: kRows rows from `row` x kVectors vectors of columns from `column` of group `group`, summed over the whole
+// inner dimension from `strip`; weights from memory ask for the rows kPrefetchRows steps ahead as they go.
 template <typename T, int kRows, int kVectors>
-inline void MultiplyTile(const Problem<T>& p, int64_t group, int64_t row, int64_t column) {
+inline void MultiplyTile(const Operands& o, Strip<T> strip, int64_t group, int64_t row, int64_t column) {
   Vec sums[kRows][kVectors];
   for (int r = 0; r < kRows; ++r) {
     for (int v = 0; v < kVectors; ++v) sums[r][v] = Vec{};
   }
-  const float* x = p.x + row * p.inner;
-  const typename T::Element* weight = p.weights + group * p.weight_size() + column;
-  const int64_t stride = p.outer;
+  const float* x = o.x + row * o.inner;
   constexpr int64_t kRowBytes = kVectors * kLanes * sizeof(typename T::Element);
   // The prefetch runs past the group's last row by kPrefetchRows rows: harmless, and cheaper than a test per step.
-  for (int64_t i = 0; i < p.inner; ++i) {
-    const typename T::Element* at = weight + i * stride;
-    if constexpr (kPrefetchRows > 0) {
-      const char* ahead = reinterpret_cast<const char*>(at + kPrefetchRows * stride);
+  for (int64_t i = 0; i < o.inner; ++i) {
+    const typename T::Element* at = strip.at + i * strip.stride;
+    if constexpr (T::kFromMemory && kPrefetchRows > 0) {
+      const char* ahead = reinterpret_cast<const char*>(at + kPrefetchRows * strip.stride);
       for (int64_t b = 0; b < kRowBytes; b += 64) __builtin_prefetch(ahead + b, 0, 2);
     }
     Vec loaded[kVectors];
     for (int v = 0; v < kVectors; ++v) loaded[v] = T::Load(at + v * kLanes);
     for (int r = 0; r < kRows; ++r) {
-      const float value = x[r * p.inner + i];
+      const float value = x[r * o.inner + i];
       for (int v = 0; v < kVectors; ++v) sums[r][v] += value * loaded[v];
     }
   }
-  if (p.scales != nullptr) {
+  if (o.scales != nullptr) {
     for (int v = 0; v < kVectors; ++v) {
       Vec scale;
-      std::memcpy(&scale, p.scales + group * p.outer + column + v * kLanes, sizeof(scale));
+      std::memcpy(&scale, o.scales + group * o.outer + column + v * kLanes, sizeof(scale));
       for (int r = 0; r < kRows; ++r) sums[r][v] *= scale;
     }
   }
   for (int r = 0; r < kRows; ++r) {
-    float* out = p.out + (row + r) * p.outer + column;
+    float* out = o.out + (row + r) * o.outer + column;
     for (int v = 0; v < kVectors; ++v) std::memcpy(out + v * kLanes, &sums[r][v], sizeof(Vec));
   }
 }
@@ -161,12 +182,13 @@ inline void MultiplyTile(const Problem<T>& p, int64_t group, int64_t row, int64_
 // Fewer than kTileRows rows in one smaller tile (a group smaller than a tile: every decode group). Only tiles whose
 // accumulators fit the registers are built; the callers pick kVectors so that they do.
 template <typename T, int kVectors, int kRows = 1>
-void MultiplyFewRows(const Problem<T>& p, int64_t group, int64_t num_rows, int64_t row, int64_t column) {
+void MultiplyFewRows(const Operands& o, Strip<T> strip, int64_t group, int64_t num_rows, int64_t row,
+                     int64_t column) {
   if constexpr (kRows < kTileRows && kRows * kVectors <= kMaxAccumulators) {
     if (num_rows == kRows) {
-      MultiplyTile<T, kRows, kVectors>(p, group, row, column);
+      MultiplyTile<T, kRows, kVectors>(o, strip, group, row, column);
     } else {
-      MultiplyFewRows<T, kVectors, kRows + 1>(p, group, num_rows, row, column);
+      MultiplyFewRows<T, kVectors, kRows + 1>(o, strip, group, num_rows, row, column);
     }
   }
 }
@@ -175,24 +197,49 @@ void MultiplyFewRows(const Problem<T>& p, int64_t group, int64_t num_rows, int64
 // whole tiles are covered by one more whole tile ending at `end`, overlapping the tile before it (rows computed twice
 // get the same sums twice; packed_matmul.cc measured a small tile for them at half the FMA rate).
 template <typename T, int kVectors>
-void MultiplyRows(const Problem<T>& p, int64_t group, int64_t first, int64_t end, int64_t column) {
+void MultiplyRows(const Operands& o, Strip<T> strip, int64_t group, int64_t first, int64_t end, int64_t column) {
   if (end - first < kTileRows) {
-    MultiplyFewRows<T, kVectors>(p, group, end - first, first, column);
+    MultiplyFewRows<T, kVectors>(o, strip, group, end - first, first, column);
     return;
   }
   if constexpr (kTileRows * kVectors <= kMaxAccumulators) {  // wider strips are only ever given fewer rows
     for (int64_t row = first; row < end; row += kTileRows) {
-      MultiplyTile<T, kTileRows, kVectors>(p, group, std::min(row, end - kTileRows), column);
+      MultiplyTile<T, kTileRows, kVectors>(o, strip, group, std::min(row, end - kTileRows), column);
     }
   }
 }
 
+// bfloat16 and int8 strips under more than one tile's rows are widened to float32 once, into a per-thread buffer that
+// stays in L2 (inner x 32 floats with AVX-512: 256 KiB at a hidden of 2,048), and every tile runs the float32 tile
+// over it: widening in each tile repeats it once per tile (6 times for a 64-row group), and the widening
+// instructions share the FMA ports (packed_matmul.cc measured the same for its int8 panels). Memory still delivers
+// the narrow bytes, once.
+template <typename T, int kVectors>
+void MultiplyRowsWidened(const Problem<T>& p, Strip<T> strip, int64_t group, int64_t first, int64_t end,
+                         int64_t column) {
+  constexpr int64_t kWidth = kVectors * kLanes;
+  constexpr int64_t kRowBytes = kWidth * sizeof(typename T::Element);
+  thread_local std::vector<float> widened;
+  if (static_cast<int64_t>(widened.size()) < p.inner * kWidth) widened.resize(p.inner * kWidth);
+  for (int64_t i = 0; i < p.inner; ++i) {
+    const typename T::Element* at = strip.at + i * strip.stride;
+    const char* ahead = reinterpret_cast<const char*>(at + kPrefetchRows * strip.stride);
+    for (int64_t b = 0; b < kRowBytes; b += 64) __builtin_prefetch(ahead + b, 0, 2);
+    for (int v = 0; v < kVectors; ++v) {
+      const Vec loaded = T::Load(at + v * kLanes);
+      std::memcpy(widened.data() + i * kWidth + v * kLanes, &loaded, sizeof(loaded));
+    }
+  }
+  MultiplyRows<WidenedStrip, kVectors>(p, Strip<WidenedStrip>{widened.data(), kWidth}, group, first, end, column);
+}
+
 // The last outer % kLanes columns (only where outer is not a multiple of the vector width): plain loops.
 template <typename T>
-void MultiplyColumnTail(const Problem<T>& p, int64_t group, int64_t first, int64_t end, int64_t column) {
+void MultiplyColumnTail(const Problem<T>& p, int64_t group, int64_t first, int64_t end, int64_t column,
+                        int64_t end_column) {
   const typename T::Element* weight = p.weights + group * p.weight_size();
   for (int64_t row = first; row < end; ++row) {
-    for (int64_t c = column; c < p.outer; ++c) {
+    for (int64_t c = column; c < end_column; ++c) {
       float sum = 0.0f;
       for (int64_t i = 0; i < p.inner; ++i) sum += p.x[row * p.inner + i] * ScalarOf(weight[i * p.outer + c]);
       p.out[row * p.outer + c] = p.scales != nullptr ? sum * p.scales[group * p.outer + c] : sum;
@@ -220,7 +267,14 @@ struct SharedWork {
 template <typename T, int kVectors>
 int64_t MultiplyStrips(const Problem<T>& p, const Item& item, int64_t column, int64_t end_column) {
   for (; column + kVectors * kLanes <= end_column; column += kVectors * kLanes) {
-    MultiplyRows<T, kVectors>(p, item.group, item.first_row, item.end_row, column);
+    const Strip<T> strip{p.weights + item.group * p.weight_size() + column, p.outer};
+    if constexpr (!std::is_same_v<T, Float32>) {
+      if (item.end_row - item.first_row > kTileRows) {
+        MultiplyRowsWidened<T, kVectors>(p, strip, item.group, item.first_row, item.end_row, column);
+        continue;
+      }
+    }
+    MultiplyRows<T, kVectors>(p, strip, item.group, item.first_row, item.end_row, column);
   }
   return column;
 }
@@ -241,7 +295,7 @@ void WorkOn(SharedWork<T>& work) {
     }
     column = MultiplyStrips<T, kTileVectors>(p, item, column, end_column);
     column = MultiplyStrips<T, 1>(p, item, column, end_column);
-    if (column < end_column) MultiplyColumnTail(p, item.group, item.first_row, item.end_row, column);
+    if (column < end_column) MultiplyColumnTail(p, item.group, item.first_row, item.end_row, column, end_column);
     if (work.num_done.fetch_add(1) + 1 == num_items) {
       std::lock_guard<std::mutex> lock(work.mutex);
       work.all_done.notify_all();
@@ -280,7 +334,7 @@ ffi::Error Run(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S
     scales = scale_buffer->typed_data();
   }
   auto work = std::make_shared<SharedWork<T>>();
-  work->problem = Problem<T>{x.typed_data(), weights.typed_data(), scales, out->typed_data(), x_dims[1], outer};
+  work->problem = Problem<T>{{x.typed_data(), scales, out->typed_data(), x_dims[1], outer}, weights.typed_data()};
   const int32_t* sizes = group_sizes.typed_data();
   int64_t start = 0;
   for (int64_t group = 0; group < num_groups && start < rows; ++group) {
