@@ -14,13 +14,15 @@ random, at 1, 8 and 64 tokens (decode) and 512 (a prefill). Paths:
   - dense dot: every row times one expert's weight (XLA's dot): the same multiply-adds, one weight; the compute
     rate a prefill could reach, not an MoE path.
 The figure that matters for decode is the bandwidth achieved on the touched experts' bytes (each non-empty group's
-weight once): bytes / median seconds, and its ratio to a measured read bandwidth (jnp.sum over 512 MiB, every thread)
-and to a numpy copy (roofline.copy_bytes_per_s). Each repeat routes anew (8 routings, cycled), so the touched experts
-change from call to call and come from memory, not from the cache a previous call left. Medians; prints the CPU and
-the load average, and a JSON line at the end.
+weight once): bytes / median seconds, and its ratio to a plain read of as many bytes (numpy sums over as many whole
+experts, two threads), timed in alternating rounds with the native kernel so that both see the same load: the
+roofline ratio, 1.0 being as fast as reading those bytes. Each call routes anew (8 routings, cycled) and each read
+takes the next run of experts, so the bytes come from memory, not from the cache a previous call left. Medians;
+prints the CPU, a numpy copy's bandwidth and the load average, and a JSON line at the end.
 """
 
 import argparse
+import concurrent.futures
 import json
 import statistics
 
@@ -37,7 +39,8 @@ HIDDEN, WIDTH, TOP_K = 2048, 768, 8
 TOKENS = (1, 8, 64, 512)
 ROUTINGS = 8
 GATHER_LIMIT_BYTES = 2 * 2**30
-READ_BYTES = 512 * 2**20
+ROUNDS = 3
+"""Alternating rounds of the native kernel and the plain read."""
 
 
 def routings(rng, tokens: int, experts: int) -> list[np.ndarray]:
@@ -49,18 +52,27 @@ def routings(rng, tokens: int, experts: int) -> list[np.ndarray]:
     return sizes
 
 
-def read_bytes_per_s(repeats: int) -> float:
-    """Bandwidth of a jitted sum over READ_BYTES of float32 (every XLA thread): the machine's read rate."""
-    data = jnp.asarray(np.random.default_rng(0).standard_normal(READ_BYTES // 4).astype(np.float32))
-    total = jax.jit(jnp.sum)
-    return READ_BYTES / statistics.median(call_seconds(lambda: total(data).block_until_ready(), repeats))
-
-
-def median_seconds(path, calls: list[tuple], repeats: int) -> float:
-    """Median seconds of `repeats` calls of `path`, each on the next of `calls`' operands in turn."""
+def seconds_each(path, calls: list[tuple], repeats: int) -> list[float]:
+    """Seconds of each of `repeats` calls of `path`, each on the next of `calls`' operands in turn."""
     turn = iter(range(10**9))
-    return statistics.median(call_seconds(
-        lambda: path(*calls[next(turn) % len(calls)]).block_until_ready(), repeats))
+    return call_seconds(lambda: path(*calls[next(turn) % len(calls)]).block_until_ready(), repeats)
+
+
+class ExpertReads:
+    """A plain read of `count` whole experts' bytes (as uint64, summed by numpy on two threads: XLA's sum over a
+    slice ran at a few percent of memory's rate), the next run of experts each call."""
+
+    def __init__(self, weights: np.ndarray, count: int):
+        self.words, self.count, self.calls = weights.reshape(weights.shape[0], -1).view(np.uint64), count, 0
+
+    def block_until_ready(self) -> None:
+        first = (self.calls * self.count) % (self.words.shape[0] - self.count + 1)
+        self.calls += 1
+        words = self.words[first:first + self.count].reshape(-1)
+        list(READERS.map(np.add.reduce, (words[:words.shape[0] // 2], words[words.shape[0] // 2:])))
+
+
+READERS = concurrent.futures.ThreadPoolExecutor(2)
 
 
 def gather_einsum(lhs, rhs, group_sizes):
@@ -96,12 +108,12 @@ def main() -> None:
     args = parser.parse_args()
     machine = machine_info()
     print(f"{machine.get('cpu')} ({machine.get('num_cpus')} cpus), JAX {jax.__version__}, load {load_average()}")
-    read_rate, copy_rate = read_bytes_per_s(args.repeats), copy_bytes_per_s(args.repeats, statistics.median)
-    print(f"read (jnp.sum) {read_rate / 1e9:.1f} GB/s, numpy copy {copy_rate / 1e9:.1f} GB/s (medians)")
-    results = {"cpu": machine.get("cpu"), "load_average": load_average(), "read_gb_per_s": read_rate / 1e9,
-               "copy_gb_per_s": copy_rate / 1e9, "experts": args.experts, "rows": []}
-    print("| weights | tokens | rows | touched experts | path | ms | GFLOP/s | GB/s on touched | / read | / copy |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    copy_rate = copy_bytes_per_s(args.repeats, statistics.median)
+    print(f"numpy copy {copy_rate / 1e9:.1f} GB/s (median)")
+    results = {"cpu": machine.get("cpu"), "load_average": load_average(), "copy_gb_per_s": copy_rate / 1e9,
+               "experts": args.experts, "rows": []}
+    print("| weights | tokens | rows | touched experts | path | ms | GFLOP/s | GB/s on touched | / same-bytes read |")
+    print("|---|---|---|---|---|---|---|---|---|")
     rng = np.random.default_rng(0)
     for dtype_name in args.dtypes:
         dtype = jnp.dtype(dtype_name)
@@ -115,6 +127,7 @@ def main() -> None:
         else:
             rhs = jnp.asarray((rng.standard_normal((args.experts, HIDDEN, WIDTH)) / np.sqrt(HIDDEN)).astype(dtype))
             scale, lhs_dtype = None, dtype
+        host_weights = np.asarray(rhs)
         for tokens in args.tokens:
             rows = tokens * TOP_K
             lhs = jnp.asarray(rng.standard_normal((rows, HIDDEN)).astype(lhs_dtype))
@@ -128,20 +141,31 @@ def main() -> None:
                 paths["gather + einsum"] = jax.jit(gather_einsum)
             if dtype != jnp.int8:
                 paths["dense dot"] = jax.jit(dense_dot)
+            reads = ExpertReads(host_weights, int(touched))
             extra = () if scale is None else (scale,)
-            reference = np.asarray(paths["native"](lhs, rhs, sizes[0], *extra), np.float32)
+            calls = [(lhs, rhs, s, *extra) for s in sizes]
+            reference = np.asarray(paths["native"](*calls[0]), np.float32)
+            read_times, native_times = [], []
+            for _ in range(ROUNDS):  # alternating, so that both see the same load
+                read_times += call_seconds(reads.block_until_ready, args.repeats)
+                native_times += seconds_each(paths["native"], calls, args.repeats)
+            read_seconds = statistics.median(read_times)
+            print(f"| {dtype_name} | {tokens} | {rows} | {touched:g} | read of the same bytes | "
+                  f"{read_seconds * 1e3:.2f} | – | {touched_bytes / read_seconds / 1e9:.2f} | 1.00 |")
             for name, path in paths.items():
                 if name not in ("native", "dense dot"):
-                    np.testing.assert_allclose(np.asarray(path(lhs, rhs, sizes[0]), np.float32), reference,
+                    np.testing.assert_allclose(np.asarray(path(*calls[0][:3]), np.float32), reference,
                                                rtol=2e-2, atol=2e-2)
-                seconds = median_seconds(path, [(lhs, rhs, s, *extra) for s in sizes], args.repeats)
+                times = native_times if name == "native" else seconds_each(path, [c[:3] for c in calls], args.repeats)
+                seconds = statistics.median(times)
                 rate, flops = touched_bytes / seconds, 2 * rows * HIDDEN * WIDTH / seconds
+                moe_path = name != "dense dot"  # the dense dot reads one expert, not the touched ones
                 print(f"| {dtype_name} | {tokens} | {rows} | {touched:g} | {name} | {seconds * 1e3:.2f} | "
-                      f"{flops / 1e9:.1f} | {rate / 1e9:.2f} | {rate / read_rate:.2f} | {rate / copy_rate:.2f} |",
-                      flush=True)
+                      f"{flops / 1e9:.1f} | {f'{rate / 1e9:.2f}' if moe_path else '–'} | "
+                      f"{f'{read_seconds / seconds:.2f}' if moe_path else '–'} |", flush=True)
                 results["rows"].append({"dtype": dtype_name, "tokens": tokens, "rows": rows, "touched": touched,
                                         "path": name, "ms": seconds * 1e3, "gflop_per_s": flops / 1e9,
-                                        "touched_gb_per_s": rate / 1e9})
+                                        "touched_gb_per_s": rate / 1e9, "same_bytes_read_ms": read_seconds * 1e3})
     results["load_average_after"] = load_average()
     print(f"load after: {load_average()}")
     print(json.dumps(results))

@@ -45,7 +45,7 @@ def grouped_matmul_available(dtype=jnp.float32) -> bool:
 def grouped_matmul_cpu(lhs: Float[Array, "m k"], rhs: Shaped[Array, "g k n"], group_sizes: Int32[Array, " g"],
                        rhs_scale: Optional[Float32[Array, "g n"]] = None) -> Float[Array, "m n"]:
     """ragged_dot(lhs, rhs, group_sizes) (times rhs_scale per group and column) in lhs's dtype, float32 sums: the
-    contract in the module doc. CPU only: call grouped_matmul_available(rhs.dtype) first."""
+    contract in the module doc. CPU only; grouped_matmul_available(rhs.dtype) says whether it can run here."""
     if lhs.ndim != 2 or rhs.ndim != 3 or group_sizes.shape != (rhs.shape[0],) or lhs.shape[1] != rhs.shape[1]:
         raise ValueError(f"grouped_matmul_cpu: lhs [m, k], rhs [g, k, n] and group_sizes [g], got lhs {lhs.shape}, "
                          f"rhs {rhs.shape}, group_sizes {group_sizes.shape}")
@@ -55,6 +55,8 @@ def grouped_matmul_cpu(lhs: Float[Array, "m k"], rhs: Shaped[Array, "g k n"], gr
     dtype = jnp.dtype(rhs.dtype)
     if dtype not in TARGETS:
         raise ValueError(f"grouped_matmul_cpu: rhs dtype {dtype} is none of {[str(d) for d in TARGETS]}")
+    if not grouped_matmul_available(dtype):  # registers it on first use; the caller's XLA path runs otherwise
+        raise RuntimeError(f"grouped_matmul_cpu: the native kernel for {dtype} could not be built (logged)")
     scales = () if rhs_scale is None else (rhs_scale.astype(jnp.float32),)
     result = jax.ShapeDtypeStruct((lhs.shape[0], rhs.shape[2]), jnp.float32)
     product = jax.ffi.ffi_call(TARGETS[dtype][1], result)(
