@@ -14,6 +14,9 @@ from jaxpaged.kernels.cpu_native.grouped_matmul import (
     SOURCE,
     grouped_matmul_available,
     grouped_matmul_cpu,
+    grouped_matmul_cpu_panels,
+    pack_expert_panels,
+    unpack_expert_panels,
 )
 from jaxpaged.kernels.cpu_native.native_build import register
 
@@ -77,14 +80,20 @@ SHAPES = [(8, 16), (50, 70), (33, 96), (24, 200)]  # (inner, outer): whole vecto
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("sizes,padding", CASES.values(), ids=CASES.keys())
 def test_the_product_equals_ragged_dot(dtype, sizes, padding):
-    """Each row is its group's product (times its scales), the padding rows are zeros: ragged_dot's result."""
+    """Each row is its group's product (times its scales), the padding rows are zeros: ragged_dot's result, from
+    weights as stored and packed into panels alike."""
     rng = np.random.default_rng(sum(sizes) * 7 + len(sizes))
     for inner, outer in SHAPES:
         lhs, rhs, group_sizes, scale = random_problem(rng, sum(sizes) + padding, inner, outer, sizes, dtype)
         got = grouped_matmul_cpu(jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(group_sizes),
                                  None if scale is None else jnp.asarray(scale))
         assert got.shape == (lhs.shape[0], outer) and got.dtype == jnp.float32
-        assert_close(np.asarray(got), reference(lhs, rhs, group_sizes, scale), inner)
+        expected = reference(lhs, rhs, group_sizes, scale)
+        assert_close(np.asarray(got), expected, inner)
+        from_panels = grouped_matmul_cpu_panels(jnp.asarray(lhs), jnp.asarray(pack_expert_panels(rhs)),
+                                                jnp.asarray(group_sizes), None if scale is None else jnp.asarray(scale),
+                                                outer=outer)
+        assert_close(np.asarray(from_panels), expected, inner)
 
 
 def test_padding_rows_are_zeros_whatever_they_hold():
@@ -167,6 +176,9 @@ def test_the_avx2_tiling_equals_ragged_dot_too():
         got = call(jnp.asarray(lhs), jnp.asarray(group_sizes), jnp.asarray(rhs),
                    *(() if scale is None else (jnp.asarray(scale),)))
         assert_close(np.asarray(got), reference(lhs, rhs, group_sizes, scale), 50)
+        got = call(jnp.asarray(lhs), jnp.asarray(group_sizes), jnp.asarray(pack_expert_panels(rhs)),
+                   *(() if scale is None else (jnp.asarray(scale),)))
+        assert_close(np.asarray(got), reference(lhs, rhs, group_sizes, scale), 50)
 
 
 def test_bad_shapes_and_dtypes_are_refused_by_name():
@@ -191,3 +203,24 @@ def test_the_moe_layers_expert_matmul_runs_this_kernel_on_the_cpu(dtype):
     compiled = jax.jit(expert_matmul).lower(*args).compile().as_text() or ""
     assert "jaxpaged_grouped_matmul" in compiled and "ragged" not in compiled
     assert_close(np.asarray(expert_matmul(*args)), reference(lhs, rhs, group_sizes, scale), 24)
+
+
+def test_expert_panels_round_trip_and_hold_128_column_rows():
+    """Panel p of group i holds columns 128p .. 128p + 127 of rhs[i], one contiguous row per inner index, the last
+    panel zero-padded; unpacking gives the weights back."""
+    weights = np.random.default_rng(10).standard_normal((3, 5, 300)).astype(jnp.bfloat16)
+    panels = pack_expert_panels(weights)
+    assert panels.shape == (3, 3, 5, 128) and panels.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(panels[2, 1, 4], weights[2, 4, 128:256])
+    np.testing.assert_array_equal(panels[1, 2, 3, :44], weights[1, 3, 256:])
+    np.testing.assert_array_equal(panels[:, 2, :, 44:].astype(np.float32), 0.0)
+    np.testing.assert_array_equal(unpack_expert_panels(panels, 300), weights)
+
+
+def test_panels_of_the_wrong_shape_are_refused_by_name():
+    """Panels that do not match `outer` (too few, or not 128 wide) are named before any native code runs."""
+    lhs, sizes = jnp.zeros((4, 8)), jnp.zeros((2,), jnp.int32)
+    with pytest.raises((ValueError, TypeError), match="panels"):
+        grouped_matmul_cpu_panels(lhs, jnp.zeros((2, 1, 8, 128)), sizes, outer=200)
+    with pytest.raises((ValueError, TypeError), match="panels"):
+        grouped_matmul_cpu_panels(lhs, jnp.zeros((2, 2, 8, 64)), sizes, outer=128)

@@ -129,17 +129,23 @@ struct Operands {
   int64_t inner, outer;
 };
 
-template <typename T>
-struct Problem : Operands {
-  const typename T::Element* weights;  // [groups, inner, outer]
-  int64_t weight_size() const { return inner * outer; }
-};
-
 // A column strip of one group's weight: element (i, c) of the strip at strip[i * stride + c].
 template <typename T>
 struct Strip {
   const typename T::Element* at;
   int64_t stride;
+};
+
+// The weights in either layout: as stored, [groups, inner, outer] (one panel of `outer` columns), or packed into
+// panels of kRunColumns columns, [groups, panels, inner, kRunColumns] (the last panel zero-padded).
+template <typename T>
+struct Problem : Operands {
+  const typename T::Element* weights;
+  int64_t panel_columns, group_stride, panel_stride;  // row stride: panel_columns
+  Strip<T> StripAt(int64_t group, int64_t column) const {
+    return {weights + group * group_stride + (column / panel_columns) * panel_stride + column % panel_columns,
+            panel_columns};
+  }
 };
 
 // One tile: kRows rows from `row` x kVectors vectors of columns from `column` of group `group`, summed over the whole
@@ -233,16 +239,18 @@ void MultiplyRowsWidened(const Problem<T>& p, Strip<T> strip, int64_t group, int
   MultiplyRows<WidenedStrip, kVectors>(p, Strip<WidenedStrip>{widened.data(), kWidth}, group, first, end, column);
 }
 
-// The last outer % kLanes columns (only where outer is not a multiple of the vector width): plain loops.
+// The last outer % kLanes columns (only where outer is not a multiple of the vector width): plain loops over the
+// strip from `column`.
 template <typename T>
-void MultiplyColumnTail(const Problem<T>& p, int64_t group, int64_t first, int64_t end, int64_t column,
+void MultiplyColumnTail(const Operands& o, Strip<T> strip, int64_t group, int64_t first, int64_t end, int64_t column,
                         int64_t end_column) {
-  const typename T::Element* weight = p.weights + group * p.weight_size();
   for (int64_t row = first; row < end; ++row) {
     for (int64_t c = column; c < end_column; ++c) {
       float sum = 0.0f;
-      for (int64_t i = 0; i < p.inner; ++i) sum += p.x[row * p.inner + i] * ScalarOf(weight[i * p.outer + c]);
-      p.out[row * p.outer + c] = p.scales != nullptr ? sum * p.scales[group * p.outer + c] : sum;
+      for (int64_t i = 0; i < o.inner; ++i) {
+        sum += o.x[row * o.inner + i] * ScalarOf(strip.at[i * strip.stride + (c - column)]);
+      }
+      o.out[row * o.outer + c] = o.scales != nullptr ? sum * o.scales[group * o.outer + c] : sum;
     }
   }
 }
@@ -267,7 +275,7 @@ struct SharedWork {
 template <typename T, int kVectors>
 int64_t MultiplyStrips(const Problem<T>& p, const Item& item, int64_t column, int64_t end_column) {
   for (; column + kVectors * kLanes <= end_column; column += kVectors * kLanes) {
-    const Strip<T> strip{p.weights + item.group * p.weight_size() + column, p.outer};
+    const Strip<T> strip = p.StripAt(item.group, column);
     if constexpr (!std::is_same_v<T, Float32>) {
       if (item.end_row - item.first_row > kTileRows) {
         MultiplyRowsWidened<T, kVectors>(p, strip, item.group, item.first_row, item.end_row, column);
@@ -295,7 +303,8 @@ void WorkOn(SharedWork<T>& work) {
     }
     column = MultiplyStrips<T, kTileVectors>(p, item, column, end_column);
     column = MultiplyStrips<T, 1>(p, item, column, end_column);
-    if (column < end_column) MultiplyColumnTail(p, item.group, item.first_row, item.end_row, column, end_column);
+    if (column < end_column) MultiplyColumnTail(p, p.StripAt(item.group, column), item.group, item.first_row, item.end_row, column,
+                         end_column);
     if (work.num_done.fetch_add(1) + 1 == num_items) {
       std::lock_guard<std::mutex> lock(work.mutex);
       work.all_done.notify_all();
@@ -312,12 +321,15 @@ ffi::Error Run(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S
   const auto x_dims = x.dimensions();
   const auto weight_dims = weights.dimensions();
   const auto out_dims = out->dimensions();
-  if (x_dims.size() != 2 || weight_dims.size() != 3 || weight_dims[1] != x_dims[1] || out_dims.size() != 2 ||
-      out_dims[0] != x_dims[0] || out_dims[1] != weight_dims[2]) {
-    return ffi::Error::InvalidArgument("grouped_matmul: x must be [rows, inner], weights [groups, inner, outer] "
-                                       "and the result [rows, outer]");
+  const bool panels = weight_dims.size() == 4;
+  if (x_dims.size() != 2 || out_dims.size() != 2 || out_dims[0] != x_dims[0] ||
+      (weight_dims.size() != 3 && !panels) || weight_dims[panels ? 2 : 1] != x_dims[1] ||
+      (!panels && out_dims[1] != weight_dims[2]) ||
+      (panels && (weight_dims[3] != kRunColumns || weight_dims[1] != (out_dims[1] + kRunColumns - 1) / kRunColumns))) {
+    return ffi::Error::InvalidArgument("grouped_matmul: x must be [rows, inner], weights [groups, inner, outer] or "
+                                       "panels [groups, ceil(outer / 128), inner, 128], the result [rows, outer]");
   }
-  const int64_t num_groups = weight_dims[0], rows = x_dims[0], outer = weight_dims[2];
+  const int64_t num_groups = weight_dims[0], rows = x_dims[0], inner = x_dims[1], outer = out_dims[1];
   if (group_sizes.element_count() != static_cast<size_t>(num_groups)) {
     return ffi::Error::InvalidArgument("grouped_matmul: group_sizes must hold one size per group of the weights");
   }
@@ -334,7 +346,11 @@ ffi::Error Run(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S
     scales = scale_buffer->typed_data();
   }
   auto work = std::make_shared<SharedWork<T>>();
-  work->problem = Problem<T>{{x.typed_data(), scales, out->typed_data(), x_dims[1], outer}, weights.typed_data()};
+  const int64_t panel_columns = panels ? kRunColumns : std::max<int64_t>(outer, 1);
+  const int64_t panel_stride = inner * panel_columns;
+  const int64_t group_stride = panels ? weight_dims[1] * panel_stride : inner * outer;
+  work->problem = Problem<T>{{x.typed_data(), scales, out->typed_data(), inner, outer}, weights.typed_data(),
+                             panel_columns, group_stride, panel_stride};
   const int32_t* sizes = group_sizes.typed_data();
   int64_t start = 0;
   for (int64_t group = 0; group < num_groups && start < rows; ++group) {
