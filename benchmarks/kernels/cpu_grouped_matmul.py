@@ -7,7 +7,8 @@ One expert matrix per layer, [experts, hidden 2048, width 768] (Qwen3-30B-A3B's 
 there, fewer here by default to keep the weights' memory small on a shared machine: each call reads only the experts
 it touches, so the figures per touched expert do not depend on the count), top 8 of the experts per token, chosen at
 random, at 1, 8 and 64 tokens (decode) and 512 (a prefill). Paths:
-  - native: grouped_matmul_cpu, float32, bfloat16 and int8 (with scales) weights;
+  - native: grouped_matmul_cpu, float32, bfloat16 and int8 (with scales) weights, as stored [E, in, out];
+  - native, panels: grouped_matmul_cpu_panels on the same weights packed once by pack_expert_panels;
   - ragged_dot: jax.lax.ragged_dot, which XLA:CPU lowers to a dense dot over every expert, masked;
   - gather + einsum: each row's expert weight gathered ([rows, hidden, width]) and a batched matvec: reads one expert
     per row, a touched expert as often as rows route to it (skipped where the gathered copy would pass 2 GiB);
@@ -15,10 +16,10 @@ random, at 1, 8 and 64 tokens (decode) and 512 (a prefill). Paths:
     rate a prefill could reach, not an MoE path.
 The figure that matters for decode is the bandwidth achieved on the touched experts' bytes (each non-empty group's
 weight once): bytes / median seconds, and its ratio to a plain read of as many bytes (numpy sums over as many whole
-experts, two threads), timed in alternating rounds with the native kernel so that both see the same load: the
-roofline ratio, 1.0 being as fast as reading those bytes. Each call routes anew (8 routings, cycled) and each read
-takes the next run of experts, so the bytes come from memory, not from the cache a previous call left. Medians;
-prints the CPU, a numpy copy's bandwidth and the load average, and a JSON line at the end.
+experts, two threads), timed in alternating rounds with the native kernel in both layouts so that all three see the
+same load: the roofline ratio, 1.0 being as fast as reading those bytes. Each call routes anew (8 routings, cycled)
+and each read takes the next run of experts, so the bytes come from memory, not from the cache a previous call
+left. Medians; prints the CPU, a numpy copy's bandwidth and the load average, and a JSON line at the end.
 """
 
 import argparse
@@ -32,7 +33,12 @@ import numpy as np
 
 from jaxpaged.bench.machine_info import load_average, machine_info
 from jaxpaged.bench.roofline import copy_bytes_per_s
-from jaxpaged.kernels.cpu_native.grouped_matmul import grouped_matmul_available, grouped_matmul_cpu
+from jaxpaged.kernels.cpu_native.grouped_matmul import (
+    grouped_matmul_available,
+    grouped_matmul_cpu,
+    grouped_matmul_cpu_panels,
+    pack_expert_panels,
+)
 from jaxpaged.timing import call_seconds
 
 HIDDEN, WIDTH, TOP_K = 2048, 768, 8
@@ -97,6 +103,10 @@ def native(lhs, rhs, group_sizes, scale=None):
     return grouped_matmul_cpu(lhs, rhs, group_sizes, scale)
 
 
+def native_panels(lhs, panels, group_sizes, scale=None):
+    return grouped_matmul_cpu_panels(lhs, panels, group_sizes, scale, outer=WIDTH)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="Native CPU grouped matmul vs ragged_dot and gather + einsum.")
     parser.add_argument("--experts", type=int, default=64)
@@ -128,13 +138,14 @@ def main() -> None:
             rhs = jnp.asarray((rng.standard_normal((args.experts, HIDDEN, WIDTH)) / np.sqrt(HIDDEN)).astype(dtype))
             scale, lhs_dtype = None, dtype
         host_weights = np.asarray(rhs)
+        panels = jnp.asarray(pack_expert_panels(host_weights))
         for tokens in args.tokens:
             rows = tokens * TOP_K
             lhs = jnp.asarray(rng.standard_normal((rows, HIDDEN)).astype(lhs_dtype))
             sizes = [jnp.asarray(s) for s in routings(rng, tokens, args.experts)]
             touched = statistics.median(int(np.count_nonzero(np.asarray(s))) for s in sizes)
             touched_bytes = touched * HIDDEN * WIDTH * dtype.itemsize
-            paths = {"native": jax.jit(native)}
+            paths = {"native": jax.jit(native), "native, panels": jax.jit(native_panels)}
             if dtype != jnp.int8 and tokens <= args.ragged_max_tokens:
                 paths["ragged_dot"] = jax.jit(ragged)
             if dtype != jnp.int8 and rows * HIDDEN * WIDTH * dtype.itemsize <= GATHER_LIMIT_BYTES:
@@ -145,18 +156,24 @@ def main() -> None:
             extra = () if scale is None else (scale,)
             calls = [(lhs, rhs, s, *extra) for s in sizes]
             reference = np.asarray(paths["native"](*calls[0]), np.float32)
-            read_times, native_times = [], []
-            for _ in range(ROUNDS):  # alternating, so that both see the same load
+            panel_calls = [(lhs, panels, *call[2:]) for call in calls]
+            read_times, native_times, panel_times = [], [], []
+            for _ in range(ROUNDS):  # alternating, so that all three see the same load
                 read_times += call_seconds(reads.block_until_ready, args.repeats)
                 native_times += seconds_each(paths["native"], calls, args.repeats)
+                panel_times += seconds_each(paths["native, panels"], panel_calls, args.repeats)
             read_seconds = statistics.median(read_times)
             print(f"| {dtype_name} | {tokens} | {rows} | {touched:g} | read of the same bytes | "
                   f"{read_seconds * 1e3:.2f} | – | {touched_bytes / read_seconds / 1e9:.2f} | 1.00 |")
             for name, path in paths.items():
-                if name not in ("native", "dense dot"):
+                if name == "native, panels":
+                    np.testing.assert_allclose(np.asarray(path(*panel_calls[0]), np.float32), reference,
+                                               rtol=1e-4, atol=1e-4)
+                elif name not in ("native", "dense dot"):
                     np.testing.assert_allclose(np.asarray(path(*calls[0][:3]), np.float32), reference,
                                                rtol=2e-2, atol=2e-2)
-                times = native_times if name == "native" else seconds_each(path, [c[:3] for c in calls], args.repeats)
+                measured = {"native": native_times, "native, panels": panel_times}
+                times = measured.get(name) or seconds_each(path, [c[:3] for c in calls], args.repeats)
                 seconds = statistics.median(times)
                 rate, flops = touched_bytes / seconds, 2 * rows * HIDDEN * WIDTH / seconds
                 moe_path = name != "dense dot"  # the dense dot reads one expert, not the touched ones
