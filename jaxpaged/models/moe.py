@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, Float, Float32, Int, Int32
 
+from jaxpaged.kernels.cpu_native.grouped_matmul import grouped_matmul_available, grouped_matmul_cpu
 from jaxpaged.models.int8_weights import Int8Weight
 
 ExpertWeight = Union[Float[Array, "experts inner outer"], Int8Weight]
@@ -86,7 +87,19 @@ def expert_matmul(lhs: Float[Array, "m k"], rhs: Union[Float[Array, "g k n"], In
     [start_i, start_i + group_sizes[i]) of `lhs` times rhs[i]; rows at or past sum(group_sizes) come out zero;
     float32 accumulation, lhs's dtype out; `rhs_scale` multiplies group i's output column j (int8 rhs).
 
-    jax.lax.ragged_dot for now on every platform (the lead wires the TPU and CPU kernels in here at merge)."""
+    On the CPU the native grouped matmul (kernels/cpu_native/grouped_matmul), which reads only the non-empty groups'
+    weights, where it is built for rhs's dtype; elsewhere, and where it is not, jax.lax.ragged_dot (XLA:CPU lowers
+    that to a dense dot over every expert). The TPU kernel is wired in here at merge."""
+    if grouped_matmul_available(rhs.dtype):
+        return jax.lax.platform_dependent(lhs, rhs, group_sizes, rhs_scale, cpu=grouped_matmul_cpu,
+                                          default=_ragged_dot_matmul)
+    return _ragged_dot_matmul(lhs, rhs, group_sizes, rhs_scale)
+
+
+def _ragged_dot_matmul(lhs: Float[Array, "m k"], rhs: Union[Float[Array, "g k n"], Int[Array, "g k n"]],
+                       group_sizes: Int32[Array, " g"], rhs_scale: Optional[Float32[Array, "g n"]] = None,
+                       ) -> Float[Array, "m n"]:
+    """expert_matmul by jax.lax.ragged_dot: the reference semantics, and the path of every other platform."""
     weight = rhs if rhs_scale is None else rhs.astype(lhs.dtype)
     out = jax.lax.ragged_dot(lhs, weight, group_sizes, preferred_element_type=jnp.float32)
     if rhs_scale is not None:
