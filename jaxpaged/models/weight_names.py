@@ -20,6 +20,10 @@ class CheckpointTensor:
     transpose: bool = False
     """Stored [out, in] (torch's Linear.weight, GGUF's rows): jaxpaged's projections are [in, out]."""
 
+    def under(self, prefix: str) -> "CheckpointTensor":
+        """This tensor behind `prefix` (a layer's); a tensor made of several names prefixes each of them."""
+        return dataclasses.replace(self, name=prefix + self.name)
+
 
 @dataclasses.dataclass(frozen=True)
 class WeightsMapper:
@@ -65,8 +69,7 @@ class WeightNames:
         """The checkpoint tensor of parameter `name` in `layer` (None: a global weight), under its full name."""
         if layer is None:
             return self.globals[name]
-        inner = self.layer[name]
-        return dataclasses.replace(inner, name=self.layer_prefix.format(layer=layer) + inner.name)
+        return self.layer[name].under(self.layer_prefix.format(layer=layer))
 
     def with_layer(self, **changes: CheckpointTensor) -> "WeightNames":
         """These names with some layer weights named otherwise or added."""

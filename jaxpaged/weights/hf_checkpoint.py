@@ -11,6 +11,8 @@ import numpy as np
 from jaxpaged.models.int8_weights import HostInt8, dequantize_int8
 from jaxpaged.models.registry import architecture_of, resolve
 from jaxpaged.weights import compressed_tensors
+from jaxpaged.weights.expert_tensors import MissingTensor, is_expert_tensor, read_expert_tensor
+from jaxpaged.weights.mxfp4 import is_mxfp4_checkpoint
 from jaxpaged.weights.param_names import stack_layers
 from jaxpaged.weights.safetensors_file import TensorEntry, open_tensor, read_header
 
@@ -53,7 +55,9 @@ def load_hf_checkpoint(path: pathlib.Path, quantization: Optional[str] = None,
     stay mapped views of the file until the runner places them.
     """
     hf_config = json.loads((path / "config.json").read_text())
-    checkpoint = compressed_tensors.read_checkpoint_quantization(hf_config)
+    # gpt-oss's MXFP4 experts are dequantized as they load (weights/mxfp4.py): a float checkpoint to the engine.
+    checkpoint = (None if is_mxfp4_checkpoint(hf_config)
+                  else compressed_tensors.read_checkpoint_quantization(hf_config))
     scheme = compressed_tensors.resolve_scheme(checkpoint, quantization)
     architecture = architecture_of(hf_config)
     entry = resolve(architecture)
@@ -67,8 +71,17 @@ def load_hf_checkpoint(path: pathlib.Path, quantization: Optional[str] = None,
     file_names = names.mapper.map_names(entries)  # {the family's spelling: the file's}
     notes: set[str] = set()
 
+    def _find(tensor_name: str) -> Optional[TensorEntry]:
+        hf_name = file_names.get(tensor_name)
+        return None if hf_name is None else entries[hf_name]
+
     def fetch(name: str, layer: Optional[int]) -> "np.ndarray | HostInt8":
         tensor = names.tensor(name, layer)
+        if is_expert_tensor(tensor):  # a mixture of experts' weights, from whichever layout the file has
+            try:
+                return read_expert_tensor(tensor, _find, getattr(cfg, "num_experts", 0))  # type: ignore[arg-type]
+            except MissingTensor as missing:
+                raise ValueError(f"checkpoint {path}: {missing}") from None
         hf_name, transpose = file_names.get(tensor.name), tensor.transpose
         if hf_name is None:
             raise ValueError(f"checkpoint {path}: tensor {tensor.name!r} is missing")
