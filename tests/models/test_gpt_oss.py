@@ -1,0 +1,127 @@
+"""gpt-oss (GptOssForCausalLM): HF's greedy tokens through the engine on prompts several sliding windows long
+(alternating window / full layers, attention sinks, biases, clamped SwiGLU, top-k-then-softmax routing, YaRN), with
+its experts loaded from MXFP4 blocks and from the fused bfloat16 layout alike, and errors naming a missing tensor."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+from jaxpaged.models.families.gpt_oss import GptOssConfig
+from jaxpaged.models.registry import read_model_config
+from jaxpaged.weights.loader import load_model
+from tests.models.moe_checkpoints import VOCAB, engine_greedy, random_prompts, save_moe_checkpoint
+from tests.models.test_hf_parity import hf_greedy
+
+WINDOW = 8
+BLOCK_SIZE = 8
+CONFIG = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW,
+              max_position_embeddings=256, rms_norm_eps=1e-5, tie_word_embeddings=False,
+              swiglu_limit=0.3,  # small enough that random weights' gate and up values are clamped
+              rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                               "truncate": False, "original_max_position_embeddings": 16, "rope_theta": 150000.0})
+EXPERT_WEIGHTS = ("gate_up_proj", "down_proj")
+
+
+def _mxfp4_experts(model: transformers.PreTrainedModel, seed: int) -> dict[str, torch.Tensor]:
+    """Random MXFP4 blocks and scales for every layer's experts, written into `model` as transformers dequantizes
+    them; {checkpoint name: uint8 tensor}."""
+    rng = np.random.default_rng(seed)
+    packed = {}
+    for index, layer in enumerate(model.model.layers):
+        for name in EXPERT_WEIGHTS:
+            param = getattr(layer.mlp.experts, name)  # [E, in, out]; stored [E, out, in / 32, 16]
+            experts, inner, outer = param.shape
+            blocks = torch.from_numpy(rng.integers(0, 256, (experts, outer, inner // 32, 16), dtype=np.uint8))
+            scales = torch.from_numpy(rng.integers(118, 124, (experts, outer, inner // 32), dtype=np.uint8))
+            with torch.no_grad():
+                param.copy_(convert_moe_packed_tensors(blocks, scales, dtype=torch.float32))
+            prefix = f"model.layers.{index}.mlp.experts.{name}"
+            packed |= {f"{prefix}_blocks": blocks, f"{prefix}_scales": scales}
+    return packed
+
+
+@pytest.fixture(scope="module")
+def gpt_oss(tmp_path_factory, smollm2_tokenizer_dir):
+    """(the HF float32 model, its fused bfloat16 checkpoint, the same with MXFP4 experts): one set of weights."""
+    fused = tmp_path_factory.mktemp("gpt-oss")
+    model = save_moe_checkpoint(transformers.GptOssConfig(**CONFIG), fused, smollm2_tokenizer_dir, embed_gain=50)
+    packed = _mxfp4_experts(model, seed=1)
+    model.save_pretrained(fused, state_dict={name: value.to(torch.bfloat16)
+                                             for name, value in model.state_dict().items()})
+    mxfp4 = tmp_path_factory.mktemp("gpt-oss-mxfp4")
+    tensors = {name: value for name, value in load_file(str(fused / "model.safetensors")).items()
+               if not name.endswith(EXPERT_WEIGHTS)}
+    save_file(tensors | packed, str(mxfp4 / "model.safetensors"))
+    config = json.loads((fused / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]}
+    (mxfp4 / "config.json").write_text(json.dumps(config))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (mxfp4 / name).write_bytes((fused / name).read_bytes())
+    return model, fused, mxfp4
+
+
+def test_config_reads_windows_experts_and_yarn(gpt_oss):
+    """The config reader takes alternating layer types, the window, the experts, the SwiGLU constants and YaRN."""
+    _, fused, _ = gpt_oss
+    cfg = read_model_config(json.loads((fused / "config.json").read_text()))
+    assert isinstance(cfg, GptOssConfig)
+    assert cfg.layer_is_sliding == (True, False) and cfg.sliding_window == WINDOW
+    assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.swiglu_limit, cfg.swiglu_alpha) == (4, 2, 0.3, 1.702)
+    assert cfg.qkv_bias and cfg.rope_scaling is not None and not cfg.rope_scaling.truncate
+
+
+def test_greedy_tokens_match_hf_from_mxfp4(gpt_oss):
+    """Prompts of 3 to 5 windows, in one batch, generate HF's float32 greedy tokens from the MXFP4 checkpoint."""
+    model, _, mxfp4 = gpt_oss
+    prompts = random_prompts(5, (40, 27, 24))
+    assert engine_greedy(mxfp4, prompts, 8, block_size=BLOCK_SIZE) == hf_greedy(model, prompts, 8)
+
+
+def test_mxfp4_and_fused_layouts_load_the_same_parameters(gpt_oss):
+    """The MXFP4 experts dequantize to the bfloat16 fused checkpoint's values; gate and up de-interleaved alike."""
+    _, fused, mxfp4 = gpt_oss
+    expected, got = load_model(str(fused)).params, load_model(str(mxfp4)).params
+    assert sorted(got) == sorted(expected)
+    for name in expected:
+        np.testing.assert_array_equal(np.asarray(got[name], np.float32), np.asarray(expected[name], np.float32),
+                                      err_msg=name)
+
+
+def test_gate_up_columns_are_deinterleaved(gpt_oss):
+    """The fused [E, H, 2I] gate_up_proj's even columns (gate) land in the first half, odd ones (up) in the second."""
+    model, fused, _ = gpt_oss
+    loaded = np.asarray(load_model(str(fused)).params["layers.experts_gate_up"], np.float32)
+    stored = model.model.layers[1].mlp.experts.gate_up_proj.detach().numpy()
+    inter = CONFIG["intermediate_size"]
+    np.testing.assert_array_equal(loaded[1, :, :, :inter], stored[:, :, 0::2])
+    np.testing.assert_array_equal(loaded[1, :, :, inter:], stored[:, :, 1::2])
+
+
+@pytest.mark.parametrize("missing", ["model.layers.1.mlp.experts.down_proj_scales",
+                                     "model.layers.0.self_attn.sinks"])
+def test_missing_tensor_is_named(gpt_oss, tmp_path, missing):
+    """A checkpoint without one of its tensors fails to load with an error naming it."""
+    _, _, mxfp4 = gpt_oss
+    tensors = load_file(str(mxfp4 / "model.safetensors"))
+    del tensors[missing]
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text((mxfp4 / "config.json").read_text())
+    with pytest.raises(ValueError, match=missing.replace(".", r"\.")):
+        load_model(str(tmp_path))
+
+
+def test_fused_checkpoint_is_what_save_pretrained_writes(gpt_oss):
+    """transformers 5 writes gpt-oss's experts fused, biases beside them (the layout the loader reads)."""
+    _, fused, _ = gpt_oss
+    with safe_open(str(fused / "model.safetensors"), "np") as handle:
+        shapes = {name: handle.get_slice(name).get_shape() for name in handle.keys()}
+    assert shapes["model.layers.0.mlp.experts.gate_up_proj"] == [4, 64, 64]
+    assert shapes["model.layers.0.mlp.experts.gate_up_proj_bias"] == [4, 64]
+    assert shapes["model.layers.0.self_attn.sinks"] == [4]
