@@ -3,6 +3,7 @@
 its experts loaded from MXFP4 blocks and from the fused bfloat16 layout alike, and errors naming a missing tensor."""
 
 import json
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,19 +14,22 @@ from safetensors.torch import load_file, save_file
 from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
 from jaxpaged.models.families.gpt_oss import GptOssConfig
+from jaxpaged.models.param_shapes import param_shapes
 from jaxpaged.models.registry import read_model_config
+from jaxpaged.models.yarn import YarnScaling
 from jaxpaged.weights.loader import load_model
 from tests.models.moe_checkpoints import VOCAB, engine_greedy, random_prompts, save_moe_checkpoint
 from tests.models.test_hf_parity import hf_greedy
 
 WINDOW = 8
 BLOCK_SIZE = 8
-CONFIG = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW,
-              max_position_embeddings=256, rms_norm_eps=1e-5, tie_word_embeddings=False,
-              swiglu_limit=0.3,  # small enough that random weights' gate and up values are clamped
-              rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
-                               "truncate": False, "original_max_position_embeddings": 16, "rope_theta": 150000.0})
+CONFIG: dict[str, Any] = dict(
+    vocab_size=VOCAB, hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW,
+    max_position_embeddings=256, rms_norm_eps=1e-5, tie_word_embeddings=False,
+    swiglu_limit=0.3,  # small enough that random weights' gate and up values are clamped
+    rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                     "truncate": False, "original_max_position_embeddings": 16, "rope_theta": 150000.0})
 EXPERT_WEIGHTS = ("gate_up_proj", "down_proj")
 
 
@@ -74,7 +78,7 @@ def test_config_reads_windows_experts_and_yarn(gpt_oss):
     assert isinstance(cfg, GptOssConfig)
     assert cfg.layer_is_sliding == (True, False) and cfg.sliding_window == WINDOW
     assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.swiglu_limit, cfg.swiglu_alpha) == (4, 2, 0.3, 1.702)
-    assert cfg.qkv_bias and cfg.rope_scaling is not None and not cfg.rope_scaling.truncate
+    assert cfg.qkv_bias and isinstance(cfg.rope_scaling, YarnScaling) and not cfg.rope_scaling.truncate
 
 
 def test_greedy_tokens_match_hf_from_mxfp4(gpt_oss):
@@ -125,3 +129,35 @@ def test_fused_checkpoint_is_what_save_pretrained_writes(gpt_oss):
     assert shapes["model.layers.0.mlp.experts.gate_up_proj"] == [4, 64, 64]
     assert shapes["model.layers.0.mlp.experts.gate_up_proj_bias"] == [4, 64]
     assert shapes["model.layers.0.self_attn.sinks"] == [4]
+
+
+GPT_OSS_20B = {
+    "architectures": ["GptOssForCausalLM"], "attention_bias": True, "eos_token_id": 200002, "experts_per_token": 4,
+    "head_dim": 64, "hidden_act": "silu", "hidden_size": 2880, "initial_context_length": 4096,
+    "intermediate_size": 2880, "layer_types": ["sliding_attention", "full_attention"] * 12,
+    "max_position_embeddings": 131072, "model_type": "gpt_oss", "num_attention_heads": 64, "num_hidden_layers": 24,
+    "num_key_value_heads": 8, "num_local_experts": 32, "pad_token_id": 199999,
+    "quantization_config": {"modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                                       "model.embed_tokens", "lm_head"], "quant_method": "mxfp4"},
+    "rms_norm_eps": 1e-05, "rope_theta": 150000, "sliding_window": 128, "swiglu_limit": 7.0,
+    "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0, "original_max_position_embeddings": 4096,
+                     "rope_type": "yarn", "truncate": False},
+    "tie_word_embeddings": False, "vocab_size": 201088,
+}
+"""openai/gpt-oss-20b's config.json (experts_per_token only: num_experts_per_tok is read from it when absent)."""
+
+
+def test_released_config_reads_as_published():
+    """gpt-oss-20b's config: 32 experts, top 4, 128-token windows on even layers, YaRN x32 over 4096, untruncated;
+    its experts' parameters are [24, 32, 2880, 5760] and [24, 32, 2880, 2880]."""
+    cfg = read_model_config(GPT_OSS_20B)
+    assert isinstance(cfg, GptOssConfig)
+    assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.sliding_window) == (32, 4, 128)
+    assert cfg.layer_is_sliding[:3] == (True, False, True) and cfg.rope_theta == 150000
+    assert isinstance(cfg.rope_scaling, YarnScaling)
+    assert cfg.rope_scaling.factor == 32 and not cfg.rope_scaling.truncate
+    shapes = param_shapes(cfg)
+    assert shapes["layers.experts_gate_up"] == (24, 32, 2880, 5760)
+    assert shapes["layers.experts_down"] == (24, 32, 2880, 2880)
+    assert shapes["layers.sinks"] == (24, 64) and shapes["layers.o_bias"] == (24, 2880)
+    assert "layers.gate_proj" not in shapes

@@ -1,6 +1,8 @@
 """Mixtral (MixtralForCausalLM): HF's greedy tokens through the engine, both checkpoint layouts of its experts, and
 an error naming a missing expert tensor."""
 
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
@@ -12,9 +14,10 @@ from jaxpaged.weights.loader import load_model
 from tests.models.moe_checkpoints import VOCAB, engine_greedy, random_prompts, save_moe_checkpoint
 from tests.models.test_hf_parity import hf_greedy
 
-CONFIG = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
-              max_position_embeddings=256, rms_norm_eps=1e-5, sliding_window=None, tie_word_embeddings=False)
+CONFIG: dict[str, Any] = dict(
+    vocab_size=VOCAB, hidden_size=64, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+    max_position_embeddings=256, rms_norm_eps=1e-5, sliding_window=None, tie_word_embeddings=False)
 
 
 @pytest.fixture(scope="module")

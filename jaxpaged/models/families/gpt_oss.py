@@ -60,9 +60,11 @@ def read_gpt_oss_config(raw: dict, architecture: str) -> GptOssConfig:
         raise ValueError(f"layer_types: {len(layer_types)} entries for {fields['num_layers']} layers")
     return GptOssConfig(
         **fields, qkv_bias=bool(raw.get("attention_bias", True)),
-        sliding_window=raw.get("sliding_window") or 128,
+        sliding_window=raw.get("sliding_window") or 128,  # transformers' GptOssConfig default
         layer_is_sliding=tuple(kind == "sliding_attention" for kind in layer_types),
-        num_experts=int(raw["num_local_experts"]), num_experts_per_tok=int(raw["num_experts_per_tok"]),
+        num_experts=int(raw["num_local_experts"]),
+        # OpenAI's config.json says experts_per_token beside (or, in early files, instead of) num_experts_per_tok.
+        num_experts_per_tok=int(raw.get("num_experts_per_tok") or raw["experts_per_token"]),
         swiglu_alpha=float(raw.get("swiglu_alpha", 1.702)), swiglu_limit=float(raw.get("swiglu_limit", 7.0)))
 
 
