@@ -216,6 +216,10 @@ class EngineConfig:
     """Devices each model replica is split over (the mesh's "model" axis; vLLM's name)."""
     data_parallel_size: int = 1
     """Model replicas, each with its own block pool and scheduler (the "data" axis; vLLM's name)."""
+    enable_expert_parallel: bool = False
+    """Mixture-of-experts models under tensor parallelism: place whole experts on each device of the "model" axis
+    (num_experts / tp each), tokens replicated and the expert outputs summed across devices; off: every expert's
+    intermediate axis is split as the dense MLP's (vLLM's --enable-expert-parallel). No effect on dense models."""
     tokenizer: Optional[str] = None
     """A tokenizer other than the model's: a directory of Hugging Face tokenizer files, or a Hub repo id already in
     the local cache (read offline). None: the model's own (vLLM's --tokenizer)."""
@@ -256,6 +260,8 @@ class EngineConfig:
         for name in ("tensor_parallel_size", "data_parallel_size"):
             value = getattr(self, name)
             _require(is_int(value) and value >= 1, name, f"must be a positive int, got {value!r}")
+        _require(isinstance(self.enable_expert_parallel, bool), "enable_expert_parallel",
+                 f"must be a bool, got {self.enable_expert_parallel!r}")
         _require(self.tokenizer is None or (isinstance(self.tokenizer, str) and self.tokenizer != ""), "tokenizer",
                  f"must be a directory, a Hugging Face repo id or None, got {self.tokenizer!r}")
         _require(isinstance(self.advisor_log_text, bool), "advisor_log_text",

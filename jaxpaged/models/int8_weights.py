@@ -24,6 +24,8 @@ from jaxpaged.models.param_shapes import param_shapes
 
 QUANTIZED_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """The layer weights (after "layers.") that int8 quantizes: every matmul of the decoder layers."""
+QUANTIZED_EXPERTS = ("expert_gate", "expert_up", "expert_down")
+"""A mixture of experts' stacked experts [E, in, out] (models/moe.py): int8 values, float32 scales [E, out]."""
 SCALE_SUFFIX = "_scale"
 """A quantized weight's scales live under its name plus this suffix ("layers.q_proj_scale")."""
 WEIGHT_SCHEMES = ("int8", "w8a8")
@@ -52,7 +54,7 @@ class Int8Weight(NamedTuple):
 
 def is_quantized_projection(name: str) -> bool:
     """Whether `name` (a loader's flat name, "layers.q_proj") is a weight int8 quantization replaces."""
-    return name.startswith("layers.") and name[len("layers."):] in QUANTIZED_PROJECTIONS
+    return name.startswith("layers.") and name[len("layers."):] in QUANTIZED_PROJECTIONS + QUANTIZED_EXPERTS
 
 
 def scale_name(name: str) -> str:

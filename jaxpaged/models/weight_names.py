@@ -7,8 +7,10 @@ wrapper that keeps the text model under `language_model.model.` is one rule, not
 """
 
 import dataclasses
-from collections.abc import Iterable, Mapping
-from typing import Optional
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Optional, Union
+
+import numpy as np
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,10 +21,6 @@ class CheckpointTensor:
     """Its name: within a layer (after WeightNames.layer_prefix) for a layer weight, else the whole name."""
     transpose: bool = False
     """Stored [out, in] (torch's Linear.weight, GGUF's rows): jaxpaged's projections are [in, out]."""
-
-    def under(self, prefix: str) -> "CheckpointTensor":
-        """This tensor behind `prefix` (a layer's); a tensor made of several names prefixes each of them."""
-        return dataclasses.replace(self, name=prefix + self.name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,8 +54,8 @@ class WeightsMapper:
 class WeightNames:
     """How one checkpoint format names a family's parameters (jaxpaged's flat names without "layers.")."""
 
-    layer: Mapping[str, CheckpointTensor]
-    """Each layer weight ("q_proj") -> its tensor inside a layer."""
+    layer: Mapping[str, "Union[CheckpointTensor, AssembledTensor]"]
+    """Each layer weight ("q_proj") -> its tensor inside a layer (or how it is assembled from several)."""
     globals: Mapping[str, CheckpointTensor]
     """Each global weight ("embed", "final_norm", "lm_head") -> its tensor."""
     layer_prefix: str = "model.layers.{layer}."
@@ -69,8 +67,24 @@ class WeightNames:
         """The checkpoint tensor of parameter `name` in `layer` (None: a global weight), under its full name."""
         if layer is None:
             return self.globals[name]
-        return self.layer[name].under(self.layer_prefix.format(layer=layer))
+        inner = self.layer[name]
+        assert isinstance(inner, CheckpointTensor), f"{name} is assembled from several tensors"
+        return dataclasses.replace(inner, name=self.layer_prefix.format(layer=layer) + inner.name)
 
-    def with_layer(self, **changes: CheckpointTensor) -> "WeightNames":
+    def with_layer(self, **changes: "Union[CheckpointTensor, AssembledTensor]") -> "WeightNames":
         """These names with some layer weights named otherwise or added."""
         return dataclasses.replace(self, layer={**self.layer, **changes})
+
+
+TensorLookup = Callable[[str], Optional[np.ndarray]]
+"""A checkpoint's tensor by its full name (as stored: no transpose), or None when the checkpoint has none."""
+
+
+@dataclasses.dataclass(frozen=True)
+class AssembledTensor:
+    """A layer parameter a family builds from several checkpoint tensors (a mixture of experts' stacked experts,
+    from per-expert or fused tensors: models/expert_tensors.py), read by the HF loader through `build`."""
+
+    build: Callable[[TensorLookup, str, int, Any], np.ndarray]
+    """(lookup, the layer's name prefix, the layer index, the ModelConfig) -> the layer's parameter in jaxpaged's
+    orientation; ValueError naming the tensor it misses."""

@@ -45,7 +45,7 @@ def place_model(params: dict[str, np.ndarray], model_config: ModelConfig, plan: 
                                    pack=plan.packed_weights, pack_int8=plan.packed_int8)
     model_class = resolve(model_config.architecture).model_class  # the architecture's (models/registry.py)
     graphdef, state = nnx.split(model_class(model_config, placed, packed=plan.packed_weights,
-                                            int8_matmul=plan.int8_matmul))
+                                            int8_matmul=plan.int8_matmul, mesh=mesh))
     # A plain dict of arrays: every step flattens it to call the executable, and nnx's Variables flatten in
     # Python, several times slower than the dict for a model's per-layer weights.
     return graphdef, nnx.to_pure_dict(state)

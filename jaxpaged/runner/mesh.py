@@ -37,6 +37,11 @@ DATA_AXIS, MODEL_AXIS = "data", "model"
 _COLUMN_PARALLEL = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")  # [hidden, out]: out is split
 _ROW_PARALLEL = ("o_proj", "down_proj")                                     # [in, hidden]: in is split
 _HEAD_BIASES = ("q_bias", "k_bias", "v_bias")                               # [heads * head_dim]: split
+# A mixture of experts' weights (models/moe.py), unstacked [experts, ...]: without expert parallelism, the axis that
+# is split like the dense MLP's (gate/up's intermediate output, down's intermediate input; None: kept whole).
+_EXPERT_WIDTH_AXIS = {"expert_gate": 2, "expert_up": 2, "expert_down": 1, "expert_gate_bias": 1,
+                      "expert_up_bias": 1, "expert_down_bias": None, "expert_gate_scale": 1, "expert_up_scale": 1,
+                      "expert_down_scale": None}
 
 
 def check_parallel_layout(model: ModelConfig, tensor_parallel_size: int, data_parallel_size: int,
@@ -60,6 +65,14 @@ def check_parallel_layout(model: ModelConfig, tensor_parallel_size: int, data_pa
     if model.intermediate_size % tp:
         raise ValueError(f"tensor_parallel_size: {tp} must divide the MLP's intermediate size "
                          f"{model.intermediate_size} {heads}")
+    num_experts = getattr(model, "num_experts", 0)
+    if num_experts and getattr(model, "expert_parallel", False) and num_experts % tp:
+        raise ValueError(f"tensor_parallel_size: {tp} must divide the number of experts ({num_experts}) under "
+                         f"enable_expert_parallel {heads}")
+    expert_width = getattr(model, "moe_intermediate_size", 0)
+    if num_experts and not getattr(model, "expert_parallel", False) and expert_width % tp:
+        raise ValueError(f"tensor_parallel_size: {tp} must divide the experts' intermediate size {expert_width} "
+                         f"(or set enable_expert_parallel) {heads}")
 
 
 def rank_meshes(tensor_parallel_size: int, data_parallel_size: int,
@@ -108,7 +121,11 @@ def replicate_kv_heads(params: dict[str, np.ndarray], model: ModelConfig,
 def param_partition_spec(name: str, shape: tuple[int, ...], model: ModelConfig, tp: int) -> P:
     """The PartitionSpec of one parameter (stacked layer weights have a leading, unsplit layer axis). An int8
     weight splits as its float would; its scales [layers, outer] split as its output axis: a column-parallel
-    projection's with it, a row-parallel one's (output: the hidden size) not at all."""
+    projection's with it, a row-parallel one's (output: the hidden size) not at all. Expert weights [layers,
+    experts, ...] split on the expert axis under expert parallelism (model.expert_parallel), else as the dense MLP."""
+    expert_spec = _expert_partition_spec(name, shape, model)
+    if expert_spec is not None:
+        return expert_spec
     if is_scale(name):
         base = name[len("layers."):-len(SCALE_SUFFIX)]
         return P(*([None] * (len(shape) - 1)), MODEL_AXIS) if base in _COLUMN_PARALLEL else P()
@@ -124,6 +141,17 @@ def param_partition_spec(name: str, shape: tuple[int, ...], model: ModelConfig, 
     if name == "lm_head" and model.vocab_size % tp == 0:
         return P(None, MODEL_AXIS)
     return P()  # a vocabulary tp does not divide: replicated (small models only)
+
+
+def _expert_partition_spec(name: str, shape: tuple[int, ...], model: ModelConfig) -> Optional[P]:
+    """A stacked expert weight's spec (None for any other parameter): its expert axis (1) split under expert
+    parallelism, else its _EXPERT_WIDTH_AXIS (shifted past the layer axis)."""
+    base = name[len("layers."):] if name.startswith("layers.") else ""
+    if base not in _EXPERT_WIDTH_AXIS:
+        return None
+    width_axis = _EXPERT_WIDTH_AXIS[base]
+    axis = 1 if getattr(model, "expert_parallel", False) else (None if width_axis is None else width_axis + 1)
+    return P(*[MODEL_AXIS if index == axis else None for index in range(len(shape))])
 
 
 def kv_cache_spec(layout: str = "interleaved") -> P:

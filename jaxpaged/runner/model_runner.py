@@ -20,6 +20,7 @@ from jaxpaged.core.request import Request
 from jaxpaged.core.scheduler_output import SchedulerOutput
 from jaxpaged.kv_tiers import KVTiers
 from jaxpaged.models.int8_weights import quantize_params
+from jaxpaged.models.moe_decoder import with_expert_parallel
 from jaxpaged.runner import compile_counter
 from jaxpaged.runner import mesh as mesh_lib
 from jaxpaged.runner.batch import StepInputs
@@ -64,8 +65,9 @@ class ModelRunner:
         # checkpoint, already is).
         quantization = loaded.quantization or config.quantization
         params = quantize_params(dict(loaded.params), quantization)
-        params, self.model_config = mesh_lib.replicate_kv_heads(params, loaded.config,
-                                                                self.mesh.shape[mesh_lib.MODEL_AXIS])
+        params, model_config = mesh_lib.replicate_kv_heads(params, loaded.config,
+                                                           self.mesh.shape[mesh_lib.MODEL_AXIS])
+        self.model_config = with_expert_parallel(model_config, config.enable_expert_parallel)
         self.plan = plan_startup(self.model_config, params, config, self.mesh, quantization)
         """Every start-up decision of this rank (dtype, layers, packing, kernels, KV spec and size, memory)."""
         sched = config.scheduler
@@ -281,5 +283,6 @@ def build_rank_runners(loaded: LoadedModel, config: EngineConfig,
                        eos_token_ids: Sequence[int] = ()) -> list[ModelRunner]:
     """One runner per data-parallel rank, each over its (1, tp) mesh; ValueError when the layout cannot work."""
     tp, dp = config.tensor_parallel_size, config.data_parallel_size
-    mesh_lib.check_parallel_layout(loaded.config, tp, dp, jax.device_count(), jax.process_count())
+    model = with_expert_parallel(loaded.config, config.enable_expert_parallel)
+    mesh_lib.check_parallel_layout(model, tp, dp, jax.device_count(), jax.process_count())
     return [ModelRunner(loaded, config, eos_token_ids, mesh) for mesh in mesh_lib.rank_meshes(tp, dp)]

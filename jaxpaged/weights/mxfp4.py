@@ -67,3 +67,11 @@ def is_mxfp4_checkpoint(hf_config: dict) -> bool:
     """Whether config.json says the checkpoint's experts are MXFP4 (gpt-oss's quantization_config)."""
     quantization = hf_config.get("quantization_config")
     return isinstance(quantization, dict) and quantization.get("quant_method") == "mxfp4"
+
+
+def dequantized_parameter(blocks: UInt8[np.ndarray, "experts out num_blocks bytes"],
+                          scales: UInt8[np.ndarray, "experts out num_blocks"], name: str) -> np.ndarray:
+    """The parameter [experts, in, out] (bfloat16) a gpt-oss checkpoint stores as `name`_blocks / `name`_scales:
+    the packed form runs its 32-value groups along the input axis, so it is [experts, out, in]; transformers' loader
+    transposes it to the parameter's [experts, in, out], and so does this."""
+    return np.swapaxes(dequantize_mxfp4(blocks, scales, name=name), -1, -2)

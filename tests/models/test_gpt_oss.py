@@ -99,13 +99,15 @@ def test_mxfp4_and_fused_layouts_load_the_same_parameters(gpt_oss):
 
 
 def test_gate_up_columns_are_deinterleaved(gpt_oss):
-    """The fused [E, H, 2I] gate_up_proj's even columns (gate) land in the first half, odd ones (up) in the second."""
+    """The fused [E, H, 2I] gate_up_proj's even columns (gate) and its bias's become expert_gate(_bias), the odd
+    ones (up) expert_up(_bias)."""
     model, fused, _ = gpt_oss
-    loaded = np.asarray(load_model(str(fused)).params["layers.experts_gate_up"], np.float32)
-    stored = model.model.layers[1].mlp.experts.gate_up_proj.detach().numpy()
-    inter = CONFIG["intermediate_size"]
-    np.testing.assert_array_equal(loaded[1, :, :, :inter], stored[:, :, 0::2])
-    np.testing.assert_array_equal(loaded[1, :, :, inter:], stored[:, :, 1::2])
+    params = load_model(str(fused)).params
+    experts = model.model.layers[1].mlp.experts
+    stored, bias = experts.gate_up_proj.detach().numpy(), experts.gate_up_proj_bias.detach().numpy()
+    for name, value in (("expert_gate", stored[..., 0::2]), ("expert_up", stored[..., 1::2]),
+                        ("expert_gate_bias", bias[..., 0::2]), ("expert_up_bias", bias[..., 1::2])):
+        np.testing.assert_array_equal(np.asarray(params[f"layers.{name}"], np.float32)[1], value, err_msg=name)
 
 
 @pytest.mark.parametrize("missing", ["model.layers.1.mlp.experts.down_proj_scales",
@@ -149,7 +151,7 @@ GPT_OSS_20B = {
 
 def test_released_config_reads_as_published():
     """gpt-oss-20b's config: 32 experts, top 4, 128-token windows on even layers, YaRN x32 over 4096, untruncated;
-    its experts' parameters are [24, 32, 2880, 5760] and [24, 32, 2880, 2880]."""
+    its experts' gate, up and down are [24, 32, 2880, 2880] each."""
     cfg = read_model_config(GPT_OSS_20B)
     assert isinstance(cfg, GptOssConfig)
     assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.sliding_window) == (32, 4, 128)
@@ -157,7 +159,7 @@ def test_released_config_reads_as_published():
     assert isinstance(cfg.rope_scaling, YarnScaling)
     assert cfg.rope_scaling.factor == 32 and not cfg.rope_scaling.truncate
     shapes = param_shapes(cfg)
-    assert shapes["layers.experts_gate_up"] == (24, 32, 2880, 5760)
-    assert shapes["layers.experts_down"] == (24, 32, 2880, 2880)
+    for name in ("expert_gate", "expert_up", "expert_down"):
+        assert shapes[f"layers.{name}"] == (24, 32, 2880, 2880)
     assert shapes["layers.sinks"] == (24, 64) and shapes["layers.o_bias"] == (24, 2880)
     assert "layers.gate_proj" not in shapes

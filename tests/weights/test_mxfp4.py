@@ -7,18 +7,20 @@ import pytest
 import torch
 from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
-from jaxpaged.weights.mxfp4 import dequantize_mxfp4, is_mxfp4_checkpoint
+from jaxpaged.weights.mxfp4 import dequantize_mxfp4, dequantized_parameter, is_mxfp4_checkpoint
 
 
 def test_random_blocks_match_transformers_dequantization():
-    """Random codes and scales over a wide exponent range give transformers' values exactly (it returns [E, in, out],
-    the transpose of the stored [E, out, in])."""
+    """Random codes and scales over a wide exponent range give transformers' parameter exactly ([E, in, out], the
+    transpose of the packed [E, out, in])."""
     rng = np.random.default_rng(0)
     blocks = rng.integers(0, 256, (3, 10, 4, 16), dtype=np.uint8)
     scales = rng.integers(100, 150, (3, 10, 4), dtype=np.uint8)
     expected = convert_moe_packed_tensors(torch.from_numpy(blocks), torch.from_numpy(scales), dtype=torch.float32)
-    got = dequantize_mxfp4(blocks, scales, np.float32)
-    np.testing.assert_array_equal(got, np.swapaxes(expected.numpy(), 1, 2))
+    np.testing.assert_array_equal(np.swapaxes(dequantize_mxfp4(blocks, scales, np.float32), 1, 2), expected.numpy())
+    parameter = dequantized_parameter(blocks, scales, "w")
+    assert parameter.dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(parameter.astype(np.float32), expected.numpy())
 
 
 def test_bfloat16_output_is_exact():
