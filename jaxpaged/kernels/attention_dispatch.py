@@ -15,7 +15,7 @@ formats "pallas_tpu" reads and writes the packed quantized uint32 cache instead 
 codes per word, page scales in rows of their own), named by kv_cache_dtype and page_size since its rows do not say it.
 """
 
-from typing import Optional
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
@@ -107,8 +107,12 @@ def ragged_paged_attention(
     native_decode: bool = True,
     kv_cache_dtype: str = "auto",
     page_size: Optional[int] = None,
+    sinks: Optional[Float[Array, " num_q_heads"]] = None,
 ) -> Float[Array, "num_tokens num_q_heads head_dim"]:
     """Ragged paged attention through the chosen backend (spec.py gives the semantics).
+
+    sinks: attention sinks (gpt-oss), one float32 logit per q head of q (this shard's heads under tensor
+    parallelism) that joins the softmax's denominator only; None (most models) runs the programs without them.
 
     kv_pages may be the packed layout (backend "pallas_tpu" only; num_kv_heads required), or with a quantized
     kv_cache_dtype the packed quantized one (pallas_tpu; num_kv_heads and page_size required). `native_decode`: the
@@ -117,7 +121,12 @@ def ragged_paged_attention(
     backend = resolve_attention_backend(backend)
     sm_scale = float(sm_scale)
     soft_cap = None if soft_cap is None else float(soft_cap)
-    options = dict(sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap)
+    options: dict[str, Any] = dict(sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap)
+    if sinks is not None:
+        if sinks.shape != (q.shape[1],):
+            raise ValueError(f"sinks: must be [num_q_heads] = [{q.shape[1]}] (one logit per q head), got "
+                             f"{sinks.shape}")
+        options["sinks"] = sinks.astype(jnp.float32)
     if kv_pages.ndim == 3:
         page_size = _packed_page_size(kv_pages, backend, num_kv_heads, q.shape[2], q.dtype, kv_cache_dtype,
                                       page_size)

@@ -8,7 +8,13 @@ block table's width.
     passes. Decode pass: every sequence with one new token at once, each row gathering its own pages. Prefill
     pass: blocks of q rows of one sequence, each block gathering its chunks once and walking only the chunks its
     causal (and sliding) window reaches.
-Online softmax in float32 throughout; GQA reads each KV head once for its whole group of q heads.
+Online softmax in float32 throughout; GQA reads each KV head once for its whole group of q heads. Attention sinks
+(gpt-oss: one learned logit per q head in the softmax's denominator only) start each row's running max at its sink and
+its running sum at 1, as if a key of value zero sat before the first token.
+Sliding-window layers read only the pages inside each row's window: a row's (or q block's) chunks start at the page
+holding its window's first token, never before it (the pages before it may already be freed, back to the pool, and
+their table entries point at another request's data), so the work is bounded by (window + q rows) / page_size pages,
+whatever the context length.
 The pages may be floats, bfloat16 bits ("interleaved_bits", kv_layout.py: XLA:CPU's bfloat16 scatter is not in
 place) or quantized rows ("quantized": int8 / fp8 codes with a scale per row, kv_quantization.py); every gather goes
 through _split_kv (bits and codes to float32 right after the gather) and every write through kv_storage.
@@ -48,8 +54,13 @@ def _online_softmax_update(carry, logits, mask, v, pv_spec: str, soft_cap: Optio
     return new_max, running_sum, acc
 
 
-def _init_carry(stats_shape: tuple, head_dim: int):
-    return (jnp.full(stats_shape, MASK_VALUE, jnp.float32), jnp.zeros(stats_shape, jnp.float32),
+def _init_carry(stats_shape: tuple, head_dim: int, sinks: Optional[jax.Array] = None):
+    """(max, sum, acc) before any KV: nothing seen, or with sinks ([num_kv_heads, group] logits) each row's sink
+    alone (max = sink, sum = exp(0) = 1, acc = 0): the sink joins the denominator and adds nothing to the output."""
+    if sinks is None:
+        return (jnp.full(stats_shape, MASK_VALUE, jnp.float32), jnp.zeros(stats_shape, jnp.float32),
+                jnp.zeros(stats_shape + (head_dim,), jnp.float32))
+    return (jnp.broadcast_to(sinks, stats_shape).astype(jnp.float32), jnp.ones(stats_shape, jnp.float32),
             jnp.zeros(stats_shape + (head_dim,), jnp.float32))
 
 
@@ -60,11 +71,19 @@ def _finish(carry) -> jax.Array:
 
 
 def _window_mask(kv_positions, positions, sliding_window: Optional[int]) -> jax.Array:
-    """[rows, chunk_tokens] causal (and sliding-window) mask; rows at position -1 see nothing."""
-    mask = kv_positions[None, :] <= positions[:, None]
+    """[rows, chunk_tokens] causal (and sliding-window) mask; rows at position -1 see nothing. kv_positions:
+    [chunk_tokens] shared by the rows, or [rows, chunk_tokens] each row's own."""
+    if kv_positions.ndim == 1:
+        kv_positions = kv_positions[None, :]
+    mask = kv_positions <= positions[:, None]
     if sliding_window is not None:
-        mask &= kv_positions[None, :] > positions[:, None] - sliding_window
+        mask &= kv_positions > positions[:, None] - sliding_window
     return mask
+
+
+def _window_first_page(position, page_size: int, sliding_window: int):
+    """The page holding the first token a row at `position` sees through its window (0 for rows at position -1)."""
+    return jnp.maximum(position - sliding_window + 1, 0) // page_size
 
 
 def _chunk_bounds(first_position, last_position, chunk_tokens: int, sliding_window: Optional[int]):
@@ -85,7 +104,7 @@ def _split_kv(kv: jax.Array, num_kv_heads: int) -> tuple[jax.Array, jax.Array]:
 
 
 def _decode_pass(q_grouped, kv_pages, kv_lens, block_tables, cu_q_lens, num_real_seqs, *,
-                 pages_per_chunk, sliding_window, soft_cap):
+                 pages_per_chunk, sliding_window, soft_cap, sinks):
     """Sequences with one new token, all at once: one row per sequence, each walking KV chunks of its own pages.
     Returns the rows' outputs and the q row each belongs to (num_tokens for inactive sequences)."""
     num_tokens = q_grouped.shape[0]
@@ -95,8 +114,9 @@ def _decode_pass(q_grouped, kv_pages, kv_lens, block_tables, cu_q_lens, num_real
     rows = jnp.where(is_decode, cu_q_lens[1:] - 1, num_tokens)
     positions = jnp.where(is_decode, kv_lens - 1, -1)
     q_rows = q_grouped[jnp.minimum(rows, num_tokens - 1)]
-    out = _decode_chunks(q_rows, kv_pages, positions, block_tables, pages_per_chunk=pages_per_chunk,
-                         sliding_window=sliding_window, soft_cap=soft_cap)
+    chunks = _decode_chunks if sliding_window is None else _decode_window_chunks
+    out = chunks(q_rows, kv_pages, positions, block_tables, pages_per_chunk=pages_per_chunk,
+                 sliding_window=sliding_window, soft_cap=soft_cap, sinks=sinks)
     return out, rows
 
 
@@ -108,7 +128,7 @@ def _native_fits(kv_pages, group_size: int) -> bool:
             and native_decode_available())
 
 
-def _decode_chunks(q_rows, kv_pages, positions, block_tables, *, pages_per_chunk, sliding_window, soft_cap):
+def _decode_chunks(q_rows, kv_pages, positions, block_tables, *, pages_per_chunk, sliding_window, soft_cap, sinks):
     """The jnp decode: every row walks the same KV chunks (the longest row's), gathering its own pages."""
     max_num_seqs, num_kv_heads, group_size, head_dim = q_rows.shape
     chunk_tokens = pages_per_chunk * kv_pages.shape[1]
@@ -127,16 +147,46 @@ def _decode_chunks(q_rows, kv_pages, positions, block_tables, *, pages_per_chunk
         mask = _window_mask(kv_positions, positions, sliding_window)[:, None, None, :]
         return _online_softmax_update(carry, logits, mask, v, "skgc,sckd->skgd", soft_cap)
 
-    carry = _init_carry((max_num_seqs, num_kv_heads, group_size), head_dim)
+    carry = _init_carry((max_num_seqs, num_kv_heads, group_size), head_dim, sinks)
     return _finish(jax.lax.fori_loop(first_chunk, end_chunk, attend_chunk, carry))
 
 
+def _decode_window_chunks(q_rows, kv_pages, positions, block_tables, *, pages_per_chunk, sliding_window, soft_cap,
+                          sinks):
+    """The jnp decode of a sliding-window layer: each row's chunks start at its own window's first page, so a row
+    reads about window / page_size pages however long its sequence, and never a page before its window."""
+    max_num_seqs, num_kv_heads, group_size, head_dim = q_rows.shape
+    page_size = kv_pages.shape[1]
+    chunk_tokens = pages_per_chunk * page_size
+    first_pages = _window_first_page(positions, page_size, sliding_window)
+    # The longest walk of any row: its window's pages up to its own, in whole chunks (rows at -1 walk none).
+    num_chunks = jnp.max(jnp.where(positions >= 0, positions // page_size + 1 - first_pages, 0))
+    num_chunks = (num_chunks + pages_per_chunk - 1) // pages_per_chunk
+    in_chunk = jnp.arange(pages_per_chunk, dtype=jnp.int32)
+
+    def attend_chunk(chunk, carry):
+        # The table is padded by a chunk (in_jnp), so no index runs past it.
+        page_columns = first_pages[:, None] + chunk * pages_per_chunk + in_chunk[None, :]
+        page_ids = jnp.take_along_axis(block_tables, page_columns, axis=1)
+        k, v = _split_kv(kv_pages[page_ids].reshape(max_num_seqs, chunk_tokens, -1, kv_pages.shape[-1]),
+                         num_kv_heads)
+        logits = jnp.einsum("skgd,sckd->skgc", q_rows, k)
+        kv_positions = (first_pages[:, None] + chunk * pages_per_chunk) * page_size + jnp.arange(
+            chunk_tokens, dtype=jnp.int32)[None, :]
+        mask = _window_mask(kv_positions, positions, sliding_window)[:, None, None, :]
+        return _online_softmax_update(carry, logits, mask, v, "skgc,sckd->skgd", soft_cap)
+
+    carry = _init_carry((max_num_seqs, num_kv_heads, group_size), head_dim, sinks)
+    return _finish(jax.lax.fori_loop(0, num_chunks, attend_chunk, carry))
+
+
 def _prefill_pass(out, q_grouped, kv_pages, kv_lens, block_tables, cu_q_lens, num_real_seqs, *,
-                  pages_per_chunk, q_block_size, sliding_window, soft_cap):
+                  pages_per_chunk, q_block_size, sliding_window, soft_cap, sinks):
     """Sequences with 2+ new tokens, one block of q_block_size rows at a time.
 
     All rows of a block share one sequence, so each KV chunk is gathered once per block, and a
-    block only walks the chunks its own causal window needs.
+    block only walks the chunks its own causal window needs: with a sliding window, chunks of pages from the page of
+    its first row's window start (never a page before it).
     """
     num_tokens, num_kv_heads, group_size, head_dim = q_grouped.shape
     max_num_seqs = kv_lens.shape[0]
@@ -159,17 +209,25 @@ def _prefill_pass(out, q_grouped, kv_pages, kv_lens, block_tables, cu_q_lens, nu
         q_block = jax.lax.dynamic_slice_in_dim(q_padded, row_start, q_block_size)
         table = block_tables[seq]
 
+        if sliding_window is None:
+            first_page = jnp.int32(0)
+            first_chunk, end_chunk = _chunk_bounds(positions[0], jnp.max(positions), chunk_tokens, None)
+        else:  # chunks counted from the window's first page (the table is padded by a chunk: in_jnp)
+            first_page = _window_first_page(positions[0], page_size, sliding_window)
+            end_page = jnp.max(positions) // page_size + 1
+            first_chunk, end_chunk = jnp.int32(0), jnp.maximum(end_page - first_page + pages_per_chunk - 1,
+                                                               0) // pages_per_chunk
+
         def attend_chunk(chunk, carry):
-            page_ids = jax.lax.dynamic_slice_in_dim(table, chunk * pages_per_chunk, pages_per_chunk)
+            page_start = first_page + chunk * pages_per_chunk
+            page_ids = jax.lax.dynamic_slice_in_dim(table, page_start, pages_per_chunk)
             k, v = _split_kv(kv_pages[page_ids].reshape(chunk_tokens, -1, kv_pages.shape[-1]), num_kv_heads)
             logits = jnp.einsum("rkgd,ckd->rkgc", q_block, k)
-            kv_positions = chunk * chunk_tokens + jnp.arange(chunk_tokens, dtype=jnp.int32)
+            kv_positions = page_start * page_size + jnp.arange(chunk_tokens, dtype=jnp.int32)
             mask = _window_mask(kv_positions, positions, sliding_window)[:, None, None, :]
             return _online_softmax_update(carry, logits, mask, v, "rkgc,ckd->rkgd", soft_cap)
 
-        first_chunk, end_chunk = _chunk_bounds(positions[0], jnp.max(positions), chunk_tokens,
-                                               sliding_window)
-        carry = _init_carry((q_block_size, num_kv_heads, group_size), head_dim)
+        carry = _init_carry((q_block_size, num_kv_heads, group_size), head_dim, sinks)
         block_out = _finish(jax.lax.fori_loop(first_chunk, end_chunk, attend_chunk, carry))
         # Rows past the sequence's end belong to the next sequence: keep what is there.
         old = jax.lax.dynamic_slice_in_dim(out_padded, row_start, q_block_size)
@@ -190,12 +248,14 @@ def ragged_paged_attention_xla(
     sm_scale: float,
     sliding_window: Optional[int] = None,
     soft_cap: Optional[float] = None,
+    sinks: Optional[Float[Array, " num_q_heads"]] = None,
     pages_per_chunk: int = DEFAULT_PAGES_PER_CHUNK,
     q_block_size: int = DEFAULT_Q_BLOCK_SIZE,
     native: bool = True,
 ) -> Float[Array, "num_tokens num_q_heads head_dim"]:
-    """Attention of every q row over its sequence's paged KV; padding rows come out as zeros. native=False
-    keeps every row on the jnp path even where the native CPU kernel runs (comparisons, benchmarks)."""
+    """Attention of every q row over its sequence's paged KV; padding rows come out as zeros (with sinks too).
+    sinks: one logit per q head in the softmax's denominator (spec.py). native=False keeps every row on the jnp path
+    even where the native CPU kernel runs (comparisons, benchmarks)."""
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = kv_pages.shape[2] // 2
     kv_lens, block_tables, cu_q_lens = metadata.kv_lens, metadata.block_tables, metadata.cu_q_lens
@@ -206,12 +266,17 @@ def ragged_paged_attention_xla(
     # GQA without repeating K/V: q head j reads kv head j // group_size.
     q_grouped = (q.astype(jnp.float32) * sm_scale).reshape(
         num_tokens, num_kv_heads, num_q_heads // num_kv_heads, head_dim)
+    sinks_grouped = None if sinks is None else sinks.astype(jnp.float32).reshape(num_kv_heads, -1)
 
     def in_jnp(q_grouped, kv_pages, kv_lens, block_tables, cu_q_lens, num_real_seqs):
-        # Pad the table to whole chunks (null page 0) so a dynamic slice never gets clamped backwards.
+        # Pad the table to whole chunks (null page 0) so a dynamic slice never gets clamped backwards; a sliding
+        # window's chunks start at any page, so one chunk more.
         padded_width = -(-pages_per_seq // pages_per_chunk) * pages_per_chunk
+        if sliding_window is not None:
+            padded_width += pages_per_chunk
         block_tables = jnp.pad(block_tables, ((0, 0), (0, padded_width - pages_per_seq)))
-        options = dict(pages_per_chunk=pages_per_chunk, sliding_window=sliding_window, soft_cap=soft_cap)
+        options = dict(pages_per_chunk=pages_per_chunk, sliding_window=sliding_window, soft_cap=soft_cap,
+                       sinks=sinks_grouped)
         decode_out, decode_rows = _decode_pass(q_grouped, kv_pages, kv_lens, block_tables, cu_q_lens,
                                                num_real_seqs, **options)
         out = jnp.zeros_like(q_grouped).at[decode_rows].set(decode_out, mode="drop")
@@ -220,7 +285,8 @@ def ragged_paged_attention_xla(
 
     args = (q_grouped, kv_pages, kv_lens, block_tables, cu_q_lens, num_real_seqs)
     if native and _native_fits(kv_pages, q_grouped.shape[2]):
-        every_row = functools.partial(_native_every_row, sliding_window=sliding_window, soft_cap=soft_cap)
+        every_row = functools.partial(_native_every_row, sliding_window=sliding_window, soft_cap=soft_cap,
+                                      sinks=sinks)
         out = jax.lax.platform_dependent(*args, cpu=every_row, default=in_jnp)
     else:
         out = in_jnp(*args)
@@ -228,7 +294,7 @@ def ragged_paged_attention_xla(
 
 
 def _native_every_row(q_grouped, kv_pages, kv_lens, block_tables, cu_q_lens, num_real_seqs, *,
-                      sliding_window, soft_cap):
+                      sliding_window, soft_cap, sinks):
     """Every q row at once through the native kernel (CPU), each at its own position in its sequence.
 
     Each row reads its sequence's pages 0..position in place, a prefill chunk's consecutive rows a block at a time
@@ -243,7 +309,7 @@ def _native_every_row(q_grouped, kv_pages, kv_lens, block_tables, cu_q_lens, num
     q_lens = cu_q_lens[seq + 1] - cu_q_lens[seq]
     positions = jnp.where(real, kv_lens[seq] - q_lens + rows - cu_q_lens[seq], -1)
     return paged_decode(q_grouped, kv_pages, positions, seq, block_tables, sliding_window=sliding_window,
-                        soft_cap=soft_cap)
+                        soft_cap=soft_cap, sinks=sinks)
 
 
 @jax.jit

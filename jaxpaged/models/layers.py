@@ -171,6 +171,7 @@ def paged_attention(
     native_decode: bool = True,
     kv_cache_dtype: str = "auto",
     page_size: Optional[int] = None,
+    sinks: Optional[Float[Array, " num_q_heads"]] = None,
 ) -> tuple[Float[Array, "num_tokens num_q_heads head_dim"], KVPages]:
     """Write this step's K/V into their slots, then attend over each sequence's pages.
 
@@ -180,7 +181,9 @@ def paged_attention(
     picks between sliding_window and full attention in models that alternate them (Gemma). `native_decode`: the
     start-up plan's choice of the native CPU attention kernel ("xla" backend only). `kv_cache_dtype` / `page_size`:
     how a uint32 pool is laid out (a quantized one is pallas_tpu's packed quantized layout, whose rows do not say the
-    page size); interleaved pools say it themselves.
+    page size); interleaved pools say it themselves. `sinks`: the layer's attention sinks (gpt-oss), float32
+    [num_q_heads] (this shard's heads under tensor parallelism), one logit per q head in the softmax's denominator
+    only; None: none.
     """
     # Slots count tokens: the packed layout's axis 1 counts word rows (2 per token at 2 KV heads of 128 in bfloat16).
     packed_quantized = kv_pages.ndim == 3 and kv_cache_dtype != "auto"
@@ -194,7 +197,7 @@ def paged_attention(
     def attend(window: Optional[int]):
         return ragged_paged_attention(q, kv_pages, metadata, backend=backend, sm_scale=scale, soft_cap=soft_cap,
                                       sliding_window=window, num_kv_heads=k.shape[1], native_decode=native_decode,
-                                      kv_cache_dtype=kv_cache_dtype, page_size=page_size)
+                                      kv_cache_dtype=kv_cache_dtype, page_size=page_size, sinks=sinks)
 
     if layer_is_sliding is None or sliding_window is None:
         return attend(sliding_window), kv_pages

@@ -215,19 +215,28 @@ def place_params(params: dict[str, np.ndarray], model: ModelConfig, mesh: Mesh, 
 
 
 def shard_attention(attend: Callable, mesh: Mesh) -> Callable:
-    """Run `attend(q, k, v, kv_pages, first_page, metadata, layer_is_sliding, **static)` per model shard: each
-    sees its heads."""
+    """Run `attend(q, k, v, kv_pages, first_page, metadata, layer_is_sliding, sinks=..., **static)` per model
+    shard: each sees its heads, and its own q heads' attention sinks (sinks [num_q_heads] split like q's heads)."""
     heads = P(None, MODEL_AXIS, None)
 
-    def per_shard(q, k, v, kv_pages, first_page, metadata, layer_is_sliding=None, **static):
+    def per_shard(q, k, v, kv_pages, first_page, metadata, layer_is_sliding=None, *, sinks=None, **static):
         args = (q, k, v, kv_pages, first_page, metadata)
         if layer_is_sliding is not None:
             args += (layer_is_sliding,)
+        specs = (heads, heads, heads, _split_on_axis_minus_2(kv_pages.ndim)) + (P(),) * (len(args) - 4)
         body = functools.partial(attend, **static)
+        if sinks is not None:  # traced (a layer's weights): passed through shard_map, split by q head
+            body = functools.partial(_sinks_as_keyword, attend, static)
+            args += (sinks,)
+            specs += (P(MODEL_AXIS),)
         # NOTE: check_vma=False because Pallas kernels in interpret mode carry no varying-axes annotations.
-        pages = _split_on_axis_minus_2(kv_pages.ndim)
-        mapped = jax.shard_map(body, mesh=mesh, in_specs=(heads, heads, heads, pages) + (P(),) * (len(args) - 4),
-                               out_specs=(heads, pages), check_vma=False)
+        mapped = jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=(heads, specs[3]), check_vma=False)
         return mapped(*args)
 
     return per_shard
+
+
+def _sinks_as_keyword(attend: Callable, static: dict, *args):
+    """attend(*args[:-1], sinks=args[-1], **static): shard_map passes arrays positionally."""
+    *args, sinks = args
+    return attend(*args, sinks=sinks, **static)

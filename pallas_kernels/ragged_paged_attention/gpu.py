@@ -25,6 +25,13 @@ float32's bytes), its scales as two byte columns joined into bfloat16 bits; the 
 registers right after the load (fp8 codes by integer arithmetic on their fields, which every GPU has) and the dots
 run in float32, as the xla backend's do.
 
+Attention sinks (gpt-oss: one logit per q head in the softmax's denominator only) join in the merge of the splits, as
+one more split whose output is zero and whose log-sum-exp is the sink; a step with sinks always writes its splits'
+log-sum-exps (one split or several).
+
+Sliding windows: each program's chunks start at its block's window, and the slots of pages before the page holding
+the window's first token are never loaded (masked loads): those pages may be freed and handed to another request.
+
 KV splits: the grid's split axis is a static upper bound sized from the GPU's resident-program
 capacity (SMs x programs an SM holds at once); each step then uses only as many splits as its
 real blocks and each block's actual KV length need (split programs past that exit at once), so a
@@ -134,6 +141,10 @@ def _kernel(num_blocks_ref, block_seqs_ref, block_starts_ref, kv_lens_ref, cu_q_
         split_end = jnp.where(split < num_splits,
                               jnp.minimum(split_first + chunks_per_split, end_chunk), split_first)
         offsets = jnp.arange(chunk_tokens, dtype=jnp.int32)
+        # Pages before the one holding the block's window start are never loaded (they may belong to others now).
+        first_loaded = jnp.int32(0)
+        if sliding_window is not None:
+            first_loaded = jnp.maximum(kv_len - q_end + first_token - sliding_window + 1, 0) // page_size * page_size
         k_columns = 2 * kv_head * row_width + dims
         k_scale_column = 2 * kv_head * row_width + head_dim
 
@@ -144,6 +155,8 @@ def _kernel(num_blocks_ref, block_seqs_ref, block_starts_ref, kv_lens_ref, cu_q_
             page_ids = tables_ref[seq * pages_per_seq + page_columns]
             slots = page_ids * page_size + kv_positions % page_size
             slot_is_real = kv_positions < kv_len
+            if sliding_window is not None:
+                slot_is_real &= kv_positions >= first_loaded
             keys = _load_kv(kv_ref, slots, k_columns, k_scale_column, slot_is_real, dim_is_real, quantized=quantized)
             values = _load_kv(kv_ref, slots, row_width + k_columns, row_width + k_scale_column, slot_is_real,
                               dim_is_real, quantized=quantized)
@@ -217,11 +230,16 @@ def step_kv_splits(num_real_blocks: Int[Array, " 1"], *, capacity: int, num_kv_h
     return jnp.clip(-(-capacity // programs), 1, max_splits).astype(jnp.int32)
 
 
-def _merge_splits(out, lse):
-    """Combine per-split normalised outputs by their log-sum-exp weights."""
+def _merge_splits(out, lse, sinks=None):
+    """Combine per-split normalised outputs by their log-sum-exp weights; sinks ([rows], one per output row) join as
+    one more split of output zero and log-sum-exp sink (the denominator only)."""
     best = jnp.max(lse, axis=0)
+    if sinks is not None:
+        best = jnp.maximum(best, sinks)
     weights = jnp.exp(lse - best)
     total = jnp.sum(weights, axis=0)
+    if sinks is not None:
+        total = total + jnp.exp(sinks - best)
     return jnp.sum(out * weights[..., None], axis=0) / jnp.where(total > 0, total, 1.0)[..., None]
 
 
@@ -236,6 +254,7 @@ def ragged_paged_attention_gpu(
     sm_scale: float,
     sliding_window: Optional[int] = None,
     soft_cap: Optional[float] = None,
+    sinks: Optional[Float[Array, " num_q_heads"]] = None,
     block_rows: Optional[int] = None,
     pages_per_chunk: Optional[int] = None,
     num_kv_splits: Optional[int] = None,
@@ -245,7 +264,8 @@ def ragged_paged_attention_gpu(
     interpret: bool = False,
 ) -> Float[Array, "num_tokens num_q_heads head_dim"]:
     """The spec's contract on a GPU; interpret=True runs the kernel as plain jnp on the CPU. kv_pages: the interleaved
-    pool of q's dtype, or a quantized one (int8 / uint8 rows of codes and a scale, kv_quantization.py)."""
+    pool of q's dtype, or a quantized one (int8 / uint8 rows of codes and a scale, kv_quantization.py). sinks: one
+    logit per q head in the softmax's denominator (spec.py)."""
     num_tokens, num_q_heads, head_dim = q.shape
     kv_lens, block_tables, cu_q_lens, num_seqs = (metadata.kv_lens, metadata.block_tables, metadata.cu_q_lens,
                                                    metadata.num_seqs.reshape(1))
@@ -290,7 +310,7 @@ def ragged_paged_attention_gpu(
                                                      tokens_per_block)
     splits = step_kv_splits(num_blocks, capacity=capacity, num_kv_heads=num_kv_heads,
                             max_splits=num_kv_splits)
-    split_outputs = num_kv_splits > 1
+    split_outputs = num_kv_splits > 1 or sinks is not None  # sinks join at the merge
     out_shapes = [jax.ShapeDtypeStruct((num_kv_splits, num_tokens * num_q_heads, head_dim),
                                        jnp.float32 if split_outputs else q.dtype)]
     if split_outputs:
@@ -313,7 +333,8 @@ def ragged_paged_attention_gpu(
       q.reshape(num_tokens * num_q_heads, head_dim),
       # Linear GPU memory: this reshape is free, and makes every slot one row of K/V columns.
       kv_pages.reshape(num_pages * page_size, kv_heads_x2 * row_width))
-    out = _merge_splits(*outputs) if split_outputs else outputs[0][0]
+    row_sinks = None if sinks is None else jnp.tile(sinks.astype(jnp.float32), num_tokens)  # row t * heads + h
+    out = _merge_splits(outputs[0], outputs[1], row_sinks) if split_outputs else outputs[0][0]
     # Rows outside every sequence were never written (uninitialised memory): zero them.
     num_real_tokens = cu_q_lens[jnp.clip(num_seqs[0], 0, max_num_seqs)]
     row_is_real = jnp.repeat(jnp.arange(num_tokens) < num_real_tokens, num_q_heads)

@@ -5,7 +5,9 @@ cu_q_lens[s]:cu_q_lens[s+1]; its i-th new token sits at absolute position kv_len
 attends causally to KV positions 0..position (the last `sliding_window` of them when set), reading KV
 position p from slot block_tables[s, p // page_size] * page_size + p % page_size. Query head j reads
 KV head j // (num_q_heads // num_kv_heads) (GQA). Logits are q.k * sm_scale, then soft-capped
-(soft_cap * tanh(logits / soft_cap)) when asked. Rows that belong to no real sequence are zeros.
+(soft_cap * tanh(logits / soft_cap)) when asked. Attention sinks (gpt-oss), when given, are one learned logit per q
+head that joins the softmax's denominator only: out = sum_j exp(s_j - m) v_j / (exp(sink - m) + sum_j exp(s_j - m)),
+m the largest of the sink and the logits. Rows that belong to no real sequence are zeros.
 
 Every backend (tpu.py, gpu.py, and the engine's "xla" one) is tested against this loop. It is slow on purpose: host
 numpy, no chunking, no online softmax; never call it from the engine.
@@ -20,7 +22,7 @@ from pallas_kernels.ragged_paged_attention.metadata import AttentionMetadata
 
 def ragged_paged_attention_spec(q, kv_pages, metadata: AttentionMetadata, *, sm_scale: float,
                                 sliding_window: Optional[int] = None,
-                                soft_cap: Optional[float] = None) -> np.ndarray:
+                                soft_cap: Optional[float] = None, sinks=None) -> np.ndarray:
     """[num_tokens, num_q_heads, head_dim] float64 attention output of every q row."""
     q = np.asarray(q, np.float64)
     kv_pages = np.asarray(kv_pages, np.float64)
@@ -29,6 +31,7 @@ def ragged_paged_attention_spec(q, kv_pages, metadata: AttentionMetadata, *, sm_
     num_q_heads = q.shape[1]
     page_size = kv_pages.shape[1]
     group_size = num_q_heads // (kv_pages.shape[2] // 2)
+    sinks = None if sinks is None else np.asarray(sinks, np.float64).reshape(num_q_heads)
     out = np.zeros_like(q)
     for s in range(int(np.asarray(metadata.num_seqs).reshape(-1)[0])):
         start, end, kv_len = int(cu_q_lens[s]), int(cu_q_lens[s + 1]), int(kv_lens[s])
@@ -43,8 +46,10 @@ def ragged_paged_attention_spec(q, kv_pages, metadata: AttentionMetadata, *, sm_
                 logits = keys[first:position + 1, kv_head] @ q[start + i, head] * sm_scale
                 if soft_cap is not None:
                     logits = soft_cap * np.tanh(logits / soft_cap)
-                weights = np.exp(logits - logits.max())
-                out[start + i, head] = weights @ values[first:position + 1, kv_head] / weights.sum()
+                top = logits.max() if sinks is None else max(logits.max(), sinks[head])
+                weights = np.exp(logits - top)
+                denominator = weights.sum() + (0.0 if sinks is None else np.exp(sinks[head] - top))
+                out[start + i, head] = weights @ values[first:position + 1, kv_head] / denominator
     return out
 
 

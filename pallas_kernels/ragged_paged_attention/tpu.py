@@ -30,11 +30,14 @@ Hardware notes (why the shapes are what they are):
     dequantized to float32 as it is loaded (tpu_quantized_kv.py); its keys come out page-minor, so the masks'
     token offsets follow that order (token_offsets).
   - Running max and sum are kept lane-replicated ([rows, 128]) to avoid unaligned 1-lane slices.
-Pages past a sequence's length are not fetched; their stale VMEM is masked out of logits and V.
+Pages past a sequence's length are not fetched; their stale VMEM is masked out of logits and V. With a sliding
+window, a (tile, sequence)'s chunks start at the page holding its first row's window start, so pages before it are
+never fetched either: the scheduler frees them, and their table entries may point at another request's pages.
+Attention sinks (gpt-oss) join each row's sum after its last chunk (tpu_online_softmax.fold_sinks).
 """
 
 import functools
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 import jax
 import jax.numpy as jnp
@@ -47,8 +50,9 @@ from pallas_kernels.ragged_paged_attention.metadata import MASK_VALUE, Attention
 from pallas_kernels.ragged_paged_attention.tpu_decode import ragged_paged_attention_tpu_decode
 from pallas_kernels.ragged_paged_attention.tpu_kv_reads import kv_scratch_shape, load_head
 from pallas_kernels.ragged_paged_attention.tpu_kv_reads import page_rows as kv_page_rows
-from pallas_kernels.ragged_paged_attention.tpu_online_softmax import accumulate_head
+from pallas_kernels.ragged_paged_attention.tpu_online_softmax import accumulate_head, fold_sinks
 from pallas_kernels.ragged_paged_attention.tpu_quantized_kv import token_offsets
+from pallas_kernels.ragged_paged_attention.tpu_smem import DEFAULT_SMEM_BUDGET_BYTES, sequences_per_call
 from pallas_kernels.ragged_paged_attention.tpu_step_cases import STEP_CASES, attend_by_case
 from pallas_kernels.ragged_paged_attention.tpu_vmem import (
     decode_compute_pages,
@@ -61,9 +65,6 @@ from pallas_kernels.ragged_paged_attention.tpu_vmem import (
 from pallas_kernels.ragged_paged_attention.vector_order import LANES
 
 _LANES = 128
-# Scalar-prefetch budget: half of the 1 MiB SMEM of v5e/v6e, the rest left to Mosaic's own use.
-DEFAULT_SMEM_BUDGET_BYTES = 512 * 1024
-_SMEM_ROUNDING = 128
 
 
 def _packing(dtype) -> int:
@@ -72,9 +73,10 @@ def _packing(dtype) -> int:
 
 def _kernel(kv_lens_ref, tables_ref, cu_q_lens_ref, tile_seqs_ref,  # scalar prefetch (SMEM)
             q_ref, kv_hbm_ref,  # inputs: q tile in VMEM, all pages in HBM
-            out_ref,  # output tile
-            kv_buf, sems, max_ref, sum_ref, acc_ref,  # scratch
-            *, sm_scale, sliding_window, soft_cap, pages_per_chunk, pages_per_seq, page_size, layout):
+            *refs,  # [sinks (VMEM, with sinks)], the output tile, then the scratch
+            sm_scale, sliding_window, soft_cap, pages_per_chunk, pages_per_seq, page_size, layout, has_sinks):
+    sinks_ref, refs = (refs[0], refs[1:]) if has_sinks else (None, refs)
+    out_ref, kv_buf, sems, max_ref, sum_ref, acc_ref = refs
     num_kv_heads, group_size, q_block_size, head_dim = q_ref.shape  # head_dim: 128 for packed head_dim 64
     chunk_tokens = pages_per_chunk * page_size
     page_rows = kv_page_rows(layout, page_size)
@@ -84,27 +86,37 @@ def _kernel(kv_lens_ref, tables_ref, cu_q_lens_ref, tile_seqs_ref,  # scalar pre
     tile_start = tile * q_block_size
     first_seq, end_seq = tile_seqs_ref[2 * tile], tile_seqs_ref[2 * tile + 1]
 
-    def chunk_range(seq):
-        """[first, end) KV chunks the tile's rows of `seq` attend to (at least one chunk)."""
-        seq = jnp.minimum(seq, max_num_seqs - 1)
-        q_start, q_end, kv_len = cu_q_lens_ref[seq], cu_q_lens_ref[seq + 1], kv_lens_ref[seq]
-        first_position = kv_len - q_end + jnp.maximum(q_start, tile_start)
-        last_position = kv_len - q_end + jnp.minimum(q_end, tile_start + q_block_size) - 1
-        end = jnp.maximum((last_position + chunk_tokens) // chunk_tokens, 1)
+    def first_page(seq):
+        """The page of the first token the tile's rows of `seq` see: its first row's window start (0 without a
+        window). Chunks count from it, so no page before it is ever fetched."""
         if sliding_window is None:
-            return jnp.int32(0), end
-        first = jnp.maximum(first_position - sliding_window + 1, 0) // chunk_tokens
-        return jnp.minimum(first, end - 1), end
+            return 0
+        seq = jnp.minimum(seq, max_num_seqs - 1)
+        first_position = kv_lens_ref[seq] - cu_q_lens_ref[seq + 1] + jnp.maximum(cu_q_lens_ref[seq], tile_start)
+        return jnp.maximum(first_position - sliding_window + 1, 0) // page_size
+
+    def chunk_range(seq):
+        """[0, end) KV chunks, from first_page, the tile's rows of `seq` attend to (at least one chunk)."""
+        seq = jnp.minimum(seq, max_num_seqs - 1)
+        q_end, kv_len = cu_q_lens_ref[seq + 1], kv_lens_ref[seq]
+        last_position = kv_len - q_end + jnp.minimum(q_end, tile_start + q_block_size) - 1
+        return jnp.int32(0), jnp.maximum((last_position + 1 - first_page(seq) * page_size + chunk_tokens - 1)
+                                         // chunk_tokens, 1)
+
+    def chunk_start(seq, chunk):
+        """The first token of the chunk."""
+        return (first_page(seq) + chunk * pages_per_chunk) * page_size
 
     def live_pages(seq, chunk):
         """Pages of the chunk below kv_len: only those are fetched."""
-        return jnp.clip((kv_lens_ref[seq] - chunk * chunk_tokens + page_size - 1) // page_size, 0, pages_per_chunk)
+        return jnp.clip((kv_lens_ref[seq] - chunk_start(seq, chunk) + page_size - 1) // page_size, 0,
+                        pages_per_chunk)
 
     def start_fetch(seq, chunk, slot):
         # A loop, not one unrolled copy per page: a 1k-token chunk is 64 pages of 16, and unrolled they made
         # libtpu's compile of this kernel ~5x slower.
         def start_page(i, _):
-            page = jnp.minimum(chunk * pages_per_chunk + i, pages_per_seq - 1)
+            page = jnp.minimum(first_page(seq) + chunk * pages_per_chunk + i, pages_per_seq - 1)
             pltpu.make_async_copy(kv_hbm_ref.at[tables_ref[seq * pages_per_seq + page]],
                                   kv_buf.at[slot, pl.ds(i * page_rows, page_rows)], sems.at[slot]).start()
             return ()
@@ -138,17 +150,17 @@ def _kernel(kv_lens_ref, tables_ref, cu_q_lens_ref, tile_seqs_ref,  # scalar pre
         q_start, q_end, kv_len = cu_q_lens_ref[seq], cu_q_lens_ref[seq + 1], kv_lens_ref[seq]
         positions = kv_len - q_end + row_tokens
         rows_are_real = (row_tokens >= q_start) & (row_tokens < q_end)
-        chunk_start = chunk * chunk_tokens
-        num_slices = jnp.clip((kv_len - chunk_start + compute_tokens - 1) // compute_tokens, 0,
+        start = chunk_start(seq, chunk)
+        num_slices = jnp.clip((kv_len - start + compute_tokens - 1) // compute_tokens, 0,
                               chunk_tokens // compute_tokens)
 
         def attend_slice(index, carry):
             first = pl.multiple_of(index * compute_tokens, compute_tokens)
-            kv_positions = chunk_start + first + column_offsets
+            kv_positions = start + first + column_offsets
             mask = rows_are_real & (kv_positions <= positions)
             if sliding_window is not None:
                 mask &= kv_positions > positions - sliding_window
-            value_is_real = chunk_start + first + value_offsets < kv_len
+            value_is_real = start + first + value_offsets < kv_len
             for head in range(num_kv_heads):
                 keys, values = load_head(kv_buf, slot, head, layout, compute_tokens, first, q_ref.dtype)
                 accumulate_head(q_ref[head].reshape(num_rows, head_dim), keys, values, mask, value_is_real, head,
@@ -184,6 +196,8 @@ def _kernel(kv_lens_ref, tables_ref, cu_q_lens_ref, tile_seqs_ref,  # scalar pre
     jax.lax.while_loop(lambda carry: carry[0] < end_seq, step, (first_seq, first_chunk, jnp.int32(0)))
 
     for head in range(num_kv_heads):
+        if sinks_ref is not None:
+            fold_sinks(sinks_ref, head, q_block_size, max_ref, sum_ref, acc_ref)
         row_sums = sum_ref[head][:, :1]
         out = acc_ref[head] / jnp.where(row_sums > 0, row_sums, 1.0)  # padding rows: 0, not 0/0
         out_ref[head] = out.reshape(group_size, q_block_size, head_dim).astype(out_ref.dtype)
@@ -217,9 +231,9 @@ def _tile_sequence_ranges(cu_q_lens, num_seqs, num_tiles: int, q_block_size: int
 
 
 def _general(q, kv_pages, kv_lens, block_tables, cu_q_lens, num_seqs, first_seq=0, *, sm_scale, sliding_window,
-             soft_cap, q_block_size, pages_per_chunk, page_size, layout, interpret, vmem_limit_bytes):
+             soft_cap, q_block_size, pages_per_chunk, page_size, layout, interpret, vmem_limit_bytes, sinks=None):
     """The tile kernel over any ragged mix (prefill chunks, decodes, both) of sequences first_seq..num_seqs; zeros on
-    rows of no such sequence."""
+    rows of no such sequence. sinks: [num_q_heads] logits in the softmax's denominator, or None."""
     num_tokens, num_q_heads, head_dim = q.shape
     pages_per_seq = block_tables.shape[1]
     num_kv_heads = kv_pages.shape[2] // 2 if layout is None else layout.num_kv_heads
@@ -238,13 +252,19 @@ def _general(q, kv_pages, kv_lens, block_tables, cu_q_lens, num_seqs, first_seq=
                              lambda tile, *_: (0, 0, tile, 0))
     kernel = functools.partial(
         _kernel, sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap,
-        pages_per_chunk=pages_per_chunk, pages_per_seq=pages_per_seq, page_size=page_size, layout=layout)
+        pages_per_chunk=pages_per_chunk, pages_per_seq=pages_per_seq, page_size=page_size, layout=layout,
+        has_sinks=sinks is not None)
+    in_specs = [tile_spec, pl.BlockSpec(memory_space=pl.ANY)]
+    inputs = [q_tiles, kv_pages]
+    if sinks is not None:  # a few scalars: SMEM
+        in_specs.append(pl.BlockSpec(memory_space=pltpu.SMEM))
+        inputs.append(sinks.astype(jnp.float32))
     out = pl.pallas_call(
         kernel,
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=4,
             grid=(num_tiles,),
-            in_specs=[tile_spec, pl.BlockSpec(memory_space=pl.ANY)],
+            in_specs=in_specs,
             out_specs=tile_spec,
             scratch_shapes=[
                 pltpu.VMEM(buf_shape, buf_dtype),
@@ -259,29 +279,8 @@ def _general(q, kv_pages, kv_lens, block_tables, cu_q_lens, num_seqs, first_seq=
                                              vmem_limit_bytes=vmem_limit_bytes),
         interpret=interpret,
         name="ragged_paged_attention_tpu",
-    )(kv_lens, block_tables.reshape(-1), cu_q_lens, tile_seqs, q_tiles, kv_pages)
+    )(kv_lens, block_tables.reshape(-1), cu_q_lens, tile_seqs, *inputs)
     return out.transpose(2, 0, 1, 3).reshape(padded_tokens, num_q_heads, head_dim)[:num_tokens]
-
-
-def _smem_words(length: int) -> int:
-    # Estimate: Mosaic pads each SMEM array; 128 words per array is the rounding assumed here.
-    return -(-length // _SMEM_ROUNDING) * _SMEM_ROUNDING
-
-
-def sequences_per_call(max_num_seqs: int, pages_per_seq: int, num_tiles: int, smem_budget_bytes: int) -> int:
-    """How many sequences' block-table rows one kernel call may hold in SMEM (scalar prefetch).
-
-    Both kernels prefetch kv_lens, the flattened block table and cu_q_lens (the tile kernel also two
-    words per q tile). A step whose tables exceed the budget is run as several calls over sequence
-    ranges instead of failing to compile (128k-token contexts at page 16 are 8k words per row).
-    """
-    fixed_words = _smem_words(2 * num_tiles) + 4 * _SMEM_ROUNDING  # tile ranges, num_seqs, rounding slack
-    per_seq_words = pages_per_seq + 2
-    fitting = (smem_budget_bytes // 4 - fixed_words) // per_seq_words
-    if fitting < 1:
-        raise ValueError(f"block_tables: one row of {pages_per_seq} pages needs more SMEM than "
-                         f"smem_budget_bytes={smem_budget_bytes}; use bigger pages")
-    return min(max_num_seqs, fitting)
 
 
 @functools.partial(jax.jit, static_argnames=(
@@ -295,6 +294,7 @@ def ragged_paged_attention_tpu(
     sm_scale: float,
     sliding_window: Optional[int] = None,
     soft_cap: Optional[float] = None,
+    sinks: Optional[Float[Array, " num_q_heads"]] = None,
     q_block_size: Optional[int] = None,
     pages_per_chunk: Optional[int] = None,
     pages_per_block: Optional[int] = None,
@@ -316,6 +316,7 @@ def ragged_paged_attention_tpu(
     with kv_cache_dtype "int8" / "fp8_e4m3" the packed quantized one of kv_layout_quantized.py (and page_size).
     vmem_limit_bytes: None asks for most of the chip's VMEM (tpu_vmem.py); the decode blocks, and the tile kernel's
     q_block_size / pages_per_chunk when None, are sized to fit it (~256 q rows x ~1024 KV tokens for the MXU).
+    sinks: one logit per q head in the softmax's denominator only (spec.py).
     """
     num_tokens, num_q_heads, head_dim = q.shape
     kv_lens, block_tables, cu_q_lens, num_seqs = (metadata.kv_lens, metadata.block_tables, metadata.cu_q_lens,
@@ -353,11 +354,14 @@ def ragged_paged_attention_tpu(
     if needed > vmem_limit_bytes:
         raise ValueError(f"q_block_size/pages_per_chunk/pages_per_block: need {needed} bytes of VMEM, over "
                          f"vmem_limit_bytes={vmem_limit_bytes}; use smaller blocks")
-    options = dict(sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap, page_size=page_size,
-                   layout=layout, interpret=_interpret_params(interpret), vmem_limit_bytes=vmem_limit_bytes)
+    options: dict[str, Any] = dict(sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap,
+                                   page_size=page_size, layout=layout, interpret=_interpret_params(interpret),
+                                   vmem_limit_bytes=vmem_limit_bytes)
     if layout is not None and layout.combined:
         # q.[K | V] must see only K: zero lanes 64..127 of q; P.[K | V] puts P.V in lanes 64..127.
         q = jnp.pad(q, ((0, 0), (0, 0), (0, LANES - head_dim)))
+    if sinks is not None:
+        options["sinks"] = sinks
     general = functools.partial(_general, q_block_size=q_block_size, pages_per_chunk=pages_per_chunk, **options)
     decode = functools.partial(ragged_paged_attention_tpu_decode, pages_per_block=pages_per_block, **options)
 

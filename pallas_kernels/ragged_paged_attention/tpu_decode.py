@@ -13,6 +13,10 @@ Memory traffic, the whole cost of decode:
   - Blocks are double-buffered across sequences: the grid axis is sequential ("arbitrary") and the
     buffer slot lives in SMEM scratch, so the last block of sequence s overlaps the first DMA of s+1.
   - Page ids are clamped into the block table row, so bounds checks are disabled.
+Sliding windows: a sequence's blocks start at the page holding its window's first token (not at a block boundary),
+so the pages before it, which the scheduler may have freed and handed to another request, are never fetched, and a
+decode reads about window / page_size pages whatever its length. Attention sinks (gpt-oss) join each row's sum after
+its last block (tpu_online_softmax.fold_sinks).
 Sequences past num_seqs do nothing; their q/out blocks map onto the last real sequence's token, so
 the pipeline neither fetches nor writes anything new for them.
 """
@@ -31,7 +35,7 @@ from pallas_kernels.ragged_paged_attention.kv_layout_quantized import QuantizedP
 from pallas_kernels.ragged_paged_attention.metadata import MASK_VALUE
 from pallas_kernels.ragged_paged_attention.tpu_kv_reads import kv_scratch_shape, load_head
 from pallas_kernels.ragged_paged_attention.tpu_kv_reads import page_rows as kv_page_rows
-from pallas_kernels.ragged_paged_attention.tpu_online_softmax import accumulate_head
+from pallas_kernels.ragged_paged_attention.tpu_online_softmax import accumulate_head, fold_sinks
 from pallas_kernels.ragged_paged_attention.tpu_quantized_kv import token_offsets
 from pallas_kernels.ragged_paged_attention.tpu_vmem import decode_compute_pages
 
@@ -40,10 +44,11 @@ _LANES = 128
 
 def _kernel(num_seqs_ref, kv_lens_ref, tables_ref, cu_q_lens_ref,  # scalar prefetch (SMEM)
             q_ref, kv_hbm_ref,  # q block of this sequence's token (VMEM); all pages (HBM)
-            out_ref,
-            kv_buf, sems, slot_ref, max_ref, sum_ref, acc_ref,  # scratch
-            *, sm_scale, sliding_window, soft_cap, pages_per_block, pages_per_seq, page_size, layout):
+            *refs,  # [sinks (VMEM, with sinks)], out, then the scratch
+            sm_scale, sliding_window, soft_cap, pages_per_block, pages_per_seq, page_size, layout, has_sinks):
     del cu_q_lens_ref  # only the BlockSpec index maps read it
+    sinks_ref, refs = (refs[0], refs[1:]) if has_sinks else (None, refs)
+    out_ref, kv_buf, sems, slot_ref, max_ref, sum_ref, acc_ref = refs
     _, num_kv_heads, group_size, head_dim = q_ref.shape  # head_dim: 128 lanes for packed head_dim 64
     block_tokens = pages_per_block * page_size
     page_rows = kv_page_rows(layout, page_size)
@@ -51,21 +56,28 @@ def _kernel(num_seqs_ref, kv_lens_ref, tables_ref, cu_q_lens_ref,  # scalar pref
     num_seqs = num_seqs_ref[0]
     max_num_seqs = kv_lens_ref.shape[0]
 
-    def block_range(s):
-        """[first, end) KV blocks sequence s reads (its sliding window's only, when set)."""
-        kv_len = kv_lens_ref[jnp.minimum(s, max_num_seqs - 1)]
-        end = (kv_len + block_tokens - 1) // block_tokens
+    def first_page(s):
+        """The page of the first token sequence s's row sees: its window's start (0 without a window)."""
         if sliding_window is None:
-            return jnp.int32(0), end
-        return jnp.minimum(jnp.maximum(kv_len - sliding_window, 0) // block_tokens, end), end
+            return 0
+        return jnp.maximum(kv_lens_ref[jnp.minimum(s, max_num_seqs - 1)] - sliding_window, 0) // page_size
+
+    def block_range(s):
+        """[0, end) KV blocks sequence s reads, counted from its first_page."""
+        kv_len = kv_lens_ref[jnp.minimum(s, max_num_seqs - 1)]
+        return jnp.int32(0), jnp.maximum(kv_len - first_page(s) * page_size + block_tokens - 1, 0) // block_tokens
+
+    def block_start(s, block):
+        """The first token of block `block` of sequence s."""
+        return (first_page(s) + block * pages_per_block) * page_size
 
     def live_pages(s, block):
         kv_len = kv_lens_ref[s]
-        return jnp.clip((kv_len - block * block_tokens + page_size - 1) // page_size, 0, pages_per_block)
+        return jnp.clip((kv_len - block_start(s, block) + page_size - 1) // page_size, 0, pages_per_block)
 
     def start_fetch(s, block, slot):
         def start_page(i, _):
-            page = jnp.minimum(block * pages_per_block + i, pages_per_seq - 1)
+            page = jnp.minimum(first_page(s) + block * pages_per_block + i, pages_per_seq - 1)
             pltpu.make_async_copy(kv_hbm_ref.at[tables_ref[s * pages_per_seq + page]],
                                   kv_buf.at[slot, pl.ds(i * page_rows, page_rows)], sems.at[slot]).start()
             return ()
@@ -95,17 +107,17 @@ def _kernel(num_seqs_ref, kv_lens_ref, tables_ref, cu_q_lens_ref,  # scalar pref
         # The block is walked in compute chunks (a fori_loop, not unrolled): the intermediates are one
         # chunk's whatever the block's size, and chunks past kv_len are skipped.
         kv_len = kv_lens_ref[seq]
-        block_start = block * block_tokens
-        num_chunks = jnp.clip((kv_len - block_start + compute_tokens - 1) // compute_tokens, 0,
+        start = block_start(seq, block)
+        num_chunks = jnp.clip((kv_len - start + compute_tokens - 1) // compute_tokens, 0,
                               block_tokens // compute_tokens)
 
         def attend_chunk(chunk, carry):
             first = pl.multiple_of(chunk * compute_tokens, compute_tokens)
-            positions = block_start + first + offsets
+            positions = start + first + offsets
             mask = positions < kv_len
             if sliding_window is not None:
                 mask &= positions >= kv_len - sliding_window
-            value_is_real = block_start + first + value_offsets < kv_len  # stale VMEM may hold NaNs
+            value_is_real = start + first + value_offsets < kv_len  # stale VMEM may hold NaNs
             for head in range(num_kv_heads):
                 keys, values = load_head(kv_buf, slot, head, layout, compute_tokens, first, q_ref.dtype)
                 accumulate_head(q_ref[0, head], keys, values, mask, value_is_real, head, max_ref, sum_ref,
@@ -145,6 +157,8 @@ def _kernel(num_seqs_ref, kv_lens_ref, tables_ref, cu_q_lens_ref,  # scalar pref
             start_fetch(seq + 1, next_first, slot_ref[0])
 
         for head in range(num_kv_heads):
+            if sinks_ref is not None:
+                fold_sinks(sinks_ref, head, 1, max_ref, sum_ref, acc_ref)
             row_sums = sum_ref[head][:, :1]
             out = acc_ref[head] / jnp.where(row_sums > 0, row_sums, 1.0)
             out_ref[0, head] = out.astype(out_ref.dtype)
@@ -166,8 +180,10 @@ def ragged_paged_attention_tpu_decode(
     layout: Optional[Union[PackedLayout, QuantizedPackedLayout]],
     interpret: Union[bool, pltpu.InterpretParams],
     vmem_limit_bytes: int,
+    sinks: Optional[Float[Array, " num_q_heads"]] = None,
 ) -> Float[Array, "num_tokens num_q_heads head_dim"]:
-    """Decode-only attention (every real sequence has one q row); rows of no sequence are garbage.
+    """Decode-only attention (every real sequence has one q row); rows of no sequence are garbage. sinks: one logit
+    per q head in the softmax's denominator (spec.py).
 
     The caller (tpu.py) guarantees the decode case and zeroes rows outside every sequence.
     """
@@ -185,7 +201,12 @@ def ragged_paged_attention_tpu_decode(
     block_spec = pl.BlockSpec((1, num_kv_heads, group_size, head_dim), token_block)
     kernel = functools.partial(_kernel, sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap,
                                pages_per_block=pages_per_block, pages_per_seq=pages_per_seq, page_size=page_size,
-                               layout=layout)
+                               layout=layout, has_sinks=sinks is not None)
+    in_specs = [block_spec, pl.BlockSpec(memory_space=pl.ANY)]
+    inputs = [q.reshape(num_tokens, num_kv_heads, group_size, head_dim), kv_pages]
+    if sinks is not None:  # a few scalars: SMEM
+        in_specs.append(pl.BlockSpec(memory_space=pltpu.SMEM))
+        inputs.append(sinks.astype(jnp.float32))
     buf_shape, buf_dtype = kv_scratch_shape(layout, block_tokens, 2 * num_kv_heads, head_dim, kv_pages.dtype,
                                             page_size)
     out = pl.pallas_call(
@@ -193,7 +214,7 @@ def ragged_paged_attention_tpu_decode(
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=4,
             grid=(max_num_seqs,),
-            in_specs=[block_spec, pl.BlockSpec(memory_space=pl.ANY)],
+            in_specs=in_specs,
             out_specs=block_spec,
             scratch_shapes=[
                 pltpu.VMEM(buf_shape, buf_dtype),
@@ -209,6 +230,5 @@ def ragged_paged_attention_tpu_decode(
                                              vmem_limit_bytes=vmem_limit_bytes, disable_bounds_checks=True),
         interpret=interpret,
         name="ragged_paged_attention_tpu_decode",
-    )(num_seqs, kv_lens, block_tables.reshape(-1), cu_q_lens,
-      q.reshape(num_tokens, num_kv_heads, group_size, head_dim), kv_pages)
+    )(num_seqs, kv_lens, block_tables.reshape(-1), cu_q_lens, *inputs)
     return out.reshape(num_tokens, num_q_heads, head_dim)

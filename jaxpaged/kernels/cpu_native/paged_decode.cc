@@ -11,6 +11,8 @@
 //   positions    s32  [rows]   the row's position (it sees KV 0..position); < 0: no work, zeros out
 //   row_seqs     s32  [rows]   the block-table row of the row's sequence
 //   block_tables s32  [seqs, pages_per_seq]
+//   sinks        f32  [kv_heads * group] or [0]: attention sinks (gpt-oss), one logit per q head that joins the
+//                softmax's denominator only; empty: none
 // Attributes: sliding_window (0: none), soft_cap (0: none). Result: f32 [rows, kv_heads, group, head_dim].
 //
 // Work items are blocks of rows (consecutive rows of one sequence at consecutive positions, up to kMaxBlockRows),
@@ -55,6 +57,7 @@ struct Problem {
   const int32_t* positions;
   const int32_t* row_seqs;
   const int32_t* block_tables;
+  const float* sinks;  // nullptr: none
   float* out;
   int64_t num_rows, num_seqs, num_kv_heads, group, head_dim, num_pages, page_size, pages_per_seq;
   int64_t sliding_window;
@@ -340,7 +343,13 @@ void AttendBlock(const Problem& p, const Block& block, const T* upcoming) {
     }
   }
   for (int64_t row = 0; row < num_rows * heads_per_row; ++row) {
-    const float inverse = running_sum[row] > 0.0f ? 1.0f / running_sum[row] : 0.0f;
+    float inverse = running_sum[row] > 0.0f ? 1.0f / running_sum[row] : 0.0f;
+    if (p.sinks != nullptr) {  // the sink joins the sum only: rescale both to the larger of the two maxima
+      const float sink = p.sinks[row % heads_per_row];
+      const float top = running_sum[row] > 0.0f ? std::max(running_max[row], sink) : sink;
+      const float rescale = running_sum[row] > 0.0f ? ExpNonPositive(running_max[row] - top) : 0.0f;
+      inverse = rescale / (running_sum[row] * rescale + ExpNonPositive(sink - top));
+    }
     float* acc = out + row * head_dim;
     for (int64_t d = 0; d < head_dim; ++d) acc[d] *= inverse;
   }
@@ -429,7 +438,8 @@ void RunForShape(const Problem& problem, ffi::ThreadPool& pool) {
 
 ffi::Error PagedDecodeImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuffer kv_pages,
                            ffi::Buffer<ffi::S32> positions, ffi::Buffer<ffi::S32> row_seqs,
-                           ffi::Buffer<ffi::S32> block_tables, int64_t sliding_window, float soft_cap,
+                           ffi::Buffer<ffi::S32> block_tables, ffi::Buffer<ffi::F32> sinks, int64_t sliding_window,
+                           float soft_cap,
                            ffi::ResultBuffer<ffi::F32> out) {
   auto q_dims = q.dimensions();
   auto kv_dims = kv_pages.dimensions();
@@ -438,15 +448,19 @@ ffi::Error PagedDecodeImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::A
     return ffi::Error::InvalidArgument("paged_decode: q must be 4-D, kv_pages 4-D, block_tables 2-D");
   }
   Problem problem{q.typed_data(), kv_pages.untyped_data(), positions.typed_data(), row_seqs.typed_data(),
-                  block_tables.typed_data(), out->typed_data(), q_dims[0], table_dims[0], q_dims[1], q_dims[2],
+                  block_tables.typed_data(), sinks.element_count() > 0 ? sinks.typed_data() : nullptr,
+                  out->typed_data(), q_dims[0], table_dims[0], q_dims[1], q_dims[2],
                   q_dims[3], kv_dims[0], kv_dims[1], table_dims[1], sliding_window, soft_cap, 0};
   const auto type = kv_pages.element_type();
   const bool quantized = type == ffi::S8 || type == ffi::U8;
   problem.row_width = quantized ? RowWidth<int8_t>(problem.head_dim) : problem.head_dim;
   const size_t num_rows = static_cast<size_t>(q_dims[0]);
   if (kv_dims[2] != 2 * problem.num_kv_heads || kv_dims[3] != problem.row_width || table_dims[0] < 1 ||
-      positions.element_count() != num_rows || row_seqs.element_count() != num_rows) {
-    return ffi::Error::InvalidArgument("paged_decode: kv_pages, positions, row_seqs or block_tables do not match q");
+      positions.element_count() != num_rows || row_seqs.element_count() != num_rows ||
+      (sinks.element_count() != 0 &&
+       sinks.element_count() != static_cast<size_t>(problem.num_kv_heads * problem.group))) {
+    return ffi::Error::InvalidArgument(
+        "paged_decode: kv_pages, positions, row_seqs, block_tables or sinks do not match q");
   }
   if (problem.group > kMaxGroup || problem.page_size > kMaxPageSize ||
       problem.group * problem.num_kv_heads > kMaxRows || problem.group * problem.page_size > kMaxWeights) {
@@ -477,6 +491,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpagedPagedDecode, PagedDecodeImpl,
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
                                   .Attr<int64_t>("sliding_window")
                                   .Attr<float>("soft_cap")
                                   .Ret<ffi::Buffer<ffi::F32>>());

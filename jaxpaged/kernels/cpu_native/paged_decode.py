@@ -39,12 +39,16 @@ def paged_decode(q: Float[Array, "rows kv_heads group head_dim"],
                  kv_pages: Shaped[Array, "pages page_size kv_heads_x2 kv_row"],
                  positions: Int[Array, " rows"], row_seqs: Int[Array, " rows"],
                  block_tables: Int[Array, "seqs pages_per_seq"], *, sliding_window: Optional[int],
-                 soft_cap: Optional[float]) -> Float[Array, "rows kv_heads group head_dim"]:
-    """Each q row (already scaled) over its sequence's pages 0..position (a sliding window if set); row r's sequence
-    is block_tables[row_seqs[r]], and rows at position < 0 give zeros. A prefill chunk's rows (consecutive rows of one
-    sequence at consecutive positions) are attended a block at a time. CPU only: call native_decode_available()
-    first."""
+                 soft_cap: Optional[float],
+                 sinks: Optional[Float[Array, " q_heads"]] = None) -> Float[Array, "rows kv_heads group head_dim"]:
+    """Each q row (already scaled) over its sequence's pages 0..position (a sliding window if set: from the page of
+    its window's first token, never a page before it); row r's sequence is block_tables[row_seqs[r]], and rows at
+    position < 0 give zeros. A prefill chunk's rows (consecutive rows of one sequence at consecutive positions) are
+    attended a block at a time. sinks: one logit per q head (kv head h's group g is q head h * group + g) in the
+    softmax's denominator only; None passes an empty array, which the kernel reads as none. CPU only: call
+    native_decode_available() first."""
     call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct(q.shape, jnp.float32))
+    sinks = jnp.zeros((0,), jnp.float32) if sinks is None else sinks.astype(jnp.float32).reshape(-1)
     return call(q.astype(jnp.float32), kv_pages, positions.astype(jnp.int32), row_seqs.astype(jnp.int32),
-                block_tables.astype(jnp.int32), sliding_window=np.int64(sliding_window or 0),
+                block_tables.astype(jnp.int32), sinks, sliding_window=np.int64(sliding_window or 0),
                 soft_cap=np.float32(soft_cap or 0.0))
