@@ -15,17 +15,17 @@ VOCAB = 160
 
 
 def save_moe_checkpoint(config: transformers.PretrainedConfig, directory: pathlib.Path, tokenizer_dir: pathlib.Path,
-                        embed_gain: float = 1.0) -> transformers.PreTrainedModel:
-    """A seeded random model of `config` with random biases and norms (HF initialises them to 0 and 1, which would
-    hide a misplaced one), saved to `directory` in bfloat16; returned in float32 eval mode with those weights.
-    `embed_gain` scales the embeddings up: where biases add the same vector to every token's residual (gpt-oss), HF's
-    small random embeddings would drown and every prompt would continue with the same token."""
+                        noise: float = 0.1, embed_gain: float = 1.0) -> transformers.PreTrainedModel:
+    """A seeded random model of `config` with biases and norms moved by `noise` times a normal sample (HF initialises
+    them to 0 and 1, which would hide a misplaced one), saved to `directory` in bfloat16; returned in float32 eval
+    mode with those weights. `embed_gain` scales the embeddings up: where biases add the same vector to every
+    token's residual (gpt-oss), HF's small random embeddings would drown and every prompt continue alike."""
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("bias") or "norm" in name or "sinks" in name:
-                param.add_(0.1 * torch.randn_like(param))
+                param.add_(noise * torch.randn_like(param))
         model.get_input_embeddings().weight.mul_(embed_gain)
         for param in model.parameters():
             param.copy_(param.to(torch.bfloat16).to(torch.float32))

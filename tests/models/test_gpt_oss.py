@@ -26,10 +26,10 @@ BLOCK_SIZE = 8
 CONFIG: dict[str, Any] = dict(
     vocab_size=VOCAB, hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
     num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW,
-    max_position_embeddings=256, rms_norm_eps=1e-5, tie_word_embeddings=False,
+    max_position_embeddings=128, rms_norm_eps=1e-5, tie_word_embeddings=False,
     swiglu_limit=0.3,  # small enough that random weights' gate and up values are clamped
     rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
-                     "truncate": False, "original_max_position_embeddings": 16, "rope_theta": 150000.0})
+                     "truncate": False, "original_max_position_embeddings": 32, "rope_theta": 150000.0})
 EXPERT_WEIGHTS = ("gate_up_proj", "down_proj")
 
 
@@ -55,8 +55,14 @@ def _mxfp4_experts(model: transformers.PreTrainedModel, seed: int) -> dict[str, 
 def gpt_oss(tmp_path_factory, smollm2_tokenizer_dir):
     """(the HF float32 model, its fused bfloat16 checkpoint, the same with MXFP4 experts): one set of weights."""
     fused = tmp_path_factory.mktemp("gpt-oss")
-    model = save_moe_checkpoint(transformers.GptOssConfig(**CONFIG), fused, smollm2_tokenizer_dir, embed_gain=50)
+    # Biases, embeddings and sinks scaled so that the greedy tokens vary by prompt and change when the sinks are
+    # dropped or the window widened (checked by hand): each part is visible in the tokens.
+    model = save_moe_checkpoint(transformers.GptOssConfig(**CONFIG), fused, smollm2_tokenizer_dir, noise=0.02,
+                                embed_gain=5)
     packed = _mxfp4_experts(model, seed=1)
+    with torch.no_grad():  # sinks of a few units: some heads send most of their attention to the sink
+        for layer in model.model.layers:
+            layer.self_attn.sinks.copy_(2.0 * torch.randn(layer.self_attn.sinks.shape).to(torch.bfloat16))
     model.save_pretrained(fused, state_dict={name: value.to(torch.bfloat16)
                                              for name, value in model.state_dict().items()})
     mxfp4 = tmp_path_factory.mktemp("gpt-oss-mxfp4")
