@@ -3,6 +3,7 @@
 its experts loaded from MXFP4 blocks and from the fused bfloat16 layout alike, and errors naming a missing tensor."""
 
 import json
+import pathlib
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,8 @@ CONFIG: dict[str, Any] = dict(
     rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
                      "truncate": False, "original_max_position_embeddings": 32, "rope_theta": 150000.0})
 EXPERT_WEIGHTS = ("gate_up_proj", "down_proj")
+PROMPTS = (5, (40, 27, 24))
+"""(seed, lengths) of the prompts: 3 to 5 windows long."""
 
 
 def _mxfp4_experts(model: transformers.PreTrainedModel, seed: int) -> dict[str, torch.Tensor]:
@@ -51,21 +54,19 @@ def _mxfp4_experts(model: transformers.PreTrainedModel, seed: int) -> dict[str, 
     return packed
 
 
-@pytest.fixture(scope="module")
-def gpt_oss(tmp_path_factory, smollm2_tokenizer_dir):
-    """(the HF float32 model, its fused bfloat16 checkpoint, the same with MXFP4 experts): one set of weights."""
-    fused = tmp_path_factory.mktemp("gpt-oss")
+def make_gpt_oss(fused: pathlib.Path, mxfp4: pathlib.Path,
+                 tokenizer_dir: pathlib.Path) -> transformers.PreTrainedModel:
+    """The tiny gpt-oss saved twice, `fused` (bfloat16, as save_pretrained writes it) and `mxfp4` (its experts as
+    MXFP4 blocks and scales); the HF float32 model holding those weights."""
     # Biases, embeddings and sinks scaled so that the greedy tokens vary by prompt and change when the sinks are
     # dropped or the window widened (checked by hand): each part is visible in the tokens.
-    model = save_moe_checkpoint(transformers.GptOssConfig(**CONFIG), fused, smollm2_tokenizer_dir, noise=0.02,
-                                embed_gain=5)
+    model = save_moe_checkpoint(transformers.GptOssConfig(**CONFIG), fused, tokenizer_dir, noise=0.02, embed_gain=5)
     packed = _mxfp4_experts(model, seed=1)
     with torch.no_grad():  # sinks of a few units: some heads send most of their attention to the sink
         for layer in model.model.layers:
             layer.self_attn.sinks.copy_(2.0 * torch.randn(layer.self_attn.sinks.shape).to(torch.bfloat16))
     model.save_pretrained(fused, state_dict={name: value.to(torch.bfloat16)
                                              for name, value in model.state_dict().items()})
-    mxfp4 = tmp_path_factory.mktemp("gpt-oss-mxfp4")
     tensors = {name: value for name, value in load_file(str(fused / "model.safetensors")).items()
                if not name.endswith(EXPERT_WEIGHTS)}
     save_file(tensors | packed, str(mxfp4 / "model.safetensors"))
@@ -74,7 +75,14 @@ def gpt_oss(tmp_path_factory, smollm2_tokenizer_dir):
     (mxfp4 / "config.json").write_text(json.dumps(config))
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (mxfp4 / name).write_bytes((fused / name).read_bytes())
-    return model, fused, mxfp4
+    return model
+
+
+@pytest.fixture(scope="module")
+def gpt_oss(tmp_path_factory, smollm2_tokenizer_dir):
+    """(the HF float32 model, its fused bfloat16 checkpoint, the same with MXFP4 experts): one set of weights."""
+    fused, mxfp4 = tmp_path_factory.mktemp("gpt-oss"), tmp_path_factory.mktemp("gpt-oss-mxfp4")
+    return make_gpt_oss(fused, mxfp4, smollm2_tokenizer_dir), fused, mxfp4
 
 
 def test_config_reads_windows_experts_and_yarn(gpt_oss):
@@ -90,7 +98,7 @@ def test_config_reads_windows_experts_and_yarn(gpt_oss):
 def test_greedy_tokens_match_hf_from_mxfp4(gpt_oss):
     """Prompts of 3 to 5 windows, in one batch, generate HF's float32 greedy tokens from the MXFP4 checkpoint."""
     model, _, mxfp4 = gpt_oss
-    prompts = random_prompts(5, (40, 27, 24))
+    prompts = random_prompts(*PROMPTS)
     assert engine_greedy(mxfp4, prompts, 8, block_size=BLOCK_SIZE) == hf_greedy(model, prompts, 8)
 
 
