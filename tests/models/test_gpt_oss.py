@@ -6,6 +6,7 @@ import json
 import pathlib
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
@@ -14,7 +15,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
-from jaxpaged.models.families.gpt_oss import GptOssConfig
+from jaxpaged.models.families.gpt_oss import GptOssConfig, clamped_swiglu
 from jaxpaged.models.param_shapes import param_shapes
 from jaxpaged.models.registry import read_model_config
 from jaxpaged.models.yarn import YarnScaling
@@ -177,3 +178,18 @@ def test_released_config_reads_as_published():
         assert shapes[f"layers.{name}"] == (24, 32, 2880, 2880)
     assert shapes["layers.sinks"] == (24, 64) and shapes["layers.o_bias"] == (24, 2880)
     assert "layers.gate_proj" not in shapes
+
+
+def test_clamped_swiglu_matches_transformers_and_a_hand_worked_case():
+    """clamped_swiglu(gate, up) equals transformers' GptOssExperts._apply_gate on the interleaved columns, and at
+    gate 10, up -10 (both clamped at limit 7) gives (-7 + 1) * 7 * sigmoid(1.702 * 7)."""
+    rng = np.random.default_rng(3)
+    gate, up = rng.normal(0, 5, (6, 8)).astype(np.float32), rng.normal(0, 5, (6, 8)).astype(np.float32)
+    experts = transformers.models.gpt_oss.modeling_gpt_oss.GptOssExperts(
+        transformers.GptOssConfig(hidden_size=8, intermediate_size=8, num_local_experts=1))
+    interleaved = np.stack([gate, up], axis=-1).reshape(6, 16)
+    expected = experts._apply_gate(torch.from_numpy(interleaved)).numpy()
+    got = np.asarray(clamped_swiglu(jnp.asarray(gate), jnp.asarray(up), alpha=1.702, limit=7.0))
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+    hand = np.asarray(clamped_swiglu(jnp.full((1, 1), 10.0), jnp.full((1, 1), -10.0), alpha=1.702, limit=7.0))
+    assert hand[0, 0] == pytest.approx(-6 * 7 / (1 + np.exp(-1.702 * 7)), rel=1e-6)

@@ -22,7 +22,7 @@ from jaxpaged.models.model_config import decoder_fields
 from jaxpaged.models.model_entry import ModelEntry
 from jaxpaged.models.moe import Activation
 from jaxpaged.models.moe_decoder import MoeForCausalLM, MoeModelConfig
-from jaxpaged.models.weight_names import CheckpointTensor
+from jaxpaged.models.weight_names import AssembledTensor, CheckpointTensor
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +79,7 @@ _T = CheckpointTensor
 _EXPERTS = "mlp.experts."
 
 
-def _gate_up(param: str, name: str, part: int):
+def _gate_up(param: str, name: str, part: int) -> AssembledTensor:
     # gate_up_proj [E, hidden, 2I] and its bias [E, 2I] alternate gate (even) and up (odd) columns.
     return expert_stack(param, Fused(_EXPERTS + name, part=part, parts=2, transposed=False, interleaved=True))
 
