@@ -8,7 +8,7 @@ weight_names.AssembledTensor by the HF loader):
 
 A family lists each expert parameter's layouts in the order they are tried; a checkpoint with none of them, or with
 some experts missing, gets a ValueError naming the tensor. Layers without experts (a model mixing dense and MoE
-layers) hold zeros in the expert parameters and in the dense MLP's on MoE layers (see families/qwen3_moe.py).
+layers) hold zeros in the expert parameters and in the dense MLP's on MoE layers (see models/moe_decoder.py).
 """
 
 import dataclasses

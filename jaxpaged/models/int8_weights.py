@@ -24,8 +24,9 @@ from jaxpaged.models.param_shapes import param_shapes
 
 QUANTIZED_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """The layer weights (after "layers.") that int8 quantizes: every matmul of the decoder layers."""
-QUANTIZED_EXPERTS = ("expert_gate", "expert_up", "expert_down")
-"""A mixture of experts' stacked experts [E, in, out] (models/moe.py): int8 values, float32 scales [E, out]."""
+QUANTIZED_EXPERTS = ("expert_gate", "expert_up", "expert_down", "shared_gate", "shared_up", "shared_down")
+"""A mixture of experts' projections: its stacked experts [E, in, out] (models/moe.py; int8 values, float32 scales
+[E, out]) and a shared expert's gated MLP (Qwen2-MoE)."""
 SCALE_SUFFIX = "_scale"
 """A quantized weight's scales live under its name plus this suffix ("layers.q_proj_scale")."""
 WEIGHT_SCHEMES = ("int8", "w8a8")

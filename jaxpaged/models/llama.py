@@ -93,16 +93,13 @@ class LlamaForCausalLM(nnx.Module):
     """Decoder-only transformer; logits only for the rows that are sampled."""
 
     def __init__(self, cfg: ModelConfig, params: dict[str, LayerWeight], packed: bool = False,
-                 int8_matmul: Optional[str] = None, mesh: Optional[jax.sharding.Mesh] = None):
+                 int8_matmul: Optional[str] = None):
         """`params`: the loaders' flat names; layer weights stacked, or listed per layer (DecoderLayers).
         `packed`: the matmul weights that pack are panels for the native CPU matmul (packed_weights.py). An int8
         projection comes with its scales under scale_name (int8_weights.py) and multiplies as `int8_matmul` says
         (runner/startup.py StartupPlan.int8_matmul): "panels": its values are int8 panels for the native int8
         matmul; "int16 digits": its inputs are split into two int8 digits (int16_activations.py); "w8a8": its
-        inputs are quantized per token (int8_activations.py); "xla" (or None): XLA's fused-convert dot.
-        `mesh`: the rank's mesh, for a subclass's block that runs per shard (a mixture of experts); the shared
-        decoder's own sharding follows its weights' and ignores it."""
-        del mesh
+        inputs are quantized per token (int8_activations.py); "xla" (or None): XLA's fused-convert dot."""
         packed_int8 = int8_matmul == "panels"
         expected = param_shapes(cfg) | scale_shapes(cfg, set(params))
         if set(params) != set(expected):

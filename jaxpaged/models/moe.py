@@ -17,7 +17,7 @@ shard holds E / tp whole experts and computes only their assignments; without it
 
 import dataclasses
 from collections.abc import Callable
-from typing import NamedTuple, Optional, Union
+from typing import Any, NamedTuple, Optional, Union
 
 import jax
 import jax.numpy as jnp
@@ -73,6 +73,10 @@ def silu_gated(gate: Float[Array, "rows inner"], up: Float[Array, "rows inner"])
 
 Activation = Callable[[jax.Array, jax.Array], jax.Array]
 """(gate, up) -> the down projection's input; gpt-oss passes its clamped SwiGLU."""
+
+
+EXPERT_MATMUL = "jax.lax.ragged_dot"
+"""What expert_matmul runs, for the start-up plan's line (runner/startup.py describe_experts)."""
 
 
 def expert_matmul(lhs: Float[Array, "m k"], rhs: Union[Float[Array, "g k n"], Int[Array, "g k n"]],
@@ -173,7 +177,7 @@ def moe_block(x: Float[Array, "tokens hidden"], logits: Float32[Array, "tokens e
     return out.astype(x.dtype)
 
 
-def expert_partition_specs(experts: ExpertWeights, expert_parallel: bool) -> ExpertWeights:
+def expert_partition_specs(experts: ExpertWeights, expert_parallel: bool) -> Any:
     """Where each expert weight is split over the "model" axis: the expert axis (expert parallelism), else gate/up's
     output and down's input (the intermediate axis, as the dense MLP). int8 scales follow their output axis."""
     model = "model"
@@ -184,11 +188,12 @@ def expert_partition_specs(experts: ExpertWeights, expert_parallel: bool) -> Exp
         if isinstance(weight, Int8Weight):
             values = spec(weight.values, axis_of_split)
             scale_axis = 0 if expert_parallel else (1 if axis_of_split == 2 else None)
-            return Int8Weight(values, _spec_with(weight.scale.ndim, scale_axis, model))
+            return Int8Weight(values, _spec_with(weight.scale.ndim, scale_axis, model))  # type: ignore[arg-type]
         return _spec_with(weight.ndim, 0 if expert_parallel else axis_of_split, model)
 
-    return ExpertWeights(spec(experts.gate, 2), spec(experts.up, 2), spec(experts.down, 1),
-                         spec(experts.gate_bias, 1), spec(experts.up_bias, 1), spec(experts.down_bias, None))
+    specs: list[Any] = [spec(experts.gate, 2), spec(experts.up, 2), spec(experts.down, 1),
+                        spec(experts.gate_bias, 1), spec(experts.up_bias, 1), spec(experts.down_bias, None)]
+    return ExpertWeights(*specs)  # the experts' structure, a PartitionSpec (or None) at each leaf
 
 
 def _spec_with(ndim: int, axis: Optional[int], name: str) -> P:

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from jaxpaged.models.int8_weights import Int8Weight, scale_name
-from jaxpaged.models.layers import matmul
+from jaxpaged.models.layers import gated_mlp, matmul
 from jaxpaged.models.llama import LayerWeight, LlamaForCausalLM
 from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.models.moe import EXPERT_ACTIVATIONS, Activation, ExpertWeights, MoeRouting, moe_block
@@ -45,6 +45,9 @@ class MoeModelConfig(ModelConfig):
     """gate/up/down biases per expert (gpt-oss)."""
     expert_activation: str = "silu"
     """models/moe.py EXPERT_ACTIVATIONS."""
+    shared_expert_size: int = 0
+    """Qwen2-MoE: a gated MLP of this width every token runs beside its experts, scaled by sigmoid(x @
+    shared_expert_gate); 0: none."""
     expert_parallel: bool = False
     """EngineConfig.enable_expert_parallel: under tp > 1, whole experts per model shard (else every expert's
     intermediate axis split, as the dense MLP's)."""
@@ -85,6 +88,10 @@ class MoeModelConfig(ModelConfig):
         if self.expert_biases:
             shapes.update(expert_gate_bias=(experts, inner), expert_up_bias=(experts, inner),
                           expert_down_bias=(experts, hidden))
+        if self.shared_expert_size:
+            shared = self.shared_expert_size
+            shapes.update(shared_gate=(hidden, shared), shared_up=(hidden, shared), shared_down=(shared, hidden),
+                          shared_expert_gate=(hidden, 1))
         if self.mixes_dense_layers:
             shapes["expert_layer"] = (1,)  # one value per layer (a 0-d layer would not stack)
         return shapes
@@ -112,10 +119,13 @@ def expert_weight(w: dict[str, Any], name: str) -> Any:
 class MoeForCausalLM(LlamaForCausalLM):
     """The shared decoder with mixture-of-experts MLPs (MoeModelConfig)."""
 
+    takes_mesh = True
+    """runner/compiled_step.py place_model hands it the rank's mesh."""
+
     def __init__(self, cfg: ModelConfig, params: dict[str, LayerWeight], packed: bool = False,
                  int8_matmul: Optional[str] = None, mesh: Optional[jax.sharding.Mesh] = None):
         """As LlamaForCausalLM; `mesh`: the rank's mesh, over which the experts run per shard when tp > 1."""
-        super().__init__(cfg, params, packed=packed, int8_matmul=int8_matmul, mesh=mesh)
+        super().__init__(cfg, params, packed=packed, int8_matmul=int8_matmul)
         self.expert_mesh = mesh if mesh is not None and mesh.shape["model"] > 1 else None
 
     def expert_activation(self) -> Activation:
@@ -139,9 +149,14 @@ class MoeForCausalLM(LlamaForCausalLM):
             experts = ExpertWeights(expert_weight(w, "expert_gate"), expert_weight(w, "expert_up"),
                                     expert_weight(w, "expert_down"), w.get("expert_gate_bias"),
                                     w.get("expert_up_bias"), w.get("expert_down_bias"))
-            return moe_block(h, logits, experts, cfg.routing, num_rows,
-                             activation=self.expert_activation(), mesh=self.expert_mesh,
-                             expert_parallel=cfg.expert_parallel)
+            out = moe_block(h, logits, experts, cfg.routing, num_rows,
+                            activation=self.expert_activation(), mesh=self.expert_mesh,
+                            expert_parallel=cfg.expert_parallel)
+            if not cfg.shared_expert_size:
+                return out
+            shared = gated_mlp(h, proj("shared_gate"), proj("shared_up"), proj("shared_down"), "silu", num_rows)
+            shared_gate = jax.nn.sigmoid(matmul(h, proj("shared_expert_gate"), out_dtype=jnp.float32))
+            return (out.astype(jnp.float32) + shared_gate * shared.astype(jnp.float32)).astype(out.dtype)
 
         if not cfg.mixes_dense_layers:
             return experts_block(h)

@@ -35,8 +35,10 @@ def packs_weights_on(platform: str, dtype, tp: int) -> bool:
 def _matmul_shape(name: str, shape: tuple[int, ...], cfg: ModelConfig) -> Optional[tuple[int, int]]:
     """The [inner, outer] a parameter multiplies with (per layer for stacked weights), or None if it is no matmul
     weight (norms, biases, an untied embedding)."""
-    if name.startswith("layers.") and len(shape) == 3 and not name.endswith("_bias"):
-        return shape[1], shape[2]  # [layers, inner, outer]: every 2-D layer weight projects but experts' biases
+    if name.startswith("layers.expert_"):  # a mixture of experts' stacks, biases and scales: grouped, never packed
+        return None
+    if name.startswith("layers.") and len(shape) == 3:  # [layers, inner, outer]: every 2-D layer weight projects
+        return shape[1], shape[2]
     if name == "lm_head":
         return shape[0], shape[1]
     if name == "embed" and cfg.tie_word_embeddings:

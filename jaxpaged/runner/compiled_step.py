@@ -44,8 +44,10 @@ def place_model(params: dict[str, np.ndarray], model_config: ModelConfig, plan: 
     placed = mesh_lib.place_params(params, model_config, mesh, plan.dtype, per_layer=plan.per_layer,
                                    pack=plan.packed_weights, pack_int8=plan.packed_int8)
     model_class = resolve(model_config.architecture).model_class  # the architecture's (models/registry.py)
+    # A model with blocks that run per shard (a mixture of experts: models/moe_decoder.py) is handed the mesh.
+    per_shard = {"mesh": mesh} if getattr(model_class, "takes_mesh", False) else {}
     graphdef, state = nnx.split(model_class(model_config, placed, packed=plan.packed_weights,
-                                            int8_matmul=plan.int8_matmul, mesh=mesh))
+                                            int8_matmul=plan.int8_matmul, **per_shard))
     # A plain dict of arrays: every step flattens it to call the executable, and nnx's Variables flatten in
     # Python, several times slower than the dict for a model's per-layer weights.
     return graphdef, nnx.to_pure_dict(state)

@@ -34,8 +34,9 @@ from jaxpaged.models.packed_weights import is_packed, pack_param
 DATA_AXIS, MODEL_AXIS = "data", "model"
 
 # Parameter name (after "layers.") -> which axis of the unstacked weight is split over MODEL_AXIS.
-_COLUMN_PARALLEL = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")  # [hidden, out]: out is split
-_ROW_PARALLEL = ("o_proj", "down_proj")                                     # [in, hidden]: in is split
+_COLUMN_PARALLEL = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj",  # [hidden, out]: out is split
+                    "shared_gate", "shared_up")                            # (a MoE's shared expert's too)
+_ROW_PARALLEL = ("o_proj", "down_proj", "shared_down")                      # [in, hidden]: in is split
 _HEAD_BIASES = ("q_bias", "k_bias", "v_bias")                               # [heads * head_dim]: split
 # A mixture of experts' weights (models/moe.py), unstacked [experts, ...]: without expert parallelism, the axis that
 # is split like the dense MLP's (gate/up's intermediate output, down's intermediate input; None: kept whole).

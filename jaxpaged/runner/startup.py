@@ -21,6 +21,8 @@ from jaxpaged.kernels.attention_dispatch import check_kv_cache_dtype, resolve_at
 from jaxpaged.kernels.cpu_native.paged_decode import native_decode_available
 from jaxpaged.models.llama import unroll_layers_on
 from jaxpaged.models.model_config import ModelConfig
+from jaxpaged.models.moe import EXPERT_MATMUL
+from jaxpaged.models.moe_decoder import MoeModelConfig
 from jaxpaged.models.packed_weights import packs_weights_on
 from jaxpaged.runner.dtype_probe import probe_cpu_dtype
 from jaxpaged.runner.int8_probe import choose_int8_matmul, probe_shapes
@@ -83,6 +85,8 @@ class StartupPlan:
     matmul, widened to float32), "int16 digits" (inputs kept to 16 bits as two int8 digits,
     models/int16_activations.py), "w8a8" (inputs quantized to int8 per token) or "xla" (XLA's dot with the int8
     convert fused into its operand, scales on the output: TPU, GPU; on a CPU whichever int8_probe.py times fastest)."""
+    experts: str = ""
+    """A mixture of experts' layout and placement, for the log ("" for a dense model: describe_experts)."""
 
     @property
     def kv_layout(self) -> str:
@@ -122,6 +126,7 @@ class StartupPlan:
                  f"  dtype {self.dtype}; layers {'per layer, unrolled' if self.per_layer else 'stacked, scanned'}",
                  f"  matmuls: {matmuls}; attention: {attention}",
                  f"  KV: {self.kv_layout} layout, {self.num_kv_blocks} blocks, kv_cache_dtype {self.kv_cache_dtype}",
+                 *([f"  {self.experts}"] if self.experts else []),
                  f"  {self.memory.describe()}"]
         return "\n".join(lines)
 
@@ -162,7 +167,29 @@ def plan_startup(model: ModelConfig, params: dict[str, np.ndarray], config: Engi
     int8_matmul = choose_int8_matmul(scheme, platform, per_layer, tp, config.cpu_matmul == "native",
                                      probe_shapes(params, config, dtype, packed))
     return StartupPlan(platform, tuple(int(d.id) for d in mesh.devices.flat), tp, dtype, backend, per_layer, packed,
-                       native_decode, kv_spec, memory, scheme, int8_matmul)
+                       native_decode, kv_spec, memory, scheme, int8_matmul, describe_experts(model, params, tp, dtype))
+
+
+def describe_experts(model: ModelConfig, params: dict[str, np.ndarray], tp: int, dtype) -> str:
+    """The plan's MoE line: experts and top-k, how routing and the expert matmuls run, where the experts live and
+    their bytes per device; "" for a dense model."""
+    if not isinstance(model, MoeModelConfig) or not model.has_experts:
+        return ""
+    routing = model.routing
+    moe_layers = sum(model.layer_has_experts(layer) for layer in range(model.num_layers))
+    experts = {name: value for name, value in params.items() if name.startswith("layers.expert_")}
+    quantized = any(value.dtype == np.int8 for value in experts.values())
+    if tp == 1:
+        placement = "all experts on the one device"
+    elif model.expert_parallel:
+        placement = f"expert parallel: {model.num_experts // tp} whole experts per device over tp={tp}, psum"
+    else:
+        placement = f"every expert's width split over tp={tp} (no expert parallelism), psum"
+    return (f"experts: {routing.num_experts} per layer in {moe_layers} of {model.num_layers} layers, top "
+            f"{routing.top_k} ({routing.style}{', renormalised' if routing.renormalize else ''}), width "
+            f"{model.moe_intermediate_size}{', int8' if quantized else ''}; dropless, sorted by expert, grouped "
+            f"matmul {EXPERT_MATMUL}; {placement}; "
+            f"{weight_bytes_per_device(experts, model, tp, dtype) / 2**20:.1f} MiB of experts per device")
 
 
 def _check_tpu_quantized_block(model: ModelConfig, config: EngineConfig, dtype, platform: str, tp: int) -> None:

@@ -93,7 +93,8 @@ def load_hf_checkpoint(path: pathlib.Path, quantization: Optional[str] = None,
 
     def fetch(name: str, layer: Optional[int]) -> "np.ndarray | HostInt8":
         assembled = names.layer.get(name) if layer is not None else None
-        if isinstance(assembled, AssembledTensor):  # a MoE family's experts (models/expert_tensors.py)
+        # A MoE family's experts, assembled from several tensors (models/expert_tensors.py).
+        if isinstance(assembled, AssembledTensor) and layer is not None:
             try:
                 return assembled.build(lookup, names.layer_prefix.format(layer=layer), layer, cfg)
             except ValueError as error:

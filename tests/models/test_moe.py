@@ -44,7 +44,7 @@ def dense_reference(x, logits, experts: ExpertWeights, routing: MoeRouting) -> n
     for e in range(routing.num_experts):
         gate = x @ np.asarray(experts.gate[e], np.float64)
         up = x @ np.asarray(experts.up[e], np.float64)
-        if experts.gate_bias is not None:
+        if experts.gate_bias is not None and experts.up_bias is not None:
             gate, up = gate + np.asarray(experts.gate_bias[e]), up + np.asarray(experts.up_bias[e])
         hidden = gate / (1 + np.exp(-gate)) * up
         y = hidden @ np.asarray(experts.down[e], np.float64)
@@ -156,8 +156,10 @@ def test_int8_experts_match_their_dequantized_floats():
     logits = jnp.asarray(rng.standard_normal((5, EXPERTS)).astype(np.float32))
     floats = random_experts(10)
     quantized = [quantize_int8(np.asarray(w)) for w in floats[:3]]
-    int8_experts = ExpertWeights(*(Int8Weight(jnp.asarray(v), jnp.asarray(s)) for v, s in quantized))
-    dequantized = ExpertWeights(*(jnp.asarray(dequantize_int8(v, s)) for v, s in quantized))
+    as_int8 = [Int8Weight(jnp.asarray(v), jnp.asarray(s)) for v, s in quantized]
+    int8_experts = ExpertWeights(as_int8[0], as_int8[1], as_int8[2])
+    as_float = [jnp.asarray(dequantize_int8(v, s)) for v, s in quantized]
+    dequantized = ExpertWeights(as_float[0], as_float[1], as_float[2])
     got = moe_block(x, logits, int8_experts, routing, jnp.int32(5), activation=silu_gated)
     np.testing.assert_allclose(np.asarray(got), dense_reference(x, logits, dequantized, routing), rtol=1e-4,
                                atol=1e-4)

@@ -1,8 +1,10 @@
 """Qwen3-MoE through the whole engine generates HF transformers' greedy tokens (float32) on tiny random models:
 norm_topk_prob on and off, dense layers mixed in, both checkpoint layouts, a batch routed to one expert."""
 
+import logging
 import pathlib
 import shutil
+from typing import Any
 
 import numpy as np
 import pytest
@@ -25,17 +27,18 @@ CONFIGS = {
 }
 
 
-def make_qwen3_moe(directory: pathlib.Path, tokenizer_dir: pathlib.Path, **overrides) -> transformers.PreTrainedModel:
-    """A seeded random tiny Qwen3-MoE saved (bfloat16-rounded values, float32 file) beside SmolLM2's tokenizer; the
-    float32 HF model with those weights."""
+def make_qwen3_moe(directory: pathlib.Path, tokenizer_dir: pathlib.Path, config_class=transformers.Qwen3MoeConfig,
+                   **overrides) -> transformers.PreTrainedModel:
+    """A seeded random tiny Qwen3-MoE (or another `config_class`: Qwen2-MoE) saved (bfloat16-rounded values, float32
+    file) beside SmolLM2's tokenizer; the float32 HF model with those weights."""
     torch.manual_seed(0)
-    settings = TINY | dict(intermediate_size=48, moe_intermediate_size=16, num_experts=8, num_experts_per_tok=2,
-                           tie_word_embeddings=False) | overrides
-    config = transformers.Qwen3MoeConfig(**settings)
+    settings: dict[str, Any] = TINY | dict(intermediate_size=48, moe_intermediate_size=16, num_experts=8,
+                                           num_experts_per_tok=2, tie_word_embeddings=False) | overrides
+    config = config_class(**settings)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if "norm" in name:
+            if "norm" in name or name.endswith("bias"):  # HF starts them at 1 and 0: random ones are observable
                 param.add_(0.1 * torch.randn_like(param))
             param.copy_(param.to(torch.bfloat16).to(torch.float32))
     model.save_pretrained(directory)
@@ -133,4 +136,29 @@ def test_every_token_routed_to_one_expert(tmp_path, smollm2_tokenizer_dir):
             tensors[name] = tensors[name.replace(f".experts.{expert}.", ".experts.0.")].copy()
     save_file(tensors, str(file), metadata={"format": "pt"})
     hf_model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    assert engine_greedy(tmp_path, PROMPTS) == [hf_greedy(hf_model, p) for p in PROMPTS]
+
+
+def test_int8_experts_generate_the_fake_quantized_models_tokens(qwen3_moe, tmp_path, caplog):
+    """quantization="int8" covers the experts (int8 [E, in, out] + float32 scales [E, out]): the engine generates
+    HF's greedy tokens of the same checkpoint with every projection and expert replaced by its int8 round trip; the
+    start-up plan's MoE line names the layout, the int8 experts and where they live."""
+    from tests.models.test_int8_engine import _fake_quantized_checkpoint
+
+    _, directory, _ = qwen3_moe
+    fake = _fake_quantized_checkpoint(directory, tmp_path / "fake")
+    hf_fake = transformers.AutoModelForCausalLM.from_pretrained(fake, dtype=torch.float32).eval()
+    with caplog.at_level(logging.INFO, logger="jaxpaged.runner.startup"):
+        tokens = engine_greedy(directory, PROMPTS[:2], quantization="int8")
+    assert tokens == [hf_greedy(hf_fake, p) for p in PROMPTS[:2]]
+    plan = caplog.text
+    assert "experts: 8 per layer" in plan and "top 2" in plan and ", int8;" in plan
+    assert "grouped matmul jax.lax.ragged_dot; all experts on the one device" in plan
+
+
+def test_qwen2_moe_shared_expert_and_dense_layer_equal_hf(tmp_path, smollm2_tokenizer_dir):
+    """Qwen2-MoE (qkv bias, a shared expert gated by sigmoid(x @ shared_expert_gate), a dense layer among the MoE
+    ones) generates HF's greedy tokens."""
+    hf_model = make_qwen3_moe(tmp_path, smollm2_tokenizer_dir, transformers.Qwen2MoeConfig, num_hidden_layers=3,
+                              mlp_only_layers=[0], norm_topk_prob=False, shared_expert_intermediate_size=24)
     assert engine_greedy(tmp_path, PROMPTS) == [hf_greedy(hf_model, p) for p in PROMPTS]

@@ -19,8 +19,8 @@ from tests.conftest import TINY_ENGINE_OPTIONS, TINY_LLAMA
 
 EXPECTED_ARCHITECTURES = ["Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration",
                           "GptOssForCausalLM", "LlamaForCausalLM", "Mistral3ForConditionalGeneration",
-                          "MistralForCausalLM", "MixtralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                          "Qwen3MoeForCausalLM"]
+                          "MistralForCausalLM", "MixtralForCausalLM", "Qwen2ForCausalLM", "Qwen2MoeForCausalLM",
+                          "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"]
 EXPERT_FIELDS = dict(num_local_experts=4, num_experts_per_tok=2)
 """What a mixture-of-experts family's reader needs beyond TINY_LLAMA (dense readers ignore it)."""
 # What each architecture's reader must make of the same config (sliding_window 8, use_sliding_window unset):
@@ -30,6 +30,8 @@ EXPECTED_VARIANTS = {
     "MistralForCausalLM": (False, False, 8, 0.0),
     "Qwen2ForCausalLM": (True, False, None, 0.0),  # Qwen configs carry a window only use_sliding_window enables
     "Qwen3ForCausalLM": (False, True, None, 0.0),
+    "Qwen3MoeForCausalLM": (False, True, None, 0.0),  # Qwen3's attention (its experts: test_qwen3_moe.py)
+    "Qwen2MoeForCausalLM": (True, False, None, 0.0),  # Qwen2's attention
     "Gemma2ForCausalLM": (False, False, 8, 1.0),
     "Gemma3ForCausalLM": (False, True, 8, 1.0),
     # The multimodal wrappers read as their text models (a flat config is its own text_config).
@@ -37,7 +39,6 @@ EXPECTED_VARIANTS = {
     "Mistral3ForConditionalGeneration": (False, False, 8, 0.0),
     "MixtralForCausalLM": (False, False, 8, 0.0),  # Mistral's attention: the window applies whenever set
     "GptOssForCausalLM": (True, False, 8, 0.0),  # attention_bias defaults to True
-    "Qwen3MoeForCausalLM": (False, True, None, 0.0),
 }
 
 
@@ -145,9 +146,9 @@ class ThrowawayDecoder(LlamaForCausalLM):
 
     built: list[str] = []
 
-    def __init__(self, cfg, params, packed=False, int8_matmul=None, mesh=None):
+    def __init__(self, cfg, params, packed=False, int8_matmul=None):
         ThrowawayDecoder.built.append(cfg.architecture)
-        super().__init__(cfg, params, packed=packed, int8_matmul=int8_matmul, mesh=mesh)
+        super().__init__(cfg, params, packed=packed, int8_matmul=int8_matmul)
 
 
 def _renamed_checkpoint(source, target, prefix: str):

@@ -1,9 +1,13 @@
-"""Qwen3-MoE (Qwen3MoeForCausalLM: Qwen3-30B-A3B, Qwen3-235B-A22B, Qwen3-Coder-480B-A35B): Qwen3's attention (q/k
-norms) with a mixture-of-experts MLP (models/moe_decoder.py): softmax over the experts, top num_experts_per_tok,
-renormalised when norm_topk_prob; dense gated MLPs on the layers mlp_only_layers and decoder_sparse_step leave
-without experts. Experts load from per-expert tensors (what the hub checkpoints and transformers 5's
-save_pretrained write) or the fused 3-D ones (models/expert_tensors.py).
+"""The Qwen mixture-of-experts family. Qwen3-MoE (Qwen3MoeForCausalLM: Qwen3-30B-A3B, Qwen3-235B-A22B,
+Qwen3-Coder-480B-A35B): Qwen3's attention (q/k norms) with a mixture-of-experts MLP (models/moe_decoder.py): softmax
+over the experts, top num_experts_per_tok, renormalised when norm_topk_prob; dense gated MLPs on the layers that
+mlp_only_layers and decoder_sparse_step leave without experts. Experts load from per-expert tensors (what the hub
+checkpoints and transformers 5's save_pretrained write) or the fused 3-D ones (models/expert_tensors.py).
+Qwen2-MoE (Qwen2MoeForCausalLM: Qwen1.5-MoE-A2.7B, Qwen2-57B-A14B) is the same block on Qwen2's attention (qkv
+bias, no q/k norm) plus a shared expert: a gated MLP every token runs, scaled by sigmoid(x @ shared_expert_gate).
 """
+
+import functools
 
 from jaxpaged.models.expert_tensors import Fused, PerExpert, expert_stack, layer_flag, on_layers_of_kind
 from jaxpaged.models.families.llama import HF_NAMES as LLAMA_HF_NAMES
@@ -27,10 +31,22 @@ HF_NAMES = LLAMA_HF_NAMES.with_layer(
 )
 """transformers' Qwen3MoeForCausalLM names (model.layers.N.mlp.experts.M.gate_proj.weight, mlp.gate.weight ...)."""
 
+QWEN2_MOE_HF_NAMES = HF_NAMES.with_layer(
+    shared_gate=on_layers_of_kind("shared_gate", "mlp.shared_expert.gate_proj.weight", with_experts=True),
+    shared_up=on_layers_of_kind("shared_up", "mlp.shared_expert.up_proj.weight", with_experts=True),
+    shared_down=on_layers_of_kind("shared_down", "mlp.shared_expert.down_proj.weight", with_experts=True),
+    shared_expert_gate=on_layers_of_kind("shared_expert_gate", "mlp.shared_expert_gate.weight", with_experts=True),
+)
+"""Qwen2MoeForCausalLM's: Qwen3-MoE's plus the shared expert's (mlp.shared_expert.*, mlp.shared_expert_gate)."""
 
-def read_qwen3_moe_config(raw: dict, architecture: str) -> MoeModelConfig:
-    """A Qwen3-MoE MoeModelConfig from an HF config dict; ValueError naming hidden_act unless SiLU."""
-    base = read_llama_config(raw, architecture, qk_norm=True)
+
+def read_qwen_moe_config(raw: dict, architecture: str, *, qwen2: bool = False) -> MoeModelConfig:
+    """A Qwen3-MoE (or, `qwen2`, Qwen2-MoE: qkv bias, no q/k norm, a shared expert) MoeModelConfig from an HF config
+    dict; ValueError naming hidden_act unless SiLU."""
+    if qwen2:
+        base = read_llama_config(raw, architecture, qkv_bias=bool(raw.get("qkv_bias", True)))
+    else:
+        base = read_llama_config(raw, architecture, qk_norm=True)
     activation = raw.get("hidden_act", "silu")
     if activation != "silu":
         raise ValueError(f"hidden_act: {activation!r} is not supported for {architecture} (only silu)")
@@ -44,11 +60,14 @@ def read_qwen3_moe_config(raw: dict, architecture: str) -> MoeModelConfig:
         **moe_fields(base), num_experts=num_experts, num_experts_per_tok=int(raw.get("num_experts_per_tok") or 1),
         moe_intermediate_size=int(raw.get("moe_intermediate_size") or 0),
         norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
-        expert_layers=() if all(expert_layers) else expert_layers)
+        expert_layers=() if all(expert_layers) else expert_layers,
+        shared_expert_size=int(raw.get("shared_expert_intermediate_size") or 0) if qwen2 else 0)
 
 
 ENTRIES = (
-    ModelEntry("Qwen3MoeForCausalLM", read_qwen3_moe_config, HF_NAMES, model_class=MoeForCausalLM,
+    ModelEntry("Qwen3MoeForCausalLM", read_qwen_moe_config, HF_NAMES, model_class=MoeForCausalLM,
                model_type="qwen3_moe"),
+    ModelEntry("Qwen2MoeForCausalLM", functools.partial(read_qwen_moe_config, qwen2=True), QWEN2_MOE_HF_NAMES,
+               model_class=MoeForCausalLM, model_type="qwen2_moe"),
 )
 """This family's registry entries."""
