@@ -24,7 +24,6 @@ import jax.numpy as jnp
 
 from benchmarks.kernels.tpu_compile_grid import (
     CHIPS,
-    MAX_MODEL_LEN,
     MAX_NUM_SEQS,
     NUM_TOKENS,
     POOL_TOKENS,
@@ -74,15 +73,18 @@ def _step_function(case: CompileCase):
         write = (functools.partial(write_kv_packed_quantized, **quantized) if quantized
                  else functools.partial(write_kv_pages_tpu, interpret=False))
         return write, (kv_pages, k, k, int32(NUM_TOKENS))
-    pages_per_seq = MAX_MODEL_LEN // page_size
+    pages_per_seq = shape.max_model_len // page_size
     fields = (int32(NUM_TOKENS), int32(MAX_NUM_SEQS), int32(MAX_NUM_SEQS, pages_per_seq),
               int32(MAX_NUM_SEQS + 1), int32(1))
+    sinks = (((shape.num_q_heads,), jnp.float32),) if shape.sinks else ()
 
-    def attend(q, kv, *fields):
+    def attend(q, kv, *fields_and_sinks):
         return ragged_paged_attention_tpu(
-            q, kv, AttentionMetadata(*fields), sm_scale=head_dim ** -0.5, sliding_window=shape.sliding_window,
-            soft_cap=shape.soft_cap, case=case.kernel, num_kv_heads=kv_heads, interpret=False, **quantized)
-    return attend, (((NUM_TOKENS, shape.num_q_heads, head_dim), dtype), kv_pages, *fields)
+            q, kv, AttentionMetadata(*fields_and_sinks[:5]), sm_scale=head_dim ** -0.5,
+            sliding_window=shape.sliding_window, soft_cap=shape.soft_cap,
+            sinks=fields_and_sinks[5] if shape.sinks else None, case=case.kernel, num_kv_heads=kv_heads,
+            interpret=False, **quantized)
+    return attend, (((NUM_TOKENS, shape.num_q_heads, head_dim), dtype), kv_pages, *fields, *sinks)
 
 
 def _layout(case: CompileCase):
@@ -103,7 +105,7 @@ def _block_plan(case: CompileCase, vmem_limit: int) -> str:
                                         case.shape.head_dim, case.dtype, _layout(case), vmem_limit)
         return f"{q_block}q x {pages}p"
     if case.kernel == "decode":
-        return f"{decode_pages_per_block(case.page_size, MAX_MODEL_LEN // case.page_size, case.shape.num_kv_heads, case.shape.head_dim, case.dtype, _layout(case), vmem_limit)}p"  # noqa: E501
+        return f"{decode_pages_per_block(case.page_size, case.shape.max_model_len // case.page_size, case.shape.num_kv_heads, case.shape.head_dim, case.dtype, _layout(case), vmem_limit)}p"  # noqa: E501
     return "-"
 
 

@@ -3,8 +3,10 @@
 The CI grid (the default) covers every shape and kernel on both chips in the packed layout the engine allocates at
 every tp (per-shard shapes where named), the mixed-step branch (both kernels) at the Llama and SmolLM2 shapes, plus
 the cases that were rejected or large before (interleaved Llama decode on v5e, head_dim 64 interleaved), float32,
-pages 32 / 64 at the Llama shape, and the int8 / fp8 packed quantized cache (both kernels at the Llama shape, decode
-with [K | V] vectors and with one KV head per shard); `--full` is the whole product (~10x longer).
+pages 32 / 64 at the Llama shape, the int8 / fp8 packed quantized cache (both kernels at the Llama shape, decode
+with [K | V] vectors and with one KV head per shard), and the window-aware kernels at 32k context (every attention
+kernel: a Gemma-3-27B-shaped sliding layer, window 1024, and gpt-oss's, window 128 with attention sinks); `--full` is
+the whole product (~10x longer).
 """
 
 import dataclasses
@@ -35,6 +37,10 @@ class ModelShape:
     head_dim: int
     sliding_window: Optional[int] = None
     soft_cap: Optional[float] = None
+    sinks: bool = False
+    """Attention sinks (gpt-oss): one float32 logit per q head."""
+    max_model_len: int = MAX_MODEL_LEN
+    """The block table's width in tokens: a sliding layer reads only its window's pages of it."""
 
     @property
     def heads(self) -> str:
@@ -51,7 +57,11 @@ SHAPES = (
     ModelShape("Gemma-3-1B", 4, 1, 256, sliding_window=512),
     ModelShape("Gemma-3-27B", 32, 16, 128, sliding_window=1024),
     ModelShape("hd256", 8, 1, 256),
+    ModelShape("Gemma-3-27B/32k", 32, 16, 128, sliding_window=1024, max_model_len=32768),
+    ModelShape("gpt-oss/32k", 64, 8, 64, sliding_window=128, sinks=True, max_model_len=32768),
 )
+WINDOW_SHAPES = ("Gemma-3-27B/32k", "gpt-oss/32k")
+"""The sliding layers at long context (window-only page reads, sinks), compiled with every attention kernel."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,7 +92,10 @@ def ci_grid() -> list[CompileCase]:
     by_name = {shape.name: shape for shape in SHAPES}
     llama, smol = by_name["Llama-3-8B"], by_name["SmolLM2-135M"]
     attention = ("decode", "general")
-    cases = _cases(SHAPES, CHIPS, ("decode", "general", "kv_write"), ("packed",), (16,), ("bfloat16",))
+    short = tuple(shape for shape in SHAPES if shape.name not in WINDOW_SHAPES)
+    cases = _cases(short, CHIPS, ("decode", "general", "kv_write"), ("packed",), (16,), ("bfloat16",))
+    cases += _cases(tuple(by_name[name] for name in WINDOW_SHAPES), CHIPS, ("decode", "general", "mixed"),
+                    ("packed",), (16,), ("bfloat16",))
     cases += _cases((llama, smol), CHIPS, ("mixed",), ("packed",), (16,), ("bfloat16",))
     cases += _cases((llama, smol), CHIPS, attention, ("interleaved",), (16,), ("bfloat16",))
     cases += _cases((llama,), CHIPS, attention, ("packed",), (16,), ("float32",))

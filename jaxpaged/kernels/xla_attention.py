@@ -86,13 +86,9 @@ def _window_first_page(position, page_size: int, sliding_window: int):
     return jnp.maximum(position - sliding_window + 1, 0) // page_size
 
 
-def _chunk_bounds(first_position, last_position, chunk_tokens: int, sliding_window: Optional[int]):
-    """[first, end) KV chunks holding positions first_position - window + 1 .. last_position."""
-    end_chunk = jnp.maximum(last_position + chunk_tokens, 0) // chunk_tokens  # ceil((last + 1)/c)
-    if sliding_window is None:
-        return jnp.int32(0), end_chunk
-    first_chunk = jnp.maximum(first_position - sliding_window + 1, 0) // chunk_tokens
-    return jnp.minimum(first_chunk, end_chunk), end_chunk
+def _end_chunk(last_position, chunk_tokens: int):
+    """One past the KV chunk holding last_position: the chunks a causal row (without a window) walks from 0."""
+    return jnp.maximum(last_position + chunk_tokens, 0) // chunk_tokens  # ceil((last + 1)/c)
 
 
 def _split_kv(kv: jax.Array, num_kv_heads: int) -> tuple[jax.Array, jax.Array]:
@@ -129,13 +125,12 @@ def _native_fits(kv_pages, group_size: int) -> bool:
 
 
 def _decode_chunks(q_rows, kv_pages, positions, block_tables, *, pages_per_chunk, sliding_window, soft_cap, sinks):
-    """The jnp decode: every row walks the same KV chunks (the longest row's), gathering its own pages."""
+    """The jnp decode without a window: every row walks the same KV chunks (the longest row's), gathering its own
+    pages."""
+    assert sliding_window is None, "sliding layers decode through _decode_window_chunks"
     max_num_seqs, num_kv_heads, group_size, head_dim = q_rows.shape
     chunk_tokens = pages_per_chunk * kv_pages.shape[1]
-    active = positions >= 0
-    first_chunk, end_chunk = _chunk_bounds(
-        jnp.min(jnp.where(active, positions, jnp.iinfo(jnp.int32).max)),
-        jnp.max(positions), chunk_tokens, sliding_window)
+    end_chunk = _end_chunk(jnp.max(positions), chunk_tokens)
 
     def attend_chunk(chunk, carry):
         page_ids = jax.lax.dynamic_slice_in_dim(block_tables, chunk * pages_per_chunk,
@@ -148,7 +143,7 @@ def _decode_chunks(q_rows, kv_pages, positions, block_tables, *, pages_per_chunk
         return _online_softmax_update(carry, logits, mask, v, "skgc,sckd->skgd", soft_cap)
 
     carry = _init_carry((max_num_seqs, num_kv_heads, group_size), head_dim, sinks)
-    return _finish(jax.lax.fori_loop(first_chunk, end_chunk, attend_chunk, carry))
+    return _finish(jax.lax.fori_loop(0, end_chunk, attend_chunk, carry))
 
 
 def _decode_window_chunks(q_rows, kv_pages, positions, block_tables, *, pages_per_chunk, sliding_window, soft_cap,
@@ -210,8 +205,8 @@ def _prefill_pass(out, q_grouped, kv_pages, kv_lens, block_tables, cu_q_lens, nu
         table = block_tables[seq]
 
         if sliding_window is None:
-            first_page = jnp.int32(0)
-            first_chunk, end_chunk = _chunk_bounds(positions[0], jnp.max(positions), chunk_tokens, None)
+            first_page, first_chunk, end_chunk = jnp.int32(0), jnp.int32(0), _end_chunk(jnp.max(positions),
+                                                                                        chunk_tokens)
         else:  # chunks counted from the window's first page (the table is padded by a chunk: in_jnp)
             first_page = _window_first_page(positions[0], page_size, sliding_window)
             end_page = jnp.max(positions) // page_size + 1
