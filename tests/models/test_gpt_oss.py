@@ -19,6 +19,7 @@ from jaxpaged.models.families.gpt_oss import GptOssConfig, clamped_swiglu
 from jaxpaged.models.param_shapes import param_shapes
 from jaxpaged.models.registry import read_model_config
 from jaxpaged.models.yarn import YarnScaling
+from jaxpaged.runner import startup as startup_module
 from jaxpaged.weights.loader import load_model
 from tests.models.moe_checkpoints import VOCAB, engine_greedy, random_prompts, save_moe_checkpoint
 from tests.models.test_hf_parity import hf_greedy
@@ -193,3 +194,14 @@ def test_clamped_swiglu_matches_transformers_and_a_hand_worked_case():
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
     hand = np.asarray(clamped_swiglu(jnp.full((1, 1), 10.0), jnp.full((1, 1), -10.0), alpha=1.702, limit=7.0))
     assert hand[0, 0] == pytest.approx(-6 * 7 / (1 + np.exp(-1.702 * 7)), rel=1e-6)
+
+
+@pytest.mark.slow  # another engine compile; the CPU otherwise always unrolls
+def test_greedy_tokens_match_hf_with_stacked_scanned_layers(gpt_oss):
+    """The GPU / TPU arrangement (layers stacked and scanned, each layer's window picked by lax.cond, its sinks and
+    biases sliced from the stacks) on the CPU generates HF's greedy tokens too."""
+    model, _, mxfp4 = gpt_oss
+    prompts = random_prompts(*PROMPTS)
+    with pytest.MonkeyPatch.context() as patches:
+        patches.setattr(startup_module, "unroll_layers_on", lambda platform: False)
+        assert engine_greedy(mxfp4, prompts, 8, block_size=BLOCK_SIZE) == hf_greedy(model, prompts, 8)
