@@ -28,14 +28,16 @@ class PerExpert:
 
 @dataclasses.dataclass(frozen=True)
 class Fused:
-    """One 3-D tensor of every expert, stored [E, out, in] (`transposed` False: [E, in, out]); this parameter is
-    part `part` of `parts` equal slices of the out axis (gate_up_proj: gate is part 0 of 2)."""
+    """One 3-D tensor of every expert, stored [E, out, in] (`transposed` False: [E, in, out]), or a 2-D bias
+    [E, out] (`transposed` False); this parameter is part `part` of `parts` equal slices of the out axis
+    (gate_up_proj: gate is part 0 of 2), or with `interleaved` every parts-th column from `part` on (gpt-oss's
+    gate_up_proj alternates gate and up columns)."""
 
     name: str
     part: int = 0
     parts: int = 1
     transposed: bool = True
-
+    interleaved: bool = False
 
 
 def expert_stack(param: str, *layouts: Any) -> AssembledTensor:
@@ -71,6 +73,21 @@ def on_layers_of_kind(param: str, name: str, with_experts: bool, transpose: bool
     return AssembledTensor(build)
 
 
+def first_of(*names: str, transpose: bool = True) -> AssembledTensor:
+    """A layer tensor checkpoints spell in more than one way (Mixtral's router: `block_sparse_moe.gate.weight` in
+    the hub's files, `mlp.gate.weight` in transformers 5's layout): the first of `names` present (torch's [out, in]
+    transposed when `transpose`); ValueError naming them all when none is."""
+
+    def build(lookup: TensorLookup, prefix: str, layer: int, cfg: Any) -> np.ndarray:
+        for name in names:
+            value = lookup(prefix + name)
+            if value is not None:
+                return value.T if transpose else value
+        raise ValueError(f"tensor {' or '.join(repr(prefix + name) for name in names)} is missing")
+
+    return AssembledTensor(build)
+
+
 def layer_flag() -> AssembledTensor:
     """1.0 on a layer with experts, 0.0 on a dense one (read by the model to pick the layer's MLP)."""
     return AssembledTensor(lambda lookup, prefix, layer, cfg: np.asarray([float(cfg.layer_has_experts(layer))],
@@ -91,9 +108,11 @@ def _read(layout: Any, lookup: TensorLookup, prefix: str, num_experts: int) -> O
         if fused.shape[0] != num_experts:
             raise ValueError(f"tensor {prefix + layout.name!r}: {fused.shape[0]} experts, the config says "
                              f"{num_experts}")
-        out_axis = 1 if layout.transposed else 2
+        out_axis = 1 if layout.transposed else fused.ndim - 1
         width = fused.shape[out_axis] // layout.parts
-        part = np.take(fused, np.arange(layout.part * width, (layout.part + 1) * width), axis=out_axis)
+        columns = (np.arange(layout.part, fused.shape[out_axis], layout.parts) if layout.interleaved
+                   else np.arange(layout.part * width, (layout.part + 1) * width))
+        part = np.take(fused, columns, axis=out_axis)
         return np.ascontiguousarray(np.swapaxes(part, 1, 2) if layout.transposed else part)
     first = lookup(prefix + layout.pattern.format(expert=0))
     if first is None:

@@ -258,9 +258,13 @@ def _decoder_layer(step: _StepContext, carry, w: dict[str, Any], layer_index, la
             lambda local, global_: jnp.where(layer_is_sliding, local, global_), local_tables, global_tables)
     q = apply_rope(q, tables)
     k = apply_rope(k, tables)
+    # gpt-oss: a learned sink logit per query head joins each softmax's denominator.
+    sinks = {} if "sinks" not in w else {"sinks": w["sinks"].astype(jnp.float32)}
     attn, kv_pages = step.attend(q, k, v, kv_pages, layer_index * step.num_blocks, step.metadata, traced_is_sliding,
-                                 sliding_window=window, sm_scale=cfg.attn_scale, soft_cap=cfg.attn_soft_cap)
+                                 sliding_window=window, sm_scale=cfg.attn_scale, soft_cap=cfg.attn_soft_cap, **sinks)
     attn = matmul(attn.reshape(num_tokens, -1), proj("o_proj"), num_rows=num_rows)
+    if "o_bias" in w:  # gpt-oss biases the output projection too
+        attn = attn + w["o_bias"]
     if cfg.sandwich_norms:
         attn = rms_norm(attn, w["attn_out_norm"], eps, offset)
     x = x + attn

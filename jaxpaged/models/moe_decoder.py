@@ -21,7 +21,7 @@ from jaxpaged.models.int8_weights import Int8Weight, scale_name
 from jaxpaged.models.layers import gated_mlp, matmul
 from jaxpaged.models.llama import LayerWeight, LlamaForCausalLM
 from jaxpaged.models.model_config import ModelConfig
-from jaxpaged.models.moe import EXPERT_ACTIVATIONS, ExpertWeights, MoeRouting, moe_block
+from jaxpaged.models.moe import EXPERT_ACTIVATIONS, Activation, ExpertWeights, MoeRouting, moe_block
 
 DENSE_MLP = ("gate_proj", "up_proj", "down_proj")
 
@@ -128,6 +128,12 @@ class MoeForCausalLM(LlamaForCausalLM):
         super().__init__(cfg, params, packed=packed, int8_matmul=int8_matmul)
         self.expert_mesh = mesh if mesh is not None and mesh.shape["model"] > 1 else None
 
+    def expert_activation(self) -> Activation:
+        """The experts' (gate, up) -> down input: the config's named one (a family with constants of its own, such
+        as gpt-oss's clamped SwiGLU, overrides this)."""
+        assert isinstance(self.cfg, MoeModelConfig)
+        return EXPERT_ACTIVATIONS[self.cfg.expert_activation]
+
     def feed_forward(self, h: Float[Array, "num_tokens hidden"], w: dict[str, Any], proj: Callable,
                      num_rows: Int[Array, ""]) -> Float[Array, "num_tokens hidden"]:
         """The layer's mixture of experts (or, on a dense layer of a model mixing kinds, the gated MLP)."""
@@ -144,7 +150,7 @@ class MoeForCausalLM(LlamaForCausalLM):
                                     expert_weight(w, "expert_down"), w.get("expert_gate_bias"),
                                     w.get("expert_up_bias"), w.get("expert_down_bias"))
             out = moe_block(h, logits, experts, cfg.routing, num_rows,
-                            activation=EXPERT_ACTIVATIONS[cfg.expert_activation], mesh=self.expert_mesh,
+                            activation=self.expert_activation(), mesh=self.expert_mesh,
                             expert_parallel=cfg.expert_parallel)
             if not cfg.shared_expert_size:
                 return out

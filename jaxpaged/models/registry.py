@@ -6,7 +6,7 @@ Adding a family is a file in models/families/ (a config reader, its names, its E
 
 from typing import Any
 
-from jaxpaged.models.families import gemma, llama, qwen_moe, text_towers
+from jaxpaged.models.families import gemma, gpt_oss, llama, mixtral, qwen_moe, text_towers
 from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.models.model_entry import GgufFormat, ModelEntry
 
@@ -15,6 +15,8 @@ REGISTRY: dict[str, ModelEntry] = {entry.architecture: entry for entry in (
     *gemma.ENTRIES,
     *text_towers.ENTRIES,
     *qwen_moe.ENTRIES,
+    *mixtral.ENTRIES,
+    *gpt_oss.ENTRIES,
 )}
 """Every supported architecture by its HF name."""
 

@@ -12,6 +12,7 @@ from jaxpaged.models.int8_weights import HostInt8, dequantize_int8
 from jaxpaged.models.registry import architecture_of, resolve
 from jaxpaged.models.weight_names import AssembledTensor
 from jaxpaged.weights import compressed_tensors
+from jaxpaged.weights.mxfp4 import BLOCKS_SUFFIX, SCALES_SUFFIX, dequantized_parameter, is_mxfp4_checkpoint
 from jaxpaged.weights.param_names import stack_layers
 from jaxpaged.weights.safetensors_file import TensorEntry, open_tensor, read_header
 
@@ -54,7 +55,9 @@ def load_hf_checkpoint(path: pathlib.Path, quantization: Optional[str] = None,
     stay mapped views of the file until the runner places them.
     """
     hf_config = json.loads((path / "config.json").read_text())
-    checkpoint = compressed_tensors.read_checkpoint_quantization(hf_config)
+    # gpt-oss's MXFP4 experts are dequantized as they load (weights/mxfp4.py): a float checkpoint to the engine.
+    mxfp4 = is_mxfp4_checkpoint(hf_config)
+    checkpoint = None if mxfp4 else compressed_tensors.read_checkpoint_quantization(hf_config)
     scheme = compressed_tensors.resolve_scheme(checkpoint, quantization)
     architecture = architecture_of(hf_config)
     entry = resolve(architecture)
@@ -72,11 +75,21 @@ def load_hf_checkpoint(path: pathlib.Path, quantization: Optional[str] = None,
         """A tensor as stored (a mapped view), for an AssembledTensor; None when absent."""
         hf_name = file_names.get(full_name)
         if hf_name is None:
-            return None
+            return mxfp4_parameter(full_name) if mxfp4 else None
         if entries[hf_name].dtype == "I8":
             raise ValueError(f"checkpoint {path}: tensor {full_name!r} is int8; this parameter is read from "
                              "float tensors only")
         return open_tensor(entries[hf_name])
+
+    def mxfp4_parameter(full_name: str) -> Optional[np.ndarray]:
+        """`full_name` stored as MXFP4 blocks and scales, dequantized; None when there are no such blocks."""
+        blocks, scales = (file_names.get(full_name + suffix) for suffix in (BLOCKS_SUFFIX, SCALES_SUFFIX))
+        if blocks is None:
+            return None
+        if scales is None:
+            raise ValueError(f"tensor {full_name + SCALES_SUFFIX!r} is missing (its blocks are there)")
+        return dequantized_parameter(open_tensor(entries[blocks], quantized=True),
+                                     open_tensor(entries[scales], quantized=True), full_name)
 
     def fetch(name: str, layer: Optional[int]) -> "np.ndarray | HostInt8":
         assembled = names.layer.get(name) if layer is not None else None

@@ -24,8 +24,9 @@ _DTYPES: dict[str, np.dtype] = {
     "F32": np.dtype(np.float32),
     "F64": np.dtype(np.float64),
 }
-_QUANTIZED_DTYPES: dict[str, np.dtype] = {"I8": np.dtype(np.int8)}
-"""Read only where the caller knows the checkpoint's quantization (weights/compressed_tensors.py)."""
+_QUANTIZED_DTYPES: dict[str, np.dtype] = {"I8": np.dtype(np.int8), "U8": np.dtype(np.uint8)}
+"""Read only where the caller knows the checkpoint's quantization (weights/compressed_tensors.py; MXFP4's packed
+uint8 blocks and scales: weights/mxfp4.py)."""
 _MAX_HEADER_BYTES = 100 * 2**20  # the format's own limit; a bigger "length" means the file is not safetensors
 _DTYPE_BITS: dict[str, int] = {
     "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "I16": 16, "U16": 16, "F16": 16,

@@ -18,8 +18,11 @@ from jaxpaged.models.weight_names import WeightsMapper
 from tests.conftest import TINY_ENGINE_OPTIONS, TINY_LLAMA
 
 EXPECTED_ARCHITECTURES = ["Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration",
-                          "LlamaForCausalLM", "Mistral3ForConditionalGeneration", "MistralForCausalLM",
-                          "Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"]
+                          "GptOssForCausalLM", "LlamaForCausalLM", "Mistral3ForConditionalGeneration",
+                          "MistralForCausalLM", "MixtralForCausalLM", "Qwen2ForCausalLM", "Qwen2MoeForCausalLM",
+                          "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"]
+EXPERT_FIELDS = dict(num_local_experts=4, num_experts_per_tok=2)
+"""What a mixture-of-experts family's reader needs beyond TINY_LLAMA (dense readers ignore it)."""
 # What each architecture's reader must make of the same config (sliding_window 8, use_sliding_window unset):
 # (qkv_bias, qk_norm, sliding_window, norm_offset) as transformers' model of that name behaves.
 EXPECTED_VARIANTS = {
@@ -34,6 +37,8 @@ EXPECTED_VARIANTS = {
     # The multimodal wrappers read as their text models (a flat config is its own text_config).
     "Gemma3ForConditionalGeneration": (False, True, 8, 1.0),
     "Mistral3ForConditionalGeneration": (False, False, 8, 0.0),
+    "MixtralForCausalLM": (False, False, 8, 0.0),  # Mistral's attention: the window applies whenever set
+    "GptOssForCausalLM": (True, False, 8, 0.0),  # attention_bias defaults to True
 }
 
 
@@ -47,7 +52,7 @@ def test_every_architecture_resolves_and_reads_its_config(architecture):
     """Each architecture name resolves to its own entry, whose reader sets that family's variant fields."""
     entry = registry.resolve(architecture)
     assert entry.architecture == architecture
-    cfg = read_model_config(dict(TINY_LLAMA, architectures=[architecture], sliding_window=8))
+    cfg = read_model_config(dict(TINY_LLAMA, **EXPERT_FIELDS, architectures=[architecture], sliding_window=8))
     assert cfg.architecture == architecture
     assert (cfg.qkv_bias, cfg.qk_norm, cfg.sliding_window, cfg.norm_offset) == EXPECTED_VARIANTS[architecture]
     assert (cfg.num_layers, cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim) == (2, 4, 2, 16)
@@ -58,7 +63,7 @@ def test_a_config_without_architectures_resolves_by_model_type(architecture):
     """A config.json that names only its model_type ("qwen2", "gemma3_text") reads as that type's architecture."""
     model_type = registry.resolve(architecture).model_type
     assert model_type is not None
-    assert read_model_config(dict(TINY_LLAMA, model_type=model_type)).architecture == architecture
+    assert read_model_config(dict(TINY_LLAMA, **EXPERT_FIELDS, model_type=model_type)).architecture == architecture
 
 
 def test_gguf_architectures_resolve_to_their_llama_family_entry():

@@ -1,0 +1,77 @@
+"""MXFP4 expert weights as gpt-oss checkpoints ship them, dequantized on the host as they load.
+
+OCP Microscaling FP4: each run of 32 consecutive values along a weight's input axis shares one E8M0 scale (a uint8
+biased exponent: the scale is 2 ** (byte - 127)), and each value is an FP4 E2M1 code (1 sign, 2 exponent, 1 mantissa
+bit: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives). gpt-oss stores a tensor `W` [experts, out, in] as
+`W_blocks` uint8 [experts, out, in / 32, 16], two codes per byte (the low nibble is the even element, the high
+nibble the odd one), and `W_scales` uint8 [experts, out, in / 32].
+
+The engine keeps the dequantized values in the checkpoint's float dtype (bfloat16): every FP4 value times a power of
+two is exact there. Keeping the experts 4-bit on the device would need a grouped matmul that unpacks nibbles and
+applies per-32 scales inside its inner loop (none of the CPU, GPU or TPU kernels does), so it is not done here.
+"""
+
+import ml_dtypes
+import numpy as np
+from jaxtyping import UInt8
+from numpy.typing import DTypeLike
+
+FP4_E2M1_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+                            -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], dtype=np.float32)
+"""The value of each 4-bit E2M1 code (bit 3 is the sign)."""
+E8M0_BIAS = 127
+"""An E8M0 byte b means 2 ** (b - 127)."""
+E8M0_NAN = 255
+"""The E8M0 byte the OCP spec reserves for NaN: no real checkpoint holds it."""
+VALUES_PER_BLOCK = 32
+"""Values sharing one scale (16 bytes of codes)."""
+BLOCKS_SUFFIX, SCALES_SUFFIX = "_blocks", "_scales"
+"""A quantized tensor `W` is stored as `W_blocks` and `W_scales`."""
+
+
+def dequantize_mxfp4(blocks: UInt8[np.ndarray, "*rows num_blocks bytes"], scales: UInt8[np.ndarray, "*rows num_blocks"],
+                     dtype: DTypeLike = ml_dtypes.bfloat16, name: str = "mxfp4 tensor") -> np.ndarray:
+    """The values [*rows, num_blocks * 32] of packed MXFP4 `blocks` and their E8M0 `scales`, in `dtype`.
+
+    Converted one leading slice (an expert) at a time, so the host holds the result and one float32 slice, never a
+    float32 copy of the whole tensor. ValueError naming `name` on mismatched shapes or a NaN (255) scale.
+    """
+    if blocks.dtype != np.uint8 or scales.dtype != np.uint8:
+        raise ValueError(f"{name}: MXFP4 blocks and scales must be uint8, got {blocks.dtype} and {scales.dtype}")
+    if blocks.ndim < 2 or blocks.shape[-1] != VALUES_PER_BLOCK // 2 or blocks.shape[:-1] != scales.shape:
+        raise ValueError(f"{name}: MXFP4 blocks {blocks.shape} must be scales' shape {scales.shape} plus a last axis "
+                         f"of {VALUES_PER_BLOCK // 2} bytes")
+    if np.any(scales == E8M0_NAN):
+        raise ValueError(f"{name}: an MXFP4 scale is 255, E8M0's NaN")
+    out = np.empty((*scales.shape[:-1], scales.shape[-1] * VALUES_PER_BLOCK), dtype=dtype)
+    if blocks.ndim == 2:
+        out[...] = _dequantized_slice(blocks, scales)
+        return out
+    for index in range(blocks.shape[0]):
+        out[index] = _dequantized_slice(blocks[index], scales[index])
+    return out
+
+
+def _dequantized_slice(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """float32 values of one slice: codes looked up, low nibble first, times 2 ** (scale - 127)."""
+    blocks = np.asarray(blocks)
+    codes = np.empty((*blocks.shape[:-1], VALUES_PER_BLOCK), dtype=np.uint8)
+    codes[..., 0::2] = blocks & 0x0F
+    codes[..., 1::2] = blocks >> 4
+    exponents = np.asarray(scales).astype(np.int32) - E8M0_BIAS
+    values = np.ldexp(FP4_E2M1_VALUES[codes], exponents[..., None])
+    return values.reshape(*values.shape[:-2], -1)
+
+
+def is_mxfp4_checkpoint(hf_config: dict) -> bool:
+    """Whether config.json says the checkpoint's experts are MXFP4 (gpt-oss's quantization_config)."""
+    quantization = hf_config.get("quantization_config")
+    return isinstance(quantization, dict) and quantization.get("quant_method") == "mxfp4"
+
+
+def dequantized_parameter(blocks: UInt8[np.ndarray, "experts out num_blocks bytes"],
+                          scales: UInt8[np.ndarray, "experts out num_blocks"], name: str) -> np.ndarray:
+    """The parameter [experts, in, out] (bfloat16) a gpt-oss checkpoint stores as `name`_blocks / `name`_scales:
+    the packed form runs its 32-value groups along the input axis, so it is [experts, out, in]; transformers' loader
+    transposes it to the parameter's [experts, in, out], and so does this."""
+    return np.swapaxes(dequantize_mxfp4(blocks, scales, name=name), -1, -2)
