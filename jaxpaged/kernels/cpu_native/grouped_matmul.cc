@@ -1,5 +1,5 @@
 // The grouped matmul of a mixture-of-experts layer on the CPU, as XLA FFI custom calls: rows of x sorted by expert,
-// each group of rows multiplied by its own expert's weight, read where it is stored ([experts, inner, outer]).
+// each group of rows multiplied by its own expert's weight, read as stored ([experts, inner, outer]) or packed.
 //
 // Why: jax.lax.ragged_dot lowers on XLA:CPU to a dense dot over every expert, masked afterwards: G times the
 // multiply-adds and every expert's weights read, where a decode step touches a few experts with a few rows each.
@@ -11,19 +11,22 @@
 //   group_sizes  s32 [groups]: group i owns rows [start_i, start_i + group_sizes[i]), start_i the sum of the earlier
 //                sizes. Negative sizes count as 0; a group is cut where the rows end. Rows at or past the sum are
 //                padding: written as zeros, never multiplied.
-//   weights      [groups, inner, outer] row-major, as checkpoints and the model store them: f32, bf16 (widened to
-//                float32 in registers by a shift) or s8 (widened by VPMOVSXBD and VCVTDQ2PS).
+//   weights      [groups, inner, outer] row-major, as checkpoints and the model store them, or packed into panels
+//                [groups, ceil(outer / 128), inner, 128] (the last one zero-padded; told apart by rank), so that a
+//                work item streams one contiguous panel instead of walking a strided column strip: f32, bf16 (widened
+//                to float32 in registers by a shift) or s8 (widened by VPMOVSXBD and VCVTDQ2PS).
 //   scales       optional f32 [groups, outer]: group i's output column j is multiplied by scales[i, j] (weight-only
 //                int8), once, on the finished float32 sum.
 // Result: f32 [rows, outer], float32 sums.
 //
 // Work: register tiles of packed_tiles.h's size (6 rows x 16 columns with AVX2, 12 rows x 32 columns with AVX-512),
-// each summed over the whole inner dimension, reading kVectors vectors of one weight row per inner step (a strided
-// walk down a column strip of the stored weight, each step one or more whole 64-byte lines). Work items are (group, row
-// block, run of kRunColumns columns), handed out through an atomic counter to the caller and XLA's intra-op threads
+// each summed over the whole inner dimension, reading kVectors vectors of one weight row per inner step (as stored, a
+// strided walk down a column strip, each step one or more whole 64-byte lines). Work items are (group, row block,
+// run of kRunColumns columns: one panel), handed out through an atomic counter to the caller and XLA's intra-op threads
 // (packed_matmul.cc's scheme); items of one group run together, so a group's row block stays in cache while its
 // weight streams by. Each tile asks for the weight rows kPrefetchRows steps ahead of the ones it multiplies, into L2:
-// a decode's tiny tiles issue too few loads of their own to keep memory busy down a strided walk.
+// a decode's tiny tiles issue too few loads of their own to keep memory busy, and the hardware prefetcher does not
+// follow a strided walk across pages.
 
 #include <immintrin.h>
 
@@ -38,6 +41,7 @@
 #include <vector>
 
 #include "packed_tiles.h"
+#include "vec8.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -67,9 +71,8 @@ constexpr int kWideVectors = 8, kWideRows = 2, kMidVectors = 4, kMidRows = 5;
 constexpr int kMaxAccumulators = 12;  // of 16 ymm registers
 constexpr int kWideVectors = 4, kWideRows = 2, kMidVectors = 2, kMidRows = 5;
 #endif
-// Inner steps ahead that a tile asks for weight rows. At one token's 8 groups (1 row each, AVX-512, 2-core EPYC,
-// loaded, 2026-12-07): none 2.1 GB/s on the touched experts, 8 rows ahead 2.2, 16 2.6, 32 2.5 in float32; 32 was
-// the best in bfloat16 (4.9 against 4.1 at 16) and at 8 and 64 tokens.
+// Inner steps ahead that a tile asks for weight rows. One token's 8 groups in float32 (2-core EPYC, loaded): none
+// 2.1 GB/s, 8 rows 2.2, 16 2.6, 32 2.5; 32 the best in bfloat16 (4.9 against 4.1) and at 8 and 64 tokens.
 constexpr int64_t kPrefetchRows = 32;
 
 static_assert(kRunColumns % (kTileVectors * kLanes) == 0, "a work item holds whole tiles");
@@ -113,13 +116,8 @@ struct Int8 {
 };
 
 inline float ScalarOf(float value) { return value; }
-inline float ScalarOf(uint16_t bits) {
-  const uint32_t widened = static_cast<uint32_t>(bits) << 16;
-  float value;
-  std::memcpy(&value, &widened, sizeof(value));
-  return value;
-}
 inline float ScalarOf(int8_t value) { return static_cast<float>(value); }
+inline float ScalarOf(uint16_t bits) { return vec8::ToF32(bits); }
 
 // What every tile of a call shares, whatever its weights' element type.
 struct Operands {

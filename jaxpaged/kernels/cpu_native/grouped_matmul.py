@@ -5,7 +5,10 @@ group; rows [start_i, start_i + group_sizes[i]) are multiplied by rhs[i]; rows a
 and come out zero; an empty group is never read; rhs_scale multiplies output column j of group i by rhs_scale[i, j].
 Semantics: jax.lax.ragged_dot(lhs, rhs, group_sizes) (times the scale), which XLA:CPU lowers to a dense dot over every
 group, masked: G times the work and every expert's weights read. This kernel reads only the non-empty groups' weights,
-each once per call, as stored ([groups, inner, outer], row-major: no packing at load), and sums in float32.
+each once per call, and sums in float32: as stored ([groups, inner, outer], row-major; grouped_matmul_cpu), or
+packed once at load into panels [groups, ceil(outer / 128), inner, 128] (pack_expert_panels;
+grouped_matmul_cpu_panels), which each work item streams contiguously where the stored layout is walked down strided
+column strips: faster where memory bounds the call (decode; benchmarks/kernels/cpu_grouped_matmul.py).
 float32, bfloat16 and int8 weights; lhs float32 or bfloat16 (cast to float32 for the kernel, the result cast back).
 Without a compiler, grouped_matmul_available() is False and the caller keeps its XLA path.
 """
