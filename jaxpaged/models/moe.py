@@ -26,6 +26,7 @@ from jaxtyping import Array, Float, Float32, Int, Int32
 
 from jaxpaged.kernels.cpu_native.grouped_matmul import grouped_matmul_available, grouped_matmul_cpu
 from jaxpaged.models.int8_weights import Int8Weight
+from pallas_kernels.grouped_matmul import grouped_matmul as tpu_grouped_matmul
 
 ExpertWeight = Union[Float[Array, "experts inner outer"], Int8Weight]
 """One expert projection of every expert: float [E, in, out], or int8 values [E, in, out] with scales [E, out]."""
@@ -76,8 +77,13 @@ Activation = Callable[[jax.Array, jax.Array], jax.Array]
 """(gate, up) -> the down projection's input; gpt-oss passes its clamped SwiGLU."""
 
 
-EXPERT_MATMUL = "jax.lax.ragged_dot"
-"""What expert_matmul runs, for the start-up plan's line (runner/startup.py describe_experts)."""
+def expert_matmul_name(platform: str, dtype: Any) -> str:
+    """What expert_matmul runs on `platform` for experts stored in `dtype`, for the start-up plan's line."""
+    if platform == "cpu" and grouped_matmul_available(dtype):
+        return "native CPU grouped matmul"
+    if platform == "tpu":
+        return "Pallas TPU grouped matmul"
+    return "jax.lax.ragged_dot"
 
 
 def expert_matmul(lhs: Float[Array, "m k"], rhs: Union[Float[Array, "g k n"], Int[Array, "g k n"]],
@@ -88,12 +94,21 @@ def expert_matmul(lhs: Float[Array, "m k"], rhs: Union[Float[Array, "g k n"], In
     float32 accumulation, lhs's dtype out; `rhs_scale` multiplies group i's output column j (int8 rhs).
 
     On the CPU the native grouped matmul (kernels/cpu_native/grouped_matmul), which reads only the non-empty groups'
-    weights, where it is built for rhs's dtype; elsewhere, and where it is not, jax.lax.ragged_dot (XLA:CPU lowers
-    that to a dense dot over every expert). The TPU kernel is wired in here at merge."""
-    if grouped_matmul_available(rhs.dtype):
-        return jax.lax.platform_dependent(lhs, rhs, group_sizes, rhs_scale, cpu=grouped_matmul_cpu,
-                                          default=_ragged_dot_matmul)
-    return _ragged_dot_matmul(lhs, rhs, group_sizes, rhs_scale)
+    weights, where it is built for rhs's dtype; on TPU the Pallas grouped matmul (pallas_kernels/grouped_matmul: each
+    touched expert's weights fetched once, empty experts never, int8 with scales); elsewhere (GPU, and a CPU without
+    the native build) jax.lax.ragged_dot. XLA:CPU lowers ragged_dot to a dense dot over every expert, so it is the
+    reference there, not a path. The Triton grouped matmul (grouped_matmul_gpu) has run only in interpret mode, so
+    the GPU keeps XLA's ragged_dot until a lent GPU times both."""
+    cpu = grouped_matmul_cpu if grouped_matmul_available(rhs.dtype) else _ragged_dot_matmul
+    return jax.lax.platform_dependent(lhs, rhs, group_sizes, rhs_scale, cpu=cpu, tpu=_pallas_tpu_matmul,
+                                      default=_ragged_dot_matmul)
+
+
+def _pallas_tpu_matmul(lhs: Float[Array, "m k"], rhs: Union[Float[Array, "g k n"], Int[Array, "g k n"]],
+                       group_sizes: Int32[Array, " g"], rhs_scale: Optional[Float32[Array, "g n"]] = None,
+                       ) -> Float[Array, "m n"]:
+    """expert_matmul by the Pallas (Mosaic) grouped matmul on TPU."""
+    return tpu_grouped_matmul(lhs, rhs, group_sizes, rhs_scale)
 
 
 def _ragged_dot_matmul(lhs: Float[Array, "m k"], rhs: Union[Float[Array, "g k n"], Int[Array, "g k n"]],

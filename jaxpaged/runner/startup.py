@@ -21,7 +21,7 @@ from jaxpaged.kernels.attention_dispatch import check_kv_cache_dtype, resolve_at
 from jaxpaged.kernels.cpu_native.paged_decode import native_decode_available
 from jaxpaged.models.llama import unroll_layers_on
 from jaxpaged.models.model_config import ModelConfig
-from jaxpaged.models.moe import EXPERT_MATMUL
+from jaxpaged.models.moe import expert_matmul_name
 from jaxpaged.models.moe_decoder import MoeModelConfig
 from jaxpaged.models.packed_weights import packs_weights_on
 from jaxpaged.runner.dtype_probe import probe_cpu_dtype
@@ -167,10 +167,11 @@ def plan_startup(model: ModelConfig, params: dict[str, np.ndarray], config: Engi
     int8_matmul = choose_int8_matmul(scheme, platform, per_layer, tp, config.cpu_matmul == "native",
                                      probe_shapes(params, config, dtype, packed))
     return StartupPlan(platform, tuple(int(d.id) for d in mesh.devices.flat), tp, dtype, backend, per_layer, packed,
-                       native_decode, kv_spec, memory, scheme, int8_matmul, describe_experts(model, params, tp, dtype))
+                       native_decode, kv_spec, memory, scheme, int8_matmul,
+                       describe_experts(model, params, tp, dtype, platform))
 
 
-def describe_experts(model: ModelConfig, params: dict[str, np.ndarray], tp: int, dtype) -> str:
+def describe_experts(model: ModelConfig, params: dict[str, np.ndarray], tp: int, dtype, platform: str = "cpu") -> str:
     """The plan's MoE line: experts and top-k, how routing and the expert matmuls run, where the experts live and
     their bytes per device; "" for a dense model."""
     if not isinstance(model, MoeModelConfig) or not model.has_experts:
@@ -188,7 +189,7 @@ def describe_experts(model: ModelConfig, params: dict[str, np.ndarray], tp: int,
     return (f"experts: {routing.num_experts} per layer in {moe_layers} of {model.num_layers} layers, top "
             f"{routing.top_k} ({routing.style}{', renormalised' if routing.renormalize else ''}), width "
             f"{model.moe_intermediate_size}{', int8' if quantized else ''}; dropless, sorted by expert, grouped "
-            f"matmul {EXPERT_MATMUL}; {placement}; "
+            f"matmul: {expert_matmul_name(platform, np.int8 if quantized else dtype)}; {placement}; "
             f"{weight_bytes_per_device(experts, model, tp, dtype) / 2**20:.1f} MiB of experts per device")
 
 

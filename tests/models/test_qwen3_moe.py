@@ -153,7 +153,7 @@ def test_int8_experts_generate_the_fake_quantized_models_tokens(qwen3_moe, tmp_p
     assert tokens == [hf_greedy(hf_fake, p) for p in PROMPTS[:2]]
     plan = caplog.text
     assert "experts: 8 per layer" in plan and "top 2" in plan and ", int8;" in plan
-    assert "grouped matmul jax.lax.ragged_dot; all experts on the one device" in plan
+    assert "grouped matmul: native CPU grouped matmul; all experts on the one device" in plan
 
 
 def test_qwen2_moe_shared_expert_and_dense_layer_equal_hf(tmp_path, smollm2_tokenizer_dir):
