@@ -99,7 +99,9 @@ def expert_matmul(lhs: Float[Array, "m k"], rhs: Union[Float[Array, "g k n"], In
     the native build) jax.lax.ragged_dot. XLA:CPU lowers ragged_dot to a dense dot over every expert, so it is the
     reference there, not a path. The Triton grouped matmul (grouped_matmul_gpu) has run only in interpret mode, so
     the GPU keeps XLA's ragged_dot until a lent GPU times both."""
-    cpu = grouped_matmul_cpu if grouped_matmul_available(rhs.dtype) else _ragged_dot_matmul
+    # NOTE: only a CPU host builds the native library (a TPU or GPU host would compile C++ it never runs).
+    native = jax.default_backend() == "cpu" and grouped_matmul_available(rhs.dtype)
+    cpu = grouped_matmul_cpu if native else _ragged_dot_matmul
     return jax.lax.platform_dependent(lhs, rhs, group_sizes, rhs_scale, cpu=cpu, tpu=_pallas_tpu_matmul,
                                       default=_ragged_dot_matmul)
 
