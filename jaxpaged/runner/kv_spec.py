@@ -83,6 +83,11 @@ class KVSpec:
         return self.layers_per_group or self.groups[0].num_layers
 
     @property
+    def num_model_layers(self) -> int:
+        """The model's layers, over every group."""
+        return sum(group.num_layers for group in self.groups)
+
+    @property
     def group_windows(self) -> tuple[Optional[int], ...]:
         """Per group: the sliding window its blocks are kept for, None for full attention (what the scheduler's
         block allocation reads)."""

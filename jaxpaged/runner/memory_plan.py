@@ -74,10 +74,17 @@ class MemoryPlan:
     kv_format: str = ""
     """How K and V are stored ("bfloat16", "int8 + a bfloat16 scale per token per head": kv_format); "" when not
     said."""
+    group_windows: tuple[Optional[int], ...] = (None,)
+    """Per KV layer group (runner/kv_spec.py): its sliding window, None for full attention. A block id serves every
+    group, so a sequence holds blocks in each."""
 
     @property
     def blocks_per_max_len_sequence(self) -> int:
-        return -(-self.max_model_len // self.block_size)
+        """Blocks a decoding sequence of max_model_len tokens holds over every group: all of its tokens' in a full
+        group, in a sliding group those its window reaches (ceil((w - 1) / block_size) + 1, vLLM's count)."""
+        whole = -(-self.max_model_len // self.block_size)
+        return sum(whole if window is None else min(whole, -(-(window - 1) // self.block_size) + 1)
+                   for window in self.group_windows)
 
     @property
     def max_sequences_at_max_model_len(self) -> int:
@@ -93,13 +100,21 @@ class MemoryPlan:
                 f"{self.kv_bytes_per_block_per_device / 2**10:.1f} KiB per {self.block_size}-token block, "
                 f"{self.num_kv_blocks} blocks = {kv_per_device / 2**20:.1f} MiB ({self.layout} layout, physical "
                 f"x{self.physical_over_logical:.2f} of logical); "
-                f"{self.max_sequences_at_max_model_len} sequences of max_model_len={self.max_model_len} fit at once")
+                f"{self.max_sequences_at_max_model_len} sequences of max_model_len={self.max_model_len} fit at once"
+                f"{self._describe_groups()}")
+
+    def _describe_groups(self) -> str:
+        """The KV cache groups, when there are several (or one sliding group)."""
+        if self.group_windows == (None,):
+            return ""
+        kinds = ", ".join("full" if window is None else f"window {window}" for window in self.group_windows)
+        return f" ({len(self.group_windows)} KV cache groups: {kinds})"
 
     def check(self) -> None:
         """ValueError naming the options when not even one max_model_len sequence fits the pool (as vLLM does)."""
         if self.max_sequences_at_max_model_len >= 1:
             return
-        usable_tokens = (self.num_kv_blocks - 1) * self.block_size
+        usable_tokens = (self.num_kv_blocks - 1) * self.block_size // len(self.group_windows)
         needed_blocks = self.blocks_per_max_len_sequence + 1
         raise ValueError(
             f"max_model_len: {self.max_model_len} tokens need {self.blocks_per_max_len_sequence} KV blocks but the "
@@ -134,11 +149,12 @@ def kv_format(kv_storage_dtype) -> str:
 
 
 def plan_memory(model: ModelConfig, weight_bytes: int, num_kv_blocks: int, block_size: int, max_model_len: int,
-                dtype, tp: int, layout: str, weight_format: str = "", platform: Optional[str] = None) -> MemoryPlan:
+                dtype, tp: int, layout: str, weight_format: str = "", platform: Optional[str] = None,
+                hybrid: bool = True) -> MemoryPlan:
     """The plan of a rank whose KV cache is split over tp devices by heads (`dtype`: the KV pool's,
     runner/kv_cache.py kv_storage_dtype; `weight_format`: see MemoryPlan; `platform`: whose tiling sizes the blocks,
-    jax's default backend when None)."""
-    spec = build_kv_spec(model, block_size, dtype, layout, num_shards=tp, platform=platform)
+    jax's default backend when None; `hybrid`: KV cache groups for sliding-window layers)."""
+    spec = build_kv_spec(model, block_size, dtype, layout, num_shards=tp, platform=platform, hybrid=hybrid)
     return memory_plan_for(spec, weight_bytes, num_kv_blocks, max_model_len, weight_format)
 
 
@@ -147,5 +163,6 @@ def memory_plan_for(spec: KVSpec, weight_bytes: int, num_kv_blocks: int, max_mod
     """The plan of a rank whose KV blocks are `spec`'s (the start-up plan's, sized once)."""
     per_device, per_token = spec.bytes_per_block_per_device, spec.logical_bytes_per_token
     return MemoryPlan(weight_bytes, per_token, per_device, num_kv_blocks, spec.block_size, max_model_len, spec.layout,
-                      per_device * spec.num_shards / (per_token * spec.block_size), weight_format,
-                      kv_format(spec.storage_dtype))
+                      per_device * spec.num_shards * spec.num_model_layers
+                      / (per_token * spec.block_size * spec.num_layer_slots), weight_format,
+                      kv_format(spec.storage_dtype), spec.group_windows)

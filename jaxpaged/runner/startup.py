@@ -148,7 +148,7 @@ def plan_startup(model: ModelConfig, params: dict[str, np.ndarray], config: Engi
     if kv_layout == "packed_quantized":
         _check_tpu_quantized_block(model, config, dtype, platform, tp)
     kv_spec = build_kv_spec(model, config.cache.block_size, kv_storage_dtype(dtype, kv_cache_dtype), kv_layout,
-                            kv_cache_dtype, num_shards=tp)
+                            kv_cache_dtype, num_shards=tp, hybrid=hybrid_kv_groups(model, config))
     # NOTE: the weights are placed after the plan is made; the pool's default size leaves room for them.
     num_kv_blocks = num_kv_blocks_in_budget(config.cache, kv_spec.bytes_per_block_per_device,
                                             pending_weight_bytes=weight_bytes)
@@ -163,6 +163,23 @@ def plan_startup(model: ModelConfig, params: dict[str, np.ndarray], config: Engi
                                      probe_shapes(params, config, dtype, packed))
     return StartupPlan(platform, tuple(int(d.id) for d in mesh.devices.flat), tp, dtype, backend, per_layer, packed,
                        native_decode, kv_spec, memory, scheme, int8_matmul)
+
+
+def hybrid_kv_groups(model: ModelConfig, config: EngineConfig) -> bool:
+    """Whether sliding-window layers get KV cache groups of their own (runner/kv_spec.py): unless
+    disable_hybrid_kv_cache_manager says no, or a feature that moves blocks by one chain hash is on (the KV tiers,
+    KV events, multi-host steps), which turns them off with a log line saying why, as vLLM does for some connectors."""
+    if config.cache.disable_hybrid_kv_cache_manager or model.sliding_window is None:
+        return False
+    features = (("the KV tiers (kv_offload_memory, kv_offload_dir)", config.cache.kv_offload_enabled),
+                ("kv_events_config", config.kv_events_config is not None),
+                ("multi-host serving", jax.process_count() > 1))
+    reasons = [name for name, on in features if on]
+    if reasons:
+        logger.warning("KV cache groups off: %s keep one block table per request; every layer keeps every token "
+                       "(as with --disable-hybrid-kv-cache-manager)", ", ".join(reasons))
+        return False
+    return True
 
 
 def _check_tpu_quantized_block(model: ModelConfig, config: EngineConfig, dtype, platform: str, tp: int) -> None:
