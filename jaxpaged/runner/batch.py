@@ -165,6 +165,9 @@ def _fill_group_tables(group_tables: GroupTables, scheduled: Sequence[ScheduledR
     group_tables.block_tables[0] = attention.block_tables
     group_tables.slot_mapping[0] = attention.slot_mapping
     for group, host_table in enumerate(group_block_tables, start=1):
+        if any(len(item.group_block_ids) <= group for item in scheduled):
+            raise ValueError(f"group_block_ids: the pool has {len(group_block_tables) + 1} KV cache groups; every "
+                             f"scheduled request needs a block table for each")
         lists = [item.group_block_ids[group] for item in scheduled]
         group_tables.block_tables[group, :num_seqs] = host_table.update(lists)[:num_seqs]
         slots: list[int] = []
