@@ -19,6 +19,7 @@ import numpy as np
 from jaxpaged.config import EngineConfig
 from jaxpaged.kernels.attention_dispatch import check_kv_cache_dtype, resolve_attention_backend
 from jaxpaged.kernels.cpu_native.paged_decode import native_decode_available
+from jaxpaged.kv_events_config import parse_kv_events_config
 from jaxpaged.models.llama import unroll_layers_on
 from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.models.packed_weights import packs_weights_on
@@ -172,7 +173,8 @@ def hybrid_kv_groups(model: ModelConfig, config: EngineConfig) -> bool:
     if config.cache.disable_hybrid_kv_cache_manager or model.sliding_window is None:
         return False
     features = (("the KV tiers (kv_offload_memory, kv_offload_dir)", config.cache.kv_offload_enabled),
-                ("kv_events_config", config.kv_events_config is not None),
+                ("kv_events_config", config.kv_events_config is not None
+                 and parse_kv_events_config(config.kv_events_config).enable_kv_cache_events),
                 ("multi-host serving", jax.process_count() > 1))
     reasons = [name for name, on in features if on]
     if reasons:

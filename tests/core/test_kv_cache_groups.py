@@ -2,6 +2,8 @@
 rest back as a request advances; prefix hits need the whole prefix in full groups and only the window in sliding
 ones; the layer grouping and the memory plan's sequences per pool, worked by hand."""
 
+from typing import Optional
+
 import numpy as np
 import pytest
 
@@ -163,7 +165,7 @@ def test_layers_group_by_kind_in_runs_of_the_smallest_kind(windows, expected):
     assert layer_groups(windows) == expected
 
 
-def shaped(num_layers: int, window: int, sliding: tuple[bool, ...]) -> ModelConfig:
+def shaped(num_layers: int, window: Optional[int], sliding: tuple[bool, ...]) -> ModelConfig:
     return ModelConfig(architecture="LlamaForCausalLM", vocab_size=256, hidden_size=64, intermediate_size=64,
                        num_layers=num_layers, num_q_heads=16, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-6,
                        rope_theta=10000.0, max_position_embeddings=32768, tie_word_embeddings=True,
