@@ -36,7 +36,7 @@ CONFIGS = {
 }
 BLOCK_SIZES = {"gemma2": 4, "gemma3": 4, "mistral": 8}
 WINDOWS = {"gemma2": 8, "gemma3": 8, "mistral": 16}
-POOL_BLOCKS = {"gemma2": 40, "gemma3": 40, "mistral": 12}
+POOL_BLOCKS = {"gemma2": 48, "gemma3": 48, "mistral": 12}
 """Blocks that four of test_long_prompts' requests outgrow (Mistral's one sliding group holds 5 blocks a request)."""
 
 
@@ -96,25 +96,29 @@ def test_long_prompts_match_hf_through_chunks_and_preemption(family_llm):
 
 
 def test_prefix_hits_reuse_the_window_and_give_the_same_tokens(family_llm):
-    """The same prompts again hit the prefix cache and generate the same tokens with the same log-probabilities; a
-    prompt sharing 21 tokens then branching hits at least its whole blocks. (Prompts short enough that the small
-    pool evicts nothing: a sliding group's early blocks go back to the pool first, and are evicted first.)"""
+    """A prompt sharing 21 tokens with a finished one, then branching, hits at least its whole blocks; the same
+    prompts again hit and generate the same tokens with the same log-probabilities. (Prompts short enough that the
+    small pool keeps what they need: a sliding group's early blocks go back to the pool first, and go first.)"""
     _, _, llm, _ = family_llm
     assert llm.reset_prefix_cache()
     token_prompts = prompts(2, [24, 28])
-    first = [generate(llm, [p])[0] for p in token_prompts]
+    first = [generate(llm, [token_prompts[0]])[0]]
+    branched = token_prompts[0][:21] + [5, 6, 7]
+    assert generate(llm, [branched])[0].num_cached_tokens >= 16
+    first.append(generate(llm, [token_prompts[1]])[0])
     again = [generate(llm, [p])[0] for p in token_prompts]
     for got, want in zip(again, first):
         assert got.num_cached_tokens >= 16
         assert got.outputs[0].token_ids == want.outputs[0].token_ids
         assert got.outputs[0].cumulative_logprob == pytest.approx(want.outputs[0].cumulative_logprob, abs=1e-4)
-    branched = token_prompts[0][:21] + [5, 6, 7]
-    assert generate(llm, [branched])[0].num_cached_tokens >= 16
 
 
+@pytest.mark.parametrize("family_llm", [pytest.param("gemma2", marks=pytest.mark.slow), "gemma3",
+                                        pytest.param("mistral", marks=pytest.mark.slow)], indirect=True)
 def test_groups_on_and_off_give_identical_tokens(family_llm):
     """--disable-hybrid-kv-cache-manager (every layer keeps every token) generates the very tokens and
-    log-probabilities of the groups, for prompts several windows long with a shared prefix."""
+    log-probabilities of the groups, for prompts several windows long with a shared prefix. (A second engine each:
+    Gemma 3's three groups run in the quick suite, the other two families with the slow tests.)"""
     family, _, llm, directory = family_llm
     window = WINDOWS[family]
     base = prompts(3, [5 * window])[0]
