@@ -5,8 +5,10 @@ Two readings:
      of window 1024 : 1 global, 16 KV heads of 128) and a gpt-oss-shaped one (36 layers alternating window 128 and
      full, 8 KV heads of 64), groups off (--disable-hybrid-kv-cache-manager) against on;
   2. a run that actually holds them: a tiny random Gemma-3-like model (6 layers, 5 local of window --window : 1
-     global) in a pool of --kv-mib MiB, --requests prompts of max_model_len - 16 tokens at once; the most requests
-     running together while they decode, groups off against on.
+     global) in a pool of --kv-mib MiB (default: what 3 sequences need without groups), --requests prompts of
+     max_model_len - 128 tokens at once, each decoding 128 (long enough that every admitted request is decoding at
+     once); the most requests decoding together (their whole prompt
+     in the pool), groups off against on.
 
     python -m benchmarks.kv_groups_capacity [--max-model-len 2048 --window 64 --requests 16]
 """
@@ -23,6 +25,8 @@ import numpy as np
 from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.runner.memory_plan import plan_memory
 
+NEW_TOKENS = 128
+"""Tokens each request of the run decodes."""
 KV_BYTES = 64 * 2**30
 """The KV bytes of the plan readings: one 80 GiB accelerator's pool after the weights, roughly."""
 
@@ -73,23 +77,25 @@ def save_tiny_gemma3(directory: Path, window: int, max_model_len: int) -> None:
 
 def peak_running(directory: Path, hybrid: bool, kv_bytes: int, max_model_len: int,
                  num_requests: int) -> tuple[int, int]:
-    """(most requests running at once, preemptions) for num_requests long prompts decoding 16 tokens each."""
+    """(most requests decoding at once, preemptions) for num_requests long prompts decoding NEW_TOKENS each."""
     from jaxpaged.engine.llm_engine import LLMEngine
     from jaxpaged.sampling.params import SamplingParams
 
     engine = LLMEngine.from_options(str(directory), dtype="float32", attention_backend="xla", block_size=16,
                                     max_model_len=max_model_len, max_num_seqs=num_requests,
-                                    max_num_batched_tokens=2048, kv_cache_memory=kv_bytes, enable_prefix_caching=False,
+                                    max_num_batched_tokens=512, kv_cache_memory=kv_bytes, enable_prefix_caching=False,
                                     disable_hybrid_kv_cache_manager=not hybrid, compilation_cache_dir="")
     rng = random.Random(0)
-    params = SamplingParams(temperature=0.0, max_tokens=16, min_tokens=16)
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS)
+    prompt_len = max_model_len - NEW_TOKENS
     for index in range(num_requests):
-        prompt = [rng.randrange(3, 512) for _ in range(max_model_len - 16)]
+        prompt = [rng.randrange(3, 512) for _ in range(prompt_len)]
         engine.add_request(f"r{index}", {"prompt_token_ids": prompt}, params)
     peak = 0
     while engine.has_unfinished_requests():
         engine.step()
-        peak = max(peak, engine.scheduler.num_running)
+        decoding = sum(1 for request in engine.scheduler.running if request.num_computed_tokens >= prompt_len)
+        peak = max(peak, decoding)
     preemptions = engine.get_stats().num_preemptions
     engine.close()
     return peak, preemptions
@@ -108,7 +114,7 @@ def run_readings(max_model_len: int, window: int, num_requests: int, kv_mib: Opt
                    for hybrid in (False, True)}
     (off, off_preempt), (on, on_preempt) = results[False], results[True]
     print(f"run, tiny Gemma-3-like (6 layers, window {window}), {kv_bytes / 2**20:.2f} MiB of KV, {num_requests} "
-          f"prompts of {max_model_len - 16} tokens: most running at once, groups off {off} ({off_preempt} "
+          f"prompts of {max_model_len - NEW_TOKENS} tokens: most decoding at once, groups off {off} ({off_preempt} "
           f"preemptions), on {on} ({on_preempt} preemptions): {on / off:.2f}x")
 
 
