@@ -146,3 +146,18 @@ def test_a_pool_too_small_for_every_layer_serves_max_model_len_with_groups(tmp_p
     token_prompts = prompts(4, [122])
     outputs = generate(llm, token_prompts)
     assert [list(o.outputs[0].token_ids) for o in outputs] == hf_greedy(model, token_prompts, NEW_TOKENS)
+
+
+def test_scanned_layers_read_their_groups_tables(tmp_path, smollm2_tokenizer_dir, monkeypatch):
+    """With the layers stacked under a scan (as on TPU), each layer's group and pool slot are traced values: Gemma
+    3's three groups generate HF's tokens for prompts of 4-6 windows, prefilled in chunks."""
+    from jaxpaged.runner import startup as startup_module
+
+    model = save_checkpoint("gemma3", tmp_path, smollm2_tokenizer_dir)
+    monkeypatch.setattr(startup_module, "unroll_layers_on", lambda platform: False)
+    llm = LLM(str(tmp_path), block_size=4, num_kv_blocks=64, max_model_len=128, **ENGINE)
+    plan = llm.engine.runner.plan
+    assert not plan.per_layer and plan.kv_spec.num_groups == 3
+    token_prompts = prompts(5, [37, 45])
+    outputs = generate(llm, token_prompts)
+    assert [list(o.outputs[0].token_ids) for o in outputs] == hf_greedy(model, token_prompts, NEW_TOKENS)
