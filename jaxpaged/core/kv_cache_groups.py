@@ -34,6 +34,33 @@ def sliding_blocks_skipped(num_computed_tokens: int, window: int, block_size: in
     return max(num_computed_tokens - window + 1, 0) // block_size
 
 
+def sequence_blocks(num_tokens: int, block_size: int, group_windows: Sequence[Optional[int]],
+                    num_chunk_tokens: int = 1) -> int:
+    """Blocks one sequence of num_tokens tokens holds at most over every group, its steps computing up to
+    num_chunk_tokens tokens at once: all of its blocks in a full group; in a sliding group (window w) the blocks a
+    step's first query reads back into plus the step's, at most ceil((w + C - 2) / block_size) + 1 (a decode:
+    ceil((w - 1) / block_size) + 1, vLLM's count)."""
+    whole = -(-num_tokens // block_size)
+    chunk = max(num_chunk_tokens, 1)
+    return sum(whole if window is None else min(whole, -(-(window + chunk - 2) // block_size) + 1)
+               for window in group_windows)
+
+
+def max_sequence_tokens(num_usable_blocks: int, block_size: int, group_windows: Sequence[Optional[int]],
+                        num_chunk_tokens: int, limit: int) -> int:
+    """The most tokens, at most `limit`, of one sequence whose blocks (sequence_blocks) fit num_usable_blocks."""
+    def fits(num_tokens: int) -> bool:
+        return sequence_blocks(num_tokens, block_size, group_windows, num_chunk_tokens) <= num_usable_blocks
+
+    if fits(limit):
+        return limit
+    low, high = 0, limit  # blocks only grow with the tokens
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle - 1)
+    return low
+
+
 class GroupedKVCacheManager(KVCacheManager):
     """Allocates, caches and frees blocks per KV layer group; answers prefix-cache lookups over every group."""
 
@@ -59,15 +86,7 @@ class GroupedKVCacheManager(KVCacheManager):
     def blocks_for_tokens(self, num_tokens: int, num_chunk_tokens: int = 0) -> int:
         """Blocks one request of num_tokens tokens holds at most over every group, its last step computing
         num_chunk_tokens tokens at once (a sliding group keeps its window plus that step's tokens)."""
-        block_size = self.block_size
-        whole = -(-num_tokens // block_size)
-        total = 0
-        for window in self.group_windows:
-            if window is None:
-                total += whole
-            else:
-                total += min(whole, -(-(window - 1 + max(num_chunk_tokens, 1) - 1) // block_size) + 1)
-        return total
+        return sequence_blocks(num_tokens, self.block_size, self.group_windows, num_chunk_tokens)
 
     def get_block_ids(self, request_id: str) -> list[int]:
         """The request's block table of group 0 (a live list); [] if it holds none."""

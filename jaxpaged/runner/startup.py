@@ -155,8 +155,10 @@ def plan_startup(model: ModelConfig, params: dict[str, np.ndarray], config: Engi
                                             pending_weight_bytes=weight_bytes)
     max_model_len = config.scheduler.max_model_len
     if max_model_len is None:
-        max_model_len = fit_max_model_len(model.max_position_embeddings, num_kv_blocks, config.cache.block_size)
-    memory = memory_plan_for(kv_spec, weight_bytes, num_kv_blocks, max_model_len, weight_format(params, dtype))
+        max_model_len = fit_max_model_len(model.max_position_embeddings, num_kv_blocks, config.cache.block_size,
+                                          kv_spec.group_windows, config.scheduler.max_num_batched_tokens)
+    memory = memory_plan_for(kv_spec, weight_bytes, num_kv_blocks, max_model_len, weight_format(params, dtype),
+                             config.scheduler.max_num_batched_tokens)
     memory.check()
     quantized = any(value.dtype == np.int8 for value in params.values())
     scheme = (quantization or "int8") if quantized else None

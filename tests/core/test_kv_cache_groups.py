@@ -9,11 +9,17 @@ import pytest
 
 from jaxpaged.core.block_pool import NULL_BLOCK_ID
 from jaxpaged.core.hashing import request_block_hash
-from jaxpaged.core.kv_cache_groups import GroupedKVCacheManager, group_key, sliding_blocks_skipped
+from jaxpaged.core.kv_cache_groups import (
+    GroupedKVCacheManager,
+    group_key,
+    max_sequence_tokens,
+    sequence_blocks,
+    sliding_blocks_skipped,
+)
 from jaxpaged.core.request import Request
 from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.runner.kv_spec import layer_groups
-from jaxpaged.runner.memory_plan import plan_memory
+from jaxpaged.runner.memory_plan import fit_max_model_len, plan_memory
 
 BLOCK = 4
 WINDOW = 8
@@ -188,3 +194,25 @@ def test_gemma3_27b_and_gpt_oss_shapes_hold_more_sequences_at_32k():
     kv_bytes = 200 * 2**30
     assert sequences_at_32k(gemma, True, kv_bytes) >= 5 * sequences_at_32k(gemma, False, kv_bytes)
     assert sequences_at_32k(oss, True, kv_bytes) >= 1.9 * sequences_at_32k(oss, False, kv_bytes)
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 8, 16])
+def test_the_block_bound_holds_at_every_start_and_chunk(chunk):
+    """sequence_blocks' sliding bound, ceil((w + C - 2) / block) + 1, is never exceeded, and is reached, over every
+    start position of a C-token step (a hand-checked closed form against brute force)."""
+    window = WINDOW
+    most = 0
+    for start in range(0, 80):
+        first = sliding_blocks_skipped(start, window, BLOCK)
+        held = -(-(start + chunk) // BLOCK) - first
+        most = max(most, held)
+    assert most == sequence_blocks(10_000, BLOCK, (window,), chunk)
+
+
+def test_the_default_max_model_len_fits_every_group():
+    """A pool of 40 usable blocks (4-token blocks, a full group beside a window-8 group, 16-token steps): the
+    longest sequence needing at most 40 blocks is 33 full blocks + 7 sliding, 132 tokens."""
+    assert max_sequence_tokens(40, BLOCK, (None, WINDOW), 16, 1000) == 132
+    assert sequence_blocks(132, BLOCK, (None, WINDOW), 16) == 40 < sequence_blocks(133, BLOCK, (None, WINDOW), 16)
+    assert fit_max_model_len(1000, 41, BLOCK, (None, WINDOW), 16) == 132
+    assert fit_max_model_len(1000, 41, BLOCK) == 160  # one full group: every usable block

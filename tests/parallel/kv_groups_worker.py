@@ -8,7 +8,7 @@ import sys
 from jaxpaged.llm import LLM
 from jaxpaged.sampling.params import SamplingParams
 
-OPTIONS = dict(max_model_len=128, max_num_seqs=4, max_num_batched_tokens=16, num_kv_blocks=36, block_size=4,
+OPTIONS = dict(max_model_len=64, max_num_seqs=4, max_num_batched_tokens=16, num_kv_blocks=36, block_size=4,
                dtype="float32", attention_backend="xla", compilation_cache_dir="")
 
 
