@@ -76,6 +76,9 @@ class CacheConfig:
     kv_offload_min_load_blocks: Optional[int] = None
     """Lower-tier hits shorter than this many blocks are recomputed instead of loaded. None: measured at start-up
     (the shortest run whose load beats recomputing it)."""
+    disable_hybrid_kv_cache_manager: bool = False
+    """vLLM's --disable-hybrid-kv-cache-manager: keep every token of every layer in one KV cache group, instead of
+    grouping sliding-window layers apart so they keep only their window (runner/kv_spec.py)."""
 
     def __post_init__(self) -> None:
         _require(is_int(self.block_size) and self.block_size >= 1, "block_size",
@@ -96,6 +99,8 @@ class CacheConfig:
             object.__setattr__(self, "kv_cache_dtype", "fp8_e4m3")
         _require(isinstance(self.enable_prefix_caching, bool), "enable_prefix_caching",
                  f"must be a bool, got {self.enable_prefix_caching!r}")
+        _require(isinstance(self.disable_hybrid_kv_cache_manager, bool), "disable_hybrid_kv_cache_manager",
+                 f"must be a bool, got {self.disable_hybrid_kv_cache_manager!r}")
         _require(self.prefix_caching_granularity in _GRANULARITIES, "prefix_caching_granularity",
                  f"must be one of {_GRANULARITIES}, got {self.prefix_caching_granularity!r}")
         for name in ("kv_offload_memory", "kv_offload_dir_max_bytes"):

@@ -2,8 +2,8 @@
 step has budget, sampling rows and free blocks for them. The head of the queue that does not fit waits; nobody
 overtakes it.
 
-A model with several KV layer groups (runner/kv_spec.py: sliding-window layers beside full-attention ones) would
-count an admission's blocks per group here.
+A model with several KV layer groups (runner/kv_spec.py: sliding-window layers beside full-attention ones) counts an
+admission's blocks per group in its KV cache manager (kv_cache_groups.py allocate_hit).
 """
 
 from .kv_cache_manager import KVCacheManager, PrefixHit
@@ -70,5 +70,4 @@ class Admission:
         """Give a waiting request its hit blocks and the blocks of this step's tokens; False (nothing changed)
         when the free blocks do not suffice."""
         num_new_tokens = self._num_admitted_tokens(request, hit.num_tokens, budget)
-        return self.kv_cache_manager.allocate_slots(request, num_new_tokens, hit.block_ids, hit.copy_source,
-                                                    hit.num_copied_tokens, len(hit.lower_tier_hashes)) is not None
+        return self.kv_cache_manager.allocate_hit(request, num_new_tokens, hit) is not None

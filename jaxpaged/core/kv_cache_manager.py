@@ -40,6 +40,10 @@ class PrefixHit:
     """Tokens the copy brings (0 < n < block_size when copy_source is set)."""
     lower_tier_hashes: tuple[BlockHash, ...] = ()
     """Chain hashes of the full blocks after block_ids that a lower tier holds (loaded, then shared)."""
+    group_block_ids: tuple[tuple[int, ...], ...] = ()
+    """KV layer groups (kv_cache_groups.py): each group's hit blocks (block_ids is group 0's); () with one group."""
+    group_copy_sources: tuple[int, ...] = ()
+    """KV layer groups: each group's copy source, when the hit copies (copy_source is group 0's)."""
 
     @property
     def num_blocks(self) -> int:
@@ -49,7 +53,7 @@ class PrefixHit:
     def without_copy(self) -> "PrefixHit":
         """The same hit ending at its last full block (the copied tokens are computed instead)."""
         return dataclasses.replace(self, num_tokens=self.num_tokens - self.num_copied_tokens, copy_source=None,
-                                   num_copied_tokens=0)
+                                   num_copied_tokens=0, group_copy_sources=())
 
 
 
@@ -203,6 +207,25 @@ class KVCacheManager:
             self._held_copy_sources.append(held_blocks[-1])
         block_ids.extend(new_block_ids)
         return new_block_ids
+
+    def allocate_hit(self, request: Request, num_new_tokens: int, hit: PrefixHit) -> Optional[list[int]]:
+        """allocate_slots() of a waiting request at its prefix hit (find_prefix_hit's)."""
+        return self.allocate_slots(request, num_new_tokens, hit.block_ids, hit.copy_source, hit.num_copied_tokens,
+                                   len(hit.lower_tier_hashes))
+
+    def blocks_for_tokens(self, num_tokens: int, num_chunk_tokens: int = 0) -> int:
+        """Blocks one request of num_tokens tokens holds at most (num_chunk_tokens: its longest step)."""
+        del num_chunk_tokens  # every block is kept
+        return -(-num_tokens // self.block_size)
+
+    @property
+    def num_groups(self) -> int:
+        """Block tables per request (KV layer groups): one here."""
+        return 1
+
+    def get_group_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        """The request's block table of every KV layer group: one group here."""
+        return (self.get_block_ids(request_id),)
 
     def take_block_copies(self) -> list[tuple[int, int]]:
         """The (source, destination) block copies queued since the last call, which the step about to run must

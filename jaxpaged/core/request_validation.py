@@ -1,15 +1,17 @@
 """The checks a request passes before the scheduler queues it: anything that could never run is refused at once,
 with a ValueError naming the field, and nothing changes."""
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Optional
 
 from .request import Request, RequestStatus
 
 
 def validate_new_request(request: Request, requests: Mapping[str, Request], max_model_len: int, block_size: int,
-                         num_usable_blocks: int) -> None:
+                         num_usable_blocks: int, blocks_for_tokens: Optional[Callable[[int], int]] = None) -> None:
     """Refuse a request that is not new, repeats an id in `requests`, or could never fit max_model_len or the whole
-    pool of num_usable_blocks blocks."""
+    pool of num_usable_blocks blocks (`blocks_for_tokens`: the most blocks a request of so many tokens holds, when
+    KV layer groups keep only a window; every block of every token when None)."""
     if not isinstance(request, Request):
         raise ValueError(f"request: must be a jaxpaged.core.Request, got {type(request).__name__}")
     if request.request_id in requests:
@@ -23,8 +25,10 @@ def validate_new_request(request: Request, requests: Mapping[str, Request], max_
         raise ValueError(f"max_tokens: must be an int >= 1, got {request.max_tokens!r}")
     # The last generated token's K/V is never computed; a prompt of exactly max_model_len still samples one.
     max_kv_tokens = max(num_prompt_tokens, min(num_prompt_tokens + request.max_tokens, max_model_len) - 1)
-    max_blocks = -(-max_kv_tokens // block_size)
+    count = blocks_for_tokens or (lambda num_tokens: -(-num_tokens // block_size))
+    max_blocks = count(max_kv_tokens)
     if max_blocks > num_usable_blocks:
-        field = "prompt_token_ids" if num_prompt_tokens > num_usable_blocks * block_size else "max_tokens"
+        prompt_blocks = count(num_prompt_tokens)
+        field = "prompt_token_ids" if prompt_blocks > num_usable_blocks else "max_tokens"
         raise ValueError(f"{field}: prompt ({num_prompt_tokens} tokens) + max_tokens ({request.max_tokens}) "
                          f"can need {max_blocks} KV blocks, but the whole pool has {num_usable_blocks}")

@@ -16,12 +16,13 @@ The step's concerns live beside it: running_rows.py (chunks, decodes, tokens in 
 preemption.py (who gives its blocks back) and admission.py (waiting requests at their prefix hits).
 """
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Optional
 
 from ..checks import is_int
 from ..config import CacheConfig, SchedulerConfig
 from .admission import Admission
+from .kv_cache_groups import GroupedKVCacheManager
 from .kv_cache_manager import KVCacheManager
 from .lower_tiers import LowerTiers
 from .preemption import Preemption
@@ -42,8 +43,11 @@ class Scheduler:
     """Decides, step by step, which tokens of which requests the model computes, and keeps their KV blocks."""
 
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, num_kv_blocks: int,
-                 lower_tiers: Optional[LowerTiers] = None, max_spec_tokens_per_step: int = 0) -> None:
+                 lower_tiers: Optional[LowerTiers] = None, max_spec_tokens_per_step: int = 0,
+                 kv_group_windows: Sequence[Optional[int]] = (None,)) -> None:
         """lower_tiers: host and disk tiers below the device pool (jaxpaged/kv_tiers), if on.
+        kv_group_windows: per KV layer group (runner/kv_spec.py), its sliding window or None for full attention;
+        any window makes block tables per group that keep only the window (core/kv_cache_groups.py).
         max_spec_tokens_per_step: most proposals one step verifies (0: speculative decoding off). Each verified
         proposal takes a sampling row, and a step has max_num_seqs of them: sequences plus proposals stay within it."""
         if not is_int(num_kv_blocks) or num_kv_blocks < 2:
@@ -54,10 +58,19 @@ class Scheduler:
             raise ValueError("max_model_len: the scheduler needs a number (None is resolved by the engine)")
         self.max_model_len: int = scheduler_config.max_model_len
         self.block_size = cache_config.block_size
-        self.kv_cache_manager = KVCacheManager(num_kv_blocks, cache_config.block_size,
-                                               cache_config.enable_prefix_caching,
-                                               token_granular=cache_config.prefix_caching_granularity == "token",
-                                               lower_tiers=lower_tiers)
+        token_granular = cache_config.prefix_caching_granularity == "token"
+        self.kv_cache_manager: KVCacheManager
+        if all(window is None for window in kv_group_windows):
+            self.kv_cache_manager = KVCacheManager(num_kv_blocks, cache_config.block_size,
+                                                   cache_config.enable_prefix_caching, token_granular=token_granular,
+                                                   lower_tiers=lower_tiers)
+        else:
+            if lower_tiers is not None:
+                raise ValueError("kv_group_windows: the KV tiers need one KV cache group (the engine turns them off)")
+            self.kv_cache_manager = GroupedKVCacheManager(num_kv_blocks, cache_config.block_size, kv_group_windows,
+                                                          cache_config.enable_prefix_caching, token_granular)
+        self._grouped = self.kv_cache_manager.num_groups > 1
+        """The runner reads a block table per group (ScheduledRequest.group_block_ids)."""
         """Block tables and the prefix cache (num_kv_blocks counts the null block 0)."""
         self.requests: dict[str, Request] = {}
         """Every unfinished request, by id."""
@@ -80,8 +93,10 @@ class Scheduler:
 
     def add_request(self, request: Request) -> None:
         """Queue a new request; ValueError naming the problem (and nothing changed) if it can never run."""
+        kv = self.kv_cache_manager
         validate_new_request(request, self.requests, self.max_model_len, self.block_size,
-                             self.kv_cache_manager.block_pool.num_usable_blocks)
+                             kv.block_pool.num_usable_blocks,
+                             lambda num_tokens: kv.blocks_for_tokens(num_tokens, self.max_num_batched_tokens))
         self.requests[request.request_id] = request
         self.waiting.add(request)
 
@@ -153,6 +168,9 @@ class Scheduler:
         kv = self.kv_cache_manager
         saves, loads = kv.take_tier_transfers()
         self._cache_scheduled_blocks(scheduled)
+        if self._grouped:
+            for item in scheduled:
+                item.group_block_ids = kv.get_group_block_ids(item.request.request_id)
         return SchedulerOutput(scheduled=scheduled, num_scheduled_tokens=self.max_num_batched_tokens - budget,
                                finished_request_ids=finished_request_ids,
                                preempted_request_ids=preempted_request_ids,

@@ -27,6 +27,9 @@ class ScheduledRequest:
     num_spec_tokens: int = 0
     """Speculative decoding: the last num_spec_tokens of token_ids are proposals, not known tokens. The row samples
     at each of its last 1 + num_spec_tokens positions; update_from_output keeps the proposals the samples confirm."""
+    group_block_ids: tuple[list[int], ...] = ()
+    """KV layer groups (core/kv_cache_groups.py): the request's block table of every group (block_ids is group
+    0's); () with one group."""
 
 
 @dataclasses.dataclass

@@ -64,7 +64,8 @@ class LLMEngine:
         self.features = build_features(loaded, config, runners, self.tokenizer)
         """The optional features this engine runs with, behind the loop's hooks."""
         schedulers = [Scheduler(config.scheduler, config.cache, runner.num_kv_blocks, self.features.lower_tiers,
-                                config.speculative.max_tokens_per_step) for runner in runners]
+                                config.speculative.max_tokens_per_step, runner.plan.kv_spec.group_windows)
+                      for runner in runners]
         self.ranks = DataParallelRanks(schedulers, runners, config.cache.block_size)
         self.requests = RequestTable()
         self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)

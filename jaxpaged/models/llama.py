@@ -135,12 +135,18 @@ class LlamaForCausalLM(nnx.Module):
 
     def hidden_states(self, kv_cache: KVCache, token_ids: Int[Array, " num_tokens"],
                       positions: Int[Array, " num_tokens"], metadata: AttentionMetadata, *, attend: Callable,
+                      group_tables: Any = None, kv_placement: Optional[tuple[tuple[int, int], ...]] = None,
                       ) -> tuple[Float[Array, "num_tokens hidden"], KVCache]:
         """The decoder layers of one ragged step: (every token's last hidden state, the updated kv_cache). Rows after
-        the step's real tokens (metadata.cu_q_lens[-1]) are padding: the native CPU matmul skips them."""
+        the step's real tokens (metadata.cu_q_lens[-1]) are padding: the native CPU matmul skips them.
+        KV layer groups (runner/kv_spec.py): `kv_placement` gives each layer's (group, pool slot), `group_tables`
+        (runner/batch.py GroupTables) each group's block tables and slots; without them layer i is slot i of the one
+        table."""
         cfg = self.cfg
-        num_layers, num_blocks = kv_cache.shape[:2]
-        kv_pages = kv_cache.reshape(num_layers * num_blocks, *kv_cache.shape[2:])
+        num_layers = cfg.num_layers
+        num_slots, num_blocks = kv_cache.shape[:2]
+        kv_pages = kv_cache.reshape(num_slots * num_blocks, *kv_cache.shape[2:])
+        placement = kv_placement or tuple((0, index) for index in range(num_layers))
         x = embedding_rows(self.embed[...], token_ids)
         if cfg.embed_scale is not None:
             x = x * jnp.asarray(cfg.embed_scale, x.dtype)  # rounded to the activation dtype first, as HF does
@@ -148,23 +154,28 @@ class LlamaForCausalLM(nnx.Module):
         alternating = bool(cfg.layer_is_sliding) and cfg.sliding_window is not None
         step = _StepContext(cfg, metadata, attend, num_rows=metadata.cu_q_lens[-1], num_blocks=num_blocks,
                             global_tables=global_tables, local_tables=local_tables, alternating=alternating,
-                            feed_forward=self.feed_forward, int8_matmul=self.int8_matmul)
+                            feed_forward=self.feed_forward, int8_matmul=self.int8_matmul,
+                            group_tables=group_tables if kv_placement is not None else None)
         if self.layers.per_layer:
             carry = (x, kv_pages)
             for index in range(num_layers):
                 sliding = not alternating or bool(cfg.layer_is_sliding[index])  # every layer slides if any does
-                carry = _decoder_layer(step, carry, self.layers.layer(index), jnp.int32(index), sliding)
+                group, slot = placement[index]
+                carry = _decoder_layer(step, carry, self.layers.layer(index), jnp.int32(slot), sliding,
+                                       group if step.group_tables is not None else None)
             x, kv_pages = carry
         else:
             def scanned_layer(carry, scanned):
-                stacked_slice, layer_index, layer_is_sliding = scanned
-                return _decoder_layer(step, carry, DecoderLayers.one_layer(stacked_slice), layer_index,
-                                      layer_is_sliding), None
+                stacked_slice, layer_slot, layer_is_sliding, *layer_group = scanned  # a group only when grouped
+                return _decoder_layer(step, carry, DecoderLayers.one_layer(stacked_slice), layer_slot,
+                                      layer_is_sliding, layer_group[0] if layer_group else None), None
 
-            layer_ids = jnp.arange(num_layers, dtype=jnp.int32)
+            layer_slots = jnp.asarray([slot for _, slot in placement], dtype=jnp.int32)
             is_sliding = jnp.asarray(cfg.layer_is_sliding if alternating else (False,) * num_layers)
-            (x, kv_pages), _ = jax.lax.scan(scanned_layer, (x, kv_pages),
-                                            (self.layers.stacked(), layer_ids, is_sliding))
+            scanned = (self.layers.stacked(), layer_slots, is_sliding)
+            if step.group_tables is not None:
+                scanned += (jnp.asarray([group for group, _ in placement], dtype=jnp.int32),)
+            (x, kv_pages), _ = jax.lax.scan(scanned_layer, (x, kv_pages), scanned)
         return x, kv_pages.reshape(kv_cache.shape)
 
     def feed_forward(self, h: Float[Array, "num_tokens hidden"], w: dict[str, Any], proj: Callable,
@@ -225,11 +236,22 @@ class _StepContext:
     """The model's MLP block (LlamaForCausalLM.feed_forward)."""
     int8_matmul: Optional[str] = None
     """How the int8 projections multiply (LlamaForCausalLM's `int8_matmul`)."""
+    group_tables: Any = None
+    """KV layer groups: each group's block tables and slots (runner/batch.py GroupTables); None with one group."""
+
+    def layer_metadata(self, layer_group) -> AttentionMetadata:
+        """The attention metadata of a layer of KV layer group `layer_group` (an int, or traced under the scan)."""
+        tables = self.group_tables
+        if tables is None or layer_group is None:
+            return self.metadata
+        return dataclasses.replace(self.metadata, block_tables=tables.block_tables[layer_group],
+                                   slot_mapping=tables.slot_mapping[layer_group])
 
 
-def _decoder_layer(step: _StepContext, carry, w: dict[str, Any], layer_index, layer_is_sliding):
+def _decoder_layer(step: _StepContext, carry, w: dict[str, Any], layer_index, layer_is_sliding, layer_group=None):
     """One decoder layer: attention (K/V written into the layer's pages) and the MLP, each behind its norm(s).
-    `layer_is_sliding` is a bool when the layers are unrolled (no cond to compile), traced under the scan."""
+    `layer_is_sliding` is a bool when the layers are unrolled (no cond to compile), traced under the scan.
+    `layer_index` is the layer's slot in the pool (its index, with one KV layer group), `layer_group` its group."""
     cfg, num_rows = step.cfg, step.num_rows
     eps, offset = cfg.rms_norm_eps, cfg.norm_offset
     x, kv_pages = carry
@@ -260,8 +282,9 @@ def _decoder_layer(step: _StepContext, carry, w: dict[str, Any], layer_index, la
     k = apply_rope(k, tables)
     # gpt-oss: a learned sink logit per query head joins each softmax's denominator.
     sinks = {} if "sinks" not in w else {"sinks": w["sinks"].astype(jnp.float32)}
-    attn, kv_pages = step.attend(q, k, v, kv_pages, layer_index * step.num_blocks, step.metadata, traced_is_sliding,
-                                 sliding_window=window, sm_scale=cfg.attn_scale, soft_cap=cfg.attn_soft_cap, **sinks)
+    attn, kv_pages = step.attend(q, k, v, kv_pages, layer_index * step.num_blocks, step.layer_metadata(layer_group),
+                                 traced_is_sliding, sliding_window=window, sm_scale=cfg.attn_scale,
+                                 soft_cap=cfg.attn_soft_cap, **sinks)
     attn = matmul(attn.reshape(num_tokens, -1), proj("o_proj"), num_rows=num_rows)
     if "o_bias" in w:  # gpt-oss biases the output projection too
         attn = attn + w["o_bias"]

@@ -10,7 +10,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +22,16 @@ from jaxpaged.runner.buckets import Bucket
 from jaxpaged.runner.host_block_table import HostBlockTable
 from pallas_kernels.pytree import HostOrDeviceArray, register_pytree_dataclass
 from pallas_kernels.ragged_paged_attention.metadata import AttentionMetadata, empty_attention_metadata
+
+
+@register_pytree_dataclass
+@dataclasses.dataclass
+class GroupTables:
+    """KV layer groups (runner/kv_spec.py): every group's block tables and K/V write slots; a layer reads its group's
+    (group 0's are also the attention metadata's)."""
+
+    block_tables: Int[HostOrDeviceArray, "num_groups max_num_seqs pages_per_seq"]
+    slot_mapping: Int[HostOrDeviceArray, "num_groups num_tokens"]
 
 
 @register_pytree_dataclass
@@ -45,6 +55,8 @@ class StepInputs:
     token_sources: Int[HostOrDeviceArray, " num_tokens"]
     """Async scheduling: the row of the previous step's sampled ids that is this row's token (placed there on the
     device, since the host has not seen it yet), or -1: token_ids holds it (every row, without async)."""
+    group_tables: Optional[GroupTables] = None
+    """Several KV layer groups: each group's block tables and slots; None (no leaves) with one group."""
 
     def num_sampled_rows(self) -> Int[Array, ""]:
         """How many leading entries of sample_indices are real (on the device, traced): one past the last entry
@@ -55,12 +67,12 @@ class StepInputs:
         return jnp.max(jnp.where(indices > 0, positions, 1))
 
 
-def empty_step_inputs(num_tokens: int, max_num_seqs: int, blocks_per_seq: int) -> StepInputs:
+def empty_step_inputs(num_tokens: int, max_num_seqs: int, blocks_per_seq: int, num_groups: int = 1) -> StepInputs:
     """A host batch of the given bucket (numpy, filled by the model runner): token ids, positions and attention
     metadata zero, prompt-logprob targets and token sources -1. Every field is a view of one int32 array, laid out
     as pack_step_inputs sends it, so sending the batch copies nothing: one allocation a step instead of eight and
     a concatenation."""
-    template, treedef, spans = _packed_template(num_tokens, max_num_seqs, blocks_per_seq)
+    template, treedef, spans = _packed_template(num_tokens, max_num_seqs, blocks_per_seq, num_groups)
     packed = template.copy()  # fresh each step: the array sent before may still be read by the device
     batch = jax.tree.unflatten(treedef, [packed[start:end].reshape(shape) for start, end, shape in spans])
     batch.__dict__[_PACKED] = packed  # not a field: pytree flattening leaves it out
@@ -72,13 +84,17 @@ _PACKED = "_packed_fields"
 
 
 @functools.lru_cache(maxsize=64)
-def _packed_template(num_tokens: int, max_num_seqs: int, blocks_per_seq: int):
+def _packed_template(num_tokens: int, max_num_seqs: int, blocks_per_seq: int, num_groups: int = 1):
     """The packed array of an empty batch of one bucket, the batch's treedef, and each field's span in the array."""
+    group_tables = None
+    if num_groups > 1:
+        group_tables = GroupTables(np.zeros((num_groups, max_num_seqs, blocks_per_seq), np.int32),
+                                   np.zeros((num_groups, num_tokens), np.int32))
     fields = StepInputs(token_ids=np.zeros(num_tokens, np.int32), positions=np.zeros(num_tokens, np.int32),
                         attention=empty_attention_metadata(num_tokens, max_num_seqs, blocks_per_seq),
                         sample_indices=np.zeros(max_num_seqs, np.int32),
                         prompt_logprob_targets=np.full(num_tokens, -1, np.int32),
-                        token_sources=np.full(num_tokens, -1, np.int32))
+                        token_sources=np.full(num_tokens, -1, np.int32), group_tables=group_tables)
     leaves, treedef = jax.tree.flatten(fields)
     ends = np.cumsum([leaf.size for leaf in leaves]).tolist()
     spans = tuple((end - leaf.size, end, leaf.shape) for leaf, end in zip(leaves, ends))
@@ -88,16 +104,18 @@ def _packed_template(num_tokens: int, max_num_seqs: int, blocks_per_seq: int):
 
 
 def fill_step_inputs(scheduled: Sequence[ScheduledRequest], bucket: Bucket, block_table: HostBlockTable,
-                     block_size: int) -> StepInputs:
+                     block_size: int, group_block_tables: Sequence[HostBlockTable] = ()) -> StepInputs:
     """The scheduled requests laid out in a zero-padded host batch of the bucket's shapes; `block_table` (the
     runner's, kept between steps) is brought up to date and copied in.
 
     Each field is gathered in a Python list and converted once. This runs with cold caches (the device step has
     just streamed the weights through them), where what counts is how much code and data a step touches: a numpy
     call per request and field, and numpy-vectorised filling (every numpy call is cold code), both measured slower
-    than this loop (docs/performance.md).
+    than this loop (docs/performance.md). With KV layer groups, `group_block_tables` (one per group after the
+    first) fill the group tables.
     """
-    batch = empty_step_inputs(bucket.num_tokens, bucket.num_seqs, block_table.table.shape[1])
+    num_groups = 1 + len(group_block_tables)
+    batch = empty_step_inputs(bucket.num_tokens, bucket.num_seqs, block_table.table.shape[1], num_groups)
     attention = batch.attention
     num_seqs = len(scheduled)
     attention.block_tables[:num_seqs] = block_table.update([item.block_ids for item in scheduled])[:num_seqs]
@@ -134,7 +152,30 @@ def fill_step_inputs(scheduled: Sequence[ScheduledRequest], bucket: Bucket, bloc
     attention.cu_q_lens[num_seqs + 1:] = num_tokens
     attention.num_seqs[0] = num_seqs
     batch.sample_indices[:len(sample_rows)] = sample_rows
+    if batch.group_tables is not None:
+        _fill_group_tables(batch.group_tables, scheduled, group_block_tables, attention, block_size)
     return batch
+
+
+def _fill_group_tables(group_tables: GroupTables, scheduled: Sequence[ScheduledRequest],
+                       group_block_tables: Sequence[HostBlockTable], attention: AttentionMetadata,
+                       block_size: int) -> None:
+    """Group 0 as the attention metadata has it; each further group's tables and the slots of its blocks."""
+    num_seqs = len(scheduled)
+    group_tables.block_tables[0] = attention.block_tables
+    group_tables.slot_mapping[0] = attention.slot_mapping
+    for group, host_table in enumerate(group_block_tables, start=1):
+        if any(len(item.group_block_ids) <= group for item in scheduled):
+            raise ValueError(f"group_block_ids: the pool has {len(group_block_tables) + 1} KV cache groups; every "
+                             f"scheduled request needs a block table for each")
+        lists = [item.group_block_ids[group] for item in scheduled]
+        group_tables.block_tables[group, :num_seqs] = host_table.update(lists)[:num_seqs]
+        slots: list[int] = []
+        for item, block_ids in zip(scheduled, lists):
+            start = item.start_position
+            slots += [block_ids[position // block_size] * block_size + position % block_size
+                      for position in range(start, start + len(item.token_ids))]
+        group_tables.slot_mapping[group, :len(slots)] = slots
 
 
 @dataclasses.dataclass(frozen=True)

@@ -54,14 +54,21 @@ def place_model(params: dict[str, np.ndarray], model_config: ModelConfig, plan: 
 
 
 def forward_step(graphdef, attend: Callable, state, kv_cache, packed_batch: Int[Array, " total"],
-                 previous_tokens: Int[Array, " max_num_seqs"], layout: PackedLayout):
-    """One step of the model: (the sampling rows' logits, the updated KV pool, the prompt-logprob stats)."""
+                 previous_tokens: Int[Array, " max_num_seqs"], layout: PackedLayout,
+                 kv_placement: Optional[tuple[tuple[int, int], ...]] = None):
+    """One step of the model: (the sampling rows' logits, the updated KV pool, the prompt-logprob stats).
+    `kv_placement`: per layer, its KV layer group and pool slot (KVSpec.layer_placement) when there are several
+    groups."""
     batch = unpack_step_inputs(packed_batch, layout)
     model = nnx.merge(graphdef, state)
     # Async scheduling: rows whose token the previous step sampled take it from that step's output, on the device.
     sources = batch.token_sources
     token_ids = jnp.where(sources >= 0, previous_tokens[jnp.maximum(sources, 0)], batch.token_ids)
-    x, kv_cache = model.hidden_states(kv_cache, token_ids, batch.positions, batch.attention, attend=attend)
+    if kv_placement is None:
+        x, kv_cache = model.hidden_states(kv_cache, token_ids, batch.positions, batch.attention, attend=attend)
+    else:
+        x, kv_cache = model.hidden_states(kv_cache, token_ids, batch.positions, batch.attention, attend=attend,
+                                          group_tables=batch.group_tables, kv_placement=kv_placement)
     logits = model.logits(x[batch.sample_indices], num_rows=batch.num_sampled_rows())
     targets = batch.prompt_logprob_targets
     vocab_size = logits.shape[-1]
@@ -98,7 +105,10 @@ class CompiledStep:
         state_shardings = jax.tree.map(lambda x: x.sharding, state)
         replicated = self._replicated
         kv_sharding = pool.sharding
-        self._jitted = jax.jit(functools.partial(forward_step, graphdef, attend), donate_argnums=(1,),
+        step = functools.partial(forward_step, graphdef, attend)
+        if plan.kv_spec.num_groups > 1:
+            step = functools.partial(step, kv_placement=plan.kv_spec.layer_placement)
+        self._jitted = jax.jit(step, donate_argnums=(1,),
                                static_argnums=(4,), in_shardings=(state_shardings, kv_sharding, replicated, replicated),
                                out_shardings=(replicated, kv_sharding, replicated))
         self._executables: dict[Bucket, jax.stages.Compiled] = {}

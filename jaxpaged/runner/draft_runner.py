@@ -63,7 +63,8 @@ class DraftRunner:
             config, dtype=dtype, quantization=None, tensor_parallel_size=1, data_parallel_size=1,
             async_scheduling=False, kv_events_config=None,
             cache=CacheConfig(block_size=shape.block_size, num_kv_blocks=shape.num_kv_blocks,
-                              enable_prefix_caching=False),
+                              enable_prefix_caching=False,
+                              disable_hybrid_kv_cache_manager=True),  # the draft keeps its own one-table pool
             scheduler=SchedulerConfig(max_num_seqs=shape.max_num_seqs,
                                       max_num_batched_tokens=shape.max_num_batched_tokens,
                                       max_model_len=shape.max_model_len))

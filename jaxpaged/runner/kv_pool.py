@@ -1,6 +1,7 @@
 """KVPool: one rank's paged KV cache on its devices, and every way blocks move in it.
 
-The pool is one array per KV layer group (KVSpec.groups; today one, [layers, blocks, *page]), donated to every call
+The pool is one array [layer slots, blocks, *page] that every KV layer group shares (KVSpec.groups; a block id
+belongs to one group at a time, and layer l of its group keeps its page at slot(l)), donated to every call
 that writes it so XLA updates it in place: the compiled step (compiled_step.py), the block copies of
 copy-on-write prefix hits (block_copy.py) and the loads from the KV tiers below the device (tier_transfer.py).
 Block 0 is the null block that padding writes to.

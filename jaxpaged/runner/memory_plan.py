@@ -8,6 +8,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from jaxpaged.core.kv_cache_groups import max_sequence_tokens, sequence_blocks
 from jaxpaged.models.int8_weights import stored_dtype
 from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.runner import mesh as mesh_lib
@@ -74,10 +75,18 @@ class MemoryPlan:
     kv_format: str = ""
     """How K and V are stored ("bfloat16", "int8 + a bfloat16 scale per token per head": kv_format); "" when not
     said."""
+    group_windows: tuple[Optional[int], ...] = (None,)
+    """Per KV layer group (runner/kv_spec.py): its sliding window, None for full attention. A block id serves every
+    group, so a sequence holds blocks in each."""
+    max_chunk_tokens: int = 1
+    """Most tokens one step computes for a sequence (max_num_batched_tokens): a sliding group holds a step's blocks
+    beside its window, which check() counts as the scheduler does."""
 
     @property
     def blocks_per_max_len_sequence(self) -> int:
-        return -(-self.max_model_len // self.block_size)
+        """Blocks a decoding sequence of max_model_len tokens holds over every group: all of its tokens' in a full
+        group, in a sliding group those its window reaches (ceil((w - 1) / block_size) + 1, vLLM's count)."""
+        return sequence_blocks(self.max_model_len, self.block_size, self.group_windows)
 
     @property
     def max_sequences_at_max_model_len(self) -> int:
@@ -93,27 +102,42 @@ class MemoryPlan:
                 f"{self.kv_bytes_per_block_per_device / 2**10:.1f} KiB per {self.block_size}-token block, "
                 f"{self.num_kv_blocks} blocks = {kv_per_device / 2**20:.1f} MiB ({self.layout} layout, physical "
                 f"x{self.physical_over_logical:.2f} of logical); "
-                f"{self.max_sequences_at_max_model_len} sequences of max_model_len={self.max_model_len} fit at once")
+                f"{self.max_sequences_at_max_model_len} sequences of max_model_len={self.max_model_len} fit at once"
+                f"{self._describe_groups()}")
+
+    def _describe_groups(self) -> str:
+        """The KV cache groups, when there are several (or one sliding group)."""
+        if self.group_windows == (None,):
+            return ""
+        kinds = ", ".join("full" if window is None else f"window {window}" for window in self.group_windows)
+        return f" ({len(self.group_windows)} KV cache groups: {kinds})"
 
     def check(self) -> None:
-        """ValueError naming the options when not even one max_model_len sequence fits the pool (as vLLM does)."""
-        if self.max_sequences_at_max_model_len >= 1:
+        """ValueError naming the options when not even one max_model_len sequence fits the pool (as vLLM does;
+        with sliding groups, while a step of max_chunk_tokens runs)."""
+        needed = sequence_blocks(self.max_model_len, self.block_size, self.group_windows, self.max_chunk_tokens)
+        if needed <= self.num_kv_blocks - 1:
             return
-        usable_tokens = (self.num_kv_blocks - 1) * self.block_size
-        needed_blocks = self.blocks_per_max_len_sequence + 1
+        fitted = max_sequence_tokens(self.num_kv_blocks - 1, self.block_size, self.group_windows,
+                                     self.max_chunk_tokens, self.max_model_len)
+        usable_tokens = fitted // self.block_size * self.block_size
+        needed_blocks = needed + 1
         raise ValueError(
-            f"max_model_len: {self.max_model_len} tokens need {self.blocks_per_max_len_sequence} KV blocks but the "
+            f"max_model_len: {self.max_model_len} tokens need {needed} KV blocks but the "
             f"pool has {self.num_kv_blocks - 1} usable ({usable_tokens} tokens); lower max_model_len to "
             f"<= {usable_tokens}, or raise num_kv_blocks to >= {needed_blocks} (kv_cache_memory to >= "
             f"{needed_blocks * self.kv_bytes_per_block_per_device} bytes per device)")
 
 
-def fit_max_model_len(context_len: int, num_kv_blocks: int, block_size: int) -> int:
+def fit_max_model_len(context_len: int, num_kv_blocks: int, block_size: int,
+                      group_windows: tuple[Optional[int], ...] = (None,), max_chunk_tokens: int = 1) -> int:
     """The default max_model_len: the model's context length, or what the pool holds (block 0 aside) when one
-    sequence of it does not fit, with the reason logged."""
-    usable_tokens = (num_kv_blocks - 1) * block_size
-    if context_len <= usable_tokens:
+    sequence of it does not fit, with the reason logged. With KV cache groups a sequence holds blocks in every group
+    (a sliding group its window's and a step's of max_chunk_tokens), as the scheduler counts them."""
+    fitted = max_sequence_tokens(num_kv_blocks - 1, block_size, group_windows, max_chunk_tokens, context_len)
+    if fitted == context_len:
         return context_len
+    usable_tokens = fitted // block_size * block_size
     logger.warning("max_model_len: %d (the model's context length) lowered to %d, the tokens the KV pool of %d "
                    "blocks holds for one sequence; raise kv_cache_memory or num_kv_blocks to serve the whole context",
                    context_len, usable_tokens, num_kv_blocks)
@@ -134,18 +158,20 @@ def kv_format(kv_storage_dtype) -> str:
 
 
 def plan_memory(model: ModelConfig, weight_bytes: int, num_kv_blocks: int, block_size: int, max_model_len: int,
-                dtype, tp: int, layout: str, weight_format: str = "", platform: Optional[str] = None) -> MemoryPlan:
+                dtype, tp: int, layout: str, weight_format: str = "", platform: Optional[str] = None,
+                hybrid: bool = True) -> MemoryPlan:
     """The plan of a rank whose KV cache is split over tp devices by heads (`dtype`: the KV pool's,
     runner/kv_cache.py kv_storage_dtype; `weight_format`: see MemoryPlan; `platform`: whose tiling sizes the blocks,
-    jax's default backend when None)."""
-    spec = build_kv_spec(model, block_size, dtype, layout, num_shards=tp, platform=platform)
+    jax's default backend when None; `hybrid`: KV cache groups for sliding-window layers)."""
+    spec = build_kv_spec(model, block_size, dtype, layout, num_shards=tp, platform=platform, hybrid=hybrid)
     return memory_plan_for(spec, weight_bytes, num_kv_blocks, max_model_len, weight_format)
 
 
 def memory_plan_for(spec: KVSpec, weight_bytes: int, num_kv_blocks: int, max_model_len: int,
-                    weight_format: str = "") -> MemoryPlan:
+                    weight_format: str = "", max_chunk_tokens: int = 1) -> MemoryPlan:
     """The plan of a rank whose KV blocks are `spec`'s (the start-up plan's, sized once)."""
     per_device, per_token = spec.bytes_per_block_per_device, spec.logical_bytes_per_token
     return MemoryPlan(weight_bytes, per_token, per_device, num_kv_blocks, spec.block_size, max_model_len, spec.layout,
-                      per_device * spec.num_shards / (per_token * spec.block_size), weight_format,
-                      kv_format(spec.storage_dtype))
+                      per_device * spec.num_shards * spec.num_model_layers
+                      / (per_token * spec.block_size * spec.num_layer_slots), weight_format,
+                      kv_format(spec.storage_dtype), spec.group_windows, max_chunk_tokens)

@@ -73,7 +73,7 @@ class ModelRunner:
         sched = config.scheduler
         # max_model_len: config's, or the model's context length the plan fitted to the pool when it was None.
         self.inputs = StepInputBuilder(sched.max_num_batched_tokens, sched.max_num_seqs, self.plan.memory.max_model_len,
-                                       config.cache.block_size)
+                                       config.cache.block_size, self.plan.kv_spec.num_groups)
         """The host side of each step: the padded numpy batch."""
         graphdef, state = place_model(params, self.model_config, self.plan, self.mesh)
         self.kv_pool = KVPool(self.plan.kv_spec, self.plan.num_kv_blocks, self.mesh)

@@ -19,6 +19,7 @@ import numpy as np
 from jaxpaged.config import EngineConfig
 from jaxpaged.kernels.attention_dispatch import check_kv_cache_dtype, resolve_attention_backend
 from jaxpaged.kernels.cpu_native.paged_decode import native_decode_available
+from jaxpaged.kv_events_config import parse_kv_events_config
 from jaxpaged.models.llama import unroll_layers_on
 from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.models.moe import expert_matmul_name
@@ -153,14 +154,16 @@ def plan_startup(model: ModelConfig, params: dict[str, np.ndarray], config: Engi
     if kv_layout == "packed_quantized":
         _check_tpu_quantized_block(model, config, dtype, platform, tp)
     kv_spec = build_kv_spec(model, config.cache.block_size, kv_storage_dtype(dtype, kv_cache_dtype), kv_layout,
-                            kv_cache_dtype, num_shards=tp)
+                            kv_cache_dtype, num_shards=tp, hybrid=hybrid_kv_groups(model, config))
     # NOTE: the weights are placed after the plan is made; the pool's default size leaves room for them.
     num_kv_blocks = num_kv_blocks_in_budget(config.cache, kv_spec.bytes_per_block_per_device,
                                             pending_weight_bytes=weight_bytes)
     max_model_len = config.scheduler.max_model_len
     if max_model_len is None:
-        max_model_len = fit_max_model_len(model.max_position_embeddings, num_kv_blocks, config.cache.block_size)
-    memory = memory_plan_for(kv_spec, weight_bytes, num_kv_blocks, max_model_len, weight_format(params, dtype))
+        max_model_len = fit_max_model_len(model.max_position_embeddings, num_kv_blocks, config.cache.block_size,
+                                          kv_spec.group_windows, config.scheduler.max_num_batched_tokens)
+    memory = memory_plan_for(kv_spec, weight_bytes, num_kv_blocks, max_model_len, weight_format(params, dtype),
+                             config.scheduler.max_num_batched_tokens)
     memory.check()
     quantized = any(value.dtype == np.int8 for value in params.values())
     scheme = (quantization or "int8") if quantized else None
@@ -191,6 +194,24 @@ def describe_experts(model: ModelConfig, params: dict[str, np.ndarray], tp: int,
             f"{model.moe_intermediate_size}{', int8' if quantized else ''}; dropless, sorted by expert, grouped "
             f"matmul: {expert_matmul_name(platform, np.int8 if quantized else dtype)}; {placement}; "
             f"{weight_bytes_per_device(experts, model, tp, dtype) / 2**20:.1f} MiB of experts per device")
+
+
+def hybrid_kv_groups(model: ModelConfig, config: EngineConfig) -> bool:
+    """Whether sliding-window layers get KV cache groups of their own (runner/kv_spec.py): unless
+    disable_hybrid_kv_cache_manager says no, or a feature that moves blocks by one chain hash is on (the KV tiers,
+    KV events, multi-host steps), which turns them off with a log line saying why, as vLLM does for some connectors."""
+    if config.cache.disable_hybrid_kv_cache_manager or model.sliding_window is None:
+        return False
+    features = (("the KV tiers (kv_offload_memory, kv_offload_dir)", config.cache.kv_offload_enabled),
+                ("kv_events_config", config.kv_events_config is not None
+                 and parse_kv_events_config(config.kv_events_config).enable_kv_cache_events),
+                ("multi-host serving", jax.process_count() > 1))
+    reasons = [name for name, on in features if on]
+    if reasons:
+        logger.warning("KV cache groups off: %s keep one block table per request; every layer keeps every token "
+                       "(as with --disable-hybrid-kv-cache-manager)", ", ".join(reasons))
+        return False
+    return True
 
 
 def _check_tpu_quantized_block(model: ModelConfig, config: EngineConfig, dtype, platform: str, tp: int) -> None:

@@ -17,7 +17,8 @@ from jaxpaged.runner.host_block_table import HostBlockTable
 class StepInputBuilder:
     """Pads each step's scheduled requests into the smallest bucket that holds them."""
 
-    def __init__(self, max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int, block_size: int) -> None:
+    def __init__(self, max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int, block_size: int,
+                 num_kv_groups: int = 1) -> None:
         self.block_size = block_size
         """Tokens per KV block."""
         self.blocks_per_seq = -(-max_model_len // block_size)
@@ -25,6 +26,10 @@ class StepInputBuilder:
         self.ladder = BucketLadder(max_num_batched_tokens, max_num_seqs)
         """The (tokens, sequences) shapes a step is padded to, one compiled executable each."""
         self.block_table = HostBlockTable(max_num_seqs, self.blocks_per_seq)
+        self.num_kv_groups = num_kv_groups
+        """KV layer groups (runner/kv_spec.py): a block table per request each."""
+        self.group_block_tables = [HostBlockTable(max_num_seqs, self.blocks_per_seq) for _ in range(num_kv_groups - 1)]
+        """The block tables of the groups after the first (the first is block_table)."""
         self.prompt_rows: list[tuple[int, str, int]] = []
         """(token row, request id, prompt position) of the last built batch's prompt-logprob targets."""
         self.feeds_previous = False
@@ -34,20 +39,20 @@ class StepInputBuilder:
 
     def empty(self, bucket: Bucket) -> StepInputs:
         """A batch of `bucket` holding only padding (warm-up, measurements: it writes only the null block)."""
-        return empty_step_inputs(bucket.num_tokens, bucket.num_seqs, self.blocks_per_seq)
+        return empty_step_inputs(bucket.num_tokens, bucket.num_seqs, self.blocks_per_seq, self.num_kv_groups)
 
     def fill(self, scheduled: Sequence[ScheduledRequest]) -> tuple[Bucket, StepInputs]:
         """The scheduled requests' tokens, positions and block tables, padded into their bucket."""
         num_tokens = sum(len(item.token_ids) for item in scheduled)
         bucket = self.ladder.pick(num_tokens, len(scheduled))
-        return bucket, fill_step_inputs(scheduled, bucket, self.block_table, self.block_size)
+        return bucket, fill_step_inputs(scheduled, bucket, self.block_table, self.block_size, self.group_block_tables)
 
     def build(self, output: SchedulerOutput) -> tuple[Bucket, StepInputs]:
         """fill(), plus the rows fed from the previous step's sampled ids and the prompt-logprob targets (left in
         feeds_previous and prompt_rows)."""
         scheduled = output.scheduled
         bucket = self.ladder.pick(output.num_scheduled_tokens, len(scheduled))
-        batch = fill_step_inputs(scheduled, bucket, self.block_table, self.block_size)
+        batch = fill_step_inputs(scheduled, bucket, self.block_table, self.block_size, self.group_block_tables)
         self.prompt_rows = []
         self.feeds_previous = False
         for seq_index, item in enumerate(scheduled):

@@ -19,7 +19,8 @@ def runner_and_hf(tiny_checkpoint):
     family, hf_model, directory = tiny_checkpoint
     config = EngineConfig.from_options(block_size=BLOCK_SIZE, num_kv_blocks=64, max_model_len=64,
                                        max_num_batched_tokens=32, max_num_seqs=16, dtype="float32",
-                                       attention_backend="xla")
+                                       attention_backend="xla",
+                                       disable_hybrid_kv_cache_manager=True)
     return ModelRunner(load_model(str(directory)), config), hf_model
 
 

@@ -81,7 +81,8 @@ def test_text_tower_logits_match_hf_at_every_position(wrapper_checkpoint):
     _, model, directory = wrapper_checkpoint
     config = EngineConfig.from_options(block_size=BLOCK_SIZE, num_kv_blocks=32, max_model_len=64,
                                        max_num_batched_tokens=32, max_num_seqs=16, dtype="float32",
-                                       attention_backend="xla")
+                                       attention_backend="xla",
+                                       disable_hybrid_kv_cache_manager=True)
     runner = ModelRunner(load_model(str(directory)), config)
     tokens = PROMPTS[0]
     assert_close(run_step(runner, [(tokens, 0, [3, 1, 4, 2])]), hf_logits(model, tokens))

@@ -81,7 +81,22 @@ def test_gemma2_alternating_windows_and_soft_caps_at_tp2(tmp_path, smollm2_token
         num_attention_heads=4, num_key_value_heads=2, sliding_window=8, query_pre_attn_scalar=16,
         attn_logit_softcapping=3.0, final_logit_softcapping=5.0)
     model_dir = save_tiny_llama(tmp_path / "gemma2", smollm2_tokenizer_dir, gemma, config_class="Gemma2Config")
-    assert_matches_single_device(run_worker(str(model_dir), [(1, 2)]))
+    # Its reference step hand-builds one block table: one KV cache group (groups: test_kv_cache_groups_at_tp2).
+    assert_matches_single_device(run_worker(str(model_dir), [(1, 2)], {"disable_hybrid_kv_cache_manager": True}))
+
+
+@pytest.mark.slow  # two engines in a subprocess: over a minute on two shared cores
+def test_kv_cache_groups_at_tp2(tmp_path, smollm2_tokenizer_dir):
+    """Gemma 2's two KV cache groups split over two devices by KV heads: the very tokens and log-probabilities of
+    one device, through chunked prefill and preemption."""
+    gemma = {k: v for k, v in TINY_LLAMA.items() if k != "tie_word_embeddings"} | dict(
+        num_attention_heads=4, num_key_value_heads=2, sliding_window=8, query_pre_attn_scalar=16)
+    model_dir = save_tiny_llama(tmp_path / "gemma2", smollm2_tokenizer_dir, gemma, config_class="Gemma2Config")
+    one, two = run_json_worker("tests.parallel.kv_groups_worker", [str(model_dir)], 2, WORKER_TIMEOUT_S)
+    assert one["num_groups"] == two["num_groups"] == 2 and two["kv_shards"] == 2
+    assert one["preemptions"] > 0
+    assert two["tokens"] == one["tokens"]
+    assert two["logprobs"] == pytest.approx(one["logprobs"], abs=1e-4)
 
 
 def test_embedded_smollm2_at_tp3():

@@ -28,7 +28,8 @@ def _int8_runner(model_dir, arrangement: str, monkeypatch) -> ModelRunner:
     # "packed" and "digits": the CPU's two native int8 matmuls, whichever this CPU would pick.
 
     config = EngineConfig.from_options(block_size=4, num_kv_blocks=32, max_model_len=64, max_num_batched_tokens=16,
-                                       max_num_seqs=4, dtype="float32", attention_backend="xla", quantization="int8",
+                                       max_num_seqs=4, dtype="float32", attention_backend="xla",
+                                       disable_hybrid_kv_cache_manager=True, quantization="int8",
                                        cpu_matmul="xla" if arrangement == "unpacked" else "native")
     with monkeypatch.context() as patches:
         patches.setattr(startup_module, "unroll_layers_on", lambda platform: arrangement != "stacked")

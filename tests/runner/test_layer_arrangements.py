@@ -27,7 +27,8 @@ def _runner(model_dir, unrolled: bool, packed: bool = True, *, monkeypatch, dtyp
     from jaxpaged.weights.loader import load_model
 
     config = EngineConfig.from_options(block_size=4, num_kv_blocks=32, max_model_len=64, max_num_batched_tokens=16,
-                                       max_num_seqs=4, dtype=dtype, attention_backend="xla")
+                                       max_num_seqs=4, dtype=dtype, attention_backend="xla",
+                                       disable_hybrid_kv_cache_manager=True)
     with monkeypatch.context() as patches:
         patches.setattr(startup_module, "unroll_layers_on", lambda platform: unrolled)
         if not packed:

@@ -1,0 +1,41 @@
+"""vLLM's --disable-hybrid-kv-cache-manager (flag, LLM key, config field) turns the KV cache groups off, and a feature
+that moves blocks by one chain hash (the KV tiers, KV events) turns them off with one log line saying why."""
+
+import logging
+
+from jaxpaged.cli import build_parser
+from jaxpaged.cli_options import engine_options_from_args
+from jaxpaged.config import EngineConfig
+from jaxpaged.runner.startup import hybrid_kv_groups
+from jaxpaged.server.config_file import parse_command_line
+from jaxpaged.vllm_llm_options import engine_options_from_vllm
+from tests.core.test_kv_cache_groups import shaped
+
+GEMMA = shaped(4, 16, (True, False, True, False))
+
+
+def test_the_vllm_flag_and_llm_key_set_the_config_field():
+    """`serve --disable-hybrid-kv-cache-manager` and LLM(disable_hybrid_kv_cache_manager=True) set the field."""
+    args = parse_command_line(build_parser(), ["serve", "m", "--disable-hybrid-kv-cache-manager"])
+    options = engine_options_from_args(args, environ={})
+    assert options == {"disable_hybrid_kv_cache_manager": True}
+    assert engine_options_from_vllm({"disable_hybrid_kv_cache_manager": True}) == options
+    assert EngineConfig.from_options(**options).cache.disable_hybrid_kv_cache_manager
+
+
+def test_groups_are_on_for_windows_unless_turned_off():
+    """A model with windows gets groups by default; the flag, or a model without windows, has none."""
+    assert hybrid_kv_groups(GEMMA, EngineConfig.from_options())
+    assert not hybrid_kv_groups(GEMMA, EngineConfig.from_options(disable_hybrid_kv_cache_manager=True))
+    assert not hybrid_kv_groups(shaped(4, None, ()), EngineConfig.from_options())
+
+
+def test_tiers_and_events_turn_the_groups_off_saying_why(caplog):
+    """The KV tiers and KV events keep one table per request: groups off, one warning naming the option."""
+    with caplog.at_level(logging.WARNING, logger="jaxpaged.runner.startup"):
+        assert not hybrid_kv_groups(GEMMA, EngineConfig.from_options(kv_offload_memory=2**20))
+        events = EngineConfig.from_options(kv_events_config='{"enable_kv_cache_events": true}')
+        assert not hybrid_kv_groups(GEMMA, events)
+        assert hybrid_kv_groups(GEMMA, EngineConfig.from_options(kv_events_config='{"enable_kv_cache_events": false}'))
+    lines = [record.getMessage() for record in caplog.records]
+    assert len(lines) == 2 and "kv_offload_memory" in lines[0] and "kv_events_config" in lines[1]
