@@ -30,6 +30,8 @@ from jaxpaged.engine.step_timings import StepObserver, StepTimings
 from jaxpaged.features.wiring import build_features
 from jaxpaged.inputs import PromptInput, parse_prompt
 from jaxpaged.kernels.attention_dispatch import check_kv_cache_dtype
+from jaxpaged.lora.host_cache import LoRAAdapterCache
+from jaxpaged.lora.request import LoRARequest
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.runner import ModelRunner, build_rank_runners, compile_counter
 from jaxpaged.sampling.batch import penalizes_output_tokens
@@ -63,8 +65,16 @@ class LLMEngine:
             config, scheduler=dataclasses.replace(config.scheduler, max_model_len=self.max_model_len))
         self.features = build_features(loaded, config, runners, self.tokenizer)
         """The optional features this engine runs with, behind the loop's hooks."""
+        self.lora_adapters: Optional[LoRAAdapterCache] = None
+        """With enable_lora: the adapters requests may name, and the host LRU of them read (max_cpu_loras)."""
+        if config.enable_lora:
+            self.lora_adapters = LoRAAdapterCache(loaded.config, config.max_lora_rank,
+                                                  config.max_cpu_loras or config.max_loras)
+            for runner in runners:
+                runner.lora_source = self.lora_adapters.get
         schedulers = [Scheduler(config.scheduler, config.cache, runner.num_kv_blocks, self.features.lower_tiers,
-                                config.speculative.max_tokens_per_step) for runner in runners]
+                                config.speculative.max_tokens_per_step,
+                                max_loras=config.max_loras if config.enable_lora else 0) for runner in runners]
         self.ranks = DataParallelRanks(schedulers, runners, config.cache.block_size)
         self.requests = RequestTable()
         self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
@@ -110,8 +120,10 @@ class LLMEngine:
 
     # ---- requests --------------------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: PromptInput, sampling_params: Optional[SamplingParams] = None,
-                    *, arrival_time: Optional[float] = None, grammar: Optional[CompiledGrammar] = None) -> None:
-        """Queue a request; ValueError naming the problem (and nothing changed) on bad input.
+                    *, arrival_time: Optional[float] = None, grammar: Optional[CompiledGrammar] = None,
+                    lora_request: Optional[LoRARequest] = None) -> None:
+        """Queue a request; ValueError naming the problem (and nothing changed) on bad input. `lora_request`: the
+        LoRA adapter it runs with (read and checked now, the first time; enable_lora), None: the base model.
 
         `grammar`: its structured_outputs already compiled (self.grammars.submit(), as the async engine does, so the
         loop never waits for a compile); when None, a constrained request's grammar is compiled here, waited for."""
@@ -128,8 +140,9 @@ class LLMEngine:
         # A bad schema, regex or grammar is refused here, before anything is queued (never mid-stream).
         if grammar is None and params.structured_outputs is not None:
             grammar = self.grammars.compile(params.structured_outputs)
+        self.add_lora(lora_request)
         samples = make_samples(request_id, parsed, params, arrival_time, self.tokenizer, self.eos_token_ids,
-                               self._seed_rng)
+                               self._seed_rng, lora_request)
         if grammar is not None:
             for sample in samples:  # copies of one compiled matcher (cheap), never a rebuild per sample
                 sample.request.grammar = self.grammars.new_request_grammar(grammar)
@@ -143,6 +156,37 @@ class LLMEngine:
     def default_sampling_params(self) -> SamplingParams:
         """SamplingParams() with the model's recommended settings (generation_config.json), as vLLM does."""
         return SamplingParams(**self.sampling_defaults)
+
+    # ---- LoRA adapters (vLLM's add_lora / remove_lora / list_loras) ----
+
+    def add_lora(self, lora_request: Optional[LoRARequest]) -> bool:
+        """Read and check an adapter so requests may name it (add_request does it on first use); ValueError naming
+        the adapter and the field when it is bad or LoRA is off. True when given one."""
+        if lora_request is None:
+            return False
+        if not isinstance(lora_request, LoRARequest):
+            raise ValueError(f"lora_request: expected a LoRARequest, got {type(lora_request).__name__}")
+        if self.lora_adapters is None:
+            raise ValueError(f"lora_request: LoRA adapter {lora_request.lora_name!r} given, but the engine runs "
+                             "without enable_lora")
+        self.lora_adapters.add(lora_request)
+        return True
+
+    def remove_lora(self, lora_id: int) -> bool:
+        """Forget an adapter; False when it is unknown. ValueError while an unfinished request uses it."""
+        if self.lora_adapters is None:
+            return False
+        if any(request.lora_id == lora_id for scheduler in self.ranks.schedulers
+               for request in scheduler.requests.values()):
+            raise ValueError(f"lora_int_id: adapter {lora_id} is in use by unfinished requests")
+        for runner in self.ranks.runners:
+            if runner.lora is not None:
+                runner.lora.evict(lora_id)
+        return self.lora_adapters.remove(lora_id)
+
+    def list_loras(self) -> list[LoRARequest]:
+        """The adapters requests may name, by id."""
+        return [] if self.lora_adapters is None else self.lora_adapters.known()
 
     def abort_request(self, request_ids: Union[str, Iterable[str]]) -> None:
         """Drop requests now and free their KV blocks; unknown ids are ignored."""

@@ -13,6 +13,7 @@ from jaxtyping import Array, Bool, Float, Int
 
 from jaxpaged.kernels.attention_dispatch import ragged_paged_attention, write_kv
 from jaxpaged.kernels.cpu_native.packed_matmul import packed_int8_matmuls, packed_matmul, packed_matmuls
+from jaxpaged.lora.projection import LoRAProjection, lora_delta
 from jaxpaged.models.int8_activations import W8A8Weight, w8a8_product
 from jaxpaged.models.int8_weights import Int8Weight
 from jaxpaged.models.int16_activations import W8A16Weight, w8a16_product
@@ -84,7 +85,7 @@ def apply_rope(x: Float[Array, "tokens heads head_dim"], tables: RopeTables) -> 
 
 
 MatmulWeight = Union[Float[Array, "_inner _outer"], Float[Array, "_panels _inner 16"], Int8Weight, W8A16Weight,
-                     W8A8Weight]
+                     W8A8Weight, LoRAProjection]
 """A weight [inner, outer], float32 packed into panels [outer / 16, inner, 16] (models/packed_weights.py), int8
 values with per-column scales (models/int8_weights.py), those multiplied by inputs split into int8 digits
 (models/int16_activations.py), or those with int8 activations (models/int8_activations.py)."""
@@ -110,6 +111,11 @@ def matmuls(x: Float[Array, "tokens inner"], weights: Sequence[MatmulWeight], ou
     `num_rows`: rows from it on are padding, which the native matmul skips (their results are zeros there; XLA's dot
     computes them as it must, static shapes)."""
     out_dtype = x.dtype if out_dtype is None else out_dtype
+    if any(isinstance(weight, LoRAProjection) for weight in weights):  # base products, then each row's adapter's
+        bases = [weight.base if isinstance(weight, LoRAProjection) else weight for weight in weights]
+        products = matmuls(x, bases, out_dtype, num_rows)  # rounded first, as PEFT adds to the base layer's output
+        return tuple((product.astype(jnp.float32) + lora_delta(x, weight)).astype(out_dtype)
+                     if isinstance(weight, LoRAProjection) else product for product, weight in zip(products, weights))
     floats = [weight for weight in weights if not isinstance(weight, (Int8Weight, W8A16Weight, W8A8Weight))]
     int8s = [weight for weight in weights if isinstance(weight, Int8Weight)]
     if int8s and len(int8s) == len(weights) and all(weight.values.ndim == 3 for weight in int8s):

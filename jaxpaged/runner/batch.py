@@ -10,7 +10,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
@@ -45,6 +45,9 @@ class StepInputs:
     token_sources: Int[HostOrDeviceArray, " num_tokens"]
     """Async scheduling: the row of the previous step's sampled ids that is this row's token (placed there on the
     device, since the host has not seen it yet), or -1: token_ids holds it (every row, without async)."""
+    lora_slots: Int[HostOrDeviceArray, " num_tokens"]
+    """Each row's LoRA adapter slot (lora/slots.py), 0 for the base model and for padding: per token row, since a
+    step holds rows of several sequences, each with its own adapter."""
 
     def num_sampled_rows(self) -> Int[Array, ""]:
         """How many leading entries of sample_indices are real (on the device, traced): one past the last entry
@@ -78,7 +81,7 @@ def _packed_template(num_tokens: int, max_num_seqs: int, blocks_per_seq: int):
                         attention=empty_attention_metadata(num_tokens, max_num_seqs, blocks_per_seq),
                         sample_indices=np.zeros(max_num_seqs, np.int32),
                         prompt_logprob_targets=np.full(num_tokens, -1, np.int32),
-                        token_sources=np.full(num_tokens, -1, np.int32))
+                        token_sources=np.full(num_tokens, -1, np.int32), lora_slots=np.zeros(num_tokens, np.int32))
     leaves, treedef = jax.tree.flatten(fields)
     ends = np.cumsum([leaf.size for leaf in leaves]).tolist()
     spans = tuple((end - leaf.size, end, leaf.shape) for leaf, end in zip(leaves, ends))
@@ -88,9 +91,10 @@ def _packed_template(num_tokens: int, max_num_seqs: int, blocks_per_seq: int):
 
 
 def fill_step_inputs(scheduled: Sequence[ScheduledRequest], bucket: Bucket, block_table: HostBlockTable,
-                     block_size: int) -> StepInputs:
+                     block_size: int, lora_slots: Optional[Sequence[int]] = None) -> StepInputs:
     """The scheduled requests laid out in a zero-padded host batch of the bucket's shapes; `block_table` (the
-    runner's, kept between steps) is brought up to date and copied in.
+    runner's, kept between steps) is brought up to date and copied in. `lora_slots`: each scheduled request's
+    LoRA slot, written on its rows (None: every row the base model's).
 
     Each field is gathered in a Python list and converted once. This runs with cold caches (the device step has
     just streamed the weights through them), where what counts is how much code and data a step touches: a numpy
@@ -134,6 +138,11 @@ def fill_step_inputs(scheduled: Sequence[ScheduledRequest], bucket: Bucket, bloc
     attention.cu_q_lens[num_seqs + 1:] = num_tokens
     attention.num_seqs[0] = num_seqs
     batch.sample_indices[:len(sample_rows)] = sample_rows
+    if lora_slots is not None and any(lora_slots):
+        starts = [0, *query_ends]
+        for seq_index, slot in enumerate(lora_slots):
+            if slot:
+                batch.lora_slots[starts[seq_index]:starts[seq_index + 1]] = slot
     return batch
 
 
