@@ -42,7 +42,8 @@ class Scheduler:
     """Decides, step by step, which tokens of which requests the model computes, and keeps their KV blocks."""
 
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, num_kv_blocks: int,
-                 lower_tiers: Optional[LowerTiers] = None, max_spec_tokens_per_step: int = 0, max_loras: int = 0) -> None:
+                 lower_tiers: Optional[LowerTiers] = None, max_spec_tokens_per_step: int = 0,
+                 max_loras: int = 0) -> None:
         """lower_tiers: host and disk tiers below the device pool (jaxpaged/kv_tiers), if on.
         max_spec_tokens_per_step: most proposals one step verifies (0: speculative decoding off). Each verified
         proposal takes a sampling row, and a step has max_num_seqs of them: sequences plus proposals stay within it.

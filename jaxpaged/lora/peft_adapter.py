@@ -130,7 +130,8 @@ def _checked_config(config: dict, where: str, cfg: ModelConfig, max_lora_rank: i
         raise ValueError(f"{where}: lora_alpha: must be a number, got {alpha!r}")
     for field, ok in (("use_dora", not config.get("use_dora")), ("bias", config.get("bias", "none") == "none"),
                       ("modules_to_save", not config.get("modules_to_save")),
-                      ("rank_pattern", not config.get("rank_pattern")), ("alpha_pattern", not config.get("alpha_pattern")),
+                      ("rank_pattern", not config.get("rank_pattern")),
+                      ("alpha_pattern", not config.get("alpha_pattern")),
                       ("layers_to_transform", config.get("layers_to_transform") is None)):
         if not ok:
             raise ValueError(f"{where}: {field}: {config.get(field)!r} is not supported")

@@ -99,7 +99,7 @@ class LoRASlots:
 
     def _write(self, slot: int, adapter: PeftAdapter) -> None:
         """The adapter's A and B into `slot` of the host arrays (zeros where it has no weights or rank)."""
-        for name, host in self._host.items():
+        for host in self._host.values():
             host[:, slot] = 0
         for target, (a, b) in adapter.weights.items():
             rank = a.shape[1]

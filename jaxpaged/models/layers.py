@@ -5,7 +5,7 @@
 
 import math
 from collections.abc import Sequence
-from typing import Optional, Union
+from typing import Optional, Union, cast
 
 import jax
 import jax.numpy as jnp
@@ -85,19 +85,23 @@ def apply_rope(x: Float[Array, "tokens heads head_dim"], tables: RopeTables) -> 
 
 
 MatmulWeight = Union[Float[Array, "_inner _outer"], Float[Array, "_panels _inner 16"], Int8Weight, W8A16Weight,
-                     W8A8Weight, LoRAProjection]
+                     W8A8Weight]
 """A weight [inner, outer], float32 packed into panels [outer / 16, inner, 16] (models/packed_weights.py), int8
 values with per-column scales (models/int8_weights.py), those multiplied by inputs split into int8 digits
 (models/int16_activations.py), or those with int8 activations (models/int8_activations.py)."""
 
 
-def matmul(x: Float[Array, "tokens inner"], weight: MatmulWeight, out_dtype=None,
+ProjectionWeight = Union[MatmulWeight, LoRAProjection]
+"""A matmul weight, or one with the step's LoRA adapter slots beside it (lora/projection.py)."""
+
+
+def matmul(x: Float[Array, "tokens inner"], weight: ProjectionWeight, out_dtype=None,
            num_rows: Optional[Int[Array, ""]] = None) -> Float[Array, "tokens _"]:
     """x @ weight: matmuls of one weight."""
     return matmuls(x, (weight,), out_dtype, num_rows)[0]
 
 
-def matmuls(x: Float[Array, "tokens inner"], weights: Sequence[MatmulWeight], out_dtype=None,
+def matmuls(x: Float[Array, "tokens inner"], weights: Sequence[ProjectionWeight], out_dtype=None,
             num_rows: Optional[Int[Array, ""]] = None) -> tuple[Float[Array, "tokens _"], ...]:
     """x @ each weight, accumulated in float32, rounded to out_dtype (default: x's dtype): bfloat16 weights run the
     CPU's bfloat16 dot units (AMX, AVX512-BF16) with float32 sums, as HF's bfloat16 matmuls do; float32 is unchanged.
@@ -116,6 +120,7 @@ def matmuls(x: Float[Array, "tokens inner"], weights: Sequence[MatmulWeight], ou
         products = matmuls(x, bases, out_dtype, num_rows)  # rounded first, as PEFT adds to the base layer's output
         return tuple((product.astype(jnp.float32) + lora_delta(x, weight)).astype(out_dtype)
                      if isinstance(weight, LoRAProjection) else product for product, weight in zip(products, weights))
+    weights = cast(Sequence[MatmulWeight], weights)  # none is a LoRAProjection past the branch above
     floats = [weight for weight in weights if not isinstance(weight, (Int8Weight, W8A16Weight, W8A8Weight))]
     int8s = [weight for weight in weights if isinstance(weight, Int8Weight)]
     if int8s and len(int8s) == len(weights) and all(weight.values.ndim == 3 for weight in int8s):
@@ -152,7 +157,7 @@ def _int8_product(x: Float[Array, "tokens inner"], weight: Int8Weight) -> Float[
     return product * weight.scale
 
 
-def gated_mlp(x: Float[Array, "tokens hidden"], gate: MatmulWeight, up: MatmulWeight, down: MatmulWeight,
+def gated_mlp(x: Float[Array, "tokens hidden"], gate: ProjectionWeight, up: ProjectionWeight, down: ProjectionWeight,
               activation: str = "silu", num_rows: Optional[Int[Array, ""]] = None) -> Float[Array, "tokens hidden"]:
     """Gated feed-forward down(act(gate(x)) * up(x)): SwiGLU ("silu"), or GeGLU with tanh GELU ("gelu_tanh");
     `num_rows` as for matmul."""

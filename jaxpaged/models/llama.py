@@ -159,8 +159,9 @@ class LlamaForCausalLM(nnx.Module):
             x = x * jnp.asarray(cfg.embed_scale, x.dtype)  # rounded to the activation dtype first, as HF does
         global_tables, local_tables = self._rope_tables(positions)
         alternating = bool(cfg.layer_is_sliding) and cfg.sliding_window is not None
-        lora = self.lora if lora_slots is not None else None
-        lora_rows = None if lora is None else row_slot_one_hot(lora_slots, lora.num_slots(), x.dtype)
+        lora, lora_rows = None, None
+        if self.lora is not None and lora_slots is not None:
+            lora, lora_rows = self.lora, row_slot_one_hot(lora_slots, self.lora.num_slots(), x.dtype)
         step = _StepContext(cfg, metadata, attend, num_rows=metadata.cu_q_lens[-1], num_blocks=num_blocks,
                             global_tables=global_tables, local_tables=local_tables, alternating=alternating,
                             feed_forward=self.feed_forward, int8_matmul=self.int8_matmul, lora_rows=lora_rows)

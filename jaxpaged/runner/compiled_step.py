@@ -48,7 +48,8 @@ def place_model(params: dict[str, np.ndarray], model_config: ModelConfig, plan: 
     model_class = resolve(model_config.architecture).model_class  # the architecture's (models/registry.py)
     model = model_class(model_config, placed, packed=plan.packed_weights, int8_matmul=plan.int8_matmul)
     if lora is not None:
-        model.lora = nnx.data(DecoderLayers(lora.placed))  # declared None (static) in the model
+        # Declared None (static) in LlamaForCausalLM, which every registered family's class is or extends.
+        model.lora = nnx.data(DecoderLayers(lora.placed))  # pyright: ignore[reportAttributeAccessIssue]
     graphdef, state = nnx.split(model)
     # A plain dict of arrays: every step flattens it to call the executable, and nnx's Variables flatten in
     # Python, several times slower than the dict for a model's per-layer weights.

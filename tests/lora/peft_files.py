@@ -56,5 +56,7 @@ def merged_model(base: torch.nn.Module, tensors: dict[str, torch.Tensor], rank: 
                 continue
             b = tensors[name.replace(".lora_A.", ".lora_B.")]
             module_path = name[len("base_model.model."):name.index(".lora_A.")]
-            modules[module_path].weight += scaling * (b @ a)
+            module = modules[module_path]
+            assert isinstance(module, torch.nn.Linear)
+            module.weight += scaling * (b @ a)
     return merged

@@ -2,6 +2,8 @@
 transformers' greedy tokens on the merged weights W + scaling * B @ A; adapters never share prefix-cache blocks; and
 loading adapters after warm-up compiles nothing."""
 
+from typing import Any, Optional
+
 import pytest
 import torch
 import transformers
@@ -61,7 +63,7 @@ def test_mixed_batch_matches_hf_on_merged_weights(lora_llm, adapters, hf_base):
     outputs = lora_llm.generate([{"prompt_token_ids": p} for p in prompts], greedy(), use_tqdm=False,
                                 lora_request=requests)
     got = [output.outputs[0].token_ids for output in outputs]
-    references = {None: hf_base}
+    references: dict[Optional[str], Any] = {None: hf_base}
     for name, (rank, alpha, _, rslora) in ADAPTERS.items():
         references[name] = merged_model(hf_base, adapters[name][1], rank, alpha, rslora)
     expected = [hf_greedy(references[name], [prompt], NUM_NEW_TOKENS)[0] for name, prompt in zip(names, prompts)]
