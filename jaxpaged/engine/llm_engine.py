@@ -173,20 +173,14 @@ class LLMEngine:
         return True
 
     def remove_lora(self, lora_id: int) -> bool:
-        """Forget an adapter; False when it is unknown. ValueError while an unfinished request uses it."""
-        if self.lora_adapters is None:
-            return False
-        if any(request.lora_id == lora_id for scheduler in self.ranks.schedulers
-               for request in scheduler.requests.values()):
-            raise ValueError(f"lora_int_id: adapter {lora_id} is in use by unfinished requests")
-        for runner in self.ranks.runners:
-            if runner.lora is not None:
-                runner.lora.evict(lora_id)
-        return self.lora_adapters.remove(lora_id)
+        """Stop serving an adapter (requests running with it finish with it); False when none has the id."""
+        adapters = self.lora_adapters
+        named = [] if adapters is None else [lora for lora in adapters.served() if lora.lora_int_id == lora_id]
+        return bool(named) and adapters is not None and adapters.remove(named[0].lora_name) is not None
 
-    def list_loras(self) -> list[LoRARequest]:
-        """The adapters requests may name, by id."""
-        return [] if self.lora_adapters is None else self.lora_adapters.known()
+    def list_loras(self) -> list[int]:
+        """The ids of the adapters requests may name (vLLM's list_loras)."""
+        return [] if self.lora_adapters is None else [lora.lora_int_id for lora in self.lora_adapters.served()]
 
     def abort_request(self, request_ids: Union[str, Iterable[str]]) -> None:
         """Drop requests now and free their KV blocks; unknown ids are ignored."""
@@ -347,8 +341,21 @@ class LLMEngine:
             generation_tokens_total=self.processor.num_generated_tokens,
             num_steps=self._num_steps, warmup_seconds=self.warmup_seconds)
         self._add_spec_decode_stats(stats)
+        if self.lora_adapters is not None:
+            self._add_lora_stats(stats)
         self.features.add_stats(stats, self.ranks)
         return stats
+
+    def _add_lora_stats(self, stats: EngineStats) -> None:
+        """Which adapters running and waiting requests use (vllm:lora_requests_info)."""
+        running: dict[str, None] = {}
+        waiting: dict[str, None] = {}
+        for scheduler in self.ranks.schedulers:
+            for request in scheduler.requests.values():
+                if request.lora_name is not None:
+                    (running if request.status is RequestStatus.RUNNING else waiting)[request.lora_name] = None
+        stats.max_lora = self.config.max_loras
+        stats.running_lora_adapters, stats.waiting_lora_adapters = list(running), list(waiting)
 
 
 def _spec_decode_totals(schedulers) -> tuple[int, int, int, list[int]]:

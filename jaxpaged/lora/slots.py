@@ -93,10 +93,6 @@ class LoRASlots:
             self.placed = self._place()
         return [self._slot_of[adapter_id] if adapter_id else 0 for adapter_id in adapter_ids], wrote
 
-    def evict(self, adapter_id: int) -> bool:
-        """Free the adapter's slot (its arrays keep their values until the slot is reused: no row points there)."""
-        return self._slot_of.pop(adapter_id, None) is not None
-
     def _write(self, slot: int, adapter: PeftAdapter) -> None:
         """The adapter's A and B into `slot` of the host arrays (zeros where it has no weights or rank)."""
         for host in self._host.values():

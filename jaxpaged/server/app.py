@@ -25,6 +25,7 @@ from jaxpaged.server.metrics import ServerMetrics
 from jaxpaged.server.openai.chat import create_chat_completion
 from jaxpaged.server.openai.completions import create_completion
 from jaxpaged.server.openai.tokenization import detokenize, tokenize
+from jaxpaged.server.vllm.lora_adapters import install_lora_routes, load_lora_modules, model_cards
 
 
 def build_app(engine: AsyncLLMEngine, settings: Optional[ServerSettings] = None, *,
@@ -33,6 +34,7 @@ def build_app(engine: AsyncLLMEngine, settings: Optional[ServerSettings] = None,
     settings = settings or ServerSettings()
     model_name = (settings.served_model_names or (engine.model_name,))[0]
     context = ServerContext(engine=engine, settings=settings, metrics=ServerMetrics(engine, model_name))
+    load_lora_modules(context.lora_adapters, settings.lora_modules, context.model_names)
     created = int(time.time())
 
     @contextlib.asynccontextmanager
@@ -70,7 +72,10 @@ def build_app(engine: AsyncLLMEngine, settings: Optional[ServerSettings] = None,
     async def models() -> JSONResponse:
         cards = [{"id": name, "object": "model", "created": created, "owned_by": "jaxpaged", "root": engine.model_name,
                   "parent": None, "max_model_len": engine.max_model_len} for name in context.model_names]
+        cards += model_cards(context.lora_adapters, context.model_name, created)
         return JSONResponse({"object": "list", "data": cards})
+
+    install_lora_routes(app, context)
 
     @app.post("/tokenize")
     async def tokenize_route(request: Request) -> JSONResponse:

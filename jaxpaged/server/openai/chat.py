@@ -48,7 +48,7 @@ async def create_chat_completion(request: Request, context: ServerContext) -> Re
     check_prompt_count(payload, context.settings.max_prompts_per_request)  # n alone may pass the cap
     reject_unhonoured_keys(payload, chat=True)
     body = parse_model(ChatCompletionRequest, payload)
-    check_model_name(body.model, context.model_names)
+    check_model_name(body.model, context.request_model_names)
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs: needs logprobs=true", param="top_logprobs", code="invalid_value")
     calling = tool_calling(body, context.tool_parser)
@@ -74,11 +74,13 @@ async def create_chat_completion(request: Request, context: ServerContext) -> Re
     # "auto" tools grammar lets any text (reasoning included) come first.
     constrained = params.structured_outputs is not None and params.structured_outputs.origin != AUTO_TOOLS_ORIGIN
     starts_in_reasoning = reasoning is not None and not constrained and reasoning.starts_in_reasoning(prompt.text)
-    run = GenerationRun(context, f"chatcmpl-{uuid.uuid4().hex}", [prompt], [params])
+    lora = context.lora_request_for(body.model)
+    run = GenerationRun(context, f"chatcmpl-{uuid.uuid4().hex}", [prompt], [params], lora_request=lora)
     texts = [ChoiceText(calling, reasoning, starts_in_reasoning, body.include_reasoning)
              if calling is None or calling.parser is not None
              else None for _ in range(body.n)]
-    view = _ChatView(body, engine.tokenizer, context.model_name, response_id("chatcmpl", body, run), calling, texts,
+    view = _ChatView(body, engine.tokenizer, context.model_name if lora is None else lora.lora_name,
+                     response_id("chatcmpl", body, run), calling, texts,
                      prompt.token_ids, context.settings.enable_prompt_tokens_details)
     return await respond(request, run, body.stream, view.events, lambda finals: view.body(finals[0]))
 
