@@ -113,3 +113,53 @@ def test_swapping_adapters_through_the_slots_never_compiles(lora_llm, adapters, 
     assert compile_counter.num_compilations() == compiles
     assert lora_llm.engine.runner.lora.num_writes >= writes + 5
     assert after[0].outputs[0].token_ids == before[0].outputs[0].token_ids
+
+
+def _bad_adapters(root, adapters) -> dict:
+    """Broken adapters by the field their error must name."""
+    def written(name: str, **kwargs) -> str:
+        options = dict(rank=4, alpha=4.0, targets=["q_proj"], seed=50) | kwargs
+        write_peft_adapter(root / name, TINY_LLAMA, **options)
+        return str(root / name)
+
+    no_weights = written("no-weights")
+    (root / "no-weights" / "adapter_model.safetensors").unlink()
+    return {
+        "lora_path: not a directory": str(root / "does-not-exist"),
+        "lora_path: no adapter_model.safetensors": no_weights,
+        "r: 16 is above max_lora_rank (8)": written("rank-16", rank=16),
+        "target_modules: ['lm_head'] cannot be adapted": written(
+            "lm-head", config_overrides={"target_modules": ["q_proj", "lm_head"]}),
+        "adapts 'v_proj', which is not in target_modules": written(
+            "stray-tensor", targets=["q_proj", "v_proj"], config_overrides={"target_modules": ["q_proj"]}),
+        "has shape (4, 32), expected (4, 64)": _wrong_width(root / "wrong-width"),
+    }
+
+
+def _wrong_width(directory) -> str:
+    write_peft_adapter(directory, TINY_LLAMA | dict(hidden_size=32), rank=4, alpha=4.0, targets=["q_proj"], seed=51)
+    return str(directory)
+
+
+def test_bad_adapters_are_refused_naming_them_and_the_field(lora_llm, adapters, tmp_path):
+    """A missing directory or weights file, a rank above max_lora_rank, an unknown target module, a tensor of a
+    module outside target_modules and a shape mismatch: ValueError naming the adapter and the field, nothing queued,
+    and the engine still serves base and adapter rows."""
+    for index, (field, path) in enumerate(_bad_adapters(tmp_path, adapters).items()):
+        bad = LoRARequest(f"bad{index}", 100 + index, path)
+        with pytest.raises(ValueError) as error:
+            lora_llm.generate([{"prompt_token_ids": PROMPTS[0]}], greedy(), use_tqdm=False, lora_request=bad)
+        assert f"LoRA adapter 'bad{index}'" in str(error.value) and field in str(error.value), str(error.value)
+    assert not lora_llm.engine.has_unfinished_requests()
+    outputs = lora_llm.generate([{"prompt_token_ids": PROMPTS[1]}] * 2, greedy(2), use_tqdm=False,
+                                lora_request=[None, adapters["mlp-r8"][0]])
+    assert all(len(output.outputs[0].token_ids) == 2 for output in outputs)
+
+
+def test_lora_request_needs_enable_lora_and_one_per_prompt(lora_llm, adapters):
+    """A list of lora requests must match the prompts; LoRARequest checks its own fields by name."""
+    with pytest.raises(ValueError, match="lora_request: got 1 for 2 prompts"):
+        lora_llm.generate([{"prompt_token_ids": PROMPTS[0]}] * 2, greedy(), use_tqdm=False,
+                          lora_request=[adapters["attn-r4"][0]])
+    with pytest.raises(ValueError, match="lora_int_id"):
+        LoRARequest("x", 0, "/tmp")
