@@ -18,6 +18,7 @@ import pathlib
 import statistics
 import tempfile
 import time
+from typing import Any
 
 import numpy as np
 
@@ -29,15 +30,15 @@ RANK = 16
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def write_model(directory: pathlib.Path, hidden: int, layers: int) -> dict:
+def write_model(directory: pathlib.Path, hidden: int, layers: int) -> dict[str, Any]:
     """A seeded random Llama checkpoint; returns its config."""
     import torch
     import transformers
 
-    config = dict(vocab_size=8192, hidden_size=hidden, intermediate_size=hidden * 3, num_hidden_layers=layers,
-                  num_attention_heads=hidden // 64, num_key_value_heads=max(1, hidden // 128), head_dim=64,
-                  max_position_embeddings=2048, rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=1,
-                  eos_token_id=2)
+    config: dict[str, Any] = dict(
+        vocab_size=8192, hidden_size=hidden, intermediate_size=hidden * 3, num_hidden_layers=layers,
+        num_attention_heads=hidden // 64, num_key_value_heads=max(1, hidden // 128), head_dim=64,
+        max_position_embeddings=2048, rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
     torch.manual_seed(0)
     transformers.AutoModelForCausalLM.from_config(transformers.LlamaConfig(**config)).save_pretrained(directory)
     tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=_word_level_tokenizer(config["vocab_size"]))

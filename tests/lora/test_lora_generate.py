@@ -117,9 +117,8 @@ def test_swapping_adapters_through_the_slots_never_compiles(lora_llm, adapters, 
 
 def _bad_adapters(root, adapters) -> dict:
     """Broken adapters by the field their error must name."""
-    def written(name: str, **kwargs) -> str:
-        options = dict(rank=4, alpha=4.0, targets=["q_proj"], seed=50) | kwargs
-        write_peft_adapter(root / name, TINY_LLAMA, **options)
+    def written(name: str, rank: int = 4, targets: tuple[str, ...] = ("q_proj",), **kwargs: Any) -> str:
+        write_peft_adapter(root / name, TINY_LLAMA, rank=rank, alpha=4.0, targets=list(targets), seed=50, **kwargs)
         return str(root / name)
 
     no_weights = written("no-weights")
@@ -131,7 +130,7 @@ def _bad_adapters(root, adapters) -> dict:
         "target_modules: ['lm_head'] cannot be adapted": written(
             "lm-head", config_overrides={"target_modules": ["q_proj", "lm_head"]}),
         "adapts 'v_proj', which is not in target_modules": written(
-            "stray-tensor", targets=["q_proj", "v_proj"], config_overrides={"target_modules": ["q_proj"]}),
+            "stray-tensor", targets=("q_proj", "v_proj"), config_overrides={"target_modules": ["q_proj"]}),
         "has shape (4, 32), expected (4, 64)": _wrong_width(root / "wrong-width"),
     }
 
