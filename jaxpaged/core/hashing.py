@@ -31,7 +31,8 @@ def hash_block_tokens(parent_hash: Optional[BlockHash], token_ids: Sequence[int]
 
 def block_extra_keys(request: Request, block_index: int) -> tuple:
     """What besides the tokens decides block `block_index`'s K/V: the cache salt, in the first block only, and the
-    LoRA adapter (("lora", id, name)), in every block as vLLM keys it (KV events report it per block).
+    LoRA adapter (("lora", id, name, weights digest)), in every block as vLLM keys it (KV events report it per
+    block; the digest keeps a persisted block from being hit by other weights under a reused id and name).
 
     Salting the first block is enough: every later hash chains through it. Multimodal input hashes (the blocks
     their placeholders cover) belong here later.
@@ -40,7 +41,7 @@ def block_extra_keys(request: Request, block_index: int) -> tuple:
     if block_index == 0 and request.cache_salt is not None:
         keys = ("cache_salt", request.cache_salt)
     if request.lora_id:
-        keys += ("lora", request.lora_id, request.lora_name)
+        keys += ("lora", request.lora_id, request.lora_name, request.lora_fingerprint)
     return keys
 
 
@@ -80,5 +81,6 @@ def request_parent_key(request: Request, block_index: int, block_size: int) -> B
     if request.cache_salt is not None:
         root = hashlib.sha256(b"cache_salt\0" + request.cache_salt.encode()).digest()
     if request.lora_id:
-        root = hashlib.sha256(root + b"lora\0" + str(request.lora_id).encode()).digest()
+        key = f"{request.lora_id}\0{request.lora_name}\0{request.lora_fingerprint}"
+        root = hashlib.sha256(root + b"lora\0" + key.encode()).digest()
     return root

@@ -31,6 +31,7 @@ from jaxpaged.features.wiring import build_features
 from jaxpaged.inputs import PromptInput, parse_prompt
 from jaxpaged.kernels.attention_dispatch import check_kv_cache_dtype
 from jaxpaged.lora.host_cache import LoRAAdapterCache
+from jaxpaged.lora.peft_adapter import PeftAdapter
 from jaxpaged.lora.request import LoRARequest
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.runner import ModelRunner, build_rank_runners, compile_counter
@@ -140,9 +141,9 @@ class LLMEngine:
         # A bad schema, regex or grammar is refused here, before anything is queued (never mid-stream).
         if grammar is None and params.structured_outputs is not None:
             grammar = self.grammars.compile(params.structured_outputs)
-        self.add_lora(lora_request)
+        adapter = self._read_lora(lora_request)
         samples = make_samples(request_id, parsed, params, arrival_time, self.tokenizer, self.eos_token_ids,
-                               self._seed_rng, lora_request)
+                               self._seed_rng, lora_request, None if adapter is None else adapter.fingerprint)
         if grammar is not None:
             for sample in samples:  # copies of one compiled matcher (cheap), never a rebuild per sample
                 sample.request.grammar = self.grammars.new_request_grammar(grammar)
@@ -162,15 +163,17 @@ class LLMEngine:
     def add_lora(self, lora_request: Optional[LoRARequest]) -> bool:
         """Read and check an adapter so requests may name it (add_request does it on first use); ValueError naming
         the adapter and the field when it is bad or LoRA is off. True when given one."""
+        return self._read_lora(lora_request) is not None
+
+    def _read_lora(self, lora_request: Optional[LoRARequest]) -> Optional[PeftAdapter]:
         if lora_request is None:
-            return False
+            return None
         if not isinstance(lora_request, LoRARequest):
             raise ValueError(f"lora_request: expected a LoRARequest, got {type(lora_request).__name__}")
         if self.lora_adapters is None:
             raise ValueError(f"lora_request: LoRA adapter {lora_request.lora_name!r} given, but the engine runs "
                              "without enable_lora")
-        self.lora_adapters.add(lora_request)
-        return True
+        return self.lora_adapters.add(lora_request)
 
     def remove_lora(self, lora_id: int) -> bool:
         """Stop serving an adapter (requests running with it finish with it); False when none has the id."""

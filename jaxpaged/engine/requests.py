@@ -86,7 +86,8 @@ class RequestGroup:
 
 def make_samples(request_id: str, prompt: ParsedPrompt, params: SamplingParams, arrival_time: float, tokenizer,
                  eos_token_ids: list[int], seed_rng: random.Random,
-                 lora_request: Optional[LoRARequest] = None) -> list[Sample]:
+                 lora_request: Optional[LoRARequest] = None, lora_fingerprint: Optional[str] = None,
+                 ) -> list[Sample]:
     """The n samples of a request: scheduler Requests with their stop criteria, resolved seeds and LoRA adapter,
     and a detokenizer each. Sample i's id is `request_id#i` when n > 1; its seed the user's + i, or one drawn."""
     samples = []
@@ -101,7 +102,7 @@ def make_samples(request_id: str, prompt: ParsedPrompt, params: SamplingParams, 
             sampling_params=params, sampling_seed=seed,
             computes_whole_prompt=params.prompt_logprobs is not None and index == 0,
             lora_id=0 if lora_request is None else lora_request.lora_int_id,
-            lora_name=None if lora_request is None else lora_request.lora_name)
+            lora_name=None if lora_request is None else lora_request.lora_name, lora_fingerprint=lora_fingerprint)
         detokenizer = IncrementalDetokenizer(
             tokenizer, prompt.token_ids, skip_special_tokens=params.skip_special_tokens,
             stop=params.stop or (), include_stop_str_in_output=params.include_stop_str_in_output)

@@ -7,6 +7,7 @@ loaded anywhere.
 """
 
 import dataclasses
+import hashlib
 import json
 import math
 import pathlib
@@ -42,6 +43,9 @@ class PeftAdapter:
     """lora_alpha / r (lora_alpha / sqrt(r) for rsLoRA): already folded into `weights`' B."""
     weights: dict[str, tuple[Float[np.ndarray, "layers rank inner"], Float[np.ndarray, "layers outer rank"]]]
     """Target projection name -> (A, scaled B); layers without tensors of a target hold zeros."""
+    fingerprint: str = ""
+    """A digest of the weights as served (scaling folded in): it joins the prefix-cache keys, so a persisted KV
+    block (the disk tier) is only ever hit by an adapter of the same content, whatever ids a restart hands out."""
 
     @property
     def nbytes(self) -> int:
@@ -98,7 +102,11 @@ def read_peft_adapter(request: LoRARequest, cfg: ModelConfig, max_lora_rank: int
             a[layer] = values
         else:
             b[layer] = values * scaling
-    return PeftAdapter(request, rank, scaling, weights)
+    digest = hashlib.sha256()
+    for name in sorted(weights):
+        a, b = weights[name]
+        digest.update(name.encode() + a.tobytes() + b.tobytes())
+    return PeftAdapter(request, rank, scaling, weights, digest.hexdigest()[:32])
 
 
 def _read_config(directory: pathlib.Path, where: str) -> dict:

@@ -10,18 +10,22 @@ from jaxpaged.features.kv_events import named_fields
 TOKENS = list(range(100, 116))
 
 
-def _request(request_id: str, lora_id: int = 0, salt=None, tokens=TOKENS, max_tokens: int = 4) -> Request:
+def _request(request_id: str, lora_id: int = 0, salt=None, tokens=TOKENS, max_tokens: int = 4,
+             fingerprint: str = "w") -> Request:
     return Request(request_id, tokens, max_tokens=max_tokens, lora_id=lora_id,
-                   lora_name=f"adapter{lora_id}" if lora_id else None, cache_salt=salt)
+                   lora_name=f"adapter{lora_id}" if lora_id else None, cache_salt=salt,
+                   lora_fingerprint=fingerprint if lora_id else None)
 
 
 def test_block_hashes_and_roots_differ_by_adapter_and_salt():
     """Every full block's hash and the first block's token-granular root differ between the base model, two
-    adapters and one adapter under two salts; the same adapter and salt hash alike."""
-    keys = [(0, None), (1, None), (2, None), (1, "s"), (1, "t")]
-    hashes = [[request_block_hash(_request(f"r{i}", lora, salt), block, 4) for block in range(4)]
-              for i, (lora, salt) in enumerate(keys)]
-    roots = [request_parent_key(_request(f"p{i}", lora, salt), 0, 4) for i, (lora, salt) in enumerate(keys)]
+    adapters, one adapter under two salts and one id and name with other weights (a persisted block after a restart);
+    the same adapter and salt hash alike."""
+    keys = [(0, None, "w"), (1, None, "w"), (2, None, "w"), (1, "s", "w"), (1, "t", "w"), (1, None, "other")]
+    hashes = [[request_block_hash(_request(f"r{i}", lora, salt, fingerprint=weights), block, 4) for block in range(4)]
+              for i, (lora, salt, weights) in enumerate(keys)]
+    roots = [request_parent_key(_request(f"p{i}", lora, salt, fingerprint=weights), 0, 4)
+             for i, (lora, salt, weights) in enumerate(keys)]
     for block in range(4):
         assert len({row[block] for row in hashes}) == len(keys)
     assert len(set(roots)) == len(keys)
