@@ -59,7 +59,8 @@ def compile_lora_step(model_name: str, chip: str) -> str:
     try:
         with jax.default_device(mesh.devices.flat[0]):
             shapes = param_shapes(model)
-            abstract = nnx.eval_shape(build, {name: jax.ShapeDtypeStruct(shape, dtype) for name, shape in shapes.items()})
+            abstract = nnx.eval_shape(build, {name: jax.ShapeDtypeStruct(shape, dtype)
+                                              for name, shape in shapes.items()})
             graphdef, state = nnx.split(abstract)
             state = nnx.to_pure_dict(state)
             placed = {key: step_compile._placed(value, key, model, mesh) for key, value in state.items()
@@ -85,9 +86,9 @@ def compile_lora_step(model_name: str, chip: str) -> str:
             example = empty_step_inputs(step_compile.NUM_TOKENS, step_compile.MAX_NUM_SEQS,
                                         -(-step_compile.MAX_MODEL_LEN // step_compile.BLOCK_SIZE))
             packed = pack_step_inputs(example)
-            stats = jitted.lower(placed, kv_cache, jax.ShapeDtypeStruct(packed.shape, packed.dtype, sharding=replicated),
-                                 jax.ShapeDtypeStruct((step_compile.MAX_NUM_SEQS,), jnp.int32, sharding=replicated),
-                                 PackedLayout.of(example)).compile().memory_analysis()
+            batch = jax.ShapeDtypeStruct(packed.shape, packed.dtype, sharding=replicated)
+            previous = jax.ShapeDtypeStruct((step_compile.MAX_NUM_SEQS,), jnp.int32, sharding=replicated)
+            stats = jitted.lower(placed, kv_cache, batch, previous, PackedLayout.of(example)).compile().memory_analysis()
         assert stats is not None
         return (f"OK  {model_name} step + LoRA ({NUM_SLOTS - 1} adapters, rank {RANK}) on {chip}-8 tp {TP}: HBM "
                 f"arguments {stats.argument_size_in_bytes / 2**20:.0f} MiB, temporaries "
