@@ -88,7 +88,8 @@ def compile_lora_step(model_name: str, chip: str) -> str:
             packed = pack_step_inputs(example)
             batch = jax.ShapeDtypeStruct(packed.shape, packed.dtype, sharding=replicated)
             previous = jax.ShapeDtypeStruct((step_compile.MAX_NUM_SEQS,), jnp.int32, sharding=replicated)
-            stats = jitted.lower(placed, kv_cache, batch, previous, PackedLayout.of(example)).compile().memory_analysis()
+            compiled = jitted.lower(placed, kv_cache, batch, previous, PackedLayout.of(example)).compile()
+            stats = compiled.memory_analysis()
         assert stats is not None
         return (f"OK  {model_name} step + LoRA ({NUM_SLOTS - 1} adapters, rank {RANK}) on {chip}-8 tp {TP}: HBM "
                 f"arguments {stats.argument_size_in_bytes / 2**20:.0f} MiB, temporaries "
