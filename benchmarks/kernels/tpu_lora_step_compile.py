@@ -10,6 +10,7 @@ import argparse
 import functools
 import sys
 import time
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -63,8 +64,8 @@ def compile_lora_step(model_name: str, chip: str) -> str:
                                               for name, shape in shapes.items()})
             graphdef, state = nnx.split(abstract)
             state = nnx.to_pure_dict(state)
-            placed = {key: step_compile._placed(value, key, model, mesh) for key, value in state.items()
-                      if key not in ("layers", "lora")}
+            placed: dict[str, Any] = {key: step_compile._placed(value, key, model, mesh)
+                                      for key, value in state.items() if key not in ("layers", "lora")}
             placed["layers"] = {name: step_compile._placed(value, f"layers.{name}", model, mesh)
                                 for name, value in state["layers"].items()}
             placed["lora"] = {name: jax.ShapeDtypeStruct(value.shape, value.dtype,
