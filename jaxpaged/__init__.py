@@ -14,6 +14,7 @@ _PUBLIC = {
     "CompletionOutput": "jaxpaged.outputs",
     "RequestFailedError": "jaxpaged.outputs",
     "EngineConfig": "jaxpaged.config",
+    "LoRARequest": "jaxpaged.lora.request",
 }
 __all__ = sorted(_PUBLIC)
 

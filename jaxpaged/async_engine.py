@@ -18,6 +18,7 @@ from typing import Optional
 from jaxpaged.engine import LLMEngine
 from jaxpaged.engine.stats import EngineStats
 from jaxpaged.inputs import PromptInput
+from jaxpaged.lora.request import LoRARequest
 from jaxpaged.outputs import RequestFailedError, RequestOutput
 from jaxpaged.request_stream import OutputSink, RequestStream
 from jaxpaged.sampling.params import SamplingParams
@@ -41,6 +42,7 @@ class _AddCommand:
     sink: OutputSink
     added: concurrent.futures.Future
     grammar: Optional[concurrent.futures.Future] = None  # its grammar compiling off the loop: queued once done
+    lora_request: Optional[LoRARequest] = None
 
 
 @dataclasses.dataclass
@@ -127,8 +129,10 @@ class AsyncLLMEngine:
 
     # ----------------------------------------------------------------------------------------------- requests
 
-    def add_request(self, request_id: str, prompt: PromptInput, sampling_params: SamplingParams) -> RequestStream:
-        """Queues a request for the engine and returns its stream at once (await stream.wait_added() next).
+    def add_request(self, request_id: str, prompt: PromptInput, sampling_params: SamplingParams,
+                    lora_request: Optional[LoRARequest] = None) -> RequestStream:
+        """Queues a request for the engine and returns its stream at once (await stream.wait_added() next);
+        `lora_request`: the LoRA adapter it runs with.
 
         Counting the request's sequences happens here, synchronously, so an admission check followed by
         add_request calls with no await between them is atomic on the caller's event loop.
@@ -139,7 +143,7 @@ class AsyncLLMEngine:
             if not self._accepting or not self.is_alive:
                 raise EngineDeadError("the engine loop is not running")
             self._num_unfinished_seqs += sink.num_seqs
-            command = _AddCommand(request_id, prompt, sampling_params, sink, added)
+            command = _AddCommand(request_id, prompt, sampling_params, sink, added, lora_request=lora_request)
             if request_id in self._grammar_pending:  # the engine cannot refuse it: the first is not there yet
                 self._release(sink)
                 added.set_exception(ValueError(f"request_id: {request_id!r} is already in use"))
@@ -241,7 +245,8 @@ class AsyncLLMEngine:
             return
         try:
             grammar = command.grammar.result() if command.grammar is not None else None
-            self.engine.add_request(command.request_id, command.prompt, command.sampling_params, grammar=grammar)
+            self.engine.add_request(command.request_id, command.prompt, command.sampling_params, grammar=grammar,
+                                    lora_request=command.lora_request)
         except Exception as error:  # ValueError on bad input; the engine stays as it was
             self._release(command.sink)
             command.added.set_exception(error)

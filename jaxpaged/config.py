@@ -257,8 +257,26 @@ class EngineConfig:
     (vLLM's --kv-events-config; no "endpoint": port 5557 on the HTTP --host; CURVE keys and "redact" restrict who
     reads what, docs/server.md; features/kv_events.py). None: off."""
 
+    enable_lora: bool = False
+    """Serve LoRA adapters (PEFT) beside the base model, rows of several adapters in one step (jaxpaged/lora)."""
+    max_loras: int = 1
+    """With enable_lora: adapters one step may hold (device slots; a step's base rows need none)."""
+    max_lora_rank: int = 16
+    """With enable_lora: the slots' rank; an adapter of a higher r is refused, a lower one padded."""
+    max_cpu_loras: Optional[int] = None
+    """With enable_lora: adapters kept read in host memory (an LRU; others are read again when needed); None:
+    max_loras."""
+
     def __post_init__(self) -> None:
         _require(self.dtype in _DTYPES, "dtype", f"must be one of {_DTYPES}, got {self.dtype!r}")
+        _require(isinstance(self.enable_lora, bool), "enable_lora", f"must be a bool, got {self.enable_lora!r}")
+        for name in ("max_loras", "max_lora_rank"):
+            value = getattr(self, name)
+            _require(is_int(value) and value >= 1, name, f"must be a positive int, got {value!r}")
+        _require(self.max_cpu_loras is None or (is_int(self.max_cpu_loras) and self.max_cpu_loras >= self.max_loras),
+                 "max_cpu_loras", f"must be an int >= max_loras ({self.max_loras}) or None, got {self.max_cpu_loras!r}")
+        _require(not (self.enable_lora and self.multihost.joins_job), "enable_lora",
+                 "LoRA adapters are served on one host: not with a multi-host job")
         _require(self.attention_backend in _BACKENDS, "attention_backend",
                  f"must be one of {_BACKENDS}, got {self.attention_backend!r}")
         _require(is_int(self.seed), "seed", f"must be an int, got {self.seed!r}")

@@ -18,6 +18,7 @@ from jaxpaged.checks import is_int
 from jaxpaged.engine import LLMEngine
 from jaxpaged.features.wiring import followers_of
 from jaxpaged.inputs import ParsedPrompt, PromptInput
+from jaxpaged.lora.request import LoRARequest
 from jaxpaged.multihost.batch import FollowerBatches, join_job_of
 from jaxpaged.multihost.leader import follower_lost
 from jaxpaged.multihost.runtime import is_leader, is_multi_process
@@ -96,7 +97,9 @@ class LLM:
         return self._follower.tokenizer if self._follower is not None else self.engine.tokenizer
 
     def generate(self, prompts: Prompts, sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
+                 use_tqdm: bool = True,
+                 lora_request: Union[LoRARequest, Sequence[Optional[LoRARequest]], None] = None,
+                 ) -> list[RequestOutput]:
         """Run every prompt to completion; one RequestOutput per prompt, in input order.
 
         Every prompt is validated before any is queued, so a bad one raises ValueError and runs nothing. Without
@@ -105,6 +108,8 @@ class LLM:
         other requests are aborted, and the engine stays usable.
         Multi-host, every process calls it with the same inputs: process 0 returns the outputs, a follower process
         runs process 0's steps and returns [] once process 0's call has returned.
+        `lora_request`: the LoRA adapter every prompt runs with, or a list with one (or None) per prompt
+        (enable_lora).
         """
         if self._follower is not None:
             self._follower.follow_batch()
@@ -112,11 +117,12 @@ class LLM:
         with self._batch():
             prompt_list = _as_prompt_list(prompts)
             params_list = _as_params_list(sampling_params, len(prompt_list), self.engine.default_sampling_params())
+            lora_list = _as_lora_list(lora_request, len(prompt_list))
             request_ids = [next_request_id() for _ in prompt_list]
             added = []
             try:
-                for request_id, prompt, params in zip(request_ids, prompt_list, params_list):
-                    self.engine.add_request(request_id, prompt, params)
+                for request_id, prompt, params, lora in zip(request_ids, prompt_list, params_list, lora_list):
+                    self.engine.add_request(request_id, prompt, params, lora_request=lora)
                     added.append(request_id)
             except ValueError as error:
                 self.engine.abort_request(added)
@@ -226,6 +232,15 @@ def _as_prompt_list(prompts: Prompts) -> list[PromptInput]:
     if not items:
         raise ValueError("prompts: at least one prompt is needed")
     return items
+
+
+def _as_lora_list(lora_request, num_prompts: int) -> list[Optional[LoRARequest]]:
+    if lora_request is None or isinstance(lora_request, LoRARequest):
+        return [lora_request] * num_prompts
+    lora_list = list(lora_request)
+    if len(lora_list) != num_prompts:
+        raise ValueError(f"lora_request: got {len(lora_list)} for {num_prompts} prompts")
+    return lora_list
 
 
 def _as_params_list(sampling_params, num_prompts: int, default: SamplingParams) -> list[SamplingParams]:

@@ -16,13 +16,15 @@ class Admission:
     """Admits waiting requests into a step."""
 
     def __init__(self, kv_cache_manager: KVCacheManager, waiting: RequestQueue, max_num_seqs: int,
-                 long_prefill_token_threshold: int) -> None:
+                 long_prefill_token_threshold: int, max_loras: int = 0) -> None:
         self.kv_cache_manager = kv_cache_manager
         self.waiting = waiting
         """New and preempted requests, in admission order of the policy."""
         self.max_num_seqs = max_num_seqs
         self.long_prefill_token_threshold = long_prefill_token_threshold
         """Most prompt tokens one admission computes per step (0: no cap beyond the budget)."""
+        self.max_loras = max_loras
+        """Most LoRA adapters the running requests may use at once (the device slots; 0: LoRA off)."""
 
     def admit(self, running: list[Request], scheduled: list[ScheduledRequest], budget: int,
               num_spec_rows: int) -> int:
@@ -30,8 +32,13 @@ class Admission:
         kv = self.kv_cache_manager
         waiting = self.waiting
         max_running = self.max_num_seqs - num_spec_rows  # the step's proposals hold sampling rows too
+        adapters = {request.lora_id for request in running if request.lora_id} if self.max_loras else set()
         while len(waiting) > 0 and budget > 0 and len(running) < max_running:
             request = waiting.peek()
+            if self.max_loras and request.lora_id and request.lora_id not in adapters:
+                if len(adapters) >= self.max_loras:
+                    break  # every adapter slot is some running request's: the head waits for one to free
+                adapters.add(request.lora_id)
             hit = kv.find_prefix_hit(request)
             if not self._allocate(request, hit, budget):
                 if hit.copy_source is None:

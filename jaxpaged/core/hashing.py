@@ -30,14 +30,27 @@ def hash_block_tokens(parent_hash: Optional[BlockHash], token_ids: Sequence[int]
 
 
 def block_extra_keys(request: Request, block_index: int) -> tuple:
-    """What besides the tokens decides block `block_index`'s K/V: the cache salt, in the first block only.
+    """What besides the tokens decides block `block_index`'s K/V: the cache salt, in the first block only, and the
+    LoRA adapter (("lora", id, name, weights digest)), in every block as vLLM keys it (KV events report it per
+    block; the digest keeps a persisted block from being hit by other weights under a reused id and name).
 
-    Salting the first block is enough: every later hash chains through it. LoRA ids (every block) and
-    multimodal input hashes (the blocks their placeholders cover) belong here later.
+    Salting the first block is enough: every later hash chains through it. Multimodal input hashes (the blocks
+    their placeholders cover) belong here later.
     """
+    keys: tuple = ()
     if block_index == 0 and request.cache_salt is not None:
-        return ("cache_salt", request.cache_salt)
-    return ()
+        keys = ("cache_salt", request.cache_salt)
+    if request.lora_id:
+        keys += ("lora", request.lora_id, request.lora_name, request.lora_fingerprint)
+    return keys
+
+
+def lora_of_extra_keys(extra_keys: Optional[tuple]) -> tuple[Optional[int], Optional[str]]:
+    """(LoRA id, name) a block's extra keys name (block_extra_keys), or (None, None) for the base model."""
+    if not extra_keys or "lora" not in extra_keys:
+        return None, None
+    index = extra_keys.index("lora")
+    return extra_keys[index + 1], extra_keys[index + 2]
 
 
 def request_block_hash(request: Request, block_index: int, block_size: int) -> BlockHash:
@@ -60,9 +73,14 @@ def request_block_hash(request: Request, block_index: int, block_size: int) -> B
 
 def request_parent_key(request: Request, block_index: int, block_size: int) -> BlockHash:
     """What precedes block `block_index` of the request, as a key: the previous block's chain hash, or for the
-    first block a root key of the request's cache salt (so token-granular lookups never cross salts)."""
+    first block a root key of the request's cache salt and LoRA adapter (so token-granular lookups never cross
+    salts or adapters)."""
     if block_index > 0:
         return request_block_hash(request, block_index - 1, block_size)
-    if request.cache_salt is None:
-        return ROOT_PARENT_HASH
-    return hashlib.sha256(b"cache_salt\0" + request.cache_salt.encode()).digest()
+    root = ROOT_PARENT_HASH
+    if request.cache_salt is not None:
+        root = hashlib.sha256(b"cache_salt\0" + request.cache_salt.encode()).digest()
+    if request.lora_id:
+        key = f"{request.lora_id}\0{request.lora_name}\0{request.lora_fingerprint}"
+        root = hashlib.sha256(root + b"lora\0" + key.encode()).digest()
+    return root

@@ -35,7 +35,8 @@ class BlockStored:
     medium: str
     extra_keys: tuple[Optional[tuple], ...]
     """Per block, what besides its tokens went into its hash: ("cache_salt", salt) for a salted prompt's first block,
-    else None (a consumer recomputing hashes needs it; the salt also scopes the chain to one tenant)."""
+    ("lora", id, name) for every block of a LoRA adapter's request (both, in that order, may join), else None (a
+    consumer recomputing hashes needs it; the salt also scopes the chain to one tenant)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -67,14 +67,23 @@ class Request:
                  "num_cached_tokens", "status", "arrival_time", "priority", "cache_salt", "sampling_params",
                  "stop_reason", "max_tokens", "min_tokens", "eos_token_id", "stop_token_ids", "ignore_eos",
                  "num_preemptions", "block_hashes", "sampling_seed", "grammar", "computes_whole_prompt",
-                 "num_pending_tokens", "spec_token_ids", "num_step_tokens", "speculation")
+                 "num_pending_tokens", "spec_token_ids", "num_step_tokens", "speculation", "lora_id", "lora_name",
+                 "lora_fingerprint")
 
     def __init__(self, request_id: str, prompt_token_ids: Sequence[int], *, max_tokens: int = 16,
                  min_tokens: int = 0, eos_token_id: Optional[int] = None, stop_token_ids: Sequence[int] = (),
                  ignore_eos: bool = False, arrival_time: Optional[float] = None, priority: int = 0,
                  cache_salt: Optional[str] = None, sampling_params: Any = None,
-                 sampling_seed: Optional[int] = None, computes_whole_prompt: bool = False) -> None:
+                 sampling_seed: Optional[int] = None, computes_whole_prompt: bool = False, lora_id: int = 0,
+                 lora_name: Optional[str] = None, lora_fingerprint: Optional[str] = None) -> None:
         _check_arguments(request_id, prompt_token_ids, max_tokens, min_tokens, priority, cache_salt)
+        _require_int(lora_id, "lora_id", 0)
+        self.lora_id = lora_id
+        """The LoRA adapter's id (lora_int_id), 0 for the base model: its K/V differs, so it joins the block hashes."""
+        self.lora_name = lora_name
+        """The adapter's name (KV events carry it), None for the base model."""
+        self.lora_fingerprint = lora_fingerprint
+        """A digest of the adapter's weights (lora/peft_adapter.py), in the block hashes beside its id and name."""
         self.request_id = request_id
         """Unique among the requests the scheduler currently holds."""
         self.prompt_token_ids: list[int] = list(prompt_token_ids)

@@ -44,12 +44,13 @@ class Scheduler:
 
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, num_kv_blocks: int,
                  lower_tiers: Optional[LowerTiers] = None, max_spec_tokens_per_step: int = 0,
-                 kv_group_windows: Sequence[Optional[int]] = (None,)) -> None:
+                 kv_group_windows: Sequence[Optional[int]] = (None,), max_loras: int = 0) -> None:
         """lower_tiers: host and disk tiers below the device pool (jaxpaged/kv_tiers), if on.
         kv_group_windows: per KV layer group (runner/kv_spec.py), its sliding window or None for full attention;
         any window makes block tables per group that keep only the window (core/kv_cache_groups.py).
         max_spec_tokens_per_step: most proposals one step verifies (0: speculative decoding off). Each verified
-        proposal takes a sampling row, and a step has max_num_seqs of them: sequences plus proposals stay within it."""
+        proposal takes a sampling row, and a step has max_num_seqs of them: sequences plus proposals stay within it.
+        max_loras: most LoRA adapters running requests use at once (the runner's device slots; 0: LoRA off)."""
         if not is_int(num_kv_blocks) or num_kv_blocks < 2:
             raise ValueError(f"num_kv_blocks: must be an int >= 2 (block 0 is the null block), got {num_kv_blocks!r}")
         self.max_num_seqs = scheduler_config.max_num_seqs
@@ -86,7 +87,7 @@ class Scheduler:
         self._running_rows = RunningRows(self.kv_cache_manager, self._preemption, self.max_num_batched_tokens,
                                          self.max_num_seqs, self.max_model_len, threshold, max_spec_tokens_per_step)
         """This step's rows of the running requests (running_rows.py)."""
-        self._admission = Admission(self.kv_cache_manager, self.waiting, self.max_num_seqs, threshold)
+        self._admission = Admission(self.kv_cache_manager, self.waiting, self.max_num_seqs, threshold, max_loras)
         """Waiting requests into the step (admission.py)."""
 
     # ---- requests in and out ----

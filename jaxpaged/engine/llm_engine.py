@@ -30,6 +30,9 @@ from jaxpaged.engine.step_timings import StepObserver, StepTimings
 from jaxpaged.features.wiring import build_features
 from jaxpaged.inputs import PromptInput, parse_prompt
 from jaxpaged.kernels.attention_dispatch import check_kv_cache_dtype
+from jaxpaged.lora.host_cache import LoRAAdapterCache
+from jaxpaged.lora.peft_adapter import PeftAdapter
+from jaxpaged.lora.request import LoRARequest
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.runner import ModelRunner, build_rank_runners, compile_counter
 from jaxpaged.sampling.batch import penalizes_output_tokens
@@ -63,9 +66,16 @@ class LLMEngine:
             config, scheduler=dataclasses.replace(config.scheduler, max_model_len=self.max_model_len))
         self.features = build_features(loaded, config, runners, self.tokenizer)
         """The optional features this engine runs with, behind the loop's hooks."""
+        self.lora_adapters: Optional[LoRAAdapterCache] = None
+        """With enable_lora: the adapters requests may name, and the host LRU of them read (max_cpu_loras)."""
+        if config.enable_lora:
+            self.lora_adapters = LoRAAdapterCache(loaded.config, config.max_lora_rank,
+                                                  config.max_cpu_loras or config.max_loras)
+            for runner in runners:
+                runner.lora_source = self.lora_adapters.get
         schedulers = [Scheduler(config.scheduler, config.cache, runner.num_kv_blocks, self.features.lower_tiers,
-                                config.speculative.max_tokens_per_step, runner.plan.kv_spec.group_windows)
-                      for runner in runners]
+                                config.speculative.max_tokens_per_step, runner.plan.kv_spec.group_windows,
+                                max_loras=config.max_loras if config.enable_lora else 0) for runner in runners]
         self.ranks = DataParallelRanks(schedulers, runners, config.cache.block_size)
         self.requests = RequestTable()
         self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
@@ -111,8 +121,10 @@ class LLMEngine:
 
     # ---- requests --------------------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: PromptInput, sampling_params: Optional[SamplingParams] = None,
-                    *, arrival_time: Optional[float] = None, grammar: Optional[CompiledGrammar] = None) -> None:
-        """Queue a request; ValueError naming the problem (and nothing changed) on bad input.
+                    *, arrival_time: Optional[float] = None, grammar: Optional[CompiledGrammar] = None,
+                    lora_request: Optional[LoRARequest] = None) -> None:
+        """Queue a request; ValueError naming the problem (and nothing changed) on bad input. `lora_request`: the
+        LoRA adapter it runs with (read and checked now, the first time; enable_lora), None: the base model.
 
         `grammar`: its structured_outputs already compiled (self.grammars.submit(), as the async engine does, so the
         loop never waits for a compile); when None, a constrained request's grammar is compiled here, waited for."""
@@ -129,8 +141,9 @@ class LLMEngine:
         # A bad schema, regex or grammar is refused here, before anything is queued (never mid-stream).
         if grammar is None and params.structured_outputs is not None:
             grammar = self.grammars.compile(params.structured_outputs)
+        adapter = self._read_lora(lora_request)
         samples = make_samples(request_id, parsed, params, arrival_time, self.tokenizer, self.eos_token_ids,
-                               self._seed_rng)
+                               self._seed_rng, lora_request, None if adapter is None else adapter.fingerprint)
         if grammar is not None:
             starts_after = self._marker_ids(params.structured_outputs)
             for sample in samples:  # copies of one compiled matcher (cheap), never a rebuild per sample
@@ -155,6 +168,33 @@ class LLMEngine:
     def default_sampling_params(self) -> SamplingParams:
         """SamplingParams() with the model's recommended settings (generation_config.json), as vLLM does."""
         return SamplingParams(**self.sampling_defaults)
+
+    # ---- LoRA adapters (vLLM's add_lora / remove_lora / list_loras) ----
+
+    def add_lora(self, lora_request: Optional[LoRARequest]) -> bool:
+        """Read and check an adapter so requests may name it (add_request does it on first use); ValueError naming
+        the adapter and the field when it is bad or LoRA is off. True when given one."""
+        return self._read_lora(lora_request) is not None
+
+    def _read_lora(self, lora_request: Optional[LoRARequest]) -> Optional[PeftAdapter]:
+        if lora_request is None:
+            return None
+        if not isinstance(lora_request, LoRARequest):
+            raise ValueError(f"lora_request: expected a LoRARequest, got {type(lora_request).__name__}")
+        if self.lora_adapters is None:
+            raise ValueError(f"lora_request: LoRA adapter {lora_request.lora_name!r} given, but the engine runs "
+                             "without enable_lora")
+        return self.lora_adapters.add(lora_request)
+
+    def remove_lora(self, lora_id: int) -> bool:
+        """Stop serving an adapter (requests running with it finish with it); False when none has the id."""
+        adapters = self.lora_adapters
+        named = [] if adapters is None else [lora for lora in adapters.served() if lora.lora_int_id == lora_id]
+        return bool(named) and adapters is not None and adapters.remove(named[0].lora_name) is not None
+
+    def list_loras(self) -> list[int]:
+        """The ids of the adapters requests may name (vLLM's list_loras)."""
+        return [] if self.lora_adapters is None else [lora.lora_int_id for lora in self.lora_adapters.served()]
 
     def abort_request(self, request_ids: Union[str, Iterable[str]]) -> None:
         """Drop requests now and free their KV blocks; unknown ids are ignored."""
@@ -328,8 +368,21 @@ class LLMEngine:
             generation_tokens_total=self.processor.num_generated_tokens,
             num_steps=self._num_steps, warmup_seconds=self.warmup_seconds)
         self._add_spec_decode_stats(stats)
+        if self.lora_adapters is not None:
+            self._add_lora_stats(stats)
         self.features.add_stats(stats, self.ranks)
         return stats
+
+    def _add_lora_stats(self, stats: EngineStats) -> None:
+        """Which adapters running and waiting requests use (vllm:lora_requests_info)."""
+        running: dict[str, None] = {}
+        waiting: dict[str, None] = {}
+        for scheduler in self.ranks.schedulers:
+            for request in scheduler.requests.values():
+                if request.lora_name is not None:
+                    (running if request.status is RequestStatus.RUNNING else waiting)[request.lora_name] = None
+        stats.max_lora = self.config.max_loras
+        stats.running_lora_adapters, stats.waiting_lora_adapters = list(running), list(waiting)
 
 
 def _spec_decode_totals(schedulers) -> tuple[int, int, int, list[int]]:

@@ -12,6 +12,7 @@ from typing import Optional, Union
 from jaxpaged.core.request import Request
 from jaxpaged.engine.detokenizer import IncrementalDetokenizer
 from jaxpaged.inputs import ParsedPrompt
+from jaxpaged.lora.request import LoRARequest
 from jaxpaged.outputs import CompletionOutput, FinishReason, Logprob, RequestMetrics, RequestOutput, TokenLogprobs
 from jaxpaged.sampling.params import SamplingParams
 
@@ -84,9 +85,11 @@ class RequestGroup:
 
 
 def make_samples(request_id: str, prompt: ParsedPrompt, params: SamplingParams, arrival_time: float, tokenizer,
-                 eos_token_ids: list[int], seed_rng: random.Random) -> list[Sample]:
-    """The n samples of a request: scheduler Requests with their stop criteria and resolved seeds, and a
-    detokenizer each. Sample i's id is `request_id#i` when n > 1; its seed the user's + i, or one drawn."""
+                 eos_token_ids: list[int], seed_rng: random.Random,
+                 lora_request: Optional[LoRARequest] = None, lora_fingerprint: Optional[str] = None,
+                 ) -> list[Sample]:
+    """The n samples of a request: scheduler Requests with their stop criteria, resolved seeds and LoRA adapter,
+    and a detokenizer each. Sample i's id is `request_id#i` when n > 1; its seed the user's + i, or one drawn."""
     samples = []
     for index in range(params.n):
         sample_id = request_id if params.n == 1 else f"{request_id}#{index}"
@@ -97,7 +100,9 @@ def make_samples(request_id: str, prompt: ParsedPrompt, params: SamplingParams, 
             stop_token_ids=list(params.stop_token_ids or ()) + eos_token_ids[1:], ignore_eos=params.ignore_eos,
             arrival_time=arrival_time, priority=prompt.priority, cache_salt=prompt.cache_salt,
             sampling_params=params, sampling_seed=seed,
-            computes_whole_prompt=params.prompt_logprobs is not None and index == 0)
+            computes_whole_prompt=params.prompt_logprobs is not None and index == 0,
+            lora_id=0 if lora_request is None else lora_request.lora_int_id,
+            lora_name=None if lora_request is None else lora_request.lora_name, lora_fingerprint=lora_fingerprint)
         detokenizer = IncrementalDetokenizer(
             tokenizer, prompt.token_ids, skip_special_tokens=params.skip_special_tokens,
             stop=params.stop or (), include_stop_str_in_output=params.include_stop_str_in_output)

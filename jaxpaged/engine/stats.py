@@ -44,6 +44,12 @@ class EngineStats:
     """Proposed tokens accepted (cumulative)."""
     spec_decode_num_accepted_tokens_per_pos: list[int] = dataclasses.field(default_factory=list)
     """Per proposal position (0 = the first proposed token): rows that accepted it (cumulative)."""
+    max_lora: int = 0
+    """LoRA adapters one step may hold (enable_lora's max_loras); 0 when LoRA is off."""
+    running_lora_adapters: list[str] = dataclasses.field(default_factory=list)
+    """Names of the LoRA adapters of running requests (vLLM's vllm:lora_requests_info label)."""
+    waiting_lora_adapters: list[str] = dataclasses.field(default_factory=list)
+    """Names of the LoRA adapters of waiting requests."""
     kv_tiers: dict[str, "TierStats"] = dataclasses.field(default_factory=dict)
     """Per KV tier while the tiers below the device are on ("device", then "host" and "disk" when on): hits, bytes
     moved, usage. Empty when they are off."""

@@ -24,6 +24,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Optional, cast
 
+from jaxpaged.core.hashing import lora_of_extra_keys
 from jaxpaged.core.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent, KVEventLog
 from jaxpaged.core.tier_events import TierEventRecorder
 from jaxpaged.features.base import EngineFeature
@@ -39,11 +40,13 @@ logger = logging.getLogger(__name__)
 
 def named_fields(event: KVCacheEvent) -> dict[str, Any]:
     """One event's fields under vLLM's names, its type first and the rest in vLLM's order (fields at their
-    defaults left out, as vLLM's omit_defaults does: lora_id and lora_name are sent, as None)."""
+    defaults left out, as vLLM's omit_defaults does: lora_id and lora_name are sent, as None for the base model).
+    A stored event's blocks are one request's, so its first block's extra keys name the LoRA adapter of all."""
     if isinstance(event, BlockStored):
+        lora_id, lora_name = lora_of_extra_keys(event.extra_keys[0] if event.extra_keys else None)
         return {"type": "BlockStored", "block_hashes": list(event.block_hashes),
                 "parent_block_hash": event.parent_block_hash, "token_ids": list(event.token_ids),
-                "block_size": event.block_size, "lora_id": None, "medium": event.medium, "lora_name": None,
+                "block_size": event.block_size, "lora_id": lora_id, "medium": event.medium, "lora_name": lora_name,
                 "extra_keys": [list(keys) if keys is not None else None for keys in event.extra_keys]}
     if isinstance(event, BlockRemoved):
         return {"type": "BlockRemoved", "block_hashes": list(event.block_hashes), "medium": event.medium}

@@ -5,7 +5,7 @@
 
 import math
 from collections.abc import Sequence
-from typing import Optional, Union
+from typing import Optional, Union, cast
 
 import jax
 import jax.numpy as jnp
@@ -13,6 +13,7 @@ from jaxtyping import Array, Bool, Float, Int
 
 from jaxpaged.kernels.attention_dispatch import ragged_paged_attention, write_kv
 from jaxpaged.kernels.cpu_native.packed_matmul import packed_int8_matmuls, packed_matmul, packed_matmuls
+from jaxpaged.lora.projection import LoRAProjection, lora_delta
 from jaxpaged.models.int8_activations import W8A8Weight, w8a8_product
 from jaxpaged.models.int8_weights import Int8Weight
 from jaxpaged.models.int16_activations import W8A16Weight, w8a16_product
@@ -90,13 +91,17 @@ values with per-column scales (models/int8_weights.py), those multiplied by inpu
 (models/int16_activations.py), or those with int8 activations (models/int8_activations.py)."""
 
 
-def matmul(x: Float[Array, "tokens inner"], weight: MatmulWeight, out_dtype=None,
+ProjectionWeight = Union[MatmulWeight, LoRAProjection]
+"""A matmul weight, or one with the step's LoRA adapter slots beside it (lora/projection.py)."""
+
+
+def matmul(x: Float[Array, "tokens inner"], weight: ProjectionWeight, out_dtype=None,
            num_rows: Optional[Int[Array, ""]] = None) -> Float[Array, "tokens _"]:
     """x @ weight: matmuls of one weight."""
     return matmuls(x, (weight,), out_dtype, num_rows)[0]
 
 
-def matmuls(x: Float[Array, "tokens inner"], weights: Sequence[MatmulWeight], out_dtype=None,
+def matmuls(x: Float[Array, "tokens inner"], weights: Sequence[ProjectionWeight], out_dtype=None,
             num_rows: Optional[Int[Array, ""]] = None) -> tuple[Float[Array, "tokens _"], ...]:
     """x @ each weight, accumulated in float32, rounded to out_dtype (default: x's dtype): bfloat16 weights run the
     CPU's bfloat16 dot units (AMX, AVX512-BF16) with float32 sums, as HF's bfloat16 matmuls do; float32 is unchanged.
@@ -110,6 +115,12 @@ def matmuls(x: Float[Array, "tokens inner"], weights: Sequence[MatmulWeight], ou
     `num_rows`: rows from it on are padding, which the native matmul skips (their results are zeros there; XLA's dot
     computes them as it must, static shapes)."""
     out_dtype = x.dtype if out_dtype is None else out_dtype
+    if any(isinstance(weight, LoRAProjection) for weight in weights):  # base products, then each row's adapter's
+        bases = [weight.base if isinstance(weight, LoRAProjection) else weight for weight in weights]
+        products = matmuls(x, bases, out_dtype, num_rows)  # rounded first, as PEFT adds to the base layer's output
+        return tuple((product.astype(jnp.float32) + lora_delta(x, weight)).astype(out_dtype)
+                     if isinstance(weight, LoRAProjection) else product for product, weight in zip(products, weights))
+    weights = cast(Sequence[MatmulWeight], weights)  # none is a LoRAProjection past the branch above
     floats = [weight for weight in weights if not isinstance(weight, (Int8Weight, W8A16Weight, W8A8Weight))]
     int8s = [weight for weight in weights if isinstance(weight, Int8Weight)]
     if int8s and len(int8s) == len(weights) and all(weight.values.ndim == 3 for weight in int8s):
@@ -146,7 +157,7 @@ def _int8_product(x: Float[Array, "tokens inner"], weight: Int8Weight) -> Float[
     return product * weight.scale
 
 
-def gated_mlp(x: Float[Array, "tokens hidden"], gate: MatmulWeight, up: MatmulWeight, down: MatmulWeight,
+def gated_mlp(x: Float[Array, "tokens hidden"], gate: ProjectionWeight, up: ProjectionWeight, down: ProjectionWeight,
               activation: str = "silu", num_rows: Optional[Int[Array, ""]] = None) -> Float[Array, "tokens hidden"]:
     """Gated feed-forward down(act(gate(x)) * up(x)): SwiGLU ("silu"), or GeGLU with tanh GELU ("gelu_tanh");
     `num_rows` as for matmul."""

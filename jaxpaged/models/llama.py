@@ -16,6 +16,8 @@ import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Float, Int, Shaped, UInt32
 
+from jaxpaged.lora.projection import LoRAProjection, row_slot_one_hot
+from jaxpaged.lora.slot_names import lora_a_name, lora_b_name
 from jaxpaged.models.int8_activations import W8A8Weight
 from jaxpaged.models.int8_weights import Int8Weight, scale_name, scale_shapes
 from jaxpaged.models.int16_activations import W8A16Weight
@@ -88,6 +90,12 @@ class DecoderLayers(nnx.Module):
         """Layer `index`'s weights, when they are stored per layer."""
         return {name: param[...] for name, param in self.layers[index].items()}
 
+    def num_slots(self) -> int:
+        """The leading axis of the per-layer weights (LoRA slots: max_loras + 1)."""
+        if self.per_layer:
+            return self.layers[0][self.names[0]][...].shape[0]
+        return getattr(self, self.names[0])[...].shape[1]
+
 
 class LlamaForCausalLM(nnx.Module):
     """Decoder-only transformer; logits only for the rows that are sampled."""
@@ -118,6 +126,9 @@ class LlamaForCausalLM(nnx.Module):
         self.lm_head = nnx.Param(params["lm_head"]) if "lm_head" in params else None
         prefix = "layers."
         self.layers = DecoderLayers({k[len(prefix):]: v for k, v in params.items() if k.startswith(prefix)})
+        self.lora: Optional[DecoderLayers] = None
+        """LoRA adapter slots (lora/slots.py), attached by the runner with enable_lora: per target projection
+        "lora_a.<name>" [slots, rank, in] and "lora_b.<name>" [slots, out, rank] of every layer."""
 
     def __call__(self, kv_cache: KVCache,
                  token_ids: Int[Array, " num_tokens"], positions: Int[Array, " num_tokens"],
@@ -136,12 +147,14 @@ class LlamaForCausalLM(nnx.Module):
     def hidden_states(self, kv_cache: KVCache, token_ids: Int[Array, " num_tokens"],
                       positions: Int[Array, " num_tokens"], metadata: AttentionMetadata, *, attend: Callable,
                       group_tables: Any = None, kv_placement: Optional[tuple[tuple[int, int], ...]] = None,
+                      lora_slots: Optional[Int[Array, " num_tokens"]] = None,
                       ) -> tuple[Float[Array, "num_tokens hidden"], KVCache]:
         """The decoder layers of one ragged step: (every token's last hidden state, the updated kv_cache). Rows after
         the step's real tokens (metadata.cu_q_lens[-1]) are padding: the native CPU matmul skips them.
         KV layer groups (runner/kv_spec.py): `kv_placement` gives each layer's (group, pool slot), `group_tables`
         (runner/batch.py GroupTables) each group's block tables and slots; without them layer i is slot i of the one
-        table."""
+        table. `lora_slots`: each row's LoRA adapter slot (0: none), read when the model has adapter slots
+        (self.lora)."""
         cfg = self.cfg
         num_layers = cfg.num_layers
         num_slots, num_blocks = kv_cache.shape[:2]
@@ -152,16 +165,21 @@ class LlamaForCausalLM(nnx.Module):
             x = x * jnp.asarray(cfg.embed_scale, x.dtype)  # rounded to the activation dtype first, as HF does
         global_tables, local_tables = self._rope_tables(positions)
         alternating = bool(cfg.layer_is_sliding) and cfg.sliding_window is not None
+        lora, lora_rows = None, None
+        if self.lora is not None and lora_slots is not None:
+            lora, lora_rows = self.lora, row_slot_one_hot(lora_slots, self.lora.num_slots(), x.dtype)
         step = _StepContext(cfg, metadata, attend, num_rows=metadata.cu_q_lens[-1], num_blocks=num_blocks,
                             global_tables=global_tables, local_tables=local_tables, alternating=alternating,
                             feed_forward=self.feed_forward, int8_matmul=self.int8_matmul,
-                            group_tables=group_tables if kv_placement is not None else None)
+                            group_tables=group_tables if kv_placement is not None else None, lora_rows=lora_rows)
         if self.layers.per_layer:
             carry = (x, kv_pages)
             for index in range(num_layers):
                 sliding = not alternating or bool(cfg.layer_is_sliding[index])  # every layer slides if any does
                 group, slot = placement[index]
-                carry = _decoder_layer(step, carry, self.layers.layer(index), jnp.int32(slot), sliding,
+                weights = self.layers.layer(index) if lora is None else {**self.layers.layer(index),
+                                                                          **lora.layer(index)}
+                carry = _decoder_layer(step, carry, weights, jnp.int32(slot), sliding,
                                        group if step.group_tables is not None else None)
             x, kv_pages = carry
         else:
@@ -172,7 +190,8 @@ class LlamaForCausalLM(nnx.Module):
 
             layer_slots = jnp.asarray([slot for _, slot in placement], dtype=jnp.int32)
             is_sliding = jnp.asarray(cfg.layer_is_sliding if alternating else (False,) * num_layers)
-            scanned = (self.layers.stacked(), layer_slots, is_sliding)
+            stacked = self.layers.stacked() if lora is None else {**self.layers.stacked(), **lora.stacked()}
+            scanned = (stacked, layer_slots, is_sliding)
             if step.group_tables is not None:
                 scanned += (jnp.asarray([group for group, _ in placement], dtype=jnp.int32),)
             (x, kv_pages), _ = jax.lax.scan(scanned_layer, (x, kv_pages), scanned)
@@ -238,6 +257,8 @@ class _StepContext:
     """How the int8 projections multiply (LlamaForCausalLM's `int8_matmul`)."""
     group_tables: Any = None
     """KV layer groups: each group's block tables and slots (runner/batch.py GroupTables); None with one group."""
+    lora_rows: Any = None
+    """The one-hot [num_tokens, slots] of each row's LoRA slot, when the model has adapter slots."""
 
     def layer_metadata(self, layer_group) -> AttentionMetadata:
         """The attention metadata of a layer of KV layer group `layer_group` (an int, or traced under the scan)."""
@@ -257,8 +278,8 @@ def _decoder_layer(step: _StepContext, carry, w: dict[str, Any], layer_index, la
     x, kv_pages = carry
     num_tokens = x.shape[0]
 
-    def proj(name: str) -> Union[jax.Array, Int8Weight, W8A16Weight, W8A8Weight]:
-        return _projection(w, name, step.int8_matmul)
+    def proj(name: str) -> Union[jax.Array, Int8Weight, W8A16Weight, W8A8Weight, LoRAProjection]:
+        return _projection(w, name, step.int8_matmul, step.lora_rows)
 
     h = rms_norm(x, w["input_norm"], eps, offset)
     q, k, v = matmuls(h, (proj("q_proj"), proj("k_proj"), proj("v_proj")), num_rows=num_rows)
@@ -298,10 +319,19 @@ def _decoder_layer(step: _StepContext, carry, w: dict[str, Any], layer_index, la
     return x + mlp, kv_pages
 
 
-def _projection(w: dict[str, Any], name: str, int8_matmul: Optional[str] = None,
-                ) -> Union[jax.Array, Int8Weight, W8A16Weight, W8A8Weight]:
+def _projection(w: dict[str, Any], name: str, int8_matmul: Optional[str] = None, lora_rows: Any = None,
+                ) -> Union[jax.Array, Int8Weight, W8A16Weight, W8A8Weight, LoRAProjection]:
     """One layer's projection as matmul takes it: the float (or packed) weight, or int8 values with their scales in
-    the form `int8_matmul` names."""
+    the form `int8_matmul` names; with the step's LoRA slots of it beside (`lora_rows`: each row's slot, one-hot)
+    when the layer has them."""
+    base = _base_projection(w, name, int8_matmul)
+    if lora_rows is None or lora_a_name(name) not in w:
+        return base
+    return LoRAProjection(base, w[lora_a_name(name)], w[lora_b_name(name)], lora_rows)
+
+
+def _base_projection(w: dict[str, Any], name: str, int8_matmul: Optional[str],
+                     ) -> Union[jax.Array, Int8Weight, W8A16Weight, W8A8Weight]:
     scale = w.get(scale_name(name))
     if scale is None:
         return w[name]

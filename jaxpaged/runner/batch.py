@@ -55,6 +55,9 @@ class StepInputs:
     token_sources: Int[HostOrDeviceArray, " num_tokens"]
     """Async scheduling: the row of the previous step's sampled ids that is this row's token (placed there on the
     device, since the host has not seen it yet), or -1: token_ids holds it (every row, without async)."""
+    lora_slots: Int[HostOrDeviceArray, " num_tokens"]
+    """Each row's LoRA adapter slot (lora/slots.py), 0 for the base model and for padding: per token row, since a
+    step holds rows of several sequences, each with its own adapter."""
     group_tables: Optional[GroupTables] = None
     """Several KV layer groups: each group's block tables and slots; None (no leaves) with one group."""
 
@@ -94,7 +97,8 @@ def _packed_template(num_tokens: int, max_num_seqs: int, blocks_per_seq: int, nu
                         attention=empty_attention_metadata(num_tokens, max_num_seqs, blocks_per_seq),
                         sample_indices=np.zeros(max_num_seqs, np.int32),
                         prompt_logprob_targets=np.full(num_tokens, -1, np.int32),
-                        token_sources=np.full(num_tokens, -1, np.int32), group_tables=group_tables)
+                        token_sources=np.full(num_tokens, -1, np.int32), lora_slots=np.zeros(num_tokens, np.int32),
+                        group_tables=group_tables)
     leaves, treedef = jax.tree.flatten(fields)
     ends = np.cumsum([leaf.size for leaf in leaves]).tolist()
     spans = tuple((end - leaf.size, end, leaf.shape) for leaf, end in zip(leaves, ends))
@@ -104,9 +108,11 @@ def _packed_template(num_tokens: int, max_num_seqs: int, blocks_per_seq: int, nu
 
 
 def fill_step_inputs(scheduled: Sequence[ScheduledRequest], bucket: Bucket, block_table: HostBlockTable,
-                     block_size: int, group_block_tables: Sequence[HostBlockTable] = ()) -> StepInputs:
+                     block_size: int, group_block_tables: Sequence[HostBlockTable] = (),
+                     lora_slots: Optional[Sequence[int]] = None) -> StepInputs:
     """The scheduled requests laid out in a zero-padded host batch of the bucket's shapes; `block_table` (the
-    runner's, kept between steps) is brought up to date and copied in.
+    runner's, kept between steps) is brought up to date and copied in. `lora_slots`: each scheduled request's
+    LoRA slot, written on its rows (None: every row the base model's).
 
     Each field is gathered in a Python list and converted once. This runs with cold caches (the device step has
     just streamed the weights through them), where what counts is how much code and data a step touches: a numpy
@@ -154,6 +160,11 @@ def fill_step_inputs(scheduled: Sequence[ScheduledRequest], bucket: Bucket, bloc
     batch.sample_indices[:len(sample_rows)] = sample_rows
     if batch.group_tables is not None:
         _fill_group_tables(batch.group_tables, scheduled, group_block_tables, attention, block_size)
+    if lora_slots is not None and any(lora_slots):
+        starts = [0, *query_ends]
+        for seq_index, slot in enumerate(lora_slots):
+            if slot:
+                batch.lora_slots[starts[seq_index]:starts[seq_index + 1]] = slot
     return batch
 
 

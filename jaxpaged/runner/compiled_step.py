@@ -20,7 +20,9 @@ from flax import nnx
 from jaxtyping import Array, Int
 from tqdm.auto import tqdm
 
+from jaxpaged.lora.slots import LoRASlots
 from jaxpaged.models.layers import paged_attention
+from jaxpaged.models.llama import DecoderLayers
 from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.models.registry import resolve
 from jaxpaged.runner import mesh as mesh_lib
@@ -38,16 +40,19 @@ MAX_PARALLEL_COMPILES = 4
 # ---- the model, as the runner sees it ----------------------------------------------------------------------------
 
 def place_model(params: dict[str, np.ndarray], model_config: ModelConfig, plan: StartupPlan,
-                mesh: jax.sharding.Mesh) -> tuple[nnx.GraphDef, dict[str, Any]]:
+                mesh: jax.sharding.Mesh, lora: Optional[LoRASlots] = None) -> tuple[nnx.GraphDef, dict[str, Any]]:
     """The weights on the rank's devices, arranged and packed as planned: the model's graph definition and its
-    state as a plain dict of arrays."""
+    state as a plain dict of arrays. `lora`: adapter slots the model's projections read (state["lora"])."""
     placed = mesh_lib.place_params(params, model_config, mesh, plan.dtype, per_layer=plan.per_layer,
                                    pack=plan.packed_weights, pack_int8=plan.packed_int8)
     model_class = resolve(model_config.architecture).model_class  # the architecture's (models/registry.py)
     # A model with blocks that run per shard (a mixture of experts: models/moe_decoder.py) is handed the mesh.
     per_shard = {"mesh": mesh} if getattr(model_class, "takes_mesh", False) else {}
-    graphdef, state = nnx.split(model_class(model_config, placed, packed=plan.packed_weights,
-                                            int8_matmul=plan.int8_matmul, **per_shard))
+    model = model_class(model_config, placed, packed=plan.packed_weights, int8_matmul=plan.int8_matmul, **per_shard)
+    if lora is not None:
+        # Declared None (static) in LlamaForCausalLM, which every registered family's class is or extends.
+        model.lora = nnx.data(DecoderLayers(lora.placed))  # pyright: ignore[reportAttributeAccessIssue]
+    graphdef, state = nnx.split(model)
     # A plain dict of arrays: every step flattens it to call the executable, and nnx's Variables flatten in
     # Python, several times slower than the dict for a model's per-layer weights.
     return graphdef, nnx.to_pure_dict(state)
@@ -64,11 +69,9 @@ def forward_step(graphdef, attend: Callable, state, kv_cache, packed_batch: Int[
     # Async scheduling: rows whose token the previous step sampled take it from that step's output, on the device.
     sources = batch.token_sources
     token_ids = jnp.where(sources >= 0, previous_tokens[jnp.maximum(sources, 0)], batch.token_ids)
-    if kv_placement is None:
-        x, kv_cache = model.hidden_states(kv_cache, token_ids, batch.positions, batch.attention, attend=attend)
-    else:
-        x, kv_cache = model.hidden_states(kv_cache, token_ids, batch.positions, batch.attention, attend=attend,
-                                          group_tables=batch.group_tables, kv_placement=kv_placement)
+    groups = {} if kv_placement is None else {"group_tables": batch.group_tables, "kv_placement": kv_placement}
+    x, kv_cache = model.hidden_states(kv_cache, token_ids, batch.positions, batch.attention, attend=attend,
+                                      lora_slots=batch.lora_slots, **groups)
     logits = model.logits(x[batch.sample_indices], num_rows=batch.num_sampled_rows())
     targets = batch.prompt_logprob_targets
     vocab_size = logits.shape[-1]
@@ -140,6 +143,10 @@ class CompiledStep:
         pool = self._pool
         logits, pool.cache, prompt_stats = self.executable(bucket)(self.state, pool.cache, packed, previous_tokens)
         return logits, prompt_stats
+
+    def replace_lora_slots(self, lora: LoRASlots) -> None:
+        """Read the adapter slots' new device arrays from the next step on (same shapes and shardings: no compile)."""
+        self.state["lora"] = nnx.to_pure_dict(nnx.state(DecoderLayers(lora.placed)))
 
     def previous_tokens(self) -> Int[Array, " max_num_seqs"]:
         """The previous step's sampled ids, padded to max_num_seqs rows (the step's previous_tokens argument)."""

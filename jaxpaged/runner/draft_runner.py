@@ -61,7 +61,7 @@ class DraftRunner:
         self.shape = shape
         draft_config = dataclasses.replace(
             config, dtype=dtype, quantization=None, tensor_parallel_size=1, data_parallel_size=1,
-            async_scheduling=False, kv_events_config=None,
+            async_scheduling=False, kv_events_config=None, enable_lora=False,  # the draft proposes without adapters
             cache=CacheConfig(block_size=shape.block_size, num_kv_blocks=shape.num_kv_blocks,
                               enable_prefix_caching=False,
                               disable_hybrid_kv_cache_manager=True),  # the draft keeps its own one-table pool

@@ -19,6 +19,8 @@ from jaxpaged.config import EngineConfig
 from jaxpaged.core.request import Request
 from jaxpaged.core.scheduler_output import SchedulerOutput
 from jaxpaged.kv_tiers import KVTiers
+from jaxpaged.lora.peft_adapter import PeftAdapter
+from jaxpaged.lora.slots import LoRASlots
 from jaxpaged.models.int8_weights import quantize_params
 from jaxpaged.models.moe_decoder import with_expert_parallel
 from jaxpaged.runner import compile_counter
@@ -75,7 +77,15 @@ class ModelRunner:
         self.inputs = StepInputBuilder(sched.max_num_batched_tokens, sched.max_num_seqs, self.plan.memory.max_model_len,
                                        config.cache.block_size, self.plan.kv_spec.num_groups)
         """The host side of each step: the padded numpy batch."""
-        graphdef, state = place_model(params, self.model_config, self.plan, self.mesh)
+        self.lora: Optional[LoRASlots] = None
+        """The LoRA adapter slots, with enable_lora."""
+        if config.enable_lora:
+            self.lora = LoRASlots(self.model_config, config.max_loras, config.max_lora_rank, self.plan.dtype,
+                                  self.mesh, self.plan.per_layer,
+                                  kv_head_repeats=self.model_config.num_kv_heads // loaded.config.num_kv_heads)
+        self.lora_source: Optional[Callable[[int], PeftAdapter]] = None
+        """Gives an adapter by id when a step needs it in a slot (the engine's LoRAAdapterCache.get)."""
+        graphdef, state = place_model(params, self.model_config, self.plan, self.mesh, self.lora)
         self.kv_pool = KVPool(self.plan.kv_spec, self.plan.num_kv_blocks, self.mesh)
         """The donated KV cache, its block copies and tier transfers."""
         self.step = CompiledStep(graphdef, state, self.plan, self.mesh, self.kv_pool, self.inputs)
@@ -210,8 +220,16 @@ class ModelRunner:
     # ---- one step ----
 
     def prepare(self, output: SchedulerOutput) -> tuple[Bucket, StepInputs]:
-        """Pad the scheduled requests into their bucket as host numpy arrays (StepInputBuilder.build)."""
-        return self.inputs.build(output)
+        """Pad the scheduled requests into their bucket as host numpy arrays (StepInputBuilder.build), loading the
+        adapters of the step's LoRA rows into device slots first."""
+        lora = self.lora
+        if lora is None or not any(item.request.lora_id for item in output.scheduled):
+            return self.inputs.build(output)
+        assert self.lora_source is not None, "the engine sets lora_source with enable_lora"
+        slots, wrote = lora.assign([item.request.lora_id for item in output.scheduled], self.lora_source)
+        if wrote:
+            self.step.replace_lora_slots(lora)
+        return self.inputs.build(output, slots)
 
     def forward(self, output: SchedulerOutput) -> ForwardedStep:
         """Dispatch the model's step (tier transfers and block copies first), not the sampler. Async scheduling with

@@ -6,6 +6,7 @@ Nothing here touches a device: the compiled step (compiled_step.py) receives wha
 """
 
 from collections.abc import Sequence
+from typing import Optional
 
 from jaxpaged.core.request import Request
 from jaxpaged.core.scheduler_output import ScheduledRequest, SchedulerOutput
@@ -47,12 +48,13 @@ class StepInputBuilder:
         bucket = self.ladder.pick(num_tokens, len(scheduled))
         return bucket, fill_step_inputs(scheduled, bucket, self.block_table, self.block_size, self.group_block_tables)
 
-    def build(self, output: SchedulerOutput) -> tuple[Bucket, StepInputs]:
+    def build(self, output: SchedulerOutput, lora_slots: Optional[Sequence[int]] = None) -> tuple[Bucket, StepInputs]:
         """fill(), plus the rows fed from the previous step's sampled ids and the prompt-logprob targets (left in
-        feeds_previous and prompt_rows)."""
+        feeds_previous and prompt_rows); `lora_slots`: each scheduled request's LoRA slot (None: all base)."""
         scheduled = output.scheduled
         bucket = self.ladder.pick(output.num_scheduled_tokens, len(scheduled))
-        batch = fill_step_inputs(scheduled, bucket, self.block_table, self.block_size, self.group_block_tables)
+        batch = fill_step_inputs(scheduled, bucket, self.block_table, self.block_size, self.group_block_tables,
+                                 lora_slots)
         self.prompt_rows = []
         self.feeds_previous = False
         for seq_index, item in enumerate(scheduled):

@@ -26,6 +26,7 @@ from jaxpaged.server.openai.chat import create_chat_completion
 from jaxpaged.server.openai.completions import create_completion
 from jaxpaged.server.openai.responses_endpoint import create_response
 from jaxpaged.server.openai.tokenization import detokenize, tokenize
+from jaxpaged.server.vllm.lora_adapters import install_lora_routes, load_lora_modules, model_cards
 
 
 def build_app(engine: AsyncLLMEngine, settings: Optional[ServerSettings] = None, *,
@@ -34,6 +35,7 @@ def build_app(engine: AsyncLLMEngine, settings: Optional[ServerSettings] = None,
     settings = settings or ServerSettings()
     model_name = (settings.served_model_names or (engine.model_name,))[0]
     context = ServerContext(engine=engine, settings=settings, metrics=ServerMetrics(engine, model_name))
+    load_lora_modules(context.lora_adapters, settings.lora_modules, context.model_names)
     created = int(time.time())
 
     @contextlib.asynccontextmanager
@@ -77,7 +79,10 @@ def build_app(engine: AsyncLLMEngine, settings: Optional[ServerSettings] = None,
     async def models() -> JSONResponse:
         cards = [{"id": name, "object": "model", "created": created, "owned_by": "jaxpaged", "root": engine.model_name,
                   "parent": None, "max_model_len": engine.max_model_len} for name in context.model_names]
+        cards += model_cards(context.lora_adapters, context.model_name, created)
         return JSONResponse({"object": "list", "data": cards})
+
+    install_lora_routes(app, context)
 
     @app.post("/tokenize")
     async def tokenize_route(request: Request) -> JSONResponse:

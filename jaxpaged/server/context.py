@@ -5,11 +5,14 @@ from typing import Optional, Union
 
 from jaxpaged.async_engine import AsyncLLMEngine
 from jaxpaged.checks import is_int
+from jaxpaged.lora.host_cache import LoRAAdapterCache
+from jaxpaged.lora.request import LoRARequest
 from jaxpaged.server.http.body_deadline import DEFAULT_REQUEST_BODY_TIMEOUT_S
 from jaxpaged.server.http.host_guard import check_host_patterns
 from jaxpaged.server.metrics import ServerMetrics
 from jaxpaged.server.parsers.reasoning import ReasoningParser, make_reasoning_parser
 from jaxpaged.server.parsers.tool import ToolParser, make_tool_parser
+from jaxpaged.server.vllm.lora_adapters import LoRAModule
 from jaxpaged.server.watchdog import DEFAULT_ENGINE_STEP_TIMEOUT_S
 
 DEFAULT_MAX_REQUEST_BODY_BYTES = 2 * 1024 * 1024
@@ -58,6 +61,8 @@ class ServerSettings:
     """vLLM's --enable-auto-tool-choice: accepted with a tool_call_parser (which alone already enables "auto")."""
     reasoning_parser: Optional[str] = None
     """Splits `<think>` reasoning into `reasoning` (server/parsers/reasoning.py)."""
+    lora_modules: tuple[LoRAModule, ...] = ()
+    """LoRA adapters served from start-up (--lora-modules; needs the engine's enable_lora)."""
     served_model_names: tuple[str, ...] = ()
     """The names requests may use for the model; the first is the one responses and /metrics carry. Empty: the
     engine's model name."""
@@ -155,6 +160,26 @@ class ServerContext:
     def model_names(self) -> tuple[str, ...]:
         """Every name a request may give in `model` (--served-model-name, else the engine's model name)."""
         return self.settings.served_model_names or (self.engine.model_name,)
+
+    @property
+    def lora_adapters(self) -> Optional[LoRAAdapterCache]:
+        """The engine's LoRA adapters, with --enable-lora."""
+        return getattr(getattr(self.engine, "engine", None), "lora_adapters", None)
+
+    @property
+    def request_model_names(self) -> tuple[str, ...]:
+        """Every name a request may give in `model`: the model's names and the served LoRA adapters'."""
+        adapters = self.lora_adapters
+        if adapters is None:
+            return self.model_names
+        return self.model_names + tuple(lora.lora_name for lora in adapters.served())
+
+    def lora_request_for(self, model: Optional[str]) -> Optional[LoRARequest]:
+        """The LoRA adapter a request's `model` names, or None for the base model."""
+        adapters = self.lora_adapters
+        if adapters is None or model is None or model in self.model_names:
+            return None
+        return adapters.by_name(model)
 
     @property
     def model_name(self) -> str:

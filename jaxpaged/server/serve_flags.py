@@ -16,6 +16,7 @@ from jaxpaged.server.openai.chat_template import load_chat_template
 from jaxpaged.server.parsers.reasoning import REASONING_PARSERS
 from jaxpaged.server.parsers.tool import TOOL_CALL_PARSERS
 from jaxpaged.server.vllm.flags import add_vllm_flags
+from jaxpaged.server.vllm.lora_adapters import parse_lora_module
 from jaxpaged.server.watchdog import DEFAULT_ENGINE_STEP_TIMEOUT_S
 
 logger = logging.getLogger(__name__)
@@ -140,6 +141,10 @@ def _add_model_flags(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
                        help="the names requests may give as `model` (/v1/models lists them; responses and /metrics "
                             "carry the first) (default: the model's name)")
+    group.add_argument("--lora-modules", nargs="+", default=None, metavar="NAME=PATH",
+                       help="LoRA adapters (PEFT directories) served from start-up, each a valid `model`: name=path "
+                            "or vLLM's JSON '{\"name\": ..., \"path\": ..., \"base_model_name\": ...}' (needs "
+                            "--enable-lora)")
     group.add_argument("--chat-template", default=None, metavar="FILE_OR_TEMPLATE",
                        help="a Jinja chat template, as a file or inline, used instead of the model's own")
     group.add_argument("--tool-call-parser", default=None, metavar="NAME",
@@ -213,6 +218,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
                           reasoning_parser=getattr(args, "reasoning_parser", None),
                           enable_prompt_tokens_details=getattr(args, "enable_prompt_tokens_details", False),
                           served_model_names=tuple(getattr(args, "served_model_name", None) or ()),
+                          lora_modules=tuple(parse_lora_module(text) for text in getattr(args, "lora_modules", None)
+                                             or ()),
                           allowed_hosts=tuple(getattr(args, "allowed_hosts", None) or ()),
                           chat_template=load_chat_template(getattr(args, "chat_template", None)),
                           default_chat_template_kwargs=getattr(args, "default_chat_template_kwargs", None),

@@ -48,7 +48,20 @@ def test_gpu_memory_utilization_sizes_the_pool_up_to_that_share_of_the_device():
         EngineConfig.from_options(gpu_memory_utilization=1.5)
 
 
-@pytest.mark.parametrize("argv", [["--enable-lora"], ["-pp", "2"]])
+def test_vllm_lora_flags_reach_the_engine_and_the_settings():
+    """vLLM's LoRA launch line: --enable-lora and its sizes are engine options, --lora-modules the server's (both
+    forms)."""
+    from jaxpaged.server.vllm.lora_adapters import LoRAModule
+
+    args = _args("org/model", "--enable-lora", "--max-loras", "4", "--max-lora-rank", "32", "--max-cpu-loras", "8",
+                 "--lora-modules", "sql=/adapters/sql", '{"name": "chat", "path": "/adapters/chat"}')
+    assert engine_options_from_args(args, environ={}) == {"enable_lora": True, "max_loras": 4, "max_lora_rank": 32,
+                                                          "max_cpu_loras": 8}
+    assert settings_from_args(args).lora_modules == (LoRAModule("sql", "/adapters/sql"),
+                                                     LoRAModule("chat", "/adapters/chat"))
+
+
+@pytest.mark.parametrize("argv", [["--cpu-offload-gb", "4"], ["-pp", "2"]])
 def test_vllm_flags_for_missing_features_are_refused_by_name(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
         _args("org/model", *argv)

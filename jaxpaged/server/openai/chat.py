@@ -53,7 +53,7 @@ async def create_chat_completion(request: Request, context: ServerContext) -> Re
     chat = await prepare_chat(body, context, requested_truncation(payload))
     spelling = TOKEN_IDS if context.settings.spells_token_ids(body.return_tokens_as_token_ids) else \
         context.engine.tokenizer
-    view = _ChatView(body, spelling, context.model_name, response_id("chatcmpl", body, chat.run),
+    view = _ChatView(body, spelling, chat.model_name, response_id("chatcmpl", body, chat.run),
                      chat.calling, chat.texts, chat.prompt.token_ids, context.settings.enable_prompt_tokens_details)
     return await respond(request, chat.run, body.stream, view.events, lambda finals: view.body(finals[0]))
 
@@ -68,6 +68,8 @@ class PreparedChat:
     texts: list[Optional[ChoiceText]]
     """Per choice: its text's reasoning / content / "auto" calls (None for a forced or required call)."""
     prompt: ParsedPrompt
+    model_name: str
+    """The name responses carry: the served model's, or the LoRA adapter's the request named (as vLLM answers)."""
 
 
 async def prepare_chat(body: ChatCompletionRequest, context: ServerContext,
@@ -75,7 +77,7 @@ async def prepare_chat(body: ChatCompletionRequest, context: ServerContext,
     """Renders, tokenizes and turns `body` into sampling parameters (400s naming the field for what cannot work);
     `truncation`: the request's truncate_prompt_tokens."""
     engine = context.engine
-    check_model_name(body.model, context.model_names)
+    check_model_name(body.model, context.request_model_names)
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs: needs logprobs=true", param="top_logprobs", code="invalid_value")
     calling = tool_calling(body, context.tool_parser)
@@ -106,11 +108,12 @@ async def prepare_chat(body: ChatCompletionRequest, context: ServerContext,
     structured = params.structured_outputs
     constrained = structured is not None and structured.origin != AUTO_TOOLS_ORIGIN and structured.starts_after is None
     starts_in_reasoning = reasoning is not None and not constrained and reasoning.starts_in_reasoning(prompt.text)
-    run = GenerationRun(context, f"chatcmpl-{uuid.uuid4().hex}", [prompt], [params])
+    lora = context.lora_request_for(body.model)
+    run = GenerationRun(context, f"chatcmpl-{uuid.uuid4().hex}", [prompt], [params], lora_request=lora)
     texts = [choice_text(calling, reasoning, starts_in_reasoning, body.include_reasoning)
              if calling is None or calling.parser is not None
              else None for _ in range(body.n)]
-    return PreparedChat(run, calling, texts, prompt)
+    return PreparedChat(run, calling, texts, prompt, context.model_name if lora is None else lora.lora_name)
 
 
 def _grammar_after_reasoning(params: SamplingParams, reasoning: Optional[ReasoningParser],

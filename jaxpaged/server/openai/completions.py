@@ -55,7 +55,7 @@ async def create_completion(request: Request, context: ServerContext) -> Respons
     check_prompt_count(payload, context.settings.max_prompts_per_request)
     reject_unhonoured_keys(payload, chat=False)
     body = parse_model(CompletionRequest, payload)
-    check_model_name(body.model, context.model_names)
+    check_model_name(body.model, context.request_model_names)
     _reject_unsupported(body)
     keep = requested_truncation(payload)
     prompts = [truncated(prompt, keep, engine.max_model_len)
@@ -69,8 +69,10 @@ async def create_completion(request: Request, context: ServerContext) -> Respons
         model_defaults=engine.sampling_defaults, tokenizer=engine.tokenizer) for prompt in prompts]
     if body.echo and body.logprobs is not None:
         params = [dataclasses.replace(p, prompt_logprobs=max(body.logprobs, p.prompt_logprobs or 0)) for p in params]
-    run = GenerationRun(context, f"cmpl-{uuid.uuid4().hex}", prompts, params)
-    view = _CompletionView(body, prompts, engine.tokenizer, context.model_name, response_id("cmpl", body, run),
+    lora = context.lora_request_for(body.model)
+    run = GenerationRun(context, f"cmpl-{uuid.uuid4().hex}", prompts, params, lora_request=lora)
+    model_name = context.model_name if lora is None else lora.lora_name  # vLLM answers with the adapter's name
+    view = _CompletionView(body, prompts, engine.tokenizer, model_name, response_id("cmpl", body, run),
                            context.settings.enable_prompt_tokens_details,
                            context.settings.spells_token_ids(body.return_tokens_as_token_ids))
     return await respond(request, run, body.stream, view.events, view.body)

@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse, Response
 
 from jaxpaged.async_engine import EngineDeadError
 from jaxpaged.inputs import ParsedPrompt
+from jaxpaged.lora.request import LoRARequest
 from jaxpaged.outputs import RequestFailedError, RequestOutput
 from jaxpaged.request_stream import RequestStream
 from jaxpaged.sampling.params import SamplingParams
@@ -90,8 +91,10 @@ class GenerationRun:
     """The engine requests of one HTTP request; iterate outputs(), and always close() at the end."""
 
     def __init__(self, context: ServerContext, request_id: str, prompts: list[ParsedPrompt],
-                 params: list[SamplingParams]) -> None:
+                 params: list[SamplingParams], lora_request: Optional[LoRARequest] = None) -> None:
+        """`lora_request`: the LoRA adapter every prompt runs with (the request's `model` named it)."""
         self._context = context
+        self._lora_request = lora_request
         self.request_id = request_id
         self.prompts = prompts
         self._params = params
@@ -113,7 +116,8 @@ class GenerationRun:
             if self._context.settings.log_requests:
                 log_request(engine_request_id, len(prompt.token_ids), params)
             try:
-                self._streams.append(self._context.engine.add_request(engine_request_id, prompt, params))
+                self._streams.append(self._context.engine.add_request(engine_request_id, prompt, params,
+                                                                      lora_request=self._lora_request))
             except EngineDeadError:
                 raise APIError(503, "the engine is not running", code="engine_unavailable") from None
             self._timings.append(_Timing(arrival=time.monotonic()))

@@ -42,7 +42,7 @@ async def create_response(request: Request, context: ServerContext) -> Response:
     body = parse_model(ResponsesRequest, payload)
     chat_body = parse_model(ChatCompletionRequest, chat_payload(body, payload))
     chat = await prepare_chat(chat_body, context)
-    view = _ResponseView(body, chat_body, chat, context.model_name, context.settings.enable_prompt_tokens_details)
+    view = _ResponseView(body, chat_body, chat, chat.model_name, context.settings.enable_prompt_tokens_details)
     return await respond(request, chat.run, body.stream, view.events, lambda finals: view.response(finals[0]))
 
 

@@ -17,7 +17,7 @@ async def tokenize(request: Request, context: ServerContext) -> JSONResponse:
     ensure_ready(context)
     engine = context.engine
     body = parse_model(TokenizeRequest, await read_json_body(request, context.settings.max_request_body_bytes))
-    check_model_name(body.model, context.model_names)
+    check_model_name(body.model, context.request_model_names)
     if (body.prompt is None) == (body.messages is None):
         raise APIError(400, "give exactly one of prompt and messages", param="prompt", code="invalid_value")
     if body.prompt is not None:
@@ -36,7 +36,7 @@ async def detokenize(request: Request, context: ServerContext) -> JSONResponse:
     ensure_ready(context)
     engine = context.engine
     body = parse_model(DetokenizeRequest, await read_json_body(request, context.settings.max_request_body_bytes))
-    check_model_name(body.model, context.model_names)
+    check_model_name(body.model, context.request_model_names)
     check_token_ids(body.tokens, engine.vocab_size, "tokens")
     text = await run_in_threadpool(engine.tokenizer.decode, body.tokens)
     return JSONResponse({"prompt": text})

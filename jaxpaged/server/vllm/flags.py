@@ -2,7 +2,7 @@
 
   - IGNORED: flags about vLLM's own machinery (logging of requests, eager mode, CPU swap, remote code): accepted,
     each with one warning at start-up saying why it changes nothing here;
-  - UNSUPPORTED: flags that would change the served model or its outputs (LoRA, pipeline parallelism): refused
+  - UNSUPPORTED: flags that would change the served model or its outputs (pipeline parallelism): refused
     at parse time, naming the flag, since serving without them would quietly answer differently;
   - --speculative-config: vLLM's JSON, read into the flat speculative engine options (--speculative-method ...).
 
@@ -38,8 +38,6 @@ IGNORED_WITH_VALUE = {
 """vLLM flags that take a value, accepted with a warning."""
 
 UNSUPPORTED = {
-    "--enable-lora": "LoRA adapters",
-    "--lora-modules": "LoRA adapters",
     "--pipeline-parallel-size": "pipeline parallelism (use -tp / -dp)",
     "--kv-transfer-config": "disaggregated prefill",
     "--cpu-offload-gb": "offloading weights to the host",

@@ -2,6 +2,7 @@
 the Kubernetes Gateway API inference extension (which reads vllm:num_requests_waiting, vllm:kv_cache_usage_perc and
 vllm:num_requests_running) work unchanged. Each one carries the same number as its jaxpaged_* counterpart."""
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -57,6 +58,14 @@ class VllmStatsCollector(Collector):
         for position, count in enumerate(stats.spec_decode_num_accepted_tokens_per_pos):
             per_position.add_metric([self._model_name, ENGINE_INDEX, str(position)], float(count))
         yield per_position
+        if stats.max_lora:
+            # vLLM's labels and value: the adapters as comma-separated names, the sample's time as its value (the
+            # gateway's adapter affinity reads the newest sample).
+            lora = GaugeMetricFamily(PREFIX + "lora_requests_info", "Running stats on lora requests.",
+                                     labels=["max_lora", "waiting_lora_adapters", "running_lora_adapters"])
+            lora.add_metric([str(stats.max_lora), ",".join(stats.waiting_lora_adapters),
+                             ",".join(stats.running_lora_adapters)], time.time())
+            yield lora
 
 
 class VllmRequestMetrics:
