@@ -12,7 +12,7 @@ from jaxpaged.server.http.host_guard import check_host_patterns
 from jaxpaged.server.metrics import ServerMetrics
 from jaxpaged.server.parsers.reasoning import ReasoningParser, make_reasoning_parser
 from jaxpaged.server.parsers.tool import ToolParser, make_tool_parser
-from jaxpaged.server.vllm.lora_adapters import LoRAModule
+from jaxpaged.server.vllm.lora_modules import LoRAModule
 from jaxpaged.server.watchdog import DEFAULT_ENGINE_STEP_TIMEOUT_S
 
 DEFAULT_MAX_REQUEST_BODY_BYTES = 2 * 1024 * 1024

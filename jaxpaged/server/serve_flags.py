@@ -16,7 +16,7 @@ from jaxpaged.server.openai.chat_template import load_chat_template
 from jaxpaged.server.parsers.reasoning import REASONING_PARSERS
 from jaxpaged.server.parsers.tool import TOOL_CALL_PARSERS
 from jaxpaged.server.vllm.flags import add_vllm_flags
-from jaxpaged.server.vllm.lora_adapters import parse_lora_module
+from jaxpaged.server.vllm.lora_modules import parse_lora_module
 from jaxpaged.server.watchdog import DEFAULT_ENGINE_STEP_TIMEOUT_S
 
 logger = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ import pytest
 
 from jaxpaged.async_engine import AsyncLLMEngine
 from jaxpaged.server import ServerSettings, build_app
-from jaxpaged.server.vllm.lora_adapters import LoRAModule, parse_lora_module
+from jaxpaged.server.vllm.lora_modules import LoRAModule, parse_lora_module
 from tests.conftest import TINY_ENGINE_OPTIONS, TINY_LLAMA
 from tests.lora.peft_files import write_peft_adapter
 from tests.server.server_helpers import ServerThread, wait_until_idle

@@ -51,7 +51,7 @@ def test_gpu_memory_utilization_sizes_the_pool_up_to_that_share_of_the_device():
 def test_vllm_lora_flags_reach_the_engine_and_the_settings():
     """vLLM's LoRA launch line: --enable-lora and its sizes are engine options, --lora-modules the server's (both
     forms)."""
-    from jaxpaged.server.vllm.lora_adapters import LoRAModule
+    from jaxpaged.server.vllm.lora_modules import LoRAModule
 
     args = _args("org/model", "--enable-lora", "--max-loras", "4", "--max-lora-rank", "32", "--max-cpu-loras", "8",
                  "--lora-modules", "sql=/adapters/sql", '{"name": "chat", "path": "/adapters/chat"}')

@@ -7,8 +7,6 @@ A bad adapter is a 400 naming it and the field, and changes nothing: the others 
 """
 
 import asyncio
-import dataclasses
-import json
 import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Optional
@@ -20,40 +18,13 @@ from jaxpaged.lora.host_cache import LoRAAdapterCache
 from jaxpaged.lora.request import LoRARequest
 from jaxpaged.server.http.errors import APIError
 from jaxpaged.server.openai.validation import read_json_body
+from jaxpaged.server.vllm.lora_modules import LoRAModule
 
 if TYPE_CHECKING:
     from jaxpaged.server.context import ServerContext
 
 RUNTIME_UPDATING_ENV = ("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "JAXPAGED_ALLOW_RUNTIME_LORA_UPDATING")
 """Either set to true opens the load and unload endpoints (vLLM's variable, and jaxpaged's own)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class LoRAModule:
-    """One --lora-modules entry."""
-
-    name: str
-    path: str
-    base_model_name: Optional[str] = None
-
-
-def parse_lora_module(text: str) -> LoRAModule:
-    """`name=path` or vLLM's '{"name": ..., "path": ..., "base_model_name": ...}'; ValueError naming the flag."""
-    if text.lstrip().startswith("{"):
-        try:
-            fields = json.loads(text)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"--lora-modules: {text!r} is not valid JSON ({error})") from error
-        unknown = sorted(set(fields) - {"name", "path", "base_model_name"}) if isinstance(fields, dict) else []
-        if not isinstance(fields, dict) or unknown or not all(
-                isinstance(fields.get(key), str) and fields[key] for key in ("name", "path")):
-            raise ValueError(f"--lora-modules: a JSON entry needs string \"name\" and \"path\" (and optionally "
-                             f"\"base_model_name\") only, got {text!r}")
-        return LoRAModule(fields["name"], fields["path"], fields.get("base_model_name"))
-    name, separator, path = text.partition("=")
-    if not separator or not name or not path:
-        raise ValueError(f"--lora-modules: expected name=path or a JSON object, got {text!r}")
-    return LoRAModule(name, path)
 
 
 def runtime_updating_allowed(environ: Mapping[str, str] = os.environ) -> bool:
