@@ -29,12 +29,14 @@ class PerExpert:
 @dataclasses.dataclass(frozen=True)
 class Fused:
     """One 3-D tensor of every expert, stored [E, out, in] (`transposed` False: [E, in, out]); this parameter is
-    part `part` of `parts` equal slices of the out axis (gate_up_proj: gate is part 0 of 2)."""
+    part `part` of `parts` equal slices of the out axis (Qwen3-MoE's gate_up_proj: gate is part 0 of 2), or with
+    `interleaved` every parts-th column from `part` on (gpt-oss's gate_up_proj [E, H, 2I]: gate 0::2, up 1::2)."""
 
     name: str
     part: int = 0
     parts: int = 1
     transposed: bool = True
+    interleaved: bool = False
 
 
 
@@ -92,8 +94,11 @@ def _read(layout: Any, lookup: TensorLookup, prefix: str, num_experts: int) -> O
             raise ValueError(f"tensor {prefix + layout.name!r}: {fused.shape[0]} experts, the config says "
                              f"{num_experts}")
         out_axis = 1 if layout.transposed else 2
-        width = fused.shape[out_axis] // layout.parts
-        part = np.take(fused, np.arange(layout.part * width, (layout.part + 1) * width), axis=out_axis)
+        size = fused.shape[out_axis]
+        width = size // layout.parts
+        columns = (np.arange(layout.part, size, layout.parts) if layout.interleaved
+                   else np.arange(layout.part * width, (layout.part + 1) * width))
+        part = np.take(fused, columns, axis=out_axis)
         return np.ascontiguousarray(np.swapaxes(part, 1, 2) if layout.transposed else part)
     first = lookup(prefix + layout.pattern.format(expert=0))
     if first is None:
