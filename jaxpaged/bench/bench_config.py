@@ -333,7 +333,7 @@ def parse_config(raw: dict) -> BenchConfig:
     if not (isinstance(name, str) and name.replace("_", "").replace("-", "").isalnum()):
         _fail("name", "must be a file-name-safe string", name)
     model = raw.get("model")
-    _require(model is None or isinstance(model, str), "model", "must be null or a path", model)
+    _require(model is None or isinstance(model, str), "model", "must be null, a path or random:NAME", model)
     sweep = _parse_sweep(_mapping(raw, "sweep"))
     peers = tuple(_build(PeerConfig, dict(peer), "peers[]") if isinstance(peer, dict) else
                   _fail("peers[]", "must be a mapping", peer) for peer in raw.get("peers") or [])

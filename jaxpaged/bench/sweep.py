@@ -26,6 +26,7 @@ from jaxpaged.bench.bench_config import BenchConfig, SweepPoint, load_config
 from jaxpaged.bench.kv_baseline import RESERVATIONS, contiguous_baseline
 from jaxpaged.bench.latency_stats import median_of_repeats
 from jaxpaged.bench.machine_info import git_state, load_average, machine_info, package_versions
+from jaxpaged.bench.random_models import is_random_model, materialize
 from jaxpaged.bench.workloads import BenchRequest, generate_requests, workload_kind
 from jaxpaged.config import EngineConfig
 
@@ -303,6 +304,10 @@ def use_cpu_devices(count: int) -> None:
 def bench_main(args: argparse.Namespace) -> int:
     """The `jaxpaged bench` command: args.config (YAML path), args.out (results root, default "results")."""
     config = load_config(args.config)
+    if is_random_model(config.model):  # made once, then read from the cache like any HF directory
+        from jaxpaged.weights.loader import cache_root
+
+        config = dataclasses.replace(config, model=materialize(str(config.model), cache_root() / "random-models"))
     if config.cpu_devices is not None:
         use_cpu_devices(config.cpu_devices)
     out_dir = pathlib.Path(getattr(args, "out", None) or "results") / config.name

@@ -91,6 +91,14 @@ def qwen3_moe(request, tmp_path_factory, smollm2_tokenizer_dir):
     return request.param, directory, make_qwen3_moe(directory, smollm2_tokenizer_dir, **CONFIGS[request.param])
 
 
+@pytest.fixture(scope="module")
+def mixed_moe(tmp_path_factory, smollm2_tokenizer_dir):
+    """(checkpoint dir, HF model) of the tiny Qwen3-MoE with a dense layer: the layouts and int8 tests' model (one
+    engine build each, not one per config)."""
+    directory = tmp_path_factory.mktemp("qwen3-moe-layouts")
+    return directory, make_qwen3_moe(directory, smollm2_tokenizer_dir, **CONFIGS["mixed"])
+
+
 def test_greedy_tokens_equal_hf(qwen3_moe):
     """A batch of prompts over several blocks (13 tokens: 4 blocks; chunked in 16-token steps) generates HF's
     greedy tokens exactly, with and without norm_topk_prob, with a dense layer among the MoE ones."""
@@ -98,18 +106,18 @@ def test_greedy_tokens_equal_hf(qwen3_moe):
     assert engine_greedy(directory, PROMPTS) == [hf_greedy(hf_model, p) for p in PROMPTS]
 
 
-def test_fused_expert_layout_loads_the_same(qwen3_moe, tmp_path):
+def test_fused_expert_layout_loads_the_same(mixed_moe, tmp_path):
     """The fused 3-D layout (gate_up_proj [E, 2I, H], down_proj [E, H, I]) generates the same tokens as HF."""
-    _, directory, hf_model = qwen3_moe
+    directory, hf_model = mixed_moe
     fused = tmp_path / "fused"
     shutil.copytree(directory, fused)
     fuse_experts(fused)
     assert engine_greedy(fused, PROMPTS[:1]) == [hf_greedy(hf_model, PROMPTS[0])]
 
 
-def test_missing_expert_tensor_is_named(qwen3_moe, tmp_path):
+def test_missing_expert_tensor_is_named(mixed_moe, tmp_path):
     """A checkpoint missing one expert's tensor fails to load with an error naming that tensor."""
-    _, directory, _ = qwen3_moe
+    directory, _ = mixed_moe
     broken = tmp_path / "broken"
     shutil.copytree(directory, broken)
     [file] = broken.glob("*.safetensors")
@@ -139,13 +147,13 @@ def test_every_token_routed_to_one_expert(tmp_path, smollm2_tokenizer_dir):
     assert engine_greedy(tmp_path, PROMPTS) == [hf_greedy(hf_model, p) for p in PROMPTS]
 
 
-def test_int8_experts_generate_the_fake_quantized_models_tokens(qwen3_moe, tmp_path, caplog):
+def test_int8_experts_generate_the_fake_quantized_models_tokens(mixed_moe, tmp_path, caplog):
     """quantization="int8" covers the experts (int8 [E, in, out] + float32 scales [E, out]): the engine generates
     HF's greedy tokens of the same checkpoint with every projection and expert replaced by its int8 round trip; the
     start-up plan's MoE line names the layout, the int8 experts and where they live."""
     from tests.models.test_int8_engine import _fake_quantized_checkpoint
 
-    _, directory, _ = qwen3_moe
+    directory, _ = mixed_moe
     fake = _fake_quantized_checkpoint(directory, tmp_path / "fake")
     hf_fake = transformers.AutoModelForCausalLM.from_pretrained(fake, dtype=torch.float32).eval()
     with caplog.at_level(logging.INFO, logger="jaxpaged.runner.startup"):

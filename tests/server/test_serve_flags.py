@@ -57,6 +57,18 @@ def test_vllm_flags_for_missing_features_are_refused_by_name(argv, capsys):
     assert f"{flag}: vLLM's flag for " in capsys.readouterr().err
 
 
+def test_vllm_enable_expert_parallel_flag_is_an_engine_option():
+    """vLLM's --enable-expert-parallel sets EngineConfig.enable_expert_parallel (off by default)."""
+    from jaxpaged.config import EngineConfig
+
+    options = engine_options_from_args(_args("org/model", "--enable-expert-parallel"), environ={})
+    assert EngineConfig.from_options(**options).enable_expert_parallel is True
+    default = engine_options_from_args(_args("org/model"), environ={})
+    assert EngineConfig.from_options(**default).enable_expert_parallel is False
+    with pytest.raises(ValueError, match="^enable_expert_parallel: must be a bool"):
+        EngineConfig.from_options(enable_expert_parallel="yes")
+
+
 @pytest.mark.parametrize("argv", [["--quantization", "int8"], ["-q", "tpu_int8"]])
 def test_vllm_quantization_flag_selects_int8_weights(argv):
     """vLLM's --quantization / -q is an engine option; its tpu_int8 is jaxpaged's int8."""

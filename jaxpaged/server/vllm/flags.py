@@ -43,7 +43,6 @@ UNSUPPORTED = {
     "--pipeline-parallel-size": "pipeline parallelism (use -tp / -dp)",
     "--kv-transfer-config": "disaggregated prefill",
     "--cpu-offload-gb": "offloading weights to the host",
-    "--enable-expert-parallel": "mixture-of-experts models",
     "--limit-mm-per-prompt": "multimodal inputs",
 }
 """vLLM flags refused by name, and the feature jaxpaged lacks."""
