@@ -1,19 +1,20 @@
 """A sliding-window layer's decode time at long context against short, on the CPU: it must not grow with the context.
 
-Run: .venv/bin/python -m benchmarks.kernels.sliding_decode_bench [--contexts 2048 32768] [--repeats 15]
+Run: .venv/bin/python -m benchmarks.kernels.sliding_decode_bench [--contexts 2048 32768] [--rounds 5] [--repeats 5]
      [--shape 32,16,128] [--window 1024] [--seqs 8] [--kv-dtype bfloat16]
 
 One decode step of `--seqs` sequences, each at `context` tokens, through a sliding layer (Gemma-3-27B's attention by
 default: 32 q heads, 16 kv heads, head_dim 128, window 1024, 16-token pages), as the KV cache groups keep it: only the
 pages holding the window are real, every table entry before them is the null page 0 (the pages were freed), and the
 table is as wide as the context. Both CPU paths of the "xla" backend: the native kernel and the jnp passes. Reports
-the median milliseconds of one call per context and path, and each path's ratio of its longest context to its
-shortest (goal: within 1.2); the CPU and its load are named.
+the median (and fastest) milliseconds of one call per context and path, the contexts alternated round by round, and
+each path's ratio of its longest context to its shortest (goal: within 1.2); the CPU and its load are named.
 """
 
 import argparse
 import json
 import statistics
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -51,19 +52,31 @@ def window_step(context: int, *, num_seqs: int, num_q_heads: int, num_kv_heads: 
     return q, kv_pages, metadata
 
 
-def time_decode(context: int, *, native: bool, repeats: int, window: int, **shape) -> float:
-    """Median seconds of one sliding-window decode call at `context` tokens."""
+def decode_call(context: int, *, native: bool, window: int, **shape) -> Callable[[], object]:
+    """One compiled sliding-window decode call at `context` tokens, returning once its result is ready."""
     q, kv_pages, metadata = window_step(context, window=window, **shape)
     head_dim = q.shape[-1]
     attend = jax.jit(lambda q, kv_pages, metadata: xla_attention.ragged_paged_attention_xla(
         q, kv_pages, metadata, sm_scale=head_dim ** -0.5, sliding_window=window, native=native))
-    return statistics.median(call_seconds(lambda: attend(q, kv_pages, metadata).block_until_ready(), repeats))
+    return lambda: attend(q, kv_pages, metadata).block_until_ready()
+
+
+def time_contexts(contexts: list[int], *, rounds: int, repeats: int, **options) -> dict[int, list[float]]:
+    """Seconds of every call per context, the contexts alternated round by round (a shared machine's load then
+    falls on all of them alike)."""
+    calls = {context: decode_call(context, **options) for context in contexts}
+    seconds: dict[int, list[float]] = {context: [] for context in contexts}
+    for _ in range(rounds):
+        for context, call in calls.items():
+            seconds[context] += call_seconds(call, repeats)
+    return seconds
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="A sliding-window layer's decode time at long and short context.")
     parser.add_argument("--contexts", type=int, nargs="+", default=[2048, 32768])
-    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=5, help="calls per context and round")
     parser.add_argument("--shape", default="32,16,128", help="q heads, kv heads, head_dim")
     parser.add_argument("--window", type=int, default=1024)
     parser.add_argument("--seqs", type=int, default=8)
@@ -77,12 +90,16 @@ def main(argv=None) -> int:
           f"window {options.window}, {options.seqs} decodes, {options.kv_dtype} pool", flush=True)
     results = {}
     for path, native in (("native", True), ("jnp", False)):
-        ms = {context: 1e3 * time_decode(context, native=native, repeats=options.repeats, window=options.window,
-                                         **shape) for context in options.contexts}
-        ratio = ms[max(ms)] / ms[min(ms)]
-        results[path] = dict(ms=ms, ratio=ratio)
-        cells = ", ".join(f"{context}: {value:.3f} ms" for context, value in ms.items())
-        print(f"{path:6s} {cells}; {max(ms)} / {min(ms)} = {ratio:.2f}x", flush=True)
+        seconds = time_contexts(options.contexts, rounds=options.rounds, repeats=options.repeats, native=native,
+                                window=options.window, **shape)
+        ms = {context: 1e3 * statistics.median(values) for context, values in seconds.items()}
+        fastest = {context: 1e3 * min(values) for context, values in seconds.items()}
+        longest, shortest = max(ms), min(ms)
+        results[path] = dict(ms=ms, fastest_ms=fastest, ratio=ms[longest] / ms[shortest],
+                             fastest_ratio=fastest[longest] / fastest[shortest])
+        cells = ", ".join(f"{context}: {ms[context]:.3f} ms (fastest {fastest[context]:.3f})" for context in ms)
+        print(f"{path:6s} {cells}; {longest} / {shortest} = {results[path]['ratio']:.2f}x median, "
+              f"{results[path]['fastest_ratio']:.2f}x fastest", flush=True)
     print(json.dumps(dict(machine=machine, options=vars(options), results=results)))
     return 0
 

@@ -11,6 +11,8 @@ two is exact there. Keeping the experts 4-bit on the device would need a grouped
 applies per-32 scales inside its inner loop (none of the CPU, GPU or TPU kernels does), so it is not done here.
 """
 
+import functools
+
 import ml_dtypes
 import numpy as np
 from jaxtyping import UInt8
@@ -33,8 +35,9 @@ def dequantize_mxfp4(blocks: UInt8[np.ndarray, "*rows num_blocks bytes"], scales
                      dtype: DTypeLike = ml_dtypes.bfloat16, name: str = "mxfp4 tensor") -> np.ndarray:
     """The values [*rows, num_blocks * 32] of packed MXFP4 `blocks` and their E8M0 `scales`, in `dtype`.
 
-    Converted one leading slice (an expert) at a time, so the host holds the result and one float32 slice, never a
-    float32 copy of the whole tensor. ValueError naming `name` on mismatched shapes or a NaN (255) scale.
+    Converted one leading slice (an expert) at a time by table lookup (_value_pairs), straight into `dtype`: the host
+    holds the result and one slice's lookup indices, never a float32 copy. ValueError naming `name` on mismatched
+    shapes or a NaN (255) scale.
     """
     if blocks.dtype != np.uint8 or scales.dtype != np.uint8:
         raise ValueError(f"{name}: MXFP4 blocks and scales must be uint8, got {blocks.dtype} and {scales.dtype}")
@@ -45,22 +48,30 @@ def dequantize_mxfp4(blocks: UInt8[np.ndarray, "*rows num_blocks bytes"], scales
         raise ValueError(f"{name}: an MXFP4 scale is 255, E8M0's NaN")
     out = np.empty((*scales.shape[:-1], scales.shape[-1] * VALUES_PER_BLOCK), dtype=dtype)
     if blocks.ndim == 2:
-        out[...] = _dequantized_slice(blocks, scales)
+        out[...] = _dequantized_slice(blocks, scales, out.dtype)
         return out
     for index in range(blocks.shape[0]):
-        out[index] = _dequantized_slice(blocks[index], scales[index])
+        out[index] = _dequantized_slice(blocks[index], scales[index], out.dtype)
     return out
 
 
-def _dequantized_slice(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
-    """float32 values of one slice: codes looked up, low nibble first, times 2 ** (scale - 127)."""
-    blocks = np.asarray(blocks)
-    codes = np.empty((*blocks.shape[:-1], VALUES_PER_BLOCK), dtype=np.uint8)
-    codes[..., 0::2] = blocks & 0x0F
-    codes[..., 1::2] = blocks >> 4
-    exponents = np.asarray(scales).astype(np.int32) - E8M0_BIAS
-    values = np.ldexp(FP4_E2M1_VALUES[codes], exponents[..., None])
-    return values.reshape(*values.shape[:-2], -1)
+@functools.lru_cache(maxsize=4)
+def _value_pairs(dtype: np.dtype) -> np.ndarray:
+    """[65536, 2] in `dtype`: row (scale byte << 8) | code byte holds the (even, odd) values that byte of two codes
+    stands for under that scale (the low nibble first): every product of an FP4 value and a power of two, made once,
+    so dequantizing is one table lookup per byte (no float32 copy, no multiply, no conversion)."""
+    codes = np.arange(256)
+    pairs = np.stack([FP4_E2M1_VALUES[codes & 0x0F], FP4_E2M1_VALUES[codes >> 4]], axis=-1)  # [byte, 2]
+    scales = np.ldexp(1.0, np.arange(256) - E8M0_BIAS)  # float64: exact; 255 (NaN) is refused before any lookup
+    with np.errstate(over="ignore"):  # 6 * 2 ** 127 is past float32's range: inf, as transformers' ldexp gives
+        return (scales[:, None, None] * pairs[None]).astype(dtype).reshape(256 * 256, 2)
+
+
+def _dequantized_slice(blocks: np.ndarray, scales: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """One slice's values in `dtype`: each byte's pair of values looked up under its block's scale."""
+    rows = (np.asarray(scales).astype(np.uint16) << 8)[..., None] | np.asarray(blocks)
+    values = _value_pairs(dtype)[rows]
+    return values.reshape(*values.shape[:-3], -1)
 
 
 def is_mxfp4_checkpoint(hf_config: dict) -> bool:

@@ -1,6 +1,7 @@
 """Mixtral (MixtralForCausalLM): HF's greedy tokens through the engine, both checkpoint layouts of its experts, and
 an error naming a missing expert tensor."""
 
+import re
 from typing import Any
 
 import numpy as np
@@ -64,15 +65,19 @@ def test_fused_layout_loads_the_same_parameters(mixtral, tmp_path):
         np.testing.assert_array_equal(np.asarray(got[name]), np.asarray(expected[name]), err_msg=name)
 
 
-def test_missing_expert_tensor_is_named(mixtral, tmp_path):
-    """A checkpoint lacking one expert's w3 fails to load with an error naming that tensor."""
+@pytest.mark.parametrize("missing, named", [
+    ("model.layers.1.block_sparse_moe.experts.2.w3.weight", "model.layers.1.block_sparse_moe.experts.2.w3.weight"),
+    ("model.layers.0.block_sparse_moe.gate.weight",
+     "'model.layers.0.block_sparse_moe.gate.weight' or 'model.layers.0.mlp.gate.weight'"),
+])
+def test_missing_tensor_is_named(mixtral, tmp_path, missing, named):
+    """A checkpoint lacking one expert's w3, or a router, fails to load with an error naming what it looked for."""
     _, directory = mixtral
     tensors = load_file(str(directory / "model.safetensors"))
-    missing = "model.layers.1.block_sparse_moe.experts.2.w3.weight"
     del tensors[missing]
     broken = tmp_path / "broken"
     broken.mkdir()
     save_file(tensors, str(broken / "model.safetensors"))
     (broken / "config.json").write_text((directory / "config.json").read_text())
-    with pytest.raises(ValueError, match=missing.replace(".", r"\.")):
+    with pytest.raises(ValueError, match=re.escape(named)):
         load_model(str(broken))
