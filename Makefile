@@ -58,6 +58,7 @@ $(TPU_STAMP): pyproject.toml $(CONSTRAINTS) Makefile
 
 tpu-compile: $(TPU_STAMP)
 	$(TPU_VENV)/bin/python -m benchmarks.kernels.tpu_compile_check $(ARGS)
+	$(TPU_VENV)/bin/python -m benchmarks.kernels.tpu_lora_step_compile --shapes tiny
 
 bench: install
 	$(VENV)/bin/jaxpaged bench configs/bench/w1_offline.yaml $(ARGS)
