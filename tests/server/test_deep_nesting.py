@@ -9,6 +9,7 @@ import pytest
 from jaxpaged.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from jaxpaged.server.openai.chat import _ChatView
 from jaxpaged.server.openai.chat_text import ChoiceText
+from jaxpaged.server.openai.harmony_text import choice_text
 from jaxpaged.server.openai.protocol import ChatCompletionRequest
 from jaxpaged.server.openai.streaming import SSE_DONE
 from jaxpaged.server.openai.tool_calls import ToolCalling
@@ -29,6 +30,13 @@ FORMATS = {
     "mistral (v11)": ("[TOOL_CALLS]f[ARGS]", ""),
     "deepseek_v3": (f"{CALLS_BEGIN}{CALL_BEGIN}f{SEP}", ""),
     "deepseek_v3 (closed)": (f"{CALLS_BEGIN}{CALL_BEGIN}f{SEP}", CALL_END),
+    "xlam": ('[{"name": "f", "arguments": ', ""),
+}
+# Formats whose arguments are text the parser passes on undecoded (a qwen3_xml parameter value that is no JSON
+# stays a string; harmony's body is the arguments): a deep nesting is a call whose arguments hold it as text.
+TEXT_ARGUMENTS = {
+    "qwen3_xml": ("<tool_call>\n<function=f>\n<parameter=a>\n", "\n</parameter>\n</function>\n</tool_call>"),
+    "openai": ("<|channel|>commentary to=functions.f <|constrain|>json<|message|>", "<|call|>"),
 }
 CASES = [(name, nesting) for name in FORMATS for nesting in NESTINGS]
 STREAM_CHUNK_CHARS = 997
@@ -42,7 +50,31 @@ def _attack(name: str, nesting: str) -> tuple[str, str]:
 
 def test_every_parser_is_covered():
     """Each --tool-call-parser format (deepseek_v31 shares deepseek_v3's) has a deep-nesting case."""
-    assert {name.split(" ")[0] for name in FORMATS} | {"deepseek_v31"} == set(TOOL_CALL_PARSERS)
+    covered = {name.split(" ")[0] for name in FORMATS} | set(TEXT_ARGUMENTS)
+    assert covered | {"deepseek_v31", "qwen3_coder"} == set(TOOL_CALL_PARSERS)
+
+
+@pytest.mark.parametrize("name", list(TEXT_ARGUMENTS))
+@pytest.mark.parametrize("nesting", list(NESTINGS))
+def test_deep_nesting_passes_through_formats_with_text_arguments(name, nesting):
+    """qwen3_xml and harmony: the nesting comes back as the call's argument text, whole and streamed, without a
+    RecursionError and without decoding it."""
+    before, after = TEXT_ARGUMENTS[name]
+    text = before + NESTINGS[nesting] + after
+    parser = make_tool_parser(name)
+    assert parser is not None
+    calls = parser.calls(text)
+    assert len(calls) == 1 and _argument_text(name, calls[0][1]) == NESTINGS[nesting]
+    choice = choice_text(ToolCalling([], None, parser), None, False, True)
+    ends = [*range(STREAM_CHUNK_CHARS, len(text), STREAM_CHUNK_CHARS), len(text)]
+    streamed = [call for end in ends for call in choice.delta(text[:end], end == len(text)).get("tool_calls", [])]
+    assert len(streamed) == 1 and _argument_text(name, streamed[0]["function"]["arguments"]) == NESTINGS[nesting]
+
+
+def _argument_text(name: str, arguments: str) -> str:
+    """The nesting as the call carries it: qwen3_xml's parameter `a` (a JSON string, one level deep), harmony's
+    whole body."""
+    return json.loads(arguments)["a"] if name == "qwen3_xml" else arguments
 
 
 @pytest.mark.parametrize("name, nesting", CASES)
