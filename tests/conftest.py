@@ -132,25 +132,50 @@ def save_tiny_llama(directory: pathlib.Path, tokenizer_dir: pathlib.Path, config
     return directory
 
 
+_MODULE_SCOPES = ("module", "class")
+# Module fixtures that cost nothing to build twice (they do not make a module worth keeping on one worker).
+_CHEAP_MODULE_FIXTURES = frozenset({"_jaxpaged_logger_as_found_by_the_module"})
+
+
+def _shares_a_module_fixture(item) -> bool:
+    """Whether the test uses a module- or class-scoped fixture of its own file (an engine, a server, a wheel)."""
+    fixture_defs = getattr(item, "_fixtureinfo", None)
+    if fixture_defs is None:
+        return False
+    return any(defs and defs[-1].scope in _MODULE_SCOPES and name not in _CHEAP_MODULE_FIXTURES
+               for name, defs in fixture_defs.name2fixturedefs.items())
+
+
+def _xdist_group_names(item, modules_with_shared_fixtures: set[str]) -> list[str]:
+    """The item's xdist_group names; a module whose tests share a module fixture is its own group."""
+    names = sorted({str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+                    for mark in item.iter_markers("xdist_group")})
+    module = item.nodeid.split("::", 1)[0]
+    if not names and module in modules_with_shared_fixtures:
+        names = [f"module-{module}"]
+    return names
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items) -> None:
-    """Makes `--dist loadgroup` keep each xdist_group on one worker under pytest 9 too.
+    """Makes `--dist loadgroup` keep each xdist_group on one worker under pytest 9 too, and keeps each module whose
+    tests share a module-scoped fixture on one worker.
 
     pytest-xdist 3.8 tags grouped tests by assigning `item._nodeid`, which pytest 9 no longer reads (the id
-    lives in `item._id`), so the groups were spread over both workers and each built its own engine.
+    lives in `item._id`), so the groups were spread over both workers and each built its own engine. Ungrouped
+    tests are dealt out one by one, so a module's tests landed on both workers and each worker built the module's
+    engine, server or wheel again (for the hostile suite, a second server process per file).
     """
     if not getattr(config.option, "loadgroup", False):  # set on xdist workers under --dist loadgroup
         return
+    from _pytest.nodeid import coerce_node_id
+
+    modules_with_shared_fixtures = {item.nodeid.split("::", 1)[0] for item in items if _shares_a_module_fixture(item)}
     for item in items:
-        names = sorted({str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
-                        for mark in item.iter_markers("xdist_group")})
+        names = _xdist_group_names(item, modules_with_shared_fixtures)
         suffix = "@" + "_".join(names)
         if not names or item.nodeid.endswith(suffix):
             continue
-        try:
-            from _pytest.nodeid import coerce_node_id
-        except ImportError:  # pytest < 9: xdist's own tag already works
-            return
         item._id = coerce_node_id(item.nodeid + suffix)
 
 
