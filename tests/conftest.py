@@ -132,25 +132,63 @@ def save_tiny_llama(directory: pathlib.Path, tokenizer_dir: pathlib.Path, config
     return directory
 
 
+# Fixtures that cost nothing to build twice (they do not make a module worth keeping on one worker).
+_CHEAP_SHARED_FIXTURES = frozenset({"_jaxpaged_logger_as_found_by_the_module", "tmp_path_factory", "pytestconfig",
+                                    "worker_id", "testrun_uid"})
+
+
+def _shared_fixture_defs(item) -> list:
+    """The fixture definitions above function scope that the test uses (engines, servers, wheels, references)."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return []
+    return [defs[-1] for name, defs in info.name2fixturedefs.items()
+            if defs and defs[-1].scope != "function" and name not in _CHEAP_SHARED_FIXTURES]
+
+
+def modules_kept_on_one_worker(items) -> set[str]:
+    """Test files whose tests share a fixture no other file uses: a module- or class-scoped one, or a session one
+    that only this file's tests request (a session fixture of several files is built once per worker anyway)."""
+    files_of_fixture: dict[int, set[str]] = {}
+    scope_of_fixture: dict[int, str] = {}
+    for item in items:
+        for fixture_def in _shared_fixture_defs(item):
+            files_of_fixture.setdefault(id(fixture_def), set()).add(item.nodeid.split("::", 1)[0])
+            scope_of_fixture[id(fixture_def)] = fixture_def.scope
+    return {file for key, files in files_of_fixture.items()
+            if scope_of_fixture[key] != "session" or len(files) == 1 for file in files}
+
+
+def _xdist_group_names(item, modules_on_one_worker: set[str]) -> list[str]:
+    """The item's xdist_group names; a module kept on one worker (modules_kept_on_one_worker) is its own group."""
+    names = sorted({str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+                    for mark in item.iter_markers("xdist_group")})
+    module = item.nodeid.split("::", 1)[0]
+    if not names and module in modules_on_one_worker:
+        names = [f"module-{module}"]
+    return names
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items) -> None:
-    """Makes `--dist loadgroup` keep each xdist_group on one worker under pytest 9 too.
+    """Makes `--dist loadgroup` keep each xdist_group on one worker under pytest 9 too, and keeps each module whose
+    tests share a module-scoped fixture on one worker.
 
     pytest-xdist 3.8 tags grouped tests by assigning `item._nodeid`, which pytest 9 no longer reads (the id
-    lives in `item._id`), so the groups were spread over both workers and each built its own engine.
+    lives in `item._id`), so the groups were spread over both workers and each built its own engine. Ungrouped
+    tests are dealt out one by one, so a module's tests landed on both workers and each worker built the module's
+    engine, server, wheel or HF reference again (for the hostile suite, a second server process per file).
     """
     if not getattr(config.option, "loadgroup", False):  # set on xdist workers under --dist loadgroup
         return
+    from _pytest.nodeid import coerce_node_id
+
+    modules_on_one_worker = modules_kept_on_one_worker(items)
     for item in items:
-        names = sorted({str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
-                        for mark in item.iter_markers("xdist_group")})
+        names = _xdist_group_names(item, modules_on_one_worker)
         suffix = "@" + "_".join(names)
         if not names or item.nodeid.endswith(suffix):
             continue
-        try:
-            from _pytest.nodeid import coerce_node_id
-        except ImportError:  # pytest < 9: xdist's own tag already works
-            return
         item._id = coerce_node_id(item.nodeid + suffix)
 
 

@@ -1,6 +1,7 @@
-"""Greedy generation on the embedded SmolLM2-135M equals HF transformers generate on the same dequantized GGUF,
-also through chunked prefill, after a prefix-cache hit, and after preemption and recompute (float32); in bfloat16
-it follows HF's bfloat16 by vLLM's top-5 rule."""
+"""Greedy generation on the embedded SmolLM2-135M equals HF transformers' greedy choice on the same dequantized
+GGUF, also through chunked prefill, after a prefix-cache hit, and after preemption and recompute (float32); in
+bfloat16 it follows HF's bfloat16 by vLLM's top-5 rule, HF's choices read from one teacher-forced forward pass per
+prompt (hf_greedy_along), not 32 decode steps."""
 
 import jax.numpy as jnp
 import pytest
@@ -27,14 +28,40 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def hf_reference() -> list[list[int]]:
-    """HF transformers' own GGUF loader and greedy generate (float32; EOS suppressed by min_new_tokens)."""
+def hf_tokenizer():
+    """HF transformers' tokenizer read from the GGUF (once for the module: the conversion takes seconds)."""
     path = default_model_path()
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                              dtype=torch.float32)
-    model.eval()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    return hf_greedy_continuations(model, tokenizer, PROMPTS, NUM_NEW_TOKENS)
+    return transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+
+
+def hf_gguf_model(dtype: torch.dtype):
+    """HF transformers' own GGUF loader on the embedded model, in `dtype`."""
+    path = default_model_path()
+    return transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                              dtype=dtype).eval()
+
+
+def hf_greedy_along(model, tokenizer, continuations: list[list[int]]) -> list[tuple[list[int], list[list[int]]]]:
+    """Per prompt, HF's greedy token at each step given the prompt and our tokens before it (EOS held off, as
+    min_new_tokens does), and each step's top-5 ids (EOS included).
+
+    One forward pass per prompt over the prompt and our tokens (teacher forcing) instead of 32 decode steps: while
+    HF's greedy sequence equals ours, the argmax at step s is the token HF's greedy generate picks there, so HF's
+    generate gives our tokens exactly when every step's argmax is our token, and where the two first differ the
+    argmax there is HF's choice.
+    """
+    eos = model.generation_config.eos_token_id
+    eos_ids = sorted({*(eos if isinstance(eos, list) else [eos]), tokenizer.eos_token_id} - {None})
+    results = []
+    for prompt, ours in zip(PROMPTS, continuations):
+        ids = torch.tensor([tokenizer.encode(prompt)])
+        forced = torch.cat([ids, torch.tensor([ours[:-1]])], dim=1)
+        with torch.no_grad():
+            logits = model(forced).logits[0, ids.shape[1] - 1:].float()  # row s predicts token s
+        top5 = logits.topk(5).indices.tolist()
+        logits[:, eos_ids] = -float("inf")
+        results.append((logits.argmax(-1).tolist(), top5))
+    return results
 
 
 @pytest.fixture(scope="module")
@@ -59,10 +86,11 @@ def run(engine: LLMEngine, prefix: str, logprobs: int | None = None) -> dict[str
     return results
 
 
-def test_greedy_matches_hf_through_chunks_preemption_and_prefix_hits(engine, hf_reference):
+def test_greedy_matches_hf_through_chunks_preemption_and_prefix_hits(engine, hf_tokenizer):
     first = run(engine, "a")
     stats = engine.get_stats()
     assert stats.num_preemptions > 0, "the pool was sized to force recompute preemption"
+    hf_reference = hf_greedy_continuations(hf_gguf_model(torch.float32), hf_tokenizer, PROMPTS, NUM_NEW_TOKENS)
     for i, expected in enumerate(hf_reference):
         assert first[f"a{i}"].outputs[0].token_ids == expected, f"prompt {i}"
 
@@ -73,25 +101,7 @@ def test_greedy_matches_hf_through_chunks_preemption_and_prefix_hits(engine, hf_
         assert second[f"b{i}"].outputs[0].token_ids == expected, f"prompt {i} after a prefix hit"
 
 
-def hf_bfloat16_top5() -> list[tuple[list[int], list[list[int]]]]:
-    """HF transformers in bfloat16 on the same GGUF: per prompt, the greedy tokens and each step's top-5 ids."""
-    path = default_model_path()
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                              dtype=torch.bfloat16).eval()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    results = []
-    for prompt in PROMPTS:
-        ids = tokenizer(prompt, return_tensors="pt").input_ids
-        with torch.no_grad():
-            out = model.generate(  # pyright: ignore[reportAttributeAccessIssue]
-                ids, max_new_tokens=NUM_NEW_TOKENS, min_new_tokens=NUM_NEW_TOKENS, do_sample=False,
-                output_logits=True, return_dict_in_generate=True, pad_token_id=tokenizer.eos_token_id)
-        tokens = out.sequences[0, ids.shape[1]:].tolist()
-        results.append((tokens, [step[0].float().topk(5).indices.tolist() for step in out.logits]))
-    return results
-
-
-def test_bfloat16_greedy_follows_hf_bfloat16_by_the_top5_rule():
+def test_bfloat16_greedy_follows_hf_bfloat16_by_the_top5_rule(hf_tokenizer):
     """vLLM's check for lower precision: where the greedy tokens first differ, each side's token is in the other's
     top 5 (after that the sequences have diverged and are not compared); and the two were a near-tie for us."""
     config = EngineConfig.from_options(max_model_len=160, max_num_seqs=8, max_num_batched_tokens=32,
@@ -101,7 +111,9 @@ def test_bfloat16_greedy_follows_hf_bfloat16_by_the_top5_rule():
     assert engine.runner.dtype == jnp.bfloat16
     outputs = run(engine, "bf", logprobs=5)
     num_identical = 0
-    for i, (hf_tokens, hf_top5) in enumerate(hf_bfloat16_top5()):
+    ours_by_prompt = [list(outputs[f"bf{i}"].outputs[0].token_ids) for i in range(len(PROMPTS))]
+    hf_bfloat16 = hf_greedy_along(hf_gguf_model(torch.bfloat16), hf_tokenizer, ours_by_prompt)
+    for i, (hf_tokens, hf_top5) in enumerate(hf_bfloat16):
         ours = outputs[f"bf{i}"].outputs[0]
         assert ours.logprobs is not None
         for step, (mine, theirs) in enumerate(zip(ours.token_ids, hf_tokens)):

@@ -1,10 +1,11 @@
 """Runs in a subprocess with forced CPU devices: one model under several (dp, tp) layouts vs tp = dp = 1.
 
-Usage: JAX_NUM_CPU_DEVICES=4 python -m tests.parallel.parallel_worker MODEL_DIR LAYOUTS_JSON [OPTIONS_JSON]
-LAYOUTS_JSON lists [dp, tp] pairs, or [dp, tp, true] for async scheduling under that layout; OPTIONS_JSON: engine
-options for the reference and every layout alike ({"quantization": "int8"}).
-Prints one JSON line: per layout, the max relative logits error vs tp=1, whether greedy outputs are identical,
-prefix-hit tokens per data-parallel rank, and compilations after warm-up.
+Usage: JAX_NUM_CPU_DEVICES=4 python -m tests.parallel.parallel_worker MODEL_DIR CASES_JSON
+CASES_JSON lists cases, each [LAYOUTS, OPTIONS]: LAYOUTS lists [dp, tp] pairs, or [dp, tp, true] for async
+scheduling under that layout; OPTIONS: engine options for the case's reference and each of its layouts alike
+({"quantization": "int8"}). One process runs every case, so the tests of one model pay for one JAX start.
+Prints one JSON line: per case, per layout, the max relative logits error vs tp=1, whether greedy outputs are
+identical, prefix-hit tokens per data-parallel rank, and compilations after warm-up.
 """
 
 import json
@@ -43,10 +44,9 @@ def greedy(llm: LLM) -> list[list[int]]:
     return [list(out.outputs[0].token_ids) for out in llm.generate(PROMPTS, params, use_tqdm=False)]
 
 
-def main() -> None:
-    model_dir, layouts = sys.argv[1], json.loads(sys.argv[2])
-    options = {**ENGINE_OPTIONS, **(json.loads(sys.argv[3]) if len(sys.argv) > 3 else {})}
-    model_dir = None if model_dir == "default" else model_dir  # the embedded SmolLM2-135M
+def run_case(model_dir: str | None, layouts: list[list], case_options: dict) -> list[dict]:
+    """One reference engine (dp = tp = 1) with case_options, then each layout compared against it."""
+    options = {**ENGINE_OPTIONS, **case_options}
     reference = LLM(model_dir, **options)  # type: ignore[arg-type]
     expected_logits, expected_tokens = step_logits(reference), greedy(reference)
     results = []
@@ -70,7 +70,13 @@ def main() -> None:
             hits_per_rank=[s.stats().prefix_cache_hits for s in engine.ranks.schedulers],
             preemptions=engine.get_stats().num_preemptions,
             compilations_while_serving=compile_counter.num_compilations() - compiled_after_warmup))
-    print(json.dumps(results))
+    return results
+
+
+def main() -> None:
+    model_dir, cases = sys.argv[1], json.loads(sys.argv[2])
+    model_dir = None if model_dir == "default" else model_dir  # the embedded SmolLM2-135M
+    print(json.dumps([run_case(model_dir, layouts, options) for layouts, options in cases]))
 
 
 if __name__ == "__main__":

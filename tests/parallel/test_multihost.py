@@ -2,13 +2,15 @@
 tp=2 across them). Process 0's HTTP answers equal the single-process engine's; a follower that dies or hangs
 makes process 0 fail the request in flight, answer 503 and exit with code 3 within the documented bound; a
 follower whose leader is gone exits (code 4, or SIGABRT from JAX's coordination client). Each job is killed at
-the end of its test, whatever happened.
+the end of its test, whatever happened; the tp=2 job that serves the comparison is the one whose follower is then
+killed (one start fewer), and is closed at the end of the module.
 """
 
 import json
 import signal
 import threading
 import time
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -27,14 +29,31 @@ SLACK_S = 15.0
 """Scheduling noise on a loaded 2-core machine, on top of each documented bound."""
 
 
-@pytest.fixture
-def cluster(tiny_model_dir, tmp_path):
-    job = Cluster(tiny_model_dir, 2, tmp_path)
+def started_cluster(model_dir, log_dir) -> Iterator[Cluster]:
+    job = Cluster(model_dir, 2, log_dir)
     try:
         job.wait_healthy()
         yield job
     finally:
         job.close()
+
+
+@pytest.fixture
+def cluster(tiny_model_dir, tmp_path):
+    """A job of its own for the test."""
+    yield from started_cluster(tiny_model_dir, tmp_path)
+
+
+@pytest.fixture(scope="module")
+def serving_then_killed_cluster(tiny_model_dir, tmp_path_factory):
+    """One job for the tp=2 comparison and, after it (file order), the killed follower, which ends the job."""
+    yield from started_cluster(tiny_model_dir, tmp_path_factory.mktemp("tp2-then-killed"))
+
+
+@pytest.fixture(scope="module")
+def single_process_choices(tiny_model_dir) -> list[dict]:
+    """reference_choices on the tiny model, computed once for the module's comparisons."""
+    return reference_choices(tiny_model_dir)
 
 
 def reference_choices(model_dir) -> list[dict]:
@@ -90,12 +109,13 @@ def watch_health_until_exit(cluster: Cluster, bound_s: float) -> tuple[list[int]
     return codes, time.monotonic() - start, cluster.wait_exit(0, 5)
 
 
-def test_tp2_over_two_processes_serves_what_one_process_serves(cluster, tiny_model_dir):
+def test_tp2_over_two_processes_serves_what_one_process_serves(serving_then_killed_cluster, single_process_choices):
+    cluster = serving_then_killed_cluster
     body = {"prompt": PROMPTS, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True, "logprobs": 5}
     response = httpx.post(cluster.base_url + "/v1/completions", json=body, timeout=120)
     assert response.status_code == 200, response.text
     served = sorted(response.json()["choices"], key=lambda choice: choice["index"])
-    expected = reference_choices(tiny_model_dir)
+    expected = single_process_choices
     for prompt, choice, reference in zip(PROMPTS, served, expected):
         assert choice["text"] == reference["text"], prompt
         for step, (got, want) in enumerate(zip(choice["logprobs"]["top_logprobs"], reference["top"])):
@@ -117,22 +137,8 @@ def test_tp2_over_two_processes_serves_what_one_process_serves(cluster, tiny_mod
     assert hits and float(hits[0].split()[-1]) > 0, hits
 
 
-def test_dp2_x_tp2_over_two_processes_serves_what_one_process_serves(tiny_model_dir, tmp_path):
-    """Two processes of two devices each, dp=2 x tp=2: each data-parallel rank spans both processes (one device
-    of each), process 0 plans both ranks' steps; the answers are the single-device engine's."""
-    job = Cluster(tiny_model_dir, 2, tmp_path, devices_per_process=2, data_parallel_size=2)
-    try:
-        job.wait_healthy()
-        body = {"prompt": PROMPTS, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}
-        response = httpx.post(job.base_url + "/v1/completions", json=body, timeout=120)
-        assert response.status_code == 200, response.text
-        served = [choice["text"] for choice in sorted(response.json()["choices"], key=lambda c: c["index"])]
-        assert served == [choice["text"] for choice in reference_choices(tiny_model_dir)]
-    finally:
-        job.close()
-
-
-def test_killed_follower_fails_the_stream_then_process_0_exits_3(cluster):
+def test_killed_follower_fails_the_stream_then_process_0_exits_3(serving_then_killed_cluster):
+    cluster = serving_then_killed_cluster
     events: list[str] = []
     reader = start_stream(cluster.base_url, events, threading.Event())
     cluster.processes[1].kill()
@@ -145,6 +151,21 @@ def test_killed_follower_fails_the_stream_then_process_0_exits_3(cluster):
     errors = [json.loads(event)["error"] for event in events if event.startswith("{\"error\"")]
     assert errors and errors[0]["code"] == "engine_unavailable", events[-3:]
     assert not any('"finish_reason":"length"' in event for event in events)  # it never finished normally
+
+
+def test_dp2_x_tp2_over_two_processes_serves_what_one_process_serves(tiny_model_dir, tmp_path, single_process_choices):
+    """Two processes of two devices each, dp=2 x tp=2: each data-parallel rank spans both processes (one device
+    of each), process 0 plans both ranks' steps; the answers are the single-device engine's."""
+    job = Cluster(tiny_model_dir, 2, tmp_path, devices_per_process=2, data_parallel_size=2)
+    try:
+        job.wait_healthy()
+        body = {"prompt": PROMPTS, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}
+        response = httpx.post(job.base_url + "/v1/completions", json=body, timeout=120)
+        assert response.status_code == 200, response.text
+        served = [choice["text"] for choice in sorted(response.json()["choices"], key=lambda c: c["index"])]
+        assert served == [choice["text"] for choice in single_process_choices]
+    finally:
+        job.close()
 
 
 def test_hung_follower_is_given_up_on_within_the_timeout(cluster):

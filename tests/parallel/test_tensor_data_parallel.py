@@ -1,8 +1,9 @@
 """Tensor and data parallel on forced CPU devices give the single-device engine's logits and tokens.
 
-The device count must be set before JAX starts, so each case runs parallel_worker.py in a subprocess with
-JAX_NUM_CPU_DEVICES=4 and its own timeout. Models: tiny random Llamas with (q heads, kv heads) = (8, 2) at tp 2 and
-tp 4 (each kv head replicated twice), (4, 4) at dp 2 x tp 2, and the embedded SmolLM2-135M (9, 3) at tp 3.
+The device count must be set before JAX starts, so the cases run parallel_worker.py in subprocesses with
+JAX_NUM_CPU_DEVICES=4 and their own timeout (the GQA model's four cases in one process, one JAX start). Models:
+tiny random Llamas with (q heads, kv heads) = (8, 2) at tp 2 and tp 4 (each kv head replicated twice), (4, 4) at
+dp 2 x tp 2, and the embedded SmolLM2-135M (9, 3) at tp 3.
 """
 
 import json
@@ -14,11 +15,33 @@ from tests.conftest import TINY_LLAMA, save_tiny_llama
 from tests.json_worker import run_json_worker
 
 WORKER_TIMEOUT_S = 240
+"""Per case (one reference engine and its layouts); a worker running several cases gets this much for each."""
+
+GQA_LLAMA = TINY_LLAMA | dict(hidden_size=128, num_attention_heads=8, num_key_value_heads=2)
+# The cases on the GQA model, run by one worker process (one JAX start, one checkpoint) for the tests below.
+GQA_CASES = {
+    "float": ([(1, 2), (1, 4)], {}),
+    "int8_weights": ([(1, 2), (1, 4)], {"quantization": "int8"}),
+    "int8_kv": ([(1, 2)], {"kv_cache_dtype": "int8"}),
+    "w8a8": ([(1, 2)], {"quantization": "w8a8"}),
+}
+
+
+def run_worker_cases(model: str, cases: list[tuple[list[tuple], dict]]) -> list[list[dict]]:
+    """Every case in one worker process: per case, per layout, its comparison with the case's tp = 1 engine."""
+    return run_json_worker("tests.parallel.parallel_worker", [model, json.dumps(cases)], 4,
+                           WORKER_TIMEOUT_S * len(cases))
 
 
 def run_worker(model: str, layouts: list[tuple], options: Optional[dict] = None) -> list[dict]:
-    return run_json_worker("tests.parallel.parallel_worker", [model, json.dumps(layouts), json.dumps(options or {})],
-                           4, WORKER_TIMEOUT_S)
+    return run_worker_cases(model, [(layouts, options or {})])[0]
+
+
+@pytest.fixture(scope="module")
+def gqa_results(tmp_path_factory, smollm2_tokenizer_dir) -> dict[str, list[dict]]:
+    """GQA_CASES' results, by case name."""
+    model_dir = save_tiny_llama(tmp_path_factory.mktemp("gqa"), smollm2_tokenizer_dir, GQA_LLAMA)
+    return dict(zip(GQA_CASES, run_worker_cases(str(model_dir), list(GQA_CASES.values()))))
 
 
 def assert_matches_single_device(results: list[dict]) -> None:
@@ -32,34 +55,26 @@ def assert_matches_single_device(results: list[dict]) -> None:
         assert result["reset"] and result["hits_after_reset"] == 0, layout
 
 
-def test_gqa_model_at_tp2_and_tp4_with_kv_head_replication(tmp_path, smollm2_tokenizer_dir):
-    model_dir = save_tiny_llama(tmp_path / "gqa", smollm2_tokenizer_dir,
-                                TINY_LLAMA | dict(hidden_size=128, num_attention_heads=8, num_key_value_heads=2))
-    assert_matches_single_device(run_worker(str(model_dir), [(1, 2), (1, 4)]))
+def test_gqa_model_at_tp2_and_tp4_with_kv_head_replication(gqa_results):
+    assert_matches_single_device(gqa_results["float"])
 
 
-def test_int8_weights_at_tp2_and_tp4_shard_their_scales_with_the_output_axis(tmp_path, smollm2_tokenizer_dir):
+def test_int8_weights_at_tp2_and_tp4_shard_their_scales_with_the_output_axis(gqa_results):
     """int8 projections split as their floats; the scales of q/k/v/gate/up split with them, o/down's stay whole, and
     at tp 4 the k/v scales are replicated with their kv heads: the int8 engine at tp = 1's logits and tokens."""
-    model_dir = save_tiny_llama(tmp_path / "gqa-int8", smollm2_tokenizer_dir,
-                                TINY_LLAMA | dict(hidden_size=128, num_attention_heads=8, num_key_value_heads=2))
-    assert_matches_single_device(run_worker(str(model_dir), [(1, 2), (1, 4)], {"quantization": "int8"}))
+    assert_matches_single_device(gqa_results["int8_weights"])
 
 
-def test_int8_kv_cache_at_tp2_splits_codes_and_scales_with_their_kv_heads(tmp_path, smollm2_tokenizer_dir):
+def test_int8_kv_cache_at_tp2_splits_codes_and_scales_with_their_kv_heads(gqa_results):
     """The quantized layout's rows (codes, then their scale) split on the kv-head axis like float rows: the int8-KV
     engine at tp = 1's logits and tokens."""
-    model_dir = save_tiny_llama(tmp_path / "gqa-kv-int8", smollm2_tokenizer_dir,
-                                TINY_LLAMA | dict(hidden_size=128, num_attention_heads=8, num_key_value_heads=2))
-    assert_matches_single_device(run_worker(str(model_dir), [(1, 2)], {"kv_cache_dtype": "int8"}))
+    assert_matches_single_device(gqa_results["int8_kv"])
 
 
-def test_w8a8_at_tp2_quantizes_each_row_over_its_whole_width(tmp_path, smollm2_tokenizer_dir):
+def test_w8a8_at_tp2_quantizes_each_row_over_its_whole_width(gqa_results):
     """w8a8 under tensor parallelism: a row-parallel projection's input is split over the model axis, yet its
     per-token scale is the whole row's maximum and the int32 partial sums add exactly: tp = 1's logits and tokens."""
-    model_dir = save_tiny_llama(tmp_path / "gqa-w8a8", smollm2_tokenizer_dir,
-                                TINY_LLAMA | dict(hidden_size=128, num_attention_heads=8, num_key_value_heads=2))
-    assert_matches_single_device(run_worker(str(model_dir), [(1, 2)], {"quantization": "w8a8"}))
+    assert_matches_single_device(gqa_results["w8a8"])
 
 
 def test_data_parallel_routes_shared_prefixes_to_one_rank(tmp_path, smollm2_tokenizer_dir):
