@@ -53,6 +53,9 @@ class ServerSettings:
     tool_call_parser: Optional[str] = None
     """Parser of the model's tool-call syntax (server/parsers/tool/) that tool_choice "auto" needs."""
     enable_auto_tool_choice: bool = False
+    structured_outputs_in_reasoning: bool = False
+    """vLLM's --structured-outputs-config enable_in_reasoning: a schema holds from the first token, reasoning too
+    (default: with a reasoning parser it starts after the reasoning ends)."""
     return_tokens_as_token_ids: bool = False
     """vLLM's --return-tokens-as-token-ids: logprobs spell every token "token_id:<id>" (a request may ask alone)."""
     exclude_tools_when_tool_choice_none: bool = False

@@ -213,6 +213,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
                           tool_call_parser=getattr(args, "tool_call_parser", None),
                           enable_auto_tool_choice=getattr(args, "enable_auto_tool_choice", False),
                           return_tokens_as_token_ids=getattr(args, "return_tokens_as_token_ids", False),
+                          structured_outputs_in_reasoning=getattr(args, "structured_outputs_in_reasoning", False),
                           exclude_tools_when_tool_choice_none=getattr(args, "exclude_tools_when_tool_choice_none",
                                                                       False),
                           reasoning_parser=getattr(args, "reasoning_parser", None),

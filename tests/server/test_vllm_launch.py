@@ -121,7 +121,7 @@ def test_metrics_carry_vllm_names_with_the_model_name(vllm_style_server, launche
     text = httpx.get(vllm_style_server.base_url + "/metrics").text
     samples = {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
                for family in text_string_to_metric_families(text) for sample in family.samples}
-    label = (("model_name", "x"),)
+    label = (("engine", "0"), ("model_name", "x"))
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
         assert samples[(name, label)] == 0.0
     for name in ("vllm:num_preemptions_total", "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"):
@@ -132,7 +132,8 @@ def test_metrics_carry_vllm_names_with_the_model_name(vllm_style_server, launche
                  "vllm:request_prompt_tokens_count", "vllm:request_generation_tokens_count"):
         assert samples[(name, label)] >= 1, name
     assert samples[("vllm:inter_token_latency_seconds_count", label)] >= 2
-    assert samples[("vllm:request_success_total", (("finished_reason", "length"), ("model_name", "x")))] >= 1
+    assert samples[("vllm:request_success_total", (("engine", "0"), ("finished_reason", "length"),
+                                                   ("model_name", "x")))] >= 1
 
 
 def test_the_request_log_has_one_line_per_request(vllm_style_server, launched_client):

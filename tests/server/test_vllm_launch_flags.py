@@ -162,3 +162,15 @@ def test_llm_takes_vllm_s_keys():
 def test_the_start_up_line_says_when_only_loopback_is_bound(host, loopback):
     """A vLLM user expects other machines to connect; the start-up line says when they cannot."""
     assert ("loopback only" in loopback_note(host)) == loopback
+
+
+def test_structured_outputs_config_enable_in_reasoning_reaches_the_settings():
+    """vLLM's {"enable_in_reasoning": true} lets a grammar hold inside the reasoning; unset it starts after it; a
+    non-bool is refused naming the key."""
+    from jaxpaged.server.serve_flags import settings_from_args
+
+    on = settings_from_args(_args("m", "--structured-outputs-config", '{"enable_in_reasoning": true}'))
+    assert on.structured_outputs_in_reasoning
+    assert not settings_from_args(_args("m")).structured_outputs_in_reasoning
+    with pytest.raises(SystemExit):
+        _args("m", "--structured-outputs-config", '{"enable_in_reasoning": "yes"}')

@@ -44,8 +44,10 @@ def servers(async_engine) -> Iterator[dict[str, ServerThread]]:
     CORS, all on the session's engine."""
     settings = {name: ServerSettings(tool_call_parser=name, enable_auto_tool_choice=True) for name in FIXTURES
                 if name != "llama3_json"}  # llama3_json: the vLLM launch line test serves it
+    # The reasoning test forces the model's text with a regex over the whole output, reasoning included
+    # (--structured-outputs-config '{"enable_in_reasoning": true}'); by default a grammar starts after </think>.
     settings["thinking"] = ServerSettings(reasoning_parser="qwen3", chat_template=THINKING_TEMPLATE,
-                                          tool_call_parser="hermes")
+                                          tool_call_parser="hermes", structured_outputs_in_reasoning=True)
     settings["cors"] = ServerSettings(allowed_origins=("https://ui.example",), allow_credentials=True)
     running = {name: ServerThread(build_app(async_engine, value)).__enter__() for name, value in settings.items()}
     yield running

@@ -101,7 +101,8 @@ async def prepare_chat(body: ChatCompletionRequest, context: ServerContext,
                            ) or (reasoning is not None and reasoning.keeps_special_tokens)
     if markers_are_special and "skip_special_tokens" not in body.model_fields_set:
         params = dataclasses.replace(params, skip_special_tokens=False)  # the markers are special tokens
-    params = _grammar_after_reasoning(params, reasoning, calling, prompt.text)
+    if not context.settings.structured_outputs_in_reasoning:
+        params = _grammar_after_reasoning(params, reasoning, calling, prompt.text)
     # NOTE: a constrained output that does not wait for the reasoning to end (a forced tool call, or a prompt that
     # closed the reasoning) starts with the answer, whatever the prompt opened; the "auto" tools grammar lets any
     # text (reasoning included) come first.

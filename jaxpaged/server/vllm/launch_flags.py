@@ -7,7 +7,8 @@
   - --kv-cache-memory-bytes 8G: the KV pool per device, vLLM's human-readable int (our --kv-cache-memory);
   - --default-chat-template-kwargs JSON: chat_template_kwargs every chat request starts from;
   - --download-dir, --hf-token: where Hugging Face downloads go, and the token they use;
-  - --structured-outputs-config, --max-logprobs: vLLM's own machinery or limits, logged once.
+  - --structured-outputs-config JSON: its `enable_in_reasoning` (a grammar also holds inside the reasoning, not only
+    after it); its other keys choose vLLM's machinery (one backend here), logged once. --max-logprobs: logged once.
 """
 
 import argparse
@@ -23,9 +24,9 @@ LOGGED_SWITCHES = {
                                    "raise --max-num-batched-tokens for fewer, larger chunks",
 }
 LOGGED_WITH_VALUE = {
-    "--structured-outputs-config": "jaxpaged has one structured-output backend, its own grammar compiler",
     "--max-logprobs": "jaxpaged allows up to 20 logprobs per token (the OpenAI limit)",
 }
+STRUCTURED_OUTPUTS_REASON = "jaxpaged has one structured-output backend, its own grammar compiler"
 LOGGED_DEST = "vllm_logged_flags"
 """The namespace attribute listing (flag, reason) pairs to log once logging is set up."""
 
@@ -36,6 +37,22 @@ class _Logged(argparse.Action):
         flag = option_string or self.option_strings[0]
         reason = {**LOGGED_SWITCHES, **LOGGED_WITH_VALUE}[flag]
         setattr(namespace, LOGGED_DEST, [*(getattr(namespace, LOGGED_DEST, None) or []), (flag, reason)])
+
+
+class _StructuredOutputsConfig(argparse.Action):
+    """--structured-outputs-config JSON: enable_in_reasoning is honoured; the backend keys are logged once."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: Optional[str] = None) -> None:
+        config = _json_object("structured_outputs_config")(values)
+        in_reasoning = config.get("enable_in_reasoning", False)
+        if not isinstance(in_reasoning, bool):
+            parser.error(f"--structured-outputs-config: enable_in_reasoning must be true or false, got "
+                         f"{in_reasoning!r}")
+        namespace.structured_outputs_in_reasoning = in_reasoning
+        if set(config) - {"enable_in_reasoning"}:
+            setattr(namespace, LOGGED_DEST, [*(getattr(namespace, LOGGED_DEST, None) or []),
+                                             ("--structured-outputs-config", STRUCTURED_OUTPUTS_REASON)])
 
 
 def _json_object(flag: str):
@@ -74,6 +91,9 @@ def add_vllm_launch_flags(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(flag, nargs=0, action=_Logged, help=argparse.SUPPRESS)
     for flag in LOGGED_WITH_VALUE:
         parser.add_argument(flag, nargs=1, action=_Logged, help=argparse.SUPPRESS)
+    parser.add_argument("--structured-outputs-config", action=_StructuredOutputsConfig, metavar="JSON",
+                        help="vLLM's: {\"enable_in_reasoning\": true} lets a grammar hold inside a thinking model's "
+                             "reasoning too (default: only after it); other keys are vLLM's backends, logged")
     parser.add_argument("--kv-cache-memory-bytes", dest="kv_cache_memory", type=_kv_cache_bytes,
                         help="vLLM's: the KV pool per device in bytes (8G = 8 GiB, 8g = 8e9): --kv-cache-memory")
     parser.add_argument("--generation-config", type=_generation_config, default="auto", help=argparse.SUPPRESS)
