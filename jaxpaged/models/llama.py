@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Float, Int, Shaped, UInt32
 
-from jaxpaged.models.int8_activations import W8A8Weight
+from jaxpaged.models.int8_activations import VnniW8A8Weight, W8A8Weight
 from jaxpaged.models.int8_weights import Int8Weight, scale_name, scale_shapes
 from jaxpaged.models.int16_activations import W8A16Weight
 from jaxpaged.models.layers import (
@@ -99,16 +99,18 @@ class LlamaForCausalLM(nnx.Module):
         projection comes with its scales under scale_name (int8_weights.py) and multiplies as `int8_matmul` says
         (runner/startup.py StartupPlan.int8_matmul): "panels": its values are int8 panels for the native int8
         matmul; "int16 digits": its inputs are split into two int8 digits (int16_activations.py); "w8a8": its
-        inputs are quantized per token (int8_activations.py); "xla" (or None): XLA's fused-convert dot."""
-        packed_int8 = int8_matmul == "panels"
+        inputs are quantized per token (int8_activations.py); "vnni w8a8": those, packed for the native VNNI matmul
+        (vnni_matmul.py); "xla" (or None): XLA's fused-convert dot."""
+        packed_int8 = int8_matmul in ("panels", "vnni w8a8")
         expected = param_shapes(cfg) | scale_shapes(cfg, set(params))
         if set(params) != set(expected):
             raise ValueError(f"params: expected names {sorted(expected)}, got {sorted(params)}")
         for name, shape in expected.items():
             value = params[name]
             got = (len(value), *value[0].shape) if isinstance(value, list) else tuple(value.shape)
-            if (packed_int8 if scale_name(name) in params else packed) and is_packed(name, shape, cfg):
-                shape = packed_shape(name, shape, cfg)
+            quantized = scale_name(name) in params
+            if (packed_int8 if quantized else packed) and is_packed(name, shape, cfg):
+                shape = packed_shape(name, shape, cfg, vnni=quantized and int8_matmul == "vnni w8a8")
             if got != shape:
                 raise ValueError(f"params[{name!r}]: expected shape {shape}, got {got}")
         self.cfg = cfg
@@ -235,7 +237,7 @@ def _decoder_layer(step: _StepContext, carry, w: dict[str, Any], layer_index, la
     x, kv_pages = carry
     num_tokens = x.shape[0]
 
-    def proj(name: str) -> Union[jax.Array, Int8Weight, W8A16Weight, W8A8Weight]:
+    def proj(name: str) -> Union[jax.Array, Int8Weight, W8A16Weight, W8A8Weight, VnniW8A8Weight]:
         return _projection(w, name, step.int8_matmul)
 
     h = rms_norm(x, w["input_norm"], eps, offset)
@@ -272,14 +274,16 @@ def _decoder_layer(step: _StepContext, carry, w: dict[str, Any], layer_index, la
 
 
 def _projection(w: dict[str, Any], name: str, int8_matmul: Optional[str] = None,
-                ) -> Union[jax.Array, Int8Weight, W8A16Weight, W8A8Weight]:
+                ) -> Union[jax.Array, Int8Weight, W8A16Weight, W8A8Weight, VnniW8A8Weight]:
     """One layer's projection as matmul takes it: the float (or packed) weight, or int8 values with their scales in
     the form `int8_matmul` names."""
     scale = w.get(scale_name(name))
     if scale is None:
         return w[name]
-    if int8_matmul == "w8a8":
+    if int8_matmul == "w8a8" or (int8_matmul == "vnni w8a8" and w[name].ndim == 2):  # a weight that did not pack
         return W8A8Weight(w[name], scale)
+    if int8_matmul == "vnni w8a8":
+        return VnniW8A8Weight(w[name], scale)
     if int8_matmul == "int16 digits":
         return W8A16Weight(w[name], scale)
     return Int8Weight(w[name], scale)

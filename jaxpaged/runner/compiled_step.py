@@ -42,7 +42,8 @@ def place_model(params: dict[str, np.ndarray], model_config: ModelConfig, plan: 
     """The weights on the rank's devices, arranged and packed as planned: the model's graph definition and its
     state as a plain dict of arrays."""
     placed = mesh_lib.place_params(params, model_config, mesh, plan.dtype, per_layer=plan.per_layer,
-                                   pack=plan.packed_weights, pack_int8=plan.packed_int8)
+                                   pack=plan.packed_weights, pack_int8=plan.packed_int8,
+                                   int8_vnni=plan.int8_matmul == "vnni w8a8")
     model_class = resolve(model_config.architecture).model_class  # the architecture's (models/registry.py)
     graphdef, state = nnx.split(model_class(model_config, placed, packed=plan.packed_weights,
                                             int8_matmul=plan.int8_matmul))
