@@ -7,6 +7,7 @@ import pytest
 
 from jaxpaged.kernels.cpu_native.vnni_matmul import vnni_available, vnni_packed_shape
 from jaxpaged.runner import int8_probe
+from jaxpaged.runner.startup import StartupPlan
 from jaxpaged.sampling.params import SamplingParams
 from tests.conftest import TINY_ENGINE_OPTIONS, TINY_LLAMA
 
@@ -21,14 +22,15 @@ def _forced(path: str, shapes: int8_probe.ProbeShapes) -> int8_probe.Int8Probe:
     return int8_probe.Int8Probe((16,), {int8_probe.FLOAT: (2.0,), **seconds})
 
 
-def _greedy_tokens(model_dir, path: str, monkeypatch) -> tuple[list[list[int]], object, dict]:
+def _greedy_tokens(model_dir, path: str, monkeypatch) -> tuple[list[list[int]], StartupPlan, dict]:
     """Greedy tokens of the prompts with w8a8 on `path`, the plan, and the first layer's stored weights."""
     from jaxpaged.llm import LLM
 
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     with monkeypatch.context() as patches:
         patches.setattr(int8_probe, "probe_int8_matmul", lambda shapes: _forced(path, shapes))
-        with LLM(str(model_dir), quantization="w8a8", **TINY_ENGINE_OPTIONS) as llm:
+        options = TINY_ENGINE_OPTIONS | dict(max_num_seqs=4, max_num_batched_tokens=16)  # fewer step buckets
+        with LLM(str(model_dir), quantization="w8a8", **options) as llm:
             runner = llm.engine.runner
             tokens = [list(out.outputs[0].token_ids) for out in llm.generate(_PROMPTS, params)]
             return tokens, runner.plan, runner.state["layers"]["layers"][0]
