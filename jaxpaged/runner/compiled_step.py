@@ -43,7 +43,7 @@ def place_model(params: dict[str, np.ndarray], model_config: ModelConfig, plan: 
     state as a plain dict of arrays."""
     placed = mesh_lib.place_params(params, model_config, mesh, plan.dtype, per_layer=plan.per_layer,
                                    pack=plan.packed_weights, pack_int8=plan.packed_int8,
-                                   int8_vnni=plan.int8_matmul == "vnni w8a8")
+                                   int8_vnni=plan.int8_matmul in ("vnni w8a8", "vnni digits"))
     model_class = resolve(model_config.architecture).model_class  # the architecture's (models/registry.py)
     graphdef, state = nnx.split(model_class(model_config, placed, packed=plan.packed_weights,
                                             int8_matmul=plan.int8_matmul))

@@ -37,7 +37,7 @@ from jaxpaged.kernels.cpu_native.packed_matmul import (
 from jaxpaged.kernels.cpu_native.vnni_matmul import pack_vnni, packs_for_vnni, vnni_available
 from jaxpaged.models.int8_activations import VnniW8A8Weight, W8A8Weight
 from jaxpaged.models.int8_weights import QUANTIZED_PROJECTIONS, Int8Weight
-from jaxpaged.models.int16_activations import W8A16Weight, cpu_has_int8_dot_units
+from jaxpaged.models.int16_activations import VnniW8A16Weight, W8A16Weight, cpu_has_int8_dot_units
 from jaxpaged.models.layers import matmuls
 from jaxpaged.runner.buckets import token_ladder
 from jaxpaged.runner.probe_cache import keep_verdict, packed_kernel_digest, read_verdict, verdict_file
@@ -46,9 +46,10 @@ logger = logging.getLogger(__name__)
 
 FLOAT = "float"
 """The baseline's name in a probe's table: the float matmul the plan runs without quantization."""
-CANDIDATES = ("int16 digits", "panels", "xla", "w8a8", "vnni w8a8")
-"""The int8 matmuls a CPU rank can run (StartupPlan.int8_matmul), in the order a tie goes: the first three for
-weight-only int8, the last two for w8a8 (the same product, on XLA's int8 dot or the native VNNI matmul)."""
+CANDIDATES = ("int16 digits", "panels", "xla", "vnni digits", "w8a8", "vnni w8a8")
+"""The int8 matmuls a CPU rank can run (StartupPlan.int8_matmul), in the order a tie goes: the first four for
+weight-only int8 (the fourth: int16 digits on the native VNNI matmul), the last two for w8a8 (the same product,
+on XLA's int8 dot or the native VNNI matmul)."""
 PROJECTION_GROUPS = (("q_proj", "k_proj", "v_proj"), ("o_proj",), ("gate_proj", "up_proj"), ("down_proj",))
 """The projections that share one input in a decoder layer (one fused matmuls call each, as llama.py runs them)."""
 PROBE_LAYERS = 2
@@ -133,13 +134,13 @@ def probe_shapes(params: dict[str, np.ndarray], config: EngineConfig, dtype: Any
 
 def int8_candidates(per_layer: bool, tp: int, scheme: str = "int8") -> tuple[str, ...]:
     """The int8 matmuls a CPU rank can run for `scheme`: weight-only int8 XLA's two always, the native panels on one
-    device with layers unrolled where the kernel builds; w8a8 XLA's int8 dot always, the native VNNI matmul on one
-    device with layers unrolled where this CPU has VPDPBUSD."""
+    device with layers unrolled where the kernel builds, and there the digits on the VNNI matmul where this CPU has
+    VPDPBUSD; w8a8 XLA's int8 dot always, and there the native VNNI matmul where this CPU has VPDPBUSD."""
     native = per_layer and tp == 1
     if scheme == "w8a8":
         return ("w8a8", "vnni w8a8") if native and vnni_available() else ("w8a8",)
-    panels = native and packed_int8_available()
-    return tuple(path for path in CANDIDATES[:3] if path != "panels" or panels)
+    runs = {"panels": native and packed_int8_available(), "vnni digits": native and vnni_available()}
+    return tuple(path for path in CANDIDATES[:4] if runs.get(path, True))
 
 
 def choose_int8_matmul(scheme: Optional[str], platform: str, per_layer: bool, tp: int, native_cpu_matmul: bool,
@@ -210,7 +211,9 @@ def _weight(path: str, values: np.ndarray, shapes: ProbeShapes) -> Any:
         # packs_dtype registers the kernel (the plan asked for it already; a test may not have).
         packs = shapes.packed_float and packs_dtype(dense.dtype) and fills_whole_panels(values.shape, dense.dtype)
         return jnp.asarray(pack_panels(dense) if packs else dense)
-    if path == "int16 digits":
+    if path == "vnni digits" and packs_for_vnni(values.shape):
+        return VnniW8A16Weight(jnp.asarray(pack_vnni(values)), scale)
+    if path in ("int16 digits", "vnni digits"):
         return W8A16Weight(jnp.asarray(values), scale)
     if path == "vnni w8a8" and packs_for_vnni(values.shape):
         return VnniW8A8Weight(jnp.asarray(pack_vnni(values)), scale)

@@ -120,3 +120,21 @@ def test_a_call_refuses_weights_without_their_scales():
     """A weight without its scales is refused before the kernel runs, naming what is missing."""
     with pytest.raises(ValueError, match="each with its scales"):
         vnni_matmuls(jnp.zeros((2, 16), jnp.int8), jnp.ones((2, 1)), [jnp.zeros((1, 5, 64), jnp.int8)], [])
+
+
+@pytest.mark.parametrize("rows", [1, 17])
+def test_int16_digits_on_vnni_equal_the_digits_on_xlas_int8_dot(rows):
+    """Weight-only int8 with 16-bit inputs ("vnni digits"): the same exact digit sums as int16_activations' XLA
+    path, combined in float32 (so equal to float32 rounding), with the fused weights each their own."""
+    from jaxpaged.models.int8_weights import quantize_int8
+    from jaxpaged.models.int16_activations import VnniW8A16Weight, W8A16Weight
+    from jaxpaged.models.layers import matmuls
+
+    rng = np.random.default_rng(rows + 100)
+    x = jnp.asarray(rng.standard_normal((rows, 66)).astype(np.float32))
+    quantized = [quantize_int8(rng.standard_normal((66, outer)).astype(np.float32)) for outer in (64, 32)]
+    xla = matmuls(x, [W8A16Weight(jnp.asarray(v), jnp.asarray(s)) for v, s in quantized])
+    vnni = matmuls(x, [VnniW8A16Weight(jnp.asarray(pack_vnni(v)), jnp.asarray(s)) for v, s in quantized])
+    for mine, theirs in zip(vnni, xla):
+        assert mine.shape == theirs.shape
+        np.testing.assert_allclose(np.asarray(mine), np.asarray(theirs), rtol=1e-6, atol=1e-6 * np.abs(theirs).max())

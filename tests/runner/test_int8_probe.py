@@ -170,3 +170,13 @@ def test_a_slower_w8a8_warns_naming_its_scheme():
     assert probe.choice == "vnni w8a8" and not probe.beats_float
     line = probe.describe("float32", "measured now")
     assert line.startswith("quantization w8a8 on this CPU saves memory, not time: its fastest matmul (vnni w8a8)")
+
+
+def test_weight_only_int8_times_the_digits_on_vnni_where_the_cpu_has_it(monkeypatch):
+    """"vnni digits" is a weight-only int8 candidate only on one device with layers unrolled and VPDPBUSD."""
+    monkeypatch.setattr(int8_probe, "packed_int8_available", lambda: True)
+    monkeypatch.setattr(int8_probe, "vnni_available", lambda: True)
+    assert int8_probe.int8_candidates(True, 1) == ("int16 digits", "panels", "xla", "vnni digits")
+    assert int8_probe.int8_candidates(True, 2) == ("int16 digits", "xla")
+    monkeypatch.setattr(int8_probe, "vnni_available", lambda: False)
+    assert int8_probe.int8_candidates(True, 1) == ("int16 digits", "panels", "xla")
