@@ -138,3 +138,12 @@ def test_int16_digits_on_vnni_equal_the_digits_on_xlas_int8_dot(rows):
     for mine, theirs in zip(vnni, xla):
         assert mine.shape == theirs.shape
         np.testing.assert_allclose(np.asarray(mine), np.asarray(theirs), rtol=1e-6, atol=1e-6 * np.abs(theirs).max())
+
+
+def test_packing_refuses_what_the_kernel_cannot_sum_exactly():
+    """Outer not whole panels, or an inner size whose int32 sums could wrap: refused, named."""
+    from jaxpaged.kernels.cpu_native.vnni_matmul import MAX_INNER
+
+    for bad in (np.zeros((8, 20), np.int8), np.zeros((MAX_INNER + 1, 16), np.int8)):
+        with pytest.raises(ValueError, match="pack_vnni: int8 weight"):
+            pack_vnni(bad)

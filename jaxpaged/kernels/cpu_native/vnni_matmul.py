@@ -26,6 +26,8 @@ PANEL_WIDTH = 16
 """Columns per panel; a weight packs only when its outer size is a multiple of it."""
 GROUP = 4
 """Inner values per column that one VPDPBUSD lane sums."""
+MAX_INNER = (2**31 - 1) // (255 * 128)
+"""The widest inner size whose sums of (x + 128) * W stay exact in int32 (65,793)."""
 MAX_FUSED_WEIGHTS = 4
 """Weights one call takes at most (the kernel's kMaxWeights)."""
 VNNI_FLAGS = ("avx512_vnni", "avx_vnni")
@@ -56,9 +58,9 @@ def pack_vnni(values: Int8[np.ndarray, "inner outer"]) -> Int8[np.ndarray, "pane
     """int8 W [inner, outer] -> panels [outer / 16, ceil(inner / 4) + 1, 64] (see the module doc): one host copy,
     once per weight, the column sums taken in int64 from the weight itself."""
     inner, outer = values.shape
-    if values.dtype != np.int8 or not packs_for_vnni(values.shape):
-        raise ValueError(f"pack_vnni: int8 weight [inner, outer] with outer a positive multiple of {PANEL_WIDTH}, "
-                         f"got {values.dtype} {values.shape}")
+    if values.dtype != np.int8 or not packs_for_vnni(values.shape) or inner > MAX_INNER:
+        raise ValueError(f"pack_vnni: int8 weight [inner, outer] with outer a positive multiple of {PANEL_WIDTH} and "
+                         f"inner at most {MAX_INNER} (int32 sums), got {values.dtype} {values.shape}")
     num_panels, groups_1, _ = vnni_packed_shape(inner, outer)
     padded = np.zeros((GROUP * (groups_1 - 1), outer), np.int8)
     padded[:inner] = values
