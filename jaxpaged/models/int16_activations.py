@@ -21,13 +21,15 @@ Stacking the digits is also what makes one-row steps fast: XLA:CPU's int8 dot of
 (~10x a two-row dot), and [hi; lo] always has at least two rows.
 """
 
-from typing import NamedTuple
+from collections.abc import Sequence
+from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Float32, Int8
+from jaxtyping import Array, Float, Float32, Int, Int8
 
 from jaxpaged.kernels.cpu_native.native_build import cpu_identity
+from jaxpaged.kernels.cpu_native.vnni_matmul import vnni_matmuls
 from jaxpaged.models.int8_activations import round_rows
 
 DIGIT_BASE = 256
@@ -71,3 +73,26 @@ def cpu_has_int8_dot_units() -> bool:
     not (an AVX2-only CPU), the two digit rows would cost more than the native int8 panels' float32 FMAs."""
     flags = cpu_identity().split()
     return any(flag in flags for flag in ("avx512_vnni", "avx_vnni", "amx_int8"))
+
+
+class VnniW8A16Weight(NamedTuple):
+    """An int8 projection whose inputs are split into two int8 digits for the native VNNI matmul: int8 panels
+    (vnni_matmul.pack_vnni) and float32 scales [outer]."""
+
+    panels: Int8[Array, "panels groups_1 64"]
+    """W / scale, rounded, in VPDPBUSD's order, with the columns' corrections."""
+    scale: Float32[Array, " outer"]
+    """One scale per output column."""
+
+
+def vnni_w8a16_products(x: Float[Array, "tokens inner"], weights: Sequence[VnniW8A16Weight],
+                        num_rows: Optional[Int[Array, ""]] = None) -> tuple[Float32[Array, "tokens _outer"], ...]:
+    """x @ each weight with x kept to 16 bits per row, on the native VNNI matmul: both digit rows in one call (exact
+    int32 sums), the high digit's rows scaled by DIGIT_BASE * scale, the low's by scale, then added. `num_rows` is
+    not used: the digit rows are stacked, so the padding rows sit in the middle (they are zeros, multiplied anyway)."""
+    del num_rows
+    high, low, row_scale = split_rows(x)
+    tokens = x.shape[0]
+    both = vnni_matmuls(jnp.concatenate([high, low]), jnp.concatenate([DIGIT_BASE * row_scale, row_scale]),
+                        [w.panels for w in weights], [w.scale for w in weights])
+    return tuple(product[:tokens] + product[tokens:] for product in both)

@@ -7,16 +7,22 @@ accumulated in int32 (jax.lax.dot_general with preferred_element_type int32: the
 cores take it as it is; XLA:CPU runs it as an integer matmul) and scaled back as acc * s_x[row] * s_w[column]. int32
 cannot overflow here: |acc| <= 127 * 127 * inner, under 2^31 for inner < 133,000.
 
+On a CPU with VPDPBUSD (AVX-512 VNNI, AVX-VNNI) the same product can run natively against weights packed once at
+load (VnniW8A8Weight, kernels/cpu_native/vnni_matmul.py): the rows are quantized here, by the same quantize_rows,
+and the int32 sums are exact either way, so both paths give the same results.
+
 This is vLLM's dynamic per-token W8A8 (compressed-tensors "input_activations": strategy token, dynamic), so a W8A8
 checkpoint runs as it was calibrated.
 """
 
-from typing import NamedTuple
+from collections.abc import Sequence
+from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Float32, Int8
+from jaxtyping import Array, Float, Float32, Int, Int8
 
+from jaxpaged.kernels.cpu_native.vnni_matmul import vnni_matmuls
 from jaxpaged.models.int8_weights import INT8_MAX
 
 
@@ -51,3 +57,20 @@ def w8a8_product(x: Float[Array, "tokens inner"], weight: W8A8Weight) -> Float32
     accumulated = jax.lax.dot_general(quantized, weight.values, (((1,), (0,)), ((), ())),
                                       preferred_element_type=jnp.int32)
     return accumulated.astype(jnp.float32) * row_scale * weight.scale
+
+
+class VnniW8A8Weight(NamedTuple):
+    """A w8a8 projection packed for the native VNNI matmul: int8 panels [outer / 16, ceil(inner / 4) + 1, 64]
+    (vnni_matmul.pack_vnni) and float32 scales [outer]."""
+
+    panels: Int8[Array, "panels groups_1 64"]
+    """W / scale, rounded, in VPDPBUSD's order, with the columns' corrections."""
+    scale: Float32[Array, " outer"]
+    """One scale per output column."""
+
+
+def vnni_w8a8_products(x: Float[Array, "tokens inner"], weights: Sequence[VnniW8A8Weight],
+                       num_rows: Optional[Int[Array, ""]] = None) -> tuple[Float32[Array, "tokens _outer"], ...]:
+    """x @ each weight with x quantized per row once for all of them, on the native VNNI matmul (one call)."""
+    quantized, row_scale = quantize_rows(x)
+    return vnni_matmuls(quantized, row_scale, [w.panels for w in weights], [w.scale for w in weights], num_rows)

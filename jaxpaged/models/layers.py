@@ -14,9 +14,9 @@ from jaxtyping import Array, Bool, Float, Int
 from jaxpaged.kernels.attention_dispatch import ragged_paged_attention, write_kv
 from jaxpaged.kernels.cpu_native.packed_matmul import packed_int8_matmuls, packed_matmul, packed_matmuls
 from jaxpaged.lora.projection import LoRAProjection, lora_delta
-from jaxpaged.models.int8_activations import W8A8Weight, w8a8_product
+from jaxpaged.models.int8_activations import VnniW8A8Weight, W8A8Weight, vnni_w8a8_products, w8a8_product
 from jaxpaged.models.int8_weights import Int8Weight
-from jaxpaged.models.int16_activations import W8A16Weight, w8a16_product
+from jaxpaged.models.int16_activations import VnniW8A16Weight, W8A16Weight, vnni_w8a16_products, w8a16_product
 from jaxpaged.models.model_config import RopeScaling
 from jaxpaged.models.yarn import YarnScaling, yarn_inverse_frequencies
 from pallas_kernels.ragged_paged_attention.kv_layout import KVPages, tokens_per_page
@@ -85,10 +85,11 @@ def apply_rope(x: Float[Array, "tokens heads head_dim"], tables: RopeTables) -> 
 
 
 MatmulWeight = Union[Float[Array, "_inner _outer"], Float[Array, "_panels _inner 16"], Int8Weight, W8A16Weight,
-                     W8A8Weight]
+                     W8A8Weight, VnniW8A8Weight, VnniW8A16Weight]
 """A weight [inner, outer], float32 packed into panels [outer / 16, inner, 16] (models/packed_weights.py), int8
 values with per-column scales (models/int8_weights.py), those multiplied by inputs split into int8 digits
-(models/int16_activations.py), or those with int8 activations (models/int8_activations.py)."""
+(models/int16_activations.py), or those with int8 activations (models/int8_activations.py), packed for the
+native VNNI matmul or not."""
 
 
 ProjectionWeight = Union[MatmulWeight, LoRAProjection]
@@ -111,7 +112,9 @@ def matmuls(x: Float[Array, "tokens inner"], weights: Sequence[ProjectionWeight]
     GFLOP/s than separate calls; docs/performance.md). An int8 weight is (x @ values) * scale: packed into int8
     panels, by the native int8 matmul (one call for q, k and v, as above), else by XLA's dot (_int8_product); a
     W8A16 weight splits x's rows into two int8 digits for one int8 x int8 dot (int16_activations.w8a16_product); a
-    w8a8 weight quantizes x's rows too and accumulates int8 x int8 in int32 (int8_activations.w8a8_product).
+    w8a8 weight quantizes x's rows too and accumulates int8 x int8 in int32 (int8_activations.w8a8_product; packed
+    for VNNI, one native call for all of them, int8_activations.vnni_w8a8_products; W8A16 packed for VNNI:
+    int16_activations.vnni_w8a16_products).
     `num_rows`: rows from it on are padding, which the native matmul skips (their results are zeros there; XLA's dot
     computes them as it must, static shapes)."""
     out_dtype = x.dtype if out_dtype is None else out_dtype
@@ -121,9 +124,16 @@ def matmuls(x: Float[Array, "tokens inner"], weights: Sequence[ProjectionWeight]
         return tuple((product.astype(jnp.float32) + lora_delta(x, weight)).astype(out_dtype)
                      if isinstance(weight, LoRAProjection) else product for product, weight in zip(products, weights))
     weights = cast(Sequence[MatmulWeight], weights)  # none is a LoRAProjection past the branch above
-    floats = [weight for weight in weights if not isinstance(weight, (Int8Weight, W8A16Weight, W8A8Weight))]
+    floats = [weight for weight in weights
+              if not isinstance(weight, (Int8Weight, W8A16Weight, W8A8Weight, VnniW8A8Weight, VnniW8A16Weight))]
     int8s = [weight for weight in weights if isinstance(weight, Int8Weight)]
-    if int8s and len(int8s) == len(weights) and all(weight.values.ndim == 3 for weight in int8s):
+    vnnis = [weight for weight in weights if isinstance(weight, VnniW8A8Weight)]
+    vnni_digits = [weight for weight in weights if isinstance(weight, VnniW8A16Weight)]
+    if vnnis and len(vnnis) == len(weights):
+        products = vnni_w8a8_products(x, vnnis, num_rows)
+    elif vnni_digits and len(vnni_digits) == len(weights):
+        products = vnni_w8a16_products(x, vnni_digits, num_rows)
+    elif int8s and len(int8s) == len(weights) and all(weight.values.ndim == 3 for weight in int8s):
         products = packed_int8_matmuls(x, [w.values for w in int8s], [w.scale for w in int8s], num_rows)
     elif floats and len(floats) == len(weights) and all(w.ndim == 3 for w in floats) and len(
             {w.dtype for w in floats}) == 1:
@@ -138,6 +148,10 @@ def _one_product(x: Float[Array, "tokens inner"], weight: MatmulWeight, out_dtyp
     """x @ weight alone, by the kernel its form asks for."""
     if isinstance(weight, W8A8Weight):
         return w8a8_product(x, weight)
+    if isinstance(weight, VnniW8A8Weight):
+        return vnni_w8a8_products(x, [weight], num_rows)[0]
+    if isinstance(weight, VnniW8A16Weight):
+        return vnni_w8a16_products(x, [weight], num_rows)[0]
     if isinstance(weight, W8A16Weight):
         return w8a16_product(x, weight)
     if isinstance(weight, Int8Weight):

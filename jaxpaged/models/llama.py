@@ -18,9 +18,9 @@ from jaxtyping import Array, Float, Int, Shaped, UInt32
 
 from jaxpaged.lora.projection import LoRAProjection, row_slot_one_hot
 from jaxpaged.lora.slot_names import lora_a_name, lora_b_name
-from jaxpaged.models.int8_activations import W8A8Weight
+from jaxpaged.models.int8_activations import VnniW8A8Weight, W8A8Weight
 from jaxpaged.models.int8_weights import Int8Weight, scale_name, scale_shapes
-from jaxpaged.models.int16_activations import W8A16Weight
+from jaxpaged.models.int16_activations import VnniW8A16Weight, W8A16Weight
 from jaxpaged.models.layers import (
     RopeTables,
     apply_rope,
@@ -107,16 +107,19 @@ class LlamaForCausalLM(nnx.Module):
         projection comes with its scales under scale_name (int8_weights.py) and multiplies as `int8_matmul` says
         (runner/startup.py StartupPlan.int8_matmul): "panels": its values are int8 panels for the native int8
         matmul; "int16 digits": its inputs are split into two int8 digits (int16_activations.py); "w8a8": its
-        inputs are quantized per token (int8_activations.py); "xla" (or None): XLA's fused-convert dot."""
-        packed_int8 = int8_matmul == "panels"
+        inputs are quantized per token (int8_activations.py); "vnni w8a8": those, packed for the native VNNI matmul
+        (vnni_matmul.py); "vnni digits": int16 digits on the native VNNI matmul; "xla" (or None): XLA's
+        fused-convert dot."""
+        packed_int8 = int8_matmul in ("panels", "vnni w8a8", "vnni digits")
         expected = param_shapes(cfg) | scale_shapes(cfg, set(params))
         if set(params) != set(expected):
             raise ValueError(f"params: expected names {sorted(expected)}, got {sorted(params)}")
         for name, shape in expected.items():
             value = params[name]
             got = (len(value), *value[0].shape) if isinstance(value, list) else tuple(value.shape)
-            if (packed_int8 if scale_name(name) in params else packed) and is_packed(name, shape, cfg):
-                shape = packed_shape(name, shape, cfg)
+            quantized = scale_name(name) in params
+            if (packed_int8 if quantized else packed) and is_packed(name, shape, cfg):
+                shape = packed_shape(name, shape, cfg, vnni=quantized and int8_matmul in ("vnni w8a8", "vnni digits"))
             if got != shape:
                 raise ValueError(f"params[{name!r}]: expected shape {shape}, got {got}")
         self.cfg = cfg
@@ -278,7 +281,8 @@ def _decoder_layer(step: _StepContext, carry, w: dict[str, Any], layer_index, la
     x, kv_pages = carry
     num_tokens = x.shape[0]
 
-    def proj(name: str) -> Union[jax.Array, Int8Weight, W8A16Weight, W8A8Weight, LoRAProjection]:
+    def proj(name: str) -> Union[jax.Array, Int8Weight, W8A16Weight, W8A8Weight, VnniW8A8Weight, VnniW8A16Weight,
+                                 LoRAProjection]:
         return _projection(w, name, step.int8_matmul, step.lora_rows)
 
     h = rms_norm(x, w["input_norm"], eps, offset)
@@ -320,7 +324,8 @@ def _decoder_layer(step: _StepContext, carry, w: dict[str, Any], layer_index, la
 
 
 def _projection(w: dict[str, Any], name: str, int8_matmul: Optional[str] = None, lora_rows: Any = None,
-                ) -> Union[jax.Array, Int8Weight, W8A16Weight, W8A8Weight, LoRAProjection]:
+                ) -> Union[jax.Array, Int8Weight, W8A16Weight, W8A8Weight, VnniW8A8Weight, VnniW8A16Weight,
+                           LoRAProjection]:
     """One layer's projection as matmul takes it: the float (or packed) weight, or int8 values with their scales in
     the form `int8_matmul` names; with the step's LoRA slots of it beside (`lora_rows`: each row's slot, one-hot)
     when the layer has them."""
@@ -331,12 +336,16 @@ def _projection(w: dict[str, Any], name: str, int8_matmul: Optional[str] = None,
 
 
 def _base_projection(w: dict[str, Any], name: str, int8_matmul: Optional[str],
-                     ) -> Union[jax.Array, Int8Weight, W8A16Weight, W8A8Weight]:
+                     ) -> Union[jax.Array, Int8Weight, W8A16Weight, W8A8Weight, VnniW8A8Weight, VnniW8A16Weight]:
     scale = w.get(scale_name(name))
     if scale is None:
         return w[name]
-    if int8_matmul == "w8a8":
+    if int8_matmul == "w8a8" or (int8_matmul == "vnni w8a8" and w[name].ndim == 2):  # a weight that did not pack
         return W8A8Weight(w[name], scale)
-    if int8_matmul == "int16 digits":
+    if int8_matmul == "vnni w8a8":
+        return VnniW8A8Weight(w[name], scale)
+    if int8_matmul == "int16 digits" or (int8_matmul == "vnni digits" and w[name].ndim == 2):
         return W8A16Weight(w[name], scale)
+    if int8_matmul == "vnni digits":
+        return VnniW8A16Weight(w[name], scale)
     return Int8Weight(w[name], scale)

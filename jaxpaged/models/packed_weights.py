@@ -21,6 +21,7 @@ from jaxpaged.kernels.cpu_native.packed_matmul import (
     packs_dtype,
     panel_columns,
 )
+from jaxpaged.kernels.cpu_native.vnni_matmul import pack_vnni, vnni_packed_shape
 from jaxpaged.models.model_config import ModelConfig
 
 EmbeddingTable = Union[Float[Array, "vocab hidden"], Float[Array, "vocab_panels hidden 16"]]
@@ -54,19 +55,24 @@ def is_packed(name: str, shape: tuple[int, ...], cfg: ModelConfig) -> bool:
     return matmul_shape is not None and fills_whole_panels(matmul_shape, jnp.bfloat16)
 
 
-def packed_shape(name: str, shape: tuple[int, ...], cfg: ModelConfig) -> tuple[int, ...]:
-    """The stored shape of a packed parameter: [outer / 16, inner, 16], behind the layer axis if stacked."""
+def packed_shape(name: str, shape: tuple[int, ...], cfg: ModelConfig, vnni: bool = False) -> tuple[int, ...]:
+    """The stored shape of a packed parameter: [outer / 16, inner, 16] (`vnni`, an int8 projection for the native
+    VNNI matmul: [outer / 16, ceil(inner / 4) + 1, 64]), behind the layer axis if stacked."""
     matmul_shape = _matmul_shape(name, shape, cfg)
     assert matmul_shape is not None, f"{name} is no matmul weight"
     inner, outer = matmul_shape
     layers = shape[:1] if name.startswith("layers.") else ()
+    if vnni:
+        return (*layers, *vnni_packed_shape(inner, outer))
     return (*layers, outer // PANEL_WIDTH, inner, PANEL_WIDTH)
 
 
-def pack_param(name: str, host: np.ndarray, dtype) -> np.ndarray:
+def pack_param(name: str, host: np.ndarray, dtype, vnni: bool = False) -> np.ndarray:
     """One host weight packed in `dtype` (the panel order differs per dtype): a layer's [inner, outer] projection, an
     lm_head, or a tied embedding [vocab, hidden] (packed by its transpose; the caller packs "embed" only when it is
-    tied, is_packed says when)."""
+    tied, is_packed says when). `vnni`: an int8 projection packed for the native VNNI matmul (vnni_matmul.py)."""
+    if vnni:
+        return pack_vnni(np.asarray(host, dtype=np.int8))
     return pack_panels(np.asarray(host.T if name == "embed" else host, dtype=dtype))
 
 

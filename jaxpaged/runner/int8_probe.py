@@ -34,8 +34,10 @@ from jaxpaged.kernels.cpu_native.packed_matmul import (
     packed_int8_available,
     packs_dtype,
 )
+from jaxpaged.kernels.cpu_native.vnni_matmul import pack_vnni, packs_for_vnni, vnni_available
+from jaxpaged.models.int8_activations import VnniW8A8Weight, W8A8Weight
 from jaxpaged.models.int8_weights import QUANTIZED_PROJECTIONS, Int8Weight
-from jaxpaged.models.int16_activations import W8A16Weight, cpu_has_int8_dot_units
+from jaxpaged.models.int16_activations import VnniW8A16Weight, W8A16Weight, cpu_has_int8_dot_units
 from jaxpaged.models.layers import matmuls
 from jaxpaged.runner.buckets import token_ladder
 from jaxpaged.runner.probe_cache import keep_verdict, packed_kernel_digest, read_verdict, verdict_file
@@ -44,8 +46,10 @@ logger = logging.getLogger(__name__)
 
 FLOAT = "float"
 """The baseline's name in a probe's table: the float matmul the plan runs without quantization."""
-CANDIDATES = ("int16 digits", "panels", "xla")
-"""The int8 matmuls a CPU rank can run (StartupPlan.int8_matmul), in the order a tie goes."""
+CANDIDATES = ("int16 digits", "panels", "xla", "vnni digits", "w8a8", "vnni w8a8")
+"""The int8 matmuls a CPU rank can run (StartupPlan.int8_matmul), in the order a tie goes: the first four for
+weight-only int8 (the fourth: int16 digits on the native VNNI matmul), the last two for w8a8 (the same product,
+on XLA's int8 dot or the native VNNI matmul)."""
 PROJECTION_GROUPS = (("q_proj", "k_proj", "v_proj"), ("o_proj",), ("gate_proj", "up_proj"), ("down_proj",))
 """The projections that share one input in a decoder layer (one fused matmuls call each, as llama.py runs them)."""
 PROBE_LAYERS = 2
@@ -106,7 +110,8 @@ class Int8Probe:
         figures = f"{self._speed(self.choice)} {dtype}'s matmul speed ({others + '; ' if others else ''}{timed})"
         if self.beats_float:
             return f"int8 projections on this CPU: {self.choice}, {figures}"
-        return (f"quantization int8 on this CPU saves memory, not time: its fastest matmul ({self.choice}) runs at "
+        scheme = "w8a8" if self.choice in ("w8a8", "vnni w8a8") else "int8"
+        return (f"quantization {scheme} on this CPU saves memory, not time: its fastest matmul ({self.choice}) runs at "
                 f"{figures}; the projections stay int8 for their memory (1 byte a weight, {dtype}'s "
                 f"{jnp.dtype(dtype).itemsize}); leave quantization unset if speed matters more than memory")
 
@@ -127,25 +132,38 @@ def probe_shapes(params: dict[str, np.ndarray], config: EngineConfig, dtype: Any
     return ProbeShapes(projections, tuple(sorted({decode, prefill})), jnp.dtype(dtype).name, packed_float)
 
 
-def int8_candidates(per_layer: bool, tp: int) -> tuple[str, ...]:
-    """The int8 matmuls a CPU rank can run: XLA's two always, the native panels on one device with layers unrolled
-    where the kernel builds."""
-    panels = per_layer and tp == 1 and packed_int8_available()
-    return tuple(path for path in CANDIDATES if path != "panels" or panels)
+def int8_candidates(per_layer: bool, tp: int, scheme: str = "int8") -> tuple[str, ...]:
+    """The int8 matmuls a CPU rank can run for `scheme`: weight-only int8 XLA's two always, the native panels on one
+    device with layers unrolled where the kernel builds, and there the digits on the VNNI matmul where this CPU has
+    VPDPBUSD; w8a8 XLA's int8 dot always, and there the native VNNI matmul where this CPU has VPDPBUSD."""
+    native = per_layer and tp == 1
+    if scheme == "w8a8":
+        return ("w8a8", "vnni w8a8") if native and vnni_available() else ("w8a8",)
+    runs = {"panels": native and packed_int8_available(), "vnni digits": native and vnni_available()}
+    return tuple(path for path in CANDIDATES[:4] if runs.get(path, True))
 
 
 def choose_int8_matmul(scheme: Optional[str], platform: str, per_layer: bool, tp: int, native_cpu_matmul: bool,
                        shapes: Optional[ProbeShapes] = None) -> Optional[str]:
-    """The int8 projections' matmul (StartupPlan.int8_matmul) for a scheme on a rank: w8a8 is its own; off the CPU,
-    or with cpu_matmul "xla" (`native_cpu_matmul` False), XLA's fused-convert dot. On a CPU, the fastest of the
-    candidates on `shapes` (probe_int8_matmul); without shapes, or with several processes (each must build the same
-    step, and their timings could disagree), the flags' guess: int16 digits where the CPU has int8 dot units (VNNI,
-    AMX), else the panels where they run, else XLA's dot."""
-    if scheme is None or scheme == "w8a8":
+    """The int8 projections' matmul (StartupPlan.int8_matmul) for a scheme on a rank. w8a8: XLA's int8 dot, or on a
+    CPU rank that can run the native VNNI matmul whichever of the two times faster on `shapes`. Weight-only int8:
+    off the CPU, or with cpu_matmul "xla" (`native_cpu_matmul` False), XLA's fused-convert dot. On a CPU, the
+    fastest of the candidates on `shapes` (probe_int8_matmul); without shapes, or with several processes (each must
+    build the same step, and their timings could disagree), the flags' guess: int16 digits where the CPU has int8
+    dot units (VNNI, AMX), else the panels where they run, else XLA's dot."""
+    if scheme is None:
         return scheme
+    measurable = shapes is not None and shapes.projections and jax.process_count() == 1
+    if scheme == "w8a8":
+        candidates = int8_candidates(per_layer, tp, scheme) if platform == "cpu" and native_cpu_matmul else ()
+        if len(candidates) < 2 or not measurable:
+            return "w8a8"
+        assert shapes is not None
+        return probe_int8_matmul(dataclasses.replace(shapes, candidates=candidates)).choice
     if platform != "cpu" or not native_cpu_matmul:
         return "xla"
-    if shapes is not None and shapes.projections and jax.process_count() == 1:
+    if measurable:
+        assert shapes is not None
         return probe_int8_matmul(dataclasses.replace(shapes, candidates=int8_candidates(per_layer, tp))).choice
     if cpu_has_int8_dot_units():
         return "int16 digits"
@@ -193,8 +211,14 @@ def _weight(path: str, values: np.ndarray, shapes: ProbeShapes) -> Any:
         # packs_dtype registers the kernel (the plan asked for it already; a test may not have).
         packs = shapes.packed_float and packs_dtype(dense.dtype) and fills_whole_panels(values.shape, dense.dtype)
         return jnp.asarray(pack_panels(dense) if packs else dense)
-    if path == "int16 digits":
+    if path == "vnni digits" and packs_for_vnni(values.shape):
+        return VnniW8A16Weight(jnp.asarray(pack_vnni(values)), scale)
+    if path in ("int16 digits", "vnni digits"):
         return W8A16Weight(jnp.asarray(values), scale)
+    if path == "vnni w8a8" and packs_for_vnni(values.shape):
+        return VnniW8A8Weight(jnp.asarray(pack_vnni(values)), scale)
+    if path in ("w8a8", "vnni w8a8"):
+        return W8A8Weight(jnp.asarray(values), scale)
     packs = path == "panels" and fills_whole_panels(values.shape, np.int8)
     return Int8Weight(jnp.asarray(pack_panels(values) if packs else values), scale)
 

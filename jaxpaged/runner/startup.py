@@ -84,8 +84,10 @@ class StartupPlan:
     int8_matmul: Optional[str] = None
     """How the int8 projections multiply (None without them): "panels" (packed into panels for the native CPU int8
     matmul, widened to float32), "int16 digits" (inputs kept to 16 bits as two int8 digits,
-    models/int16_activations.py), "w8a8" (inputs quantized to int8 per token) or "xla" (XLA's dot with the int8
-    convert fused into its operand, scales on the output: TPU, GPU; on a CPU whichever int8_probe.py times fastest)."""
+    models/int16_activations.py), "w8a8" (inputs quantized to int8 per token), "vnni w8a8" (the same product on
+    the native VNNI matmul, kernels/cpu_native/vnni_matmul.py), "vnni digits" (int16 digits on it) or "xla" (XLA's
+    dot with the int8 convert fused into its operand, scales on the output: TPU, GPU; on a CPU whichever
+    int8_probe.py times fastest)."""
     experts: str = ""
     """A mixture of experts' layout and placement, for the log ("" for a dense model: describe_experts)."""
 
@@ -107,8 +109,8 @@ class StartupPlan:
 
     @property
     def packed_int8(self) -> bool:
-        """The int8 projections are stored as panels for the native CPU int8 matmul."""
-        return self.int8_matmul == "panels"
+        """The int8 projections are stored packed: as panels for the native CPU int8 matmul, or for the VNNI one."""
+        return self.int8_matmul in ("panels", "vnni w8a8", "vnni digits")
 
     @property
     def num_kv_blocks(self) -> int:
@@ -236,6 +238,8 @@ _INT8_MATMUL_DESCRIPTIONS = {
     "panels": "native, packed int8 panels",
     "int16 digits": "XLA int8 x int8 dot of 16-bit inputs as two int8 digits, int32 sums",
     "w8a8": "XLA int8 x int8 dot, int32 sums",
+    "vnni w8a8": "native VNNI int8 x int8 (VPDPBUSD), packed weights, int32 sums",
+    "vnni digits": "native VNNI int8 x int8 (VPDPBUSD) of 16-bit inputs as two int8 digits, packed weights",
     "xla": "XLA dot, scales on the output",
 }
 

@@ -113,11 +113,12 @@ def test_the_probe_shapes_are_the_models_projections_at_the_steps_buckets():
 
 def test_the_plan_takes_the_probes_pick_on_a_cpu_and_times_nothing_elsewhere(fake_timer, monkeypatch):
     timed, _ = fake_timer
-    monkeypatch.setattr(int8_probe, "int8_candidates", lambda per_layer, tp: _TINY.candidates)
+    monkeypatch.setattr(int8_probe, "int8_candidates",
+                        lambda per_layer, tp, scheme="int8": ("w8a8",) if scheme == "w8a8" else _TINY.candidates)
     assert choose_int8_matmul("int8", "cpu", True, 1, True, _TINY) == "panels"
     timed.clear()
     assert choose_int8_matmul(None, "cpu", True, 1, True, _TINY) is None
-    assert choose_int8_matmul("w8a8", "cpu", True, 1, True, _TINY) == "w8a8"
+    assert choose_int8_matmul("w8a8", "cpu", True, 1, True, _TINY) == "w8a8"  # one candidate: nothing to time
     assert choose_int8_matmul("int8", "gpu", False, 1, True, _TINY) == "xla"
     assert choose_int8_matmul("int8", "cpu", True, 1, False, _TINY) == "xla"  # cpu_matmul="xla"
     assert timed == []
@@ -144,3 +145,38 @@ def test_several_processes_keep_the_flags_guess_and_time_nothing(fake_timer, mon
     monkeypatch.setattr(int8_probe, "cpu_has_int8_dot_units", lambda: True)
     assert choose_int8_matmul("int8", "cpu", True, 1, True, _TINY) == "int16 digits"
     assert timed == []
+
+
+@pytest.mark.parametrize("vnni_seconds,expected", [(0.5, "vnni w8a8"), (3.0, "w8a8")])
+def test_w8a8_times_xlas_dot_against_the_vnni_matmul_and_keeps_the_faster(fake_timer, monkeypatch, vnni_seconds,
+                                                                          expected):
+    """Where the VNNI kernel runs, w8a8's plan times it beside XLA's int8 dot (and the float baseline) and keeps the
+    faster; off the CPU, or with cpu_matmul "xla", w8a8 stays on XLA's dot untimed."""
+    timed, table = fake_timer
+    table.update({"w8a8": 1.5, "vnni w8a8": vnni_seconds})
+    monkeypatch.setattr(int8_probe, "vnni_available", lambda: True)
+    assert int8_probe.int8_candidates(True, 1, "w8a8") == ("w8a8", "vnni w8a8")
+    assert int8_probe.int8_candidates(True, 2, "w8a8") == ("w8a8",)  # the kernel runs on one device only
+    assert choose_int8_matmul("w8a8", "cpu", True, 1, True, _TINY) == expected
+    assert {path for path, _ in timed} == {FLOAT, "w8a8", "vnni w8a8"}
+    timed.clear()
+    assert choose_int8_matmul("w8a8", "gpu", False, 1, True, _TINY) == "w8a8"
+    assert choose_int8_matmul("w8a8", "cpu", True, 1, False, _TINY) == "w8a8"
+    assert timed == []
+
+
+def test_a_slower_w8a8_warns_naming_its_scheme():
+    probe = Int8Probe((64,), {FLOAT: (1.0,), "w8a8": (2.0,), "vnni w8a8": (1.25,)})
+    assert probe.choice == "vnni w8a8" and not probe.beats_float
+    line = probe.describe("float32", "measured now")
+    assert line.startswith("quantization w8a8 on this CPU saves memory, not time: its fastest matmul (vnni w8a8)")
+
+
+def test_weight_only_int8_times_the_digits_on_vnni_where_the_cpu_has_it(monkeypatch):
+    """"vnni digits" is a weight-only int8 candidate only on one device with layers unrolled and VPDPBUSD."""
+    monkeypatch.setattr(int8_probe, "packed_int8_available", lambda: True)
+    monkeypatch.setattr(int8_probe, "vnni_available", lambda: True)
+    assert int8_probe.int8_candidates(True, 1) == ("int16 digits", "panels", "xla", "vnni digits")
+    assert int8_probe.int8_candidates(True, 2) == ("int16 digits", "xla")
+    monkeypatch.setattr(int8_probe, "vnni_available", lambda: False)
+    assert int8_probe.int8_candidates(True, 1) == ("int16 digits", "panels", "xla")

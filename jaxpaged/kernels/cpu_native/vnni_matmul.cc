@@ -1,0 +1,301 @@
+// w8a8 on the CPU's int8 dot instruction VPDPBUSD (AVX-512 VNNI on zmm registers, AVX-VNNI on ymm), as an XLA FFI
+// custom call: int8 activation rows (quantized per token, models/int8_activations.py) times int8 weights packed once
+// at load, int32 sums, then the row's and the column's scales, float32 out. One call multiplies x by 1 to 4 weights
+// (q, k and v; gate and up), one result each.
+//
+// Why: XLA:CPU's int8 x int8 dot runs well on AMX tiles and slowly on Zen 4's VNNI; VPDPBUSD multiplies 64 u8 x s8
+// pairs and adds them in groups of 4 into 16 int32 sums per instruction, 4x the multiply-adds of a float32 FMA on
+// the same register width, and reads the weights as int8 bytes.
+//
+// Operands, in order (vnni_matmul.py packs the weights and registers this file):
+//   x          s8 [rows, inner]: the quantized activation rows.
+//   row_scale  f32 [rows]: each row's scale.
+//   num_rows   s32 []: rows [0, num_rows) hold real work; the others are written as zeros. Clamped to [0, rows].
+//   panels     s8 [outer / 16, groups + 1, 64] per weight, groups = ceil(inner / 4): panel p holds columns 16p ..
+//              16p + 15; its row g holds (W[4g + j, c] for j = 0..3) for each of its 16 columns c in turn, the
+//              operand order of VPDPBUSD (k beyond inner is zero). Its last row holds the 16 columns' corrections
+//              as int32: 128 * sum_k W[k, c].
+//   scales     f32 [outer] per weight, after every weight's panels.
+// Results, one per weight: f32 [rows, outer] = float(sum_k x[r, k] W[k, c]) * row_scale[r] * scale[c].
+//
+// VPDPBUSD multiplies unsigned bytes by signed ones: x is shifted to unsigned, x + 128 (an XOR of its sign bit), so
+// the instruction sums (x + 128) * W, and the correction 128 * sum_k W[k, c], computed at pack time, is subtracted.
+// Every product and sum is an exact int32 (|sum| <= 255 * 128 * inner < 2^31 for inner < 65,000), so the result
+// matches an int8 x int8 dot with int32 sums bit for bit before the scales.
+//
+// Work: register tiles (12 rows x 2 panels with AVX-512, 6 rows x 1 panel with AVX-VNNI), each summed over the whole
+// inner dimension; work items (row block, run of panels of one weight) handed out through an atomic counter to the
+// caller and XLA's intra-op threads, as packed_matmul.cc does.
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+
+#include "xla/ffi/api/ffi.h"
+
+#if defined(__AVX512F__) && defined(__AVX512VNNI__) || defined(__AVXVNNI__)
+#define JAXPAGED_HAS_VNNI 1
+#endif
+
+#if defined(JAXPAGED_HAS_VNNI)
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+constexpr int64_t kPanelWidth = 16;  // columns per panel
+constexpr int64_t kGroupBytes = 64;  // one panel row: 16 columns x 4 inner values
+constexpr int64_t kBlockRows = 72;   // rows per work item: their int8 rows stay in L2 while the panels stream by
+constexpr int64_t kPanelsPerItem = 4;
+constexpr int kMaxWeights = 4;
+
+// JAXPAGED_VNNI_YMM builds the ymm tiling on an AVX-512 VNNI CPU too (the tests check it there).
+#if defined(__AVX512F__) && defined(__AVX512VNNI__) && !defined(JAXPAGED_VNNI_YMM)
+#define JAXPAGED_VNNI_ZMM 1
+// One zmm holds a whole panel row: 16 columns' int32 sums.
+using Acc = __m512i;
+constexpr int kVectorsPerPanel = 1;
+constexpr int kLanes = 16;
+constexpr int64_t kTileRows = 12;
+constexpr int kTilePanels = 2;
+inline Acc Zero() { return _mm512_setzero_si512(); }
+inline Acc LoadBytes(const int8_t* at) { return _mm512_loadu_si512(at); }
+inline Acc Broadcast(uint32_t four) { return _mm512_set1_epi32(static_cast<int32_t>(four)); }
+inline Acc Dot(Acc sum, Acc unsigned_x, Acc weights) { return _mm512_dpbusd_epi32(sum, unsigned_x, weights); }
+// (sum - correction) as float32, times the row's scale, then each column's; stored to `out`.
+inline void Finish(Acc sum, const int8_t* correction, float row_scale, const float* scale, float* out) {
+  const __m512i exact = _mm512_sub_epi32(sum, _mm512_loadu_si512(correction));
+  const __m512 scaled = _mm512_mul_ps(_mm512_cvtepi32_ps(exact), _mm512_set1_ps(row_scale));
+  _mm512_storeu_ps(out, _mm512_mul_ps(scaled, _mm512_loadu_ps(scale)));
+}
+#else
+// AVX-VNNI: a panel row is two ymm halves, columns 0-7 and 8-15.
+using Acc = __m256i;
+constexpr int kVectorsPerPanel = 2;
+constexpr int kLanes = 8;
+constexpr int64_t kTileRows = 6;
+constexpr int kTilePanels = 1;
+inline Acc Zero() { return _mm256_setzero_si256(); }
+inline Acc LoadBytes(const int8_t* at) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at)); }
+inline Acc Broadcast(uint32_t four) { return _mm256_set1_epi32(static_cast<int32_t>(four)); }
+#if defined(__AVX512VL__) && defined(__AVX512VNNI__)
+inline Acc Dot(Acc sum, Acc unsigned_x, Acc weights) { return _mm256_dpbusd_epi32(sum, unsigned_x, weights); }
+#else
+inline Acc Dot(Acc sum, Acc unsigned_x, Acc weights) { return _mm256_dpbusd_avx_epi32(sum, unsigned_x, weights); }
+#endif
+inline void Finish(Acc sum, const int8_t* correction, float row_scale, const float* scale, float* out) {
+  const __m256i exact = _mm256_sub_epi32(sum, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(correction)));
+  const __m256 scaled = _mm256_mul_ps(_mm256_cvtepi32_ps(exact), _mm256_set1_ps(row_scale));
+  _mm256_storeu_ps(out, _mm256_mul_ps(scaled, _mm256_loadu_ps(scale)));
+}
+#endif
+
+constexpr uint32_t kSignBits = 0x80808080u;  // x XOR this is x + 128 in each unsigned byte
+
+struct Problem {
+  const int8_t* x;
+  const float* row_scale;
+  const int8_t* panels;
+  const float* scales;
+  float* out;
+  int64_t rows, inner, outer;  // rows: the rows multiplied (num_rows), not the padding after them
+  int64_t groups() const { return (inner + 3) / 4; }
+  int64_t panel_size() const { return (groups() + 1) * kGroupBytes; }  // the corrections' row included
+};
+
+// The four x values of group g of a row, shifted to unsigned. The last group of an inner size that is no multiple
+// of 4 reads only the values that exist (its missing weights are zero, so the filler's 128 adds nothing).
+inline uint32_t UnsignedGroup(const int8_t* row, int64_t g, int64_t inner) {
+  uint32_t four = 0;
+  std::memcpy(&four, row + 4 * g, static_cast<size_t>(std::min<int64_t>(4, inner - 4 * g)));
+  return four ^ kSignBits;
+}
+
+// kRows rows x kPanels adjacent panels (from `panel_index`) of the output, summed over the whole inner dimension.
+template <int kRows, int kPanels>
+void MultiplyTile(const Problem& p, int64_t row, int64_t panel_index) {
+  constexpr int kVectors = kPanels * kVectorsPerPanel;
+  const int64_t groups = p.groups(), full_groups = p.inner / 4, panel_size = p.panel_size();
+  const int8_t* panel = p.panels + panel_index * panel_size;
+  const int8_t* x = p.x + row * p.inner;
+  Acc sums[kRows][kVectors];
+  for (int r = 0; r < kRows; ++r) {
+    for (int v = 0; v < kVectors; ++v) sums[r][v] = Zero();
+  }
+  auto step = [&](int64_t g, auto&& x_group) {
+    Acc weights[kVectors];
+    for (int q = 0; q < kPanels; ++q) {
+      for (int h = 0; h < kVectorsPerPanel; ++h) {
+        weights[q * kVectorsPerPanel + h] = LoadBytes(panel + q * panel_size + g * kGroupBytes + h * kLanes * 4);
+      }
+    }
+    for (int r = 0; r < kRows; ++r) {
+      const Acc value = Broadcast(x_group(x + r * p.inner));
+      for (int v = 0; v < kVectors; ++v) sums[r][v] = Dot(sums[r][v], value, weights[v]);
+    }
+  };
+  for (int64_t g = 0; g < full_groups; ++g) {
+    step(g, [g](const int8_t* row) {
+      uint32_t four;
+      std::memcpy(&four, row + 4 * g, sizeof(four));
+      return four ^ kSignBits;
+    });
+  }
+  if (full_groups < groups) step(full_groups, [&](const int8_t* row) { return UnsignedGroup(row, full_groups, p.inner); });
+  for (int r = 0; r < kRows; ++r) {
+    float* out = p.out + (row + r) * p.outer + panel_index * kPanelWidth;
+    const float row_scale = p.row_scale[row + r];
+    for (int q = 0; q < kPanels; ++q) {
+      const int8_t* corrections = panel + q * panel_size + groups * kGroupBytes;
+      for (int h = 0; h < kVectorsPerPanel; ++h) {
+        const int64_t column = q * kPanelWidth + h * kLanes;
+        Finish(sums[r][q * kVectorsPerPanel + h], corrections + h * kLanes * 4, row_scale,
+               p.scales + panel_index * kPanelWidth + column, out + column);
+      }
+    }
+  }
+}
+
+// Fewer than kTileRows rows, in one smaller tile (only when the whole block is smaller than a tile).
+template <int kPanels>
+void MultiplyFewRows(const Problem& p, int64_t num_rows, int64_t row, int64_t panel_index) {
+  switch (num_rows) {
+#if defined(JAXPAGED_VNNI_ZMM)
+    case 11: MultiplyTile<11, kPanels>(p, row, panel_index); break;
+    case 10: MultiplyTile<10, kPanels>(p, row, panel_index); break;
+    case 9: MultiplyTile<9, kPanels>(p, row, panel_index); break;
+    case 8: MultiplyTile<8, kPanels>(p, row, panel_index); break;
+    case 7: MultiplyTile<7, kPanels>(p, row, panel_index); break;
+    case 6: MultiplyTile<6, kPanels>(p, row, panel_index); break;
+#endif
+    case 5: MultiplyTile<5, kPanels>(p, row, panel_index); break;
+    case 4: MultiplyTile<4, kPanels>(p, row, panel_index); break;
+    case 3: MultiplyTile<3, kPanels>(p, row, panel_index); break;
+    case 2: MultiplyTile<2, kPanels>(p, row, panel_index); break;
+    case 1: MultiplyTile<1, kPanels>(p, row, panel_index); break;
+    default: break;
+  }
+}
+
+// Rows [first, end) of kPanels panels in whole tiles; the rows left after them are covered by one more whole tile
+// ending at `end`, overlapping the one before (its rows get the same sums twice), as packed_matmul.cc does.
+template <int kPanels>
+void MultiplyPanels(const Problem& p, int64_t first, int64_t end, int64_t panel_index) {
+  if (end - first < kTileRows) {
+    MultiplyFewRows<kPanels>(p, end - first, first, panel_index);
+    return;
+  }
+  for (int64_t row = first; row < end; row += kTileRows) {
+    MultiplyTile<kTileRows, kPanels>(p, std::min(row, end - kTileRows), panel_index);
+  }
+}
+
+struct SharedWork {
+  Problem problems[kMaxWeights];
+  int64_t first_run[kMaxWeights + 1] = {};  // problem w owns runs [first_run[w], first_run[w + 1]) of each block
+  int64_t num_panel_runs = 0, num_items = 0;
+  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> num_done{0};
+  std::mutex mutex;
+  std::condition_variable all_done;
+};
+
+void WorkOn(SharedWork& work) {
+  for (int64_t item = work.next.fetch_add(1); item < work.num_items; item = work.next.fetch_add(1)) {
+    const int64_t run = item % work.num_panel_runs, block = item / work.num_panel_runs;
+    int w = 0;
+    while (run >= work.first_run[w + 1]) ++w;
+    const Problem& p = work.problems[w];
+    const int64_t first_row = block * kBlockRows, end_row = std::min(p.rows, first_row + kBlockRows);
+    const int64_t end_panel = std::min(p.outer / kPanelWidth, (run - work.first_run[w] + 1) * kPanelsPerItem);
+    int64_t panel = (run - work.first_run[w]) * kPanelsPerItem;
+    for (; panel + kTilePanels <= end_panel; panel += kTilePanels) {
+      MultiplyPanels<kTilePanels>(p, first_row, end_row, panel);
+    }
+    if (panel < end_panel) MultiplyPanels<1>(p, first_row, end_row, panel);
+    if (work.num_done.fetch_add(1) + 1 == work.num_items) {
+      std::lock_guard<std::mutex> lock(work.mutex);
+      work.all_done.notify_all();
+    }
+  }
+}
+
+// Every problem's items on the caller and XLA's intra-op threads; a task that starts after the call returned finds
+// no item left.
+void RunAll(const Problem* problems, int num_problems, ffi::ThreadPool& pool) {
+  auto work = std::make_shared<SharedWork>();
+  for (int w = 0; w < num_problems; ++w) {
+    work->problems[w] = problems[w];
+    const int64_t num_panels = problems[w].outer / kPanelWidth;
+    work->first_run[w + 1] = work->first_run[w] + (num_panels + kPanelsPerItem - 1) / kPanelsPerItem;
+  }
+  work->num_panel_runs = work->first_run[num_problems];
+  work->num_items = work->num_panel_runs * ((problems[0].rows + kBlockRows - 1) / kBlockRows);
+  if (work->num_items == 0) return;
+  const int64_t num_helpers = std::min<int64_t>(pool.num_threads(), work->num_items - 1);
+  for (int64_t i = 0; i < num_helpers; ++i) pool.Schedule([work]() { WorkOn(*work); });
+  WorkOn(*work);
+  std::unique_lock<std::mutex> lock(work->mutex);
+  work->all_done.wait(lock, [&]() { return work->num_done.load() == work->num_items; });
+}
+
+ffi::Error VnniMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::S8> x, ffi::Buffer<ffi::F32> row_scale,
+                          ffi::Buffer<ffi::S32> num_rows, ffi::RemainingArgs weights, ffi::RemainingRets results) {
+  auto x_dims = x.dimensions();
+  if (x_dims.size() != 2 || row_scale.element_count() != static_cast<size_t>(x_dims[0])) {
+    return ffi::Error::InvalidArgument("vnni_matmul: x must be [rows, inner] and row_scale [rows]");
+  }
+  if (num_rows.element_count() != 1) return ffi::Error::InvalidArgument("vnni_matmul: num_rows must be one int32");
+  const int num_weights = static_cast<int>(weights.size()) / 2;
+  if (num_weights < 1 || num_weights > kMaxWeights || weights.size() % 2 ||
+      static_cast<int>(results.size()) != num_weights) {
+    return ffi::Error::InvalidArgument("vnni_matmul: 1 to 4 weights, each with its scales, one result each");
+  }
+  const int64_t all_rows = x_dims[0], inner = x_dims[1];
+  const int64_t rows = std::clamp<int64_t>(num_rows.typed_data()[0], 0, all_rows);
+  Problem problems[kMaxWeights];
+  for (int w = 0; w < num_weights; ++w) {
+    auto panels = weights.get<ffi::Buffer<ffi::S8>>(w);
+    auto scales = weights.get<ffi::Buffer<ffi::F32>>(num_weights + w);
+    auto out = results.get<ffi::Buffer<ffi::F32>>(w);
+    if (panels.has_error()) return panels.error();
+    if (scales.has_error()) return scales.error();
+    if (out.has_error()) return out.error();
+    auto panel_dims = panels->dimensions();
+    auto out_dims = (*out)->dimensions();
+    const int64_t groups = (inner + 3) / 4;
+    if (panel_dims.size() != 3 || panel_dims[1] != groups + 1 || panel_dims[2] != kGroupBytes ||
+        out_dims.size() != 2 || out_dims[0] != all_rows || out_dims[1] != panel_dims[0] * kPanelWidth ||
+        scales->element_count() != static_cast<size_t>(out_dims[1])) {
+      return ffi::Error::InvalidArgument("vnni_matmul: panels must be [outer / 16, ceil(inner / 4) + 1, 64], "
+                                         "scales [outer] and results [rows, outer], agreeing with x [rows, inner]");
+    }
+    const int64_t outer = out_dims[1];
+    float* result = (*out)->typed_data();
+    problems[w] = Problem{x.typed_data(), row_scale.typed_data(), panels->typed_data(), scales->typed_data(),
+                          result, rows, inner, outer};
+    std::fill(result + rows * outer, result + all_rows * outer, 0.0f);  // padding rows: zeros, finite
+  }
+  RunAll(problems, num_weights, pool);
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+// Only where the build targets VNNI: vnni_matmul.py registers it when the library exports it.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpagedVnniMatmul, VnniMatmulImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::S8>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .RemainingArgs()
+                                  .RemainingRets());
+
+#endif  // JAXPAGED_HAS_VNNI
