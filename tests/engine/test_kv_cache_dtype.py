@@ -164,8 +164,8 @@ def test_metrics_name_the_kv_format(int8_llm):
     per_token = int8_llm.engine.runner.memory_plan.kv_bytes_per_token
     assert (f'jaxpaged_cache_config_info{{block_size="16",kv_bytes_per_token="{per_token}",kv_cache_dtype="int8",'
             f'kv_format="int8 + a bfloat16 scale per token per head",num_kv_blocks="48"}} 1.0') in text
-    assert ('vllm:cache_config_info{block_size="16",cache_dtype="int8",model_name="tiny",num_gpu_blocks="48"} 1.0'
-            in text)
+    assert ('vllm:cache_config_info{block_size="16",cache_dtype="int8",engine="0",model_name="tiny",'
+            'num_gpu_blocks="48"} 1.0' in text)
 
 
 @pytest.mark.slow
