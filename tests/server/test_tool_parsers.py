@@ -143,3 +143,11 @@ def test_block_formats_stream_each_call_as_soon_as_it_is_complete(name):
     sent = [(position, call["index"]) for position, d in enumerate(deltas) for call in d.get("tool_calls", [])]
     assert [index for _, index in sent] == [0, 1]
     assert sent[0][0] < len(text) - 1  # the first call went out before the text ended
+
+
+def test_qwen3_xml_constrains_nothing_it_cannot_write():
+    """qwen3_xml shares hermes's block search but not its JSON-block grammar: "auto" output stays unconstrained."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    qwen3_xml, hermes = make_tool_parser("qwen3_xml"), make_tool_parser("hermes")
+    assert qwen3_xml is not None and hermes is not None
+    assert qwen3_xml.auto_grammar(tools) is None and hermes.auto_grammar(tools) is not None

@@ -57,7 +57,7 @@ class HermesScanner(CallScanner):
 
     def _read_block(self, text: str, body_start: int, body_end: int) -> None:
         self._count(body_end - body_start)
-        call = parse_block(text[body_start:body_end])
+        call = getattr(self.parser, "parse_block", parse_block)(text[body_start:body_end])
         if call is not None:  # a malformed block is left out
             self.calls.append(call)
 
@@ -69,6 +69,8 @@ class HermesToolParser(ToolParser):
     name = "hermes"
     markers = (START,)
     scanner_class = HermesScanner
+    parse_block = staticmethod(parse_block)
+    """One block's call (None when malformed): a format with other block bodies (qwen3_xml) replaces it."""
 
     def parse_section(self, section: str) -> Optional[list[Call]]:
         calls, position = [], 0
@@ -77,7 +79,7 @@ class HermesToolParser(ToolParser):
             end = section.find(END, body_start)
             body = section[body_start:] if end < 0 else section[body_start:end]
             position = len(section) if end < 0 else end + len(END)
-            call = parse_block(body)
+            call = self.parse_block(body)
             if call is not None:
                 calls.append(call)
         return calls

@@ -9,8 +9,8 @@ text happens to be a number comes back as that number: the one case where vLLM, 
 
 from typing import Any, Optional
 
-from jaxpaged.server.parsers.tool.base import Call, ToolParser, arguments_text
-from jaxpaged.server.parsers.tool.hermes import END, START, HermesScanner
+from jaxpaged.server.parsers.tool.base import Call, arguments_text
+from jaxpaged.server.parsers.tool.hermes import HermesToolParser
 from jaxpaged.server.parsers.tool.json_depth import load_json
 
 FUNCTION, FUNCTION_END = "<function=", "</function>"
@@ -57,30 +57,13 @@ def parse_function_block(body: str) -> Optional[Call]:
     return (name, arguments_text(arguments)) if name else None
 
 
-class Qwen3XmlScanner(HermesScanner):
-    """Hermes's block streaming, each block's body read as XML-style parameters."""
-
-    def _read_block(self, text: str, body_start: int, body_end: int) -> None:
-        self._count(body_end - body_start)
-        call = parse_function_block(text[body_start:body_end])
-        if call is not None:
-            self.calls.append(call)
-
-
-class Qwen3XmlToolParser(ToolParser):
-    """`<tool_call>` blocks of `<function=...>` with `<parameter=...>` values; text before the first is content."""
+class Qwen3XmlToolParser(HermesToolParser):
+    """`<tool_call>` blocks of `<function=...>` with `<parameter=...>` values; text before the first is content. The
+    hermes blocks' search and streaming, each block's body read as XML-style parameters."""
 
     name = "qwen3_xml"
-    markers = (START,)
-    scanner_class = Qwen3XmlScanner
+    parse_block = staticmethod(parse_function_block)
 
-    def parse_section(self, section: str) -> Optional[list[Call]]:
-        calls, position = [], 0
-        while (start := section.find(START, position)) >= 0:
-            body_start = start + len(START)
-            end = section.find(END, body_start)
-            position = len(section) if end < 0 else end + len(END)
-            call = parse_function_block(section[body_start:] if end < 0 else section[body_start:end])
-            if call is not None:
-                calls.append(call)
-        return calls
+    def auto_grammar(self, tools: list[dict]) -> Optional[str]:
+        """No grammar of this format here (hermes's is of JSON blocks): "auto" output is parsed unconstrained."""
+        return None
