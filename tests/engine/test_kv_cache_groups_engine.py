@@ -4,7 +4,6 @@ and off give identical tokens and log-probabilities; a pool too small for every 
 starts and serves a max_model_len request when the windows make it fit."""
 
 import random
-import shutil
 
 import pytest
 import torch
@@ -13,7 +12,7 @@ import transformers
 from jaxpaged.llm import LLM
 from jaxpaged.sampling.params import SamplingParams
 from tests.models.conftest import THREE_LAYERS, TINY
-from tests.models.test_hf_parity import hf_greedy
+from tests.models.test_hf_parity import hf_greedy, save_with_tokenizer
 
 pytestmark = pytest.mark.xdist_group("kv_cache_groups_engine")
 
@@ -44,14 +43,7 @@ def save_checkpoint(family: str, directory, tokenizer_dir) -> transformers.PreTr
     """A seeded random tiny model of `family` saved (float32) beside a tokenizer; returned in eval mode."""
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(CONFIGS[family](), dtype=torch.float32).eval()
-    with torch.no_grad():  # unit norms hide a misplaced norm; random ones do not
-        for name, param in model.named_parameters():
-            if "norm" in name:
-                param.add_(0.1 * torch.randn_like(param))
-    model.save_pretrained(directory)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(tokenizer_dir / name, directory / name)
-    return model
+    return save_with_tokenizer(model, directory, tokenizer_dir)
 
 
 @pytest.fixture(scope="module", params=sorted(CONFIGS))

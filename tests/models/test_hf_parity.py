@@ -1,5 +1,8 @@
 """jaxpaged's logits match HF transformers (torch, float32) for tiny random models of every supported family."""
 
+import pathlib
+import shutil
+
 import numpy as np
 import pytest
 import torch
@@ -51,6 +54,19 @@ def hf_greedy(hf_model, prompts: list[list[int]], num_new_tokens: int) -> list[l
                                     min_new_tokens=num_new_tokens, do_sample=False)
         continuations.append(out[0, len(prompt):].tolist())
     return continuations
+
+
+def save_with_tokenizer(model, directory: pathlib.Path, tokenizer_dir: pathlib.Path):
+    """`model` (a random HF model) saved beside a tokenizer, its norms perturbed first (HF initialises them to
+    constants, which would hide a misplaced norm); returned in eval mode."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.add_(0.1 * torch.randn_like(param))
+    model.save_pretrained(directory)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tokenizer_dir / name, directory / name)
+    return model.eval()
 
 
 def assert_close(actual: np.ndarray, expected: np.ndarray) -> None:

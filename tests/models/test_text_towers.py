@@ -18,7 +18,7 @@ from jaxpaged.models.registry import read_model_config
 from jaxpaged.runner.model_runner import ModelRunner
 from jaxpaged.sampling.params import SamplingParams
 from jaxpaged.weights.loader import load_model
-from tests.models.test_hf_parity import BLOCK_SIZE, assert_close, hf_greedy, hf_logits, run_step
+from tests.models.test_hf_parity import BLOCK_SIZE, assert_close, hf_greedy, hf_logits, run_step, save_with_tokenizer
 
 TEXT: dict = dict(vocab_size=49152, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=16, max_position_embeddings=256, rms_norm_eps=1e-5,
@@ -49,15 +49,7 @@ def save_wrapper(kind: str, directory: pathlib.Path, tokenizer_dir: pathlib.Path
     config = WRAPPERS[kind]()
     model_class = {"gemma3": transformers.Gemma3ForConditionalGeneration,
                    "mistral3": transformers.Mistral3ForConditionalGeneration}[kind]
-    model = model_class(config).eval()
-    with torch.no_grad():  # HF initialises norms to constants: random ones make a misplaced norm observable
-        for name, param in model.named_parameters():
-            if "norm" in name:
-                param.add_(0.1 * torch.randn_like(param))
-    model.save_pretrained(directory)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(tokenizer_dir / name, directory / name)
-    return model
+    return save_with_tokenizer(model_class(config).eval(), directory, tokenizer_dir)
 
 
 @pytest.fixture(scope="module", params=sorted(WRAPPERS))
