@@ -27,7 +27,8 @@ CONFIGS = {
 }
 
 
-def make_qwen3_moe(directory: pathlib.Path, tokenizer_dir: pathlib.Path, config_class=transformers.Qwen3MoeConfig,
+def make_qwen3_moe(directory: pathlib.Path, tokenizer_dir: pathlib.Path,
+                   config_class: type[transformers.PretrainedConfig] = transformers.Qwen3MoeConfig,
                    **overrides) -> transformers.PreTrainedModel:
     """A seeded random tiny Qwen3-MoE (or another `config_class`: Qwen2-MoE) saved (bfloat16-rounded values, float32
     file) beside SmolLM2's tokenizer; the float32 HF model with those weights."""
