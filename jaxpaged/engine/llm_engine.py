@@ -22,6 +22,7 @@ from jaxpaged.core.scheduler import Scheduler
 from jaxpaged.core.scheduler_output import SchedulerOutput
 from jaxpaged.engine.loops import OverlappedLoop, SynchronousLoop, resolve_async_scheduling
 from jaxpaged.engine.output_processor import OutputProcessor
+from jaxpaged.engine.rank_stats import collect_stats
 from jaxpaged.engine.ranks import DataParallelRanks, LaunchedStep
 from jaxpaged.engine.request_table import RequestTable
 from jaxpaged.engine.requests import RequestGroup, make_samples
@@ -34,7 +35,7 @@ from jaxpaged.lora.host_cache import LoRAAdapterCache
 from jaxpaged.lora.peft_adapter import PeftAdapter
 from jaxpaged.lora.request import LoRARequest
 from jaxpaged.outputs import RequestOutput
-from jaxpaged.runner import ModelRunner, build_rank_runners, compile_counter
+from jaxpaged.runner import ModelRunner, build_rank_runners
 from jaxpaged.sampling.batch import penalizes_output_tokens
 from jaxpaged.sampling.grammar import CompiledGrammar, GrammarCompiler
 from jaxpaged.sampling.params import SamplingParams, StructuredOutputsParams
@@ -351,52 +352,14 @@ class LLMEngine:
         self.features.close(self.ranks, deadline)
         self.grammars.close()
 
-    def _add_spec_decode_stats(self, stats: EngineStats) -> None:
-        (stats.spec_decode_num_drafts, stats.spec_decode_num_draft_tokens, stats.spec_decode_num_accepted_tokens,
-         stats.spec_decode_num_accepted_tokens_per_pos) = _spec_decode_totals(self.ranks.schedulers)
-
     def get_stats(self) -> EngineStats:
         """Gauges and cumulative counters."""
-        per_rank = [scheduler.stats() for scheduler in self.ranks.schedulers]
-        total = lambda field: sum(getattr(stats, field) for stats in per_rank)
-        stats = EngineStats(
-            num_running=total("num_running"), num_waiting=total("num_waiting"),
-            kv_cache_usage=total("kv_cache_usage") / len(per_rank),
-            prefix_cache_queries=total("prefix_cache_queries"), prefix_cache_hits=total("prefix_cache_hits"),
-            num_preemptions=total("num_preemptions"), num_compilations=compile_counter.num_compilations(),
-            prompt_tokens_total=self._prompt_tokens_total,
-            generation_tokens_total=self.processor.num_generated_tokens,
-            num_steps=self._num_steps, warmup_seconds=self.warmup_seconds)
-        self._add_spec_decode_stats(stats)
-        if self.lora_adapters is not None:
-            self._add_lora_stats(stats)
+        stats = collect_stats(self.ranks.schedulers, prompt_tokens_total=self._prompt_tokens_total,
+                              generation_tokens_total=self.processor.num_generated_tokens, num_steps=self._num_steps,
+                              warmup_seconds=self.warmup_seconds,
+                              max_loras=self.config.max_loras if self.lora_adapters is not None else None)
         self.features.add_stats(stats, self.ranks)
         return stats
-
-    def _add_lora_stats(self, stats: EngineStats) -> None:
-        """Which adapters running and waiting requests use (vllm:lora_requests_info)."""
-        running: dict[str, None] = {}
-        waiting: dict[str, None] = {}
-        for scheduler in self.ranks.schedulers:
-            for request in scheduler.requests.values():
-                if request.lora_name is not None:
-                    (running if request.status is RequestStatus.RUNNING else waiting)[request.lora_name] = None
-        stats.max_lora = self.config.max_loras
-        stats.running_lora_adapters, stats.waiting_lora_adapters = list(running), list(waiting)
-
-
-def _spec_decode_totals(schedulers) -> tuple[int, int, int, list[int]]:
-    """Speculative decoding's counters summed over the data-parallel ranks."""
-    per_position: list[int] = []
-    drafts = draft_tokens = accepted = 0
-    for scheduler in schedulers:
-        spec = scheduler.spec_stats
-        drafts, draft_tokens, accepted = drafts + spec.num_drafts, draft_tokens + spec.num_draft_tokens, \
-            accepted + spec.num_accepted_tokens
-        per_position += [0] * (len(spec.accepted_per_position) - len(per_position))
-        for position, count in enumerate(spec.accepted_per_position):
-            per_position[position] += count
-    return drafts, draft_tokens, accepted, per_position
 
 
 def enable_persistent_compilation_cache(directory: Optional[str]) -> None:
