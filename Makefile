@@ -17,7 +17,7 @@ TPU_VENV ?= .venv-tpu
 TPU_STAMP := $(TPU_VENV)/.installed
 TPU_PACKAGES := -e '.[tpu]'
 
-.PHONY: install serve generate lint test test-slow bench clean tpu-install tpu-compile
+.PHONY: install serve generate lint test test-slow bench clean tpu-install tpu-compile docs
 
 install: $(STAMP)
 
@@ -43,6 +43,11 @@ lint: install
 
 test: install
 	$(PY) -m pytest -q -n 2 --dist loadgroup $(ARGS)
+
+# docs/vllm-compatibility.md's flag and request-key tables, rendered from jaxpaged/server/vllm/compat_*_rows.py
+# (refused while a row contradicts the parser or the request validator; tests/server/test_flag_docs.py checks it).
+docs: install
+	$(PY) -m jaxpaged.server.vllm.compat_docs --write
 
 test-slow: install
 	$(PY) -m pytest -q -m slow $(ARGS)

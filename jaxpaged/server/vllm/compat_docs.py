@@ -61,7 +61,8 @@ def render_page(text: str) -> str:
         if len(pattern.findall(text)) != 1:
             raise ValueError(f"{PAGE.name}: needs exactly one pair of markers\n{begin_marker(name)}\n"
                              f"{end_marker(name)}\naround the {name} table")
-        text = pattern.sub(lambda _: f"{begin_marker(name)}\n{table()}\n{end_marker(name)}", text)
+        generated = f"{begin_marker(name)}\n{table()}\n{end_marker(name)}"
+        text = pattern.sub(lambda _, generated=generated: generated, text)
     return text
 
 

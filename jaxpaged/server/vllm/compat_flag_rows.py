@@ -119,7 +119,7 @@ VLLM_FLAG_ROWS: tuple[FlagRow, ...] = (
             note="every layer keeps every token in one KV cache group; without it, sliding-window layers keep only "
                  "their window ([kv-cache-groups.md](kv-cache-groups.md)). Also the `LLM(...)` key.",
             tests=("test_hybrid_kv_flag.py::test_the_vllm_flag_and_llm_key_set_the_config_field",)),
-    FlagRow(status="different", flags=("--enable-chunked-prefill", "--no-enable-chunked-prefill"),
+    FlagRow(status="accepted no-op", flags=("--enable-chunked-prefill", "--no-enable-chunked-prefill"),
             note="accepted, logged once: jaxpaged always chunks long prefills (`--max-num-batched-tokens` bounds a "
                  "step) and cannot turn it off.",
             tests=("test_vllm_launch_flags.py::test_no_op_flags_are_accepted_and_logged_once",)),
@@ -137,13 +137,19 @@ VLLM_FLAG_ROWS: tuple[FlagRow, ...] = (
             tests=("test_vllm_launch_flags.py::test_default_chat_template_kwargs_sit_under_the_requests_own",)),
     FlagRow(status="supported", flags=("--download-dir", "--hf-token"),
             label="`--download-dir`, `--hf-token [TOKEN]`",
-            note="the Hugging Face cache directory and token of a Hub `--model`'s download"),
-    FlagRow(status="different", flags=("--structured-outputs-config", "--max-logprobs"),
-            label="`--structured-outputs-config JSON`, `--max-logprobs`",
-            note="`enable_in_reasoning` is honoured (a grammar holds inside the reasoning too; "
-                 "`test_vllm_launch_flags.py::test_structured_outputs_config_enable_in_reasoning_reaches_the_settings`); "
-                 "its other keys are logged once: one structured-output backend here (its own grammar compiler); "
-                 "logprobs are capped at 20 per token (the OpenAI limit) whatever the flag says"),
+            note="the Hugging Face cache directory and token of a Hub `--model`'s download; `--hf-token` alone: the "
+                 "token `hf auth login` stored.",
+            tests=("test_vllm_download_flags.py::test_download_dir_and_hf_token_reach_hugging_face",
+                   "::test_hf_token_without_a_value_keeps_the_stored_token")),
+    FlagRow(status="different", flags=("--structured-outputs-config",),
+            label="`--structured-outputs-config JSON`",
+            note="`enable_in_reasoning` is honoured (a grammar holds inside the reasoning too); its other keys are "
+                 "logged once: one structured-output backend here (its own grammar compiler).",
+            tests=("test_vllm_launch_flags.py::test_structured_outputs_config_enable_in_reasoning_reaches_the_settings",
+                   "::test_no_op_flags_are_accepted_and_logged_once")),
+    FlagRow(status="accepted no-op", flags=("--max-logprobs",),
+            note="logged once: logprobs are capped at 20 per token (the OpenAI limit) whatever the flag says.",
+            tests=("test_vllm_launch_flags.py::test_no_op_flags_are_accepted_and_logged_once",)),
     FlagRow(status="supported", flags=("--disable-log-stats",),
             note="without it, every 10 s: `Avg prompt throughput`, `Avg generation throughput` (tokens/s over the "
                  "interval), `Running`, `Waiting`, `KV cache usage`, `Prefix cache hit rate` (over the interval); "
@@ -159,15 +165,15 @@ VLLM_FLAG_ROWS: tuple[FlagRow, ...] = (
                  "set, a 429 with `Retry-After` past it.",
             tests=("test_vllm_launch_flags.py::test_the_queue_limit_is_opt_in_with_vllm_s_alias", "test_overload.py")),
     FlagRow(status="supported",
-            flags=("--max-num-seqs", "--max-num-batched-tokens", "--block-size", "--dtype", "--seed",
+            flags=("--max-num-seqs", "--max-num-batched-tokens", "--block-size", "--seed",
                    "--enable-prefix-caching", "--no-enable-prefix-caching", "-tp", "--tensor-parallel-size", "-dp",
                    "--data-parallel-size", "--enable-expert-parallel", "--async-scheduling", "--scheduling-policy",
                    "--long-prefill-token-threshold"),
-            label="`--max-num-seqs`, `--max-num-batched-tokens`, `--block-size`, `--dtype`, `--seed`, "
+            label="`--max-num-seqs`, `--max-num-batched-tokens`, `--block-size`, `--seed`, "
                   "`--enable-prefix-caching` / `--no-enable-prefix-caching`, `-tp` / `--tensor-parallel-size`, "
                   "`-dp` / `--data-parallel-size`, `--enable-expert-parallel`, `--async-scheduling`, "
                   "`--scheduling-policy`, `--long-prefill-token-threshold`",
-            note="generated from `EngineConfig` under vLLM's names.",
+            note="generated from `EngineConfig` under vLLM's names (`--dtype`: its own row above).",
             tests=("tests/engine/test_cli_options.py::test_vllm_engine_flags_keep_vllm_spellings",
                    "::test_the_flags_the_readme_and_tests_use_keep_working")),
     FlagRow(status="different", flags=("--speculative-config",),
@@ -188,7 +194,7 @@ VLLM_FLAG_ROWS: tuple[FlagRow, ...] = (
                  "node flags (`--headless`, `--data-parallel-address`, `--data-parallel-rpc-port`, ...) are "
                  "unrecognized, named by argparse.",
             tests=("tests/parallel/test_multihost_options.py",)),
-    FlagRow(status="different", flags=("--trust-remote-code", "--disable-log-requests", "--enforce-eager",
+    FlagRow(status="accepted no-op", flags=("--trust-remote-code", "--disable-log-requests", "--enforce-eager",
                    "--disable-frontend-multiprocessing", "--disable-custom-all-reduce", "--swap-space",
                    "--max-log-len", "--load-format", "--distributed-executor-backend"),
             note="accepted, one warning each at start-up saying why it changes nothing here.",

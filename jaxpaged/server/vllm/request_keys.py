@@ -46,3 +46,11 @@ def reject_unhonoured_keys(payload: Any, chat: bool) -> None:
     structured = payload.get("structured_outputs")
     if isinstance(structured, dict):
         _refused(_STRUCTURED_OUTPUTS_KEYS, structured, "structured_outputs.")
+
+
+def refused_keys(chat: bool) -> dict[str, Any]:
+    """The vLLM keys an endpoint refuses, each with the value that still passes besides null (None: only null);
+    structured_outputs' own as `structured_outputs.<key>` (docs/vllm-compatibility.md's "not yet" keys)."""
+    keys = {**_SAMPLING_KEYS, **(_CHAT_KEYS if chat else _COMPLETION_KEYS),
+            **{f"structured_outputs.{key}": off for key, off in _STRUCTURED_OUTPUTS_KEYS.items()}}
+    return {key: None if off is _OFF else off for key, off in keys.items()}
