@@ -120,3 +120,22 @@ def test_a_missing_citation_is_found():
             "| `::test_every_cited_test_exists` |")
     assert _missing_citations(text) == ["test_no_such_file.py", "test_flag_docs.py::test_no_such_test",
                                         "None::test_every_cited_test_exists"]
+
+
+_NAMED_FLAG = re.compile(r"`(--[a-zA-Z][a-zA-Z0-9-]*[a-zA-Z0-9]|-[a-zA-Z]{1,2})(?![\w-])")
+_OTHER_TOOLS_FLAGS = {"--max-client-batch-size", "-H"}
+"""Other tools' flags the pages name: TGI's (for comparison) and curl's."""
+
+
+def test_the_server_and_configuration_pages_name_only_flags_that_exist():
+    """A flag renamed or removed in the code while docs/server.md or docs/configuration.md still names it fails here
+    (a "not yet" row's flag counts: the pages may say it is refused)."""
+    from jaxpaged.cli import build_parser
+
+    commands = next(action for action in build_parser()._actions if isinstance(action, argparse._SubParsersAction))
+    known = {flag for command in commands.choices.values() for flag in command._option_string_actions}
+    known |= {flag for row in VLLM_FLAG_ROWS if row.status == "not yet" for flag in row.flags}
+    unknown = {f"{page}: {flag}" for page in ("server.md", "configuration.md")
+               for flag in _NAMED_FLAG.findall((DOCS / page).read_text())
+               if flag not in known | _OTHER_TOOLS_FLAGS and flag.replace("--no-", "--", 1) not in known}
+    assert sorted(unknown) == []
