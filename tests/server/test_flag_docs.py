@@ -9,9 +9,15 @@ import functools
 import re
 from pathlib import Path
 
+from jaxpaged.server.compat_checks import (
+    flag_row_problems,
+    key_row_problems,
+    registry_problems,
+    serve_parser,
+    untested_rows,
+)
 from jaxpaged.server.parsers.reasoning import REASONING_PARSERS
 from jaxpaged.server.parsers.tool import TOOL_CALL_PARSERS
-from jaxpaged.server.vllm.compat_checks import flag_row_problems, key_row_problems, registry_problems, serve_parser
 from jaxpaged.server.vllm.compat_docs import COMMAND, PAGE, render_page
 from jaxpaged.server.vllm.compat_flag_rows import VLLM_FLAG_ROWS
 from jaxpaged.server.vllm.compat_rows import FlagRow, KeyRow
@@ -72,6 +78,14 @@ def test_a_status_that_contradicts_the_request_validator_is_named():
                      "chat echo: 'supported', but request_keys.py refuses it",
                      "completions prompt_embeds: refused by request_keys.py without a 'not yet' row"):
         assert expected in problems
+
+
+def test_a_row_without_a_test_is_named():
+    """A row that cites no test, in its tests or inline in its note, is reported; one citing a test is not."""
+    rows = (FlagRow(status="supported", flags=("--seed",), note="a seed"),
+            FlagRow(status="supported", flags=("--port",), note="(`test_serve_flags.py`)"),
+            KeyRow(status="supported", keys=("seed",), tests=("test_request_keys.py",)))
+    assert untested_rows(rows) == ["`--seed`: cites no test"]
 
 
 def test_the_parser_rows_name_every_parser():

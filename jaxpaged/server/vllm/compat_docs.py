@@ -4,7 +4,7 @@ compat_key_rows.py, between marker comments; the page's prose outside the marker
     python -m jaxpaged.server.vllm.compat_docs --write   # rewrite the tables (`make docs`)
     python -m jaxpaged.server.vllm.compat_docs --check   # exit 1 when the page differs from the rows
 
-Both first hold every row to the code (compat_checks.py) and write nothing while a row contradicts it.
+Both first hold every row to the code (server/compat_checks.py) and write nothing while a row contradicts it.
 """
 
 import argparse
@@ -75,7 +75,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     mode.add_argument("--write", action="store_true", help="rewrite the tables in the page")
     mode.add_argument("--check", action="store_true", help="exit 1 when the page's tables differ from the rows")
     args = parser.parse_args(argv)
-    from jaxpaged.server.vllm.compat_checks import registry_problems
+    # The checks read the whole server (the parser, the request schemas): imported here, by the command, so that
+    # vllm/ itself imports nothing from the layers above it.
+    from jaxpaged.server.compat_checks import registry_problems
 
     problems = registry_problems()
     if problems:

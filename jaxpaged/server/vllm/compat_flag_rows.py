@@ -1,7 +1,7 @@
 """docs/vllm-compatibility.md's command-line tables as data: one FlagRow per row, in the page's order.
 
 Edit a row here, then run `python -m jaxpaged.server.vllm.compat_docs --write` (or `make docs`);
-tests/server/test_flag_docs.py fails while the page and these rows differ, and compat_checks.py holds each row's
+tests/server/test_flag_docs.py fails while the page and these rows differ, and server/compat_checks.py holds each row's
 status to the serve parser (a "not yet" flag is refused, an "accepted no-op" one is warned about, the others parse).
 """
 

@@ -1,6 +1,6 @@
 """docs/vllm-compatibility.md's request-key table as data: one KeyRow per row, in the page's order.
 
-Edit a row here, then run `python -m jaxpaged.server.vllm.compat_docs --write` (or `make docs`); compat_checks.py
+Edit a row here, then run `python -m jaxpaged.server.vllm.compat_docs --write` (or `make docs`); server/compat_checks.py
 holds each row's status to the request validator (a "not yet" key is a 400 naming it, a supported one is read).
 """
 

@@ -1,10 +1,10 @@
 """One row of docs/vllm-compatibility.md's tables of vLLM's serve flags and request keys, as data.
 
-The rows live in compat_flag_rows.py and compat_key_rows.py; compat_checks.py holds each status to the parser's and
-the request validator's behaviour, and compat_docs.py renders the tables into the page. A row cites its tests as the
+The rows live in compat_flag_rows.py and compat_key_rows.py; server/compat_checks.py holds each status to the parser's
+and the request validator's behaviour, and compat_docs.py renders the tables into the page. A row cites its tests as the
 page shows them: `test_x.py::test_name` for a file under tests/server/, `tests/<dir>/test_y.py` elsewhere, and
-`::test_name` for another test of the file cited just before it in the same row; anything after the first space is
-shown as written (`test_bad_input.py (cases a, b)`).
+`::test_name` for another test of the file cited just before it in the same row; anything after the first space is shown
+as written (`test_bad_input.py (cases a, b)`).
 """
 
 import dataclasses

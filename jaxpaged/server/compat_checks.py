@@ -1,4 +1,6 @@
-"""Holds docs/vllm-compatibility.md's rows to the code, so that a status cannot drift from what the server does.
+"""Holds docs/vllm-compatibility.md's rows (server/vllm/compat_*_rows.py) to the code, so that a status cannot drift
+from what the server does. It sits at the top of the server because it reads every layer: the serve parser, vllm/'s
+flag lists and request validator, and openai/'s request schemas.
 
   - flags: a "not yet" flag is refused when given (argparse exits naming it); an "accepted no-op" flag parses into
     the start-up warning that names it (flags.py's and launch_flags.py's no-op lists); "supported", "different" and
@@ -15,13 +17,18 @@ import io
 import re
 import typing
 from collections.abc import Iterable
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from pydantic import BaseModel
 
+from jaxpaged.server.http.errors import APIError
+from jaxpaged.server.openai.prompt_truncation import KEY as TRUNCATION_KEY
+from jaxpaged.server.openai.protocol import ChatCompletionRequest, CompletionRequest
+from jaxpaged.server.vllm import flags, launch_flags
 from jaxpaged.server.vllm.compat_flag_rows import JAXPAGED_FLAG_ROWS, VLLM_FLAG_ROWS
 from jaxpaged.server.vllm.compat_key_rows import KEY_ROWS
 from jaxpaged.server.vllm.compat_rows import FlagRow, KeyRow
+from jaxpaged.server.vllm.request_keys import refused_keys, reject_unhonoured_keys
 
 _FLAG_IN_TEXT = re.compile(r"`(--?[a-zA-Z][a-zA-Z0-9-]*[a-zA-Z0-9])(?![a-zA-Z0-9-])")
 _ENDPOINTS = {"chat": (True,), "completions": (False,), "": (True, False)}
@@ -37,8 +44,6 @@ def serve_parser() -> argparse.ArgumentParser:
 
 def no_op_flags() -> set[str]:
     """The vLLM flags accepted with one start-up line saying they change nothing here."""
-    from jaxpaged.server.vllm import flags, launch_flags
-
     return {*flags.IGNORED_SWITCHES, *flags.IGNORED_WITH_VALUE, *launch_flags.LOGGED_SWITCHES,
             *launch_flags.LOGGED_WITH_VALUE}
 
@@ -54,10 +59,8 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[Optional[a
 
 
 def _start_up_lines(namespace: argparse.Namespace) -> list[str]:
-    from jaxpaged.server.vllm.flags import IGNORED_DEST, ignored_flag_warnings
-    from jaxpaged.server.vllm.launch_flags import logged_flag_lines
-
-    return ignored_flag_warnings(getattr(namespace, IGNORED_DEST)) + logged_flag_lines(namespace)
+    return flags.ignored_flag_warnings(getattr(namespace, flags.IGNORED_DEST)) + \
+        launch_flags.logged_flag_lines(namespace)
 
 
 def _flag_problems(row: FlagRow, parser: argparse.ArgumentParser, no_ops: set[str]) -> Iterable[str]:
@@ -87,8 +90,6 @@ def _flag_problems(row: FlagRow, parser: argparse.ArgumentParser, no_ops: set[st
 
 def flag_row_problems(rows: tuple[FlagRow, ...] = VLLM_FLAG_ROWS + JAXPAGED_FLAG_ROWS) -> list[str]:
     """Every way the flag rows contradict the serve parser (empty: none)."""
-    from jaxpaged.server.vllm.flags import UNSUPPORTED
-
     parser, no_ops = serve_parser(), no_op_flags()
     problems = [problem for row in rows for problem in _flag_problems(row, parser, no_ops)]
     seen: dict[str, str] = {}
@@ -100,7 +101,7 @@ def flag_row_problems(rows: tuple[FlagRow, ...] = VLLM_FLAG_ROWS + JAXPAGED_FLAG
     by_status = {flag: row.status for row in rows for flag in row.flags}
     problems += [f"{flag}: a warned no-op without an 'accepted no-op' row" for flag in sorted(no_ops)
                  if by_status.get(flag) != "accepted no-op"]
-    problems += [f"{flag}: refused by the parser without a 'not yet' row" for flag in sorted(UNSUPPORTED)
+    problems += [f"{flag}: refused by the parser without a 'not yet' row" for flag in sorted(flags.UNSUPPORTED)
                  if by_status.get(flag) != "not yet"]
     return problems
 
@@ -132,11 +133,6 @@ def _reads(model: type[BaseModel], key: str) -> bool:
 
 
 def _key_problems(row: KeyRow) -> Iterable[str]:
-    from jaxpaged.server.http.errors import APIError
-    from jaxpaged.server.openai.prompt_truncation import KEY as TRUNCATION_KEY
-    from jaxpaged.server.openai.protocol import ChatCompletionRequest, CompletionRequest
-    from jaxpaged.server.vllm.request_keys import refused_keys, reject_unhonoured_keys
-
     for spelled in row.keys:
         if not re.search(rf"\b{re.escape(spelled.rpartition(':')[2].split('.')[-1])}\b", row.key_cell()):
             yield f"{spelled}: not named in its row's cell {row.key_cell()!r}"
@@ -161,8 +157,6 @@ def _key_problems(row: KeyRow) -> Iterable[str]:
 
 def key_row_problems(rows: tuple[KeyRow, ...] = KEY_ROWS) -> list[str]:
     """Every way the request-key rows contradict the request validator (empty: none)."""
-    from jaxpaged.server.vllm.request_keys import refused_keys
-
     problems = [problem for row in rows for problem in _key_problems(row)]
     not_yet = {pair for row in rows if row.status == "not yet" for pair in _endpoint_keys(row)}
     for chat in (True, False):
@@ -171,6 +165,13 @@ def key_row_problems(rows: tuple[KeyRow, ...] = KEY_ROWS) -> list[str]:
     return problems
 
 
+def untested_rows(rows: Iterable[Union[FlagRow, KeyRow]]) -> list[str]:
+    """The rows that cite no test, in their tests or their note."""
+    return [f"{row.flag_cell() if isinstance(row, FlagRow) else row.key_cell()}: cites no test" for row in rows
+            if not row.tests and "test_" not in row.note]
+
+
 def registry_problems() -> list[str]:
-    """Every contradiction between docs/vllm-compatibility.md's rows and the code (empty: none)."""
-    return flag_row_problems() + key_row_problems()
+    """Every contradiction between docs/vllm-compatibility.md's rows and the code, and every row without a test
+    (empty: none)."""
+    return flag_row_problems() + key_row_problems() + untested_rows(VLLM_FLAG_ROWS + JAXPAGED_FLAG_ROWS + KEY_ROWS)
