@@ -95,6 +95,14 @@ def test_the_parser_rows_name_every_parser():
     assert [name for name in REASONING_PARSERS if f"`{name}`" not in notes["--reasoning-parser"]] == []
 
 
+def test_the_server_page_s_parser_table_names_every_tool_parser():
+    """docs/server.md's table of tool-call formats has a row for every --tool-call-parser name."""
+    text = (DOCS / "server.md").read_text()
+    table = text[text.index("| parser | models | the model writes |"):].split("\n\n")[0]
+    named = {name for line in table.splitlines()[2:] for name in re.findall(r"`(\w+)`", line.split(" | ")[0])}
+    assert sorted(set(TOOL_CALL_PARSERS) - named) == []
+
+
 @functools.cache
 def _test_names(path: Path) -> frozenset[str]:
     tree = ast.parse(path.read_text())
