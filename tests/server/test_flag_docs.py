@@ -18,7 +18,7 @@ from jaxpaged.server.compat_checks import (
 )
 from jaxpaged.server.parsers.reasoning import REASONING_PARSERS
 from jaxpaged.server.parsers.tool import TOOL_CALL_PARSERS
-from jaxpaged.server.vllm.compat_docs import COMMAND, PAGE, render_page
+from jaxpaged.server.vllm.compat_docs import PAGE, render_page, stale_page_message
 from jaxpaged.server.vllm.compat_flag_rows import VLLM_FLAG_ROWS
 from jaxpaged.server.vllm.compat_rows import FlagRow, KeyRow
 
@@ -44,7 +44,8 @@ def test_every_serve_flag_is_documented():
 def test_the_page_s_tables_are_the_rows_rendered():
     """A row edited without regenerating the page (or a table edited by hand) fails here."""
     text = PAGE.read_text()
-    assert render_page(text) == text, f"docs/vllm-compatibility.md differs from the rows: run `{COMMAND}`"
+    generated = render_page(text)
+    assert generated == text, stale_page_message(text, generated)
 
 
 def test_every_row_s_status_agrees_with_the_code():

@@ -8,6 +8,7 @@ Both first hold every row to the code (server/compat_checks.py) and write nothin
 """
 
 import argparse
+import difflib
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -66,6 +67,15 @@ def render_page(text: str) -> str:
     return text
 
 
+def stale_page_message(current: str, generated: str) -> str:
+    """What to do about a page whose tables differ from the rows, with the differing lines (-: the page, +: the rows),
+    so that a row edited in the page by hand can be carried into its rows file before the page is rewritten."""
+    diff = difflib.unified_diff(current.splitlines(), generated.splitlines(), "docs/vllm-compatibility.md",
+                                "rendered from the rows", n=0, lineterm="")
+    return (f"{PAGE.name}'s tables differ from jaxpaged/server/vllm/compat_*_rows.py: edit the rows there (a change "
+            f"made to the page by hand is lost otherwise), then run `{COMMAND}`\n" + "\n".join(diff))
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """--write rewrites the page's tables; --check says whether they are current. Exit 1 on a contradiction or a
     stale page."""
@@ -87,7 +97,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     generated = render_page(current)
     if args.check:
         if generated != current:
-            print(f"{PAGE} differs from the rows: run `{COMMAND}`", file=sys.stderr)
+            print(stale_page_message(current, generated), file=sys.stderr)
             return 1
         return 0
     if generated != current:
