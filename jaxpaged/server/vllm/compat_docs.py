@@ -59,10 +59,11 @@ def render_page(text: str) -> str:
     markers are missing."""
     for name, table in TABLES.items():
         pattern = re.compile(re.escape(begin_marker(name)) + r"\n.*?" + re.escape(end_marker(name)), re.DOTALL)
+        # Blank lines around the table: a Markdown table runs on into the next line unless something ends it.
         if len(pattern.findall(text)) != 1:
             raise ValueError(f"{PAGE.name}: needs exactly one pair of markers\n{begin_marker(name)}\n"
                              f"{end_marker(name)}\naround the {name} table")
-        generated = f"{begin_marker(name)}\n{table()}\n{end_marker(name)}"
+        generated = f"{begin_marker(name)}\n\n{table()}\n\n{end_marker(name)}"
         text = pattern.sub(lambda _, generated=generated: generated, text)
     return text
 
