@@ -48,12 +48,12 @@ from pallas_kernels.grouped_matmul.tpu_tiles import GroupedMatmulTiles
 
 # name: (experts, top_k, k, n)
 SHAPES = {
-    "qwen3_30b_a3b_gate_up": (128, 8, 2048, 768),
+    "qwen3_30b_a3b_gate_or_up": (128, 8, 2048, 768),
     "qwen3_30b_a3b_down": (128, 8, 768, 2048),
-    "gpt_oss_120b_gate_up": (128, 4, 2880, 2880),
+    "gpt_oss_120b_gate_or_up": (128, 4, 2880, 2880),
     "gpt_oss_120b_down": (128, 4, 2880, 2880),
 }
-SMOKE_SHAPES = {"tiny_gate_up": (8, 2, 96, 72), "tiny_down": (8, 2, 72, 96)}
+SMOKE_SHAPES = {"tiny_gate_or_up": (8, 2, 96, 72), "tiny_down": (8, 2, 72, 96)}
 DECODE_TOKENS, PREFILL_TOKENS = 64, 512
 GOAL = 1.3
 

@@ -83,9 +83,9 @@ def test_interpret_at_gpt_oss_width_2880():
 # tokens x top-k. Qwen3-30B-A3B: 128 experts, top 8, hidden 2048, width 768 (gate / up [E, 2048, 768], down
 # [E, 768, 2048]). gpt-oss-120b: 128 experts, top 4, hidden = width = 2880.
 REAL_SHAPES = [
-    ("qwen3_30b_a3b_gate_up_decode", 64 * 8, 2048, 768),
+    ("qwen3_30b_a3b_gate_or_up_decode", 64 * 8, 2048, 768),
     ("qwen3_30b_a3b_down_decode", 64 * 8, 768, 2048),
-    ("qwen3_30b_a3b_gate_up_prefill", 512 * 8, 2048, 768),
+    ("qwen3_30b_a3b_gate_or_up_prefill", 512 * 8, 2048, 768),
     ("qwen3_30b_a3b_down_prefill", 512 * 8, 768, 2048),
     ("gpt_oss_120b_decode", 64 * 4, 2880, 2880),
     ("gpt_oss_120b_prefill", 512 * 4, 2880, 2880),
