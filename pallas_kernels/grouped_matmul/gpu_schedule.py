@@ -40,7 +40,9 @@ def row_blocks(group_sizes: Int32[Array, " groups"], num_rows: int, row_tile: in
     blocks_per_group = (ends - starts + row_tile - 1) // row_tile
     block_ends = jnp.cumsum(blocks_per_group)
     block = jnp.arange(max_row_blocks(num_rows, group_sizes.shape[0], row_tile), dtype=jnp.int32)
-    group = jnp.minimum(jnp.searchsorted(block_ends, block, side="right"), group_sizes.shape[0] - 1).astype(jnp.int32)
+    # compare_all: one fused [blocks, groups] comparison; the default binary search is a loop of small launches.
+    group = jnp.searchsorted(block_ends, block, side="right", method="compare_all")
+    group = jnp.minimum(group, group_sizes.shape[0] - 1).astype(jnp.int32)
     is_real = block < block_ends[-1]
     first_block_of_group = block_ends[group] - blocks_per_group[group]
     row_starts = starts[group] + (block - first_block_of_group) * row_tile
