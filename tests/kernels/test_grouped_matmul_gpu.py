@@ -2,6 +2,8 @@
 interpret mode at gpt-oss's 2880 against the ragged_dot reference, and its Triton lowering at the issue's real
 MoE shapes (decode 64 and prefill 512 tokens of Qwen3-30B-A3B and gpt-oss-120b)."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -96,7 +98,8 @@ REAL_SHAPES = [
 @pytest.mark.parametrize("name,rows,k,n", REAL_SHAPES, ids=[shape[0] for shape in REAL_SHAPES])
 def test_lowers_to_one_triton_call_at_real_shapes(name, rows, k, n, weights):
     """Pallas' Triton lowering accepts the kernel at every real MoE shape, bfloat16 or int8 experts with float32
-    scales, bfloat16 activations, its own tiles: one Triton custom call and no ragged_dot."""
+    scales, bfloat16 activations, its own tiles: one Triton custom call, no ragged_dot, launched over
+    (128-column tiles, row blocks), e.g. 6 x 160 at Qwen3-30B-A3B's decode."""
     args = [jax.ShapeDtypeStruct((rows, k), jnp.bfloat16), jax.ShapeDtypeStruct((128, k, n), jnp.dtype(weights)),
             jax.ShapeDtypeStruct((128,), jnp.int32)]
     if weights == "int8":
@@ -104,3 +107,6 @@ def test_lowers_to_one_triton_call_at_real_shapes(name, rows, k, n, weights):
     text = grouped_matmul_gpu.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
     assert text.count("xla.gpu.triton") == 1, name
     assert "ragged_dot" not in text, name
+    tiles = choose_gpu_tiles(rows, 128, jnp.bfloat16)
+    grid = tuple(int(re.search(rf"grid_{axis} = (\d+)", text).group(1)) for axis in "xy")  # type: ignore[union-attr]
+    assert grid == (-(-n // 128), max_row_blocks(rows, 128, tiles.row_tile)), name
