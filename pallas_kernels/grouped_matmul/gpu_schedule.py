@@ -50,6 +50,17 @@ def row_blocks(group_sizes: Int32[Array, " groups"], num_rows: int, row_tile: in
                      jnp.where(is_real, ends[group], 0).astype(jnp.int32))
 
 
+SHARED_MEMORY_BYTES = 227 * 1024
+"""What one Triton program may use on an H100 or H200 (228 KiB per SM, 1 KiB kept by the system)."""
+
+
+def pipeline_shared_bytes(tiles: GroupedMatmulTiles, lhs_dtype, rhs_dtype, num_stages: int) -> int:
+    """Shared memory of the k loop's pipeline: num_stages copies of one lhs tile and one weight tile."""
+    lhs = tiles.row_tile * tiles.contraction_tile * jnp.dtype(lhs_dtype).itemsize
+    rhs = tiles.contraction_tile * tiles.column_tile * jnp.dtype(rhs_dtype).itemsize
+    return num_stages * (lhs + rhs)
+
+
 def _next_power_of_two(value: int) -> int:
     return 1 << max(0, (value - 1).bit_length())
 

@@ -1,5 +1,6 @@
 """The grouped matmuls of pallas_kernels/grouped_matmul (TPU under the TPU interpreter, GPU in Pallas' interpret mode)
-vs the ragged_dot reference, their visit schedule, and their Mosaic / Triton lowerings."""
+vs the ragged_dot reference, the TPU's visit schedule and Mosaic lowering (the GPU's row blocks, tiles and Triton
+lowering: test_grouped_matmul_gpu.py)."""
 
 import functools
 

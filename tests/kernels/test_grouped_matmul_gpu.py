@@ -10,7 +10,13 @@ import numpy as np
 import pytest
 
 from pallas_kernels.grouped_matmul import grouped_matmul_gpu, grouped_matmul_reference
-from pallas_kernels.grouped_matmul.gpu_schedule import choose_gpu_tiles, max_row_blocks, row_blocks
+from pallas_kernels.grouped_matmul.gpu_schedule import (
+    SHARED_MEMORY_BYTES,
+    choose_gpu_tiles,
+    max_row_blocks,
+    pipeline_shared_bytes,
+    row_blocks,
+)
 from pallas_kernels.grouped_matmul.tpu_tiles import GroupedMatmulTiles
 
 # (group sizes, rows): empty groups first, between and last; a group of 37 rows spanning three 16-row blocks from
@@ -64,6 +70,16 @@ def test_gpu_tiles_follow_the_rows_per_group(rows, groups, dtype, expected):
     """Row tiles are the mean group size rounded up to a power of two within [16, 64]; k steps of 128 (64 in
     float32), 128 columns."""
     assert choose_gpu_tiles(rows, groups, dtype) == expected
+
+
+def test_gpu_tiles_fit_shared_memory_with_room():
+    """At any batch, every activation / weight dtype pair's chosen tiles, pipelined 3 deep (the default stages),
+    take at most two thirds of an H100's shared memory (Triton adds its own layout buffers)."""
+    for rows, groups in [(16, 128), (512, 128), (4096, 128), (65536, 8)]:
+        for lhs_dtype, rhs_dtype in [(jnp.bfloat16, jnp.bfloat16), (jnp.bfloat16, jnp.int8),
+                                     (jnp.float32, jnp.float32), (jnp.float32, jnp.int8)]:
+            tiles = choose_gpu_tiles(rows, groups, lhs_dtype)
+            assert pipeline_shared_bytes(tiles, lhs_dtype, rhs_dtype, 3) <= SHARED_MEMORY_BYTES * 2 // 3, tiles
 
 
 def test_interpret_at_gpt_oss_width_2880():
