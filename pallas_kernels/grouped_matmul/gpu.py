@@ -23,7 +23,7 @@ from jax.experimental.pallas import triton as plgpu
 from jaxtyping import Array, Float, Int8, Int32
 
 from pallas_kernels.grouped_matmul.gpu_schedule import choose_gpu_tiles, max_row_blocks, row_blocks
-from pallas_kernels.grouped_matmul.reference import check_grouped_matmul_args
+from pallas_kernels.grouped_matmul.reference import GPU_FLOAT_DTYPES, check_grouped_matmul_args
 from pallas_kernels.grouped_matmul.tpu_tiles import GroupedMatmulTiles
 
 
@@ -81,11 +81,12 @@ def grouped_matmul_gpu(
     num_stages: int = 3,
     interpret: bool = False,
 ) -> Float[Array, "m n"]:
-    """The grouped-matmul contract (reference.py) on a GPU; interpret=True runs the kernel as plain jnp on the CPU.
+    """The grouped-matmul contract (reference.py) on a GPU, float16 activations too; interpret=True runs the kernel
+    as plain jnp on the CPU.
 
     tiles: power-of-two sides, each at least 16 (tl.dot's operands); None: choose_gpu_tiles.
     """
-    check_grouped_matmul_args(lhs, rhs, group_sizes, rhs_scale)
+    check_grouped_matmul_args(lhs, rhs, group_sizes, rhs_scale, GPU_FLOAT_DTYPES)
     (m, k), (num_groups, _, n) = lhs.shape, rhs.shape
     if m == 0:  # no rows, no blocks: nothing to launch
         return jnp.zeros((0, n), lhs.dtype)

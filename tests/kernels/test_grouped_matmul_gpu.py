@@ -97,6 +97,20 @@ def test_interpret_at_gpt_oss_width_2880():
     assert np.all(out[43:] == 0)
 
 
+def test_float16_activations_and_weights():
+    """float16 (a GPU model served with dtype="half"), which the TPU kernel refuses: equal to the float32 reference
+    within float16's rounding, the padding rows zero."""
+    rng = np.random.default_rng(1)
+    lhs = rng.standard_normal((40, 48)).astype(np.float16)
+    rhs = (rng.standard_normal((4, 48, 40)) / np.sqrt(48)).astype(np.float16)
+    sizes = jnp.asarray([9, 0, 20, 5], jnp.int32)
+    out = grouped_matmul_gpu(jnp.asarray(lhs), jnp.asarray(rhs), sizes, interpret=True)
+    assert out.dtype == jnp.float16
+    expected = np.asarray(grouped_matmul_reference(jnp.asarray(lhs, jnp.float32), jnp.asarray(rhs, jnp.float32), sizes))
+    np.testing.assert_allclose(np.asarray(out, np.float32), expected, atol=5e-3, rtol=5e-3)
+    assert np.all(np.asarray(out)[34:] == 0)
+
+
 # (name, rows, k, n): the three expert projections' shapes at decode (64 tokens) and prefill (512 tokens), rows =
 # tokens x top-k. Qwen3-30B-A3B: 128 experts, top 8, hidden 2048, width 768 (gate / up [E, 2048, 768], down
 # [E, 768, 2048]). gpt-oss-120b: 128 experts, top 4, hidden = width = 2880.
