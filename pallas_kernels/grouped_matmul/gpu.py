@@ -7,10 +7,12 @@ never read and a decode reads each touched group's once (its few rows sit in one
 same output element and none needs ordering. Rows past sum(group_sizes) are zeroed after the call.
 
 On the GPU memory is linear: rhs is read as a [groups * k, n] matrix (a free reshape), a group's rows offset by
-group * k. Triton wants power-of-two tile sides (>= 16 for tl.dot): row, k and n tails are masked loads (indices
-clamped in bounds, masked to zero) and masked stores, so any k and n work (gpt-oss's 2880). int8 weights are
-converted to the lhs dtype in registers and the group's column scales applied to the accumulator. float32 asks
-for Precision.HIGHEST (IEEE dots, not TF32).
+group * k. Triton wants power-of-two tile sides (>= 16 for tl.dot): row, k and n tails are masked loads and stores
+(a masked lane is never touched, so its index may point past the array), so any k and n work (gpt-oss's 2880).
+Indices are never clamped into bounds: a clamp hides the columns' contiguity from Triton, which then loads element
+by element (the paged-attention kernel lost about half its bandwidth to one on an H200); masks on k and n exist
+only where that dim has a tail. int8 weights are converted to the lhs dtype in registers and the group's column
+scales applied to the accumulator. float32 asks for Precision.HIGHEST (IEEE dots, not TF32).
 """
 
 import functools
@@ -28,7 +30,7 @@ from pallas_kernels.grouped_matmul.tpu_tiles import GroupedMatmulTiles
 
 
 def _kernel(group_ids_ref, row_starts_ref, row_ends_ref, lhs_ref, rhs_ref, *rest,
-            m: int, k: int, n: int, tiles: GroupedMatmulTiles, has_scale: bool):
+            k: int, n: int, tiles: GroupedMatmulTiles, has_scale: bool):
     scale_ref, out_ref = rest if has_scale else (None, *rest)
     tm, tk, tn = tiles.row_tile, tiles.contraction_tile, tiles.column_tile
     column_tile, block = pl.program_id(0), pl.program_id(1)
@@ -39,30 +41,32 @@ def _kernel(group_ids_ref, row_starts_ref, row_ends_ref, lhs_ref, rhs_ref, *rest
         group = group_ids_ref[block]
         rows = row_start + jnp.arange(tm, dtype=jnp.int32)
         row_is_real = rows < row_end
-        rows_in_bounds = jnp.minimum(rows, m - 1)
         columns = column_tile * tn + jnp.arange(tn, dtype=jnp.int32)
         column_is_real = columns < n
-        columns_in_bounds = jnp.minimum(columns, n - 1)
+        # Masks only where a tail exists (statically): an unmasked tile of contiguous columns is one vector load.
+        k_has_tail, n_has_tail = k % tk != 0, n % tn != 0
         precision = jax.lax.Precision.HIGHEST if lhs_ref.dtype == jnp.float32 else None
 
         def accumulate(k_tile, acc):
             ks = k_tile * tk + jnp.arange(tk, dtype=jnp.int32)
             k_is_real = ks < k
-            ks_in_bounds = jnp.minimum(ks, k - 1)
-            lhs = plgpu.load(lhs_ref.at[rows_in_bounds[:, None], ks_in_bounds[None, :]],
-                             mask=row_is_real[:, None] & k_is_real[None, :], other=0)
-            rhs = plgpu.load(rhs_ref.at[group * k + ks_in_bounds[:, None], columns_in_bounds[None, :]],
-                             mask=k_is_real[:, None] & column_is_real[None, :], other=0)
+            lhs_mask = row_is_real[:, None] & k_is_real[None, :] if k_has_tail else row_is_real[:, None]
+            lhs = plgpu.load(lhs_ref.at[rows[:, None], ks[None, :]], mask=lhs_mask, other=0)
+            rhs_at = rhs_ref.at[group * k + ks[:, None], columns[None, :]]
+            if k_has_tail or n_has_tail:
+                rhs = plgpu.load(rhs_at, mask=k_is_real[:, None] & column_is_real[None, :], other=0)
+            else:
+                rhs = plgpu.load(rhs_at)
             return acc + jax.lax.dot(lhs, rhs.astype(lhs.dtype), precision=precision,
                                      preferred_element_type=jnp.float32)
 
         acc = jax.lax.fori_loop(0, pl.cdiv(k, tk), accumulate, jnp.zeros((tm, tn), jnp.float32))
         if scale_ref is not None:
-            acc = acc * plgpu.load(scale_ref.at[group, columns_in_bounds], mask=column_is_real, other=0)[None, :]
-        # Stores take the unclamped rows and columns: clamped ones would repeat row m - 1 / column n - 1, and the
-        # interpreter's masked store (read, select, scatter) could let a masked copy's old value win.
+            scale_at = scale_ref.at[group, columns]
+            scale = plgpu.load(scale_at, mask=column_is_real, other=0) if n_has_tail else plgpu.load(scale_at)
+            acc = acc * scale[None, :]
         plgpu.store(out_ref.at[rows[:, None], columns[None, :]], acc.astype(out_ref.dtype),
-                    mask=row_is_real[:, None] & column_is_real[None, :])
+                    mask=row_is_real[:, None] & column_is_real[None, :] if n_has_tail else row_is_real[:, None])
 
 
 def _is_power_of_two(value: int) -> bool:
@@ -99,7 +103,7 @@ def grouped_matmul_gpu(
     if rhs_scale is not None:
         operands.append(rhs_scale)
     out = pl.pallas_call(
-        functools.partial(_kernel, m=m, k=k, n=n, tiles=tiles, has_scale=rhs_scale is not None),
+        functools.partial(_kernel, k=k, n=n, tiles=tiles, has_scale=rhs_scale is not None),
         grid=(-(-n // tiles.column_tile), max_row_blocks(m, num_groups, tiles.row_tile)),
         out_shape=jax.ShapeDtypeStruct((m, n), lhs.dtype),
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),

@@ -97,6 +97,22 @@ def test_interpret_at_gpt_oss_width_2880():
     assert np.all(out[43:] == 0)
 
 
+@pytest.mark.parametrize("k,n", [(128, 128), (128, 96)], ids=["no_tail", "n_tail"])
+def test_masks_only_where_a_dim_has_a_tail(k, n):
+    """With 64 x 64 k and column tiles the kernel loads unmasked where k and n divide them and masks the columns
+    where n has a tail (both tails: test_grouped_matmul.py); each way int8 weights with column scales equal the reference over ragged rows (an empty expert, a
+    group over two row blocks, padding rows exactly 0)."""
+    rng = np.random.default_rng(2)
+    lhs = jnp.asarray(rng.standard_normal((40, k)), jnp.bfloat16)
+    rhs = jnp.asarray(rng.integers(-127, 128, (3, k, n)), jnp.int8)
+    scale = jnp.asarray(rng.uniform(0.5, 1.5, (3, n)) / (127 * np.sqrt(k)), jnp.float32)
+    sizes = jnp.asarray([21, 0, 12], jnp.int32)
+    out = grouped_matmul_gpu(lhs, rhs, sizes, scale, tiles=GroupedMatmulTiles(16, 64, 64), interpret=True)
+    expected = np.asarray(grouped_matmul_reference(lhs, rhs, sizes, scale), np.float32)
+    np.testing.assert_allclose(np.asarray(out, np.float32), expected, atol=3e-2, rtol=3e-2)
+    assert np.all(np.asarray(out, np.float32)[33:] == 0)
+
+
 def test_float16_activations_and_weights():
     """float16 (a GPU model served with dtype="half"), which the TPU kernel refuses: equal to the float32 reference
     within float16's rounding, the padding rows zero."""
