@@ -100,8 +100,8 @@ def test_interpret_at_gpt_oss_width_2880():
 @pytest.mark.parametrize("k,n", [(128, 128), (128, 96)], ids=["no_tail", "n_tail"])
 def test_masks_only_where_a_dim_has_a_tail(k, n):
     """With 64 x 64 k and column tiles the kernel loads unmasked where k and n divide them and masks the columns
-    where n has a tail (both tails: test_grouped_matmul.py); each way int8 weights with column scales equal the reference over ragged rows (an empty expert, a
-    group over two row blocks, padding rows exactly 0)."""
+    where n has a tail (both tails: test_grouped_matmul.py); each way int8 weights with column scales equal the
+    reference over ragged rows (an empty expert, a group over two row blocks, padding rows exactly 0)."""
     rng = np.random.default_rng(2)
     lhs = jnp.asarray(rng.standard_normal((40, k)), jnp.bfloat16)
     rhs = jnp.asarray(rng.integers(-127, 128, (3, k, n)), jnp.int8)
