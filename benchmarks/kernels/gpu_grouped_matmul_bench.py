@@ -15,7 +15,8 @@ Sections (each one's result, or its error, is written to the JSON as soon as it 
   decode       64 tokens: us per call, the touched experts' bytes (+ lhs and out) over a measured device copy's
                bandwidth = the floor, and ours / floor (goal <= 1.3); next to jax.lax.ragged_dot as XLA compiles it
                (dense expansion), ragged_dot with XLA's cuDNN ragged-dot fusion asked for (bfloat16 out; the
-               row says whether it took), and jax's Mosaic GPU ragged_dot (Hopper) where it runs.
+               row says whether the optimized HLO kept the ragged-dot), and jax's Mosaic GPU ragged_dot (Hopper)
+               where it runs.
   prefill      512 tokens: us and TFLOP/s on the real rows, ours vs ragged_dot and one dense dot of as many rows
                (the same multiply-adds through one weight: the compute rate to compare with).
   sweep        decode tiles: k step x column tile (16-row tiles), then warps x stages at the best of those.
@@ -122,6 +123,14 @@ def mosaic_ragged_dot(lhs, rhs, sizes, scale=None):
                 grid_block_n=1)
 
 
+def keeps_ragged_dot(fn: Callable, args: tuple, compiler_options: dict) -> Any:
+    """Whether XLA's optimized HLO still holds a ragged-dot (not rewritten to a dense dot), or the error."""
+    try:
+        return "ragged-dot" in (jax.jit(fn).lower(*args).compile(compiler_options).as_text() or "")
+    except Exception as error:
+        return f"{type(error).__name__}: {str(error)[:300]}"
+
+
 def touched_bytes(sizes: np.ndarray, rows: int, k: int, n: int, weights: str) -> int:
     """The least a call must move: each non-empty expert's weights (and scales) once, lhs read, out written."""
     per_expert = k * n * (1 if weights == "int8" else 2) + (4 * n if weights == "int8" else 0)
@@ -170,8 +179,9 @@ def section_decode(ctx: Context) -> dict:
         if not ctx.smoke:
             timed(ctx, row, "ragged_dot_us", ragged_dot, args)
             bf16_out = functools.partial(ragged_dot, out_dtype=jnp.bfloat16)
-            timed(ctx, row, "ragged_dot_cudnn_fusion_us", bf16_out, args,
-                  compiler_options={"xla_gpu_experimental_use_ragged_dot_fusion": True})
+            cudnn = {"xla_gpu_experimental_use_ragged_dot_fusion": True}
+            timed(ctx, row, "ragged_dot_cudnn_fusion_us", bf16_out, args, compiler_options=cudnn)
+            row["cudnn_fusion_kept_the_ragged_dot"] = keeps_ragged_dot(bf16_out, args, cudnn)
             if weights == "bfloat16":
                 timed(ctx, row, "mosaic_gpu_ragged_dot_us", mosaic_ragged_dot, args[:3])
         rows.append(row)
