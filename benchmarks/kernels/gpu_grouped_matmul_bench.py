@@ -178,6 +178,7 @@ def section_decode(ctx: Context) -> dict:
             row["goal"] = "MET" if row["ours_over_floor"] <= GOAL else f"MISSED (> {GOAL})"
         if not ctx.smoke:
             timed(ctx, row, "ragged_dot_us", ragged_dot, args)
+            row["xla_kept_the_ragged_dot"] = keeps_ragged_dot(ragged_dot, args, {})  # docs/features.md: False
             bf16_out = functools.partial(ragged_dot, out_dtype=jnp.bfloat16)
             cudnn = {"xla_gpu_experimental_use_ragged_dot_fusion": True}
             timed(ctx, row, "ragged_dot_cudnn_fusion_us", bf16_out, args, compiler_options=cudnn)
