@@ -27,9 +27,13 @@ from jaxtyping import Array, Float, Float32, Int, Int32
 from jaxpaged.kernels.cpu_native.grouped_matmul import grouped_matmul_available, grouped_matmul_cpu
 from jaxpaged.models.int8_weights import Int8Weight
 from pallas_kernels.grouped_matmul import grouped_matmul as tpu_grouped_matmul
+from pallas_kernels.grouped_matmul import grouped_matmul_gpu as gpu_grouped_matmul
 
 ExpertWeight = Union[Float[Array, "experts inner outer"], Int8Weight]
 """One expert projection of every expert: float [E, in, out], or int8 values [E, in, out] with scales [E, out]."""
+
+GPU_PLATFORMS = ("gpu", "cuda", "rocm")
+"""What a GPU is called: jax.Device.platform says "gpu", lowering platforms say "cuda" or "rocm"."""
 
 ROUTING_STYLES = ("softmax_topk", "topk_softmax")
 """softmax_topk: softmax over every expert, then the top k (Qwen-MoE, Mixtral; renormalised per `renormalize`);
@@ -83,6 +87,8 @@ def expert_matmul_name(platform: str, dtype: Any) -> str:
         return "native CPU grouped matmul"
     if platform == "tpu":
         return "Pallas TPU grouped matmul"
+    if platform in GPU_PLATFORMS:
+        return "Pallas Triton grouped matmul"
     return "jax.lax.ragged_dot"
 
 
@@ -95,14 +101,16 @@ def expert_matmul(lhs: Float[Array, "m k"], rhs: Union[Float[Array, "g k n"], In
 
     On the CPU the native grouped matmul (kernels/cpu_native/grouped_matmul), which reads only the non-empty groups'
     weights, where it is built for rhs's dtype; on TPU the Pallas grouped matmul (pallas_kernels/grouped_matmul: each
-    touched expert's weights fetched once, empty experts never, int8 with scales); elsewhere (GPU, and a CPU without
-    the native build) jax.lax.ragged_dot. XLA:CPU lowers ragged_dot to a dense dot over every expert, so it is the
-    reference there, not a path. The Triton grouped matmul (grouped_matmul_gpu) has run only in interpret mode, so
-    the GPU keeps XLA's ragged_dot until a lent GPU times both."""
+    touched expert's weights fetched once, empty experts never, int8 with scales); on a GPU the Pallas Triton grouped
+    matmul (grouped_matmul_gpu: the same reads); elsewhere (a CPU without the native build) jax.lax.ragged_dot.
+    XLA:CPU and XLA:GPU both rewrite ragged_dot into a dense dot over every expert (XLA's RaggedDotRewriter; its
+    cuDNN grouped GEMM takes only bf16/f16 outputs behind an experimental flag, and our outputs are float32), so it
+    is the reference, not a path (docs/features.md, "The grouped matmul on each platform")."""
     # NOTE: only a CPU host builds the native library (a TPU or GPU host would compile C++ it never runs).
     native = jax.default_backend() == "cpu" and grouped_matmul_available(rhs.dtype)
     cpu = grouped_matmul_cpu if native else _ragged_dot_matmul
     return jax.lax.platform_dependent(lhs, rhs, group_sizes, rhs_scale, cpu=cpu, tpu=_pallas_tpu_matmul,
+                                      cuda=_pallas_triton_matmul, rocm=_pallas_triton_matmul,
                                       default=_ragged_dot_matmul)
 
 
@@ -113,10 +121,17 @@ def _pallas_tpu_matmul(lhs: Float[Array, "m k"], rhs: Union[Float[Array, "g k n"
     return tpu_grouped_matmul(lhs, rhs, group_sizes, rhs_scale)
 
 
+def _pallas_triton_matmul(lhs: Float[Array, "m k"], rhs: Union[Float[Array, "g k n"], Int[Array, "g k n"]],
+                          group_sizes: Int32[Array, " g"], rhs_scale: Optional[Float32[Array, "g n"]] = None,
+                          ) -> Float[Array, "m n"]:
+    """expert_matmul by the Pallas Triton grouped matmul on a GPU (its tiles chosen from the batch's rows)."""
+    return gpu_grouped_matmul(lhs, rhs, group_sizes, rhs_scale)
+
+
 def _ragged_dot_matmul(lhs: Float[Array, "m k"], rhs: Union[Float[Array, "g k n"], Int[Array, "g k n"]],
                        group_sizes: Int32[Array, " g"], rhs_scale: Optional[Float32[Array, "g n"]] = None,
                        ) -> Float[Array, "m n"]:
-    """expert_matmul by jax.lax.ragged_dot: the reference semantics, and the path of every other platform."""
+    """expert_matmul by jax.lax.ragged_dot: the reference semantics; the path of a CPU without the native build."""
     weight = rhs if rhs_scale is None else rhs.astype(lhs.dtype)
     out = jax.lax.ragged_dot(lhs, weight, group_sizes, preferred_element_type=jnp.float32)
     if rhs_scale is not None:

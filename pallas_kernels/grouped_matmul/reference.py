@@ -19,13 +19,17 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, Int8, Int32
 
 FLOAT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
+GPU_FLOAT_DTYPES = (*FLOAT_DTYPES, jnp.dtype(jnp.float16))
+"""The Triton kernel also takes float16 (a GPU model served with dtype="half"); Mosaic's TPU kernel does not."""
 
 
 def check_grouped_matmul_args(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array,
-                              rhs_scale: Optional[jax.Array]) -> None:
+                              rhs_scale: Optional[jax.Array], float_dtypes: tuple = FLOAT_DTYPES) -> None:
     """Raise ValueError naming the argument when the inputs break the contract (shapes and dtypes only)."""
-    if lhs.ndim != 2 or jnp.dtype(lhs.dtype) not in FLOAT_DTYPES:
-        raise ValueError(f"lhs: expected a float32 or bfloat16 [m, k] matrix, got {lhs.dtype}{list(lhs.shape)}")
+    names = [jnp.dtype(dtype).name for dtype in float_dtypes]
+    if lhs.ndim != 2 or jnp.dtype(lhs.dtype) not in float_dtypes:
+        raise ValueError(f"lhs: expected a {', '.join(names[:-1])} or {names[-1]} [m, k] matrix, got "
+                         f"{lhs.dtype}{list(lhs.shape)}")
     if rhs.ndim != 3 or rhs.shape[1] != lhs.shape[1]:
         raise ValueError(f"rhs: expected [groups, k={lhs.shape[1]}, n], got {list(rhs.shape)}")
     if group_sizes.shape != (rhs.shape[0],) or group_sizes.dtype != jnp.int32:
@@ -34,8 +38,8 @@ def check_grouped_matmul_args(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.A
     if rhs.dtype == jnp.int8:
         if rhs_scale is None:
             raise ValueError("rhs_scale: required when rhs holds int8 values")
-    elif jnp.dtype(rhs.dtype) not in FLOAT_DTYPES:
-        raise ValueError(f"rhs: expected float32, bfloat16 or int8 values, got {rhs.dtype}")
+    elif jnp.dtype(rhs.dtype) not in float_dtypes:
+        raise ValueError(f"rhs: expected {', '.join(names)} or int8 values, got {rhs.dtype}")
     if rhs_scale is not None and (rhs_scale.shape != (rhs.shape[0], rhs.shape[2]) or rhs_scale.dtype != jnp.float32):
         raise ValueError(f"rhs_scale: expected float32[{rhs.shape[0]}, {rhs.shape[2]}], got {rhs_scale.dtype}"
                          f"{list(rhs_scale.shape)}")

@@ -1,5 +1,6 @@
 """The grouped matmuls of pallas_kernels/grouped_matmul (TPU under the TPU interpreter, GPU in Pallas' interpret mode)
-vs the ragged_dot reference, their visit schedule, and their Mosaic / Triton lowerings."""
+vs the ragged_dot reference, the TPU's visit schedule and Mosaic lowering (the GPU's row blocks, tiles and Triton
+lowering: test_grouped_matmul_gpu.py)."""
 
 import functools
 
@@ -178,12 +179,3 @@ def test_gpu_float32_k_and_n_tails():
 def test_gpu_int8_weights_with_column_scales():
     """The Triton kernel with int8 weights and per-column scales, bfloat16 activations, its default tiles."""
     _check_every_group_sizing(96, 160, jnp.bfloat16, None, int8=True, kernel_fn=grouped_matmul_gpu)
-
-
-def test_gpu_lowers_to_triton():
-    """Pallas' Triton lowering accepts the kernel at Qwen3-30B-A3B's gate_up shape (decode, int8 experts): one
-    Triton custom call."""
-    args = (jax.ShapeDtypeStruct((512, 2048), jnp.bfloat16), jax.ShapeDtypeStruct((128, 2048, 1536), jnp.int8),
-            jax.ShapeDtypeStruct((128,), jnp.int32), jax.ShapeDtypeStruct((128, 1536), jnp.float32))
-    text = grouped_matmul_gpu.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-    assert text.count("xla.gpu.triton") == 1

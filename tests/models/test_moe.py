@@ -11,6 +11,7 @@ from jaxpaged.models.moe import (
     ExpertWeights,
     MoeRouting,
     expert_matmul,
+    expert_matmul_name,
     route,
     router_logits,
     silu_gated,
@@ -146,6 +147,29 @@ def test_expert_matmul_int8_scales_and_padding_rows():
     expected = np.asarray(jax.lax.ragged_dot(lhs, jnp.asarray(dequantize_int8(values, scale)), sizes))
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(got[8:], 0.0)
+
+
+@pytest.mark.parametrize("platform,kernel_marker,absent", [
+    ("cuda", "xla.gpu.triton", "ragged_dot"),
+    ("tpu", "tpu_custom_call", "ragged_dot"),
+])
+def test_expert_matmul_lowers_to_the_platforms_grouped_kernel(platform, kernel_marker, absent):
+    """Lowered for a GPU (cuda) expert_matmul is the Pallas Triton grouped matmul, for a TPU the Mosaic one: one
+    kernel call each, and no ragged_dot (which XLA:GPU, like XLA:CPU, expands into a dense dot over every expert)."""
+    args = (jax.ShapeDtypeStruct((64, 32), jnp.bfloat16), jax.ShapeDtypeStruct((4, 32, 48), jnp.int8),
+            jax.ShapeDtypeStruct((4,), jnp.int32), jax.ShapeDtypeStruct((4, 48), jnp.float32))
+    text = jax.jit(expert_matmul).trace(*args).lower(lowering_platforms=(platform,)).as_text()
+    assert text.count(kernel_marker) == 1 and absent not in text
+
+
+def test_expert_matmul_name_per_platform():
+    """The start-up plan names the grouped matmul each platform runs: Pallas Triton on a GPU (jax.Device.platform
+    "gpu", or a lowering platform's "cuda" / "rocm"), Pallas TPU on a TPU, ragged_dot elsewhere."""
+    for gpu in ("gpu", "cuda", "rocm"):
+        assert expert_matmul_name(gpu, jnp.bfloat16) == expert_matmul_name(gpu, jnp.int8) == (
+            "Pallas Triton grouped matmul")
+    assert expert_matmul_name("tpu", jnp.bfloat16) == "Pallas TPU grouped matmul"
+    assert expert_matmul_name("metal", jnp.float32) == "jax.lax.ragged_dot"
 
 
 def test_int8_experts_match_their_dequantized_floats():
