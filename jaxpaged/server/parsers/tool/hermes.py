@@ -6,6 +6,7 @@ from typing import Optional
 
 from jaxpaged.server.parsers.marker_search import MarkerSearch
 from jaxpaged.server.parsers.tool.base import Call, ToolParser, named_call, tool_call_schema
+from jaxpaged.server.parsers.tool.call_reader import CallDraft, CallReader
 from jaxpaged.server.parsers.tool.json_depth import load_json
 from jaxpaged.server.parsers.tool.scanner import CallScanner
 
@@ -21,13 +22,17 @@ def parse_block(body: str) -> Optional[Call]:
 
 
 class HermesScanner(CallScanner):
-    """Sends each block's call once its end tag arrives: blocks already read are never read again."""
+    """Knows each block's call once its end tag arrives: blocks already read are never read again. For JSON blocks
+    (hermes) a stream's drafts follow the block being written, its arguments as they grow; other blocks (qwen3_xml)
+    are drafted whole once complete."""
 
     def __init__(self, parser: ToolParser) -> None:
         super().__init__(parser)
         self._next = -1  # where the next block's start tag is looked for (past the blocks read)
         self._open = -1  # the start tag of the block being written, once found
         self._starts, self._ends = MarkerSearch(START), MarkerSearch(END)
+        self._json_blocks = getattr(parser, "parse_block", None) is parse_block
+        self._block_reader: Optional[CallReader] = None  # the JSON of the block being written
 
     @property
     def num_scanned(self) -> int:
@@ -48,6 +53,23 @@ class HermesScanner(CallScanner):
             self._read_block(text, body_start, end)
             self._next, self._open = end + len(END), -1
 
+    def _update_drafts(self, text: str, start: int) -> None:
+        if self._open >= 0 and self._json_blocks:
+            self._draft_block(text, self._open + len(START), len(text), finished=False)
+
+    def _draft_block(self, text: str, body_start: int, body_end: int, finished: bool) -> None:
+        """Reads the block whose JSON starts at body_start into the drafts (as far as body_end)."""
+        if self._block_reader is None:
+            self._block_reader = CallReader(body_start, single=True)
+        reader, before = self._block_reader, self._block_reader.position
+        had_draft = bool(reader.drafts)
+        reader.read(text, body_end, finished)
+        self._count(reader.position - before)
+        if reader.drafts and not had_draft:
+            self.drafts.append(reader.drafts[0])
+        if finished:
+            self._block_reader = None
+
     def _final_calls(self, text: str, start: int) -> list[Call]:
         self._stream_calls(text, start)
         if self._open >= 0:  # a block cut off before its end tag still counts when its JSON is whole
@@ -58,6 +80,10 @@ class HermesScanner(CallScanner):
     def _read_block(self, text: str, body_start: int, body_end: int) -> None:
         self._count(body_end - body_start)
         call = getattr(self.parser, "parse_block", parse_block)(text[body_start:body_end])
+        if self._json_blocks:
+            self._draft_block(text, body_start, body_end, finished=True)
+        elif call is not None:
+            self.drafts.append(CallDraft.whole(*call))
         if call is not None:  # a malformed block is left out
             self.calls.append(call)
 
