@@ -32,6 +32,7 @@ FORMATS = {
     "deepseek_v3": (f"{CALLS_BEGIN}{CALL_BEGIN}f{SEP}", ""),
     "deepseek_v3 (closed)": (f"{CALLS_BEGIN}{CALL_BEGIN}f{SEP}", CALL_END),
     "xlam": ('[{"name": "f", "arguments": ', ""),
+    "functiongemma": ("<start_function_call>call:f{a:", "}<end_function_call>"),
 }
 # Formats whose arguments are text the parser passes on undecoded (a qwen3_xml parameter value that is no JSON
 # stays a string; harmony's body is the arguments): a deep nesting is a call whose arguments hold it as text.

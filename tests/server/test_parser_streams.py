@@ -21,7 +21,7 @@ CHUNK_CHARS = 4  # about a token's text
 MAX_WORK_PER_CHAR = 5  # marker searches, the call parse, and the drafts that stream arguments as they grow
 
 CALL_END_MARKERS = {"hermes": "</tool_call>", "deepseek_v3": CALL_END, "deepseek_v31": CALL_END,
-                    "qwen3_xml": "</tool_call>", "qwen3_coder": "</tool_call>"}
+                    "qwen3_xml": "</tool_call>", "qwen3_coder": "</tool_call>", "functiongemma": "<end_function_call>"}
 """The formats that send each call when its end marker arrives."""
 
 
@@ -114,6 +114,8 @@ PIECES["deepseek_v31"] = PIECES["deepseek_v3"]
 PIECES["qwen3_xml"] = PIECES["qwen3_coder"] = [
     "Sure. ", "<tool_call>", "</tool_call>", "<function=f>", "</function>", "<parameter=a>", "</parameter>", "\n",
     "1", "Paris", "<tool_", "<"]
+PIECES["functiongemma"] = ["Sure. ", "<start_function_call>", "<end_function_call>", "call:f{", "a:", "<escape>",
+                           "x, {y}", "1", ",", "}", "[", "]", "<start_fun", "<"]
 PIECES["xlam"] = ["```json", "```", "[TOOL_CALLS]", "<tool_call>", "</tool_call>", '[{"name": "f", "arguments": {}}]',
                   '{"name": "g", "arguments": {"a": 1}}', " ", "x", "[", "```j"]
 

@@ -30,7 +30,8 @@ class HermesScanner(CallScanner):
         super().__init__(parser)
         self._next = -1  # where the next block's start tag is looked for (past the blocks read)
         self._open = -1  # the start tag of the block being written, once found
-        self._starts, self._ends = MarkerSearch(START), MarkerSearch(END)
+        self._start_tag, self._end_tag = parser.markers[0], getattr(parser, "block_end", END)
+        self._starts, self._ends = MarkerSearch(self._start_tag), MarkerSearch(self._end_tag)
         self._json_blocks = getattr(parser, "parse_block", None) is parse_block
         self._block_reader: Optional[CallReader] = None  # the JSON of the block being written
 
@@ -46,16 +47,16 @@ class HermesScanner(CallScanner):
                 self._open = self._starts.find(text, self._next)
                 if self._open < 0:
                     return self.calls
-            body_start = self._open + len(START)
+            body_start = self._open + len(self._start_tag)
             end = self._ends.find(text, body_start)
             if end < 0:
                 return self.calls
             self._read_block(text, body_start, end)
-            self._next, self._open = end + len(END), -1
+            self._next, self._open = end + len(self._end_tag), -1
 
     def _update_drafts(self, text: str, start: int) -> None:
         if self._open >= 0 and self._json_blocks:
-            self._draft_block(text, self._open + len(START), len(text), finished=False)
+            self._draft_block(text, self._open + len(self._start_tag), len(text), finished=False)
 
     def _draft_block(self, text: str, body_start: int, body_end: int, finished: bool) -> None:
         """Reads the block whose JSON starts at body_start into the drafts (as far as body_end)."""
@@ -73,7 +74,7 @@ class HermesScanner(CallScanner):
     def _final_calls(self, text: str, start: int) -> list[Call]:
         self._stream_calls(text, start)
         if self._open >= 0:  # a block cut off before its end tag still counts when its JSON is whole
-            self._read_block(text, self._open + len(START), len(text))
+            self._read_block(text, self._open + len(self._start_tag), len(text))
             self._next, self._open = len(text), -1
         return self.calls
 
@@ -94,17 +95,19 @@ class HermesToolParser(ToolParser):
 
     name = "hermes"
     markers = (START,)
+    block_end = END
+    """The tag that closes a block (the start tag is the marker)."""
     scanner_class = HermesScanner
     parse_block = staticmethod(parse_block)
     """One block's call (None when malformed): a format with other block bodies (qwen3_xml) replaces it."""
 
     def parse_section(self, section: str) -> Optional[list[Call]]:
-        calls, position = [], 0
-        while (start := section.find(START, position)) >= 0:
-            body_start = start + len(START)
-            end = section.find(END, body_start)
+        calls, position, start_tag, end_tag = [], 0, self.markers[0], self.block_end
+        while (start := section.find(start_tag, position)) >= 0:
+            body_start = start + len(start_tag)
+            end = section.find(end_tag, body_start)
             body = section[body_start:] if end < 0 else section[body_start:end]
-            position = len(section) if end < 0 else end + len(END)
+            position = len(section) if end < 0 else end + len(end_tag)
             call = self.parse_block(body)
             if call is not None:
                 calls.append(call)
