@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from jaxpaged.server.openai.call_deltas import RequiredCallStream
 from jaxpaged.server.openai.chat_text import ChoiceText
 from jaxpaged.server.openai.responses_endpoint import _ResponseView, _StreamedItems
 from jaxpaged.server.openai.tool_calls import ToolCalling
@@ -218,3 +219,18 @@ def test_functiongemma_streams_each_call_whole_when_its_end_token_arrives():
     assert "".join(d.get("content", "") for d in deltas) == "I'll check."
     second_call = text.index("call:get_time")
     assert [c["name"] for c in merged_calls(delta_entries(deltas[:second_call]))] == ["get_weather"]
+
+
+def test_required_calls_stream_their_parameters_as_sampled():
+    """tool_choice "required" (the grammar's array of {"name", "parameters"}): names first, then the parameters in
+    fragments, adding up to the non-streamed calls; finish counts the finished array's calls."""
+    calling = ToolCalling([], None)
+    text = (f'[{{"name": "get_weather", "parameters": {json.dumps(json.loads(RAW_ARGUMENTS))}}}, '
+            f'{{"name": "get_time", "parameters": {TIME_ARGUMENTS}}}]')
+    stream = RequiredCallStream(calling)
+    deltas = [stream.delta(text[:end], end == len(text)) for end in range(1, len(text) + 1)]
+    entries = delta_entries(deltas)
+    assert [(c["name"], c["arguments"]) for c in merged_calls(entries)] == \
+        [(c["function"]["name"], c["function"]["arguments"]) for c in calling.calls(text)] == \
+        [("get_weather", EXPECTED_ARGUMENTS), ("get_time", TIME_ARGUMENTS)]
+    assert len(entries) > 20 and stream.num_calls_sent == 2

@@ -11,7 +11,7 @@ import logging
 from typing import Optional
 
 from jaxpaged.server.openai.tool_calls import ToolCalling
-from jaxpaged.server.parsers.tool.call_reader import CallDraft
+from jaxpaged.server.parsers.tool.call_reader import CallDraft, CallReader
 from jaxpaged.server.parsers.tool.scanner import Call
 
 logger = logging.getLogger(__name__)
@@ -88,3 +88,26 @@ class CallDeltas:
         if text:
             sent.sent.append(text)
             entries.append({"index": index, "function": {"arguments": text}})
+
+
+class RequiredCallStream:
+    """tool_choice "required": the grammar's JSON array of {"name", "parameters"} calls, streamed as vLLM streams it
+    (each call's name, then its parameters as they are sampled)."""
+
+    def __init__(self, calling: ToolCalling) -> None:
+        self.calling = calling
+        self._reader = CallReader(0, ("parameters",), single=True)
+        self._deltas = CallDeltas(calling)
+        self.num_calls_sent = 0
+        """Calls begun so far; once the text ended, the calls the finished array holds."""
+
+    def delta(self, text: str, finished: bool) -> dict:
+        """The stream delta for the choice's text so far (which only grows)."""
+        if finished:
+            calls = [(call["function"]["name"], call["function"]["arguments"]) for call in self.calling.calls(text)]
+            entries = self._deltas.final(calls)
+            self.num_calls_sent = len(calls)
+        else:
+            entries = self._deltas.step(self.calling.limited(self._reader.read(text, len(text))))
+            self.num_calls_sent = self._deltas.num_started
+        return {"tool_calls": entries} if entries else {}
