@@ -209,16 +209,41 @@ def test_functiongemma_malformed_calls_are_content(text):
     assert _whole("functiongemma", text) == {"role": "assistant", "content": text}
 
 
-def test_functiongemma_streams_each_call_whole_when_its_end_token_arrives():
-    """Streamed a character at a time (cut inside keys, <escape> tokens and between the calls): the same calls
-    and content as the whole text; the first call goes out before the second is written."""
+def test_functiongemma_streams_each_argument_once_its_value_is_whole():
+    """Streamed a character at a time (cut inside keys, <escape> tokens and between the calls): the same calls,
+    arguments text and content as the whole text; the name goes out first, then each argument as its value ends
+    (one fragment per argument, the closing brace with the last), before the call's end token."""
     text = GEMMA_TEXT
     deltas = _stream(_choice("functiongemma"), text, list(range(1, len(text) + 1)))
     streamed = merged_calls(delta_entries(deltas))
+    whole = _whole("functiongemma", text)["tool_calls"]
+    assert [(c["name"], c["arguments"]) for c in streamed] == \
+        [(c["function"]["name"], c["function"]["arguments"]) for c in whole]
     assert [(c["name"], json.loads(c["arguments"])) for c in streamed] == GEMMA_CALLS
     assert "".join(d.get("content", "") for d in deltas) == "I'll check."
-    second_call = text.index("call:get_time")
-    assert [c["name"] for c in merged_calls(delta_entries(deltas[:second_call]))] == ["get_weather"]
+    first_end = text.index(GEMMA_END)
+    fragments = [e["function"]["arguments"] for e in delta_entries(deltas[:first_end]) if "id" not in e]
+    assert len(fragments) == len(GEMMA_CALLS[0][1]) and fragments[-1] == ', "code": 42}'
+    assert fragments[0] == '{"city": "Paris, {France} \\"quoted\\""'
+
+
+def test_functiongemma_any_cut_gives_the_same_calls():
+    """Random chunkings of the FunctionGemma text add up to the non-streamed calls; a malformed argument stops
+    the draft (the finished text has no call, so all of it is content)."""
+    expected = [(c["function"]["name"], c["function"]["arguments"])
+                for c in _whole("functiongemma", GEMMA_TEXT)["tool_calls"]]
+    rng = random.Random(7)
+    for _ in range(30):
+        ends, end = [], 0
+        while end < len(GEMMA_TEXT):
+            end = min(len(GEMMA_TEXT), end + rng.randint(1, 9))
+            ends.append(end)
+        streamed = merged_calls(delta_entries(_stream(_choice("functiongemma"), GEMMA_TEXT, ends)))
+        assert [(c["name"], c["arguments"]) for c in streamed] == expected
+    bad = f"{GEMMA_START}call:f{{a:1,,b:2}}{GEMMA_END}"
+    deltas = _stream(_choice("functiongemma"), bad, list(range(1, len(bad) + 1)))
+    assert "".join(d.get("content", "") for d in deltas) == bad
+    assert [e["function"]["arguments"] for e in delta_entries(deltas) if "id" not in e] == ['{"a": 1']
 
 
 def test_required_calls_stream_their_parameters_as_sampled():

@@ -16,7 +16,7 @@ Two shapes are read:
 
 import dataclasses
 import json
-from typing import Optional
+from typing import Optional, Protocol
 
 from jaxpaged.server.parsers.tool.json_depth import MAX_JSON_DEPTH
 from jaxpaged.server.parsers.tool.json_lexer import JsonLexer, Token
@@ -43,6 +43,21 @@ class CallDraft:
     def whole(cls, name: str, arguments: str) -> "CallDraft":
         """A call known whole at once."""
         return cls(name, [arguments], complete=True)
+
+
+class DraftSource(Protocol):
+    """What a scanner reads a block's drafts with (CallReader is one; functiongemma has its own)."""
+
+    drafts: list[CallDraft]
+
+    @property
+    def position(self) -> int:
+        """Where it has read to in the text."""
+        ...
+
+    def read(self, text: str, end: int, finished: bool = False) -> list[CallDraft]:
+        """The drafts after reading text[:end]."""
+        ...
 
 
 class CallReader:

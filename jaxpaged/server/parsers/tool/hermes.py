@@ -6,7 +6,7 @@ from typing import Optional
 
 from jaxpaged.server.parsers.marker_search import MarkerSearch
 from jaxpaged.server.parsers.tool.base import Call, ToolParser, named_call, tool_call_schema
-from jaxpaged.server.parsers.tool.call_reader import CallDraft, CallReader
+from jaxpaged.server.parsers.tool.call_reader import CallDraft, CallReader, DraftSource
 from jaxpaged.server.parsers.tool.json_depth import load_json
 from jaxpaged.server.parsers.tool.scanner import CallScanner
 
@@ -32,8 +32,8 @@ class HermesScanner(CallScanner):
         self._open = -1  # the start tag of the block being written, once found
         self._start_tag, self._end_tag = parser.markers[0], getattr(parser, "block_end", END)
         self._starts, self._ends = MarkerSearch(self._start_tag), MarkerSearch(self._end_tag)
-        self._json_blocks = getattr(parser, "parse_block", None) is parse_block
-        self._block_reader: Optional[CallReader] = None  # the JSON of the block being written
+        self._block_reader: Optional[DraftSource] = None  # the block being written, read as it grows
+        self._drafts_blocks = True  # the parser drafts blocks as they grow (else whole, once complete)
 
     @property
     def num_scanned(self) -> int:
@@ -55,13 +55,17 @@ class HermesScanner(CallScanner):
             self._next, self._open = end + len(self._end_tag), -1
 
     def _update_drafts(self, text: str, start: int) -> None:
-        if self._open >= 0 and self._json_blocks:
+        if self._open >= 0 and self._drafts_blocks:
             self._draft_block(text, self._open + len(self._start_tag), len(text), finished=False)
 
-    def _draft_block(self, text: str, body_start: int, body_end: int, finished: bool) -> None:
-        """Reads the block whose JSON starts at body_start into the drafts (as far as body_end)."""
+    def _draft_block(self, text: str, body_start: int, body_end: int, finished: bool) -> bool:
+        """Reads the block whose body starts at body_start into the drafts (as far as body_end); False when the
+        parser drafts its blocks only whole."""
         if self._block_reader is None:
-            self._block_reader = CallReader(body_start, single=True)
+            self._block_reader = getattr(self.parser, "block_reader", lambda _: None)(body_start)
+            if self._block_reader is None:
+                self._drafts_blocks = False
+                return False
         reader, before = self._block_reader, self._block_reader.position
         had_draft = bool(reader.drafts)
         reader.read(text, body_end, finished)
@@ -70,6 +74,7 @@ class HermesScanner(CallScanner):
             self.drafts.append(reader.drafts[0])
         if finished:
             self._block_reader = None
+        return True
 
     def _final_calls(self, text: str, start: int) -> list[Call]:
         self._stream_calls(text, start)
@@ -81,9 +86,7 @@ class HermesScanner(CallScanner):
     def _read_block(self, text: str, body_start: int, body_end: int) -> None:
         self._count(body_end - body_start)
         call = getattr(self.parser, "parse_block", parse_block)(text[body_start:body_end])
-        if self._json_blocks:
-            self._draft_block(text, body_start, body_end, finished=True)
-        elif call is not None:
+        if not self._draft_block(text, body_start, body_end, finished=True) and call is not None:
             self.drafts.append(CallDraft.whole(*call))
         if call is not None:  # a malformed block is left out
             self.calls.append(call)
@@ -100,6 +103,11 @@ class HermesToolParser(ToolParser):
     scanner_class = HermesScanner
     parse_block = staticmethod(parse_block)
     """One block's call (None when malformed): a format with other block bodies (qwen3_xml) replaces it."""
+
+    def block_reader(self, body_start: int) -> Optional[DraftSource]:
+        """A stream's reader of the block whose body starts at body_start (None: blocks are drafted whole once
+        complete, as qwen3_xml's are)."""
+        return CallReader(body_start, single=True) if self.parse_block is parse_block else None
 
     def parse_section(self, section: str) -> Optional[list[Call]]:
         calls, position, start_tag, end_tag = [], 0, self.markers[0], self.block_end
