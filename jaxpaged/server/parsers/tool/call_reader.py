@@ -76,8 +76,6 @@ class CallReader:
         self.drafts: list[CallDraft] = [CallDraft(name)] if name is not None else []
         self.done = False
         """The reader has read all it will (its value ended, or the text is not JSON of this shape any more)."""
-        self.failed = False
-        """The text stopped being JSON of this shape before it ended."""
         self._stack: list[str] = []  # open containers: "{" or "["
         self._expect_key = False  # the innermost object wants a key next
         self._call_depth = -1  # the stack depth inside the call object being read
@@ -104,28 +102,28 @@ class CallReader:
                     break
         return self.drafts
 
-    def _stop(self, failed: bool) -> None:
-        self.done, self.failed = True, failed
+    def _stop(self) -> None:
+        self.done = True
 
     def _take(self, token: Token) -> None:
         kind, value = token
         if kind == "bad" or (kind == "other" and self._stack):
-            self._stop(failed=True)
+            self._stop()
             return
         if not self._stack and self._capture == "" and not self.value_mode:
             if kind == "other":
                 if not (value.isspace() or value in self.separators):
-                    self._stop(failed=False)
+                    self._stop()
                 return
             if kind == "{":
                 self.drafts.append(CallDraft())
                 self._call_depth, self._has_arguments = 1, False
             elif kind != "[":
-                self._stop(failed=False)  # a scalar or string where calls are read: not this shape
+                self._stop()  # a scalar or string where calls are read: not this shape
                 return
         elif self.value_mode and not self._stack and self._capture == "":
             if kind == "other":
-                self._stop(failed=False)
+                self._stop()
                 return
             self._capture, self._capture_depth = "arguments", 0
         elif kind == "{" and len(self._stack) == 1 and self._stack[0] == "[" and not self.value_mode:
@@ -148,13 +146,13 @@ class CallReader:
                 self._last_key, self._key = "".join(self._key), []
         if kind in ("{", "["):
             if len(self._stack) == MAX_JSON_DEPTH:  # the finished text's parse refuses it too (json_depth.py)
-                self._stop(failed=True)
+                self._stop()
                 return
             self._stack.append(kind)
             self._expect_key = kind == "{"
         elif kind in ("}", "]"):
             if not self._stack or "{[".index(self._stack[-1]) != "}]".index(kind):
-                self._stop(failed=True)
+                self._stop()
                 return
             self._stack.pop()
             self._expect_key = False
@@ -204,7 +202,7 @@ class CallReader:
             self._capture, self._raw_string = "", False
             if self.value_mode:
                 self.drafts[-1].complete = True
-                self._stop(failed=False)
+                self._stop()
             return
         if depth == self._call_depth - 1 and not self._capture:
             self._call_depth = -1
@@ -212,6 +210,6 @@ class CallReader:
                 self.drafts[-1].fragments.append("{}")  # base.named_call's arguments when the key is missing
             self.drafts[-1].complete = True
             if self.single and depth == 0:
-                self._stop(failed=False)
+                self._stop()
         elif depth == 0 and self.single and not self.value_mode:
-            self._stop(failed=False)
+            self._stop()
