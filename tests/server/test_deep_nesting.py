@@ -16,6 +16,7 @@ from jaxpaged.server.openai.tool_calls import ToolCalling
 from jaxpaged.server.parsers.tool import TOOL_CALL_PARSERS, make_tool_parser
 from jaxpaged.server.parsers.tool.deepseek import CALL_BEGIN, CALL_END, CALLS_BEGIN, SEP
 from jaxpaged.server.parsers.tool.json_depth import MAX_JSON_DEPTH, load_json, nested_too_deep
+from tests.server.call_fragments import delta_entries, merged_calls
 
 DEPTH = 100_000
 NESTINGS = {"objects": '{"a":' * DEPTH, "arrays": "[" * DEPTH}
@@ -31,6 +32,7 @@ FORMATS = {
     "deepseek_v3": (f"{CALLS_BEGIN}{CALL_BEGIN}f{SEP}", ""),
     "deepseek_v3 (closed)": (f"{CALLS_BEGIN}{CALL_BEGIN}f{SEP}", CALL_END),
     "xlam": ('[{"name": "f", "arguments": ', ""),
+    "functiongemma": ("<start_function_call>call:f{a:", "}<end_function_call>"),
 }
 # Formats whose arguments are text the parser passes on undecoded (a qwen3_xml parameter value that is no JSON
 # stays a string; harmony's body is the arguments): a deep nesting is a call whose arguments hold it as text.
@@ -67,8 +69,10 @@ def test_deep_nesting_passes_through_formats_with_text_arguments(name, nesting):
     assert len(calls) == 1 and _argument_text(name, calls[0][1]) == NESTINGS[nesting]
     choice = choice_text(ToolCalling([], None, parser), None, False, True)
     ends = [*range(STREAM_CHUNK_CHARS, len(text), STREAM_CHUNK_CHARS), len(text)]
-    streamed = [call for end in ends for call in choice.delta(text[:end], end == len(text)).get("tool_calls", [])]
-    assert len(streamed) == 1 and _argument_text(name, streamed[0]["function"]["arguments"]) == NESTINGS[nesting]
+    streamed = merged_calls([call for end in ends
+                             for call in choice.delta(text[:end], end == len(text)).get("tool_calls", [])],
+                            whole_first=name == "openai")  # harmony's calls go whole
+    assert len(streamed) == 1 and _argument_text(name, streamed[0]["arguments"]) == NESTINGS[nesting]
 
 
 def _argument_text(name: str, arguments: str) -> str:
@@ -89,14 +93,18 @@ def test_deep_nesting_is_content_when_whole(name, nesting):
 
 @pytest.mark.parametrize("name, nesting", CASES)
 def test_deep_nesting_streams_as_content(name, nesting):
-    """Streamed in chunks, the same output goes out as content (held back while a call may be open) and no
-    call, and the deltas add up to the text."""
+    """Streamed in chunks, the same output goes out as content (held back while a call may be open) and the deltas
+    add up to the text. A call whose name came first has begun (its arguments stream as written, as vLLM's do),
+    but its drafts stop at MAX_JSON_DEPTH levels: no more than that much of the nesting goes out as arguments."""
     parser_name, text = _attack(name, nesting)
     choice = ChoiceText(ToolCalling([], None, make_tool_parser(parser_name)), None, False)
     ends = [*range(STREAM_CHUNK_CHARS, len(text), STREAM_CHUNK_CHARS), len(text)]
     deltas = [choice.delta(text[:end], end == len(text)) for end in ends]
-    assert not any("tool_calls" in delta for delta in deltas)
+    begun = merged_calls(delta_entries(deltas))
+    assert [call["name"] for call in begun] in ([], ["f"])
+    assert all(len(call["arguments"]) <= len('{"a": ') * (MAX_JSON_DEPTH + 1) for call in begun)
     assert "".join(delta.get("content", "") for delta in deltas) == text
+    assert choice.num_calls_sent == 0  # the finished text holds no call
 
 
 def test_the_depth_check_counts_brackets_outside_strings():

@@ -8,6 +8,7 @@ from jaxpaged.server.openai.chat_text import ChoiceText
 from jaxpaged.server.openai.tool_calls import ToolCalling
 from jaxpaged.server.parsers.reasoning import check_reasoning_markers, make_reasoning_parser
 from jaxpaged.server.parsers.tool import make_tool_parser
+from tests.server.call_fragments import delta_entries, merged_calls
 
 QWEN3 = make_reasoning_parser("qwen3")
 R1 = make_reasoning_parser("deepseek_r1")
@@ -49,8 +50,8 @@ def test_stream_deltas_add_up_to_the_whole_message(text, starts):
     reasoning = "".join(d.get("reasoning", "") for d in deltas)
     assert reasoning == (whole["reasoning"] or "")
     assert "".join(d.get("content", "") for d in deltas).rstrip() == (whole["content"] or "")
-    calls = [call["function"]["name"] for d in deltas for call in d.get("tool_calls", [])]
-    assert calls == [call["function"]["name"] for call in whole.get("tool_calls", [])]
+    calls = [(call["name"], call["arguments"]) for call in merged_calls(delta_entries(deltas))]
+    assert calls == [(call["function"]["name"], call["function"]["arguments"]) for call in whole.get("tool_calls", [])]
     seen_content = False
     for delta in deltas:  # no reasoning after content started
         seen_content = seen_content or "content" in delta

@@ -8,6 +8,8 @@ import jsonschema
 import openai
 import pytest
 
+from tests.server.call_fragments import merged_calls
+
 pytestmark = pytest.mark.xdist_group("server")
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "minLength": 1, "maxLength": 20},
@@ -99,15 +101,15 @@ def test_auto_with_the_hermes_parser_answers_in_text_or_calls(hermes_server, mod
     kwargs: dict[str, Any] = dict(model=model_name, messages=ASK, tools=TOOLS, tool_choice="auto",
                                   max_completion_tokens=40, temperature=0.0)
     if stream:
-        pieces, calls, finish = [], [], None
+        pieces, entries, finish = [], [], None
         for chunk in client.chat.completions.create(**kwargs, stream=True):
             if chunk.choices:
                 delta = chunk.choices[0].delta
                 pieces.append(delta.content or "")
-                calls += [{"name": c.function.name, "arguments": c.function.arguments}
-                          for c in delta.tool_calls or [] if c.function is not None]
+                entries += [entry.model_dump(exclude_none=True) for entry in delta.tool_calls or []]
                 finish = chunk.choices[0].finish_reason or finish
         text = "".join(pieces)
+        calls = [{"name": c["name"], "arguments": c["arguments"]} for c in merged_calls(entries)]
     else:
         choice = client.chat.completions.create(**kwargs).choices[0]
         text, finish = choice.message.content or "", choice.finish_reason

@@ -6,6 +6,7 @@ from jaxpaged.server.openai.chat_text import ChoiceText
 from jaxpaged.server.openai.protocol import ChatCompletionRequest
 from jaxpaged.server.openai.tool_calls import prompt_tools, tool_calling
 from jaxpaged.server.parsers.tool import HermesToolParser
+from tests.server.call_fragments import merged_calls
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},
          {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]
@@ -24,9 +25,10 @@ def test_parallel_tool_calls_false_keeps_the_first_auto_call_whole_and_streamed(
     assert calling is not None
     assert [call["function"]["name"] for call in calling.calls(TWO_CALLS)] == ["get_weather"]
     text = ChoiceText(calling, None, False)
-    streamed = [call for end in range(1, len(TWO_CALLS) + 1)
-                for call in text.delta(TWO_CALLS[:end], end == len(TWO_CALLS)).get("tool_calls", [])]
-    assert [call["function"]["name"] for call in streamed] == ["get_weather"]
+    streamed = merged_calls([call for end in range(1, len(TWO_CALLS) + 1)
+                             for call in text.delta(TWO_CALLS[:end], end == len(TWO_CALLS)).get("tool_calls", [])])
+    assert [(call["name"], call["arguments"]) for call in streamed] == \
+        [(call["function"]["name"], call["function"]["arguments"]) for call in calling.calls(TWO_CALLS)]
 
 
 def test_parallel_tool_calls_default_returns_every_call():

@@ -10,6 +10,7 @@ from jaxpaged.server.context import ServerSettings
 from jaxpaged.server.openai.chat_text import ChoiceText
 from jaxpaged.server.openai.tool_calls import ToolCalling
 from jaxpaged.server.parsers.tool import TOOL_CALL_PARSERS, HermesToolParser, make_tool_parser
+from tests.server.call_fragments import delta_entries, merged_calls
 
 WEATHER_PARIS = ("get_weather", {"city": "Paris"})
 TIME_CET = ("get_time", {"timezone": "CET"})
@@ -99,9 +100,8 @@ def test_streaming_deltas_add_up_to_the_whole_response(name, fixture):
     text, content, calls = fixture
     deltas = _stream(name, text)
     assert "".join(d.get("content", "") for d in deltas).rstrip() == (content or "")
-    streamed = [call for d in deltas for call in d.get("tool_calls", [])]
-    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in streamed] == calls
-    assert [c["index"] for c in streamed] == list(range(len(calls)))
+    streamed = merged_calls(delta_entries(deltas))
+    assert [(c["name"], json.loads(c["arguments"])) for c in streamed] == calls
 
 
 @pytest.mark.parametrize("name", list(PLAIN))
@@ -140,9 +140,10 @@ def test_block_formats_stream_each_call_as_soon_as_it_is_complete(name):
     """hermes, qwen3_xml and DeepSeek close every call with its own end marker: the stream need not wait for the end."""
     text = FIXTURES[name][0]
     deltas = _stream(name, text)
-    sent = [(position, call["index"]) for position, d in enumerate(deltas) for call in d.get("tool_calls", [])]
-    assert [index for _, index in sent] == [0, 1]
-    assert sent[0][0] < len(text) - 1  # the first call went out before the text ended
+    first_call = text.index(FIXTURES[name][2][1][0]) - 1  # where the second call's name starts
+    sent_before = merged_calls(delta_entries(deltas[:first_call]))
+    assert sent_before[0]["name"] == FIXTURES[name][2][0][0]
+    assert json.loads(sent_before[0]["arguments"]) == FIXTURES[name][2][0][1]  # the first call went out whole
 
 
 def test_qwen3_xml_constrains_nothing_it_cannot_write():

@@ -18,6 +18,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import TINY_ENGINE_OPTIONS, TINY_LLAMA
+from tests.server.call_fragments import merged_calls
 from tests.server.test_tool_parsers import FIXTURES
 from tests.server.test_vllm_requests import literal_regex
 
@@ -102,12 +103,11 @@ def test_llama3_json_tool_calls_are_parsed(launched_client, stream):
     kwargs = dict(model="x", messages=[{"role": "user", "content": "Weather?"}], tools=tools, tool_choice="auto",
                   max_completion_tokens=120, extra_body={"structured_outputs": {"regex": literal_regex(text)}})
     if stream:
-        calls, finish = {}, None
+        entries, finish = [], None
         for chunk in launched_client.chat.completions.create(**kwargs, stream=True):
-            for call in chunk.choices[0].delta.tool_calls or []:
-                calls[call.index] = (call.function.name, json.loads(call.function.arguments))
+            entries += [entry.model_dump(exclude_none=True) for entry in chunk.choices[0].delta.tool_calls or []]
             finish = chunk.choices[0].finish_reason or finish
-        parsed = [calls[i] for i in sorted(calls)]
+        parsed = [(call["name"], json.loads(call["arguments"])) for call in merged_calls(entries)]
     else:
         choice = launched_client.chat.completions.create(**kwargs).choices[0]
         parsed = [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls]

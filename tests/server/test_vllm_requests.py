@@ -16,6 +16,7 @@ from jaxpaged.server import ServerSettings, build_app
 from jaxpaged.server.openai.chat_template import check_chat_template
 from jaxpaged.server.openai.protocol import CompletionRequest
 from jaxpaged.server.openai.validation import structured_outputs_of
+from tests.server.call_fragments import merged_calls
 from tests.server.server_helpers import ServerThread
 from tests.server.test_tool_parsers import FIXTURES
 
@@ -69,16 +70,16 @@ def _chat(server: ServerThread, model_name: str, stream: bool, **extra: Any) -> 
         calls = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message["tool_calls"] or []]
         return {"content": message["content"], "reasoning": message.get("reasoning"),
                 "calls": calls}, choice.finish_reason
-    content, reasoning, calls, finish = "", "", {}, None
+    content, reasoning, entries, finish = "", "", [], None
     for chunk in client.chat.completions.create(**kwargs, stream=True):
         delta = chunk.choices[0].delta.model_dump()
         content += delta.get("content") or ""
         reasoning += delta.get("reasoning") or ""
-        for call in delta.get("tool_calls") or []:
-            calls[call["index"]] = (call["function"]["name"], json.loads(call["function"]["arguments"]))
+        entries += [chunk_entry.model_dump(exclude_none=True)
+                    for chunk_entry in chunk.choices[0].delta.tool_calls or []]
         finish = chunk.choices[0].finish_reason or finish
-    return {"content": content.rstrip() or None, "reasoning": reasoning or None,
-            "calls": [calls[i] for i in sorted(calls)]}, finish
+    calls = [(call["name"], json.loads(call["arguments"])) for call in merged_calls(entries)]
+    return {"content": content.rstrip() or None, "reasoning": reasoning or None, "calls": calls}, finish
 
 
 @pytest.mark.parametrize("stream", [False, True])

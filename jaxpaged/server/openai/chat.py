@@ -14,6 +14,7 @@ from jaxpaged.outputs import CompletionOutput, RequestOutput
 from jaxpaged.sampling.params import SamplingParams, StructuredOutputsParams
 from jaxpaged.server.context import ServerContext
 from jaxpaged.server.http.errors import APIError
+from jaxpaged.server.openai.call_deltas import RequiredCallStream
 from jaxpaged.server.openai.chat_text import ChoiceText
 from jaxpaged.server.openai.generation import (
     STREAM_ENDING_ERRORS,
@@ -220,6 +221,7 @@ class _ChatView:
         """The streaming response: a role chunk per choice, content deltas, optional usage, then [DONE]."""
         progress = [SampleProgress() for _ in range(self.request.n)]
         calling = self.calling
+        required: dict[int, RequiredCallStream] = {}  # per choice, tool_choice "required"'s calls so far
         try:
             for index in range(self.request.n):
                 yield self._chunk(index, self._first_delta(), None, None)
@@ -234,15 +236,16 @@ class _ChatView:
                     elif calling is not None and calling.streams_arguments:  # the forced function's arguments
                         content = ({"tool_calls": [{"index": 0, "function": {"arguments": delta.text}}]}
                                    if delta.text else {})
-                    else:  # "required": the calls are known once the array is complete
+                    else:  # "required": each call's name, then its parameters as they are sampled
                         assert calling is not None
-                        content = ({"tool_calls": [{"index": i, **call} for i, call in
-                                                   enumerate(calling.calls(sample.text))]}
-                                   if delta.finish_reason is not None else {})
+                        if sample.index not in required:
+                            required[sample.index] = RequiredCallStream(calling)
+                        content = required[sample.index].delta(sample.text, delta.finish_reason is not None)
+                    called = text if text is not None else required.get(sample.index)
                     yield self._chunk(sample.index, content,
                                       self._logprobs(sample, delta.start_token, delta.end_token),
                                       self._finish_reason(delta.finish_reason, "tool_calls" in content or (
-                                          text is not None and text.num_calls_sent > 0)),
+                                          called is not None and called.num_calls_sent > 0)),
                                       len(sample.token_ids), sample.token_ids[delta.start_token:delta.end_token])
             if self.request.stream_options is not None and self.request.stream_options.include_usage:
                 yield sse_event({**self.header, "object": "chat.completion.chunk", "choices": [],

@@ -10,6 +10,7 @@ whole text does.
 
 from typing import Optional
 
+from jaxpaged.server.openai.call_deltas import CallDeltas
 from jaxpaged.server.openai.tool_calls import ToolCalling
 from jaxpaged.server.parsers.reasoning import ReasoningParser, ReasoningStream
 from jaxpaged.server.parsers.tool.scanner import CallScanner
@@ -26,8 +27,11 @@ class ChoiceText:
         """False (the request's include_reasoning): the reasoning is split off and dropped."""
         self._reasoning_sent = 0
         self._content_sent = 0
+        self.call_deltas: Optional[CallDeltas] = None if calling is None else CallDeltas(calling)
+        """What a stream has sent of each "auto" call (its name, then its arguments as they are written)."""
         self.num_calls_sent = 0
-        """Tool calls already streamed (each in one delta, as soon as the parser knows it complete)."""
+        """Tool calls a stream has begun to send; once the text ended, the calls the finished text holds (what
+        finish_reason "tool_calls" says: a malformed call a stream began does not count)."""
         self.reasoning_stream: Optional[ReasoningStream] = None if reasoning is None else \
             reasoning.stream(starts_in_reasoning)
         """Where a stream's reasoning and content are (None without a reasoning parser: all content)."""
@@ -56,8 +60,9 @@ class ChoiceText:
         return message
 
     def delta(self, text: str, finished: bool) -> dict:
-        """The stream delta since the last call: new reasoning, new sure content, and the calls complete so far
-        (`text`: the choice's whole text so far, which only grows; looked at from where the last call stopped)."""
+        """The stream delta since the last call: new reasoning, new sure content, and the calls' new parts (a call's
+        name once whole, then its arguments as written) (`text`: the choice's whole text so far, which only grows;
+        looked at from where the last call stopped)."""
         delta: dict = {}
         content_start: Optional[int] = 0
         if self.reasoning_stream is not None:
@@ -81,9 +86,10 @@ class ChoiceText:
         if end - content_start > self._content_sent:
             delta["content"] = text[content_start + self._content_sent:end]
             self._content_sent = end - content_start
-        if len(calls) > self.num_calls_sent:
-            assert self.calling is not None
-            delta["tool_calls"] = [{"index": index, **self.calling.call(*calls[index])}
-                                   for index in range(self.num_calls_sent, len(calls))]
-            self.num_calls_sent = len(calls)
+        if self.call_deltas is not None and self.scanner is not None:
+            entries = self.call_deltas.final(calls) if finished else \
+                self.call_deltas.step(self.call_deltas.calling.limited(self.scanner.drafts))
+            if entries:
+                delta["tool_calls"] = entries
+            self.num_calls_sent = len(calls) if finished else self.call_deltas.num_started
         return delta

@@ -159,6 +159,8 @@ class _StreamedItems:
         self.open: Optional[dict] = None
         self.open_text = ""
         """The open item's text (reasoning, output text, or a call's arguments) so far."""
+        self.open_call_index = -1
+        """The chat tool_calls index of the open function_call item."""
 
     def _index(self) -> int:
         return len(self.done)
@@ -182,7 +184,9 @@ class _StreamedItems:
         return events
 
     def add(self, reasoning: Optional[str], content: Optional[str], calls: Optional[list[dict]]) -> list[str]:
-        """Events for new reasoning text, new content text and newly completed calls (in that order)."""
+        """Events for new reasoning text, new content text and the chat stream's tool_calls entries (in that
+        order): a call's item opens at its first entry and takes its arguments as they come; the next item closes
+        it."""
         events: list[str] = []
         for kind, new_text in (("reasoning", reasoning), ("message", content)):
             if not new_text:
@@ -194,11 +198,14 @@ class _StreamedItems:
             extra = {} if kind == "reasoning" else {"logprobs": []}
             events.append(self.view._event(delta_kind, item_id=self.open["id"], output_index=self._index(),
                                            content_index=0, delta=new_text, **extra))
-        for call in calls or []:
-            events += self.close_open()
-            events += self._start(_call_item(call, "in_progress", arguments=""))
-            events += self.arguments_delta(call["function"]["arguments"])
-            events += self.close_open()
+        for entry in calls or []:  # a call's first entry (id, name), then fragments of its arguments
+            if "id" in entry:
+                events += self.close_open()
+                events += self._start(_call_item(entry, "in_progress", arguments=""))
+                self.open_call_index = entry["index"]
+            if entry["function"]["arguments"] and self.open is not None and \
+                    self.open_call_index == entry["index"]:
+                events += self.arguments_delta(entry["function"]["arguments"])
         return events
 
     def arguments(self, name: str, new_text: str) -> list[str]:

@@ -52,8 +52,13 @@ VLLM_FLAG_ROWS: tuple[FlagRow, ...] = (
                  "/ `qwen3_coder` (Qwen3-Coder's `<function=...><parameter=...>` blocks, streamed per block; "
                  "without the schema a parameter whose text is JSON becomes that value), `xlam` (a JSON array of "
                  "calls, bare, fenced, after `[TOOL_CALLS]` or in `<tool_call>`), `openai` (gpt-oss's harmony "
-                 "commentary messages addressed `to=functions.NAME`; `test_harmony.py`); vLLM's other names are "
-                 'refused naming the flag. A parser alone already enables `tool_choice: "auto"` (vLLM also wants '
+                 "commentary messages addressed `to=functions.NAME`; `test_harmony.py`), `functiongemma` "
+                 "(`<start_function_call>call:NAME{key:<escape>v<escape>}<end_function_call>`); vLLM's other names "
+                 "are refused naming the flag. Streamed calls have vLLM's deltas (name first, then `arguments` "
+                 "fragments); the JSON formats send the fragments as the model writes them, `functiongemma` one "
+                 "argument at a time, `qwen3_xml` and `pythonic` each call's arguments whole when the call ends "
+                 "(`test_streamed_tool_arguments.py`). "
+                 'A parser alone already enables `tool_choice: "auto"` (vLLM also wants '
                  "`--enable-auto-tool-choice`, which is accepted and needs a parser). With `hermes` and "
                  '`llama3_json`, `"auto"` output is constrained to text or well-formed calls of the declared tools '
                  "(vLLM leaves it free; `test_auto_tool_grammar.py`); the other formats are parsed unconstrained, "

@@ -5,6 +5,7 @@ from typing import Optional
 
 from jaxpaged.server.parsers.tool.base import Call, ToolParser
 from jaxpaged.server.parsers.tool.deepseek import DeepSeekToolParser
+from jaxpaged.server.parsers.tool.functiongemma import FunctionGemmaToolParser
 from jaxpaged.server.parsers.tool.harmony_calls import HarmonyToolParser
 from jaxpaged.server.parsers.tool.hermes import HermesToolParser
 from jaxpaged.server.parsers.tool.llama3_json import Llama3JsonToolParser
@@ -17,7 +18,7 @@ _PARSERS: dict[str, type[ToolParser]] = {
     "hermes": HermesToolParser, "llama3_json": Llama3JsonToolParser, "pythonic": PythonicToolParser,
     "mistral": MistralToolParser, "deepseek_v3": DeepSeekToolParser, "deepseek_v31": DeepSeekToolParser,
     "qwen3_xml": Qwen3XmlToolParser, "qwen3_coder": Qwen3XmlToolParser, "xlam": XlamToolParser,
-    "openai": HarmonyToolParser,
+    "openai": HarmonyToolParser, "functiongemma": FunctionGemmaToolParser,
 }
 TOOL_CALL_PARSERS = tuple(_PARSERS)
 """The names `--tool-call-parser` accepts."""
@@ -41,4 +42,4 @@ def make_tool_parser(name: Optional[str]) -> Optional[ToolParser]:
 
 __all__ = ["Call", "ToolParser", "TOOL_CALL_PARSERS", "make_tool_parser", "HermesToolParser", "Llama3JsonToolParser",
            "PythonicToolParser", "MistralToolParser", "DeepSeekToolParser", "Qwen3XmlToolParser", "XlamToolParser",
-           "HarmonyToolParser"]
+           "HarmonyToolParser", "FunctionGemmaToolParser"]

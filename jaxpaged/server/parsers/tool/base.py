@@ -14,6 +14,7 @@ import json
 import uuid
 from typing import Any, ClassVar, Optional
 
+from jaxpaged.server.parsers.tool.call_reader import CallReader
 from jaxpaged.server.parsers.tool.json_depth import nested_too_deep
 from jaxpaged.server.parsers.tool.scanner import Call, CallScanner
 
@@ -47,6 +48,11 @@ class ToolParser:
     def parse_section(self, section: str) -> Optional[list[Call]]:
         """The calls of a section (from its start to the end of the text); None when it is not well formed."""
         raise NotImplementedError
+
+    def section_reader(self, text: str, start: int) -> Optional[CallReader]:
+        """For a stream: a reader of the calls' JSON in the section that starts at text[start], which sends each
+        call's arguments as they are written; None (the default) where the calls are sent whole."""
+        return None
 
     def calls(self, text: str) -> list[Call]:
         """The calls of a finished output; [] when it has none or they are malformed (then it is all content, so

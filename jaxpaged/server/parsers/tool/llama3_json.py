@@ -11,6 +11,7 @@ from jaxpaged.server.parsers.tool.base import (
     named_call,
     tool_call_schema,
 )
+from jaxpaged.server.parsers.tool.call_reader import CallReader
 
 
 class Llama3JsonToolParser(ToolParser):
@@ -26,6 +27,11 @@ class Llama3JsonToolParser(ToolParser):
         items = decode_json_objects(body, separators=";")
         calls = [named_call(item, "parameters", "arguments") for item in items or []]
         return [call for call in calls if call is not None] if items and all(calls) else None
+
+    def section_reader(self, text: str, start: int) -> Optional[CallReader]:
+        if text.startswith(self.PYTHON_TAG, start):
+            start += len(self.PYTHON_TAG)
+        return CallReader(start, ("parameters", "arguments"), separators=";")
 
     def auto_grammar(self, tools: list[dict]) -> Optional[str]:
         # Text that neither opens with `{` nor writes the tag, or calls as the whole answer (written without the

@@ -14,6 +14,7 @@ import re
 from typing import ClassVar, Optional, Protocol
 
 from jaxpaged.server.parsers.marker_search import MarkerSearch
+from jaxpaged.server.parsers.tool.call_reader import CallDraft, CallReader
 
 Call = tuple[str, str]
 """(function name, arguments as JSON text)."""
@@ -30,6 +31,10 @@ class CallFormat(Protocol):
 
     def parse_section(self, section: str) -> Optional[list[Call]]:
         """The calls of a whole call section, or None if it does not parse."""
+        ...
+
+    def section_reader(self, text: str, start: int) -> Optional[CallReader]:
+        """A reader of the calls' JSON in the section that starts at text[start] (None: the calls go whole)."""
         ...
 
 _NON_SPACE = re.compile(r"\S")  # \s is str.isspace's whitespace, as str.strip() uses
@@ -52,6 +57,10 @@ class CallScanner:
         self._lead_resume = 0
         self.calls: list[Call] = []
         """The calls complete so far (only ever appended to while the text grows)."""
+        self.drafts: list[CallDraft] = []
+        """The calls as a stream may send them so far: names once whole, arguments as they are written (only ever
+        appended to, and each draft only grows)."""
+        self._reader: Optional[CallReader] = None
         self._num_scanned_here = 0
 
     @property
@@ -71,6 +80,8 @@ class CallScanner:
             calls = self._final_calls(text, start) if start >= 0 else []
             return (start if calls else len(text)), calls
         calls = self._stream_calls(text, start) if start >= 0 else []
+        if start >= 0:
+            self._update_drafts(text, start)
         return self._content_end(text, start), calls
 
     def section_start(self, text: str) -> int:
@@ -105,6 +116,17 @@ class CallScanner:
     def _stream_calls(self, text: str, start: int) -> list[Call]:
         """The calls complete in a text that may still grow (by default none: the section parses only whole)."""
         return self.calls
+
+    def _update_drafts(self, text: str, start: int) -> None:
+        """Brings `drafts` up to the text (by default the parser's section reader reads the whole section; with
+        none, the calls go whole when the text ends)."""
+        if self._reader is None:
+            self._reader = self.parser.section_reader(text, start)
+            if self._reader is None:
+                return
+        before = self._reader.position
+        self.drafts = self._reader.read(text, len(text))
+        self._num_scanned_here += self._reader.position - before
 
     def _final_calls(self, text: str, start: int) -> list[Call]:
         """The calls of the finished text, whose section starts at `start`."""

@@ -4,6 +4,7 @@ text inside a ```json fence, after `[TOOL_CALLS]`, or in `<tool_call>` tags (the
 from typing import Optional
 
 from jaxpaged.server.parsers.tool.base import Call, ToolParser, decode_json_objects, named_call
+from jaxpaged.server.parsers.tool.call_reader import CallReader
 
 FENCE, FENCE_END = "```json", "```"
 TOOL_CALLS = "[TOOL_CALLS]"
@@ -23,11 +24,15 @@ def _body(section: str) -> str:
 
 class XlamToolParser(ToolParser):
     """An answer that is a JSON array (or object) of calls, or text followed by one of the markers and the calls;
-    the calls are sent when the output ends (the array parses only whole)."""
+    a stream sends each call's arguments as they are written."""
 
     name = "xlam"
     markers = (FENCE, TOOL_CALLS, TAG)
     opener = "["
+
+    def section_reader(self, text: str, start: int) -> Optional[CallReader]:
+        marker = next((marker for marker in (FENCE, TAG, TOOL_CALLS) if text.startswith(marker, start)), "")
+        return CallReader(start + len(marker))
 
     def parse_section(self, section: str) -> Optional[list[Call]]:
         values = decode_json_objects(_body(section))
