@@ -83,17 +83,17 @@ class CompileReport:
         model_runner.ModelRunner.__init__ = counted_init  # type: ignore[method-assign]
         model_runner.ModelRunner.warmup = counted_warmup  # type: ignore[method-assign]
 
-    def _on_duration(self, event: str, duration: float, **_: Any) -> None:
+    def _on_duration(self, event: str, duration_secs: float, **_: Any) -> None:
         totals = self.per_test[self.current]
         if event == _BACKEND_COMPILE:
-            totals.backend += duration
+            totals.backend += duration_secs
             totals.compiles += 1
         elif event == _TRACE:
-            totals.trace += duration
+            totals.trace += duration_secs
         elif event == _LOWER:
-            totals.lower += duration
+            totals.lower += duration_secs
         elif event == _CACHE_RETRIEVAL:
-            totals.retrieval += duration
+            totals.retrieval += duration_secs
 
     def _on_event(self, event: str, **_: Any) -> None:
         if event == _CACHE_HIT:
