@@ -3,7 +3,7 @@
 Sums jax.monitoring's duration events per test and per file: the backend compile (XLA's compile, or its load from
 the persistent compilation cache: the event covers both), jaxpr tracing and lowering to MLIR; counts persistent-cache
 hits and misses (a miss is a program compiled from scratch), the engines each file builds (ModelRunner) and warms up,
-and the distinct programs in the session's cache at the end. Prints the top files by compile time after the run
+and the distinct programs in the session's cache at the end. Prints the top files and tests by CPU time after the run
 (under xdist the workers send theirs to the controller). Off by default: it costs nothing then.
 """
 
@@ -11,6 +11,7 @@ import collections
 import dataclasses
 import os
 import pathlib
+import resource
 import time
 from typing import Any, Optional
 
@@ -33,6 +34,9 @@ class CompileTotals:
     """One test's (or file's) share of compile work, in seconds and counts."""
 
     wall: float = 0.0
+    cpu: float = 0.0
+    """This process's CPU seconds (all threads) and its finished children's: robust where wall time is not, on a
+    loaded machine."""
     backend: float = 0.0
     trace: float = 0.0
     lower: float = 0.0
@@ -47,6 +51,11 @@ class CompileTotals:
         """Adds other's figures to these."""
         for field in dataclasses.fields(self):
             setattr(self, field.name, getattr(self, field.name) + getattr(other, field.name))
+
+
+def _cpu_seconds() -> float:
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
 
 
 def _file_of(nodeid: str) -> str:
@@ -105,9 +114,10 @@ class CompileReport:
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: Optional[pytest.Item]):
         """Attributes the events of the test's setup, call and teardown to it (a module fixture to its first)."""
         self.current = item.nodeid.split("@", 1)[0]  # the xdist group suffix off
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), _cpu_seconds()
         yield
         self.per_test[self.current].wall += time.perf_counter() - start
+        self.per_test[self.current].cpu += _cpu_seconds() - cpu_start
         self.current = "<between tests>"
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
@@ -133,17 +143,19 @@ class CompileReport:
             total.add(totals)
         write = terminalreporter.write_line
         terminalreporter.section("XLA compile report (JAXPAGED_TEST_COMPILE_REPORT)")
-        write("compile = backend compile or cache load (summed over threads: warm-up compiles side by side); "
-              "trace/lower = jaxpr tracing and MLIR lowering; miss = compiled from scratch")
-        header = f"{'wall s':>8} {'compile':>8} {'trace':>7} {'lower':>7} {'progs':>6} {'miss':>5} {'hit':>5} " \
-                 f"{'eng':>4} {'warm':>4}  "
+        write("cpu = CPU seconds of this process and its children; compile = backend compile or cache load "
+              "(summed over threads: warm-up compiles side by side);")
+        write("trace/lower = jaxpr tracing and MLIR lowering; miss = compiled from scratch; eng/warm = ModelRunners "
+              "built / warmed up")
+        header = (f"{'wall s':>8} {'cpu s':>8} {'compile':>8} {'trace':>7} {'lower':>7} {'progs':>6} {'miss':>5} "
+                  f"{'hit':>5} {'eng':>4} {'warm':>4}  ")
         write(header + "file")
-        for name, totals in sorted(per_file.items(), key=lambda kv: -kv[1].backend)[:_TOP_FILES]:
+        for name, totals in sorted(per_file.items(), key=lambda kv: -kv[1].cpu)[:_TOP_FILES]:
             write(_row(totals) + name)
         write(_row(total) + "TOTAL")
         write("")
         write(header + "test")
-        for name, totals in sorted(self.per_test.items(), key=lambda kv: -kv[1].backend)[:_TOP_TESTS]:
+        for name, totals in sorted(self.per_test.items(), key=lambda kv: -kv[1].cpu)[:_TOP_TESTS]:
             write(_row(totals) + name)
         cache_dir = os.environ.get("JAXPAGED_TESTS_XLA_CACHE")
         if cache_dir and pathlib.Path(cache_dir).is_dir():
@@ -152,8 +164,8 @@ class CompileReport:
 
 
 def _row(totals: CompileTotals) -> str:
-    return (f"{totals.wall:8.1f} {totals.backend:8.1f} {totals.trace:7.1f} {totals.lower:7.1f} {totals.compiles:6d} "
-            f"{totals.misses:5d} {totals.hits:5d} {totals.engines:4d} {totals.warmups:4d}  ")
+    return (f"{totals.wall:8.1f} {totals.cpu:8.1f} {totals.backend:8.1f} {totals.trace:7.1f} {totals.lower:7.1f} "
+            f"{totals.compiles:6d} {totals.misses:5d} {totals.hits:5d} {totals.engines:4d} {totals.warmups:4d}  ")
 
 
 def register_if_asked(config: pytest.Config) -> None:
