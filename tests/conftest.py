@@ -19,6 +19,8 @@ from typing import Any
 import jaxtyping
 import pytest
 
+from tests import compile_report
+
 # The sampling modules that were runner/ before the redesign: SamplingParams (sampling.params) is left out, as it
 # validates user input itself (a ValueError naming the field, not a type-check error).
 _TYPE_CHECKED_PACKAGES = ("pallas_kernels", "jaxpaged.models", "jaxpaged.runner", "jaxpaged.kernels",
@@ -69,6 +71,7 @@ def pytest_configure(config) -> None:
 
     for name, value in settings.items():
         jax.config.update(name, value)  # this process has imported JAX already (jaxtyping does)
+    compile_report.register_if_asked(config)
 
 
 def pytest_unconfigure(config) -> None:

@@ -1,11 +1,11 @@
 """Runs in a subprocess with forced CPU devices: one model under several (dp, tp) layouts vs tp = dp = 1.
 
-Usage: JAX_NUM_CPU_DEVICES=4 python -m tests.parallel.parallel_worker MODEL_DIR CASES_JSON
+Usage: JAX_NUM_CPU_DEVICES=4 python -m tests.parallel.parallel_worker MODEL_DIR CASES_JSON [MODEL_DIR CASES_JSON ...]
 CASES_JSON lists cases, each [LAYOUTS, OPTIONS]: LAYOUTS lists [dp, tp] pairs, or [dp, tp, true] for async
 scheduling under that layout; OPTIONS: engine options for the case's reference and each of its layouts alike
-({"quantization": "int8"}). One process runs every case, so the tests of one model pay for one JAX start.
-Prints one JSON line: per case, per layout, the max relative logits error vs tp=1, whether greedy outputs are
-identical, prefix-hit tokens per data-parallel rank, and compilations after warm-up.
+({"quantization": "int8"}). One process runs every case of every model, so the tests pay for one JAX start.
+Prints one JSON line: per model, per case, per layout, the max relative logits error vs tp=1, whether greedy
+outputs are identical, prefix-hit tokens per data-parallel rank, and compilations after warm-up.
 """
 
 import json
@@ -74,9 +74,12 @@ def run_case(model_dir: str | None, layouts: list[list], case_options: dict) -> 
 
 
 def main() -> None:
-    model_dir, cases = sys.argv[1], json.loads(sys.argv[2])
-    model_dir = None if model_dir == "default" else model_dir  # the embedded SmolLM2-135M
-    print(json.dumps([run_case(model_dir, layouts, options) for layouts, options in cases]))
+    pairs = sys.argv[1:]
+    results = []
+    for model_dir, cases_json in zip(pairs[::2], pairs[1::2]):
+        model = None if model_dir == "default" else model_dir  # the embedded SmolLM2-135M
+        results.append([run_case(model, layouts, options) for layouts, options in json.loads(cases_json)])
+    print(json.dumps(results))
 
 
 if __name__ == "__main__":

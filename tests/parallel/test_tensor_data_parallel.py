@@ -1,13 +1,12 @@
 """Tensor and data parallel on forced CPU devices give the single-device engine's logits and tokens.
 
-The device count must be set before JAX starts, so the cases run parallel_worker.py in subprocesses with
-JAX_NUM_CPU_DEVICES=4 and their own timeout (the GQA model's four cases in one process, one JAX start). Models:
-tiny random Llamas with (q heads, kv heads) = (8, 2) at tp 2 and tp 4 (each kv head replicated twice), (4, 4) at
-dp 2 x tp 2, and the embedded SmolLM2-135M (9, 3) at tp 3.
+The device count must be set before JAX starts, so the cases run parallel_worker.py in a subprocess with
+JAX_NUM_CPU_DEVICES=4 and its own timeout: every case of every model below in one process (one JAX start, not one per
+model). Models: tiny random Llamas with (q heads, kv heads) = (8, 2) at tp 2 and tp 4 (each kv head replicated twice),
+(4, 4) at dp 2 x tp 2, a tiny Gemma 2 at tp 2, and the embedded SmolLM2-135M (9, 3) at tp 3.
 """
 
 import json
-from typing import Optional
 
 import pytest
 
@@ -15,33 +14,41 @@ from tests.conftest import TINY_LLAMA, save_tiny_llama
 from tests.json_worker import run_json_worker
 
 WORKER_TIMEOUT_S = 240
-"""Per case (one reference engine and its layouts); a worker running several cases gets this much for each."""
+"""Per case (one reference engine and its layouts); the worker gets this much for each case it runs."""
 
 GQA_LLAMA = TINY_LLAMA | dict(hidden_size=128, num_attention_heads=8, num_key_value_heads=2)
-# The cases on the GQA model, run by one worker process (one JAX start, one checkpoint) for the tests below.
+MHA_LLAMA = TINY_LLAMA | dict(num_attention_heads=4, num_key_value_heads=4)
+GEMMA2 = {k: v for k, v in TINY_LLAMA.items() if k != "tie_word_embeddings"} | dict(
+    num_attention_heads=4, num_key_value_heads=2, sliding_window=8, query_pre_attn_scalar=16,
+    attn_logit_softcapping=3.0, final_logit_softcapping=5.0)
+# The cases on the GQA model, by test.
 GQA_CASES = {
     "float": ([(1, 2), (1, 4)], {}),
     "int8_weights": ([(1, 2), (1, 4)], {"quantization": "int8"}),
     "int8_kv": ([(1, 2)], {"kv_cache_dtype": "int8"}),
     "w8a8": ([(1, 2)], {"quantization": "w8a8"}),
 }
-
-
-def run_worker_cases(model: str, cases: list[tuple[list[tuple], dict]]) -> list[list[dict]]:
-    """Every case in one worker process: per case, per layout, its comparison with the case's tp = 1 engine."""
-    return run_json_worker("tests.parallel.parallel_worker", [model, json.dumps(cases)], 4,
-                           WORKER_TIMEOUT_S * len(cases))
-
-
-def run_worker(model: str, layouts: list[tuple], options: Optional[dict] = None) -> list[dict]:
-    return run_worker_cases(model, [(layouts, options or {})])[0]
+# The last layout also plans each step ahead on both ranks (async scheduling): the same tokens.
+MHA_CASE = ([(2, 1, False), (2, 2, False), (2, 2, True)], {})
+# Its reference step hand-builds one block table: one KV cache group (groups: test_kv_cache_groups_at_tp2).
+GEMMA2_CASE = ([(1, 2)], {"disable_hybrid_kv_cache_manager": True})
+SMOLLM2_CASE = ([(1, 3)], {})
 
 
 @pytest.fixture(scope="module")
-def gqa_results(tmp_path_factory, smollm2_tokenizer_dir) -> dict[str, list[dict]]:
-    """GQA_CASES' results, by case name."""
-    model_dir = save_tiny_llama(tmp_path_factory.mktemp("gqa"), smollm2_tokenizer_dir, GQA_LLAMA)
-    return dict(zip(GQA_CASES, run_worker_cases(str(model_dir), list(GQA_CASES.values()))))
+def worker_results(tmp_path_factory, smollm2_tokenizer_dir) -> dict[str, list[dict]]:
+    """Every case's per-layout results, by case name (GQA_CASES' names, "mha", "gemma2", "smollm2")."""
+    root = tmp_path_factory.mktemp("parallel-models")
+    gqa = save_tiny_llama(root / "gqa", smollm2_tokenizer_dir, GQA_LLAMA)
+    mha = save_tiny_llama(root / "mha", smollm2_tokenizer_dir, MHA_LLAMA)
+    gemma2 = save_tiny_llama(root / "gemma2", smollm2_tokenizer_dir, GEMMA2, config_class="Gemma2Config")
+    jobs = [(str(gqa), list(GQA_CASES.values())), (str(mha), [MHA_CASE]), (str(gemma2), [GEMMA2_CASE]),
+            ("default", [SMOLLM2_CASE])]
+    args = [arg for model, cases in jobs for arg in (model, json.dumps(cases))]
+    num_cases = sum(len(cases) for _, cases in jobs)
+    per_model = run_json_worker("tests.parallel.parallel_worker", args, 4, WORKER_TIMEOUT_S * num_cases)
+    gqa_results, (mha_results,), (gemma2_results,), (smollm2_results,) = per_model
+    return dict(zip(GQA_CASES, gqa_results)) | dict(mha=mha_results, gemma2=gemma2_results, smollm2=smollm2_results)
 
 
 def assert_matches_single_device(results: list[dict]) -> None:
@@ -55,33 +62,30 @@ def assert_matches_single_device(results: list[dict]) -> None:
         assert result["reset"] and result["hits_after_reset"] == 0, layout
 
 
-def test_gqa_model_at_tp2_and_tp4_with_kv_head_replication(gqa_results):
-    assert_matches_single_device(gqa_results["float"])
+def test_gqa_model_at_tp2_and_tp4_with_kv_head_replication(worker_results):
+    assert_matches_single_device(worker_results["float"])
 
 
-def test_int8_weights_at_tp2_and_tp4_shard_their_scales_with_the_output_axis(gqa_results):
+def test_int8_weights_at_tp2_and_tp4_shard_their_scales_with_the_output_axis(worker_results):
     """int8 projections split as their floats; the scales of q/k/v/gate/up split with them, o/down's stay whole, and
     at tp 4 the k/v scales are replicated with their kv heads: the int8 engine at tp = 1's logits and tokens."""
-    assert_matches_single_device(gqa_results["int8_weights"])
+    assert_matches_single_device(worker_results["int8_weights"])
 
 
-def test_int8_kv_cache_at_tp2_splits_codes_and_scales_with_their_kv_heads(gqa_results):
+def test_int8_kv_cache_at_tp2_splits_codes_and_scales_with_their_kv_heads(worker_results):
     """The quantized layout's rows (codes, then their scale) split on the kv-head axis like float rows: the int8-KV
     engine at tp = 1's logits and tokens."""
-    assert_matches_single_device(gqa_results["int8_kv"])
+    assert_matches_single_device(worker_results["int8_kv"])
 
 
-def test_w8a8_at_tp2_quantizes_each_row_over_its_whole_width(gqa_results):
+def test_w8a8_at_tp2_quantizes_each_row_over_its_whole_width(worker_results):
     """w8a8 under tensor parallelism: a row-parallel projection's input is split over the model axis, yet its
     per-token scale is the whole row's maximum and the int32 partial sums add exactly: tp = 1's logits and tokens."""
-    assert_matches_single_device(gqa_results["w8a8"])
+    assert_matches_single_device(worker_results["w8a8"])
 
 
-def test_data_parallel_routes_shared_prefixes_to_one_rank(tmp_path, smollm2_tokenizer_dir):
-    model_dir = save_tiny_llama(tmp_path / "mha", smollm2_tokenizer_dir,
-                                TINY_LLAMA | dict(num_attention_heads=4, num_key_value_heads=4))
-    # The last layout also plans each step ahead on both ranks (async scheduling): the same tokens.
-    (dp2, dp2_tp2, dp2_tp2_ahead) = run_worker(str(model_dir), [(2, 1, False), (2, 2, False), (2, 2, True)])
+def test_data_parallel_routes_shared_prefixes_to_one_rank(worker_results):
+    dp2, dp2_tp2, dp2_tp2_ahead = worker_results["mha"]
     assert_matches_single_device([dp2_tp2, dp2_tp2_ahead])
     for result in (dp2, dp2_tp2, dp2_tp2_ahead):
         assert result["logits_rel_error"] == 0.0 or result["tp"] > 1
@@ -90,14 +94,9 @@ def test_data_parallel_routes_shared_prefixes_to_one_rank(tmp_path, smollm2_toke
         assert sorted(hits > 0 for hits in result["hits_per_rank"]) == [False, True], result["hits_per_rank"]
 
 
-def test_gemma2_alternating_windows_and_soft_caps_at_tp2(tmp_path, smollm2_tokenizer_dir):
+def test_gemma2_alternating_windows_and_soft_caps_at_tp2(worker_results):
     """Gemma 2's per-layer window choice (a cond in the scanned body) and soft-capping, per shard."""
-    gemma = {k: v for k, v in TINY_LLAMA.items() if k != "tie_word_embeddings"} | dict(
-        num_attention_heads=4, num_key_value_heads=2, sliding_window=8, query_pre_attn_scalar=16,
-        attn_logit_softcapping=3.0, final_logit_softcapping=5.0)
-    model_dir = save_tiny_llama(tmp_path / "gemma2", smollm2_tokenizer_dir, gemma, config_class="Gemma2Config")
-    # Its reference step hand-builds one block table: one KV cache group (groups: test_kv_cache_groups_at_tp2).
-    assert_matches_single_device(run_worker(str(model_dir), [(1, 2)], {"disable_hybrid_kv_cache_manager": True}))
+    assert_matches_single_device(worker_results["gemma2"])
 
 
 @pytest.mark.slow  # two engines in a subprocess: over a minute on two shared cores
@@ -114,8 +113,8 @@ def test_kv_cache_groups_at_tp2(tmp_path, smollm2_tokenizer_dir):
     assert two["logprobs"] == pytest.approx(one["logprobs"], abs=1e-4)
 
 
-def test_embedded_smollm2_at_tp3():
-    assert_matches_single_device(run_worker("default", [(1, 3)]))
+def test_embedded_smollm2_at_tp3(worker_results):
+    assert_matches_single_device(worker_results["smollm2"])
 
 
 def test_layout_options_and_their_errors():
