@@ -5,9 +5,9 @@ on AMX tiles (Sapphire Rapids: int8 weights at 1.8x float32's output tok/s) and 
 the native int8 panels (packed_matmul.py) widen the weights to float32 and win where memory bandwidth is short; the
 "bf16 panels" (int8_bf16_matmul.py) widen them to bfloat16 for AVX512-BF16's pair dot, twice float32's multiply-adds
 per instruction, with the inputs rounded to bfloat16; XLA's dot with the int8 convert fused into its operand is the
-fallback. So the plan times each of them against the float
-matmul the plan would otherwise run (the plan's dtype, packed where the plan packs), on the loaded model's own
-projection shapes at a decode step's rows and a prefill chunk's, and keeps the fastest. The verdict is kept per CPU
+fallback. So the plan times each of them against the float matmul the plan would otherwise run (the plan's dtype,
+packed where the plan packs), on the loaded model's own projection shapes at a decode step's rows and a prefill
+chunk's, and keeps the fastest. The verdict is kept per CPU
 and per shape set (probe_cache.py), so each model measures once per machine.
 
 When even the fastest int8 matmul is slower than the float one, the projections still stay int8: whoever asked for
