@@ -2,8 +2,9 @@
 
 The machine's rates: dot throughput at the step's own shapes (decode rows and a prefill bucket, float32 and
 bfloat16 inputs with float32 accumulation, and int8 x int8 with int32 sums; on a CPU, the better of XLA's dot and the
-native packed matmul where the steps run it) and the bandwidth of a plain numpy copy; the sweep measures them twice,
-minutes apart, and keeps the better of each (MachineRates.best_of). The workload's lower bound:
+native packed matmul where the steps run it, in int8 the native VNNI matmul where it builds) and the bandwidth of a
+plain numpy copy; the sweep measures them twice, minutes apart, and keeps the better of each
+(MachineRates.best_of). The workload's lower bound:
   - prefill: its matmul and attention FLOPs at the prefill-shaped dot rate;
   - decode: per step, the larger of its FLOPs at the decode-shaped dot rate and its bytes (every weight once per
     step, plus every KV byte the step's sequences attend over) at the copy bandwidth; the steps are at least the
@@ -69,12 +70,13 @@ def copy_bytes_per_s(repeats: int, statistic: Callable[[list[float]], float] = m
 def measure_rates(model: ModelConfig, *, decode_rows: int, prefill_rows: int, repeats: int = REPEATS) -> MachineRates:
     """Copy bandwidth, and dot throughput at [rows, hidden] x [hidden, intermediate] (the MLP's shape) in float32,
     in bfloat16 with float32 accumulation and in int8 with int32 sums; on a CPU, the better of XLA's dot and the
-    native packed matmul in each float dtype it is built for (a roofline must bound what a step can reach, and CPU
-    steps run the packed one)."""
+    native packed matmul in each float dtype it is built for, and in int8 of XLA's int8 dot and the native VNNI
+    matmul where it builds (a roofline must bound what a step can reach, and CPU steps run the native ones)."""
     import jax
     import jax.numpy as jnp
 
     from jaxpaged.kernels.cpu_native.packed_matmul import fills_whole_panels, pack_panels, packed_matmul
+    from jaxpaged.kernels.cpu_native.vnni_matmul import pack_vnni, packs_for_vnni, vnni_available, vnni_matmuls
     from jaxpaged.models.packed_weights import packs_weights_on
 
     copy_rate = copy_bytes_per_s(repeats)
@@ -95,10 +97,18 @@ def measure_rates(model: ModelConfig, *, decode_rows: int, prefill_rows: int, re
     int8_dot = jax.jit(lambda a, b: jax.lax.dot_general(a, b, (((1,), (0,)), ((), ())),
                                                         preferred_element_type=jnp.int32))
     weight = jnp.asarray(np.random.default_rng(1).integers(-127, 128, (hidden, inter)), jnp.int8)
+    int8_paths = [(int8_dot, weight)]
+    if jax.default_backend() == "cpu" and vnni_available() and packs_for_vnni(weight.shape):
+        # w8a8 steps run the native VNNI matmul where the start-up plan times it faster (XLA's int8 dot is slow on
+        # Zen 4's VNNI): the bound must cover it.
+        ones = jnp.ones(inter, jnp.float32)
+        vnni = jax.jit(lambda a, p: vnni_matmuls(a, jnp.ones((a.shape[0], 1), jnp.float32), [p], [ones])[0])
+        int8_paths.append((vnni, jnp.asarray(pack_vnni(np.asarray(weight)))))
     rates["int8"] = {}
     for phase, rows in (("decode", decode_rows), ("prefill", prefill_rows)):
         x = jnp.asarray(np.random.default_rng(2).integers(-127, 128, (rows, hidden)), jnp.int8)
-        seconds = min(call_seconds(functools.partial(_run_dot, int8_dot, x, weight), repeats))
+        seconds = min(min(call_seconds(functools.partial(_run_dot, run, x, operand), repeats))
+                      for run, operand in int8_paths)
         rates["int8"][phase] = 2 * rows * hidden * inter / seconds
     return MachineRates(copy_rate, rates)
 

@@ -12,9 +12,11 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
 from jaxpaged.kernels.attention_dispatch import ragged_paged_attention, write_kv
+from jaxpaged.kernels.cpu_native.int8_bf16_matmul import int8_bf16_matmuls
 from jaxpaged.kernels.cpu_native.packed_matmul import packed_int8_matmuls, packed_matmul, packed_matmuls
 from jaxpaged.lora.projection import LoRAProjection, lora_delta
 from jaxpaged.models.int8_activations import VnniW8A8Weight, W8A8Weight, vnni_w8a8_products, w8a8_product
+from jaxpaged.models.int8_bf16_weights import Int8Bf16Weight
 from jaxpaged.models.int8_weights import Int8Weight
 from jaxpaged.models.int16_activations import VnniW8A16Weight, W8A16Weight, vnni_w8a16_products, w8a16_product
 from jaxpaged.models.model_config import RopeScaling
@@ -85,11 +87,11 @@ def apply_rope(x: Float[Array, "tokens heads head_dim"], tables: RopeTables) -> 
 
 
 MatmulWeight = Union[Float[Array, "_inner _outer"], Float[Array, "_panels _inner 16"], Int8Weight, W8A16Weight,
-                     W8A8Weight, VnniW8A8Weight, VnniW8A16Weight]
+                     W8A8Weight, VnniW8A8Weight, VnniW8A16Weight, Int8Bf16Weight]
 """A weight [inner, outer], float32 packed into panels [outer / 16, inner, 16] (models/packed_weights.py), int8
 values with per-column scales (models/int8_weights.py), those multiplied by inputs split into int8 digits
 (models/int16_activations.py), or those with int8 activations (models/int8_activations.py), packed for the
-native VNNI matmul or not."""
+native VNNI matmul or not, or int8 panels for the native bfloat16-dot matmul (models/int8_bf16_weights.py)."""
 
 
 ProjectionWeight = Union[MatmulWeight, LoRAProjection]
@@ -114,7 +116,8 @@ def matmuls(x: Float[Array, "tokens inner"], weights: Sequence[ProjectionWeight]
     W8A16 weight splits x's rows into two int8 digits for one int8 x int8 dot (int16_activations.w8a16_product); a
     w8a8 weight quantizes x's rows too and accumulates int8 x int8 in int32 (int8_activations.w8a8_product; packed
     for VNNI, one native call for all of them, int8_activations.vnni_w8a8_products; W8A16 packed for VNNI:
-    int16_activations.vnni_w8a16_products).
+    int16_activations.vnni_w8a16_products; int8 packed for the bfloat16-dot matmul: int8_bf16_matmuls, x rounded to
+    bfloat16).
     `num_rows`: rows from it on are padding, which the native matmul skips (their results are zeros there; XLA's dot
     computes them as it must, static shapes)."""
     out_dtype = x.dtype if out_dtype is None else out_dtype
@@ -125,11 +128,15 @@ def matmuls(x: Float[Array, "tokens inner"], weights: Sequence[ProjectionWeight]
                      if isinstance(weight, LoRAProjection) else product for product, weight in zip(products, weights))
     weights = cast(Sequence[MatmulWeight], weights)  # none is a LoRAProjection past the branch above
     floats = [weight for weight in weights
-              if not isinstance(weight, (Int8Weight, W8A16Weight, W8A8Weight, VnniW8A8Weight, VnniW8A16Weight))]
+              if not isinstance(weight, (Int8Weight, W8A16Weight, W8A8Weight, VnniW8A8Weight, VnniW8A16Weight,
+                                         Int8Bf16Weight))]
     int8s = [weight for weight in weights if isinstance(weight, Int8Weight)]
     vnnis = [weight for weight in weights if isinstance(weight, VnniW8A8Weight)]
     vnni_digits = [weight for weight in weights if isinstance(weight, VnniW8A16Weight)]
-    if vnnis and len(vnnis) == len(weights):
+    bf16_dots = [weight for weight in weights if isinstance(weight, Int8Bf16Weight)]
+    if bf16_dots and len(bf16_dots) == len(weights):
+        products = int8_bf16_matmuls(x, [w.panels for w in bf16_dots], [w.scale for w in bf16_dots], num_rows)
+    elif vnnis and len(vnnis) == len(weights):
         products = vnni_w8a8_products(x, vnnis, num_rows)
     elif vnni_digits and len(vnni_digits) == len(weights):
         products = vnni_w8a16_products(x, vnni_digits, num_rows)
@@ -152,6 +159,8 @@ def _one_product(x: Float[Array, "tokens inner"], weight: MatmulWeight, out_dtyp
         return vnni_w8a8_products(x, [weight], num_rows)[0]
     if isinstance(weight, VnniW8A16Weight):
         return vnni_w8a16_products(x, [weight], num_rows)[0]
+    if isinstance(weight, Int8Bf16Weight):
+        return int8_bf16_matmuls(x, [weight.panels], [weight.scale], num_rows)[0]
     if isinstance(weight, W8A16Weight):
         return w8a16_product(x, weight)
     if isinstance(weight, Int8Weight):

@@ -19,6 +19,7 @@ from jaxtyping import Array, Float, Int, Shaped, UInt32
 from jaxpaged.lora.projection import LoRAProjection, row_slot_one_hot
 from jaxpaged.lora.slot_names import lora_a_name, lora_b_name
 from jaxpaged.models.int8_activations import VnniW8A8Weight, W8A8Weight
+from jaxpaged.models.int8_bf16_weights import Int8Bf16Weight
 from jaxpaged.models.int8_weights import Int8Weight, scale_name, scale_shapes
 from jaxpaged.models.int16_activations import VnniW8A16Weight, W8A16Weight
 from jaxpaged.models.layers import (
@@ -108,9 +109,10 @@ class LlamaForCausalLM(nnx.Module):
         (runner/startup.py StartupPlan.int8_matmul): "panels": its values are int8 panels for the native int8
         matmul; "int16 digits": its inputs are split into two int8 digits (int16_activations.py); "w8a8": its
         inputs are quantized per token (int8_activations.py); "vnni w8a8": those, packed for the native VNNI matmul
-        (vnni_matmul.py); "vnni digits": int16 digits on the native VNNI matmul; "xla" (or None): XLA's
+        (vnni_matmul.py); "vnni digits": int16 digits on the native VNNI matmul; "bf16 panels": int8 panels in
+        bfloat16 pair order for the native bfloat16-dot matmul (int8_bf16_weights.py); "xla" (or None): XLA's
         fused-convert dot."""
-        packed_int8 = int8_matmul in ("panels", "vnni w8a8", "vnni digits")
+        packed_int8 = int8_matmul in ("panels", "vnni w8a8", "vnni digits", "bf16 panels")
         expected = param_shapes(cfg) | scale_shapes(cfg, set(params))
         if set(params) != set(expected):
             raise ValueError(f"params: expected names {sorted(expected)}, got {sorted(params)}")
@@ -282,7 +284,7 @@ def _decoder_layer(step: _StepContext, carry, w: dict[str, Any], layer_index, la
     num_tokens = x.shape[0]
 
     def proj(name: str) -> Union[jax.Array, Int8Weight, W8A16Weight, W8A8Weight, VnniW8A8Weight, VnniW8A16Weight,
-                                 LoRAProjection]:
+                                 Int8Bf16Weight, LoRAProjection]:
         return _projection(w, name, step.int8_matmul, step.lora_rows)
 
     h = rms_norm(x, w["input_norm"], eps, offset)
@@ -325,7 +327,7 @@ def _decoder_layer(step: _StepContext, carry, w: dict[str, Any], layer_index, la
 
 def _projection(w: dict[str, Any], name: str, int8_matmul: Optional[str] = None, lora_rows: Any = None,
                 ) -> Union[jax.Array, Int8Weight, W8A16Weight, W8A8Weight, VnniW8A8Weight, VnniW8A16Weight,
-                           LoRAProjection]:
+                           Int8Bf16Weight, LoRAProjection]:
     """One layer's projection as matmul takes it: the float (or packed) weight, or int8 values with their scales in
     the form `int8_matmul` names; with the step's LoRA slots of it beside (`lora_rows`: each row's slot, one-hot)
     when the layer has them."""
@@ -336,7 +338,8 @@ def _projection(w: dict[str, Any], name: str, int8_matmul: Optional[str] = None,
 
 
 def _base_projection(w: dict[str, Any], name: str, int8_matmul: Optional[str],
-                     ) -> Union[jax.Array, Int8Weight, W8A16Weight, W8A8Weight, VnniW8A8Weight, VnniW8A16Weight]:
+                     ) -> Union[jax.Array, Int8Weight, W8A16Weight, W8A8Weight, VnniW8A8Weight, VnniW8A16Weight,
+                                Int8Bf16Weight]:
     scale = w.get(scale_name(name))
     if scale is None:
         return w[name]
@@ -348,4 +351,6 @@ def _base_projection(w: dict[str, Any], name: str, int8_matmul: Optional[str],
         return W8A16Weight(w[name], scale)
     if int8_matmul == "vnni digits":
         return VnniW8A16Weight(w[name], scale)
+    if int8_matmul == "bf16 panels" and w[name].ndim == 3:
+        return Int8Bf16Weight(w[name], scale)
     return Int8Weight(w[name], scale)

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
+from jaxpaged.kernels.cpu_native.int8_bf16_matmul import pack_int8_pairs
 from jaxpaged.kernels.cpu_native.packed_matmul import (
     PANEL_WIDTH,
     fills_whole_panels,
@@ -67,12 +68,15 @@ def packed_shape(name: str, shape: tuple[int, ...], cfg: ModelConfig, vnni: bool
     return (*layers, outer // PANEL_WIDTH, inner, PANEL_WIDTH)
 
 
-def pack_param(name: str, host: np.ndarray, dtype, vnni: bool = False) -> np.ndarray:
+def pack_param(name: str, host: np.ndarray, dtype, vnni: bool = False, pairs: bool = False) -> np.ndarray:
     """One host weight packed in `dtype` (the panel order differs per dtype): a layer's [inner, outer] projection, an
     lm_head, or a tied embedding [vocab, hidden] (packed by its transpose; the caller packs "embed" only when it is
-    tied, is_packed says when). `vnni`: an int8 projection packed for the native VNNI matmul (vnni_matmul.py)."""
+    tied, is_packed says when). `vnni`: an int8 projection packed for the native VNNI matmul (vnni_matmul.py);
+    `pairs`: for the native bfloat16-dot matmul (int8_bf16_matmul.py), the same shape as int8 panels."""
     if vnni:
         return pack_vnni(np.asarray(host, dtype=np.int8))
+    if pairs:
+        return pack_int8_pairs(np.asarray(host, dtype=np.int8))
     return pack_panels(np.asarray(host.T if name == "embed" else host, dtype=dtype))
 
 

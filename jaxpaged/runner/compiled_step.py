@@ -45,7 +45,8 @@ def place_model(params: dict[str, np.ndarray], model_config: ModelConfig, plan: 
     state as a plain dict of arrays. `lora`: adapter slots the model's projections read (state["lora"])."""
     placed = mesh_lib.place_params(params, model_config, mesh, plan.dtype, per_layer=plan.per_layer,
                                    pack=plan.packed_weights, pack_int8=plan.packed_int8,
-                                   int8_vnni=plan.int8_matmul in ("vnni w8a8", "vnni digits"))
+                                   int8_vnni=plan.int8_matmul in ("vnni w8a8", "vnni digits"),
+                                   int8_pairs=plan.int8_matmul == "bf16 panels")
     model_class = resolve(model_config.architecture).model_class  # the architecture's (models/registry.py)
     # A model with blocks that run per shard (a mixture of experts: models/moe_decoder.py) is handed the mesh.
     per_shard = {"mesh": mesh} if getattr(model_class, "takes_mesh", False) else {}

@@ -2,10 +2,12 @@
 
 CPU flags do not say it. XLA:CPU's int8 x int8 dot (behind the "int16 digits" matmul, int16_activations.py) is fast
 on AMX tiles (Sapphire Rapids: int8 weights at 1.8x float32's output tok/s) and slow on Zen 4's VNNI (0.75x there);
-the native int8 panels (packed_matmul.py) widen the weights to float32 and win where memory bandwidth is short; XLA's
-dot with the int8 convert fused into its operand is the fallback. So the plan times each of them against the float
-matmul the plan would otherwise run (the plan's dtype, packed where the plan packs), on the loaded model's own
-projection shapes at a decode step's rows and a prefill chunk's, and keeps the fastest. The verdict is kept per CPU
+the native int8 panels (packed_matmul.py) widen the weights to float32 and win where memory bandwidth is short; the
+"bf16 panels" (int8_bf16_matmul.py) widen them to bfloat16 for AVX512-BF16's pair dot, twice float32's multiply-adds
+per instruction, with the inputs rounded to bfloat16; XLA's dot with the int8 convert fused into its operand is the
+fallback. So the plan times each of them against the float matmul the plan would otherwise run (the plan's dtype,
+packed where the plan packs), on the loaded model's own projection shapes at a decode step's rows and a prefill
+chunk's, and keeps the fastest. The verdict is kept per CPU
 and per shape set (probe_cache.py), so each model measures once per machine.
 
 When even the fastest int8 matmul is slower than the float one, the projections still stay int8: whoever asked for
@@ -28,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpaged.config import EngineConfig
+from jaxpaged.kernels.cpu_native.int8_bf16_matmul import int8_bf16_available, pack_int8_pairs, packs_for_int8_bf16
 from jaxpaged.kernels.cpu_native.packed_matmul import (
     fills_whole_panels,
     pack_panels,
@@ -36,6 +39,7 @@ from jaxpaged.kernels.cpu_native.packed_matmul import (
 )
 from jaxpaged.kernels.cpu_native.vnni_matmul import pack_vnni, packs_for_vnni, vnni_available
 from jaxpaged.models.int8_activations import VnniW8A8Weight, W8A8Weight
+from jaxpaged.models.int8_bf16_weights import Int8Bf16Weight
 from jaxpaged.models.int8_weights import QUANTIZED_PROJECTIONS, Int8Weight
 from jaxpaged.models.int16_activations import VnniW8A16Weight, W8A16Weight, cpu_has_int8_dot_units
 from jaxpaged.models.layers import matmuls
@@ -46,10 +50,12 @@ logger = logging.getLogger(__name__)
 
 FLOAT = "float"
 """The baseline's name in a probe's table: the float matmul the plan runs without quantization."""
-CANDIDATES = ("int16 digits", "panels", "xla", "vnni digits", "w8a8", "vnni w8a8")
-"""The int8 matmuls a CPU rank can run (StartupPlan.int8_matmul), in the order a tie goes: the first four for
-weight-only int8 (the fourth: int16 digits on the native VNNI matmul), the last two for w8a8 (the same product,
-on XLA's int8 dot or the native VNNI matmul)."""
+WEIGHT_ONLY_CANDIDATES = ("int16 digits", "panels", "xla", "vnni digits", "bf16 panels")
+"""Weight-only int8's matmuls, in the order a tie goes (the fourth: int16 digits on the native VNNI matmul; the
+fifth: int8 panels widened to bfloat16 against inputs rounded to bfloat16, on AVX512-BF16's pair dot)."""
+CANDIDATES = (*WEIGHT_ONLY_CANDIDATES, "w8a8", "vnni w8a8")
+"""The int8 matmuls a CPU rank can run (StartupPlan.int8_matmul), in the order a tie goes: weight-only int8's, then
+w8a8's (the same product on XLA's int8 dot or the native VNNI matmul)."""
 PROJECTION_GROUPS = (("q_proj", "k_proj", "v_proj"), ("o_proj",), ("gate_proj", "up_proj"), ("down_proj",))
 """The projections that share one input in a decoder layer (one fused matmuls call each, as llama.py runs them)."""
 PROBE_LAYERS = 2
@@ -135,12 +141,14 @@ def probe_shapes(params: dict[str, np.ndarray], config: EngineConfig, dtype: Any
 def int8_candidates(per_layer: bool, tp: int, scheme: str = "int8") -> tuple[str, ...]:
     """The int8 matmuls a CPU rank can run for `scheme`: weight-only int8 XLA's two always, the native panels on one
     device with layers unrolled where the kernel builds, and there the digits on the VNNI matmul where this CPU has
-    VPDPBUSD; w8a8 XLA's int8 dot always, and there the native VNNI matmul where this CPU has VPDPBUSD."""
+    VPDPBUSD and the bfloat16-dot panels where it has AVX512-BF16; w8a8 XLA's int8 dot always, and there the native
+    VNNI matmul where this CPU has VPDPBUSD."""
     native = per_layer and tp == 1
     if scheme == "w8a8":
         return ("w8a8", "vnni w8a8") if native and vnni_available() else ("w8a8",)
-    runs = {"panels": native and packed_int8_available(), "vnni digits": native and vnni_available()}
-    return tuple(path for path in CANDIDATES[:4] if runs.get(path, True))
+    runs = {"panels": native and packed_int8_available(), "vnni digits": native and vnni_available(),
+            "bf16 panels": native and int8_bf16_available()}
+    return tuple(path for path in WEIGHT_ONLY_CANDIDATES if runs.get(path, True))
 
 
 def choose_int8_matmul(scheme: Optional[str], platform: str, per_layer: bool, tp: int, native_cpu_matmul: bool,
@@ -215,6 +223,8 @@ def _weight(path: str, values: np.ndarray, shapes: ProbeShapes) -> Any:
         return VnniW8A16Weight(jnp.asarray(pack_vnni(values)), scale)
     if path in ("int16 digits", "vnni digits"):
         return W8A16Weight(jnp.asarray(values), scale)
+    if path == "bf16 panels" and packs_for_int8_bf16(values.shape) and values.shape[0] % 2 == 0:
+        return Int8Bf16Weight(jnp.asarray(pack_int8_pairs(values)), scale)
     if path == "vnni w8a8" and packs_for_vnni(values.shape):
         return VnniW8A8Weight(jnp.asarray(pack_vnni(values)), scale)
     if path in ("w8a8", "vnni w8a8"):

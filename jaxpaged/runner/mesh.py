@@ -175,14 +175,16 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 def place_params(params: dict[str, np.ndarray], model: ModelConfig, mesh: Mesh, dtype, *,
                  per_layer: bool = False, pack: bool = False, pack_int8: bool = False, int8_vnni: bool = False,
-                 progress: Optional[bool] = None) -> dict[str, Union[jax.Array, list[jax.Array]]]:
+                 int8_pairs: bool = False, progress: Optional[bool] = None,
+                 ) -> dict[str, Union[jax.Array, list[jax.Array]]]:
     """Each device receives only its shard, converted to `dtype` slice by slice (no whole-model copy).
 
     per_layer: each stacked layer weight ("layers.*") becomes a list of one array per layer, placed layer by layer,
     so no stacked copy exists on the device even for a moment (llama.DecoderLayers says when the model wants that).
     pack: matmul weights are packed on the host into the native CPU matmul's panels first (packed_weights.py; one
     device, so nothing is split). pack_int8: the same for int8 projections (their scales stay [outer] per layer);
-    `int8_vnni`: in the native VNNI matmul's layout (w8a8, vnni_matmul.py) rather than int8 panels.
+    `int8_vnni`: in the native VNNI matmul's layout (w8a8, vnni_matmul.py) rather than int8 panels; `int8_pairs`: in
+    the bfloat16-dot matmul's pair order (int8_bf16_matmul.py).
     progress: a bar of weights placed on stderr (None: when stderr is a terminal); the global weights are still
     memory-mapped, so their bytes are read here (the layers' were read, and quantized, by weights/param_names.py's
     stack_layers, which has its own bar).
@@ -206,8 +208,8 @@ def place_params(params: dict[str, np.ndarray], model: ModelConfig, mesh: Mesh, 
         if (pack_int8 if quantized else pack) and is_packed(name, value.shape, model):
             packed_dtype = np.int8 if quantized else dtype
             if name.startswith("layers."):
-                placed[name] = [place(pack_param(name, layer, packed_dtype, quantized and int8_vnni), P())
-                                for layer in value]
+                placed[name] = [place(pack_param(name, layer, packed_dtype, quantized and int8_vnni,
+                                                 quantized and int8_pairs), P()) for layer in value]
             else:
                 placed[name] = place(pack_param(name, value, dtype), P())
         elif per_layer and name.startswith("layers."):

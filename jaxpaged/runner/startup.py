@@ -85,7 +85,8 @@ class StartupPlan:
     """How the int8 projections multiply (None without them): "panels" (packed into panels for the native CPU int8
     matmul, widened to float32), "int16 digits" (inputs kept to 16 bits as two int8 digits,
     models/int16_activations.py), "w8a8" (inputs quantized to int8 per token), "vnni w8a8" (the same product on
-    the native VNNI matmul, kernels/cpu_native/vnni_matmul.py), "vnni digits" (int16 digits on it) or "xla" (XLA's
+    the native VNNI matmul, kernels/cpu_native/vnni_matmul.py), "vnni digits" (int16 digits on it), "bf16 panels"
+    (int8 panels widened to bfloat16 against inputs rounded to bfloat16, VDPBF16PS: int8_bf16_matmul.py) or "xla" (XLA's
     dot with the int8 convert fused into its operand, scales on the output: TPU, GPU; on a CPU whichever
     int8_probe.py times fastest)."""
     experts: str = ""
@@ -110,7 +111,7 @@ class StartupPlan:
     @property
     def packed_int8(self) -> bool:
         """The int8 projections are stored packed: as panels for the native CPU int8 matmul, or for the VNNI one."""
-        return self.int8_matmul in ("panels", "vnni w8a8", "vnni digits")
+        return self.int8_matmul in ("panels", "vnni w8a8", "vnni digits", "bf16 panels")
 
     @property
     def num_kv_blocks(self) -> int:
@@ -240,6 +241,8 @@ _INT8_MATMUL_DESCRIPTIONS = {
     "w8a8": "XLA int8 x int8 dot, int32 sums",
     "vnni w8a8": "native VNNI int8 x int8 (VPDPBUSD), packed weights, int32 sums",
     "vnni digits": "native VNNI int8 x int8 (VPDPBUSD) of 16-bit inputs as two int8 digits, packed weights",
+    "bf16 panels": "native bfloat16 pair dot (VDPBF16PS) of inputs rounded to bfloat16, int8 panels widened in the "
+                   "kernel, float32 sums",
     "xla": "XLA dot, scales on the output",
 }
 

@@ -72,3 +72,32 @@ def test_two_measurements_combine_at_the_better_of_each_rate():
     assert best.dot_flops_per_s == {"float32": {"decode": 5.0, "prefill": 9.5},
                                     "bfloat16": {"decode": 8.0, "prefill": 7.0}}
     assert first.best_of(later) == later.best_of(first)
+
+
+def test_the_int8_rate_is_the_better_of_xlas_int8_dot_and_the_native_vnni_matmul(monkeypatch):
+    """Where the VNNI kernel builds, w8a8 steps may run it, so the int8 rate takes whichever of the two is faster
+    (here the VNNI matmul, timed at half XLA's seconds: twice the rate); float rates are untouched by it."""
+    from jaxpaged.bench import roofline
+    from jaxpaged.kernels.cpu_native.vnni_matmul import vnni_available
+
+    if not vnni_available():
+        pytest.skip("this CPU has no VPDPBUSD (AVX-512 VNNI / AVX-VNNI)")
+    timed = []
+
+    def fake_seconds(run, repeats):
+        run()  # the real product, so a broken path fails here
+        operand = run.args[2]
+        vnni = operand.dtype == "int8" and operand.ndim == 3
+        timed.append(vnni)
+        return [0.5 if vnni else 1.0] * repeats
+
+    monkeypatch.setattr(roofline, "call_seconds", fake_seconds)
+    monkeypatch.setattr(roofline, "copy_bytes_per_s", lambda repeats: 1.0)
+    model = ModelConfig(architecture="LlamaForCausalLM", vocab_size=10, hidden_size=32, intermediate_size=64,
+                        num_layers=1, num_q_heads=2, num_kv_heads=1, head_dim=16, rms_norm_eps=1e-5, rope_theta=1e4,
+                        max_position_embeddings=64, tie_word_embeddings=True)
+    rates = roofline.measure_rates(model, decode_rows=4, prefill_rows=8, repeats=1)
+    assert timed.count(True) == 2  # the VNNI matmul at decode and prefill rows
+    assert rates.dot_flops_per_s["int8"]["decode"] == pytest.approx(2 * 4 * 32 * 64 / 0.5)
+    assert rates.dot_flops_per_s["int8"]["prefill"] == pytest.approx(2 * 8 * 32 * 64 / 0.5)
+    assert rates.dot_flops_per_s["float32"]["decode"] == pytest.approx(2 * 4 * 32 * 64 / 1.0)

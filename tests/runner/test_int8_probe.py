@@ -176,7 +176,27 @@ def test_weight_only_int8_times_the_digits_on_vnni_where_the_cpu_has_it(monkeypa
     """"vnni digits" is a weight-only int8 candidate only on one device with layers unrolled and VPDPBUSD."""
     monkeypatch.setattr(int8_probe, "packed_int8_available", lambda: True)
     monkeypatch.setattr(int8_probe, "vnni_available", lambda: True)
+    monkeypatch.setattr(int8_probe, "int8_bf16_available", lambda: False)
     assert int8_probe.int8_candidates(True, 1) == ("int16 digits", "panels", "xla", "vnni digits")
     assert int8_probe.int8_candidates(True, 2) == ("int16 digits", "xla")
     monkeypatch.setattr(int8_probe, "vnni_available", lambda: False)
     assert int8_probe.int8_candidates(True, 1) == ("int16 digits", "panels", "xla")
+
+
+@pytest.mark.parametrize("bf16_seconds,expected", [(0.5, "bf16 panels"), (3.0, "panels")])
+def test_weight_only_int8_times_the_bf16_panels_where_the_cpu_has_avx512_bf16(fake_timer, monkeypatch, bf16_seconds,
+                                                                              expected):
+    """"bf16 panels" is a weight-only int8 candidate on one device with layers unrolled where the CPU has
+    AVX512-BF16; the plan times it beside the others and keeps it only when it is the fastest."""
+    timed, table = fake_timer
+    table["bf16 panels"] = bf16_seconds
+    monkeypatch.setattr(int8_probe, "packed_int8_available", lambda: True)
+    monkeypatch.setattr(int8_probe, "vnni_available", lambda: False)
+    monkeypatch.setattr(int8_probe, "int8_bf16_available", lambda: True)
+    assert int8_probe.int8_candidates(True, 1) == ("int16 digits", "panels", "xla", "bf16 panels")
+    assert int8_probe.int8_candidates(True, 2) == ("int16 digits", "xla")  # the kernel runs on one device only
+    assert int8_probe.int8_candidates(False, 1) == ("int16 digits", "xla")
+    assert choose_int8_matmul("int8", "cpu", True, 1, True, _TINY) == expected
+    assert {path for path, _ in timed} == {FLOAT, "int16 digits", "panels", "xla", "bf16 panels"}
+    monkeypatch.setattr(int8_probe, "int8_bf16_available", lambda: False)
+    assert "bf16 panels" not in int8_probe.int8_candidates(True, 1)
