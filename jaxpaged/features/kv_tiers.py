@@ -35,9 +35,12 @@ def build_kv_tiers(loaded: LoadedModel, config: EngineConfig, runners: Sequence[
     # the runner would sample the same digest); unquantized engines keep their fingerprints.
     quantization = loaded.quantization or config.quantization
     dtype = str(runner.dtype) if quantization is None else f"{runner.dtype}, {quantization} weights"
+    # With KV cache groups a block's slots hold one group's layers: the groups join the fingerprint.
+    kv_groups = (tuple((group.sliding_window, group.layer_ids) for group in kv_spec.groups)
+                 if any(window is not None for window in kv_spec.group_windows) else ())
     fingerprints = [layout_fingerprint(loaded.name, loaded.hf_config, dtype, cache.block_size,
                                        kv_spec.layout, kv_spec.tier_block_shape, tp, shard, weights,
-                                       cache.kv_cache_dtype)
+                                       cache.kv_cache_dtype, kv_groups)
                     for shard in range(tp)]
     block_spec = (str(kv_spec.pool_dtype), kv_spec.tier_block_shape)
     mac_key = cache.kv_offload_key.encode() if cache.kv_offload_key is not None else None
