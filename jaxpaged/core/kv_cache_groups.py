@@ -247,11 +247,11 @@ class GroupedKVCacheManager(KVCacheManager):
         """Give back each sliding group's blocks that no query from position `start` on reads (tail first, so a
         cached chain is evicted from its end); their entries become the null block, in a new list (the runner's
         host block table mirrors lists by identity). With the KV tiers on, those the window of the prompt's end
-        does not read are marked not worth offloading (kv_group_tiers.py)."""
+        (a hit of its full blocks) does not read are marked not worth offloading (kv_group_tiers.py)."""
         request_id = request.request_id
         skipped = self._num_skipped[request_id]
         blocks = self.block_pool.blocks
-        num_prompt_blocks = (len(request.prompt_token_ids) - 1) // self.block_size
+        num_prompt_blocks = (request.num_prompt_tokens - 1) // self.block_size
         for group, window in enumerate(self.group_windows):
             if window is None:
                 continue
@@ -261,10 +261,11 @@ class GroupedKVCacheManager(KVCacheManager):
                 continue
             freed = [block_id for block_id in table[skipped[group]:first_kept] if block_id != NULL_BLOCK_ID]
             if self._tier_loads is not None:
-                prompt_window = first_needed_block(window, num_prompt_blocks, self.block_size)
+                prompt_window = range(first_needed_block(window, num_prompt_blocks, self.block_size),
+                                      num_prompt_blocks)
                 self._tier_loads.unneeded.update(
-                    key for index, block_id in enumerate(table[:min(first_kept, prompt_window)])
-                    if index >= skipped[group] and block_id != NULL_BLOCK_ID
+                    key for index in range(skipped[group], first_kept)
+                    if index not in prompt_window and (block_id := table[index]) != NULL_BLOCK_ID
                     and (key := blocks[block_id].block_hash) is not None)
             self.block_pool.free_blocks(blocks[block_id] for block_id in reversed(freed))
             tables[group] = [NULL_BLOCK_ID] * first_kept + table[first_kept:]
