@@ -353,11 +353,10 @@ class GroupedKVCacheManager(KVCacheManager):
             self.block_pool.evictions = kept
         return super().take_tier_transfers()
 
-    def cached_blocks(self) -> list[tuple[int, BlockHash]]:
-        """(block id, group key) of every cached block worth persisting: free ones least recently used first, then
-        held ones (the sliding blocks not worth offloading left out)."""
+    def blocks_worth_persisting(self) -> list[tuple[int, BlockHash]]:
+        """cached_blocks() less the sliding blocks not worth offloading."""
         unneeded = self._tier_loads.unneeded if self._tier_loads is not None else set()
-        return [(block_id, key) for block_id, key in super().cached_blocks() if key not in unneeded]
+        return [(block_id, key) for block_id, key in self.cached_blocks() if key not in unneeded]
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block; refused (False) while any request holds a block."""

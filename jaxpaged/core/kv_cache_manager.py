@@ -388,6 +388,10 @@ class KVCacheManager:
         self._block_records.clear()
         return True
 
+    def blocks_worth_persisting(self) -> list[tuple[int, BlockHash]]:
+        """The cached blocks a shutdown writes to the disk tier (cached_blocks(): every one here)."""
+        return self.cached_blocks()
+
     def cached_blocks(self) -> list[tuple[int, BlockHash]]:
         """(block id, chain hash) of every cached block: free ones least recently used first, then held ones."""
         pool = self.block_pool

@@ -82,7 +82,7 @@ def persist_kv_cache(tiers: KVTiers, runners: Sequence[ModelRunner], schedulers:
     num_written, num_left = tiers.flush_host_to_disk(deadline)
     for scheduler, runner in zip(schedulers, runners):
         manager = scheduler.kv_cache_manager
-        saves = [(block_id, block_hash) for block_id, block_hash in manager.cached_blocks()
+        saves = [(block_id, block_hash) for block_id, block_hash in manager.blocks_worth_persisting()
                  if not tiers.on_disk(block_hash)]
         for _, block_hash in saves:
             manager.hand_down_record(block_hash)  # for the disk's KV events (when on)
