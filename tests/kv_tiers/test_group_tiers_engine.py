@@ -6,6 +6,7 @@ disk, token-identical to a pool that keeps everything with the groups off; its K
 import json
 import time
 import uuid
+from typing import Optional
 
 import pytest
 
@@ -48,9 +49,9 @@ def same(got, want) -> bool:
                                                                                        abs=1e-4)
 
 
-def engine_held(engine) -> dict[str, dict[int, set[bytes]]]:
+def engine_held(engine) -> dict[str, dict[Optional[int], set[bytes]]]:
     """Per medium and group, the chain hashes the engine holds, from its own bookkeeping."""
-    held: dict[str, dict[int, set[bytes]]] = {"GPU": {}}
+    held: dict[str, dict[Optional[int], set[bytes]]] = {"GPU": {}}
     for _, key in engine.scheduler.kv_cache_manager.cached_blocks():
         chain_hash, group = split_group_key(key)
         held["GPU"].setdefault(group, set()).add(chain_hash)
@@ -62,7 +63,7 @@ def engine_held(engine) -> dict[str, dict[int, set[bytes]]]:
             for medium, by_group in held.items() if any(by_group.values())}
 
 
-def rebuilt(subscriber: Subscriber) -> dict[str, dict[int, set[bytes]]]:
+def rebuilt(subscriber: Subscriber) -> dict[str, dict[Optional[int], set[bytes]]]:
     subscriber.drain()
     views = {medium: {key[1]: hashes for key, hashes in by_rank.items() if isinstance(key, tuple) and hashes}
              for medium, by_rank in subscriber.held.items()}
