@@ -111,8 +111,8 @@ def tier_stats(tiers: KVTiers, runners: Sequence[ModelRunner], schedulers: Seque
     to the tiers below, its bytes_in what it loaded from them."""
     lower = tiers.stats()
     block_size = runners[0].block_size
-    for stats in lower.values():
-        stats.hit_tokens = stats.hit_blocks * block_size
+    for name, stats in lower.items():
+        stats.hit_tokens = tiers.hit_chain_blocks[name] * block_size
     capacity = sum((runner.num_kv_blocks - 1) * runner.memory_plan.kv_bytes_per_block_per_device
                    * runner.mesh.devices.size for runner in runners)
     device = TierStats(hit_tokens=prefix_cache_hits - sum(stats.hit_tokens for stats in lower.values()),

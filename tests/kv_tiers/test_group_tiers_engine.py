@@ -101,5 +101,8 @@ def test_a_small_pool_hits_host_and_disk_per_group_with_identical_tokens(gemma3_
         assert rebuilt(subscriber) == engine_held(engine)
     stats = engine.get_stats().kv_tiers
     assert stats["host"].hit_blocks > hits_before["host"] and stats["disk"].hit_blocks > hits_before["disk"]
+    # A hit's tokens count once, not once per group: the tiers' share never exceeds the prefix-cache hits.
+    assert 0 < stats["host"].hit_tokens + stats["disk"].hit_tokens <= engine.get_stats().prefix_cache_hits
+    assert stats["device"].hit_tokens >= 0
     subscriber.close()
     engine.close()
