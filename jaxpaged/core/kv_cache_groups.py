@@ -10,7 +10,13 @@ null block 0, which the attention masks out.
 Prefix-cache entries are keyed by (group, chain hash). A hit of L blocks needs every block of the chain up to L in
 each full group, and in each sliding group only the blocks the first computed token's window reaches back into; the
 longest L that every group allows is found right to left for sliding groups (vLLM's rule), repeated until no group
-shortens it. Token-granular hits copy the next, partly matching block in every group (the shortest run of them).
+shortens it (kv_group_hits.py). Token-granular hits copy the next, partly matching block in every group (the
+shortest run of them).
+
+The KV tiers and KV events work per group: a group's blocks go down to the tiers and come back under the same
+(group, chain hash) keys (kv_group_keys.py), a hit that continues below the device follows the same rule, and the
+sliding blocks the window left behind are offloaded only where a repeated prompt would read them
+(kv_group_tiers.py); each KV event names the chain hash and its group, as vLLM's do.
 """
 
 from collections.abc import Callable, Sequence
