@@ -23,11 +23,13 @@ GROUP_WINDOWS = [(None, 2), (None, 3, 3), (5, None), (3,), (None, 1)]
 class GroupedSchedulerMachine(SchedulerMachine):
     """SchedulerMachine over per-group block tables."""
 
-    @initialize(block_size=st.sampled_from([1, 2, 4]), num_kv_blocks=st.integers(4, 20),
+    @initialize(block_size=st.sampled_from([1, 2, 4]), num_kv_blocks=st.integers(4, 16),
                 max_num_seqs=st.integers(1, 4), extra_budget=st.integers(0, 12), max_model_len=st.integers(2, 24),
                 threshold=st.sampled_from([0, 0, 1, 3, 5]), policy=st.sampled_from(["fcfs", "priority"]),
-                caching=st.sampled_from([True, True, False]), granularity=st.sampled_from(["token", "token", "block"]),
-                tiers=st.sampled_from([None, "big", "big", "small", "damaging"]), min_load_blocks=st.integers(1, 3),
+                caching=st.sampled_from([True, True, True, False]),
+                granularity=st.sampled_from(["token", "block", "block"]),
+                tiers=st.sampled_from([None, "big", "big", "big", "small", "damaging"]),
+                min_load_blocks=st.integers(1, 2),
                 windows=st.sampled_from(GROUP_WINDOWS))
     def build(self, block_size, num_kv_blocks, max_num_seqs, extra_budget, max_model_len, threshold, policy, caching,
               granularity, tiers, min_load_blocks, windows):
@@ -117,7 +119,8 @@ class GroupedSchedulerMachine(SchedulerMachine):
 
 
 TestGroupedSchedulerStateMachine = GroupedSchedulerMachine.TestCase
-TestGroupedSchedulerStateMachine.settings = settings(max_examples=40, stateful_step_count=40, **_SETTINGS)
+TestGroupedSchedulerStateMachine.settings = settings(max_examples=100, stateful_step_count=60, database=None,
+                                                     **_SETTINGS)
 
 
 class GroupedSchedulerMachineLong(GroupedSchedulerMachine):
