@@ -10,63 +10,42 @@ null block 0, which the attention masks out.
 Prefix-cache entries are keyed by (group, chain hash). A hit of L blocks needs every block of the chain up to L in
 each full group, and in each sliding group only the blocks the first computed token's window reaches back into; the
 longest L that every group allows is found right to left for sliding groups (vLLM's rule), repeated until no group
-shortens it. Token-granular hits copy the next, partly matching block in every group (the shortest run of them).
+shortens it (kv_group_hits.py). Token-granular hits copy the next, partly matching block in every group (the
+shortest run of them).
+
+The KV tiers and KV events work per group: a group's blocks go down to the tiers and come back under the same
+(group, chain hash) keys (kv_group_keys.py), a hit that continues below the device follows the same rule, and the
+sliding blocks the window left behind are offloaded only where a repeated prompt would read them
+(kv_group_tiers.py); each KV event names the chain hash and its group, as vLLM's do.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Optional
 
 from .block_pool import NULL_BLOCK_ID
 from .free_block_queue import KVCacheBlock
-from .hashing import BlockHash, request_block_hash, request_parent_key
+from .hashing import BlockHash, block_extra_keys, request_block_hash, request_parent_key
 from .kv_cache_manager import KVCacheManager, PrefixHit
+from .kv_events import KVEventLog
+from .kv_group_blocks import max_sequence_tokens, sequence_blocks
+from .kv_group_hits import first_needed_block, longest_group_hit, sliding_blocks_skipped
+from .kv_group_keys import GroupedKVEventLog, group_key
+from .kv_group_tiers import AdmittedHit, GroupTierLoads, TierLoad
+from .lower_tiers import LowerTiers
 from .request import Request
+from .tier_events import BlockRecord
 
-
-def group_key(group: int, block_hash: BlockHash) -> BlockHash:
-    """The prefix-cache key of a chain hash in one group: the same tokens of two groups are different K/V."""
-    return group.to_bytes(2, "big") + block_hash
-
-
-def sliding_blocks_skipped(num_computed_tokens: int, window: int, block_size: int) -> int:
-    """Leading blocks no query from position num_computed_tokens on reads in a window of `window` tokens: a query
-    at position q reads positions q - window + 1 .. q."""
-    return max(num_computed_tokens - window + 1, 0) // block_size
-
-
-def sequence_blocks(num_tokens: int, block_size: int, group_windows: Sequence[Optional[int]],
-                    num_chunk_tokens: int = 1) -> int:
-    """Blocks one sequence of num_tokens tokens holds at most over every group, its steps computing up to
-    num_chunk_tokens tokens at once: all of its blocks in a full group; in a sliding group (window w) the blocks a
-    step's first query reads back into plus the step's, at most ceil((w + C - 2) / block_size) + 1 (a decode:
-    ceil((w - 1) / block_size) + 1, vLLM's count)."""
-    whole = -(-num_tokens // block_size)
-    chunk = max(num_chunk_tokens, 1)
-    return sum(whole if window is None else min(whole, -(-(window + chunk - 2) // block_size) + 1)
-               for window in group_windows)
-
-
-def max_sequence_tokens(num_usable_blocks: int, block_size: int, group_windows: Sequence[Optional[int]],
-                        num_chunk_tokens: int, limit: int) -> int:
-    """The most tokens, at most `limit`, of one sequence whose blocks (sequence_blocks) fit num_usable_blocks."""
-    def fits(num_tokens: int) -> bool:
-        return sequence_blocks(num_tokens, block_size, group_windows, num_chunk_tokens) <= num_usable_blocks
-
-    if fits(limit):
-        return limit
-    low, high = 0, limit  # blocks only grow with the tokens
-    while low < high:
-        middle = (low + high + 1) // 2
-        low, high = (middle, high) if fits(middle) else (low, middle - 1)
-    return low
+__all__ = ["GroupedKVCacheManager", "group_key", "max_sequence_tokens", "sequence_blocks", "sliding_blocks_skipped"]
 
 
 class GroupedKVCacheManager(KVCacheManager):
-    """Allocates, caches and frees blocks per KV layer group; answers prefix-cache lookups over every group."""
+    """Allocates, caches and frees blocks per KV layer group; answers prefix-cache lookups over every group, on the
+    device and in the KV tiers below it."""
 
     def __init__(self, num_kv_blocks: int, block_size: int, group_windows: Sequence[Optional[int]],
-                 enable_prefix_caching: bool = True, token_granular: bool = True) -> None:
-        super().__init__(num_kv_blocks, block_size, enable_prefix_caching, token_granular)
+                 enable_prefix_caching: bool = True, token_granular: bool = True,
+                 lower_tiers: Optional[LowerTiers] = None) -> None:
+        super().__init__(num_kv_blocks, block_size, enable_prefix_caching, token_granular, lower_tiers)
         if not group_windows or any(w is not None and (not isinstance(w, int) or w < 1) for w in group_windows):
             raise ValueError(f"group_windows: one positive int or None per group, got {group_windows!r}")
         self.group_windows = tuple(group_windows)
@@ -77,6 +56,8 @@ class GroupedKVCacheManager(KVCacheManager):
         """Request id -> per group, the leading blocks already registered in the prefix cache (or skipped)."""
         self._num_skipped: dict[str, list[int]] = {}
         """Request id -> per group, the leading blocks given back as out of the window."""
+        self._tier_loads = GroupTierLoads(self.lower_tiers) if self.lower_tiers is not None else None
+        """The KV tiers' reads, pending loads and the sliding blocks not worth offloading (kv_group_tiers.py)."""
 
     @property
     def num_groups(self) -> int:  # pyright: ignore[reportIncompatibleVariableOverride]
@@ -100,36 +81,56 @@ class GroupedKVCacheManager(KVCacheManager):
     # ---- prefix-cache lookups ----
 
     def find_prefix_hit(self, request: Request) -> PrefixHit:
-        """The longest prefix every group holds (never the whole request), then, token-granular, the longest run of
-        the next tokens that a listed block after the same chain holds in every group."""
+        """The longest prefix every group holds on the device (never the whole request), then, token-granular, the
+        longest run of the next tokens that a listed block after the same chain holds in every group. With the KV
+        tiers on, the longest prefix every group holds on the device or below it instead, when it is at least
+        min_load_blocks blocks longer."""
         if not self.enable_prefix_caching or request.computes_whole_prompt:
             return PrefixHit([], 0)
+        keys = self._hit_keys(request)
+        cached = self.block_pool.get_cached_block
+        hit = self._hit(request, keys, lambda group, index: cached(keys[group][index]) is not None)
+        tiers = self.lower_tiers
+        if tiers is None:
+            return hit
+        below = self._hit(request, keys, lambda group, index: (cached(keys[group][index]) is not None
+                                                               or tiers.holds(keys[group][index])))
+        if below.group_loads and below.num_blocks - hit.num_blocks >= self.min_load_blocks:
+            return below
+        return hit
+
+    def _hit_keys(self, request: Request) -> list[list[BlockHash]]:
+        """Per group, the keys of the request's full blocks that a hit may cover (all but its last token's)."""
+        block_size = self.block_size
+        hashes = [request_block_hash(request, index, block_size) for index in range((request.num_tokens - 1)
+                                                                                   // block_size)]
+        return [[group_key(group, block_hash) for block_hash in hashes] for group in range(self.num_groups)]
+
+    def _hit(self, request: Request, keys: list[list[BlockHash]], held: Callable[[int, int], bool]) -> PrefixHit:
+        """The longest hit of blocks `held` says are there (device blocks are shared, the rest loaded from a tier),
+        then the token-granular run after it."""
         block_size = self.block_size
         cached = self.block_pool.get_cached_block
-        num_blocks = (request.num_tokens - 1) // block_size
-        hashes = [request_block_hash(request, index, block_size) for index in range(num_blocks)]
-        windows = self.group_windows
-        for group, window in enumerate(windows):  # full groups: the chain from the start
-            if window is None:
-                num_blocks = next((index for index in range(num_blocks)
-                                   if cached(group_key(group, hashes[index])) is None), num_blocks)
-        while True:  # sliding groups shorten it until every one of them holds its window of the hit
-            shortened = num_blocks
-            for group, window in enumerate(windows):
-                if window is not None:
-                    shortened = self._sliding_hit(group, window, hashes, shortened)
-            if shortened == num_blocks:
-                break
-            num_blocks = shortened
+        num_blocks = longest_group_hit(self.group_windows, block_size, len(keys[0]), held)
         num_hit_tokens = num_blocks * block_size
-        group_ids = tuple(self._hit_block_ids(group, window, hashes, num_blocks, num_hit_tokens)
-                          for group, window in enumerate(windows))
+        group_ids, loads = [], []
+        for group, window in enumerate(self.group_windows):
+            first = first_needed_block(window, num_blocks, block_size)
+            block_ids = []
+            for index in range(num_blocks):
+                block = cached(keys[group][index]) if index >= first else None
+                if block is None and index >= first:
+                    loads.append((group, index))
+                block_ids.append(NULL_BLOCK_ID if block is None else block.block_id)
+            group_ids.append(tuple(block_ids))
+        tier_keys = tuple(keys[group][index] for group, index in loads)
+        group_ids = tuple(group_ids)
         num_wanted = min(block_size, request.num_tokens - 1 - num_hit_tokens)
         if self.token_granular and num_wanted > 0:
             parent_key = request_parent_key(request, num_blocks, block_size)
             wanted = request.all_token_ids[num_hit_tokens:num_hit_tokens + num_wanted]
             sources, run = [], num_wanted
-            for group in range(len(windows)):
+            for group in range(self.num_groups):
                 source, group_run = self.block_pool.longest_partial_match(group_key(group, parent_key), wanted)
                 if source is None:
                     run = 0
@@ -137,43 +138,51 @@ class GroupedKVCacheManager(KVCacheManager):
                 sources.append(source.block_id)
                 run = min(run, group_run)
             if run > 0:
-                return PrefixHit(list(group_ids[0]), num_hit_tokens + run, sources[0], run,
-                                 group_block_ids=group_ids, group_copy_sources=tuple(sources))
-        return PrefixHit(list(group_ids[0]), num_hit_tokens, group_block_ids=group_ids)
-
-    def _sliding_hit(self, group: int, window: int, hashes: Sequence[BlockHash], num_blocks: int) -> int:
-        """The most blocks, at most num_blocks, that a hit may cover in a sliding group: the blocks from the one the
-        first computed token's window starts in up to the hit's end must be cached. Scans right to left."""
-        cached = self.block_pool.get_cached_block
-        block_size = self.block_size
-        while num_blocks > 0:
-            first = sliding_blocks_skipped(num_blocks * block_size, window, block_size)
-            missing = next((index for index in range(num_blocks - 1, first - 1, -1)
-                            if cached(group_key(group, hashes[index])) is None), None)
-            if missing is None:
-                return num_blocks
-            num_blocks = missing
-        return 0
-
-    def _hit_block_ids(self, group: int, window: Optional[int], hashes: Sequence[BlockHash], num_blocks: int,
-                       num_hit_tokens: int) -> tuple[int, ...]:
-        """The group's table of a hit of num_blocks blocks: its cached blocks, the null block where a sliding
-        group needs none."""
-        first = 0 if window is None else sliding_blocks_skipped(num_hit_tokens, window, self.block_size)
-        cached = self.block_pool.get_cached_block
-        block_ids = []
-        for index in range(num_blocks):
-            block = cached(group_key(group, hashes[index])) if index >= first else None
-            block_ids.append(NULL_BLOCK_ID if block is None else block.block_id)
-        return tuple(block_ids)
+                return PrefixHit(list(group_ids[0]), num_hit_tokens + run, sources[0], run, tier_keys,
+                                 group_block_ids=group_ids, group_copy_sources=tuple(sources),
+                                 group_loads=tuple(loads))
+        return PrefixHit(list(group_ids[0]), num_hit_tokens, lower_tier_hashes=tier_keys, group_block_ids=group_ids,
+                         group_loads=tuple(loads))
 
     # ---- allocation ----
 
     def allocate_hit(self, request: Request, num_new_tokens: int, hit: PrefixHit) -> Optional[list[int]]:
         """A waiting request's hit blocks and the blocks of its first num_new_tokens tokens after the hit, in every
-        group; None, changing nothing, when the free blocks do not suffice."""
-        assert not hit.lower_tier_hashes, "the KV tiers are off while the layers are grouped"
-        return self._grow(request, num_new_tokens, hit)
+        group; None, changing nothing, when the free blocks do not suffice. A hit's lower-tier blocks are read
+        first; if one is gone or damaged, the device's hit is allocated instead, up to the same last token."""
+        loads: tuple[TierLoad, ...] = ()
+        from_tiers = bool(hit.group_loads)
+        if from_tiers:
+            assert self._tier_loads is not None  # only the tiers' hits have loads
+            payloads = self._tier_loads.fetch(request.request_id, hit.lower_tier_hashes)
+            if payloads is None:
+                keys = self._hit_keys(request)
+                cached = self.block_pool.get_cached_block
+                device = self._hit(request, keys, lambda group, index: cached(keys[group][index]) is not None)
+                device = device if hit.copy_source is not None else device.without_copy()
+                num_new_tokens += hit.num_tokens - device.num_tokens
+                hit = device
+            else:
+                loads = tuple(TierLoad(group, index, key, payload) for (group, index), key, payload
+                              in zip(hit.group_loads, hit.lower_tier_hashes, payloads))
+        new_block_ids = self._grow(request, num_new_tokens, hit, loads)
+        if new_block_ids is not None and from_tiers:
+            assert self._tier_loads is not None
+            self._tier_loads.forget_fetch()
+            self._tier_loads.admitted[request.request_id] = AdmittedHit(hit.num_tokens, loads)
+        return new_block_ids
+
+    def load_lower_tier_blocks(self, request: Request, hit: PrefixHit) -> int:
+        """Queue the admitted hit's lower-tier blocks for the step's loads (read by allocate_hit) and make them
+        hittable; the hit tokens that hold."""
+        assert self._tier_loads is not None  # only the tiers' hits come here
+        admitted = self._tier_loads.admitted.pop(request.request_id)
+        tables = self._tables[request.request_id]
+        for load in admitted.loads:
+            block_id = tables[load.group][load.block_index]
+            self._pending_loads.append((block_id, load.key, load.payload))
+            self._cache_group_block(request, load.group, block_id, load.block_index)
+        return admitted.num_tokens
 
     def allocate_slots(self, request: Request, num_new_tokens: int, computed_block_ids: Sequence[int] = (),
                        copy_source: Optional[int] = None, num_copied_tokens: int = 0,
@@ -185,7 +194,8 @@ class GroupedKVCacheManager(KVCacheManager):
             raise ValueError("computed_block_ids: grouped prefix hits go through allocate_hit")
         return self._grow(request, num_new_tokens, None)
 
-    def _grow(self, request: Request, num_new_tokens: int, hit: Optional[PrefixHit]) -> Optional[list[int]]:
+    def _grow(self, request: Request, num_new_tokens: int, hit: Optional[PrefixHit],
+              loads: Sequence[TierLoad] = ()) -> Optional[list[int]]:
         block_size = self.block_size
         pool = self.block_pool
         request_id = request.request_id
@@ -193,7 +203,7 @@ class GroupedKVCacheManager(KVCacheManager):
         num_blocks_after = -(-(start + num_new_tokens) // block_size)
         tables = self._tables.get(request_id)
         if tables is not None:
-            self._release_out_of_window(request_id, tables, start)
+            self._release_out_of_window(request, tables, start)
         hit_tables: list[list[int]] = [[] for _ in self.group_windows]
         held: list[KVCacheBlock] = []
         if hit is not None and hit.group_block_ids:
@@ -206,7 +216,7 @@ class GroupedKVCacheManager(KVCacheManager):
             held += [pool.blocks[block_id] for block_id in hit.group_copy_sources]
         num_held = [len(table) for table in tables] if tables is not None else [0] * self.num_groups
         needed = [num_blocks_after - num_held[group] - len(hit_tables[group]) for group in range(self.num_groups)]
-        num_needed = sum(max(count, 0) for count in needed)
+        num_needed = sum(max(count, 0) for count in needed) + len(loads)
         if num_needed == 0 and not held:
             return []
         num_free_hit_blocks = sum(1 for block in held if block.ref_cnt == 0)
@@ -218,14 +228,18 @@ class GroupedKVCacheManager(KVCacheManager):
             self._num_skipped[request_id] = [0] * self.num_groups
         if held:
             pool.touch(held)  # before allocating, so allocation cannot evict them
+            if self._tier_loads is not None:
+                self._tier_loads.unneeded.difference_update(block.block_hash for block in held)
+        new_block_ids = [block.block_id for block in pool.get_new_blocks(num_needed)]
+        for load, block_id in zip(loads, new_block_ids):  # the loads' blocks first, into their hit positions
+            hit_tables[load.group][load.block_index] = block_id
+        if hit_tables[0] or loads:
             for group, ids in enumerate(hit_tables):
                 tables[group].extend(ids)
                 self._num_cached[request_id][group] = len(ids)
                 self._num_skipped[request_id][group] = next(
                     (index for index, block_id in enumerate(ids) if block_id != NULL_BLOCK_ID), len(ids))
-        new_blocks = pool.get_new_blocks(num_needed)
-        new_block_ids = [block.block_id for block in new_blocks]
-        taken = 0
+        taken = len(loads)
         for group, count in enumerate(needed):
             group_new = new_block_ids[taken:taken + max(count, 0)]
             taken += len(group_new)
@@ -235,12 +249,15 @@ class GroupedKVCacheManager(KVCacheManager):
             tables[group].extend(group_new)
         return new_block_ids
 
-    def _release_out_of_window(self, request_id: str, tables: list[list[int]], start: int) -> None:
+    def _release_out_of_window(self, request: Request, tables: list[list[int]], start: int) -> None:
         """Give back each sliding group's blocks that no query from position `start` on reads (tail first, so a
         cached chain is evicted from its end); their entries become the null block, in a new list (the runner's
-        host block table mirrors lists by identity)."""
+        host block table mirrors lists by identity). With the KV tiers on, those the window of the prompt's end
+        (a hit of its full blocks) does not read are marked not worth offloading (kv_group_tiers.py)."""
+        request_id = request.request_id
         skipped = self._num_skipped[request_id]
         blocks = self.block_pool.blocks
+        num_prompt_blocks = (request.num_prompt_tokens - 1) // self.block_size
         for group, window in enumerate(self.group_windows):
             if window is None:
                 continue
@@ -249,6 +266,13 @@ class GroupedKVCacheManager(KVCacheManager):
             if first_kept <= skipped[group]:
                 continue
             freed = [block_id for block_id in table[skipped[group]:first_kept] if block_id != NULL_BLOCK_ID]
+            if self._tier_loads is not None:
+                prompt_window = range(first_needed_block(window, num_prompt_blocks, self.block_size),
+                                      num_prompt_blocks)
+                self._tier_loads.unneeded.update(
+                    key for index in range(skipped[group], first_kept)
+                    if index not in prompt_window and (block_id := table[index]) != NULL_BLOCK_ID
+                    and (key := blocks[block_id].block_hash) is not None)
             self.block_pool.free_blocks(blocks[block_id] for block_id in reversed(freed))
             tables[group] = [NULL_BLOCK_ID] * first_kept + table[first_kept:]
             skipped[group] = first_kept
@@ -273,13 +297,21 @@ class GroupedKVCacheManager(KVCacheManager):
             num_cached[group] = max(num_cached[group], min(num_full_blocks, len(table)))
 
     def _cache_group_block(self, request: Request, group: int, block_id: int, block_index: int) -> None:
-        """Register one full, computed block of one group under (group, chain hash)."""
+        """Register one full, computed (or being loaded) block of one group under (group, chain hash); with KV
+        events on, record its BlockStored (and keep its fields for the tiers' events)."""
         block_size = self.block_size
         start = block_index * block_size
-        listing = ((group_key(group, request_parent_key(request, block_index, block_size)),
-                    tuple(request.all_token_ids[start:start + block_size])) if self.token_granular else (None, ()))
-        self.block_pool.cache_block(self.block_pool.blocks[block_id],
-                                    group_key(group, request_block_hash(request, block_index, block_size)), *listing)
+        token_ids = tuple(request.all_token_ids[start:start + block_size])
+        listing = ((group_key(group, request_parent_key(request, block_index, block_size)), token_ids)
+                   if self.token_granular else (None, ()))
+        key = group_key(group, request_block_hash(request, block_index, block_size))
+        events = self.block_pool.events
+        if self.block_pool.cache_block(self.block_pool.blocks[block_id], key, *listing) and events is not None:
+            parent = request_block_hash(request, block_index - 1, block_size) if block_index else None
+            record = BlockRecord(parent, token_ids, block_extra_keys(request, block_index))
+            events.stored(key, record.parent_block_hash, record.token_ids, record.extra_keys)
+            if self._tier_events is not None:
+                self._block_records[key] = record
 
     def trim_blocks(self, request: Request) -> None:
         """Free every group's blocks past the request's computed tokens (rejected proposals), in new lists."""
@@ -311,8 +343,38 @@ class GroupedKVCacheManager(KVCacheManager):
                 self.block_pool.cache_partial_block(
                     blocks[table[tail_index]], group_key(group, request_parent_key(request, tail_index, block_size)),
                     tuple(request.all_token_ids[tail_index * block_size:num_computed]))
-            self.block_pool.free_blocks(blocks[block_id] for block_id in reversed(table) if block_id != NULL_BLOCK_ID)
+            held = [blocks[block_id] for block_id in reversed(table) if block_id != NULL_BLOCK_ID]
+            if self._tier_loads is not None:  # a request's last window is worth offloading
+                self._tier_loads.unneeded.difference_update(block.block_hash for block in held)
+            self.block_pool.free_blocks(held)
 
-    def record_kv_events(self):
-        """KV events are not recorded per group: the engine turns the groups off when they are configured."""
-        raise ValueError("kv_events_config: KV events need one KV cache group (the engine turns the groups off)")
+    # ---- the KV tiers and KV events ----
+
+    def take_tier_transfers(self) -> tuple[list[tuple[int, BlockHash]], list[tuple[int, object]]]:
+        """The base class's saves and loads, the evicted sliding blocks not worth offloading left out."""
+        if self._tier_loads is not None and self.block_pool.evictions:
+            kept = self._tier_loads.worth_offloading(self.block_pool.evictions)
+            for key in {key for _, key in self.block_pool.evictions} - {key for _, key in kept}:
+                self._block_records.pop(key, None)
+            self.block_pool.evictions = kept
+        return super().take_tier_transfers()
+
+    def blocks_worth_persisting(self) -> list[tuple[int, BlockHash]]:
+        """cached_blocks() less the sliding blocks not worth offloading."""
+        unneeded = self._tier_loads.unneeded if self._tier_loads is not None else set()
+        return [(block_id, key) for block_id, key in self.cached_blocks() if key not in unneeded]
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block; refused (False) while any request holds a block."""
+        if not super().reset_prefix_cache():
+            return False
+        if self._tier_loads is not None:
+            self._tier_loads.unneeded.clear()
+        return True
+
+    def record_kv_events(self) -> KVEventLog:
+        """Start recording what the prefix cache stores, evicts and clears, each event naming its group (vLLM's
+        group_idx, kv_cache_spec_kind and kv_cache_spec_sliding_window); the log to drain."""
+        if self.block_pool.events is None:
+            self.block_pool.events = GroupedKVEventLog(self.block_size, self.group_windows)
+        return self.block_pool.events

@@ -44,10 +44,15 @@ class PrefixHit:
     """KV layer groups (kv_cache_groups.py): each group's hit blocks (block_ids is group 0's); () with one group."""
     group_copy_sources: tuple[int, ...] = ()
     """KV layer groups: each group's copy source, when the hit copies (copy_source is group 0's)."""
+    group_loads: tuple[tuple[int, int], ...] = ()
+    """KV layer groups: (group, block index) of each block a lower tier holds, in lower_tier_hashes' order (their
+    entries in group_block_ids are the null block until allocation gives them a block to load into)."""
 
     @property
     def num_blocks(self) -> int:
         """Full blocks of the hit, on the device and below it."""
+        if self.group_block_ids:
+            return len(self.group_block_ids[0])
         return len(self.block_ids) + len(self.lower_tier_hashes)
 
     def without_copy(self) -> "PrefixHit":
@@ -382,6 +387,10 @@ class KVCacheManager:
             return False
         self._block_records.clear()
         return True
+
+    def blocks_worth_persisting(self) -> list[tuple[int, BlockHash]]:
+        """The cached blocks a shutdown writes to the disk tier (cached_blocks(): every one here)."""
+        return self.cached_blocks()
 
     def cached_blocks(self) -> list[tuple[int, BlockHash]]:
         """(block id, chain hash) of every cached block: free ones least recently used first, then held ones."""

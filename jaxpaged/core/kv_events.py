@@ -37,6 +37,13 @@ class BlockStored:
     """Per block, what besides its tokens went into its hash: ("cache_salt", salt) for a salted prompt's first block,
     ("lora", id, name) for every block of a LoRA adapter's request (both, in that order, may join), else None (a
     consumer recomputing hashes needs it; the salt also scopes the chain to one tenant)."""
+    group_idx: Optional[int] = None
+    """The KV cache group whose blocks these are (core/kv_group_keys.py); None with one group, as vLLM leaves it
+    unset without a hybrid KV cache manager."""
+    kv_cache_spec_kind: Optional[str] = None
+    """The group's attention kind in vLLM's words: "full_attention" or "sliding_window"; None with one group."""
+    kv_cache_spec_sliding_window: Optional[int] = None
+    """The group's window in tokens for a sliding group, else None."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +52,8 @@ class BlockRemoved:
 
     block_hashes: tuple[BlockHash, ...]
     medium: str
+    group_idx: Optional[int] = None
+    """The KV cache group whose blocks these were; None with one group."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,13 +74,25 @@ class KVEventLog:
 
     def stored(self, block_hash: BlockHash, parent_block_hash: Optional[BlockHash], token_ids: tuple[int, ...],
                extra_keys: tuple = (), medium: str = MEDIUM_DEVICE) -> None:
-        """One block became hittable."""
-        self._events.append(BlockStored((block_hash,), parent_block_hash, token_ids, self.block_size, medium,
-                                        (extra_keys or None,)))
+        """One block became hittable (block_hash: its prefix-cache key, a group's key with KV cache groups)."""
+        chain_hash, group = self.split_key(block_hash)
+        kind, window = self.group_spec(group)
+        self._events.append(BlockStored((chain_hash,), parent_block_hash, token_ids, self.block_size, medium,
+                                        (extra_keys or None,), group, kind, window))
 
     def removed(self, block_hash: BlockHash, medium: str = MEDIUM_DEVICE) -> None:
         """One block stopped being hittable."""
-        self._events.append(BlockRemoved((block_hash,), medium))
+        chain_hash, group = self.split_key(block_hash)
+        self._events.append(BlockRemoved((chain_hash,), medium, group))
+
+    def split_key(self, block_key: BlockHash) -> tuple[BlockHash, Optional[int]]:
+        """(chain hash, KV cache group) of a prefix-cache key: the key itself and no group here (one group)."""
+        return block_key, None
+
+    def group_spec(self, group: Optional[int]) -> tuple[Optional[str], Optional[int]]:
+        """(vLLM's kv_cache_spec_kind, sliding window) of a group; (None, None) for no group."""
+        del group
+        return None, None
 
     def cleared(self) -> None:
         """Every block is gone; events before this one no longer matter."""

@@ -66,10 +66,9 @@ class Scheduler:
                                                    cache_config.enable_prefix_caching, token_granular=token_granular,
                                                    lower_tiers=lower_tiers)
         else:
-            if lower_tiers is not None:
-                raise ValueError("kv_group_windows: the KV tiers need one KV cache group (the engine turns them off)")
             self.kv_cache_manager = GroupedKVCacheManager(num_kv_blocks, cache_config.block_size, kv_group_windows,
-                                                          cache_config.enable_prefix_caching, token_granular)
+                                                          cache_config.enable_prefix_caching, token_granular,
+                                                          lower_tiers)
         self._grouped = self.kv_cache_manager.num_groups > 1
         """The runner reads a block table per group (ScheduledRequest.group_block_ids)."""
         """Block tables and the prefix cache (num_kv_blocks counts the null block 0)."""

@@ -7,8 +7,11 @@ frames, (topic, sequence number as 8 big-endian bytes, msgpack payload), the pay
 [ts, [event, ...], data_parallel_rank]. Each event is a map tagged by its type, as vLLM sends them since it moved
 off positional arrays (vllm-project/vllm#42892): {"type": "BlockStored", "block_hashes", "parent_block_hash",
 "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys"}, {"type": "BlockRemoved",
-"block_hashes", "medium"} or {"type": "AllBlocksCleared"}; "event_layout": "array" sends the same fields as the
-older positional arrays (["BlockStored", block_hashes, ...]) for subscribers that decode only those. Block hashes
+"block_hashes", "medium"} or {"type": "AllBlocksCleared"}; with KV cache groups, BlockStored adds "group_idx",
+"kv_cache_spec_kind" and (sliding groups) "kv_cache_spec_sliding_window", BlockRemoved "group_idx", each block
+hash being the chain hash within that group (vLLM's fields since its hybrid KV cache manager). "event_layout":
+"array" sends the same fields as the older positional arrays (["BlockStored", block_hashes, ...]) for subscribers
+that decode only those. Block hashes
 are jaxpaged's 32-byte chain hashes (msgpack bin). One socket carries every data-parallel rank, each batch naming
 its rank (vLLM opens one per rank).
 
@@ -44,15 +47,32 @@ def named_fields(event: KVCacheEvent) -> dict[str, Any]:
     A stored event's blocks are one request's, so its first block's extra keys name the LoRA adapter of all."""
     if isinstance(event, BlockStored):
         lora_id, lora_name = lora_of_extra_keys(event.extra_keys[0] if event.extra_keys else None)
-        return {"type": "BlockStored", "block_hashes": list(event.block_hashes),
-                "parent_block_hash": event.parent_block_hash, "token_ids": list(event.token_ids),
-                "block_size": event.block_size, "lora_id": lora_id, "medium": event.medium, "lora_name": lora_name,
-                "extra_keys": [list(keys) if keys is not None else None for keys in event.extra_keys]}
+        fields = {"type": "BlockStored", "block_hashes": list(event.block_hashes),
+                  "parent_block_hash": event.parent_block_hash, "token_ids": list(event.token_ids),
+                  "block_size": event.block_size, "lora_id": lora_id, "medium": event.medium, "lora_name": lora_name,
+                  "extra_keys": [list(keys) if keys is not None else None for keys in event.extra_keys]}
+        return fields | _group_fields(event.group_idx, event.kv_cache_spec_kind, event.kv_cache_spec_sliding_window)
     if isinstance(event, BlockRemoved):
-        return {"type": "BlockRemoved", "block_hashes": list(event.block_hashes), "medium": event.medium}
+        fields = {"type": "BlockRemoved", "block_hashes": list(event.block_hashes), "medium": event.medium}
+        return fields | _group_fields(event.group_idx)
     if isinstance(event, AllBlocksCleared):
         return {"type": "AllBlocksCleared"}
     raise TypeError(f"not a KV cache event: {event!r}")
+
+
+def _group_fields(group_idx: Optional[int], kind: Optional[str] = None,
+                  window: Optional[int] = None) -> dict[str, Any]:
+    """vLLM's KV cache group fields, after the others: none with one group (vLLM's omit_defaults leaves out None,
+    so an "array" event ends before them); with groups the group and, for BlockStored, its kind, the window only
+    for a sliding group."""
+    if group_idx is None:
+        return {}
+    fields: dict[str, Any] = {"group_idx": group_idx}
+    if kind is not None:
+        fields["kv_cache_spec_kind"] = kind
+        if window is not None:
+            fields["kv_cache_spec_sliding_window"] = window
+    return fields
 
 
 def encode_batch(events: list[KVCacheEvent], data_parallel_rank: int, layout: EventLayout = "map",

@@ -35,9 +35,12 @@ def build_kv_tiers(loaded: LoadedModel, config: EngineConfig, runners: Sequence[
     # the runner would sample the same digest); unquantized engines keep their fingerprints.
     quantization = loaded.quantization or config.quantization
     dtype = str(runner.dtype) if quantization is None else f"{runner.dtype}, {quantization} weights"
+    # With KV cache groups a block's slots hold one group's layers: the groups join the fingerprint.
+    kv_groups = (tuple((group.sliding_window, group.layer_ids) for group in kv_spec.groups)
+                 if any(window is not None for window in kv_spec.group_windows) else ())
     fingerprints = [layout_fingerprint(loaded.name, loaded.hf_config, dtype, cache.block_size,
                                        kv_spec.layout, kv_spec.tier_block_shape, tp, shard, weights,
-                                       cache.kv_cache_dtype)
+                                       cache.kv_cache_dtype, kv_groups)
                     for shard in range(tp)]
     block_spec = (str(kv_spec.pool_dtype), kv_spec.tier_block_shape)
     mac_key = cache.kv_offload_key.encode() if cache.kv_offload_key is not None else None
@@ -79,7 +82,7 @@ def persist_kv_cache(tiers: KVTiers, runners: Sequence[ModelRunner], schedulers:
     num_written, num_left = tiers.flush_host_to_disk(deadline)
     for scheduler, runner in zip(schedulers, runners):
         manager = scheduler.kv_cache_manager
-        saves = [(block_id, block_hash) for block_id, block_hash in manager.cached_blocks()
+        saves = [(block_id, block_hash) for block_id, block_hash in manager.blocks_worth_persisting()
                  if not tiers.on_disk(block_hash)]
         for _, block_hash in saves:
             manager.hand_down_record(block_hash)  # for the disk's KV events (when on)
@@ -108,8 +111,8 @@ def tier_stats(tiers: KVTiers, runners: Sequence[ModelRunner], schedulers: Seque
     to the tiers below, its bytes_in what it loaded from them."""
     lower = tiers.stats()
     block_size = runners[0].block_size
-    for stats in lower.values():
-        stats.hit_tokens = stats.hit_blocks * block_size
+    for name, stats in lower.items():
+        stats.hit_tokens = tiers.hit_chain_blocks[name] * block_size
     capacity = sum((runner.num_kv_blocks - 1) * runner.memory_plan.kv_bytes_per_block_per_device
                    * runner.mesh.devices.size for runner in runners)
     device = TierStats(hit_tokens=prefix_cache_hits - sum(stats.hit_tokens for stats in lower.values()),

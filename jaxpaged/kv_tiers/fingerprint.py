@@ -10,7 +10,7 @@ digest of gigabytes.
 import hashlib
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -36,14 +36,19 @@ def weights_sample_digest(params: Mapping[str, np.ndarray]) -> str:
 
 def layout_fingerprint(model_name: str, model_config: dict[str, Any], dtype: str, block_size: int, kv_layout: str,
                        block_shape: tuple[int, ...], tensor_parallel_size: int, shard_index: int,
-                       weights_digest: str = "", kv_cache_dtype: str = "auto") -> str:
+                       weights_digest: str = "", kv_cache_dtype: str = "auto",
+                       kv_groups: tuple[tuple[Optional[int], tuple[int, ...]], ...] = ()) -> str:
     """A 32-hex-digit digest of the fields (model_config: the checkpoint's config.json, whose fields decide the
     K/V as much as the weights do; block_shape: one block's per-shard array shape, layers first;
     weights_digest: weights_sample_digest of the parameters; kv_cache_dtype: EngineConfig's, how K/V are stored,
-    so an int8 tier is never read by a bfloat16 engine nor an fp8 one)."""
+    so an int8 tier is never read by a bfloat16 engine nor an fp8 one; kv_groups: with KV cache groups, each
+    group's (sliding window or None, layer ids), which decide whose layers a block's slots hold; () without groups,
+    leaving the fingerprints of before unchanged)."""
     fields = {"format": FORMAT_VERSION, "model": model_name, "config": model_config, "weights": weights_digest,
               "dtype": dtype, "kv_cache_dtype": kv_cache_dtype,
               "block_size": block_size, "kv_layout": kv_layout, "block_shape": list(block_shape),
               "tensor_parallel_size": tensor_parallel_size, "shard_index": shard_index}
+    if kv_groups:
+        fields["kv_groups"] = [[window, list(layers)] for window, layers in kv_groups]
     encoded = json.dumps(fields, sort_keys=True, default=str).encode()
     return hashlib.sha256(encoded).hexdigest()[:32]

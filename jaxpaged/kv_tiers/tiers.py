@@ -24,6 +24,7 @@ from typing import Optional
 import numpy as np
 
 from jaxpaged.core.kv_events import MEDIUM_DISK, MEDIUM_HOST
+from jaxpaged.core.kv_group_keys import split_group_key
 from jaxpaged.core.tier_events import TierEventRecorder
 
 from .disk_tier import BlockSpec, DiskTier
@@ -78,6 +79,9 @@ class KVTiers:
                         if disk_directory is not None else None)
             for fp in fingerprints]
         self._hit_blocks = {"host": 0, "disk": 0}
+        self.hit_chain_blocks = {"host": 0, "disk": 0}
+        """Per tier, the blocks served that stand for their chain position: every block without KV cache groups;
+        with groups only the first group's (a hit's tokens count once, not once per group: hit_tokens)."""
         self._events: Optional[TierEventRecorder] = None
         self.bytes_offloaded = 0
         """Bytes the device pools handed down (store() and persist()), over all shards (cumulative)."""
@@ -122,6 +126,8 @@ class KVTiers:
             payloads.append(payload)
         tier = "disk" if from_disk else "host"
         self._hit_blocks[tier] += 1
+        if split_group_key(block_hash)[1] in (None, 0):
+            self.hit_chain_blocks[tier] += 1
         self.bytes_loaded += sum(payload.nbytes for payload in payloads)
         if tier == "host":
             for shard, payload in zip(self._shards, payloads):

@@ -19,7 +19,6 @@ import numpy as np
 from jaxpaged.config import EngineConfig
 from jaxpaged.kernels.attention_dispatch import check_kv_cache_dtype, resolve_attention_backend
 from jaxpaged.kernels.cpu_native.paged_decode import native_decode_available
-from jaxpaged.kv_events_config import parse_kv_events_config
 from jaxpaged.models.llama import unroll_layers_on
 from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.models.moe import expert_matmul_name
@@ -201,18 +200,14 @@ def describe_experts(model: ModelConfig, params: dict[str, np.ndarray], tp: int,
 
 def hybrid_kv_groups(model: ModelConfig, config: EngineConfig) -> bool:
     """Whether sliding-window layers get KV cache groups of their own (runner/kv_spec.py): unless
-    disable_hybrid_kv_cache_manager says no, or a feature that moves blocks by one chain hash is on (the KV tiers,
-    KV events, multi-host steps), which turns them off with a log line saying why, as vLLM does for some connectors."""
+    disable_hybrid_kv_cache_manager says no, or the steps run on several hosts (each host's scheduler would have to
+    agree on every group's tables), which turns them off with a log line saying why, as vLLM does for some
+    connectors. The KV tiers and KV events work per group (core/kv_group_keys.py)."""
     if config.cache.disable_hybrid_kv_cache_manager or model.sliding_window is None:
         return False
-    features = (("the KV tiers (kv_offload_memory, kv_offload_dir)", config.cache.kv_offload_enabled),
-                ("kv_events_config", config.kv_events_config is not None
-                 and parse_kv_events_config(config.kv_events_config).enable_kv_cache_events),
-                ("multi-host serving", jax.process_count() > 1))
-    reasons = [name for name, on in features if on]
-    if reasons:
-        logger.warning("KV cache groups off: %s keep one block table per request; every layer keeps every token "
-                       "(as with --disable-hybrid-kv-cache-manager)", ", ".join(reasons))
+    if jax.process_count() > 1:
+        logger.warning("KV cache groups off: multi-host serving keeps one block table per request; every layer keeps "
+                       "every token (as with --disable-hybrid-kv-cache-manager)")
         return False
     return True
 

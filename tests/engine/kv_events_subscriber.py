@@ -11,8 +11,9 @@ from jaxpaged.core.hashing import hash_block_tokens
 
 # vLLM's field order, for events sent as positional arrays (the type's name first).
 POSITIONAL_FIELDS = {"BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
-                                     "medium", "lora_name", "extra_keys"),
-                     "BlockRemoved": ("block_hashes", "medium"), "AllBlocksCleared": ()}
+                                     "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind",
+                                     "kv_cache_spec_sliding_window"),
+                     "BlockRemoved": ("block_hashes", "medium", "group_idx"), "AllBlocksCleared": ()}
 
 
 def as_map(event) -> dict:
@@ -32,8 +33,9 @@ class Subscriber:
         self.socket.setsockopt(zmq.SUBSCRIBE, topic.encode())
         self.socket.connect(endpoint)
         self.topic, self.block_size = topic.encode(), block_size
-        self.held: dict[str, dict[int, set[bytes]]] = {"GPU": {}, "CPU": {}, "DISK": {}}
-        """Per medium, per rank: the chain hashes the events say it holds."""
+        self.held: dict[str, dict] = {"GPU": {}, "CPU": {}, "DISK": {}}
+        """Per medium, per rank (per (rank, group_idx) for events of KV cache groups): the chain hashes the events say
+        it holds."""
         self.cached = self.held["GPU"]
         """Per rank, the device's set."""
         self.ever_stored: set[bytes] = set()
@@ -63,11 +65,15 @@ class Subscriber:
         if kind == "AllBlocksCleared":
             assert event == {"type": "AllBlocksCleared"}
             for by_rank in self.held.values():  # every medium; what survives (the disk) is announced again
+                for key in list(by_rank):
+                    if key == rank or (isinstance(key, tuple) and key[0] == rank):
+                        by_rank[key] = set()
                 by_rank[rank] = set()
             return
         medium = event["medium"]
         self.counts_by_medium[kind, medium] = self.counts_by_medium.get((kind, medium), 0) + 1
-        cached = self.held[medium].setdefault(rank, set())
+        group = event.get("group_idx")
+        cached = self.held[medium].setdefault(rank if group is None else (rank, group), set())
         if kind == "BlockStored":
             block_hashes, parent, token_ids = event["block_hashes"], event["parent_block_hash"], event["token_ids"]
             block_size = event["block_size"]

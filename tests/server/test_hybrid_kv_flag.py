@@ -1,5 +1,6 @@
-"""vLLM's --disable-hybrid-kv-cache-manager (flag, LLM key, config field) turns the KV cache groups off, and a feature
-that moves blocks by one chain hash (the KV tiers, KV events) turns them off with one log line saying why."""
+"""vLLM's --disable-hybrid-kv-cache-manager (flag, LLM key, config field) turns the KV cache groups off; the KV tiers
+and KV events keep them on (they work per group), and multi-host serving turns them off with one log line saying
+why."""
 
 import logging
 
@@ -30,12 +31,21 @@ def test_groups_are_on_for_windows_unless_turned_off():
     assert not hybrid_kv_groups(shaped(4, None, ()), EngineConfig.from_options())
 
 
-def test_tiers_and_events_turn_the_groups_off_saying_why(caplog):
-    """The KV tiers and KV events keep one table per request: groups off, one warning naming the option."""
+def test_tiers_and_events_keep_the_groups_on(caplog):
+    """The KV tiers and KV events work per group: the groups stay on, with no warning."""
     with caplog.at_level(logging.WARNING, logger="jaxpaged.runner.startup"):
-        assert not hybrid_kv_groups(GEMMA, EngineConfig.from_options(kv_offload_memory=2**20))
+        assert hybrid_kv_groups(GEMMA, EngineConfig.from_options(kv_offload_memory=2**20))
         events = EngineConfig.from_options(kv_events_config='{"enable_kv_cache_events": true}')
-        assert not hybrid_kv_groups(GEMMA, events)
-        assert hybrid_kv_groups(GEMMA, EngineConfig.from_options(kv_events_config='{"enable_kv_cache_events": false}'))
+        assert hybrid_kv_groups(GEMMA, events)
+    assert not caplog.records
+
+
+def test_multi_host_serving_turns_the_groups_off_saying_why(caplog, monkeypatch):
+    """Several processes keep one table per request: groups off, one warning naming multi-host serving."""
+    import jax
+
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    with caplog.at_level(logging.WARNING, logger="jaxpaged.runner.startup"):
+        assert not hybrid_kv_groups(GEMMA, EngineConfig.from_options())
     lines = [record.getMessage() for record in caplog.records]
-    assert len(lines) == 2 and "kv_offload_memory" in lines[0] and "kv_events_config" in lines[1]
+    assert len(lines) == 1 and "multi-host" in lines[0]
