@@ -67,6 +67,14 @@ def check_parallel_layout(model: ModelConfig, tensor_parallel_size: int, data_pa
         raise ValueError(f"tensor_parallel_size: {tp} must divide the MLP's intermediate size "
                          f"{model.intermediate_size} {heads}")
     num_experts = getattr(model, "num_experts", 0)
+    if num_experts and getattr(model, "expert_parallel", False) and dp > 1:
+        # vLLM places the experts over dp x tp devices and runs every data-parallel rank in lock step (an idle rank
+        # a dummy batch), its MoE layers exchanging tokens across ranks. Here each rank is an engine replica on its
+        # own mesh and schedule (engine/ranks.py), so no step spans two ranks' devices: refused rather than
+        # silently placing the experts over each rank's tp devices only.
+        raise ValueError(f"enable_expert_parallel: experts over data_parallel_size ({dp}) x tensor_parallel_size "
+                         f"({tp}) devices are not supported (data-parallel ranks step independently); use "
+                         f"tensor_parallel_size alone for expert parallelism {heads}")
     if num_experts and getattr(model, "expert_parallel", False) and num_experts % tp:
         raise ValueError(f"tensor_parallel_size: {tp} must divide the number of experts ({num_experts}) under "
                          f"enable_expert_parallel {heads}")
