@@ -42,7 +42,7 @@ def median_step_s(llm: LLM, prompt: list[int], output_tokens: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description="The MoE's batch-1 decode step against its dense twin's, alternated.")
     parser.add_argument("--rounds", type=int, default=6, help="rounds per model, alternated (default 6)")
     parser.add_argument("--output-tokens", type=int, default=64)
     parser.add_argument("--out", help="also write the JSON result here")
