@@ -112,7 +112,7 @@ def _read(layout: Any, lookup: TensorLookup, prefix: str, num_experts: int) -> O
         width = fused.shape[out_axis] // layout.parts
         columns = (np.arange(layout.part, fused.shape[out_axis], layout.parts) if layout.interleaved
                    else np.arange(layout.part * width, (layout.part + 1) * width))
-        part = np.take(fused, columns, axis=out_axis)
+        part = fused.take(columns, axis=out_axis)  # an MXFP4 parameter dequantizes only these columns
         return np.ascontiguousarray(np.swapaxes(part, 1, 2) if layout.transposed else part)
     first = lookup(prefix + layout.pattern.format(expert=0))
     if first is None:

@@ -8,7 +8,9 @@ rows past num_rows; under expert parallelism, experts another shard holds) are g
 last expert, so they sort after sum(group_sizes): the grouped matmul does no work for them and their weight is 0.
 
 Expert weights are stored [num_experts, in, out] (gate and up [E, hidden, intermediate], down [E, intermediate,
-hidden]); int8 experts are Int8Weight(values [E, in, out], float32 scales [E, out]).
+hidden]); int8 experts are Int8Weight(values [E, in, out], float32 scales [E, out]). On TPU the intermediate and
+down's hidden columns are zero-padded to whole 128 lanes at load (runner/expert_lanes.py): down's extra output
+columns are dropped here.
 
 Under a mesh with tp > 1 the block runs per model shard in shard_map (`run_sharded`): with expert parallelism each
 shard holds E / tp whole experts and computes only their assignments; without it each shard holds every expert's
@@ -199,6 +201,7 @@ def experts_forward(x: Float[Array, "tokens hidden"], weights: Float32[Array, "t
     if experts.up_bias is not None:
         up = up + experts.up_bias[bias_row].astype(up.dtype)
     out = expert_matmul(activation(gate, up), down_values, group_sizes, down_scale).astype(jnp.float32)
+    out = out[:, :x.shape[-1]]  # down's zero columns past hidden (TPU lane padding: runner/expert_lanes.py)
     if experts.down_bias is not None:
         out = out + jnp.where(add_down_bias, experts.down_bias[bias_row].astype(jnp.float32), 0.0)
     sorted_weight = jnp.where(sorted_expert < num_local, weights.reshape(-1)[order], 0.0)

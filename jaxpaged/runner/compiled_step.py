@@ -9,7 +9,7 @@ this module's top: place_model() builds it, forward_step() runs it.
 import functools
 import os
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any, Optional
 
@@ -31,6 +31,7 @@ from jaxpaged.runner.buckets import Bucket
 from jaxpaged.runner.kv_pool import KVPool
 from jaxpaged.runner.startup import StartupPlan
 from jaxpaged.runner.step_inputs import StepInputBuilder
+from jaxpaged.runner.zero_padded import HostWeight
 from jaxpaged.sampling.prompt_logprobs import PromptLogprobStats, empty_prompt_logprob_stats, prompt_logprob_stats
 
 MAX_PARALLEL_COMPILES = 4
@@ -39,7 +40,7 @@ MAX_PARALLEL_COMPILES = 4
 
 # ---- the model, as the runner sees it ----------------------------------------------------------------------------
 
-def place_model(params: dict[str, np.ndarray], model_config: ModelConfig, plan: StartupPlan,
+def place_model(params: Mapping[str, HostWeight], model_config: ModelConfig, plan: StartupPlan,
                 mesh: jax.sharding.Mesh, lora: Optional[LoRASlots] = None) -> tuple[nnx.GraphDef, dict[str, Any]]:
     """The weights on the rank's devices, arranged and packed as planned: the model's graph definition and its
     state as a plain dict of arrays. `lora`: adapter slots the model's projections read (state["lora"])."""

@@ -22,7 +22,7 @@ import logging
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
 import jax
@@ -45,6 +45,7 @@ from jaxpaged.models.int16_activations import VnniW8A16Weight, W8A16Weight, cpu_
 from jaxpaged.models.layers import matmuls
 from jaxpaged.runner.buckets import token_ladder
 from jaxpaged.runner.probe_cache import keep_verdict, packed_kernel_digest, read_verdict, verdict_file
+from jaxpaged.runner.zero_padded import HostWeight
 
 logger = logging.getLogger(__name__)
 
@@ -125,7 +126,7 @@ class Int8Probe:
         return f"{1 / self.relative_time(path):.2f}x"
 
 
-def probe_shapes(params: dict[str, np.ndarray], config: EngineConfig, dtype: Any, packed_float: bool) -> ProbeShapes:
+def probe_shapes(params: Mapping[str, HostWeight], config: EngineConfig, dtype: Any, packed_float: bool) -> ProbeShapes:
     """The probe's shapes for a rank of this model and config: each int8 layer projection's [inner, outer] (the
     whole weight: a tensor-parallel rank's share is smaller), a decode step's bucket (max_num_seqs rows) and the
     largest prefill bucket (at most PREFILL_ROWS_CAP rows)."""

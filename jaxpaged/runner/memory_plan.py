@@ -4,6 +4,7 @@ out-of-memory error half-way through warm-up."""
 
 import dataclasses
 import logging
+from collections.abc import Mapping
 from typing import Any, Optional
 
 import numpy as np
@@ -13,6 +14,7 @@ from jaxpaged.models.int8_weights import stored_dtype
 from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.runner import mesh as mesh_lib
 from jaxpaged.runner.kv_spec import KVSpec, build_kv_spec
+from jaxpaged.runner.zero_padded import HostWeight
 from pallas_kernels.kv_quantization import SCALE_DTYPE, format_of_pool, is_quantized_pool
 
 logger = logging.getLogger(__name__)
@@ -21,7 +23,7 @@ WEIGHT_SHARE_LIMIT = 0.9
 """Weights may take at most this share of a device's memory: the KV cache and XLA's buffers need the rest."""
 
 
-def weight_bytes_per_device(params: dict[str, np.ndarray], model: ModelConfig, tp: int, dtype) -> int:
+def weight_bytes_per_device(params: Mapping[str, HostWeight], model: ModelConfig, tp: int, dtype) -> int:
     """Bytes of the weights on each device of a rank as they will be stored (the engine dtype; int8 projections and
     their float32 scales as such), after tensor-parallel sharding."""
     total = 0
@@ -144,7 +146,7 @@ def fit_max_model_len(context_len: int, num_kv_blocks: int, block_size: int,
     return usable_tokens
 
 
-def weight_format(params: dict[str, np.ndarray], dtype) -> str:
+def weight_format(params: Mapping[str, HostWeight], dtype) -> str:
     """How the weights will be stored, for the plan's log line: the engine dtype, or int8 projections beside it."""
     name = np.dtype(dtype).name
     return f"int8 projections + {name}" if any(value.dtype == np.int8 for value in params.values()) else name

@@ -18,7 +18,7 @@ parallelism is the "model" axis, Megatron style:
 import dataclasses
 import functools
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Optional, Union
 
 import jax
@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 from jaxpaged.models.int8_weights import SCALE_SUFFIX, is_scale, stored_dtype
 from jaxpaged.models.model_config import ModelConfig
 from jaxpaged.models.packed_weights import is_packed, pack_param
+from jaxpaged.runner.zero_padded import HostWeight
 
 DATA_AXIS, MODEL_AXIS = "data", "model"
 
@@ -67,6 +68,14 @@ def check_parallel_layout(model: ModelConfig, tensor_parallel_size: int, data_pa
         raise ValueError(f"tensor_parallel_size: {tp} must divide the MLP's intermediate size "
                          f"{model.intermediate_size} {heads}")
     num_experts = getattr(model, "num_experts", 0)
+    if num_experts and getattr(model, "expert_parallel", False) and dp > 1:
+        # vLLM places the experts over dp x tp devices and runs every data-parallel rank in lock step (an idle rank
+        # a dummy batch), its MoE layers exchanging tokens across ranks. Here each rank is an engine replica on its
+        # own mesh and schedule (engine/ranks.py), so no step spans two ranks' devices: refused rather than
+        # silently placing the experts over each rank's tp devices only.
+        raise ValueError(f"enable_expert_parallel: experts over data_parallel_size ({dp}) x tensor_parallel_size "
+                         f"({tp}) devices are not supported (data-parallel ranks step independently); use "
+                         f"tensor_parallel_size alone for expert parallelism {heads}")
     if num_experts and getattr(model, "expert_parallel", False) and num_experts % tp:
         raise ValueError(f"tensor_parallel_size: {tp} must divide the number of experts ({num_experts}) under "
                          f"enable_expert_parallel {heads}")
@@ -173,7 +182,7 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 
 
-def place_params(params: dict[str, np.ndarray], model: ModelConfig, mesh: Mesh, dtype, *,
+def place_params(params: Mapping[str, HostWeight], model: ModelConfig, mesh: Mesh, dtype, *,
                  per_layer: bool = False, pack: bool = False, pack_int8: bool = False, int8_vnni: bool = False,
                  int8_pairs: bool = False, progress: Optional[bool] = None,
                  ) -> dict[str, Union[jax.Array, list[jax.Array]]]:
@@ -194,7 +203,7 @@ def place_params(params: dict[str, np.ndarray], model: ModelConfig, mesh: Mesh, 
         raise ValueError(f"packed weights are placed per layer on one device per rank, got tp={tp}, "
                          f"per_layer={per_layer}")
 
-    def place(host: np.ndarray, spec: P) -> jax.Array:
+    def place(host: HostWeight, spec: P) -> jax.Array:
         target = stored_dtype(name, host.dtype, dtype)  # int8 weights and their scales keep their own dtypes
         return jax.make_array_from_callback(host.shape, NamedSharding(mesh, spec),
                                             lambda index: np.asarray(host[index], dtype=target))
@@ -211,7 +220,7 @@ def place_params(params: dict[str, np.ndarray], model: ModelConfig, mesh: Mesh, 
                 placed[name] = [place(pack_param(name, layer, packed_dtype, quantized and int8_vnni,
                                                  quantized and int8_pairs), P()) for layer in value]
             else:
-                placed[name] = place(pack_param(name, value, dtype), P())
+                placed[name] = place(pack_param(name, np.asarray(value), dtype), P())
         elif per_layer and name.startswith("layers."):
             placed[name] = [place(layer, P(*spec[1:])) for layer in value]  # the spec less the layer axis
         else:

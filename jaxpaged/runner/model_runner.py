@@ -28,6 +28,7 @@ from jaxpaged.runner import mesh as mesh_lib
 from jaxpaged.runner.batch import StepInputs
 from jaxpaged.runner.buckets import Bucket, BucketLadder
 from jaxpaged.runner.compiled_step import CompiledStep, compile_all, place_model
+from jaxpaged.runner.expert_lanes import pad_experts_to_lanes
 from jaxpaged.runner.kv_pool import KVPool
 from jaxpaged.runner.memory_plan import MemoryPlan
 from jaxpaged.runner.startup import log_plan, plan_startup
@@ -70,6 +71,8 @@ class ModelRunner:
         params, model_config = mesh_lib.replicate_kv_heads(params, loaded.config,
                                                            self.mesh.shape[mesh_lib.MODEL_AXIS])
         self.model_config = with_expert_parallel(model_config, config.enable_expert_parallel)
+        if self.mesh.devices.flat[0].platform == "tpu":  # the grouped matmul's weights in whole lanes (a view)
+            params = pad_experts_to_lanes(params, self.model_config, self.mesh.shape[mesh_lib.MODEL_AXIS])
         self.plan = plan_startup(self.model_config, params, config, self.mesh, quantization)
         """Every start-up decision of this rank (dtype, layers, packing, kernels, KV spec and size, memory)."""
         sched = config.scheduler

@@ -10,6 +10,7 @@ plan.
 
 import dataclasses
 import logging
+from collections.abc import Mapping
 from typing import Optional
 
 import jax
@@ -37,6 +38,7 @@ from jaxpaged.runner.memory_plan import (
     weight_bytes_per_device,
     weight_format,
 )
+from jaxpaged.runner.zero_padded import HostWeight
 
 logger = logging.getLogger(__name__)
 
@@ -134,7 +136,7 @@ class StartupPlan:
         return "\n".join(lines)
 
 
-def plan_startup(model: ModelConfig, params: dict[str, np.ndarray], config: EngineConfig,
+def plan_startup(model: ModelConfig, params: Mapping[str, HostWeight], config: EngineConfig,
                  mesh: jax.sharding.Mesh, quantization: Optional[str] = None) -> StartupPlan:
     """Decide everything a rank over `mesh` runs with (`model` and `params` after any kv-head replication;
     `quantization`: the scheme of params' int8 projections, "int8" when None and some are int8); ValueError naming
@@ -176,7 +178,8 @@ def plan_startup(model: ModelConfig, params: dict[str, np.ndarray], config: Engi
                        describe_experts(model, params, tp, dtype, platform))
 
 
-def describe_experts(model: ModelConfig, params: dict[str, np.ndarray], tp: int, dtype, platform: str = "cpu") -> str:
+def describe_experts(model: ModelConfig, params: Mapping[str, HostWeight], tp: int, dtype,
+                     platform: str = "cpu") -> str:
     """The plan's MoE line: experts and top-k, how routing and the expert matmuls run, where the experts live and
     their bytes per device; "" for a dense model."""
     if not isinstance(model, MoeModelConfig) or not model.has_experts:
@@ -191,6 +194,11 @@ def describe_experts(model: ModelConfig, params: dict[str, np.ndarray], tp: int,
         placement = f"expert parallel: {model.num_experts // tp} whole experts per device over tp={tp}, psum"
     else:
         placement = f"every expert's width split over tp={tp} (no expert parallelism), psum"
+    stored_width, stored_hidden = (experts["layers.expert_down"].shape[-2:] if "layers.expert_down" in experts
+                                   else (model.moe_intermediate_size, model.hidden_size))
+    if (stored_width, stored_hidden) != (model.moe_intermediate_size, model.hidden_size):
+        placement += (f"; padded to 128-lane columns at load (width {model.moe_intermediate_size} -> {stored_width}, "
+                      f"hidden {model.hidden_size} -> {stored_hidden})")
     return (f"experts: {routing.num_experts} per layer in {moe_layers} of {model.num_layers} layers, top "
             f"{routing.top_k} ({routing.style}{', renormalised' if routing.renormalize else ''}), width "
             f"{model.moe_intermediate_size}{', int8' if quantized else ''}; dropless, sorted by expert, grouped "

@@ -4,7 +4,7 @@ in the checkpoint's own dtype (or a compressed-tensors int8 checkpoint as int8: 
 import json
 import logging
 import pathlib
-from typing import Optional
+from typing import Optional, cast
 
 import numpy as np
 
@@ -12,7 +12,7 @@ from jaxpaged.models.int8_weights import HostInt8, dequantize_int8
 from jaxpaged.models.registry import architecture_of, resolve
 from jaxpaged.models.weight_names import AssembledTensor
 from jaxpaged.weights import compressed_tensors
-from jaxpaged.weights.mxfp4 import BLOCKS_SUFFIX, SCALES_SUFFIX, dequantized_parameter, is_mxfp4_checkpoint
+from jaxpaged.weights.mxfp4 import BLOCKS_SUFFIX, SCALES_SUFFIX, Mxfp4Parameter, is_mxfp4_checkpoint
 from jaxpaged.weights.param_names import stack_layers
 from jaxpaged.weights.safetensors_file import TensorEntry, open_tensor, read_header
 
@@ -82,14 +82,16 @@ def load_hf_checkpoint(path: pathlib.Path, quantization: Optional[str] = None,
         return open_tensor(entries[hf_name])
 
     def mxfp4_parameter(full_name: str) -> Optional[np.ndarray]:
-        """`full_name` stored as MXFP4 blocks and scales, dequantized; None when there are no such blocks."""
+        """`full_name` stored as MXFP4 blocks and scales, dequantized as its reader takes columns (gate_up_proj's
+        gate and up halves each once); None when there are no such blocks."""
         blocks, scales = (file_names.get(full_name + suffix) for suffix in (BLOCKS_SUFFIX, SCALES_SUFFIX))
         if blocks is None:
             return None
         if scales is None:
             raise ValueError(f"tensor {full_name + SCALES_SUFFIX!r} is missing (its blocks are there)")
-        return dequantized_parameter(open_tensor(entries[blocks], quantized=True),
-                                     open_tensor(entries[scales], quantized=True), full_name)
+        # Array-like (shape, ndim, take, __array__): what expert_tensors.Fused reads of a fused expert tensor.
+        return cast(np.ndarray, Mxfp4Parameter(open_tensor(entries[blocks], quantized=True),
+                                               open_tensor(entries[scales], quantized=True), full_name))
 
     def fetch(name: str, layer: Optional[int]) -> "np.ndarray | HostInt8":
         assembled = names.layer.get(name) if layer is not None else None

@@ -80,9 +80,40 @@ def is_mxfp4_checkpoint(hf_config: dict) -> bool:
     return isinstance(quantization, dict) and quantization.get("quant_method") == "mxfp4"
 
 
+class Mxfp4Parameter:
+    """A parameter [experts, in, out] (bfloat16) a gpt-oss checkpoint stores as `name`_blocks / `name`_scales, not yet
+    dequantized: `take` dequantizes only the output columns it is asked for.
+
+    gpt-oss's gate_up_proj holds two parameters (gate in the even columns, up in the odd ones), each read by its own
+    expert stack (models/expert_tensors.py); dequantizing the whole tensor for each would decode every code twice.
+    The packed form runs its 32-value groups along the input axis, so it is [experts, out, in]: the output columns
+    are whole rows of blocks, and selecting them before the lookup is exact.
+    """
+
+    def __init__(self, blocks: UInt8[np.ndarray, "experts out num_blocks bytes"],
+                 scales: UInt8[np.ndarray, "experts out num_blocks"], name: str):
+        if scales.ndim != 3:
+            raise ValueError(f"{name}: MXFP4 expert scales must be [experts, out, blocks], got {scales.shape}")
+        self.blocks, self.scales, self.name = blocks, scales, name
+        experts, outer, num_blocks = scales.shape
+        self.shape = (experts, num_blocks * VALUES_PER_BLOCK, outer)
+        self.ndim = 3
+
+    def take(self, columns: np.ndarray, axis: int) -> np.ndarray:
+        """The dequantized parameter's `columns` of its output axis (axis 2 or -1), [experts, in, len(columns)]."""
+        if axis not in (2, -1):
+            raise ValueError(f"{self.name}: an MXFP4 parameter is selected along its output axis, not axis {axis}")
+        values = dequantize_mxfp4(self.blocks[:, columns], self.scales[:, columns], name=self.name)
+        return np.swapaxes(values, -1, -2)
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        """The whole dequantized parameter [experts, in, out]."""
+        values = self.take(np.arange(self.shape[2]), axis=2)
+        return values if dtype is None else values.astype(dtype)
+
+
 def dequantized_parameter(blocks: UInt8[np.ndarray, "experts out num_blocks bytes"],
                           scales: UInt8[np.ndarray, "experts out num_blocks"], name: str) -> np.ndarray:
-    """The parameter [experts, in, out] (bfloat16) a gpt-oss checkpoint stores as `name`_blocks / `name`_scales:
-    the packed form runs its 32-value groups along the input axis, so it is [experts, out, in]; transformers' loader
-    transposes it to the parameter's [experts, in, out], and so does this."""
-    return np.swapaxes(dequantize_mxfp4(blocks, scales, name=name), -1, -2)
+    """The whole parameter [experts, in, out] (bfloat16) of `name`_blocks / `name`_scales (transformers' loader
+    transposes the packed [experts, out, in] to the parameter's [experts, in, out], and so does this)."""
+    return np.asarray(Mxfp4Parameter(blocks, scales, name))

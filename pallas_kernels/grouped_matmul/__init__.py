@@ -9,6 +9,7 @@ per-call copy of every expert. `grouped_matmul` is the TPU kernel.
 from pallas_kernels.grouped_matmul.gpu import grouped_matmul_gpu
 from pallas_kernels.grouped_matmul.reference import grouped_matmul_reference
 from pallas_kernels.grouped_matmul.tpu import grouped_matmul_tpu as grouped_matmul
-from pallas_kernels.grouped_matmul.weight_layout import pad_columns_to_lanes
+from pallas_kernels.grouped_matmul.weight_layout import lane_padded_width, pad_columns_to_lanes
 
-__all__ = ["grouped_matmul", "grouped_matmul_gpu", "grouped_matmul_reference", "pad_columns_to_lanes"]
+__all__ = ["grouped_matmul", "grouped_matmul_gpu", "grouped_matmul_reference", "lane_padded_width",
+           "pad_columns_to_lanes"]

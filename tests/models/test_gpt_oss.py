@@ -20,6 +20,7 @@ from jaxpaged.models.param_shapes import param_shapes
 from jaxpaged.models.registry import read_model_config
 from jaxpaged.models.yarn import YarnScaling
 from jaxpaged.runner import startup as startup_module
+from jaxpaged.weights import mxfp4 as mxfp4_module
 from jaxpaged.weights.loader import load_model
 from tests.models.moe_checkpoints import VOCAB, engine_greedy, random_prompts, save_moe_checkpoint
 from tests.models.test_hf_parity import hf_greedy
@@ -112,6 +113,25 @@ def test_mxfp4_and_fused_layouts_load_the_same_parameters(gpt_oss):
     for name in expected:
         np.testing.assert_array_equal(np.asarray(got[name], np.float32), np.asarray(expected[name], np.float32),
                                       err_msg=name)
+
+
+def test_mxfp4_load_decodes_every_stored_byte_once(gpt_oss, monkeypatch):
+    """Loading the MXFP4 checkpoint looks up each stored byte of codes exactly once: gate_up_proj's gate and up
+    halves are dequantized apart, never the whole tensor per half."""
+    _, _, mxfp4 = gpt_oss
+    decoded = []
+    original = mxfp4_module._dequantized_slice
+
+    def counting(blocks, scales, dtype):
+        decoded.append(np.asarray(blocks).size)
+        return original(blocks, scales, dtype)
+
+    monkeypatch.setattr(mxfp4_module, "_dequantized_slice", counting)
+    load_model(str(mxfp4))
+    with safe_open(str(mxfp4 / "model.safetensors"), "np") as handle:
+        stored = sum(int(np.prod(handle.get_slice(name).get_shape())) for name in handle.keys()
+                     if name.endswith("_blocks"))
+    assert sum(decoded) == stored
 
 
 def test_gate_up_columns_are_deinterleaved(gpt_oss):

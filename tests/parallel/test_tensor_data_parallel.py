@@ -142,3 +142,23 @@ def test_layout_options_and_their_errors():
     with pytest.raises(ValueError, match="kv heads, or be a multiple of it"):
         check_parallel_layout(dataclasses.replace(model, num_q_heads=12, num_kv_heads=3), 2, 1, num_devices=4)
     check_parallel_layout(model, 4, 1, num_devices=4)  # 2 kv heads at tp 4: each replicated twice
+
+
+def test_expert_parallel_over_data_parallel_ranks_is_refused():
+    """enable_expert_parallel with dp > 1 names the option (the experts cannot span independent ranks); at dp 1,
+    and for a dense model at dp 2, the layout stands."""
+    import dataclasses
+
+    from jaxpaged.models.moe_decoder import MoeModelConfig, moe_fields
+    from jaxpaged.models.registry import read_model_config
+    from jaxpaged.runner.mesh import check_parallel_layout
+
+    dense = read_model_config(dict(TINY_LLAMA, architectures=["LlamaForCausalLM"]))
+    moe = MoeModelConfig(**moe_fields(dense), num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16,
+                         expert_parallel=True)
+    with pytest.raises(ValueError, match=r"enable_expert_parallel: experts over data_parallel_size \(2\) x "
+                                         r"tensor_parallel_size \(2\) devices are not supported"):
+        check_parallel_layout(moe, 2, 2, num_devices=4)
+    check_parallel_layout(moe, 2, 1, num_devices=4)
+    check_parallel_layout(dataclasses.replace(moe, expert_parallel=False), 2, 2, num_devices=4)
+    check_parallel_layout(dense, 2, 2, num_devices=4)
