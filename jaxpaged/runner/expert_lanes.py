@@ -35,7 +35,7 @@ def pad_experts_to_lanes(params: Mapping[str, HostWeight], model: ModelConfig, t
     dense model's are returned as they are): the width per shard when tensor parallelism splits it (no expert
     parallelism), the hidden size whole."""
     if not isinstance(model, MoeModelConfig) or not model.has_experts:
-        return params
+        return dict(params)
     width_shards = 1 if model.expert_parallel else tp
     padded_size = {_WIDTH: lane_padded_width(model.moe_intermediate_size, width_shards),
                    _HIDDEN: lane_padded_width(model.hidden_size)}

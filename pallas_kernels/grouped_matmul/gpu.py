@@ -11,8 +11,8 @@ group * k. Triton wants power-of-two tile sides (>= 16 for tl.dot): row, k and n
 (a masked lane is never touched, so its index may point past the array), so any k and n work (gpt-oss's 2880).
 Indices are never clamped into bounds: a clamp hides the columns' contiguity from Triton, which then loads element
 by element (removing one took the paged-attention kernel from 34 % to 57 % of a copy's bandwidth on an H200);
-masks on k and n exist only where that dim has a tail. int8 weights are converted to the lhs dtype in registers and the group's column
-scales applied to the accumulator. float32 asks for Precision.HIGHEST (IEEE dots, not TF32).
+masks on k and n exist only where that dim has a tail. int8 weights are converted to the lhs dtype in registers and
+the group's column scales applied to the accumulator. float32 asks for Precision.HIGHEST (IEEE dots, not TF32).
 """
 
 import functools

@@ -20,7 +20,9 @@ LAYERS, EXPERTS, HIDDEN, WIDTH = 2, 4, 64, 16
 
 def tiny_moe(expert_parallel: bool = False) -> MoeModelConfig:
     dense = read_model_config(dict(TINY_LLAMA, architectures=["LlamaForCausalLM"]))
-    return MoeModelConfig(**(moe_fields(dense) | dict(hidden_size=HIDDEN)), num_experts=EXPERTS,
+    fields = moe_fields(dense)
+    fields["hidden_size"] = HIDDEN
+    return MoeModelConfig(**fields, num_experts=EXPERTS,
                           num_experts_per_tok=2, moe_intermediate_size=WIDTH, expert_parallel=expert_parallel)
 
 
@@ -98,9 +100,10 @@ def test_placed_padded_experts_compute_what_unpadded_ones_do():
     padded_int8 = {name: np.asarray(value) for name, value in pad_experts_to_lanes(int8_params, model, 1).items()}
 
     def int8_experts(stacks) -> ExpertWeights:
-        return ExpertWeights(*(Int8Weight(jnp.asarray(stacks[f"layers.expert_{name}"][0]),
-                                          jnp.asarray(stacks[scale_name(f"layers.expert_{name}")][0]))
-                               for name in ("gate", "up", "down")))
+        gate, up, down = (Int8Weight(jnp.asarray(stacks[f"layers.expert_{name}"][0]),
+                                     jnp.asarray(stacks[scale_name(f"layers.expert_{name}")][0]))
+                          for name in ("gate", "up", "down"))
+        return ExpertWeights(gate, up, down)
 
     np.testing.assert_allclose(np.asarray(block(x, logits, int8_experts(padded_int8), routing, jnp.int32(5))),
                                np.asarray(block(x, logits, int8_experts(int8_params), routing, jnp.int32(5))),
