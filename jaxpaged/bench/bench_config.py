@@ -126,7 +126,7 @@ class PeerConfig:
     batch_size: int = 16
     """hf_batched: prompts per generate() call."""
     repeats: int = 1
-    """Measured runs; the median is reported."""
+    """Measured runs; the median is reported (a vllm_cpu peer alternating with jaxpaged runs mode.repeats)."""
     options: dict = dataclasses.field(default_factory=dict)
     """HF peers: num_threads (torch intra-op threads), dtype ("float32", the default, or "bfloat16"); llama_cpp:
     Llama() keyword arguments (n_ctx, n_threads); vllm_cpu: dtype, engine_args (vllm.LLM keyword arguments, or

@@ -7,7 +7,6 @@ option, or any when it is left to "auto"); a workload no such point ran is measu
 reported unavailable (online).
 """
 
-import contextlib
 import pathlib
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
@@ -60,12 +59,20 @@ class PairedPeers:
         self.results: dict[tuple[str, str], Any] = {}
         """(peer name, workload key) -> (metrics, repeats), or the error it met."""
         self._loaded: dict[str, Any] = {}
-        """Peer name -> its worker or server, or the error starting it met (tried once)."""
-        self._stack = contextlib.ExitStack()
+        """Peer name @ mode -> its worker or server, or the error starting it met (tried once)."""
+        self._num_started = 0
 
     def close(self) -> None:
         """End every worker and server."""
-        self._stack.close()
+        self.release(lambda peer: True)
+
+    def release(self, done: Callable[[PeerConfig], bool]) -> None:
+        """End the workers and servers of the peers `done` selects (a vLLM process holds gigabytes; one no later
+        point needs goes at once). A released peer that is needed again is loaded again."""
+        for key, loaded in list(self._loaded.items()):
+            if not isinstance(loaded, Exception) and done(_peer(self.peers, key.rsplit("@", 1)[0])):
+                del self._loaded[key]
+                loaded.__exit__(None, None, None)
 
     def _model_dir(self) -> pathlib.Path:
         from jaxpaged.bench.peers.hf_export import hf_directory
@@ -77,15 +84,16 @@ class PairedPeers:
         key = f"{peer.name}@{'online' if online else 'offline'}"
         if key not in self._loaded:
             try:
-                log = self.out_dir / f"{peer.kind}-{'server' if online else 'worker'}-{len(self._loaded)}.log"
+                log = self.out_dir / f"{peer.kind}-{'server' if online else 'worker'}-{self._num_started}.log"
+                self._num_started += 1
                 if online:
                     from jaxpaged.bench.peers.vllm_server import VllmServer
 
-                    self._loaded[key] = self._stack.enter_context(VllmServer(peer, self._model_dir(), log))
+                    self._loaded[key] = VllmServer(peer, self._model_dir(), log).__enter__()
                 else:
                     from jaxpaged.bench.peers.vllm_cpu import VllmCpuPeer
 
-                    self._loaded[key] = self._stack.enter_context(VllmCpuPeer(peer, self._model_dir(), log))
+                    self._loaded[key] = VllmCpuPeer(peer, self._model_dir(), log).__enter__()
             except Exception as error:
                 self._loaded[key] = error
         loaded = self._loaded[key]
@@ -113,7 +121,10 @@ class PairedPeers:
         our_tokens: list[list[int]] = []
         ours, theirs, failed = alternate(repeats, lambda r: run_ours(our_tokens if r == 0 else None), runners)
         for name, runs in theirs.items():
-            self.results[(name, key)] = failed[name] if name in failed else peer_result(runs, our_tokens)
+            try:
+                self.results[(name, key)] = failed[name] if name in failed else peer_result(runs, our_tokens)
+            except ValueError as error:  # outputs that cannot be compared are the peer row's error, not jaxpaged's
+                self.results[(name, key)] = error
         return ours
 
     def run_online(self, key: str, requests: list[BenchRequest], point: SweepPoint,

@@ -165,7 +165,11 @@ def _engine_groups(points: list[SweepPoint]) -> list[list[int]]:
 def _run_jaxpaged(config: BenchConfig, points: list[SweepPoint], out_dir: pathlib.Path, bar, info: dict,
                   paired: "PairedPeers") -> list:
     rows: dict[int, dict] = {}
-    for indices in _engine_groups(points):
+    groups = _engine_groups(points)
+    for number, indices in enumerate(groups):
+        later_dtypes = {points[group[0]].engine_options.get("dtype", "auto") for group in groups[number:]}
+        # peers in a dtype no group from here on runs in let their gigabytes go ("auto" may be any dtype)
+        paired.release(lambda peer, dtypes=later_dtypes: "auto" not in dtypes and peer.dtype not in dtypes)
         try:
             if points[indices[0]].mode.kind == "offline":
                 _offline_group(config, points, indices, rows, bar, info, out_dir, paired)

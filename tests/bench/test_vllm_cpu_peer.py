@@ -177,3 +177,23 @@ def test_worker_script_needs_nothing_of_jaxpaged():
     imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
     assert not any(name.startswith("jaxpaged") for name in imported)
     assert vllm_worker.MARK == MARK and paired_peers.PAIRED_KINDS == ("vllm_cpu",)
+
+
+def test_release_ends_only_the_selected_workers(fake_python, tmp_path, monkeypatch):
+    """A worker no later point needs is ended at once (vLLM holds gigabytes); the others stay loaded. jaxpaged's
+    runs here return no tokens: the peer's row gets that error, jaxpaged's run goes on."""
+    config = parse_config({"name": "t", "workload": {"kind": "random", "num_requests": 2},
+                           "peers": [{"kind": "vllm_cpu", "options": {"python": str(fake_python), "dtype": dtype}}
+                                     for dtype in ("float32", "bfloat16")]})
+    monkeypatch.setattr(PairedPeers, "_model_dir", lambda self: tmp_path)
+    paired = PairedPeers(config, tmp_path)
+    try:
+        for dtype in ("float32", "bfloat16"):
+            paired.run_offline(dtype, REQUESTS, SamplingConfig(), 1, dtype, lambda tokens_out: {})
+        assert all(isinstance(paired.results[(peer.name, peer.dtype)], ValueError) for peer in config.peers)
+        workers = {peer.dtype: paired._load(peer, online=False) for peer in config.peers}
+        paired.release(lambda peer: peer.dtype == "float32")
+        assert workers["float32"]._process is None and workers["bfloat16"]._process.poll() is None
+    finally:
+        paired.close()
+    assert workers["bfloat16"]._process is None
