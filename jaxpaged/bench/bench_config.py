@@ -37,7 +37,9 @@ from jaxpaged.config import EngineConfig
 SECTIONS = ("engine", "workload", "sampling", "mode")
 """Sections whose parameters may be sweep axes, spelled "section.parameter"."""
 
-PEER_KINDS = ("hf_batched", "hf_continuous", "llama_cpp")
+PEER_KINDS = ("hf_batched", "hf_continuous", "llama_cpp", "vllm_cpu")
+ONLINE_PEER_KINDS = ("vllm_cpu",)
+"""Peers with a server of their own, driven by the same client as `jaxpaged serve`."""
 _TOP_LEVEL = {"name", "description", "model", "engine", "workload", "sampling", "mode", "sweep", "peers",
               "targets", "warmup_probe", "plot_x", "cpu_devices", "roofline"}
 
@@ -117,17 +119,19 @@ class ModeConfig:
 
 @dataclasses.dataclass(frozen=True)
 class PeerConfig:
-    """Another system run on the same workload in the same run (offline mode only)."""
+    """Another system run on the same workload in the same run (online: only peers with a server, vllm_cpu)."""
 
     kind: str
-    """hf_batched | hf_continuous | llama_cpp."""
+    """hf_batched | hf_continuous | llama_cpp | vllm_cpu."""
     batch_size: int = 16
     """hf_batched: prompts per generate() call."""
     repeats: int = 1
-    """Measured runs; the median is reported."""
+    """Measured runs; the median is reported (a vllm_cpu peer alternating with jaxpaged runs mode.repeats)."""
     options: dict = dataclasses.field(default_factory=dict)
     """HF peers: num_threads (torch intra-op threads), dtype ("float32", the default, or "bfloat16"); llama_cpp:
-    Llama() keyword arguments (n_ctx, n_threads)."""
+    Llama() keyword arguments (n_ctx, n_threads); vllm_cpu: dtype, engine_args (vllm.LLM keyword arguments, or
+    `vllm serve` flags online: {max_num_seqs: 64}), env (environment variables of the vLLM process), python (the
+    bench environment's python; default $JAXPAGED_VLLM_PYTHON, else .venv-vllm/bin/python)."""
 
     def __post_init__(self) -> None:
         _require(self.kind in PEER_KINDS, "peers[].kind", f"must be one of {PEER_KINDS}", self.kind)
@@ -136,22 +140,39 @@ class PeerConfig:
         _require(is_int(self.repeats) and self.repeats >= 1, "peers[].repeats", "must be an int >= 1",
                  self.repeats)
         _require(isinstance(self.options, dict), "peers[].options", "must be a mapping", self.options)
-        if self.kind != "llama_cpp":
+        if self.kind == "vllm_cpu":
+            self._check_vllm_options()
+        elif self.kind != "llama_cpp":
             for key, value in self.options.items():
                 _require((key == "num_threads" and is_int(value) and value >= 1)
                          or (key == "dtype" and value in ("float32", "bfloat16")), f"peers[].options.{key}",
                          "HF peers take num_threads (an int >= 1) and dtype ('float32' or 'bfloat16')", value)
 
+    def _check_vllm_options(self) -> None:
+        checks = {"dtype": (lambda v: v in ("float32", "bfloat16"), "'float32' or 'bfloat16'"),
+                  "python": (lambda v: isinstance(v, str) and v, "a path to the bench environment's python"),
+                  "engine_args": (lambda v: isinstance(v, dict) and all(isinstance(k, str) for k in v),
+                                  "a mapping of vllm.LLM keyword arguments"),
+                  "env": (lambda v: isinstance(v, dict) and all(isinstance(k, str) for k in v),
+                          "a mapping of environment variables")}
+        for key, value in self.options.items():
+            _require(key in checks, f"peers[].options.{key}", f"vllm_cpu takes {sorted(checks)}", key)
+            _require(checks[key][0](value), f"peers[].options.{key}", f"must be {checks[key][1]}", value)
+
     @property
     def dtype(self) -> str:
-        """The precision the peer runs in (HF peers' dtype option; float32 otherwise)."""
+        """The precision the peer runs in (its dtype option; float32 otherwise)."""
         return self.options.get("dtype", "float32")
 
     @property
     def name(self) -> str:
         """The system name in tables and plots."""
         settings = [f"bs={self.batch_size}"] if self.kind == "hf_batched" else []
-        settings += [f"{key}={value}" for key, value in sorted(self.options.items())]
+        if self.kind == "vllm_cpu":  # where python lives and the environment do not make it another system
+            settings += [f"dtype={self.dtype}"]
+            settings += [f"{key}={value}" for key, value in sorted(self.options.get("engine_args", {}).items())]
+        else:
+            settings += [f"{key}={value}" for key, value in sorted(self.options.items())]
         return f"{self.kind}({', '.join(settings)})" if settings else self.kind
 
 
@@ -358,8 +379,10 @@ def parse_config(raw: dict) -> BenchConfig:
                          targets=targets, warmup_probe=warmup_probe, roofline=roofline, plot_x=plot_x,
                          cpu_devices=cpu_devices, raw=raw)
     points = config.points()  # validates every point before anything runs
-    if peers and any(point.mode.kind == "online" for point in points):
-        raise ValueError("peers: peers run offline only; give them in an offline config")
+    offline_only = [peer.kind for peer in peers if peer.kind not in ONLINE_PEER_KINDS]
+    if offline_only and any(point.mode.kind == "online" for point in points):
+        raise ValueError(f"peers: {offline_only} run offline only (online peers: {list(ONLINE_PEER_KINDS)}); give them "
+                         f"in an offline config")
     return config
 
 

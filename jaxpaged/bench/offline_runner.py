@@ -44,20 +44,24 @@ def warm_up_llm(llm, requests: list[BenchRequest], sampling: SamplingConfig, num
     _reset_prefix_cache(llm.engine)
 
 
-def run_offline(llm, requests: list[BenchRequest], sampling: SamplingConfig, mode: ModeConfig) -> dict:
-    """One measured run of the workload; the metrics of the run."""
+def run_offline(llm, requests: list[BenchRequest], sampling: SamplingConfig, mode: ModeConfig,
+                tokens_out: Optional[list] = None) -> dict:
+    """One measured run of the workload; the metrics of the run. `tokens_out`, when given, receives each request's
+    output token ids in request order (a peer's greedy tokens are compared with them)."""
     engine = llm.engine
     _reset_prefix_cache(engine)
     before = engine.get_stats()
     timings: list[RequestTiming] = []
     later_timings: list[RequestTiming] = []  # rounds after the first (follow-up turns, revisits)
+    tokens_by_request: dict[int, list[int]] = {}
     with StepProbe(engine, track_kv_utilization=mode.track_kv_utilization) as probe:
         start = time.time()
         for round_indices in group_by_turn(requests):
             batch = [requests[i] for i in round_indices]
             outputs = llm.generate([{"prompt_token_ids": list(r.prompt_token_ids)} for r in batch],
                                    [_sampling_params(r, sampling) for r in batch], use_tqdm=False)
-            for request, output in zip(batch, outputs):
+            for index, request, output in zip(round_indices, batch, outputs):
+                tokens_by_request[index] = list(output.outputs[0].token_ids)
                 metrics = output.metrics
                 (later_timings if request.turn > 0 else timings).append(RequestTiming(
                     arrival=metrics.arrival_time, first_token=metrics.first_token_time, finish=metrics.finish_time,
@@ -66,6 +70,8 @@ def run_offline(llm, requests: list[BenchRequest], sampling: SamplingConfig, mod
                     token_times=list(probe.token_times.get(output.request_id, []))))
         duration_s = time.time() - start
     after = engine.get_stats()
+    if tokens_out is not None:
+        tokens_out[:] = [tokens_by_request[index] for index in range(len(requests))]
     result = run_metrics(timings + later_timings, duration_s)
     if later_timings:
         result["ttft_ms_p50_after_round_1"] = run_metrics(later_timings, duration_s)["ttft_ms_p50"]

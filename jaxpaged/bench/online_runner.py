@@ -45,11 +45,13 @@ def conversation_groups(requests: list[BenchRequest]) -> list[list[int]]:
 
 
 def completion_body(request: BenchRequest, sampling: SamplingConfig, cache_salt: str,
-                    max_tokens: Optional[int] = None) -> dict:
-    """The streamed /v1/completions request of one workload request."""
-    return {"prompt": list(request.prompt_token_ids), "max_tokens": max_tokens or request.max_tokens,
+                    max_tokens: Optional[int] = None, model: Optional[str] = None) -> dict:
+    """The streamed /v1/completions request of one workload request (`model`: the served name, where the server
+    wants one)."""
+    body = {"prompt": list(request.prompt_token_ids), "max_tokens": max_tokens or request.max_tokens,
             "temperature": sampling.temperature, "ignore_eos": sampling.ignore_eos, "stream": True,
             "stream_options": {"include_usage": True}, "cache_salt": cache_salt}
+    return {"model": model, **body} if model is not None else body
 
 
 async def stream_completion(client: httpx.AsyncClient, body: dict) -> RequestTiming:
@@ -88,7 +90,7 @@ async def _poll_peak_kv_usage(client: httpx.AsyncClient, peak: list[float]) -> N
 
 
 async def _drive(base_url: str, requests: list[BenchRequest], sampling: SamplingConfig, mode: ModeConfig,
-                 cache_salt: str) -> tuple[list[RequestTiming], float, float]:
+                 cache_salt: str, model: Optional[str] = None) -> tuple[list[RequestTiming], float, float]:
     groups = conversation_groups(requests)
     offsets = poisson_offsets(len(groups), mode.request_rate, mode.arrival_seed)
     limit = asyncio.Semaphore(mode.max_concurrency or len(requests))
@@ -104,7 +106,7 @@ async def _drive(base_url: str, requests: list[BenchRequest], sampling: Sampling
             for index in group:  # a conversation's next turn waits for the previous answer
                 async with limit:
                     timings[index] = await stream_completion(client, completion_body(requests[index], sampling,
-                                                                                     cache_salt))
+                                                                                     cache_salt, model=model))
         try:
             await asyncio.gather(*(run_group(group, offset) for group, offset in zip(groups, offsets)))
         finally:
@@ -113,18 +115,20 @@ async def _drive(base_url: str, requests: list[BenchRequest], sampling: Sampling
     return [t for t in timings if t is not None], duration_s, peak[0]
 
 
-async def _warm_up(base_url: str, num_requests: int, sampling: SamplingConfig) -> None:
+async def _warm_up(base_url: str, num_requests: int, sampling: SamplingConfig, model: Optional[str]) -> None:
     rng = np.random.default_rng(12345)
     async with httpx.AsyncClient(base_url=base_url, timeout=None) as client:
         for index in range(num_requests):
             prompt = tuple(int(t) for t in rng.integers(1000, 30000, size=16))
-            await stream_completion(client, completion_body(BenchRequest(prompt, 2), sampling, f"warmup-{index}"))
+            await stream_completion(client, completion_body(BenchRequest(prompt, 2), sampling, f"warmup-{index}",
+                                                            model=model))
 
 
-def warm_up_server(server: ServerProcess, num_requests: int, sampling: SamplingConfig) -> None:
+def warm_up_server(server: ServerProcess, num_requests: int, sampling: SamplingConfig,
+                   model: Optional[str] = None) -> None:
     """A few short unmeasured requests on prompts outside the workload."""
     if num_requests > 0:
-        asyncio.run(_warm_up(server.base_url, num_requests, sampling))
+        asyncio.run(_warm_up(server.base_url, num_requests, sampling, model))
 
 
 def run_online(server: ServerProcess, requests: list[BenchRequest], sampling: SamplingConfig, mode: ModeConfig,
@@ -152,3 +156,10 @@ def run_online(server: ServerProcess, requests: list[BenchRequest], sampling: Sa
         "server_startup_s": server.startup_s,
     })
     return result
+
+
+def run_online_peer(server: ServerProcess, requests: list[BenchRequest], sampling: SamplingConfig, mode: ModeConfig,
+                    cache_salt: str, model: str) -> dict:
+    """One measured run against a peer's server (vLLM's): the client's figures only, its metrics are its own."""
+    timings, duration_s, _ = asyncio.run(_drive(server.base_url, requests, sampling, mode, cache_salt, model))
+    return {**run_metrics(timings, duration_s), "server_startup_s": server.startup_s}

@@ -91,6 +91,20 @@ def _throughput_section(rows: list[dict], axes: list[str]) -> list[str]:
     return ["### Throughput", ""] + _table(header, body)
 
 
+def _agreement_section(rows: list[dict], axes: list[str]) -> list[str]:
+    """Peers whose greedy tokens were compared with jaxpaged's in the same dtype (paired_peers.py)."""
+    compared = [row for row in rows if "greedy_positions_identical" in row["metrics"]]
+    if not compared:
+        return []
+    body = [[row["system"], *_axis_cells(row, axes), row["metrics"].get("dtype", "float32"),
+             _pct(row["metrics"]["greedy_positions_identical"]), _pct(row["metrics"]["greedy_prompts_identical"])]
+            for row in compared]
+    return (["### Greedy agreement with jaxpaged", "",
+             "Each peer's first run against jaxpaged's first run of the same requests in the same dtype, position by "
+             "position; a prompt counts as identical when its whole output is.", ""]
+            + _table(["system", *axes, "dtype", "positions identical", "prompts identical"], body))
+
+
 def _roofline_section(roofline: Optional[dict]) -> list[str]:
     """The machine's measured rates behind the "of roofline" column."""
     if not roofline:
@@ -232,7 +246,8 @@ def render_markdown(run: dict) -> str:
     lines += [f"Run {run['started_at']} on {describe_machine(machine)}; load average at start "
               f"{machine.get('load_average')}, at end {run.get('load_average_end')}. "
               f"Model: {run['model_name']}. {NOISE_NOTE}", ""]
-    for section in (_throughput_section(rows, axes), _roofline_section(run.get("roofline")),
+    for section in (_throughput_section(rows, axes), _agreement_section(rows, axes),
+                    _roofline_section(run.get("roofline")),
                     _latency_section(rows, axes), _engine_section(rows, axes),
                     _kv_tiers_section(rows, axes), _kv_section(rows, axes), _warmup_section(run.get("warmup_probe")),
                     _targets_section(run.get("targets", []))):

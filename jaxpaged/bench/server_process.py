@@ -56,6 +56,11 @@ def parse_metrics(text: str) -> dict[str, float]:
 class ServerProcess:
     """A running `jaxpaged serve`; use as a context manager (SIGTERM, then SIGKILL after a grace period)."""
 
+    name = "jaxpaged serve"
+    """What the messages call the server (a peer's server is a subclass with its own command)."""
+    env: Optional[dict] = None
+    """The server's environment (None: ours)."""
+
     def __init__(self, model: Optional[str], engine_options: dict, log_path: pathlib.Path,
                  start_timeout_s: float = 900.0):
         self.port = free_port()
@@ -72,7 +77,7 @@ class ServerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = self.log_path.open("w")
         start = time.perf_counter()
-        self._process = subprocess.Popen(self.command, stdout=self._log, stderr=subprocess.STDOUT)
+        self._process = subprocess.Popen(self.command, stdout=self._log, stderr=subprocess.STDOUT, env=self.env)
         try:
             self._wait_healthy(start)
         except BaseException:
@@ -86,13 +91,13 @@ class ServerProcess:
         assert process is not None  # spawned by __enter__
         while time.perf_counter() - start < self.start_timeout_s:
             if process.poll() is not None:
-                raise RuntimeError(f"jaxpaged serve exited with {process.returncode} before it was ready; "
+                raise RuntimeError(f"{self.name} exited with {process.returncode} before it was ready; "
                                    f"log {self.log_path}:\n{self._log_tail()}")
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(self.base_url + "/health", timeout=2.0).status_code == 200:
                     return
             time.sleep(0.5)
-        raise RuntimeError(f"jaxpaged serve was not healthy after {self.start_timeout_s:.0f} s; log {self.log_path}")
+        raise RuntimeError(f"{self.name} was not healthy after {self.start_timeout_s:.0f} s; log {self.log_path}")
 
     def _log_tail(self, num_lines: int = 20) -> str:
         if self._log is not None:

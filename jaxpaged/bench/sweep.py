@@ -4,10 +4,12 @@ Points that share engine options share one engine (offline) or one server (onlin
 asks for a fresh engine: a restart); between runs the prefix cache is reset (offline) or salted apart (online), so
 no run hits blocks a previous run left (except on a disk KV tier, which persists by design). Engine option strings
 may name "{scratch}": a directory under the run's output, emptied when the sweep starts (for disk KV tiers).
-Peers run once per distinct workload, after jaxpaged, on the same requests.
+Peers run once per distinct workload, after jaxpaged, on the same requests; the alternating peers (vllm_cpu,
+paired_peers.py) run between jaxpaged's repeats instead.
 """
 
 import argparse
+import contextlib
 import dataclasses
 import gc
 import json
@@ -26,6 +28,7 @@ from jaxpaged.bench.bench_config import BenchConfig, SweepPoint, load_config
 from jaxpaged.bench.kv_baseline import RESERVATIONS, contiguous_baseline
 from jaxpaged.bench.latency_stats import median_of_repeats
 from jaxpaged.bench.machine_info import git_state, load_average, machine_info, package_versions
+from jaxpaged.bench.paired_peers import PairedPeers
 from jaxpaged.bench.random_models import is_random_model, materialize
 from jaxpaged.bench.workloads import BenchRequest, generate_requests, workload_kind
 from jaxpaged.config import EngineConfig
@@ -35,9 +38,12 @@ if TYPE_CHECKING:
 
 
 def workload_key(point: SweepPoint) -> str:
-    """Identifies the requests and sampling of a point (rows with equal keys ran the same work)."""
+    """Identifies the requests and sampling of a point, and online their arrivals (rows with equal keys ran the same
+    work)."""
+    arrivals = ({"request_rate": str(point.mode.request_rate), "max_concurrency": point.mode.max_concurrency,
+                 "arrival_seed": point.mode.arrival_seed} if point.mode.kind == "online" else {})
     return json.dumps({"kind": workload_kind(point.workload), **dataclasses.asdict(point.workload),
-                       **dataclasses.asdict(point.sampling)}, sort_keys=True)
+                       **dataclasses.asdict(point.sampling), **arrivals}, sort_keys=True)
 
 
 def _row(system: str, kind: str, point_values: dict, key: str, metrics: dict, repeats: list[dict],
@@ -86,7 +92,7 @@ def resolve_scratch(engine_options: dict, out_dir: pathlib.Path) -> dict:
 
 
 def _offline_group(config: BenchConfig, points: list[SweepPoint], indices: list[int], rows: dict, bar,
-                   info: dict, out_dir: pathlib.Path) -> None:
+                   info: dict, out_dir: pathlib.Path, paired: "PairedPeers") -> None:
     from jaxpaged.bench.offline_runner import build_llm, run_offline, warm_up_llm
 
     llm, startup_s = build_llm(config.model, resolve_scratch(points[indices[0]].engine_options, out_dir))
@@ -104,7 +110,9 @@ def _offline_group(config: BenchConfig, points: list[SweepPoint], indices: list[
             point = points[index]
             requests = generate_requests(point.workload)
             try:
-                repeats = [run_offline(llm, requests, point.sampling, point.mode) for _ in range(point.mode.repeats)]
+                repeats = paired.run_offline(
+                    workload_key(point), requests, point.sampling, point.mode.repeats, dtype,
+                    lambda tokens_out, p=point, r=requests, m=llm: run_offline(m, r, p.sampling, p.mode, tokens_out))
                 metrics = {**median_of_repeats(repeats), "engine_startup_s": startup_s, "dtype": dtype, **kv_format}
                 if point.mode.track_kv_utilization:
                     metrics.update(_kv_baselines(llm.engine, requests))
@@ -119,7 +127,7 @@ def _offline_group(config: BenchConfig, points: list[SweepPoint], indices: list[
 
 
 def _online_group(config: BenchConfig, points: list[SweepPoint], indices: list[int], rows: dict, bar, info: dict,
-                  out_dir: pathlib.Path) -> None:
+                  out_dir: pathlib.Path, paired: "PairedPeers") -> None:
     from jaxpaged.bench.online_runner import run_online, warm_up_server
     from jaxpaged.bench.server_process import ServerProcess
 
@@ -132,8 +140,10 @@ def _online_group(config: BenchConfig, points: list[SweepPoint], indices: list[i
             point = points[index]
             requests = generate_requests(point.workload)
             try:
-                repeats = [run_online(server, requests, point.sampling, point.mode, f"{config.name}-{index}-{r}")
-                           for r in range(point.mode.repeats)]
+                salt = f"{config.name}-{index}"
+                repeats = paired.run_online(
+                    workload_key(point), requests, point,
+                    lambda r, p=point, q=requests, s=salt: run_online(server, q, p.sampling, p.mode, f"{s}-{r}"), salt)
                 rows[index] = _row("jaxpaged", "jaxpaged", point.values, workload_key(point),
                                    median_of_repeats(repeats), repeats)
             except Exception as error:
@@ -152,14 +162,19 @@ def _engine_groups(points: list[SweepPoint]) -> list[list[int]]:
     return list(groups.values())
 
 
-def _run_jaxpaged(config: BenchConfig, points: list[SweepPoint], out_dir: pathlib.Path, bar, info: dict) -> list:
+def _run_jaxpaged(config: BenchConfig, points: list[SweepPoint], out_dir: pathlib.Path, bar, info: dict,
+                  paired: "PairedPeers") -> list:
     rows: dict[int, dict] = {}
-    for indices in _engine_groups(points):
+    groups = _engine_groups(points)
+    for number, indices in enumerate(groups):
+        later_dtypes = {points[group[0]].engine_options.get("dtype", "auto") for group in groups[number:]}
+        # peers in a dtype no group from here on runs in let their gigabytes go ("auto" may be any dtype)
+        paired.release(lambda peer, dtypes=later_dtypes: "auto" not in dtypes and peer.dtype not in dtypes)
         try:
             if points[indices[0]].mode.kind == "offline":
-                _offline_group(config, points, indices, rows, bar, info, out_dir)
+                _offline_group(config, points, indices, rows, bar, info, out_dir, paired)
             else:
-                _online_group(config, points, indices, rows, bar, info, out_dir)
+                _online_group(config, points, indices, rows, bar, info, out_dir, paired)
         except Exception as error:  # the engine or server did not start: every point of the group fails
             for index in indices:
                 if index not in rows:
@@ -177,19 +192,22 @@ def _peer_workloads(config: BenchConfig, points: list[SweepPoint]) -> list[Sweep
     return list(seen.values()) if config.peers else []
 
 
-def _run_peers(config: BenchConfig, points: list[SweepPoint], bar) -> list[dict]:
+def _run_peers(config: BenchConfig, points: list[SweepPoint], bar, paired: "PairedPeers") -> list[dict]:
+    from jaxpaged.bench.paired_peers import PAIRED_KINDS
     from jaxpaged.bench.peers import PeerUnavailable
     from jaxpaged.bench.peers.dispatch import PeerModels, measure_peer
 
     models = PeerModels(config.model)
     rows = []
     for point in _peer_workloads(config, points):
-        values = {k: v for k, v in point.values.items() if k.startswith(("workload.", "sampling."))}
+        prefixes = ("workload.", "sampling.") + (("mode.",) if point.mode.kind == "online" else ())  # arrivals
+        values = {k: v for k, v in point.values.items() if k.startswith(prefixes)}
         requests = generate_requests(point.workload)
         for peer in config.peers:
             key = workload_key(point)
             try:
-                metrics, repeats = measure_peer(peer, models, requests, point.sampling)
+                metrics, repeats = (paired.result(peer, point, requests, key) if peer.kind in PAIRED_KINDS
+                                    else measure_peer(peer, models, requests, point.sampling))
                 rows.append(_row(peer.name, peer.kind, values, key, metrics, repeats))
             except PeerUnavailable as error:
                 rows.append(_failed_row(peer.name, peer.kind, values, key, error, "unavailable"))
@@ -249,15 +267,17 @@ def run_sweep(config: BenchConfig, out_dir: pathlib.Path, *, progress: bool = Tr
     num_units = len(points) + len(_peer_workloads(config, points)) * len(config.peers) + int(config.warmup_probe)
     info: dict = {}
     shutil.rmtree(scratch_dir(out_dir), ignore_errors=True)
+    paired = PairedPeers(config, out_dir)
     with tqdm(total=num_units, desc=f"bench {config.name}", unit="run", dynamic_ncols=True,
-              disable=not progress) as bar:
-        rows = _run_jaxpaged(config, points, out_dir, bar, info)
+              disable=not progress) as bar, contextlib.closing(paired):
+        rows = _run_jaxpaged(config, points, out_dir, bar, info, paired)
         # The roofline needs the model a jaxpaged row loaded. Its rates are measured before and after the peers, at
         # the sweep's largest step shapes, and the better of each counts (MachineRates.best_of).
         model_config = info.get("model_config")
         step_rows = _step_rows(points) if config.roofline and model_config is not None else None
         rates = _measure_rates(model_config, step_rows) if step_rows is not None else None
-        rows += _run_peers(config, points, bar)
+        rows += _run_peers(config, points, bar, paired)
+        paired.close()  # the peers' processes end before the roofline measures the machine again
         roofline = None
         if rates is not None and step_rows is not None:
             rates = rates.best_of(_measure_rates(model_config, step_rows))

@@ -2,6 +2,8 @@
 
 import importlib.util
 import json
+import pathlib
+import sys
 
 import pytest
 import yaml
@@ -27,14 +29,21 @@ def run_bench(tmp_path, raw: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def offline_run(tiny_model_dir, tmp_path_factory):
-    """Three shared-prefix requests at two output lengths, two repeats, KV tracking, HF batched and llama.cpp."""
-    return run_bench(tmp_path_factory.mktemp("bench-offline"), {
+    """Three shared-prefix requests at two output lengths, two repeats, KV tracking, HF batched, llama.cpp and
+    vllm_cpu (a fake bench python that speaks the worker's protocol: tests/bench/fake_vllm_worker.py)."""
+    out = tmp_path_factory.mktemp("bench-offline")
+    fake_python = out / "python"
+    fake_worker = pathlib.Path(__file__).with_name("fake_vllm_worker.py")
+    fake_python.write_text(f"#!/bin/sh\nexec {sys.executable} {fake_worker} \"$@\"\n")
+    fake_python.chmod(0o755)
+    return run_bench(out, {
         "name": "tiny_offline", "model": str(tiny_model_dir), "engine": dict(TINY_ENGINE_OPTIONS),
         "workload": {"kind": "shared_prefix", "num_requests": 3, "prefix_len": 40, "min_question_len": 4,
                      "max_question_len": 8, "output_len": 5},
         "mode": {"kind": "offline", "repeats": 2, "track_kv_utilization": True, "warmup_requests": 1},
         "sweep": {"workload.output_len": [3, 5]},
-        "peers": [{"kind": "hf_batched", "batch_size": 2}, {"kind": "llama_cpp"}], "roofline": True,
+        "peers": [{"kind": "hf_batched", "batch_size": 2}, {"kind": "llama_cpp"},
+                  {"kind": "vllm_cpu", "options": {"python": str(fake_python)}}], "roofline": True,
         "targets": [{"name": "no compiles", "metric": "num_compilations_measured",
                      "select": {"system": "jaxpaged"}, "max": 0}]})
 
@@ -111,6 +120,20 @@ def test_llama_cpp_row_says_why_it_did_not_run(offline_run):
     assert len(rows) == 2
     if importlib.util.find_spec("llama_cpp") is None:
         assert all(row["status"] == "unavailable" and "not installed" in row["error"] for row in rows)
+
+
+def test_vllm_cpu_alternates_and_reports_greedy_agreement(offline_run):
+    """The vllm_cpu peer ran once per workload with jaxpaged's repeats, and its tokens were compared with
+    jaxpaged's (the fake's tokens are not the model's: agreement is a fraction, the table shows it)."""
+    rows = rows_of(offline_run, "vllm_cpu")
+    assert [row["status"] for row in rows] == ["ok", "ok"], [row["error"] for row in rows]
+    assert [row["metrics"]["total_output_tokens"] for row in rows] == [9, 15]
+    assert [len(row["repeats"]) for row in rows] == [2, 2]  # jaxpaged's repeats, alternated
+    for row in rows:
+        assert 0.0 <= row["metrics"]["greedy_positions_identical"] <= 1.0
+        assert row["metrics"]["greedy_prompts_identical"] in (0.0, 1 / 3, 2 / 3, 1.0)
+    markdown = (offline_run["out_dir"] / "tiny_offline.md").read_text()
+    assert "### Greedy agreement with jaxpaged" in markdown and "× vllm_cpu(dtype=float32)" in markdown
 
 
 def test_result_files(offline_run):
