@@ -26,6 +26,14 @@ def test_every_command_has_help(command):
     assert "usage: jaxpaged" in result.stdout
 
 
+def test_python_dash_m_jaxpaged_is_the_command():
+    """`python -m jaxpaged serve --help` is the `jaxpaged serve` command (as `python -m vllm` is vLLM's)."""
+    result = subprocess.run([sys.executable, "-m", "jaxpaged", "serve", "--help"], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "usage: jaxpaged serve" in result.stdout
+
+
 def test_generate_streams_the_greedy_text(tiny_llm, tiny_model_dir):
     expected = tiny_llm.generate("Hello", SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)[0]
     result = subprocess.run(
