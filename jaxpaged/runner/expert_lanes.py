@@ -30,12 +30,12 @@ _PADDED_AXES: dict[str, tuple[str, ...]] = {
     scale_name("layers.expert_down"): (_HIDDEN,)}
 
 
-def pad_experts_to_lanes(params: Mapping[str, HostWeight], model: ModelConfig, tp: int) -> dict[str, HostWeight]:
+def pad_experts_to_lanes(params: Mapping[str, HostWeight], model: ModelConfig, tp: int) -> Mapping[str, HostWeight]:
     """`params` with each expert stack padded to whole 128-lane columns (a ZeroPadded view; other parameters and a
     dense model's are returned as they are): the width per shard when tensor parallelism splits it (no expert
     parallelism), the hidden size whole."""
     if not isinstance(model, MoeModelConfig) or not model.has_experts:
-        return dict(params)
+        return params
     width_shards = 1 if model.expert_parallel else tp
     padded_size = {_WIDTH: lane_padded_width(model.moe_intermediate_size, width_shards),
                    _HIDDEN: lane_padded_width(model.hidden_size)}

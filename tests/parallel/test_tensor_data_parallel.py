@@ -24,7 +24,9 @@ GEMMA2 = {k: v for k, v in TINY_LLAMA.items() if k != "tie_word_embeddings"} | d
 # The cases on the GQA model, by test.
 GQA_CASES = {
     "float": ([(1, 2), (1, 4)], {}),
-    "int8_weights": ([(1, 2), (1, 4)], {"quantization": "int8"}),
+    # XLA's int8 path at every layout: at tp = 1 the start-up probe may pick a native path (the bf16 panels round the
+    # inputs to bfloat16), which tp > 1 never runs; the case is about how the scales shard, not which kernel wins.
+    "int8_weights": ([(1, 2), (1, 4)], {"quantization": "int8", "cpu_matmul": "xla"}),
     "int8_kv": ([(1, 2)], {"kv_cache_dtype": "int8"}),
     "w8a8": ([(1, 2)], {"quantization": "w8a8"}),
 }
