@@ -37,20 +37,36 @@ GEMMA2_CASE = ([(1, 2)], {"disable_hybrid_kv_cache_manager": True})
 SMOLLM2_CASE = ([(1, 3)], {})
 
 
-@pytest.fixture(scope="module")
-def worker_results(tmp_path_factory, smollm2_tokenizer_dir) -> dict[str, list[dict]]:
-    """Every case's per-layout results, by case name (GQA_CASES' names, "mha", "gemma2", "smollm2")."""
-    root = tmp_path_factory.mktemp("parallel-models")
-    gqa = save_tiny_llama(root / "gqa", smollm2_tokenizer_dir, GQA_LLAMA)
-    mha = save_tiny_llama(root / "mha", smollm2_tokenizer_dir, MHA_LLAMA)
-    gemma2 = save_tiny_llama(root / "gemma2", smollm2_tokenizer_dir, GEMMA2, config_class="Gemma2Config")
-    jobs = [(str(gqa), list(GQA_CASES.values())), (str(mha), [MHA_CASE]), (str(gemma2), [GEMMA2_CASE]),
-            ("default", [SMOLLM2_CASE])]
+def run_models(jobs: list[tuple[str, list]]) -> list[list]:
+    """Every case of every (model, cases) job in one worker process (one JAX start), per model in order."""
     args = [arg for model, cases in jobs for arg in (model, json.dumps(cases))]
     num_cases = sum(len(cases) for _, cases in jobs)
-    per_model = run_json_worker("tests.parallel.parallel_worker", args, 4, WORKER_TIMEOUT_S * num_cases)
-    gqa_results, (mha_results,), (gemma2_results,), (smollm2_results,) = per_model
-    return dict(zip(GQA_CASES, gqa_results)) | dict(mha=mha_results, gemma2=gemma2_results, smollm2=smollm2_results)
+    return run_json_worker("tests.parallel.parallel_worker", args, 4, WORKER_TIMEOUT_S * num_cases)
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory, smollm2_tokenizer_dir) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("parallel-models")
+    gemma2 = save_tiny_llama(root / "gemma2", smollm2_tokenizer_dir, GEMMA2, config_class="Gemma2Config")
+    return dict(gqa=str(save_tiny_llama(root / "gqa", smollm2_tokenizer_dir, GQA_LLAMA)),
+                mha=str(save_tiny_llama(root / "mha", smollm2_tokenizer_dir, MHA_LLAMA)), gemma2=str(gemma2))
+
+
+# Two worker processes, one per fixture: one process for every case took 90 s on a quiet 2-core Zen 4, over the
+# suite's 60 s line for the first test's set-up.
+@pytest.fixture(scope="module")
+def gqa_results(model_dirs) -> dict[str, list[dict]]:
+    """The GQA model's per-layout results, by GQA_CASES' names."""
+    (results,) = run_models([(model_dirs["gqa"], list(GQA_CASES.values()))])
+    return dict(zip(GQA_CASES, results))
+
+
+@pytest.fixture(scope="module")
+def other_results(model_dirs) -> dict[str, list[dict]]:
+    """The MHA, Gemma 2 and embedded models' per-layout results ("mha", "gemma2", "smollm2")."""
+    (mha,), (gemma2,), (smollm2,) = run_models(
+        [(model_dirs["mha"], [MHA_CASE]), (model_dirs["gemma2"], [GEMMA2_CASE]), ("default", [SMOLLM2_CASE])])
+    return dict(mha=mha, gemma2=gemma2, smollm2=smollm2)
 
 
 def assert_matches_single_device(results: list[dict]) -> None:
@@ -64,30 +80,30 @@ def assert_matches_single_device(results: list[dict]) -> None:
         assert result["reset"] and result["hits_after_reset"] == 0, layout
 
 
-def test_gqa_model_at_tp2_and_tp4_with_kv_head_replication(worker_results):
-    assert_matches_single_device(worker_results["float"])
+def test_gqa_model_at_tp2_and_tp4_with_kv_head_replication(gqa_results):
+    assert_matches_single_device(gqa_results["float"])
 
 
-def test_int8_weights_at_tp2_and_tp4_shard_their_scales_with_the_output_axis(worker_results):
+def test_int8_weights_at_tp2_and_tp4_shard_their_scales_with_the_output_axis(gqa_results):
     """int8 projections split as their floats; the scales of q/k/v/gate/up split with them, o/down's stay whole, and
     at tp 4 the k/v scales are replicated with their kv heads: the int8 engine at tp = 1's logits and tokens."""
-    assert_matches_single_device(worker_results["int8_weights"])
+    assert_matches_single_device(gqa_results["int8_weights"])
 
 
-def test_int8_kv_cache_at_tp2_splits_codes_and_scales_with_their_kv_heads(worker_results):
+def test_int8_kv_cache_at_tp2_splits_codes_and_scales_with_their_kv_heads(gqa_results):
     """The quantized layout's rows (codes, then their scale) split on the kv-head axis like float rows: the int8-KV
     engine at tp = 1's logits and tokens."""
-    assert_matches_single_device(worker_results["int8_kv"])
+    assert_matches_single_device(gqa_results["int8_kv"])
 
 
-def test_w8a8_at_tp2_quantizes_each_row_over_its_whole_width(worker_results):
+def test_w8a8_at_tp2_quantizes_each_row_over_its_whole_width(gqa_results):
     """w8a8 under tensor parallelism: a row-parallel projection's input is split over the model axis, yet its
     per-token scale is the whole row's maximum and the int32 partial sums add exactly: tp = 1's logits and tokens."""
-    assert_matches_single_device(worker_results["w8a8"])
+    assert_matches_single_device(gqa_results["w8a8"])
 
 
-def test_data_parallel_routes_shared_prefixes_to_one_rank(worker_results):
-    dp2, dp2_tp2, dp2_tp2_ahead = worker_results["mha"]
+def test_data_parallel_routes_shared_prefixes_to_one_rank(other_results):
+    dp2, dp2_tp2, dp2_tp2_ahead = other_results["mha"]
     assert_matches_single_device([dp2_tp2, dp2_tp2_ahead])
     for result in (dp2, dp2_tp2, dp2_tp2_ahead):
         assert result["logits_rel_error"] == 0.0 or result["tp"] > 1
@@ -96,9 +112,9 @@ def test_data_parallel_routes_shared_prefixes_to_one_rank(worker_results):
         assert sorted(hits > 0 for hits in result["hits_per_rank"]) == [False, True], result["hits_per_rank"]
 
 
-def test_gemma2_alternating_windows_and_soft_caps_at_tp2(worker_results):
+def test_gemma2_alternating_windows_and_soft_caps_at_tp2(other_results):
     """Gemma 2's per-layer window choice (a cond in the scanned body) and soft-capping, per shard."""
-    assert_matches_single_device(worker_results["gemma2"])
+    assert_matches_single_device(other_results["gemma2"])
 
 
 @pytest.mark.slow  # two engines in a subprocess: over a minute on two shared cores
@@ -115,8 +131,8 @@ def test_kv_cache_groups_at_tp2(tmp_path, smollm2_tokenizer_dir):
     assert two["logprobs"] == pytest.approx(one["logprobs"], abs=1e-4)
 
 
-def test_embedded_smollm2_at_tp3(worker_results):
-    assert_matches_single_device(worker_results["smollm2"])
+def test_embedded_smollm2_at_tp3(other_results):
+    assert_matches_single_device(other_results["smollm2"])
 
 
 def test_layout_options_and_their_errors():

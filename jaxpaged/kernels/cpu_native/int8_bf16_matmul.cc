@@ -34,6 +34,7 @@
 #include <mutex>
 #include <vector>
 
+#include "panel_work.h"
 #include "xla/ffi/api/ffi.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
@@ -149,53 +150,18 @@ void MultiplyPanels(const Problem& p, int64_t first, int64_t end, int64_t panel_
   }
 }
 
-struct SharedWork {
-  Problem problems[kMaxWeights];
-  int64_t first_run[kMaxWeights + 1] = {};  // problem w owns runs [first_run[w], first_run[w + 1]) of each block
-  int64_t num_panel_runs = 0, num_items = 0;
-  std::atomic<int64_t> next{0};
-  std::atomic<int64_t> num_done{0};
-  std::mutex mutex;
-  std::condition_variable all_done;
-};
-
-void WorkOn(SharedWork& work) {
-  for (int64_t item = work.next.fetch_add(1); item < work.num_items; item = work.next.fetch_add(1)) {
-    const int64_t run = item % work.num_panel_runs, block = item / work.num_panel_runs;
-    int w = 0;
-    while (run >= work.first_run[w + 1]) ++w;
-    const Problem& p = work.problems[w];
-    const int64_t first_row = block * kBlockRows, end_row = std::min(p.rows, first_row + kBlockRows);
-    const int64_t end_panel = std::min(p.outer / kPanelWidth, (run - work.first_run[w] + 1) * kPanelsPerItem);
-    int64_t panel = (run - work.first_run[w]) * kPanelsPerItem;
-    for (; panel + kTilePanels <= end_panel; panel += kTilePanels) {
-      MultiplyPanels<kTilePanels>(p, first_row, end_row, panel);
-    }
-    if (panel < end_panel) MultiplyPanels<1>(p, first_row, end_row, panel);
-    if (work.num_done.fetch_add(1) + 1 == work.num_items) {
-      std::lock_guard<std::mutex> lock(work.mutex);
-      work.all_done.notify_all();
-    }
+// One work item: a block of rows against a run of panels, two panels per tile where the run allows.
+void MultiplyItem(const Problem& p, int64_t first_row, int64_t end_row, int64_t panel, int64_t end_panel) {
+  for (; panel + kTilePanels <= end_panel; panel += kTilePanels) {
+    MultiplyPanels<kTilePanels>(p, first_row, end_row, panel);
   }
+  if (panel < end_panel) MultiplyPanels<1>(p, first_row, end_row, panel);
 }
 
-// Every problem's items on the caller and XLA's intra-op threads; a task that starts after the call returned finds
-// no item left.
+// Every problem's items on the caller and XLA's intra-op threads (panel_work.h).
 void RunAll(const Problem* problems, int num_problems, ffi::ThreadPool& pool) {
-  auto work = std::make_shared<SharedWork>();
-  for (int w = 0; w < num_problems; ++w) {
-    work->problems[w] = problems[w];
-    const int64_t num_panels = problems[w].outer / kPanelWidth;
-    work->first_run[w + 1] = work->first_run[w] + (num_panels + kPanelsPerItem - 1) / kPanelsPerItem;
-  }
-  work->num_panel_runs = work->first_run[num_problems];
-  work->num_items = work->num_panel_runs * ((problems[0].rows + kBlockRows - 1) / kBlockRows);
-  if (work->num_items == 0) return;
-  const int64_t num_helpers = std::min<int64_t>(pool.num_threads(), work->num_items - 1);
-  for (int64_t i = 0; i < num_helpers; ++i) pool.Schedule([work]() { WorkOn(*work); });
-  WorkOn(*work);
-  std::unique_lock<std::mutex> lock(work->mutex);
-  work->all_done.wait(lock, [&]() { return work->num_done.load() == work->num_items; });
+  panel_work::RunPanelItems<kMaxWeights>(problems, num_problems, {kPanelWidth, kPanelsPerItem, kBlockRows}, pool,
+                                         MultiplyItem);
 }
 
 ffi::Error Int8Bf16MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ffi::Buffer<ffi::S32> num_rows,
