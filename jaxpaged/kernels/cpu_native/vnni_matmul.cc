@@ -227,24 +227,20 @@ ffi::Error VnniMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::S8> x, ffi::Buf
   const int64_t rows = std::clamp<int64_t>(num_rows.typed_data()[0], 0, all_rows);
   Problem problems[kMaxWeights];
   for (int w = 0; w < num_weights; ++w) {
-    auto panels = weights.get<ffi::Buffer<ffi::S8>>(w);
-    auto scales = weights.get<ffi::Buffer<ffi::F32>>(num_weights + w);
-    auto out = results.get<ffi::Buffer<ffi::F32>>(w);
-    if (panels.has_error()) return panels.error();
-    if (scales.has_error()) return scales.error();
-    if (out.has_error()) return out.error();
-    auto panel_dims = panels->dimensions();
-    auto out_dims = (*out)->dimensions();
+    panel_work::WeightArgs args;
+    if (auto error = panel_work::GetWeightArgs(weights, results, num_weights, w, args); error.failure()) return error;
+    auto panel_dims = args.panel_dims;
+    auto out_dims = args.out_dims;
     const int64_t groups = (inner + 3) / 4;
     if (panel_dims.size() != 3 || panel_dims[1] != groups + 1 || panel_dims[2] != kGroupBytes ||
         out_dims.size() != 2 || out_dims[0] != all_rows || out_dims[1] != panel_dims[0] * kPanelWidth ||
-        scales->element_count() != static_cast<size_t>(out_dims[1])) {
+        args.num_scales != static_cast<size_t>(out_dims[1])) {
       return ffi::Error::InvalidArgument("vnni_matmul: panels must be [outer / 16, ceil(inner / 4) + 1, 64], "
                                          "scales [outer] and results [rows, outer], agreeing with x [rows, inner]");
     }
     const int64_t outer = out_dims[1];
-    float* result = (*out)->typed_data();
-    problems[w] = Problem{x.typed_data(), row_scale.typed_data(), panels->typed_data(), scales->typed_data(),
+    float* result = args.out;
+    problems[w] = Problem{x.typed_data(), row_scale.typed_data(), args.panels, args.scales,
                           result, rows, inner, outer};
     std::fill(result + rows * outer, result + all_rows * outer, 0.0f);  // padding rows: zeros, finite
   }
