@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import initialize, invariant, rule
+from hypothesis.stateful import initialize, invariant
 
 from jaxpaged.config import CacheConfig, SchedulerConfig
 from jaxpaged.core import NULL_BLOCK_ID, Request, Scheduler
 from jaxpaged.core.kv_cache_groups import sequence_blocks
-from tests.core.test_scheduler_stateful import _SETTINGS, TOKENS, FakeLowerTiers, SchedulerMachine
+from tests.core.test_scheduler_stateful import _SETTINGS, FakeLowerTiers, SchedulerMachine
 
 GROUP_WINDOWS = [(None, 2), (None, 3, 3), (5, None), (3,), (None, 1)]
 
@@ -49,31 +49,6 @@ class GroupedSchedulerMachine(SchedulerMachine):
 
     def _num_blocks_for(self, num_tokens: int) -> int:
         return sequence_blocks(num_tokens, self.block_size, self.windows, self.config.max_num_batched_tokens)
-
-    @rule(prompt=st.lists(TOKENS, min_size=1, max_size=26), max_tokens=st.integers(1, 8),
-          min_tokens=st.integers(0, 3), eos=st.sampled_from([None, 0, 1]), stop=st.sampled_from([(), (2,)]),
-          ignore_eos=st.booleans(), priority=st.integers(0, 2), salt=st.sampled_from([None, None, "x", "y"]),
-          reuse_id=st.booleans())
-    def add(self, prompt, max_tokens, min_tokens, eos, stop, ignore_eos, priority, salt, reuse_id):
-        live_ids = list(self.scheduler.requests)
-        request_id = live_ids[0] if reuse_id and live_ids else f"r{self.next_id}"
-        self.next_id += 1
-        request = Request(request_id, prompt, max_tokens=max_tokens, min_tokens=min(min_tokens, max_tokens),
-                          eos_token_id=eos, stop_token_ids=stop, ignore_eos=ignore_eos, priority=priority,
-                          cache_salt=salt, arrival_time=float(self.next_id))
-        # The add-time checks, blocks counted per group: a sliding group holds at most its window and a step's.
-        max_kv_tokens = max(len(prompt), min(len(prompt) + max_tokens, self.scheduler.max_model_len) - 1)
-        usable_blocks = self.scheduler.kv_cache_manager.block_pool.num_usable_blocks
-        expect_error = (request_id in live_ids or len(prompt) > self.scheduler.max_model_len
-                        or self._num_blocks_for(max_kv_tokens) > usable_blocks)
-        before = (self.scheduler.num_running, self.scheduler.num_waiting, self.scheduler.stats())
-        if expect_error:
-            with pytest.raises(ValueError):
-                self.scheduler.add_request(request)
-            assert (self.scheduler.num_running, self.scheduler.num_waiting, self.scheduler.stats()) == before
-        else:
-            self.scheduler.add_request(request)
-            self.all_requests[request_id + f"#{self.next_id}"] = request
 
     def _run_fake_attention(self, scheduled):
         """Write the step's tokens into each group's slots, then read back what each group's queries read: the

@@ -71,6 +71,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.fake_kv: dict[tuple[int, int], tuple[int, object]] = {}  # (block, offset) -> (token, cache salt)
         self.next_id = 0
 
+    def _num_blocks_for(self, num_tokens: int) -> int:
+        """The blocks a request holding `num_tokens` of KV needs at most (one block table)."""
+        return -(-num_tokens // self.block_size)
+
     # ---- rules ----
 
     @rule(prompt=st.lists(TOKENS, min_size=1, max_size=26), max_tokens=st.integers(1, 8),
@@ -84,11 +88,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         request = Request(request_id, prompt, max_tokens=max_tokens, min_tokens=min(min_tokens, max_tokens),
                           eos_token_id=eos, stop_token_ids=stop, ignore_eos=ignore_eos, priority=priority,
                           cache_salt=salt, arrival_time=float(self.next_id))
-        # Independent prediction of the add-time checks.
+        # Independent prediction of the add-time checks (_num_blocks_for: a subclass counts per KV cache group).
         max_kv_tokens = max(len(prompt), min(len(prompt) + max_tokens, self.scheduler.max_model_len) - 1)
         usable_blocks = self.scheduler.kv_cache_manager.block_pool.num_usable_blocks
         expect_error = (request_id in live_ids or len(prompt) > self.scheduler.max_model_len
-                        or -(-max_kv_tokens // self.block_size) > usable_blocks)
+                        or self._num_blocks_for(max_kv_tokens) > usable_blocks)
         before = (self.scheduler.num_running, self.scheduler.num_waiting, self.scheduler.stats())
         if expect_error:
             with pytest.raises(ValueError):
