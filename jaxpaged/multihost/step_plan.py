@@ -7,17 +7,15 @@ process, in the same order, before serving.
 
 With KV cache groups (runner/kv_spec.py) a step's StepInputs carry every group's block tables and slots
 (StepInputs.group_tables): a sliding group's freed blocks are already the null block there, so a follower needs
-nothing of the scheduler's state. Every process must agree on those shapes (the same engine flags); warm_up()
-compares them first and raises, naming the difference, rather than let mismatched broadcasts hang.
+nothing of the scheduler's state. Every process has built runners of the same shapes (runner/process_agreement.py
+checked it before warm-up), so the leader's and the followers' batches of a bucket are alike.
 """
 
 import dataclasses
 import enum
-import zlib
 from collections.abc import Callable, Sequence
 from typing import Optional
 
-import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
@@ -79,37 +77,8 @@ class StepPlanChannel:
         return StepPlan(PlanKind.STEP, rank, bucket, inputs)
 
     def warm_up(self) -> None:
-        """Every process: check that all agree on the plans' shapes, then compile the header broadcast and each
-        bucket's input broadcast (same calls everywhere)."""
-        check_same_shapes(self.shape_signature(), multihost_utils.process_allgather(self.shape_signature()))
+        """Every process: compile the header broadcast and each bucket's input broadcast (same calls everywhere)."""
         multihost_utils.broadcast_one_to_all(np.zeros(3, np.int32))
         multihost_utils.broadcast_one_to_all(empty_copy_batch())
         for bucket in self.buckets:
             multihost_utils.broadcast_one_to_all(self._empty(bucket))
-
-    def shape_signature(self) -> np.ndarray:
-        """What every process must agree on, in a fixed 4 ints: buckets, KV cache groups, block-table columns, and a
-        checksum of every bucket's field shapes."""
-        batch = self._empty(self.buckets[0])
-        num_groups = 1 if batch.group_tables is None else batch.group_tables.block_tables.shape[0]
-        shapes = [(bucket.num_tokens, bucket.num_seqs,
-                   tuple(leaf.shape for leaf in jax.tree.leaves(self._empty(bucket)))) for bucket in self.buckets]
-        checksum = zlib.crc32(repr(shapes).encode()) & 0x7FFFFFFF
-        return np.array([len(self.buckets), num_groups, batch.attention.block_tables.shape[1], checksum], np.int32)
-
-
-SIGNATURE_FIELDS = ("step buckets (max_num_batched_tokens, max_num_seqs)",
-                    "KV cache groups (disable_hybrid_kv_cache_manager)",
-                    "block-table columns (max_model_len / block_size)",
-                    "step input shapes")
-
-
-def check_same_shapes(own: np.ndarray, every: np.ndarray) -> None:
-    """ValueError naming the first field of the shape signature on which some process differs from this one
-    (`every`: each process's signature, one row each)."""
-    for process, theirs in enumerate(np.asarray(every).reshape(-1, len(own))):
-        for field, mine, other in zip(SIGNATURE_FIELDS, own, theirs):
-            if mine != other:
-                raise ValueError(f"multi-host: process {process} plans steps of other shapes than this one: {field} "
-                                 f"{int(other)} against {int(mine)}; start every process with the same model and "
-                                 f"engine flags")
