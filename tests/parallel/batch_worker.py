@@ -1,6 +1,6 @@
 """One process of a multi-host SPMD batch script, as a user would write it: every process builds the same LLM and
-calls generate with the same inputs, twice; process 0 writes its outputs' token ids and greedy log-probabilities
-and its memory plan, a follower what it got ([]).
+calls generate with the same inputs, three times (run_requests); process 0 writes its outputs' token ids, greedy
+log-probabilities and cached-token counts and its memory plan, a follower what it got ([]).
 The script never closes the LLM: its end (atexit) must still let every process exit 0. With `forever`, each process
 writes OUT.json once its LLM is built, then generates until it is killed (or loses the job).
 
@@ -52,6 +52,18 @@ def token_logprobs(outputs) -> list[list[float]]:
             for output in outputs]
 
 
+def run_requests(llm) -> dict:
+    """The script's generate calls, in order, and what they returned: the prompts greedily (tokens and their
+    log-probabilities), one seeded sampled request, then the longest prompt again (a prefix hit ending mid-block:
+    a block copy in every KV cache group), with its cached-token count."""
+    greedy = llm.generate(prompts(), greedy_params(), use_tqdm=False)
+    sampled = llm.generate(prompts()[3], sampled_params(), use_tqdm=False)
+    again = llm.generate(prompts()[-1], greedy_params(), use_tqdm=False)
+    return {"greedy": token_ids(greedy), "greedy_logprobs": token_logprobs(greedy), "sampled": token_ids(sampled),
+            "again": token_ids(again), "again_logprobs": token_logprobs(again),
+            "again_cached": [output.num_cached_tokens for output in again]}
+
+
 def memory_plan(llm) -> dict:
     """What process 0's memory plan says of the KV pool: its groups, block bytes and blocks per sequence."""
     plan = llm.engine.runner.memory_plan
@@ -72,9 +84,7 @@ def main(model_dir: str, coordinator: str, num_processes: int, process_id: int, 
             json.dump({"ready": True}, out)
         while True:
             llm.generate(prompts(), greedy_params(), use_tqdm=False)
-    greedy = llm.generate(prompts(), greedy_params(), use_tqdm=False)
-    sampled = llm.generate(prompts()[3], sampled_params(), use_tqdm=False)
-    result = {"greedy": token_ids(greedy), "greedy_logprobs": token_logprobs(greedy), "sampled": token_ids(sampled)}
+    result = run_requests(llm)
     if process_id == 0:
         result["memory_plan"] = memory_plan(llm)
     with open(out_path, "w") as out:

@@ -106,21 +106,19 @@ def single_process_outputs(model_dir: Path) -> dict:
 
     llm = LLM(str(model_dir), **batch_worker.ENGINE_OPTIONS)
     assert llm.engine.runner.plan.kv_spec.group_windows == (None, WINDOW, WINDOW)
-    greedy = llm.generate(batch_worker.prompts(), batch_worker.greedy_params(), use_tqdm=False)
-    sampled = llm.generate(batch_worker.prompts()[3], batch_worker.sampled_params(), use_tqdm=False)
-    return {"greedy": batch_worker.token_ids(greedy), "greedy_logprobs": batch_worker.token_logprobs(greedy),
-            "sampled": batch_worker.token_ids(sampled)}
+    return batch_worker.run_requests(llm)
 
 
 def test_spmd_generate_on_two_processes_equals_one_process(gemma3_dir, tmp_path):
     """A sliding-window model served by two processes keeps its KV cache groups: process 0 broadcasts every group's
-    block tables, and the greedy tokens, their log-probabilities and the sampled tokens are one process's."""
+    block tables and block copies, and the greedy tokens, their log-probabilities, the sampled tokens and a prefix
+    hit are one process's."""
     outs = [tmp_path / f"out{i}.json" for i in range(2)]
     results = run_job(worker_commands(gemma3_dir, outs), tmp_path)
     for process_id, result in enumerate(results):
         assert result.code == 0, f"process {process_id} exited with {result.code}:\n{result.stderr}"
     leader, follower = (json.loads(out.read_text()) for out in outs)
-    assert follower == {"greedy": [], "greedy_logprobs": [], "sampled": []}
+    assert all(value == [] for value in follower.values()) and "memory_plan" not in follower, follower
     expected = single_process_outputs(gemma3_dir)
     assert [len(ids) for ids in leader["greedy"]] == [8] * len(batch_worker.PROMPT_LENS)
     for prompt_len, got, want in zip(batch_worker.PROMPT_LENS, leader["greedy"], expected["greedy"]):
@@ -129,6 +127,13 @@ def test_spmd_generate_on_two_processes_equals_one_process(gemma3_dir, tmp_path)
         assert got == pytest.approx(want, rel=1e-4, abs=1e-5), f"prompt of {prompt_len} tokens"
     assert leader["sampled"] == expected["sampled"]
     assert leader["sampled"][0] != leader["greedy"][3], "the seeded request must really sample"
+    # The longest prompt again: all but its last token hit (whole blocks, then the half-filled one copied in every
+    # group: process 0 broadcasts the copies), and it generates its first answer.
+    longest = batch_worker.PROMPT_LENS[-1]
+    assert longest % batch_worker.BLOCK_SIZE != 1, "the prompt must end mid-block for the hit to need a copy"
+    assert leader["again_cached"] == expected["again_cached"] == [longest - 1]
+    assert leader["again"] == [leader["greedy"][-1]] == expected["again"]
+    assert leader["again_logprobs"][0] == pytest.approx(expected["greedy_logprobs"][-1], rel=1e-4, abs=1e-5)
     # Hand-worked, per device at tp=2: a layer's page of a 4-token block is 4 x 1 KV head x 16 x (K, V) x 4 bytes
     # = 512 bytes; with three groups of one layer a block is one page, so 1 MiB holds 2048 blocks, and a 256-token
     # sequence holds 64 blocks in the full group and ceil(7 / 4) + 1 = 3 in each sliding one: 70 pages, 29 sequences.
