@@ -19,7 +19,7 @@ class MultiHostFeature(EngineFeature):
 
     def __init__(self, runners: Sequence[ModelRunner], timeout_s: float) -> None:
         runner = runners[0]
-        self.followers = FollowerLink(runner.ladder.buckets(), runner.blocks_per_seq, timeout_s)
+        self.followers = FollowerLink(runner.ladder.buckets(), runner.inputs.empty, timeout_s)
         for rank, each in enumerate(runners):
             each.before_step = functools.partial(self.followers.publish_step, rank)
             each.before_copy = functools.partial(self.followers.publish_copies, rank)

@@ -38,7 +38,7 @@ class Follower:
         self.runners = build_rank_runners(loaded, config)
         for runner in self.runners:
             runner.warmup(sampler=False)
-        self.channel = StepPlanChannel(self.runners[0].ladder.buckets(), self.runners[0].blocks_per_seq)
+        self.channel = StepPlanChannel(self.runners[0].ladder.buckets(), self.runners[0].inputs.empty)
         self.watchdog = CollectiveWatchdog(self.timeout_s, leader_lost)
         with self.watchdog.guard("process 0's warm-up", timeout_s=max(300.0, self.timeout_s)):  # + its sampler
             self.channel.warm_up()

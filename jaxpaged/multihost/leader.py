@@ -37,9 +37,11 @@ def follower_lost(what: str) -> None:
 class FollowerLink:
     """The leader's view of its followers: the plan channel plus a deadline on every wait for them."""
 
-    def __init__(self, buckets: Sequence[Bucket], blocks_per_seq: int, timeout_s: float,
+    def __init__(self, buckets: Sequence[Bucket], empty_inputs: Callable[[Bucket], StepInputs], timeout_s: float,
                  on_lost: Callable[[str], None] = follower_lost) -> None:
-        self.channel = StepPlanChannel(buckets, blocks_per_seq)
+        """`empty_inputs`: the runner's padding batch of a bucket (StepInputBuilder.empty: every KV cache group's
+        tables), the shape of each step's broadcast."""
+        self.channel = StepPlanChannel(buckets, empty_inputs)
         self.watchdog = CollectiveWatchdog(timeout_s, on_lost)
         self.heartbeat_interval_s = timeout_s / 3
         self._last_publish = time.monotonic()

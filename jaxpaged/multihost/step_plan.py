@@ -4,17 +4,22 @@ A plan is two broadcasts: a fixed 3-int header (what to do, which data-parallel 
 a step, that bucket's StepInputs (for a block copy, its fixed batch of pairs). Both have shapes fixed by the
 bucket ladder, so each broadcast is one of a few compiled programs; warm_up() compiles them all on every
 process, in the same order, before serving.
+
+With KV cache groups (runner/kv_spec.py) a step's StepInputs carry every group's block tables and slots
+(StepInputs.group_tables): a sliding group's freed blocks are already the null block there, so a follower needs
+nothing of the scheduler's state. Every process has built runners of the same shapes (runner/process_agreement.py
+checked it before warm-up), so the leader's and the followers' batches of a bucket are alike.
 """
 
 import dataclasses
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Optional
 
 import numpy as np
 from jax.experimental import multihost_utils
 
-from jaxpaged.runner.batch import StepInputs, empty_step_inputs
+from jaxpaged.runner.batch import StepInputs
 from jaxpaged.runner.block_copy import empty_copy_batch
 from jaxpaged.runner.buckets import Bucket
 
@@ -44,10 +49,12 @@ class StepPlan:
 class StepPlanChannel:
     """Process 0 publishes plans; every other process receives them, in the same order."""
 
-    def __init__(self, buckets: Sequence[Bucket], blocks_per_seq: int) -> None:
+    def __init__(self, buckets: Sequence[Bucket], empty_inputs: Callable[[Bucket], StepInputs]) -> None:
+        """`empty_inputs`: a padding batch of a bucket, shaped as the runner builds its steps (its block tables per
+        KV cache group: StepInputBuilder.empty), which a follower receives the plan's StepInputs into."""
         self.buckets = list(buckets)
         self._bucket_index = {bucket: index for index, bucket in enumerate(self.buckets)}
-        self.blocks_per_seq = blocks_per_seq
+        self._empty = empty_inputs
 
     def publish(self, plan: StepPlan) -> None:
         """Process 0: broadcast one plan (returns once every process has it)."""
@@ -75,6 +82,3 @@ class StepPlanChannel:
         multihost_utils.broadcast_one_to_all(empty_copy_batch())
         for bucket in self.buckets:
             multihost_utils.broadcast_one_to_all(self._empty(bucket))
-
-    def _empty(self, bucket: Bucket) -> StepInputs:
-        return empty_step_inputs(bucket.num_tokens, bucket.num_seqs, self.blocks_per_seq)

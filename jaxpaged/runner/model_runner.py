@@ -31,6 +31,7 @@ from jaxpaged.runner.compiled_step import CompiledStep, compile_all, place_model
 from jaxpaged.runner.expert_lanes import pad_experts_to_lanes
 from jaxpaged.runner.kv_pool import KVPool
 from jaxpaged.runner.memory_plan import MemoryPlan
+from jaxpaged.runner.process_agreement import check_processes_agree
 from jaxpaged.runner.startup import log_plan, plan_startup
 from jaxpaged.runner.step_inputs import StepInputBuilder
 from jaxpaged.runner.tier_transfer import TierTransfer
@@ -306,4 +307,6 @@ def build_rank_runners(loaded: LoadedModel, config: EngineConfig,
     tp, dp = config.tensor_parallel_size, config.data_parallel_size
     model = with_expert_parallel(loaded.config, config.enable_expert_parallel)
     mesh_lib.check_parallel_layout(model, tp, dp, jax.device_count(), jax.process_count())
-    return [ModelRunner(loaded, config, eos_token_ids, mesh) for mesh in mesh_lib.rank_meshes(tp, dp)]
+    runners = [ModelRunner(loaded, config, eos_token_ids, mesh) for mesh in mesh_lib.rank_meshes(tp, dp)]
+    check_processes_agree(runners[0].inputs, runners[0].kv_pool.cache.shape)  # multi-host: before any step's collective
+    return runners

@@ -208,16 +208,10 @@ def describe_experts(model: ModelConfig, params: Mapping[str, HostWeight], tp: i
 
 def hybrid_kv_groups(model: ModelConfig, config: EngineConfig) -> bool:
     """Whether sliding-window layers get KV cache groups of their own (runner/kv_spec.py): unless
-    disable_hybrid_kv_cache_manager says no, or the steps run on several hosts (each host's scheduler would have to
-    agree on every group's tables), which turns them off with a log line saying why, as vLLM does for some
-    connectors. The KV tiers and KV events work per group (core/kv_group_keys.py)."""
-    if config.cache.disable_hybrid_kv_cache_manager or model.sliding_window is None:
-        return False
-    if jax.process_count() > 1:
-        logger.warning("KV cache groups off: multi-host serving keeps one block table per request; every layer keeps "
-                       "every token (as with --disable-hybrid-kv-cache-manager)")
-        return False
-    return True
+    disable_hybrid_kv_cache_manager says no. The KV tiers and KV events work per group (core/kv_group_keys.py), and
+    so does multi-host serving: process 0's scheduler plans every group's tables and each step's broadcast carries
+    them (multihost/step_plan.py)."""
+    return not config.cache.disable_hybrid_kv_cache_manager and model.sliding_window is not None
 
 
 def _check_tpu_quantized_block(model: ModelConfig, config: EngineConfig, dtype, platform: str, tp: int) -> None:
