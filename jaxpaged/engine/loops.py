@@ -39,6 +39,10 @@ class StepPhases(Protocol):
 
     def execute(self, dp_rank: int, plan: SchedulerOutput, defer_sampling: bool = False) -> LaunchedStep: ...
 
+    def in_lock_step(self) -> bool: ...
+
+    def execute_together(self, plans: list[SchedulerOutput], defer_sampling: bool = False) -> list[LaunchedStep]: ...
+
     def update(self, launched: list[LaunchedStep], final_only: bool,
                sample_next: Optional[list[LaunchedStep]] = None) -> list[RequestOutput]: ...
 
@@ -50,7 +54,10 @@ class StepPhases(Protocol):
 
 
 def launch_every_rank(engine: StepPhases, defer_sampling: bool = False) -> list[LaunchedStep]:
-    """Schedule then execute, rank by rank; nothing is awaited (see the module docstring)."""
+    """Schedule then execute, rank by rank; nothing is awaited (see the module docstring). Ranks in lock step
+    (runner/lock_step.py) all plan first, then run as one step."""
+    if engine.in_lock_step():
+        return engine.execute_together([engine.schedule(dp_rank) for dp_rank in engine.dp_ranks()], defer_sampling)
     return [engine.execute(dp_rank, engine.schedule(dp_rank), defer_sampling) for dp_rank in engine.dp_ranks()]
 
 
@@ -96,18 +103,19 @@ class OverlappedLoop:
         return outputs, hidden
 
 
-def resolve_async_scheduling(config: EngineConfig, platform: str) -> bool:
+def resolve_async_scheduling(config: EngineConfig, platform: str, lock_step: bool = False) -> bool:
     """config.async_scheduling as a bool for devices of `platform`. None is on unless the KV tiers or multi-host
     serving are on (whose transfers and follower broadcasts expect each step's tokens on the host before the next
     is planned). On the CPU too: there the "device" is the host's own cores, so the host work planned ahead shares
     them with XLA's threads, yet W1 gained there (docs/performance.md). True with the tiers or multi-host is a
-    ValueError. `platform` names the devices in the log line."""
+    ValueError. `platform` names the devices in the log line. `lock_step`: data-parallel ranks stepping together
+    (runner/lock_step.py), where None is off too (True is refused there, by name)."""
     unsupported = config.cache.kv_offload_enabled or jax.process_count() > 1
     if config.async_scheduling is None:
-        if unsupported:
-            logger.info("async scheduling off on %s: not supported with the KV tiers or multi-host serving",
-                        platform)
-        return not unsupported
+        if unsupported or lock_step:
+            logger.info("async scheduling off on %s: not supported with the KV tiers, multi-host serving or "
+                        "experts over data-parallel ranks in lock step", platform)
+        return not (unsupported or lock_step)
     if config.async_scheduling and unsupported:
         raise ValueError("async_scheduling: not supported with the KV tiers (kv_offload_*) or multi-host serving; "
                          "turn one of them off")
