@@ -66,7 +66,8 @@ class LLMEngine:
             [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else [])
         # Experts over dp x tp devices: the ranks share one program and step together (runner/lock_step.py).
         group = LockStepRanks(loaded, config, self.eos_token_ids) if lock_step else None
-        runners = group.ranks if group is not None else build_rank_runners(loaded, config, self.eos_token_ids)
+        runners: list[ModelRunner] = ([*group.ranks] if group is not None
+                                      else build_rank_runners(loaded, config, self.eos_token_ids))
         # NOTE: max_model_len None (the model's context length) is settled by the start-up plan, which knows the pool.
         self.max_model_len = min(runner.max_model_len for runner in runners)
         config = self.config = dataclasses.replace(

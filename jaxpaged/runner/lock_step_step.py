@@ -29,6 +29,7 @@ from jaxpaged.runner.kv_pool import KVPool
 from jaxpaged.runner.startup import StartupPlan
 from jaxpaged.runner.step_inputs import StepInputBuilder
 from jaxpaged.sampling.prompt_logprobs import PromptLogprobStats, empty_prompt_logprob_stats, prompt_logprob_stats
+from pallas_kernels.pytree import HostOrDeviceArray
 
 
 def join_ranks(batch: StepInputs) -> StepInputs:
@@ -37,8 +38,8 @@ def join_ranks(batch: StepInputs) -> StepInputs:
     block ids: attention reads it per rank); the sampled rows point at the joined token rows."""
     num_ranks, num_tokens = batch.token_ids.shape
 
-    def joined(leaf: jax.Array) -> jax.Array:
-        return leaf.reshape(num_ranks * leaf.shape[1], *leaf.shape[2:])
+    def joined(leaf: HostOrDeviceArray) -> jax.Array:
+        return jnp.reshape(leaf, (num_ranks * leaf.shape[1], *leaf.shape[2:]))
 
     offsets = (jnp.arange(num_ranks, dtype=jnp.int32) * num_tokens)[:, None]
     group_tables = batch.group_tables
