@@ -52,8 +52,7 @@ class LLMEngine:
 
     def __init__(self, loaded: LoadedModel, config: EngineConfig, *, warmup: bool = True):
         lock_step = runs_in_lock_step(loaded.config, config.enable_expert_parallel, config.data_parallel_size)
-        config = dataclasses.replace(config, async_scheduling=resolve_async_scheduling(config, jax.default_backend(),
-                                                                                       lock_step))
+        config = dataclasses.replace(config, async_scheduling=resolve_async_scheduling(config, jax.default_backend()))
         self.config = config
         self.model_name = loaded.name
         self.model_config = loaded.config

@@ -103,19 +103,18 @@ class OverlappedLoop:
         return outputs, hidden
 
 
-def resolve_async_scheduling(config: EngineConfig, platform: str, lock_step: bool = False) -> bool:
+def resolve_async_scheduling(config: EngineConfig, platform: str) -> bool:
     """config.async_scheduling as a bool for devices of `platform`. None is on unless the KV tiers or multi-host
     serving are on (whose transfers and follower broadcasts expect each step's tokens on the host before the next
     is planned). On the CPU too: there the "device" is the host's own cores, so the host work planned ahead shares
     them with XLA's threads, yet W1 gained there (docs/performance.md). True with the tiers or multi-host is a
-    ValueError. `platform` names the devices in the log line. `lock_step`: data-parallel ranks stepping together
-    (runner/lock_step.py), where None is off too (True is refused there, by name)."""
+    ValueError. `platform` names the devices in the log line."""
     unsupported = config.cache.kv_offload_enabled or jax.process_count() > 1
     if config.async_scheduling is None:
-        if unsupported or lock_step:
-            logger.info("async scheduling off on %s: not supported with the KV tiers, multi-host serving or "
-                        "experts over data-parallel ranks in lock step", platform)
-        return not (unsupported or lock_step)
+        if unsupported:
+            logger.info("async scheduling off on %s: not supported with the KV tiers or multi-host serving",
+                        platform)
+        return not unsupported
     if config.async_scheduling and unsupported:
         raise ValueError("async_scheduling: not supported with the KV tiers (kv_offload_*) or multi-host serving; "
                          "turn one of them off")

@@ -12,10 +12,11 @@ LockStepRanks owns the shared device side (weights, pool, compiled step, sampler
 ModelRunner the engine and its features see for that rank (plan, schedulers' sizes, sampling), whose forward is
 the group's: the engine steps them together (LLMEngine.execute_together).
 
-What this mode does not run, refused by name at start-up (check_lock_step_options): async scheduling (a rank's
-next batch would take tokens from a step every rank shares), LoRA, speculative decoding, the KV tiers and several
-hosts. The plan uses XLA's dot for every projection (cpu_matmul "xla"): the native CPU matmuls skip rows past the
-model's num_rows, which counts one rank's rows, not the joined batch's.
+Async scheduling runs as for independent ranks: a rank's rows in flight take their tokens from its own previous
+sampled ids, which the step receives stacked per rank. What this mode does not run, refused by name at start-up
+(check_lock_step_options): LoRA, speculative decoding, the KV tiers and several hosts. The plan uses XLA's dot for
+every projection (cpu_matmul "xla"): the native CPU matmuls skip rows past the model's num_rows, which counts one
+rank's rows, not the joined batch's.
 """
 
 import dataclasses
@@ -26,6 +27,7 @@ from typing import Optional
 import jax
 
 from jaxpaged.config import EngineConfig
+from jaxpaged.core.request import Request
 from jaxpaged.core.scheduler_output import SchedulerOutput
 from jaxpaged.models.int8_weights import quantize_params
 from jaxpaged.models.moe_decoder import with_expert_parallel
@@ -39,7 +41,7 @@ from jaxpaged.runner.model_runner import ForwardedStep, ModelRunner
 from jaxpaged.runner.startup import log_plan, plan_startup
 from jaxpaged.runner.step_inputs import StepInputBuilder
 from jaxpaged.sampling.prompt_logprobs import host_entries
-from jaxpaged.sampling.token_sampler import TokenSampler
+from jaxpaged.sampling.token_sampler import PendingSample, TokenSampler
 from jaxpaged.weights.loader import LoadedModel
 
 
@@ -47,7 +49,7 @@ def check_lock_step_options(config: EngineConfig) -> None:
     """ValueError naming the option that ranks in lock step do not run (the module docstring)."""
     layout = (f"with enable_expert_parallel over data_parallel_size ({config.data_parallel_size}) x "
               f"tensor_parallel_size ({config.tensor_parallel_size}): the ranks step in lock step")
-    refused = {"async_scheduling": bool(config.async_scheduling), "enable_lora": config.enable_lora,
+    refused = {"enable_lora": config.enable_lora,
                "speculative_method": config.speculative.enabled,
                "kv_offload": config.cache.kv_offload_enabled}
     for option, on in refused.items():
@@ -85,6 +87,8 @@ class LockStepRanks:
         self.step = LockStepCompiledStep(graphdef, state, self.plan, self.mesh, self.kv_pool, self.inputs[0])
         self.sampler = TokenSampler(loaded.config.vocab_size, eos_token_ids, mesh_lib.replicated(self.mesh))
         """Samples each rank's rows in turn (it holds no state of a rank's)."""
+        self.async_scheduling = bool(config.async_scheduling)
+        """Steps are planned while the one before is in flight (LLMEngine resolves the option's None first)."""
         self.last_prepare_seconds = 0.0
         self.warmup_seconds: Optional[float] = None
         """Set by the first warmup(); every rank's warmup() is that one."""
@@ -98,8 +102,11 @@ class LockStepRanks:
             return 0.0
         start = time.perf_counter()
         ladder = self.inputs[0].ladder
-        compile_all([*self.step.warmup_tasks(), self.kv_pool.copy_executable,
-                     *self.sampler.warmup_tasks(bucket.num_seqs for bucket in ladder.buckets())], progress)
+        tasks = [*self.step.warmup_tasks(), self.kv_pool.copy_executable,
+                 *self.sampler.warmup_tasks(bucket.num_seqs for bucket in ladder.buckets())]
+        if self.async_scheduling:
+            tasks += self.step.pad_tasks(self.sampler.placement)
+        compile_all(tasks, progress)
         self.warmup_seconds = time.perf_counter() - start
         return self.warmup_seconds
 
@@ -118,7 +125,7 @@ class LockStepRanks:
                              max(len(output.scheduled) for output in outputs))
         batches = [inputs.build(output, bucket=bucket)[1] for inputs, output in zip(self.inputs, outputs)]
         self.last_prepare_seconds = time.perf_counter() - start
-        logits, prompt_stats = self.step.run(bucket, batches)
+        logits, prompt_stats = self.step.run(bucket, batches, [inputs.feeds_previous for inputs in self.inputs])
         steps = []
         for rank, (output, rank_logits) in enumerate(zip(outputs, logits)):
             if not output.scheduled:
@@ -153,7 +160,7 @@ class LockStepRank(ModelRunner):
         self.step = group.step  # pyright: ignore[reportAttributeAccessIssue]
         self.sampler = group.sampler
         self._samples_locally = False
-        self.async_scheduling = False
+        self.async_scheduling = group.async_scheduling
         self.before_step = None
         self.warmup_seconds = 0.0
         self.last_prepare_seconds = 0.0
@@ -162,6 +169,12 @@ class LockStepRank(ModelRunner):
         """The group's warm-up, run by the first rank that asks (the others' take no time)."""
         self.warmup_seconds = self.group.warmup(progress)
         return self.warmup_seconds
+
+    def remember_sampled(self, pending: PendingSample, sampling: list[Request]) -> None:
+        """Async scheduling: this rank's rows in flight take their tokens from these ids (its row of the step's
+        previous tokens)."""
+        self.group.step.previous_sampled[self.rank] = pending.device_token_ids
+        self.inputs.remember_sampling_rows(sampling)
 
     def forward(self, output: SchedulerOutput) -> ForwardedStep:
         """Ranks in lock step have no step of their own: LockStepRanks.forward steps them all."""

@@ -1,11 +1,11 @@
 """Runs in a subprocess with forced CPU devices: a MoE model's greedy tokens with its experts over dp x tp devices
 (data-parallel ranks in lock step) against one device's.
 
-Usage: JAX_NUM_CPU_DEVICES=4 python -m tests.parallel.moe_lock_step_worker JOBS_JSON PROMPTS_JSON
-JOBS_JSON lists [model_dir, [[dp, tp], ...]] pairs, every job in this one process. Prints one JSON line: per job and
-layout, whether every prompt's greedy tokens (all prompts at once, then the first alone, so one rank is idle) equal
-one device's, the ranks the requests went to, the steps that ran with an idle rank, one device's shard of the first
-layer's gate experts and the plan's expert line.
+Usage: JAX_NUM_CPU_DEVICES=4 python -m tests.parallel.moe_lock_step_worker JOBS_JSON
+JOBS_JSON lists [model_dir, [[dp, tp], ...], prompts, engine options] jobs, every one in this process. Prints one JSON
+line: per job and layout, whether every prompt's greedy tokens (all prompts at once, then the first alone, so one
+rank is idle) equal one device's, the ranks the requests went to, the steps that ran with an idle rank, one device's
+shard of the first layer's gate experts and the plan's expert line.
 """
 
 import json
@@ -15,8 +15,9 @@ from jaxpaged.llm import LLM
 from tests.parallel.moe_worker import ENGINE_OPTIONS, expert_shard_shape, greedy
 
 
-def run_layout(model_dir: str, dp: int, tp: int, prompts: list[list[int]], expected: list[list[int]]) -> dict:
-    llm = LLM(model_dir, **ENGINE_OPTIONS, tensor_parallel_size=tp, data_parallel_size=dp,
+def run_layout(model_dir: str, dp: int, tp: int, prompts: list[list[int]], expected: list[list[int]],
+               options: dict) -> dict:
+    llm = LLM(model_dir, **ENGINE_OPTIONS, **options, tensor_parallel_size=tp, data_parallel_size=dp,
               enable_expert_parallel=True)
     engine = llm.engine
     group = engine.ranks.lock_step
@@ -35,18 +36,18 @@ def run_layout(model_dir: str, dp: int, tp: int, prompts: list[list[int]], expec
     group.forward = counting_forward  # type: ignore[method-assign]
     together = greedy(llm, prompts)
     alone = greedy(llm, prompts[:1])
-    return dict(dp=dp, tp=tp, identical=together == expected and alone == expected[:1], tokens=together,
+    return dict(dp=dp, tp=tp, async_scheduling=engine.config.async_scheduling,
+                identical=together == expected and alone == expected[:1], tokens=together,
                 alone=alone, expected=expected, routed=routed, steps_with_idle_rank=steps_with_idle_rank[0],
                 expert_shard=expert_shard_shape(llm), plan_experts=engine.runner.plan.experts,
                 plan=engine.runner.plan.describe())
 
 
 def main() -> None:
-    jobs, prompts = json.loads(sys.argv[1]), json.loads(sys.argv[2])
     results = []
-    for model_dir, layouts in jobs:
+    for model_dir, layouts, prompts, options in json.loads(sys.argv[1]):
         expected = greedy(LLM(model_dir, **ENGINE_OPTIONS), prompts)
-        results.append([run_layout(model_dir, dp, tp, prompts, expected) for dp, tp in layouts])
+        results.append([run_layout(model_dir, dp, tp, prompts, expected, options) for dp, tp in layouts])
     print(json.dumps(results))
 
 
