@@ -67,6 +67,8 @@ class LockStepRanks:
         compile_counter.install()
         check_lock_step_options(config)
         tp, num_ranks = config.tensor_parallel_size, config.data_parallel_size
+        mesh_lib.check_parallel_layout(with_expert_parallel(loaded.config, True, num_ranks), tp, num_ranks,
+                                       jax.device_count(), jax.process_count())
         self.mesh = mesh_lib.lock_step_mesh(tp, num_ranks)
         config = dataclasses.replace(config, cpu_matmul="xla")  # the module docstring says why
         quantization = loaded.quantization or config.quantization

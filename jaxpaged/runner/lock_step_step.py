@@ -42,17 +42,17 @@ def join_ranks(batch: StepInputs, previous_rows: int) -> StepInputs:
     def joined(leaf: HostOrDeviceArray) -> jax.Array:
         return jnp.reshape(leaf, (num_ranks * leaf.shape[1], *leaf.shape[2:]))
 
-    offsets = (jnp.arange(num_ranks, dtype=jnp.int32) * num_tokens)[:, None]
+    rank = jnp.arange(num_ranks, dtype=jnp.int32)[:, None]
     group_tables = batch.group_tables
     if group_tables is not None:  # [ranks, groups, rows, ...]: joined on the rows, after the group axis
         group_tables = GroupTables(*(jnp.swapaxes(leaf, 0, 1).reshape(leaf.shape[1], -1, *leaf.shape[3:])
                                      for leaf in (group_tables.block_tables, group_tables.slot_mapping)))
     return StepInputs(token_ids=joined(batch.token_ids), positions=joined(batch.positions),
                       attention=jax.tree.map(joined, batch.attention),
-                      sample_indices=joined(batch.sample_indices + offsets),
+                      sample_indices=joined(batch.sample_indices + rank * num_tokens),
                       prompt_logprob_targets=joined(batch.prompt_logprob_targets),
-                      token_sources=joined(jnp.where(batch.token_sources >= 0, batch.token_sources + offsets
-                                                     // num_tokens * previous_rows, -1)),
+                      token_sources=joined(jnp.where(batch.token_sources >= 0,
+                                                     batch.token_sources + rank * previous_rows, -1)),
                       lora_slots=joined(batch.lora_slots),
                       group_tables=group_tables)
 

@@ -127,6 +127,19 @@ def test_lock_step_refuses_what_it_does_not_run_by_name():
     check_lock_step_options(EngineConfig.from_options(**base, async_scheduling=True))
 
 
+def test_engine_checks_the_layout_before_stepping_ranks_together(tmp_path, smollm2_tokenizer_dir):
+    """An engine with experts over dp x tp devices checks the layout first: dp 2 on this process's one device is
+    refused naming the option, before any weight is placed."""
+    from jaxpaged.engine.llm_engine import LLMEngine
+    from jaxpaged.weights.loader import load_model
+
+    make_qwen3_moe(tmp_path, smollm2_tokenizer_dir, num_hidden_layers=1, num_key_value_heads=4)
+    config = EngineConfig.from_options(data_parallel_size=2, enable_expert_parallel=True, dtype="float32")
+    with pytest.raises(ValueError, match=r"tensor_parallel_size: tensor_parallel_size \(1\) x data_parallel_size "
+                                         r"\(2\) = 2 devices are needed, but only 1 exist"):
+        LLMEngine(load_model(str(tmp_path)), config, warmup=False)
+
+
 def test_join_ranks_lays_each_ranks_rows_after_the_ranks_before():
     """Two ranks' batches of 16 tokens / 4 sequences joined: rank 1's tokens at rows 16.., its sampled rows shifted
     by 16, its metadata rows after rank 0's and still in its own block ids; prompt rows shift alike."""
