@@ -224,8 +224,9 @@ class EngineConfig:
     enable_expert_parallel: bool = False
     """Mixture-of-experts models under tensor parallelism: place whole experts on each device of the "model" axis
     (num_experts / tp each), tokens replicated and the expert outputs summed across devices; off: every expert's
-    intermediate axis is split as the dense MLP's (vLLM's --enable-expert-parallel). No effect on dense models. A MoE
-    model refuses it with data_parallel_size > 1 (vLLM's experts over dp x tp need ranks in lock step)."""
+    intermediate axis is split as the dense MLP's (vLLM's --enable-expert-parallel). No effect on dense models. With
+    data_parallel_size > 1 the experts span dp x tp devices and the ranks step in lock step, one program over a
+    (dp, tp) mesh (runner/lock_step.py; num_experts must divide by dp x tp)."""
     tokenizer: Optional[str] = None
     """A tokenizer other than the model's: a directory of Hugging Face tokenizer files, or a Hub repo id already in
     the local cache (read offline). None: the model's own (vLLM's --tokenizer)."""

@@ -34,8 +34,10 @@ from jaxpaged.kernels.attention_dispatch import check_kv_cache_dtype
 from jaxpaged.lora.host_cache import LoRAAdapterCache
 from jaxpaged.lora.peft_adapter import PeftAdapter
 from jaxpaged.lora.request import LoRARequest
+from jaxpaged.models.moe_decoder import runs_in_lock_step
 from jaxpaged.outputs import RequestOutput
 from jaxpaged.runner import ModelRunner, build_rank_runners
+from jaxpaged.runner.lock_step import LockStepRanks
 from jaxpaged.sampling.batch import penalizes_output_tokens
 from jaxpaged.sampling.grammar import CompiledGrammar, GrammarCompiler
 from jaxpaged.sampling.params import SamplingParams, StructuredOutputsParams
@@ -49,6 +51,7 @@ class LLMEngine:
     """Requests in, RequestOutputs out, one step at a time."""
 
     def __init__(self, loaded: LoadedModel, config: EngineConfig, *, warmup: bool = True):
+        lock_step = runs_in_lock_step(loaded.config, config.enable_expert_parallel, config.data_parallel_size)
         config = dataclasses.replace(config, async_scheduling=resolve_async_scheduling(config, jax.default_backend()))
         self.config = config
         self.model_name = loaded.name
@@ -60,7 +63,10 @@ class LLMEngine:
         """Sampling fields from the model's generation_config.json, for requests that leave them unset."""
         self.eos_token_ids = list(loaded.config.eos_token_ids) or (
             [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else [])
-        runners = build_rank_runners(loaded, config, self.eos_token_ids)
+        # Experts over dp x tp devices: the ranks share one program and step together (runner/lock_step.py).
+        group = LockStepRanks(loaded, config, self.eos_token_ids) if lock_step else None
+        runners: list[ModelRunner] = ([*group.ranks] if group is not None
+                                      else build_rank_runners(loaded, config, self.eos_token_ids))
         # NOTE: max_model_len None (the model's context length) is settled by the start-up plan, which knows the pool.
         self.max_model_len = min(runner.max_model_len for runner in runners)
         config = self.config = dataclasses.replace(
@@ -77,7 +83,7 @@ class LLMEngine:
         schedulers = [Scheduler(config.scheduler, config.cache, runner.num_kv_blocks, self.features.lower_tiers,
                                 config.speculative.max_tokens_per_step, runner.plan.kv_spec.group_windows,
                                 max_loras=config.max_loras if config.enable_lora else 0) for runner in runners]
-        self.ranks = DataParallelRanks(schedulers, runners, config.cache.block_size)
+        self.ranks = DataParallelRanks(schedulers, runners, config.cache.block_size, group)
         self.requests = RequestTable()
         self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
         """Structured outputs: compiles each constrained request's grammar (off this thread; see submit())."""
@@ -286,6 +292,25 @@ class LLMEngine:
         if not defer_sampling:
             self.sample_deferred(step)
         return step
+
+    def in_lock_step(self) -> bool:
+        """The ranks step together, as one program (runner/lock_step.py): every rank plans, then one execute."""
+        return self.ranks.lock_step is not None
+
+    def execute_together(self, plans: list[SchedulerOutput], defer_sampling: bool = False) -> list[LaunchedStep]:
+        """Phase 2 for ranks in lock step: every rank's plan (plans[r]) dispatched as one step; each rank's sampler
+        then (unless `defer_sampling`), as execute() does for one rank."""
+        group = self.ranks.lock_step
+        assert group is not None
+        start = time.perf_counter()
+        forwarded = group.forward(plans)
+        self.timings.launch_s += time.perf_counter() - start - group.last_prepare_seconds
+        self.timings.prepare_s += group.last_prepare_seconds
+        steps = [LaunchedStep(dp_rank, plan, None, step) for dp_rank, (plan, step) in enumerate(zip(plans, forwarded))]
+        if not defer_sampling:
+            for step in steps:
+                self.sample_deferred(step)
+        return steps
 
     def sample_deferred(self, step: LaunchedStep) -> None:
         """Dispatch the sampler of a step executed with defer_sampling, reading its requests' state now."""

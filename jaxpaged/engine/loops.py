@@ -39,6 +39,10 @@ class StepPhases(Protocol):
 
     def execute(self, dp_rank: int, plan: SchedulerOutput, defer_sampling: bool = False) -> LaunchedStep: ...
 
+    def in_lock_step(self) -> bool: ...
+
+    def execute_together(self, plans: list[SchedulerOutput], defer_sampling: bool = False) -> list[LaunchedStep]: ...
+
     def update(self, launched: list[LaunchedStep], final_only: bool,
                sample_next: Optional[list[LaunchedStep]] = None) -> list[RequestOutput]: ...
 
@@ -50,7 +54,10 @@ class StepPhases(Protocol):
 
 
 def launch_every_rank(engine: StepPhases, defer_sampling: bool = False) -> list[LaunchedStep]:
-    """Schedule then execute, rank by rank; nothing is awaited (see the module docstring)."""
+    """Schedule then execute, rank by rank; nothing is awaited (see the module docstring). Ranks in lock step
+    (runner/lock_step.py) all plan first, then run as one step."""
+    if engine.in_lock_step():
+        return engine.execute_together([engine.schedule(dp_rank) for dp_rank in engine.dp_ranks()], defer_sampling)
     return [engine.execute(dp_rank, engine.schedule(dp_rank), defer_sampling) for dp_rank in engine.dp_ranks()]
 
 

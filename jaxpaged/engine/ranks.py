@@ -14,6 +14,7 @@ from jaxpaged.core.router import PrefixAwareRouter
 from jaxpaged.core.scheduler import Scheduler
 from jaxpaged.core.scheduler_output import SchedulerOutput
 from jaxpaged.runner import ForwardedStep, ModelRunner
+from jaxpaged.runner.lock_step import LockStepRanks
 from jaxpaged.sampling.token_sampler import PendingSample
 
 
@@ -39,9 +40,13 @@ class DataParallelRanks:
     """One scheduler per runner; each rank has its own device group and KV pool (tensor parallelism splits a
     runner over its group). Requests route by prefix-cache hit, then load (core/router.py)."""
 
-    def __init__(self, schedulers: Sequence[Scheduler], runners: Sequence[ModelRunner], block_size: int) -> None:
+    def __init__(self, schedulers: Sequence[Scheduler], runners: Sequence[ModelRunner], block_size: int,
+                 lock_step: Optional[LockStepRanks] = None) -> None:
         self.schedulers = list(schedulers)
         self.runners = list(runners)
+        self.lock_step = lock_step
+        """The ranks' shared device side when they step together (experts over dp x tp devices); None: each rank
+        steps on its own."""
         self._router = PrefixAwareRouter(len(self.runners), block_size)
 
     def __len__(self) -> int:

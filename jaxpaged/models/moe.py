@@ -216,19 +216,23 @@ def moe_block(x: Float[Array, "tokens hidden"], logits: Float32[Array, "tokens e
               mesh: Optional[jax.sharding.Mesh] = None, expert_parallel: bool = False) -> Float[Array, "tokens hidden"]:
     """One MoE MLP on the normed input `x` given its router `logits` (router_logits, or the family's own matmul):
     route in float32, compute each token's top-k experts, combine by weight. `mesh` (tp > 1): run per model shard
-    (run_sharded), the experts split as `expert_parallel` says."""
+    (run_sharded), the experts split as `expert_parallel` says; a data axis over 1 (ranks in lock step, the experts
+    over dp x tp devices): run_over_ranks, where `num_rows` is not one rank's and every row is computed."""
     weights, ids = route(logits, routing)
-    if mesh is None or mesh.shape["model"] == 1:
+    if mesh is None or mesh.size == 1:
         out = experts_forward(x, weights, ids, experts, num_rows, activation=activation)
+    elif mesh.shape["data"] > 1:
+        out = run_over_ranks(x, weights, ids, experts, mesh, activation)
     else:
         out = run_sharded(x, weights, ids, experts, num_rows, mesh, expert_parallel, activation)
     return out.astype(x.dtype)
 
 
-def expert_partition_specs(experts: ExpertWeights, expert_parallel: bool) -> Any:
-    """Where each expert weight is split over the "model" axis: the expert axis (expert parallelism), else gate/up's
-    output and down's input (the intermediate axis, as the dense MLP). int8 scales follow their output axis."""
-    model = "model"
+def expert_partition_specs(experts: ExpertWeights, expert_parallel: bool,
+                           model: Union[str, tuple[str, ...]] = "model") -> Any:
+    """Where each expert weight is split over the `model` axis (or axes): the expert axis (expert parallelism), else
+    gate/up's output and down's input (the intermediate axis, as the dense MLP). int8 scales follow their output
+    axis."""
 
     def spec(weight, axis_of_split: Optional[int]):
         if weight is None:
@@ -244,7 +248,7 @@ def expert_partition_specs(experts: ExpertWeights, expert_parallel: bool) -> Any
     return ExpertWeights(*specs)  # the experts' structure, a PartitionSpec (or None) at each leaf
 
 
-def _spec_with(ndim: int, axis: Optional[int], name: str) -> P:
+def _spec_with(ndim: int, axis: Optional[int], name: Union[str, tuple[str, ...]]) -> P:
     return P(*[name if i == axis else None for i in range(ndim)])
 
 
@@ -268,6 +272,32 @@ def run_sharded(x: Float[Array, "tokens hidden"], weights: Float32[Array, "token
     mapped = jax.shard_map(per_shard, mesh=mesh, in_specs=(P(), P(), P(), specs, P()), out_specs=P(),
                            check_vma=False)
     return mapped(x, weights, ids, experts, num_rows)
+
+
+def run_over_ranks(x: Float[Array, "tokens hidden"], weights: Float32[Array, "tokens k"], ids: Int32[Array, "tokens k"],
+                   experts: ExpertWeights, mesh: jax.sharding.Mesh, activation: Activation = silu_gated,
+                   ) -> Float32[Array, "tokens hidden"]:
+    """Expert parallelism over every device of ranks in lock step (runner/lock_step.py): the token rows are split
+    over the "data" axis (a rank's rows on its devices) and the experts over ("data", "model"), device (d, m)
+    holding experts (d * tp + m) * E_local onwards. Each device gathers every rank's rows, computes its own experts'
+    assignments, the partial sums add over "model" and are reduce-scattered over "data" back to their rank's rows.
+
+    Every gathered row is computed: padding included (the model's num_rows counts one rank's rows, not these)."""
+    axes = ("data", "model")
+    specs = expert_partition_specs(experts, True, axes)
+    rows = P("data")
+
+    def per_device(x, weights, ids, experts):
+        x, weights, ids = (jax.lax.all_gather(a, "data", tiled=True) for a in (x, weights, ids))
+        num_local = _split(experts.gate)[0].shape[0]
+        device = jax.lax.axis_index("data") * jax.lax.axis_size("model") + jax.lax.axis_index("model")
+        partial = experts_forward(x, weights, ids, experts, jnp.int32(x.shape[0]), first_expert=device * num_local,
+                                  activation=activation)
+        return jax.lax.psum_scatter(jax.lax.psum(partial, "model"), "data", scatter_dimension=0, tiled=True)
+
+    mapped = jax.shard_map(per_device, mesh=mesh, in_specs=(rows, rows, rows, specs), out_specs=rows,
+                           check_vma=False)
+    return mapped(x, weights, ids, experts)
 
 
 EXPERT_ACTIVATIONS: dict[str, Activation] = {"silu": silu_gated}

@@ -51,6 +51,9 @@ class MoeModelConfig(ModelConfig):
     expert_parallel: bool = False
     """EngineConfig.enable_expert_parallel: under tp > 1, whole experts per model shard (else every expert's
     intermediate axis split, as the dense MLP's)."""
+    expert_data_parallel: int = 1
+    """With expert_parallel and data_parallel_size > 1: the data-parallel ranks the experts also span (they step in
+    lock step, runner/lock_step.py; num_experts / (dp * tp) per device); 1 otherwise."""
 
     @property
     def routing(self) -> MoeRouting:
@@ -103,11 +106,20 @@ def moe_fields(base: ModelConfig) -> dict[str, Any]:
     return {field.name: getattr(base, field.name) for field in dataclasses.fields(ModelConfig)}
 
 
-def with_expert_parallel(model: ModelConfig, enabled: bool) -> ModelConfig:
-    """`model` with EngineConfig.enable_expert_parallel applied (a dense model is returned as it is)."""
-    if not isinstance(model, MoeModelConfig) or model.expert_parallel == enabled:
+def with_expert_parallel(model: ModelConfig, enabled: bool, data_parallel_size: int = 1) -> ModelConfig:
+    """`model` with EngineConfig.enable_expert_parallel applied, the experts over `data_parallel_size` ranks too when
+    it is on (a dense model is returned as it is)."""
+    if not isinstance(model, MoeModelConfig):
         return model
-    return dataclasses.replace(model, expert_parallel=enabled)
+    expert_data_parallel = data_parallel_size if enabled and model.has_experts else 1
+    if (model.expert_parallel, model.expert_data_parallel) == (enabled, expert_data_parallel):
+        return model
+    return dataclasses.replace(model, expert_parallel=enabled, expert_data_parallel=expert_data_parallel)
+
+
+def runs_in_lock_step(model: ModelConfig, enable_expert_parallel: bool, data_parallel_size: int) -> bool:
+    """Whether the data-parallel ranks step as one program: a model with experts placed over dp x tp devices."""
+    return isinstance(model, MoeModelConfig) and model.has_experts and enable_expert_parallel and data_parallel_size > 1
 
 
 def expert_weight(w: dict[str, Any], name: str) -> Any:
@@ -124,9 +136,10 @@ class MoeForCausalLM(LlamaForCausalLM):
 
     def __init__(self, cfg: ModelConfig, params: dict[str, LayerWeight], packed: bool = False,
                  int8_matmul: Optional[str] = None, mesh: Optional[jax.sharding.Mesh] = None):
-        """As LlamaForCausalLM; `mesh`: the rank's mesh, over which the experts run per shard when tp > 1."""
+        """As LlamaForCausalLM; `mesh`: the rank's mesh (or the lock-step ranks' (dp, tp) one), over which the
+        experts run per shard when it has several devices."""
         super().__init__(cfg, params, packed=packed, int8_matmul=int8_matmul)
-        self.expert_mesh = mesh if mesh is not None and mesh.shape["model"] > 1 else None
+        self.expert_mesh = mesh if mesh is not None and mesh.size > 1 else None
 
     def expert_activation(self) -> Activation:
         """The experts' (gate, up) -> down input: the config's named one (a family with constants of its own, such

@@ -5,6 +5,9 @@ belongs to one group at a time, and layer l of its group keeps its page at slot(
 that writes it so XLA updates it in place: the compiled step (compiled_step.py), the block copies of
 copy-on-write prefix hits (block_copy.py) and the loads from the KV tiers below the device (tier_transfer.py).
 Block 0 is the null block that padding writes to.
+
+Ranks in lock step (runner/lock_step.py) keep one pool [ranks * layer slots, blocks, *page] whose axis 0 is split
+over the mesh's data axis: rank r's slots are its own pool on its own devices, its block ids its scheduler's.
 """
 
 from collections.abc import Callable, Sequence
@@ -13,6 +16,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec as P
 
 from jaxpaged.kv_tiers import KVTiers
 from jaxpaged.runner import mesh as mesh_lib
@@ -21,10 +25,12 @@ from jaxpaged.runner.kv_spec import KVSpec
 from jaxpaged.runner.tier_transfer import PendingSaves, TierTransfer
 
 
-def allocate_pool(spec: KVSpec, num_blocks: int, sharding: Optional[jax.sharding.Sharding] = None) -> jax.Array:
-    """A zeroed pool of `num_blocks` blocks shaped as `spec` says, created in place on its devices (each shard
-    allocates only its part)."""
+def allocate_pool(spec: KVSpec, num_blocks: int, sharding: Optional[jax.sharding.Sharding] = None,
+                  num_ranks: int = 1) -> jax.Array:
+    """A zeroed pool of `num_blocks` blocks shaped as `spec` says (`num_ranks` such pools stacked on axis 0: ranks in
+    lock step), created in place on its devices (each shard allocates only its part)."""
     shape, dtype = spec.pool_shape(num_blocks), spec.pool_dtype
+    shape = (shape[0] * num_ranks, *shape[1:])
     return jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=sharding)()
 
 
@@ -36,12 +42,22 @@ class KVPool:
         """What a block is (the start-up plan's)."""
         self.num_blocks = num_blocks
         """Blocks in the pool, the null block included."""
-        self.sharding = jax.sharding.NamedSharding(mesh, mesh_lib.kv_cache_spec(spec.layout))
-        """Split by KV heads over the rank's model axis (every layout on its axis -2)."""
+        self.num_ranks = mesh.shape[mesh_lib.DATA_AXIS]
+        """Ranks in lock step sharing the pool (1: a rank's own)."""
+        self.sharding = jax.sharding.NamedSharding(mesh, mesh_lib.kv_cache_spec(spec.layout, self.num_ranks > 1))
+        """Split by KV heads over the rank's model axis (every layout on its axis -2), and by rank over the data
+        axis (axis 0) for ranks in lock step."""
         self._replicated = mesh_lib.replicated(mesh)
-        self.cache = allocate_pool(spec, num_blocks, self.sharding)
+        self.cache = allocate_pool(spec, num_blocks, self.sharding, self.num_ranks)
         """The pool array; every writer donates it and stores the result back here."""
-        self._copy_jitted = jax.jit(copy_blocks, donate_argnums=(0,), in_shardings=(self.sharding, self._replicated),
+        copy, pairs_sharding = copy_blocks, self._replicated
+        if self.num_ranks > 1:  # each rank's copies [ranks, batch, 2] on its own data shard, applied to its slots
+            pairs_sharding = jax.sharding.NamedSharding(mesh, P(mesh_lib.DATA_AXIS))
+            copy = jax.shard_map(lambda cache, pairs: copy_blocks(cache, pairs[0]), mesh=mesh,
+                                 in_specs=(self.sharding.spec, pairs_sharding.spec), out_specs=self.sharding.spec,
+                                 check_vma=False)
+        self._pairs_sharding = pairs_sharding
+        self._copy_jitted = jax.jit(copy, donate_argnums=(0,), in_shardings=(self.sharding, pairs_sharding),
                                     out_shardings=self.sharding)
         self._copy_compiled: Optional[jax.stages.Compiled] = None
         self.before_copy: Optional[Callable[[np.ndarray], None]] = None
@@ -54,13 +70,25 @@ class KVPool:
     def copy_executable(self) -> jax.stages.Compiled:
         """The block copy, compiled once for its fixed batch (warm-up calls this)."""
         if self._copy_compiled is None:
-            example = jax.device_put(empty_copy_batch(), self._replicated)
+            example = jax.device_put(self._rank_batches(empty_copy_batch()), self._pairs_sharding)
             self._copy_compiled = self._copy_jitted.lower(self.cache, example).compile()
         return self._copy_compiled
 
     def copy_blocks(self, pairs: np.ndarray) -> None:
-        """Apply one padded batch of (source, destination) block copies to the pool, in place."""
-        self.cache = self.copy_executable()(self.cache, jax.device_put(pairs, self._replicated))
+        """Apply one padded batch of (source, destination) block copies to the pool, in place (ranks in lock step:
+        [ranks, batch, 2], each rank's own)."""
+        self.cache = self.copy_executable()(self.cache, jax.device_put(pairs, self._pairs_sharding))
+
+    def _rank_batches(self, pairs: np.ndarray) -> np.ndarray:
+        """One rank's padded batch as every rank's (the same null rows), for warm-up's example."""
+        return pairs if self.num_ranks == 1 else np.stack([pairs] * self.num_ranks)
+
+    def apply_rank_block_copies(self, block_copies: Sequence[Sequence[tuple[int, int]]]) -> None:
+        """Ranks in lock step: each rank's copies of a step (block_copies[r], in its own block ids), every rank's
+        next batch in one call."""
+        batches = [list(padded_copy_batches(copies)) for copies in block_copies]
+        for index in range(max(map(len, batches))):
+            self.copy_blocks(np.stack([own[index] if index < len(own) else empty_copy_batch() for own in batches]))
 
     def apply_block_copies(self, block_copies: Sequence[tuple[int, int]]) -> None:
         """A step's copies, in fixed batches (each announced to before_copy first)."""

@@ -25,11 +25,16 @@ WEIGHT_SHARE_LIMIT = 0.9
 
 def weight_bytes_per_device(params: Mapping[str, HostWeight], model: ModelConfig, tp: int, dtype) -> int:
     """Bytes of the weights on each device of a rank as they will be stored (the engine dtype; int8 projections and
-    their float32 scales as such), after tensor-parallel sharding."""
+    their float32 scales as such), after tensor-parallel sharding (and the experts' split over data-parallel ranks in
+    lock step)."""
     total = 0
     for name, value in params.items():
         spec = mesh_lib.param_partition_spec(name, value.shape, model, tp)
-        shards = tp if mesh_lib.MODEL_AXIS in tuple(spec) else 1
+        shards = 1
+        for entry in spec:  # an axis split over one mesh axis, or over ("data", "model") (experts in lock step)
+            for axis in entry if isinstance(entry, tuple) else (entry,):
+                shards *= {mesh_lib.MODEL_AXIS: tp, mesh_lib.DATA_AXIS: getattr(model, "expert_data_parallel", 1)
+                           }.get(axis, 1)
         total += int(np.prod(value.shape)) // shards * stored_dtype(name, value.dtype, dtype).itemsize
     return total
 

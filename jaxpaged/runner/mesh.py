@@ -13,6 +13,9 @@ parallelism is the "model" axis, Megatron style:
     packed layout's row axis (shard-major: each shard's rows are the packed layout of its own heads). With fewer
     KV heads than tp, each KV head is repeated at load time (never per step) so every shard owns exactly one.
   - Attention runs per shard inside shard_map: every backend (Pallas kernels included) sees only its heads.
+Ranks in lock step (a mixture of experts with its experts over dp x tp devices, runner/lock_step.py) share one
+(dp, tp) mesh instead: the step's token rows and the KV pool's layer slots gain the "data" axis, each data shard
+holding one rank's, and the experts split their expert axis over ("data", "model").
 """
 
 import dataclasses
@@ -69,13 +72,14 @@ def check_parallel_layout(model: ModelConfig, tensor_parallel_size: int, data_pa
                          f"{model.intermediate_size} {heads}")
     num_experts = getattr(model, "num_experts", 0)
     if num_experts and getattr(model, "expert_parallel", False) and dp > 1:
-        # vLLM places the experts over dp x tp devices and runs every data-parallel rank in lock step (an idle rank
-        # a dummy batch), its MoE layers exchanging tokens across ranks. Here each rank is an engine replica on its
-        # own mesh and schedule (engine/ranks.py), so no step spans two ranks' devices: refused rather than
-        # silently placing the experts over each rank's tp devices only.
-        raise ValueError(f"enable_expert_parallel: experts over data_parallel_size ({dp}) x tensor_parallel_size "
-                         f"({tp}) devices are not supported (data-parallel ranks step independently); use "
-                         f"tensor_parallel_size alone for expert parallelism {heads}")
+        # The experts span every rank's devices, so the ranks step in lock step as one program (lock_step.py).
+        if num_processes > 1:
+            raise ValueError(f"enable_expert_parallel: experts over data_parallel_size ({dp}) x "
+                             f"tensor_parallel_size ({tp}) devices run on one host only, got {num_processes} "
+                             f"processes {heads}")
+        if num_experts % (dp * tp):
+            raise ValueError(f"enable_expert_parallel: data_parallel_size ({dp}) x tensor_parallel_size ({tp}) = "
+                             f"{dp * tp} devices must divide the number of experts ({num_experts}) {heads}")
     if num_experts and getattr(model, "expert_parallel", False) and num_experts % tp:
         raise ValueError(f"tensor_parallel_size: {tp} must divide the number of experts ({num_experts}) under "
                          f"enable_expert_parallel {heads}")
@@ -105,6 +109,13 @@ def rank_meshes(tensor_parallel_size: int, data_parallel_size: int,
                  for device in local[rank * per_process:(rank + 1) * per_process]]
         meshes.append(Mesh(np.array(group).reshape(1, tensor_parallel_size), (DATA_AXIS, MODEL_AXIS)))
     return meshes
+
+
+def lock_step_mesh(tensor_parallel_size: int, data_parallel_size: int,
+                   devices: Optional[Sequence[Any]] = None) -> Mesh:
+    """One (dp, tp) mesh over the first dp * tp devices, rank r on row r: ranks in lock step (one process)."""
+    devices = list(jax.devices() if devices is None else devices)[:tensor_parallel_size * data_parallel_size]
+    return Mesh(np.array(devices).reshape(data_parallel_size, tensor_parallel_size), (DATA_AXIS, MODEL_AXIS))
 
 
 def replicate_kv_heads(params: dict[str, np.ndarray], model: ModelConfig,
@@ -161,20 +172,27 @@ def _expert_partition_spec(name: str, shape: tuple[int, ...], model: ModelConfig
         return None
     width_axis = _EXPERT_WIDTH_AXIS[base]
     axis = 1 if getattr(model, "expert_parallel", False) else (None if width_axis is None else width_axis + 1)
-    return P(*[MODEL_AXIS if index == axis else None for index in range(len(shape))])
+    return P(*[expert_axes(model) if index == axis else None for index in range(len(shape))])
 
 
-def kv_cache_spec(layout: str = "interleaved") -> P:
+def expert_axes(model: ModelConfig) -> Union[str, tuple[str, str]]:
+    """The mesh axes an expert weight's split axis spans: ("data", "model") for experts over ranks in lock step
+    (device (d, m) holds expert block d * tp + m), else the model axis."""
+    return (DATA_AXIS, MODEL_AXIS) if getattr(model, "expert_data_parallel", 1) > 1 else MODEL_AXIS
+
+
+def kv_cache_spec(layout: str = "interleaved", over_ranks: bool = False) -> P:
     """Interleaved [layers, blocks, block_size, 2 * kv_heads, head_dim] (floats or bfloat16 bits): split on the
     kv-head axis; packed [layers, blocks, tp * block_size * rows, 128] and packed quantized [layers, blocks, tp *
-    page_rows, 128]: split on their shard-major row axis."""
-    return _split_on_axis_minus_2(4 if layout in ("packed", "packed_quantized") else 5)
+    page_rows, 128]: split on their shard-major row axis. `over_ranks`: the pool of ranks in lock step, [ranks *
+    layers, ...], its axis 0 split over the data axis too (each rank's layer slots on its own devices)."""
+    return _split_on_axis_minus_2(4 if layout in ("packed", "packed_quantized") else 5, over_ranks)
 
 
-def _split_on_axis_minus_2(ndim: int) -> P:
+def _split_on_axis_minus_2(ndim: int, over_ranks: bool = False) -> P:
     """Every KV layout splits by heads on its axis -2: the pool ([layers, blocks, *page]) and a layer stack of its
-    pages ([layers * blocks, *page]) alike."""
-    return P(*([None] * (ndim - 2)), MODEL_AXIS, None)
+    pages ([layers * blocks, *page]) alike; `over_ranks`: axis 0 (rank-major) over the data axis."""
+    return P(DATA_AXIS if over_ranks else None, *([None] * (ndim - 3)), MODEL_AXIS, None)
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
@@ -230,14 +248,18 @@ def place_params(params: Mapping[str, HostWeight], model: ModelConfig, mesh: Mes
 
 def shard_attention(attend: Callable, mesh: Mesh) -> Callable:
     """Run `attend(q, k, v, kv_pages, first_page, metadata, layer_is_sliding, sinks=..., **static)` per model
-    shard: each sees its heads, and its own q heads' attention sinks (sinks [num_q_heads] split like q's heads)."""
-    heads = P(None, MODEL_AXIS, None)
+    shard: each sees its heads, and its own q heads' attention sinks (sinks [num_q_heads] split like q's heads).
+    Ranks in lock step (a data axis over 1): per (rank, model shard), each rank's token rows, metadata (every leaf
+    rank-major on axis 0) and pool layer slots on its own data shard, so the backend sees one rank's step."""
+    over_ranks = mesh.shape[DATA_AXIS] > 1
+    heads = P(DATA_AXIS if over_ranks else None, MODEL_AXIS, None)
 
     def per_shard(q, k, v, kv_pages, first_page, metadata, layer_is_sliding=None, *, sinks=None, **static):
         args = (q, k, v, kv_pages, first_page, metadata)
         if layer_is_sliding is not None:
             args += (layer_is_sliding,)
-        specs = (heads, heads, heads, _split_on_axis_minus_2(kv_pages.ndim)) + (P(),) * (len(args) - 4)
+        specs = (heads, heads, heads, _split_on_axis_minus_2(kv_pages.ndim, over_ranks), P(),
+                 P(DATA_AXIS) if over_ranks else P()) + (P(),) * (len(args) - 6)
         body = functools.partial(attend, **static)
         if sinks is not None:  # traced (a layer's weights): passed through shard_map, split by q head
             body = functools.partial(_sinks_as_keyword, attend, static)

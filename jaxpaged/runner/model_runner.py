@@ -280,10 +280,15 @@ class ModelRunner:
             return PendingSample(None, 0, wants_logprobs=False)
         pending = self.sampler.launch(step.logits, step.sampling, step.row_drafts)
         if self.async_scheduling:
-            self.step.previous_sampled = pending.device_token_ids
-            self.inputs.remember_sampling_rows(step.sampling)
+            self.remember_sampled(pending, step.sampling)
         pending.prompt_logprobs = step.prompt_logprobs
         return pending
+
+    def remember_sampled(self, pending: PendingSample, sampling: list[Request]) -> None:
+        """Async scheduling: the next step's rows in flight take their tokens from these sampled ids, on the
+        device."""
+        self.step.previous_sampled = pending.device_token_ids
+        self.inputs.remember_sampling_rows(sampling)
 
     def copy_blocks(self, pairs: np.ndarray) -> None:
         """Apply one padded batch of (source, destination) block copies to the KV cache, in place."""

@@ -92,6 +92,8 @@ class StartupPlan:
     int8_probe.py times fastest)."""
     experts: str = ""
     """A mixture of experts' layout and placement, for the log ("" for a dense model: describe_experts)."""
+    lock_step_ranks: int = 1
+    """Data-parallel ranks stepping together over one (dp, tp) mesh (runner/lock_step.py); 1: a rank of its own."""
 
     @property
     def kv_layout(self) -> str:
@@ -126,8 +128,9 @@ class StartupPlan:
             kernel = _INT8_MATMUL_DESCRIPTIONS[self.int8_matmul or "xla"]
             matmuls += f"; {self.quantization} projections: {kernel}"
         attention = self.attention_backend + (" + native CPU decode" if self.native_decode else "")
+        ranks = f", dp={self.lock_step_ranks} in lock step" if self.lock_step_ranks > 1 else ""
         lines = [f"start-up plan: devices [{', '.join(map(str, self.devices))}] ({self.platform}, "
-                 f"tp={self.tensor_parallel_size})",
+                 f"tp={self.tensor_parallel_size}{ranks})",
                  f"  dtype {self.dtype}; layers {'per layer, unrolled' if self.per_layer else 'stacked, scanned'}",
                  f"  matmuls: {matmuls}; attention: {attention}",
                  f"  KV: {self.kv_layout} layout, {self.num_kv_blocks} blocks, kv_cache_dtype {self.kv_cache_dtype}",
@@ -175,7 +178,7 @@ def plan_startup(model: ModelConfig, params: Mapping[str, HostWeight], config: E
                                      probe_shapes(params, config, dtype, packed))
     return StartupPlan(platform, tuple(int(d.id) for d in mesh.devices.flat), tp, dtype, backend, per_layer, packed,
                        native_decode, kv_spec, memory, scheme, int8_matmul,
-                       describe_experts(model, params, tp, dtype, platform))
+                       describe_experts(model, params, tp, dtype, platform), mesh.shape["data"])
 
 
 def describe_experts(model: ModelConfig, params: Mapping[str, HostWeight], tp: int, dtype,
@@ -188,7 +191,13 @@ def describe_experts(model: ModelConfig, params: Mapping[str, HostWeight], tp: i
     moe_layers = sum(model.layer_has_experts(layer) for layer in range(model.num_layers))
     experts = {name: value for name, value in params.items() if name.startswith("layers.expert_")}
     quantized = any(value.dtype == np.int8 for value in experts.values())
-    if tp == 1:
+    ranks = model.expert_data_parallel
+    if ranks > 1:
+        devices = ranks * tp
+        placement = (f"experts over dp x tp = {devices} devices, E/{devices} each ({model.num_experts // devices} "
+                     f"whole experts), the {ranks} data-parallel ranks in lock step: every rank's tokens gathered, "
+                     f"psum over tp, reduce-scattered back to their rank")
+    elif tp == 1:
         placement = "all experts on the one device"
     elif model.expert_parallel:
         placement = f"expert parallel: {model.num_experts // tp} whole experts per device over tp={tp}, psum"

@@ -48,11 +48,13 @@ class StepInputBuilder:
         bucket = self.ladder.pick(num_tokens, len(scheduled))
         return bucket, fill_step_inputs(scheduled, bucket, self.block_table, self.block_size, self.group_block_tables)
 
-    def build(self, output: SchedulerOutput, lora_slots: Optional[Sequence[int]] = None) -> tuple[Bucket, StepInputs]:
+    def build(self, output: SchedulerOutput, lora_slots: Optional[Sequence[int]] = None,
+              bucket: Optional[Bucket] = None) -> tuple[Bucket, StepInputs]:
         """fill(), plus the rows fed from the previous step's sampled ids and the prompt-logprob targets (left in
-        feeds_previous and prompt_rows); `lora_slots`: each scheduled request's LoRA slot (None: all base)."""
+        feeds_previous and prompt_rows); `lora_slots`: each scheduled request's LoRA slot (None: all base);
+        `bucket`: pad into this one (ranks in lock step share the largest rank's), else the smallest that holds it."""
         scheduled = output.scheduled
-        bucket = self.ladder.pick(output.num_scheduled_tokens, len(scheduled))
+        bucket = bucket or self.ladder.pick(output.num_scheduled_tokens, len(scheduled))
         batch = fill_step_inputs(scheduled, bucket, self.block_table, self.block_size, self.group_block_tables,
                                  lora_slots)
         self.prompt_rows = []

@@ -38,6 +38,9 @@ class RecordingPhases:
         running = types.SimpleNamespace(is_running=lambda: True)
         return types.SimpleNamespace(name=f"launch-{number}", sampled=lambda: running)
 
+    def in_lock_step(self):
+        return False
+
     def update(self, launched, final_only, sample_next=None):
         self.num_applied += 1
         number = launched[0].name.split('-')[1]
@@ -67,6 +70,29 @@ def test_the_synchronous_loop_is_schedule_execute_update_per_step():
     assert [loop.step(False) for _ in range(2)] == [(["out-1"], False), (["out-2"], False)]
     assert phases.log == ["release", "schedule-1", "execute-1", "update-1",
                           "release", "schedule-2", "execute-2", "update-2"]
+
+
+class LockStepPhases(RecordingPhases):
+    """Two data-parallel ranks in lock step: their plans ("plan-k" each) run as one step."""
+
+    def dp_ranks(self):
+        return range(2)
+
+    def in_lock_step(self):
+        return True
+
+    def execute_together(self, plans, defer_sampling=False):
+        self.log.append("execute together " + ", ".join(plans))
+        running = types.SimpleNamespace(is_running=lambda: True)
+        return [types.SimpleNamespace(name=plan.replace("plan", "launch"), sampled=lambda: running) for plan in plans]
+
+
+def test_ranks_in_lock_step_all_plan_then_execute_as_one_step():
+    """With ranks in lock step every rank schedules before the one execute (independent ranks interleave)."""
+    phases = LockStepPhases(num_steps=2)
+    loop = SynchronousLoop(as_phases(phases))
+    loop.step(False)
+    assert phases.log == ["release", "schedule-1", "schedule-2", "execute together plan-1, plan-2", "update-1"]
 
 
 def test_the_overlapped_loop_launches_the_next_step_before_applying_this_one():

@@ -162,9 +162,10 @@ def test_layout_options_and_their_errors():
     check_parallel_layout(model, 4, 1, num_devices=4)  # 2 kv heads at tp 4: each replicated twice
 
 
-def test_expert_parallel_over_data_parallel_ranks_is_refused():
-    """enable_expert_parallel with dp > 1 names the option (the experts cannot span independent ranks); at dp 1,
-    and for a dense model at dp 2, the layout stands."""
+def test_expert_parallel_over_data_parallel_ranks_needs_experts_divisible_by_dp_x_tp():
+    """enable_expert_parallel with dp > 1 places the experts over dp x tp devices (ranks in lock step): a count that
+    dp x tp does not divide, or several processes, is refused naming the option; 8 experts over 4 devices, width
+    splitting, and a dense model at dp 2 stand."""
     import dataclasses
 
     from jaxpaged.models.moe_decoder import MoeModelConfig, moe_fields
@@ -174,9 +175,12 @@ def test_expert_parallel_over_data_parallel_ranks_is_refused():
     dense = read_model_config(dict(TINY_LLAMA, architectures=["LlamaForCausalLM"]))
     moe = MoeModelConfig(**moe_fields(dense), num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16,
                          expert_parallel=True)
-    with pytest.raises(ValueError, match=r"enable_expert_parallel: experts over data_parallel_size \(2\) x "
-                                         r"tensor_parallel_size \(2\) devices are not supported"):
-        check_parallel_layout(moe, 2, 2, num_devices=4)
+    with pytest.raises(ValueError, match=r"enable_expert_parallel: data_parallel_size \(2\) x tensor_parallel_size "
+                                         r"\(2\) = 4 devices must divide the number of experts \(6\)"):
+        check_parallel_layout(dataclasses.replace(moe, num_experts=6), 2, 2, num_devices=4)
+    with pytest.raises(ValueError, match=r"enable_expert_parallel: .* run on one host only, got 2 processes"):
+        check_parallel_layout(moe, 2, 2, num_devices=4, num_processes=2)
+    check_parallel_layout(moe, 2, 2, num_devices=4)
     check_parallel_layout(moe, 2, 1, num_devices=4)
     check_parallel_layout(dataclasses.replace(moe, expert_parallel=False), 2, 2, num_devices=4)
     check_parallel_layout(dense, 2, 2, num_devices=4)
