@@ -36,19 +36,20 @@ def test_the_kernel_is_built_and_in_the_compiled_step():
     # head_dim 40: a size read at run time (64 and 128 are fixed at compile time)
     (6, 2, 64, None, None), (4, 4, 40, 5, None), (9, 3, 64, PAGE + 1, 2.0), (8, 1, 128, None, 30.0)])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-@pytest.mark.parametrize("q_lens,kv_lens", [(Q_LENS, KV_LENS), (PREFILL_Q_LENS, PREFILL_KV_LENS)],
-                         ids=["decodes", "prefills"])
-def test_native_rows_equal_the_spec_and_the_jnp_passes(q_lens, kv_lens, num_q_heads, num_kv_heads, head_dim,
-                                                        sliding_window, soft_cap, dtype):
-    batch = make_ragged_batch(q_lens, kv_lens, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
-                              head_dim=head_dim, page_size=PAGE, num_tokens=64, max_num_seqs=9, dtype=dtype)
+def test_native_rows_equal_the_spec_and_the_jnp_passes(num_q_heads, num_kv_heads, head_dim, sliding_window, soft_cap,
+                                                        dtype):
+    """Decode rows at the edge lengths, then prefill chunks: native == spec loop == jnp passes, padding rows zero. The
+    two steps share one padded shape, so each path compiles once for both."""
     options = dict(sm_scale=head_dim ** -0.5, sliding_window=sliding_window, soft_cap=soft_cap)
-    expected = ragged_paged_attention_spec(*batch.attention_args(), **options)
-    native = np.asarray(xla_attention.ragged_paged_attention_xla(*batch.attention_args(), **options), np.float32)
-    in_chunks = np.asarray(xla_attention.ragged_paged_attention_xla(*batch.attention_args(), native=False, **options),
-                           np.float32)
     tolerance = 2e-5 if dtype == jnp.float32 else 2e-2
-    np.testing.assert_allclose(native, expected, atol=tolerance, rtol=tolerance)
-    np.testing.assert_allclose(native, in_chunks, atol=tolerance, rtol=tolerance)
-    num_rows = sum(q_lens)
-    assert np.all(native[num_rows:] == 0)  # padding rows
+    for name, q_lens, kv_lens in [("decodes", Q_LENS, KV_LENS), ("prefills", PREFILL_Q_LENS, PREFILL_KV_LENS)]:
+        batch = make_ragged_batch(q_lens, kv_lens, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
+                                  head_dim=head_dim, page_size=PAGE, num_tokens=64, max_num_seqs=9, pages_per_seq=10,
+                                  num_pages=24, dtype=dtype)
+        args = batch.attention_args()
+        expected = ragged_paged_attention_spec(*args, **options)
+        native = np.asarray(xla_attention.ragged_paged_attention_xla(*args, **options), np.float32)
+        in_chunks = np.asarray(xla_attention.ragged_paged_attention_xla(*args, native=False, **options), np.float32)
+        np.testing.assert_allclose(native, expected, atol=tolerance, rtol=tolerance, err_msg=f"{name}: native vs spec")
+        np.testing.assert_allclose(native, in_chunks, atol=tolerance, rtol=tolerance, err_msg=f"{name}: native vs jnp")
+        assert np.all(native[sum(q_lens):] == 0), f"{name}: padding rows"

@@ -11,25 +11,35 @@ from jaxpaged.kernels.attention_dispatch import ragged_paged_attention, write_kv
 from pallas_kernels.ragged_paged_attention.example_batch import make_ragged_batch
 from pallas_kernels.ragged_paged_attention.kv_layout import cache_shape, physical_bytes
 from pallas_kernels.ragged_paged_attention.kv_layout_packed import pack_kv_pages, unpack_kv_pages
+from pallas_kernels.ragged_paged_attention.spec import ragged_paged_attention_spec, write_kv_spec
+
+# Jitted once here (the engine runs them under jit): eagerly each of their ops compiled a program per shape.
+pack = jax.jit(pack_kv_pages, static_argnums=1)
+unpack = jax.jit(unpack_kv_pages, static_argnums=(1, 2, 3, 4))
+
+
+def random_pages(seed: int, shape: tuple, dtype) -> jax.Array:
+    """Normal values made on the host (no program compiled for them), in `dtype`."""
+    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), dtype)
 
 
 @pytest.mark.parametrize("num_kv_heads,head_dim,dtype", [(3, 64, jnp.float32), (3, 64, jnp.bfloat16),
                                                          (8, 128, jnp.bfloat16), (2, 256, jnp.float32)])
 def test_pack_round_trips_exactly(num_kv_heads, head_dim, dtype):
     """unpack(pack(cache)) == cache bit for bit, and pack gives cache_shape's shape and dtype."""
-    kv_pages = jax.random.normal(jax.random.key(0), (3, 16, 2 * num_kv_heads, head_dim), dtype)
-    words = pack_kv_pages(kv_pages)
+    kv_pages = random_pages(0, (3, 16, 2 * num_kv_heads, head_dim), dtype)
+    words = pack(kv_pages, 1)
     assert (words.shape, words.dtype) == cache_shape(3, 16, num_kv_heads, head_dim, dtype, "packed")
-    assert jnp.array_equal(unpack_kv_pages(words, num_kv_heads, head_dim, dtype), kv_pages)
+    np.testing.assert_array_equal(np.asarray(unpack(words, num_kv_heads, head_dim, dtype, 1)), np.asarray(kv_pages))
 
 
 def test_bfloat16_head_dim_128_shares_words_between_k_and_v():
     """Word row h of a token holds K_h in its low and V_h in its high 16 bits."""
-    kv_pages = jax.random.normal(jax.random.key(1), (1, 16, 4, 128), jnp.bfloat16)
-    words = pack_kv_pages(kv_pages).reshape(1, 16, 2, 128)
-    half = lambda w: jax.lax.bitcast_convert_type(w.astype(jnp.uint16), jnp.bfloat16)  # noqa: E731
-    assert jnp.array_equal(half(words[:, :, 1] & 0xFFFF), kv_pages[:, :, 2])
-    assert jnp.array_equal(half(words[:, :, 1] >> 16), kv_pages[:, :, 3])
+    kv_pages = np.asarray(random_pages(1, (1, 16, 4, 128), jnp.bfloat16))
+    words = np.asarray(pack(jnp.asarray(kv_pages), 1)).reshape(1, 16, 2, 128)
+    half = lambda w: w.astype(np.uint16).view(jnp.bfloat16)  # noqa: E731
+    np.testing.assert_array_equal(half(words[:, :, 1] & 0xFFFF), kv_pages[:, :, 2])
+    np.testing.assert_array_equal(half(words[:, :, 1] >> 16), kv_pages[:, :, 3])
 
 
 @pytest.mark.parametrize("num_kv_heads,head_dim,dtype,interleaved_ratio", [
@@ -50,15 +60,17 @@ def test_physical_bytes_count_tpu_tile_padding(num_kv_heads, head_dim, dtype, in
 def test_sharded_pack_puts_each_shards_heads_in_its_own_rows(num_kv_heads, head_dim, dtype, num_shards):
     """Under tensor parallelism a page's rows are shard-major: shard i's slice of axis 1 is exactly the packed page of
     its heads (what its kernels read), the shape is cache_shape's, and the round trip is exact."""
-    kv_pages = jax.random.normal(jax.random.key(3), (3, 16, 2 * num_kv_heads, head_dim), dtype)
-    words = pack_kv_pages(kv_pages, num_shards)
+    kv_pages = random_pages(3, (3, 16, 2 * num_kv_heads, head_dim), dtype)
+    words = pack(kv_pages, num_shards)
     assert (words.shape, words.dtype) == cache_shape(3, 16, num_kv_heads, head_dim, dtype, "packed", num_shards)
     heads_per_shard = num_kv_heads // num_shards
     rows = words.shape[1] // num_shards
+    host_pages, host_words = np.asarray(kv_pages), np.asarray(words)  # sliced on the host: no program per slice
     for shard in range(num_shards):
-        own_heads = kv_pages[:, :, 2 * heads_per_shard * shard:2 * heads_per_shard * (shard + 1)]
-        assert jnp.array_equal(words[:, rows * shard:rows * (shard + 1)], pack_kv_pages(own_heads))
-    assert jnp.array_equal(unpack_kv_pages(words, num_kv_heads, head_dim, dtype, num_shards), kv_pages)
+        own_heads = host_pages[:, :, 2 * heads_per_shard * shard:2 * heads_per_shard * (shard + 1)]
+        np.testing.assert_array_equal(host_words[:, rows * shard:rows * (shard + 1)],
+                                      np.asarray(pack(jnp.asarray(own_heads), 1)), err_msg=f"shard {shard}")
+    np.testing.assert_array_equal(np.asarray(unpack(words, num_kv_heads, head_dim, dtype, num_shards)), host_pages)
     with pytest.raises(ValueError, match="num_shards: must be a positive divisor"):
         cache_shape(3, 16, num_kv_heads, head_dim, dtype, "packed", num_kv_heads + 1)
 
@@ -82,7 +94,8 @@ def test_tpu_pool_is_sized_per_shard_from_the_per_shard_heads():
 
 @pytest.mark.parametrize("head_dim,dtype", [(64, jnp.bfloat16)])
 def test_dispatch_packed_write_then_attend_matches_xla(head_dim, dtype):
-    """The model's two calls on a packed cache (pallas_tpu, interpreter) equal xla on the interleaved one."""
+    """The model's two calls on a packed cache (pallas_tpu, interpreter) equal the spec's write then attention on the
+    interleaved one (numpy: nothing more to compile)."""
     batch = make_ragged_batch([5, 1, 1], [40, 20, 33], num_q_heads=6, num_kv_heads=3 if head_dim == 64 else 2,
                               head_dim=head_dim, page_size=16, dtype=dtype, num_tokens=8, max_num_seqs=3, seed=2)
     q, kv_pages, metadata = batch.attention_args()
@@ -90,12 +103,11 @@ def test_dispatch_packed_write_then_attend_matches_xla(head_dim, dtype):
     rng = np.random.default_rng(0)
     k, v = (jnp.asarray(a.astype(dtype)) for a in rng.standard_normal((2, 8, num_kv_heads, head_dim)))
     metadata = dataclasses.replace(metadata, slot_mapping=jnp.asarray(batch.slot_mapping))
-    expected_pages = write_kv(kv_pages, k, v, metadata, backend="xla")
-    expected = ragged_paged_attention(q, expected_pages, metadata, backend="xla", sm_scale=0.1)
-    packed = write_kv(pack_kv_pages(kv_pages), k, v, metadata, backend="pallas_tpu")
+    expected_pages = write_kv_spec(kv_pages, k, v, batch.slot_mapping)
+    expected = ragged_paged_attention_spec(q, expected_pages, metadata, sm_scale=0.1)
+    packed = write_kv(pack(kv_pages, 1), k, v, metadata, backend="pallas_tpu")
     out = ragged_paged_attention(q, packed, metadata, backend="pallas_tpu", sm_scale=0.1, num_kv_heads=num_kv_heads)
     tolerance = 2e-5 if dtype == jnp.float32 else 3e-2
-    np.testing.assert_allclose(np.asarray(out.astype(jnp.float32)), np.asarray(expected.astype(jnp.float32)),
-                               atol=tolerance, rtol=tolerance)
+    np.testing.assert_allclose(np.asarray(out.astype(jnp.float32)), expected, atol=tolerance, rtol=tolerance)
     with pytest.raises(ValueError, match="pallas_tpu only"):
         ragged_paged_attention(q, packed, metadata, backend="xla", sm_scale=0.1, num_kv_heads=num_kv_heads)

@@ -22,9 +22,13 @@ from pallas_kernels.ragged_paged_attention.kv_layout_quantized import (
 CASES = [(3, 64, "int8", 16, 1), (2, 128, "fp8_e4m3", 8, 2), (1, 64, "int8", 4, 1), (4, 256, "fp8_e4m3", 32, 2)]
 
 
+# Jitted once here (the engine runs it under jit): eagerly each of its ops compiled a program per shape.
+quantize = jax.jit(quantize_rows, static_argnums=1)
+
+
 def _stored(num_pages, page_size, num_kv_heads, head_dim, kv_cache_dtype, seed=0):
-    values = jax.random.normal(jax.random.key(seed), (num_pages, page_size, 2 * num_kv_heads, head_dim)) * 3.0
-    return quantize_rows(values, quantized_pool_dtype(kv_cache_dtype))
+    values = np.random.default_rng(seed).standard_normal((num_pages, page_size, 2 * num_kv_heads, head_dim)) * 3.0
+    return quantize(jnp.asarray(values, jnp.float32), quantized_pool_dtype(kv_cache_dtype))
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"kv{c[0]}-d{c[1]}-{c[2]}-p{c[3]}-tp{c[4]}")
@@ -45,7 +49,7 @@ def test_codes_and_scales_sit_where_the_docstring_says():
     stored = _stored(2, page_size, num_kv_heads, head_dim, "int8", seed=1)
     words = np.asarray(pack_quantized_pages(stored))
     layout = quantized_layout_for(num_kv_heads, head_dim, "int8", page_size)
-    codes = np.asarray(stored[..., :head_dim]).view(np.uint8)
+    codes = np.asarray(stored)[..., :head_dim].view(np.uint8)
     scales = np.asarray(row_scales(stored))
     for page, token, head in [(0, 0, 0), (1, 5, 1), (1, 7, 0)]:
         for vector, row in [(2 * head, 2 * head), (2 * head + 1, 2 * head + 1)]:  # one lane tile: K_h, V_h
@@ -62,11 +66,12 @@ def test_tensor_parallel_rows_are_shard_major():
     """Each shard's rows are the whole packed quantized page of exactly its own heads (runner/mesh.py splits rows)."""
     num_kv_heads, head_dim, page_size, num_shards = 8, 128, 16, 4
     stored = _stored(3, page_size, num_kv_heads, head_dim, "fp8_e4m3", seed=2)
-    words = pack_quantized_pages(stored, num_shards)
-    per_shard = num_kv_heads // num_shards
-    for shard, part in enumerate(jnp.split(words, num_shards, axis=1)):
-        own = stored[:, :, 2 * per_shard * shard:2 * per_shard * (shard + 1)]
-        np.testing.assert_array_equal(np.asarray(part), np.asarray(pack_quantized_pages(own)))
+    words = np.asarray(pack_quantized_pages(stored, num_shards))
+    per_shard, host_stored = num_kv_heads // num_shards, np.asarray(stored)  # sliced on the host: no program each
+    for shard, part in enumerate(np.split(words, num_shards, axis=1)):
+        own = host_stored[:, :, 2 * per_shard * shard:2 * per_shard * (shard + 1)]
+        np.testing.assert_array_equal(part, np.asarray(pack_quantized_pages(jnp.asarray(own))),
+                                      err_msg=f"shard {shard}")
 
 
 @pytest.mark.parametrize("num_shards", [1, 2])
@@ -74,26 +79,32 @@ def test_token_by_token_writes_merge_into_shared_words(num_shards):
     """Decode-style writes (one token per call, out of order, into words other tokens already hold) and one prefill
     write of several tokens of the same quad both end as the whole pool packed at once; padding goes to page 0."""
     num_kv_heads, head_dim, page_size = 2, 64, 8
-    keys, values = jax.random.normal(jax.random.key(3), (2, 24, num_kv_heads, head_dim))
+    rng = np.random.default_rng(3)
+    # Made and sliced on the host: an eager slice of a device array compiles a program per index.
+    host_keys, host_values = rng.standard_normal((2, 24, num_kv_heads, head_dim)).astype(np.float32)
+    keys, values = jnp.asarray(host_keys), jnp.asarray(host_values)
     slots = np.random.default_rng(0).permutation(np.arange(page_size, 4 * page_size))  # pages 1..3
     shape, dtype = packed_quantized_shape(4, page_size, num_kv_heads, head_dim, "int8", num_shards)
     one_by_one = jnp.zeros(shape, dtype)
     for i, slot in enumerate(slots):
-        one_by_one = write_kv_packed_quantized(one_by_one, keys[i:i + 1], values[i:i + 1], jnp.asarray([slot]),
-                                               "int8", page_size, num_shards)
+        one_by_one = write_kv_packed_quantized(one_by_one, jnp.asarray(host_keys[i:i + 1]),
+                                               jnp.asarray(host_values[i:i + 1]), jnp.asarray([slot]), "int8",
+                                               page_size, num_shards)
     at_once = write_kv_packed_quantized(jnp.zeros(shape, dtype), keys, values, jnp.asarray(slots), "int8", page_size,
                                         num_shards)
-    interleaved = jnp.stack([keys, values], axis=2).reshape(24, 2 * num_kv_heads, head_dim)
-    pool = jnp.zeros((4, page_size, 2 * num_kv_heads, head_dim + 2), jnp.int8)
-    pool = pool.at[slots // page_size, slots % page_size].set(quantize_rows(interleaved, jnp.int8))
-    expected = np.asarray(pack_quantized_pages(pool, num_shards))
+    interleaved = np.stack([host_keys, host_values], axis=2).reshape(24, 2 * num_kv_heads, head_dim)
+    pool = np.zeros((4, page_size, 2 * num_kv_heads, head_dim + 2), np.int8)
+    pool[slots // page_size, slots % page_size] = np.asarray(quantize(jnp.asarray(interleaved), jnp.int8))
+    expected = np.asarray(pack_quantized_pages(jnp.asarray(pool), num_shards))
     np.testing.assert_array_equal(np.asarray(one_by_one)[1:], expected[1:])
     np.testing.assert_array_equal(np.asarray(at_once)[1:], expected[1:])
-    overwritten = write_kv_packed_quantized(at_once, -keys[:3], values[:3], jnp.asarray(slots[:3]), "int8",
-                                            page_size, num_shards)  # a rewrite replaces, never adds
-    pool = pool.at[slots[:3] // page_size, slots[:3] % page_size].set(
-        quantize_rows(jnp.stack([-keys[:3], values[:3]], axis=2).reshape(3, -1, head_dim), jnp.int8))
-    np.testing.assert_array_equal(np.asarray(overwritten)[1:], np.asarray(pack_quantized_pages(pool, num_shards))[1:])
+    overwritten = write_kv_packed_quantized(at_once, jnp.asarray(-host_keys[:3]), jnp.asarray(host_values[:3]),
+                                            jnp.asarray(slots[:3]), "int8", page_size,
+                                            num_shards)  # a rewrite replaces, never adds
+    rewritten = np.stack([-host_keys[:3], host_values[:3]], axis=2).reshape(3, -1, head_dim)
+    pool[slots[:3] // page_size, slots[:3] % page_size] = np.asarray(quantize(jnp.asarray(rewritten), jnp.int8))
+    np.testing.assert_array_equal(np.asarray(overwritten)[1:],
+                                  np.asarray(pack_quantized_pages(jnp.asarray(pool), num_shards))[1:])
 
 
 def test_bytes_per_token_against_bfloat16_packed():

@@ -25,6 +25,9 @@ CONFIGS = [
     (8, 128, 3, 1, jnp.float32, "fp8_e4m3", dict(q_block_size=16, sliding_window=20, soft_cap=5.0)),
 ]
 TOLERANCE = {"float32": 2e-5, "bfloat16": 3e-2}
+# Jitted once here (the engine runs them under jit): eagerly each of their ops compiled a program per shape.
+quantize = jax.jit(quantize_rows, static_argnums=1)
+dequantize = jax.jit(dequantize_rows)
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"p{c[0]}-d{c[1]}-h{c[2]}x{c[3]}-{jnp.dtype(c[4]).name}-"
@@ -42,10 +45,10 @@ def test_tpu_kernels_read_the_quantized_cache(config, scenarios):
     for name, batch in scenarios(page_size, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                                  dtype=dtype):
         q, kv_pages, metadata = batch.attention_args()
-        stored = quantize_rows(kv_pages, quantized_pool_dtype(kv_cache_dtype))
+        stored = quantize(kv_pages, quantized_pool_dtype(kv_cache_dtype))
         out = attend(q, pack_quantized_pages(stored), metadata)
         assert out.dtype == jnp.dtype(dtype) and out.shape == q.shape, name
-        expected = ragged_paged_attention_spec(q, dequantize_rows(stored), metadata, sm_scale=sm_scale,
+        expected = ragged_paged_attention_spec(q, dequantize(stored), metadata, sm_scale=sm_scale,
                                                **window_and_cap)
         np.testing.assert_allclose(np.asarray(out.astype(jnp.float32)), expected, atol=tolerance, rtol=tolerance,
                                    err_msg=name)
@@ -101,23 +104,27 @@ def test_each_tensor_parallel_shard_writes_then_reads_its_rows():
     batch = make_ragged_batch([1, 17, 1, 5], [1, page + 1, page, 3 * page + 7], num_q_heads=num_q_heads,
                               num_kv_heads=num_kv_heads, head_dim=128, page_size=page, num_tokens=32, max_num_seqs=4,
                               seed=5)
-    k, v = jax.random.normal(jax.random.key(6), (2, 32, num_kv_heads, 128))
+    # Made and sliced on the host: an eager slice of a device array compiles a program per slice.
+    k, v = np.random.default_rng(6).standard_normal((2, 32, num_kv_heads, 128)).astype(np.float32)
     q, kv_pages, metadata = batch.attention_args()
-    stored = quantize_rows(kv_pages, jnp.int8)
+    host_q, stored = np.asarray(q), np.asarray(quantize(kv_pages, jnp.int8))
     pools, outs = [], []
-    for shard, rows in enumerate(jnp.split(pack_quantized_pages(stored, tp), tp, axis=1)):
+    for shard, rows in enumerate(np.split(np.asarray(pack_quantized_pages(jnp.asarray(stored), tp)), tp, axis=1)):
         kv_heads, q_heads = slice(2 * shard, 2 * shard + 2), slice(4 * shard, 4 * shard + 4)
-        pools.append(write_kv(rows, k[:, kv_heads], v[:, kv_heads], metadata, backend="pallas_tpu",
-                              kv_cache_dtype="int8", page_size=page))
-        outs.append(ragged_paged_attention(q[:, q_heads], pools[-1], metadata,
+        pools.append(write_kv(jnp.asarray(rows), jnp.asarray(k[:, kv_heads]), jnp.asarray(v[:, kv_heads]), metadata,
+                              backend="pallas_tpu", kv_cache_dtype="int8", page_size=page))
+        outs.append(ragged_paged_attention(jnp.asarray(host_q[:, q_heads]), pools[-1], metadata,
                                            backend="pallas_tpu", sm_scale=0.125, num_kv_heads=2, kv_cache_dtype="int8",
                                            page_size=page))
     num_real = int(batch.cu_q_lens[4])
     slots = np.asarray(batch.slot_mapping)[:num_real]
-    new_rows = quantize_rows(jnp.stack([k, v], axis=2).reshape(32, 2 * num_kv_heads, 128)[:num_real], jnp.int8)
-    expected = stored.at[slots // page, slots % page].set(new_rows)
-    written = unpack_quantized_pages(jnp.concatenate(pools, axis=1), num_kv_heads, 128, "int8", page, tp)
-    np.testing.assert_array_equal(np.asarray(written)[1:], np.asarray(expected)[1:])  # page 0: padding's garbage
-    reference = ragged_paged_attention_spec(q, dequantize_rows(expected), metadata, sm_scale=0.125)
+    new_rows = quantize(jnp.asarray(np.stack([k, v], axis=2).reshape(32, 2 * num_kv_heads, 128)[:num_real]),
+                        jnp.int8)
+    expected = stored.copy()
+    expected[slots // page, slots % page] = np.asarray(new_rows)
+    written = unpack_quantized_pages(jnp.asarray(np.concatenate([np.asarray(pool) for pool in pools], axis=1)),
+                                     num_kv_heads, 128, "int8", page, tp)
+    np.testing.assert_array_equal(np.asarray(written)[1:], expected[1:])  # page 0: padding's garbage
+    reference = ragged_paged_attention_spec(q, dequantize(jnp.asarray(expected)), metadata, sm_scale=0.125)
     out = np.concatenate([np.asarray(part) for part in outs], axis=1)
     np.testing.assert_allclose(out[:num_real], reference[:num_real], atol=2e-5, rtol=2e-5)

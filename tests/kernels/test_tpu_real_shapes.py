@@ -97,9 +97,17 @@ def test_smem_budget_refuses_a_row_that_cannot_fit():
         sequences_per_call(8, 200_000, 4, 512 * 1024)
 
 
-@pytest.mark.parametrize("shape", REAL_SHAPES, ids=lambda s: f"h{s[0]}x{s[1]}-d{s[2]}")
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-@pytest.mark.parametrize("layout", ["interleaved", "packed"])
+def _lowering_cases() -> list:
+    """Every real shape, every dtype on every layout in CI (4 lowerings); the rest of the shape x dtype x layout
+    product in the slow sweep (`make tpu-compile` compiles them all with libtpu)."""
+    in_ci = {((9, 3, 64), "float32", "interleaved"), ((9, 3, 64), "bfloat16", "packed"),
+             ((32, 8, 128), "bfloat16", "interleaved"), ((16, 2, 128), "float32", "packed")}
+    return [pytest.param(shape, dtype, layout, marks=[] if (shape, jnp.dtype(dtype).name, layout) in in_ci else
+                         [pytest.mark.slow], id=f"{layout}-{jnp.dtype(dtype).name}-h{shape[0]}x{shape[1]}-d{shape[2]}")
+            for layout in ("interleaved", "packed") for dtype in (jnp.float32, jnp.bfloat16) for shape in REAL_SHAPES]
+
+
+@pytest.mark.parametrize("shape,dtype,layout", _lowering_cases())
 def test_both_kernels_lower_to_mosaic(shape, dtype, layout, monkeypatch):
     """Pallas' Mosaic lowering accepts the decode and the tile kernel (v6e rules) at real shapes: one per branch of
     the step's case split (decode-only, prefill-only), both in the mixed one."""

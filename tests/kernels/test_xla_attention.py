@@ -118,8 +118,8 @@ def test_stacked_layers_with_offset_block_tables():
         q, _, metadata = batch.attention_args()
         metadata = metadata.on_pages_from(jnp.int32(layer * num_pages), page_size=16)
         out = ragged_paged_attention_xla(q, stacked_pages, metadata, sm_scale=0.2)
-        np.testing.assert_allclose(np.asarray(out), _run_xla(batch, sm_scale=0.2),
-                                   atol=1e-6, rtol=1e-6)
+        expected = ragged_paged_attention_spec(*batch.attention_args(), sm_scale=0.2)  # numpy: nothing to compile
+        np.testing.assert_allclose(np.asarray(out), expected, atol=2e-5, rtol=2e-5, err_msg=f"layer {layer}")
 
 
 def test_traced_metadata_compiles_once():
