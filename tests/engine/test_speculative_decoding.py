@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from jaxpaged.sampling.params import SamplingParams
-from tests.conftest import TINY_ENGINE_OPTIONS
+from tests.conftest import TINY_ENGINE_OPTIONS, warmed_up_as_served
 from tests.speculative.same_distribution import assert_same_distribution
 
 pytestmark = pytest.mark.xdist_group("tiny_llm")
@@ -35,7 +35,8 @@ def plain_llm(tiny_model_dir):
 def spec_llm(tiny_model_dir):
     from jaxpaged.llm import LLM
 
-    llm = LLM(str(tiny_model_dir), **TINY_ENGINE_OPTIONS, speculative_config=NGRAM)
+    with warmed_up_as_served():  # a test counts compiles while serving
+        llm = LLM(str(tiny_model_dir), **TINY_ENGINE_OPTIONS, speculative_config=NGRAM)
     assert llm.engine.config.async_scheduling is True  # on while the batch is too large to propose
     return llm
 

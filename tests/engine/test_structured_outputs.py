@@ -8,6 +8,7 @@ import jsonschema
 import pytest
 
 from jaxpaged.sampling.params import SamplingParams, StructuredOutputsParams
+from tests.conftest import warmed_up_as_served
 from tests.json_schemas import SCHEMAS
 
 # One worker builds the engine (it compiles) for every test here.
@@ -20,7 +21,8 @@ OPTIONS = dict(max_model_len=512, max_num_seqs=32, max_num_batched_tokens=256, d
 def llm():
     from jaxpaged.llm import LLM
 
-    return LLM(None, **OPTIONS)
+    with warmed_up_as_served():  # a test counts compiles while serving
+        return LLM(None, **OPTIONS)
 
 
 def constrained(schema, *, temperature=0.0, seed=None, max_tokens=160):

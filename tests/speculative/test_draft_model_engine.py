@@ -16,7 +16,7 @@ import pytest
 
 from benchmarks.speculative.truncated_draft import write_truncated_draft
 from jaxpaged.sampling.params import SamplingParams
-from tests.conftest import TINY_ENGINE_OPTIONS, TINY_LLAMA, save_tiny_llama
+from tests.conftest import TINY_ENGINE_OPTIONS, TINY_LLAMA, save_tiny_llama, warmed_up_as_served
 from tests.speculative.same_distribution import assert_same_distribution
 
 pytestmark = pytest.mark.xdist_group("draft_model")
@@ -52,8 +52,9 @@ def plain_llm(target_dir):
 def self_draft_llm(target_dir):
     from jaxpaged.llm import LLM
 
-    return LLM(str(target_dir), **TINY_ENGINE_OPTIONS, speculative_config=_draft_config(target_dir),
-               **UNMETERED)
+    with warmed_up_as_served():  # a test counts compiles while serving
+        return LLM(str(target_dir), **TINY_ENGINE_OPTIONS, speculative_config=_draft_config(target_dir),
+                   **UNMETERED)
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +62,8 @@ def truncated_llm(target_dir, tmp_path_factory):
     from jaxpaged.llm import LLM
 
     draft = write_truncated_draft(str(target_dir), 1, tmp_path_factory.mktemp("draft-1-layer") / "draft")
-    return LLM(str(target_dir), **TINY_ENGINE_OPTIONS, speculative_config=_draft_config(draft), **UNMETERED)
+    with warmed_up_as_served():  # a test counts compiles while serving
+        return LLM(str(target_dir), **TINY_ENGINE_OPTIONS, speculative_config=_draft_config(draft), **UNMETERED)
 
 
 def _prompts(lengths: list[int], seed: int = 0) -> list[dict]:
