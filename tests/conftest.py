@@ -14,13 +14,13 @@ import pathlib
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
 from typing import Any
 
 import jaxtyping
 import pytest
 
 from tests import compile_report
+from tests.lazy_compile import engines_compile_on_first_use
 
 # The sampling modules that were runner/ before the redesign: SamplingParams (sampling.params) is left out, as it
 # validates user input itself (a ValueError naming the field, not a type-check error).
@@ -72,42 +72,8 @@ def pytest_configure(config) -> None:
 
     for name, value in settings.items():
         jax.config.update(name, value)  # this process has imported JAX already (jaxtyping does)
-    _engines_compile_on_first_use_unless_asked()
+    engines_compile_on_first_use()  # tests/lazy_compile.py: half the programs compiled, the same tokens
     compile_report.register_if_asked(config)
-
-
-FULL_WARMUP_ENV = "JAXPAGED_TESTS_FULL_WARMUP"
-"""Set to 1 to run the suite with every engine warmed up at start-up, as `jaxpaged serve` does."""
-
-
-def _engines_compile_on_first_use_unless_asked() -> None:
-    """Engines built in the test process compile each program when a step first needs it instead of all of them at
-    start-up: a serving warm-up compiles every bucket's step and every sampler variant (19 programs for
-    TINY_ENGINE_OPTIONS), and most tests run a few of them, so the suite compiled about twice the programs it ran
-    (docs/testing.md). The programs and their results are the same either way. Tests that check that nothing
-    compiles while serving build their engine inside `warmed_up_as_served()`; the server, cluster and worker
-    processes the tests start warm up as they do in production. FULL_WARMUP_ENV=1 keeps the warm-up everywhere.
-    """
-    if os.environ.get(FULL_WARMUP_ENV) == "1":
-        return
-    from jaxpaged.engine.llm_engine import LLMEngine
-
-    LLMEngine.__init__.__kwdefaults__["warmup"] = False
-
-
-@contextlib.contextmanager
-def warmed_up_as_served() -> Iterator[None]:
-    """Engines built inside warm up at start-up as in serving (every bucket's step and sampler variant compiled):
-    for tests that assert that serving compiles nothing."""
-    from jaxpaged.engine.llm_engine import LLMEngine
-
-    defaults = LLMEngine.__init__.__kwdefaults__
-    saved = defaults["warmup"]
-    defaults["warmup"] = True
-    try:
-        yield
-    finally:
-        defaults["warmup"] = saved
 
 
 def pytest_unconfigure(config) -> None:

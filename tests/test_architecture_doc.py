@@ -16,7 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import TINY_ENGINE_OPTIONS, warmed_up_as_served
+from tests.conftest import TINY_ENGINE_OPTIONS
+from tests.lazy_compile import warmed_up_as_served
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "architecture.md"

@@ -4,7 +4,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import warmed_up_as_served
+from tests.lazy_compile import warmed_up_as_served
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -2,7 +2,8 @@
 
 import pytest
 
-from tests.conftest import TINY_ENGINE_OPTIONS, warmed_up_as_served
+from tests.conftest import TINY_ENGINE_OPTIONS
+from tests.lazy_compile import warmed_up_as_served
 
 
 @pytest.fixture(scope="session")

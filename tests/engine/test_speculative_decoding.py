@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from jaxpaged.sampling.params import SamplingParams
-from tests.conftest import TINY_ENGINE_OPTIONS, warmed_up_as_served
+from tests.conftest import TINY_ENGINE_OPTIONS
+from tests.lazy_compile import warmed_up_as_served
 from tests.speculative.same_distribution import assert_same_distribution
 
 pytestmark = pytest.mark.xdist_group("tiny_llm")

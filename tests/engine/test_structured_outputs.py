@@ -8,8 +8,8 @@ import jsonschema
 import pytest
 
 from jaxpaged.sampling.params import SamplingParams, StructuredOutputsParams
-from tests.conftest import warmed_up_as_served
 from tests.json_schemas import SCHEMAS
+from tests.lazy_compile import warmed_up_as_served
 
 # One worker builds the engine (it compiles) for every test here.
 pytestmark = pytest.mark.xdist_group("structured_outputs")

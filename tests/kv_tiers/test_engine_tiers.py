@@ -7,8 +7,8 @@ import pathlib
 
 import pytest
 
-from tests.conftest import warmed_up_as_served
 from tests.json_worker import run_json_worker
+from tests.lazy_compile import warmed_up_as_served
 from tests.prefix_prompts import ask, same_completion, token_ids
 
 pytestmark = pytest.mark.xdist_group("kv_tiers")

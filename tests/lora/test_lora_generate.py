@@ -11,7 +11,8 @@ import transformers
 from jaxpaged import LLM, SamplingParams
 from jaxpaged.lora.request import LoRARequest
 from jaxpaged.runner import compile_counter
-from tests.conftest import TINY_ENGINE_OPTIONS, TINY_LLAMA, warmed_up_as_served
+from tests.conftest import TINY_ENGINE_OPTIONS, TINY_LLAMA
+from tests.lazy_compile import warmed_up_as_served
 from tests.lora.peft_files import merged_model, write_peft_adapter
 from tests.models.test_hf_parity import hf_greedy
 

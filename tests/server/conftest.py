@@ -12,7 +12,7 @@ import pytest
 
 from jaxpaged.async_engine import AsyncLLMEngine
 from jaxpaged.server import ServerSettings, build_app
-from tests.conftest import warmed_up_as_served
+from tests.lazy_compile import warmed_up_as_served
 from tests.server.server_helpers import API_KEY, SERVER_ENGINE_OPTIONS, ServerThread, wait_until_idle
 
 

@@ -16,7 +16,8 @@ import pytest
 
 from benchmarks.speculative.truncated_draft import write_truncated_draft
 from jaxpaged.sampling.params import SamplingParams
-from tests.conftest import TINY_ENGINE_OPTIONS, TINY_LLAMA, save_tiny_llama, warmed_up_as_served
+from tests.conftest import TINY_ENGINE_OPTIONS, TINY_LLAMA, save_tiny_llama
+from tests.lazy_compile import warmed_up_as_served
 from tests.speculative.same_distribution import assert_same_distribution
 
 pytestmark = pytest.mark.xdist_group("draft_model")
