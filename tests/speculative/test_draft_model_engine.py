@@ -46,7 +46,8 @@ are tests/speculative/test_step_cost.py (and test_the_metered_default_keeps_the_
 def plain_llm(target_dir):
     from jaxpaged.llm import LLM
 
-    return LLM(str(target_dir), **TINY_ENGINE_OPTIONS, async_scheduling=False)
+    with warmed_up_as_served():  # it runs inside a window whose compiles are counted (the counter is per process)
+        return LLM(str(target_dir), **TINY_ENGINE_OPTIONS, async_scheduling=False)
 
 
 @pytest.fixture(scope="module")
