@@ -20,6 +20,8 @@ def _set_warmup_default(warmup: bool) -> bool:
     from jaxpaged.engine.llm_engine import LLMEngine
 
     defaults = LLMEngine.__init__.__kwdefaults__
+    if defaults is None or "warmup" not in defaults:  # the switch would silently do nothing
+        raise RuntimeError("LLMEngine.__init__ no longer takes a keyword-only `warmup`: update tests/lazy_compile.py")
     previous = defaults["warmup"]
     defaults["warmup"] = warmup
     return previous
