@@ -72,7 +72,7 @@ def pytest_configure(config) -> None:
 
     for name, value in settings.items():
         jax.config.update(name, value)  # this process has imported JAX already (jaxtyping does)
-    engines_compile_on_first_use()  # tests/lazy_compile.py: half the programs compiled, the same tokens
+    engines_compile_on_first_use()  # tests/lazy_compile.py: only the programs a test runs are compiled
     compile_report.register_if_asked(config)
 
 
