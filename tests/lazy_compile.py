@@ -17,6 +17,8 @@ FULL_WARMUP_ENV = "JAXPAGED_TESTS_FULL_WARMUP"
 
 def _set_warmup_default(warmup: bool) -> bool:
     """Sets LLMEngine's `warmup` default (what LLM and LLMEngine.from_options build with); returns the old one."""
+    # Imported here, not at the top: tests/conftest.py imports this module before it installs the jaxtyping hook,
+    # which must see the engine's modules imported after it.
     from jaxpaged.engine.llm_engine import LLMEngine
 
     defaults = LLMEngine.__init__.__kwdefaults__
