@@ -20,6 +20,7 @@ import jaxtyping
 import pytest
 
 from tests import compile_report
+from tests.lazy_compile import engines_compile_on_first_use
 
 # The sampling modules that were runner/ before the redesign: SamplingParams (sampling.params) is left out, as it
 # validates user input itself (a ValueError naming the field, not a type-check error).
@@ -71,6 +72,7 @@ def pytest_configure(config) -> None:
 
     for name, value in settings.items():
         jax.config.update(name, value)  # this process has imported JAX already (jaxtyping does)
+    engines_compile_on_first_use()  # tests/lazy_compile.py: only the programs a test runs are compiled
     compile_report.register_if_asked(config)
 
 

@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from tests.conftest import TINY_ENGINE_OPTIONS
+from tests.lazy_compile import warmed_up_as_served
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "architecture.md"
@@ -80,7 +81,7 @@ def traced_chat(tiny_model_dir) -> Iterator[set[str]]:
     # jit traces a function once per process and shape: a step traced by an earlier test of this worker would not
     # run its Python again. Cleared, start-up traces every compiled function anew.
     jax.clear_caches()
-    with CallTrace() as trace:
+    with CallTrace() as trace, warmed_up_as_served():  # the documented path starts with the serving warm-up
         engine = AsyncLLMEngine(LLMEngine.from_options(str(tiny_model_dir), **TINY_ENGINE_OPTIONS))
         engine.start()
         try:

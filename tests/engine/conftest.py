@@ -3,6 +3,7 @@
 import pytest
 
 from tests.conftest import TINY_ENGINE_OPTIONS
+from tests.lazy_compile import warmed_up_as_served
 
 
 @pytest.fixture(scope="session")
@@ -10,4 +11,5 @@ def tiny_llm(tiny_model_dir):
     """jaxpaged.LLM on the tiny model, warmed up (every bucket and sampler variant compiled)."""
     from jaxpaged.llm import LLM
 
-    return LLM(str(tiny_model_dir), **TINY_ENGINE_OPTIONS)
+    with warmed_up_as_served():  # test_no_recompile, test_prompt_logprobs and test_async_scheduling count compiles
+        return LLM(str(tiny_model_dir), **TINY_ENGINE_OPTIONS)

@@ -13,6 +13,7 @@ import pytest
 
 from jaxpaged.sampling.params import SamplingParams
 from tests.conftest import TINY_ENGINE_OPTIONS
+from tests.lazy_compile import warmed_up_as_served
 from tests.speculative.same_distribution import assert_same_distribution
 
 pytestmark = pytest.mark.xdist_group("tiny_llm")
@@ -28,14 +29,16 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
 def plain_llm(tiny_model_dir):
     from jaxpaged.llm import LLM
 
-    return LLM(str(tiny_model_dir), **TINY_ENGINE_OPTIONS, async_scheduling=False)
+    with warmed_up_as_served():  # it runs inside a window whose compiles are counted (the counter is per process)
+        return LLM(str(tiny_model_dir), **TINY_ENGINE_OPTIONS, async_scheduling=False)
 
 
 @pytest.fixture(scope="module")
 def spec_llm(tiny_model_dir):
     from jaxpaged.llm import LLM
 
-    llm = LLM(str(tiny_model_dir), **TINY_ENGINE_OPTIONS, speculative_config=NGRAM)
+    with warmed_up_as_served():  # a test counts compiles while serving
+        llm = LLM(str(tiny_model_dir), **TINY_ENGINE_OPTIONS, speculative_config=NGRAM)
     assert llm.engine.config.async_scheduling is True  # on while the batch is too large to propose
     return llm
 

@@ -9,6 +9,7 @@ import pytest
 
 from jaxpaged.sampling.params import SamplingParams, StructuredOutputsParams
 from tests.json_schemas import SCHEMAS
+from tests.lazy_compile import warmed_up_as_served
 
 # One worker builds the engine (it compiles) for every test here.
 pytestmark = pytest.mark.xdist_group("structured_outputs")
@@ -20,7 +21,8 @@ OPTIONS = dict(max_model_len=512, max_num_seqs=32, max_num_batched_tokens=256, d
 def llm():
     from jaxpaged.llm import LLM
 
-    return LLM(None, **OPTIONS)
+    with warmed_up_as_served():  # a test counts compiles while serving
+        return LLM(None, **OPTIONS)
 
 
 def constrained(schema, *, temperature=0.0, seed=None, max_tokens=160):

@@ -8,6 +8,7 @@ import pathlib
 import pytest
 
 from tests.json_worker import run_json_worker
+from tests.lazy_compile import warmed_up_as_served
 from tests.prefix_prompts import ask, same_completion, token_ids
 
 pytestmark = pytest.mark.xdist_group("kv_tiers")
@@ -69,7 +70,8 @@ def block_file(llm, directory: pathlib.Path, prompt: list[int], block_index: int
 def host_tier_llm(tiny_model_dir):
     from jaxpaged.llm import LLM
 
-    return LLM(str(tiny_model_dir), **SMALL_POOL, kv_offload_memory="64MiB", kv_offload_min_load_blocks=1)
+    with warmed_up_as_served():  # a test counts compiles while serving
+        return LLM(str(tiny_model_dir), **SMALL_POOL, kv_offload_memory="64MiB", kv_offload_min_load_blocks=1)
 
 
 def test_evicted_prefix_hits_from_host(host_tier_llm, reference):

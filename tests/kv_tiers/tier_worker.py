@@ -13,6 +13,7 @@ import sys
 
 from jaxpaged.llm import LLM
 from jaxpaged.sampling.params import SamplingParams
+from tests.lazy_compile import engines_compile_on_first_use
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logprobs=1)
 
@@ -20,6 +21,7 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logprobs
 def main() -> None:
     model_dir, runs = sys.argv[1], json.loads(sys.argv[2])
     results = []
+    engines_compile_on_first_use()  # each engine compiles the few programs it runs
     for run in runs:
         llm = LLM(model_dir, **run["options"])
         answers = []

@@ -12,6 +12,7 @@ from jaxpaged import LLM, SamplingParams
 from jaxpaged.lora.request import LoRARequest
 from jaxpaged.runner import compile_counter
 from tests.conftest import TINY_ENGINE_OPTIONS, TINY_LLAMA
+from tests.lazy_compile import warmed_up_as_served
 from tests.lora.peft_files import merged_model, write_peft_adapter
 from tests.models.test_hf_parity import hf_greedy
 
@@ -39,8 +40,9 @@ def adapters(tiny_model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def lora_llm(tiny_model_dir):
-    llm = LLM(str(tiny_model_dir), enable_lora=True, max_loras=3, max_lora_rank=8, max_cpu_loras=3,
-              **TINY_ENGINE_OPTIONS)
+    with warmed_up_as_served():  # a test counts compiles while serving
+        llm = LLM(str(tiny_model_dir), enable_lora=True, max_loras=3, max_lora_rank=8, max_cpu_loras=3,
+                  **TINY_ENGINE_OPTIONS)
     yield llm
     llm.close()
 

@@ -13,6 +13,7 @@ from jaxpaged.llm import LLM
 from jaxpaged.lora.request import LoRARequest
 from jaxpaged.runner import compile_counter
 from jaxpaged.sampling.params import SamplingParams
+from tests.lazy_compile import engines_compile_on_first_use, warmed_up_as_served
 
 OPTIONS = dict(max_model_len=64, max_num_seqs=8, max_num_batched_tokens=32, num_kv_blocks=32, dtype="float32",
                attention_backend="xla", compilation_cache_dir="", enable_lora=True, max_loras=2, max_lora_rank=8)
@@ -29,8 +30,10 @@ def main() -> None:
     model_dir, *adapter_dirs = sys.argv[1:]
     adapters = [LoRARequest(f"a{index}", index + 1, path) for index, path in enumerate(adapter_dirs)]
     loras = [None, adapters[0], adapters[1], adapters[0]]
+    engines_compile_on_first_use()  # the reference compiles what it runs; tp = 2 warms up (its compiles counted)
     expected = greedy(LLM(model_dir, **OPTIONS), loras)
-    llm = LLM(model_dir, **OPTIONS, tensor_parallel_size=2)
+    with warmed_up_as_served():
+        llm = LLM(model_dir, **OPTIONS, tensor_parallel_size=2)
     compiled = compile_counter.num_compilations()
     got = greedy(llm, loras)
     slots = llm.engine.runner.lora

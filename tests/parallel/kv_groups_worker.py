@@ -7,6 +7,7 @@ import sys
 
 from jaxpaged.llm import LLM
 from jaxpaged.sampling.params import SamplingParams
+from tests.lazy_compile import engines_compile_on_first_use
 
 OPTIONS = dict(max_model_len=64, max_num_seqs=4, max_num_batched_tokens=16, num_kv_blocks=36, block_size=4,
                dtype="float32", attention_backend="xla", compilation_cache_dir="")
@@ -17,6 +18,7 @@ def main() -> None:
     prompts = [{"prompt_token_ids": [rng.randrange(100, 49000) for _ in range(n)]} for n in (37, 50, 21, 44)]
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=1)
     results = []
+    engines_compile_on_first_use()  # each engine compiles the few programs it runs
     for tp in (1, 2):
         llm = LLM(sys.argv[1], tensor_parallel_size=tp, **OPTIONS)  # type: ignore[arg-type]
         outputs = llm.generate(prompts, params, use_tqdm=False)

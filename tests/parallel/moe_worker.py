@@ -13,6 +13,7 @@ import jax
 
 from jaxpaged.llm import LLM
 from jaxpaged.sampling.params import SamplingParams
+from tests.lazy_compile import engines_compile_on_first_use
 
 ENGINE_OPTIONS = dict(max_model_len=64, max_num_seqs=4, max_num_batched_tokens=16, num_kv_blocks=48, block_size=4,
                       dtype="float32", attention_backend="xla", compilation_cache_dir="")
@@ -36,6 +37,7 @@ def expert_shard_shape(llm: LLM) -> list[int]:
 def main() -> None:
     model_dir, layouts, prompts = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
     options = {**ENGINE_OPTIONS, **(json.loads(sys.argv[4]) if len(sys.argv) > 4 else {})}
+    engines_compile_on_first_use()  # each engine compiles the few programs it runs
     expected = greedy(LLM(model_dir, **options), prompts)
     results = []
     for tp, expert_parallel in layouts:

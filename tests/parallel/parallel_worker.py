@@ -18,6 +18,7 @@ from jaxpaged.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from jaxpaged.llm import LLM
 from jaxpaged.runner import compile_counter
 from jaxpaged.sampling.params import SamplingParams
+from tests.lazy_compile import engines_compile_on_first_use, warmed_up_as_served
 
 # Small limits force chunked prefill (16-token steps), preemption (a 14-block pool) and prefix hits.
 ENGINE_OPTIONS = dict(max_model_len=48, max_num_seqs=4, max_num_batched_tokens=16, num_kv_blocks=14, block_size=4,
@@ -47,12 +48,14 @@ def greedy(llm: LLM) -> list[list[int]]:
 def run_case(model_dir: str | None, layouts: list[list], case_options: dict) -> list[dict]:
     """One reference engine (dp = tp = 1) with case_options, then each layout compared against it."""
     options = {**ENGINE_OPTIONS, **case_options}
+    engines_compile_on_first_use()  # the reference compiles what it runs; the layouts warm up (compiles counted)
     reference = LLM(model_dir, **options)  # type: ignore[arg-type]
     expected_logits, expected_tokens = step_logits(reference), greedy(reference)
     results = []
     for dp, tp, *rest in layouts:  # [dp, tp] or [dp, tp, async_scheduling]
-        llm = LLM(model_dir, **options, data_parallel_size=dp, tensor_parallel_size=tp,
-                  async_scheduling=bool(rest and rest[0]))
+        with warmed_up_as_served():
+            llm = LLM(model_dir, **options, data_parallel_size=dp, tensor_parallel_size=tp,
+                      async_scheduling=bool(rest and rest[0]))
         compiled_after_warmup = compile_counter.num_compilations()
         logits = step_logits(llm)
         tokens = greedy(llm)

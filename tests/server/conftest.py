@@ -12,6 +12,7 @@ import pytest
 
 from jaxpaged.async_engine import AsyncLLMEngine
 from jaxpaged.server import ServerSettings, build_app
+from tests.lazy_compile import warmed_up_as_served
 from tests.server.server_helpers import API_KEY, SERVER_ENGINE_OPTIONS, ServerThread, wait_until_idle
 
 
@@ -20,7 +21,8 @@ def async_engine() -> Iterator[AsyncLLMEngine]:
     """The embedded model's engine on its loop thread (start-up compiles every bucket, once)."""
     from jaxpaged.engine import LLMEngine
 
-    engine = AsyncLLMEngine(LLMEngine.from_options(None, **SERVER_ENGINE_OPTIONS))
+    with warmed_up_as_served():  # as a server does; test_metrics counts compiles
+        engine = AsyncLLMEngine(LLMEngine.from_options(None, **SERVER_ENGINE_OPTIONS))
     engine.start()
     yield engine
     engine.shutdown()

@@ -17,6 +17,7 @@ import pytest
 from benchmarks.speculative.truncated_draft import write_truncated_draft
 from jaxpaged.sampling.params import SamplingParams
 from tests.conftest import TINY_ENGINE_OPTIONS, TINY_LLAMA, save_tiny_llama
+from tests.lazy_compile import warmed_up_as_served
 from tests.speculative.same_distribution import assert_same_distribution
 
 pytestmark = pytest.mark.xdist_group("draft_model")
@@ -45,15 +46,17 @@ are tests/speculative/test_step_cost.py (and test_the_metered_default_keeps_the_
 def plain_llm(target_dir):
     from jaxpaged.llm import LLM
 
-    return LLM(str(target_dir), **TINY_ENGINE_OPTIONS, async_scheduling=False)
+    with warmed_up_as_served():  # it runs inside a window whose compiles are counted (the counter is per process)
+        return LLM(str(target_dir), **TINY_ENGINE_OPTIONS, async_scheduling=False)
 
 
 @pytest.fixture(scope="module")
 def self_draft_llm(target_dir):
     from jaxpaged.llm import LLM
 
-    return LLM(str(target_dir), **TINY_ENGINE_OPTIONS, speculative_config=_draft_config(target_dir),
-               **UNMETERED)
+    with warmed_up_as_served():  # a test counts compiles while serving
+        return LLM(str(target_dir), **TINY_ENGINE_OPTIONS, speculative_config=_draft_config(target_dir),
+                   **UNMETERED)
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +64,8 @@ def truncated_llm(target_dir, tmp_path_factory):
     from jaxpaged.llm import LLM
 
     draft = write_truncated_draft(str(target_dir), 1, tmp_path_factory.mktemp("draft-1-layer") / "draft")
-    return LLM(str(target_dir), **TINY_ENGINE_OPTIONS, speculative_config=_draft_config(draft), **UNMETERED)
+    with warmed_up_as_served():  # a test counts compiles while serving
+        return LLM(str(target_dir), **TINY_ENGINE_OPTIONS, speculative_config=_draft_config(draft), **UNMETERED)
 
 
 def _prompts(lengths: list[int], seed: int = 0) -> list[dict]:
