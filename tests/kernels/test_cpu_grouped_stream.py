@@ -22,9 +22,10 @@ from jaxpaged.kernels.cpu_native.native_build import register
 DTYPES = (jnp.float32, jnp.bfloat16, jnp.int8)
 EDGE_SIZES = (0, 1, 2, 0, 5, 3, 4, 0)
 """Streamed groups of 1 to 4 rows beside empty ones and a tiled group of 5."""
-SHAPES = [(1, 1), (3, 17), (37, 45), (130, 16), (2051, 33)]
+SHAPES = [(1, 1), (3, 17), (37, 45), (130, 16), (515, 256), (2051, 33)]
 """(inner, outer): one element; a column tail only; a tail after whole vectors; inner not a multiple of the 4 rows
-summed per pass; enough weight bytes per group (270 KB in float32) for several chunks."""
+summed per pass, one vector wide and 16 (one row's sums then stay in registers); enough weight bytes per group (270 KB
+in float32) for several chunks."""
 
 
 @pytest.fixture(autouse=True, scope="module")

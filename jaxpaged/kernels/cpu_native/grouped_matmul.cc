@@ -82,16 +82,29 @@ struct SharedWork {
   std::condition_variable all_done;
 };
 
+// The first weight bytes a streamed item reads (nullptr for a tile item or past the last item).
+template <typename T>
+const void* FirstBytes(const SharedWork<T>& work, int64_t index) {
+  if (index >= static_cast<int64_t>(work.items.size()) || work.items[index].stream < 0) return nullptr;
+  const Item& item = work.items[index];
+  const Problem<T>& p = work.problems[item.weight];
+  return p.weights + item.group * p.group_stride + item.first_inner * p.outer;
+}
+
 template <typename T>
 void WorkOn(SharedWork<T>& work) {
   const int64_t num_items = static_cast<int64_t>(work.items.size());
-  for (int64_t index = work.next.fetch_add(1); index < num_items; index = work.next.fetch_add(1)) {
+  // Each thread claims its next item before working on the current one, so that a streamed chunk's last rows can
+  // ask for the next chunk's first (packed_matmul.cc does the same with its panels).
+  int64_t index = work.next.fetch_add(1);
+  for (int64_t following = 0; index < num_items; index = following) {
+    following = work.next.fetch_add(1);
     const Item& item = work.items[index];
     const Problem<T>& p = work.problems[item.weight];
     if (item.stream >= 0) {
       grouped_stream::RunChunk<T>(work.streamed[item.stream], item.chunk, item.first_inner, item.end_inner, p.x,
                                   p.inner, p.weights, p.group_stride, p.outer, p.scales, p.out,
-                                  work.partials.data());
+                                  work.partials.data(), FirstBytes(work, following));
     } else {
       grouped_tiles::MultiplyRun(p, item.group, item.first_row, item.end_row, item.column);
     }
