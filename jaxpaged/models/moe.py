@@ -3,7 +3,8 @@
 Dropless (vLLM's and HF's semantics): every token reaches each of its top-k experts; group sizes are exact counts,
 no capacity factor. The (token, expert) assignments are sorted by expert so each expert's rows are contiguous, and
 every expert matmul goes through `expert_matmul` (the grouped-matmul contract: jax.lax.ragged_dot semantics), which
-is the one place a platform's grouped kernel is chosen. Assignments that are not this block's to compute (padding
+is the one place a platform's grouped kernel is chosen (gate and up through `expert_matmul_pair`: on the CPU one
+native call for both, elsewhere expert_matmul twice). Assignments that are not this block's to compute (padding
 rows past num_rows; under expert parallelism, experts another shard holds) are given the sentinel group past the
 last expert, so they sort after sum(group_sizes): the grouped matmul does no work for them and their weight is 0.
 

@@ -5,10 +5,11 @@
 // Why: at a row or two per group the call only reads weights, so what counts is how memory serves the reads. The tile
 // path walks a column strip of kRunColumns columns down the rows (strided: 512 of every 1,024 bytes at a width of
 // 256), two work items per row of 256 columns; this path walks a chunk of the group's weight rows in order, each
-// [outer] row contiguous, so a work item streams one contiguous run of the weight, which the hardware prefetcher
-// follows: the random Qwen3-MoE's 8 touched experts at one token went from ~6 to ~13 GB/s on a loaded 2-core EPYC
-// (docs/benchmarks.md, "Mixture of experts"). The sums are kept per row in a small buffer in L1 (rows x outer floats),
-// four weight rows added per pass over it.
+// [outer] row contiguous, so a work item streams one contiguous run of the weight, asking for a few KiB ahead: the
+// random Qwen3-MoE's grouped matmuls at one token went from 10.7 to 14.9 GB/s on the touched experts on a 2-core
+// EPYC (docs/benchmarks.md, "Mixture of experts"). One row's sums stay in registers where the expert is at most
+// kRegisterVectors wide; otherwise the sums are kept per row in a small buffer in L1 (rows x outer floats), four
+// weight rows added per pass over it.
 //
 // Work: each streamed group's weight rows are cut into chunks (Chunking), one work item each; a chunk's sums go to
 // its own slice of a per-call scratch, and the item that finishes a group's last chunk adds the chunks' sums in chunk
