@@ -3,7 +3,8 @@
 Dropless (vLLM's and HF's semantics): every token reaches each of its top-k experts; group sizes are exact counts,
 no capacity factor. The (token, expert) assignments are sorted by expert so each expert's rows are contiguous, and
 every expert matmul goes through `expert_matmul` (the grouped-matmul contract: jax.lax.ragged_dot semantics), which
-is the one place a platform's grouped kernel is chosen. Assignments that are not this block's to compute (padding
+is the one place a platform's grouped kernel is chosen (gate and up through `expert_matmul_pair`: on the CPU one
+native call for both, elsewhere expert_matmul twice). Assignments that are not this block's to compute (padding
 rows past num_rows; under expert parallelism, experts another shard holds) are given the sentinel group past the
 last expert, so they sort after sum(group_sizes): the grouped matmul does no work for them and their weight is 0.
 
@@ -26,7 +27,11 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, Float, Float32, Int, Int32
 
-from jaxpaged.kernels.cpu_native.grouped_matmul import grouped_matmul_available, grouped_matmul_cpu
+from jaxpaged.kernels.cpu_native.grouped_matmul import (
+    grouped_matmul_available,
+    grouped_matmul_cpu,
+    grouped_matmuls_cpu,
+)
 from jaxpaged.models.int8_weights import Int8Weight
 from pallas_kernels.grouped_matmul import grouped_matmul as tpu_grouped_matmul
 from pallas_kernels.grouped_matmul import grouped_matmul_gpu as gpu_grouped_matmul
@@ -116,6 +121,33 @@ def expert_matmul(lhs: Float[Array, "m k"], rhs: Union[Float[Array, "g k n"], In
                                       default=_ragged_dot_matmul)
 
 
+def expert_matmul_pair(lhs: Float[Array, "m k"], first: Union[Float[Array, "g k n"], Int[Array, "g k n"]],
+                       second: Union[Float[Array, "g k n"], Int[Array, "g k n"]], group_sizes: Int32[Array, " g"],
+                       first_scale: Optional[Float32[Array, "g n"]] = None,
+                       second_scale: Optional[Float32[Array, "g n"]] = None,
+                       ) -> tuple[Float[Array, "m n"], Float[Array, "m n"]]:
+    """expert_matmul of the same rows by two weights (gate and up): on the CPU's native kernel one call for both
+    (one hand-out of work to the threads, not two: at a decode step each call is a fraction of a millisecond, and a
+    call waits for its slowest thread), elsewhere two expert_matmul calls."""
+    native = (jax.default_backend() == "cpu" and first.dtype == second.dtype and grouped_matmul_available(first.dtype)
+              and (first_scale is None) == (second_scale is None))
+    if not native:
+        return (expert_matmul(lhs, first, group_sizes, first_scale),
+                expert_matmul(lhs, second, group_sizes, second_scale))
+
+    def one_call(lhs, first, second, group_sizes, first_scale, second_scale):
+        scales = None if first_scale is None else (first_scale, second_scale)
+        return grouped_matmuls_cpu(lhs, (first, second), group_sizes, scales)
+
+    def two_calls(lhs, first, second, group_sizes, first_scale, second_scale):
+        return (expert_matmul(lhs, first, group_sizes, first_scale),
+                expert_matmul(lhs, second, group_sizes, second_scale))
+
+    gate, up = jax.lax.platform_dependent(lhs, first, second, group_sizes, first_scale, second_scale, cpu=one_call,
+                                          default=two_calls)
+    return gate, up
+
+
 def _pallas_tpu_matmul(lhs: Float[Array, "m k"], rhs: Union[Float[Array, "g k n"], Int[Array, "g k n"]],
                        group_sizes: Int32[Array, " g"], rhs_scale: Optional[Float32[Array, "g n"]] = None,
                        ) -> Float[Array, "m n"]:
@@ -193,8 +225,7 @@ def experts_forward(x: Float[Array, "tokens hidden"], weights: Float32[Array, "t
     rows = x[sorted_token]
     up_values, up_scale = _split(experts.up)
     down_values, down_scale = _split(experts.down)
-    gate = expert_matmul(rows, gate_values, group_sizes, gate_scale)
-    up = expert_matmul(rows, up_values, group_sizes, up_scale)
+    gate, up = expert_matmul_pair(rows, gate_values, up_values, group_sizes, gate_scale, up_scale)
     bias_row = jnp.minimum(sorted_expert, num_local - 1)
     if experts.gate_bias is not None:
         gate = gate + experts.gate_bias[bias_row].astype(gate.dtype)

@@ -8,13 +8,17 @@ group, masked: G times the work and every expert's weights read. This kernel rea
 each once per call, and sums in float32: as stored ([groups, inner, outer], row-major; grouped_matmul_cpu), or
 packed once at load into panels [groups, ceil(outer / 128), inner, 128] (pack_expert_panels;
 grouped_matmul_cpu_panels), which each work item streams contiguously where the stored layout is walked down strided
-column strips: faster where memory bounds the call (decode; benchmarks/kernels/cpu_grouped_matmul.py).
-float32, bfloat16 and int8 weights; lhs float32 or bfloat16 (cast to float32 for the kernel, the result cast back).
+column strips: faster where memory bounds the call (decode; benchmarks/kernels/cpu_grouped_matmul.py). Groups of up
+to 4 rows on weights as stored stream through the weight's rows in order instead (grouped_stream.h). Two weights of
+the same rows (a mixture of experts' gate and up) can share one call (grouped_matmuls_cpu): one hand-out of work to
+the threads instead of two. float32, bfloat16 and int8 weights; lhs float32 or bfloat16 (cast to float32 for the
+kernel, the result cast back).
 Without a compiler, grouped_matmul_available() is False and the caller keeps its XLA path.
 """
 
 import functools
 import pathlib
+from collections.abc import Sequence
 from typing import Optional
 
 import jax
@@ -31,6 +35,8 @@ TARGETS = {
     jnp.dtype(jnp.int8): ("JaxpagedGroupedMatmulInt8", "jaxpaged_grouped_matmul_int8"),
 }
 """rhs dtype -> (the library's handler symbol, its XLA custom-call target)."""
+MAX_WEIGHTS = 2
+"""Weights one call takes (the kernel's kMaxWeights)."""
 PANEL_COLUMNS = 128
 """Columns per panel of pack_expert_panels (the kernel's kRunColumns: one work item per panel)."""
 # FMA contraction is what the kernel is written for (GCC leaves it off under -std=c++17), as packed_matmul's.
@@ -56,7 +62,24 @@ def grouped_matmul_cpu(lhs: Float[Array, "m k"], rhs: Shaped[Array, "g k n"], gr
     if lhs.ndim != 2 or rhs.ndim != 3 or group_sizes.shape != (rhs.shape[0],) or lhs.shape[1] != rhs.shape[1]:
         raise ValueError(f"grouped_matmul_cpu: lhs [m, k], rhs [g, k, n] and group_sizes [g], got lhs {lhs.shape}, "
                          f"rhs {rhs.shape}, group_sizes {group_sizes.shape}")
-    return _call_kernel(lhs, rhs, group_sizes, rhs_scale, rhs.shape[2])
+    return _call_kernel(lhs, (rhs,), group_sizes, (rhs_scale,), (rhs.shape[2],))[0]
+
+
+def grouped_matmuls_cpu(lhs: Float[Array, "m k"], rhs: Sequence[Shaped[Array, "g k _n"]],
+                        group_sizes: Int32[Array, " g"],
+                        rhs_scales: Optional[Sequence[Optional[Float32[Array, "g _n"]]]] = None,
+                        ) -> tuple[Float[Array, "m _n"], ...]:
+    """grouped_matmul_cpu of the same lhs by one or two weights in one call (a MoE's gate and up), one result each;
+    the weights share a dtype, and either all have scales or none has."""
+    if not 1 <= len(rhs) <= MAX_WEIGHTS:
+        raise ValueError(f"grouped_matmuls_cpu: 1 to {MAX_WEIGHTS} weights, got {len(rhs)}")
+    for weight in rhs:
+        if (lhs.ndim != 2 or weight.ndim != 3 or group_sizes.shape != (weight.shape[0],)
+                or lhs.shape[1] != weight.shape[1]):
+            raise ValueError(f"grouped_matmuls_cpu: lhs [m, k], each rhs [g, k, n] and group_sizes [g], got lhs "
+                             f"{lhs.shape}, rhs {weight.shape}, group_sizes {group_sizes.shape}")
+    scales = tuple(rhs_scales) if rhs_scales is not None else (None,) * len(rhs)
+    return _call_kernel(lhs, tuple(rhs), group_sizes, scales, tuple(weight.shape[2] for weight in rhs))
 
 
 def grouped_matmul_cpu_panels(lhs: Float[Array, "m k"], panels: Shaped[Array, "g p k 128"],
@@ -70,7 +93,7 @@ def grouped_matmul_cpu_panels(lhs: Float[Array, "m k"], panels: Shaped[Array, "g
         raise ValueError(f"grouped_matmul_cpu_panels: lhs [m, k], panels [g, ceil(outer / {PANEL_COLUMNS}), k, "
                          f"{PANEL_COLUMNS}] and group_sizes [g], got lhs {lhs.shape}, panels {panels.shape} "
                          f"(outer {outer}), group_sizes {group_sizes.shape}")
-    return _call_kernel(lhs, panels, group_sizes, rhs_scale, outer)
+    return _call_kernel(lhs, (panels,), group_sizes, (rhs_scale,), (outer,))[0]
 
 
 def pack_expert_panels(weights: Shaped[np.ndarray, "g k n"]) -> Shaped[np.ndarray, "g p k 128"]:
@@ -90,18 +113,24 @@ def unpack_expert_panels(panels: Shaped[np.ndarray, "g p k 128"], outer: int) ->
     return np.ascontiguousarray(panels.transpose(0, 2, 1, 3).reshape(groups, inner, num_panels * width)[..., :outer])
 
 
-def _call_kernel(lhs, weights, group_sizes, rhs_scale, outer: int):
-    """The custom call on weights in either layout (the kernel tells them apart by rank)."""
-    if rhs_scale is not None and rhs_scale.shape != (weights.shape[0], outer):
-        raise ValueError(f"grouped_matmul_cpu: rhs_scale must be [g, n] = {(weights.shape[0], outer)}, "
-                         f"got {rhs_scale.shape}")
-    dtype = jnp.dtype(weights.dtype)
+def _call_kernel(lhs, weights: tuple, group_sizes, scales: tuple, outers: tuple[int, ...]) -> tuple:
+    """The custom call on weights in either layout (the kernel tells them apart by rank), one result per weight."""
+    if len(scales) != len(weights) or (any(s is None for s in scales) and any(s is not None for s in scales)):
+        raise ValueError("grouped_matmul_cpu: either every weight has its rhs_scale or none has")
+    dtypes = {jnp.dtype(weight.dtype) for weight in weights}
+    for weight, scale, outer in zip(weights, scales, outers):
+        if scale is not None and scale.shape != (weight.shape[0], outer):
+            raise ValueError(f"grouped_matmul_cpu: rhs_scale must be [g, n] = {(weight.shape[0], outer)}, "
+                             f"got {scale.shape}")
+    if len(dtypes) != 1:
+        raise ValueError(f"grouped_matmul_cpu: the weights of one call share a dtype, got {sorted(map(str, dtypes))}")
+    dtype = dtypes.pop()
     if dtype not in TARGETS:
         raise ValueError(f"grouped_matmul_cpu: rhs dtype {dtype} is none of {[str(d) for d in TARGETS]}")
     if not grouped_matmul_available(dtype):  # registers it on first use; the caller's XLA path runs otherwise
         raise RuntimeError(f"grouped_matmul_cpu: the native kernel for {dtype} could not be built (logged)")
-    scales = () if rhs_scale is None else (rhs_scale.astype(jnp.float32),)
-    result = jax.ShapeDtypeStruct((lhs.shape[0], outer), jnp.float32)
-    product = jax.ffi.ffi_call(TARGETS[dtype][1], result)(
-        lhs.astype(jnp.float32), group_sizes.astype(jnp.int32), weights, *scales)
-    return product.astype(lhs.dtype)
+    scale_operands = tuple(scale.astype(jnp.float32) for scale in scales if scale is not None)
+    results = [jax.ShapeDtypeStruct((lhs.shape[0], outer), jnp.float32) for outer in outers]
+    products = jax.ffi.ffi_call(TARGETS[dtype][1], results)(
+        lhs.astype(jnp.float32), group_sizes.astype(jnp.int32), *weights, *scale_operands)
+    return tuple(product.astype(lhs.dtype) for product in products)
