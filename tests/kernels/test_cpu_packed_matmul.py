@@ -1,9 +1,10 @@
 """The native CPU matmul against packed weights (jaxpaged/kernels/cpu_native/packed_matmul): it is really built and
 called, and equals a float64 product at the edges of its tiling: 0 and 1 rows, the 6-row (AVX2) and 12-row (AVX-512)
-register tiles and one row either side, a 72-row work item and one row past it, several items; panel counts below, at
-and past a 4-panel item, odd ones (the AVX-512 tile takes two panels). The AVX2 tiling is also built and checked on a
-machine with AVX-512, where the default build takes the wider one. The bfloat16 kernel (pairs of inner indices) runs
-where the CPU has AVX512-BF16; its packing is checked everywhere."""
+register tiles and one row either side, blocks split evenly into smaller tiles (with AVX-512, 34, 46 and 64 rows as
+12 + 11 + 11, 12 + 12 + 11 + 11 and 4 x 11 + 2 x 10), a 72-row work item and one row past it, several items; panel
+counts below, at and past a 4-panel item, odd ones (the AVX-512 tile takes two panels). The AVX2 tiling is also built
+and checked on a machine with AVX-512, where the default build takes the wider one. The bfloat16 kernel (pairs of
+inner indices) runs where the CPU has AVX512-BF16; its packing is checked everywhere."""
 
 import jax
 import jax.numpy as jnp
@@ -36,7 +37,7 @@ def test_the_kernel_is_built_and_in_the_compiled_program():
     assert "jaxpaged_packed_matmul" in hlo
 
 
-@pytest.mark.parametrize("rows", [0, 1, 5, 6, 7, 11, 12, 13, 25, 72, 73, 150])
+@pytest.mark.parametrize("rows", [0, 1, 5, 6, 7, 11, 12, 13, 25, 34, 46, 64, 72, 73, 150])
 @pytest.mark.parametrize("inner,outer", [(1, 16), (24, 64), (64, 80), (100, 144)])
 def test_the_product_equals_float64(rows, inner, outer):
     rng = np.random.default_rng(rows * 1000 + inner + outer)
@@ -161,7 +162,7 @@ needs_avx512_bf16 = pytest.mark.skipif(not packed_bfloat16_available(),
 
 
 @needs_avx512_bf16
-@pytest.mark.parametrize("rows", [0, 1, 11, 12, 13, 73])
+@pytest.mark.parametrize("rows", [0, 1, 11, 12, 13, 64, 73])
 @pytest.mark.parametrize("inner,outer", [(2, 16), (24, 64), (64, 80), (100, 144)])
 def test_the_bfloat16_product_equals_float64(rows, inner, outer):
     # bfloat16 products are exact in float32; only the float32 sums round.

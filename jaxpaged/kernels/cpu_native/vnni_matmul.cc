@@ -18,8 +18,9 @@
 //   scales     f32 [outer] per weight, after every weight's panels.
 // Results, one per weight: f32 [rows, outer] = float(sum_k x[r, k] W[k, c]) * row_scale[r] * scale[c].
 //
-// VPDPBUSD multiplies unsigned bytes by signed ones: x is shifted to unsigned, x + 128 (an XOR of its sign bit), so
-// the instruction sums (x + 128) * W, and the correction 128 * sum_k W[k, c], computed at pack time, is subtracted.
+// VPDPBUSD multiplies unsigned bytes by signed ones: x is shifted to unsigned once per call, x + 128 (an XOR of its
+// sign bit), so the instruction sums (x + 128) * W, and the correction 128 * sum_k W[k, c], computed at pack time, is
+// subtracted.
 // Every product and sum is an exact int32 (|sum| <= 255 * 128 * inner < 2^31 for inner < 65,000), so the result
 // matches an int8 x int8 dot with int32 sums bit for bit before the scales.
 //
@@ -36,6 +37,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include "panel_work.h"
 #include "xla/ffi/api/ffi.h"
@@ -97,10 +99,8 @@ inline void Finish(Acc sum, const int8_t* correction, float row_scale, const flo
 }
 #endif
 
-constexpr uint32_t kSignBits = 0x80808080u;  // x XOR this is x + 128 in each unsigned byte
-
 struct Problem {
-  const int8_t* x;
+  const uint8_t* x;  // the rows shifted to unsigned (x + 128), once per call: see ShiftRows
   const float* row_scale;
   const int8_t* panels;
   const float* scales;
@@ -110,12 +110,30 @@ struct Problem {
   int64_t panel_size() const { return (groups() + 1) * kGroupBytes; }  // the corrections' row included
 };
 
-// The four x values of group g of a row, shifted to unsigned. The last group of an inner size that is no multiple
-// of 4 reads only the values that exist (its missing weights are zero, so the filler's 128 adds nothing).
-inline uint32_t UnsignedGroup(const int8_t* row, int64_t g, int64_t inner) {
+// The four shifted x values of group g of a row. The last group of an inner size that is no multiple of 4 reads only
+// the values that exist (its missing weights are zero, so the filler adds nothing).
+inline uint32_t PartialGroup(const uint8_t* row, int64_t g, int64_t inner) {
   uint32_t four = 0;
   std::memcpy(&four, row + 4 * g, static_cast<size_t>(std::min<int64_t>(4, inner - 4 * g)));
-  return four ^ kSignBits;
+  return four;
+}
+
+// x's first `rows` rows shifted to unsigned (x XOR 0x80 in each byte is x + 128), into a buffer reused by the calls
+// on this thread. Shifting each value as it is broadcast cost a scalar load, an XOR and a broadcast from a general
+// register for every 2 VPDPBUSD; shifted once per call, a broadcast is one load (the pass reads a few hundred KiB).
+const uint8_t* ShiftRows(const int8_t* x, int64_t rows, int64_t inner) {
+  thread_local std::vector<uint8_t> shifted;
+  const int64_t size = rows * inner;
+  if (static_cast<int64_t>(shifted.size()) < size) shifted.resize(size);
+  int64_t i = 0;
+  for (; i + 8 <= size; i += 8) {
+    uint64_t eight;
+    std::memcpy(&eight, x + i, sizeof(eight));
+    eight ^= 0x8080808080808080ull;
+    std::memcpy(shifted.data() + i, &eight, sizeof(eight));
+  }
+  for (; i < size; ++i) shifted[i] = static_cast<uint8_t>(x[i]) ^ 0x80u;
+  return shifted.data();
 }
 
 // kRows rows x kPanels adjacent panels (from `panel_index`) of the output, summed over the whole inner dimension.
@@ -124,7 +142,7 @@ void MultiplyTile(const Problem& p, int64_t row, int64_t panel_index) {
   constexpr int kVectors = kPanels * kVectorsPerPanel;
   const int64_t groups = p.groups(), full_groups = p.inner / 4, panel_size = p.panel_size();
   const int8_t* panel = p.panels + panel_index * panel_size;
-  const int8_t* x = p.x + row * p.inner;
+  const uint8_t* x = p.x + row * p.inner;
   Acc sums[kRows][kVectors];
   for (int r = 0; r < kRows; ++r) {
     for (int v = 0; v < kVectors; ++v) sums[r][v] = Zero();
@@ -142,13 +160,13 @@ void MultiplyTile(const Problem& p, int64_t row, int64_t panel_index) {
     }
   };
   for (int64_t g = 0; g < full_groups; ++g) {
-    step(g, [g](const int8_t* row) {
+    step(g, [g](const uint8_t* row) {
       uint32_t four;
       std::memcpy(&four, row + 4 * g, sizeof(four));
-      return four ^ kSignBits;
+      return four;
     });
   }
-  if (full_groups < groups) step(full_groups, [&](const int8_t* row) { return UnsignedGroup(row, full_groups, p.inner); });
+  if (full_groups < groups) step(full_groups, [&](const uint8_t* row) { return PartialGroup(row, full_groups, p.inner); });
   for (int r = 0; r < kRows; ++r) {
     float* out = p.out + (row + r) * p.outer + panel_index * kPanelWidth;
     const float row_scale = p.row_scale[row + r];
@@ -184,12 +202,29 @@ void MultiplyFewRows(const Problem& p, int64_t num_rows, int64_t row, int64_t pa
   }
 }
 
-// Rows [first, end) of kPanels panels in whole tiles; the rows left after them are covered by one more whole tile
-// ending at `end`, overlapping the one before (its rows get the same sums twice), as packed_matmul.cc does.
+// Rows [first, end) of kPanels panels: split into the fewest tiles of near-equal size (a decode's 64 rows as 4 x 11 +
+// 2 x 10 with zmm), so no row is multiplied twice, while the smallest keeps kTileRows - 2 rows; otherwise whole tiles
+// and one more ending at `end`, overlapping the one before (its rows get the same sums twice), as packed_matmul.cc
+// does.
 template <int kPanels>
 void MultiplyPanels(const Problem& p, int64_t first, int64_t end, int64_t panel_index) {
-  if (end - first < kTileRows) {
-    MultiplyFewRows<kPanels>(p, end - first, first, panel_index);
+  const int64_t num_rows = end - first;
+  if (num_rows < kTileRows) {
+    MultiplyFewRows<kPanels>(p, num_rows, first, panel_index);
+    return;
+  }
+  const int64_t num_tiles = (num_rows + kTileRows - 1) / kTileRows;
+  const int64_t smaller = num_rows / num_tiles, num_larger = num_rows % num_tiles;
+  if (smaller >= kTileRows - 2) {
+    for (int64_t tile = 0, row = first; tile < num_tiles; ++tile) {
+      const int64_t tile_rows = smaller + (tile < num_larger ? 1 : 0);
+      if (tile_rows == kTileRows) {
+        MultiplyTile<kTileRows, kPanels>(p, row, panel_index);
+      } else {
+        MultiplyFewRows<kPanels>(p, tile_rows, row, panel_index);
+      }
+      row += tile_rows;
+    }
     return;
   }
   for (int64_t row = first; row < end; row += kTileRows) {
@@ -225,6 +260,7 @@ ffi::Error VnniMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::S8> x, ffi::Buf
   }
   const int64_t all_rows = x_dims[0], inner = x_dims[1];
   const int64_t rows = std::clamp<int64_t>(num_rows.typed_data()[0], 0, all_rows);
+  const uint8_t* unsigned_x = ShiftRows(x.typed_data(), rows, inner);
   Problem problems[kMaxWeights];
   for (int w = 0; w < num_weights; ++w) {
     panel_work::WeightArgs args;
@@ -240,8 +276,7 @@ ffi::Error VnniMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::S8> x, ffi::Buf
     }
     const int64_t outer = out_dims[1];
     float* result = args.out;
-    problems[w] = Problem{x.typed_data(), row_scale.typed_data(), args.panels, args.scales,
-                          result, rows, inner, outer};
+    problems[w] = Problem{unsigned_x, row_scale.typed_data(), args.panels, args.scales, result, rows, inner, outer};
     std::fill(result + rows * outer, result + all_rows * outer, 0.0f);  // padding rows: zeros, finite
   }
   RunAll(problems, num_weights, pool);
