@@ -72,6 +72,7 @@ def test_the_engine_imports_no_server_no_runner_internals_and_no_optional_featur
             assert not module.startswith("jaxpaged.server"), (path.name, module)
             assert not module.startswith("jaxpaged.runner.") or module in ("jaxpaged.runner.ModelRunner",
                                                                             "jaxpaged.runner.ForwardedStep",
+                                                                            "jaxpaged.runner.LockStepRanks",
                                                                             "jaxpaged.runner.build_rank_runners",
                                                                             "jaxpaged.runner.compile_counter"), \
                 (path.name, module)

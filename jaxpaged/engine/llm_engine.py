@@ -36,8 +36,7 @@ from jaxpaged.lora.peft_adapter import PeftAdapter
 from jaxpaged.lora.request import LoRARequest
 from jaxpaged.models.moe_decoder import runs_in_lock_step
 from jaxpaged.outputs import RequestOutput
-from jaxpaged.runner import ModelRunner, build_rank_runners
-from jaxpaged.runner.lock_step import LockStepRanks
+from jaxpaged.runner import LockStepRanks, ModelRunner, build_rank_runners
 from jaxpaged.sampling.batch import penalizes_output_tokens
 from jaxpaged.sampling.grammar import CompiledGrammar, GrammarCompiler
 from jaxpaged.sampling.params import SamplingParams, StructuredOutputsParams

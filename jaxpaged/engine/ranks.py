@@ -14,7 +14,7 @@ from jaxpaged.core.router import PrefixAwareRouter
 from jaxpaged.core.scheduler import Scheduler
 from jaxpaged.core.scheduler_output import SchedulerOutput
 from jaxpaged.runner import ForwardedStep, ModelRunner
-from jaxpaged.runner.lock_step import LockStepRanks
+from jaxpaged.runner import LockStepRanks
 from jaxpaged.sampling.token_sampler import PendingSample
 
 
