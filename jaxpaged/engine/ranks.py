@@ -13,8 +13,7 @@ from jaxpaged.core.request import Request
 from jaxpaged.core.router import PrefixAwareRouter
 from jaxpaged.core.scheduler import Scheduler
 from jaxpaged.core.scheduler_output import SchedulerOutput
-from jaxpaged.runner import ForwardedStep, ModelRunner
-from jaxpaged.runner import LockStepRanks
+from jaxpaged.runner import ForwardedStep, LockStepRanks, ModelRunner
 from jaxpaged.sampling.token_sampler import PendingSample
 
 
