@@ -49,6 +49,7 @@
 #include <vector>
 
 #include "packed_tiles.h"
+#include "tile_split.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -162,41 +163,14 @@ void MultiplyRows(const Problem<T>& p, int64_t num_rows, int64_t row, const type
   }
 }
 
-// The smallest tile a block's rows are split into evenly: at kTileRows - 2 rows (10 with AVX-512, 4 with AVX2) a tile
-// still has enough accumulators to cover the FMA latency and few more broadcasts per weight load than a whole one.
-constexpr int64_t kMinEvenTileRows = kTileRows - 2;
-
-// Rows [first, end) of kPanels adjacent panels from `panel_index`; the tiles share fetching the `upcoming` panels
-// (nullptr: none). The rows are split into the fewest tiles, of sizes that differ by at most one row (a decode's 64
-// rows as 4 x 11 + 2 x 10 with AVX-512), so no row is multiplied twice. Where that would make tiles smaller than
-// kMinEvenTileRows, the rows left over after the whole tiles are covered by one more whole tile ending at `end`, which
-// overlaps the tile before it: each tile writes whole sums, so rows computed twice get the same values twice. (A
-// 4-row tile has 8 accumulators, too few to cover the FMA latency, and the same weight loads as a whole tile: it ran
-// at about half the FMA rate.) The 64 rows of a decode step took 72 rows of work that way, 12.5 % more than the even
-// split. Only a block smaller than a tile takes a smaller tile otherwise.
+// Rows [first, end) of kPanels adjacent panels from `panel_index`, in the tiles tile_split.h cuts them into; the tiles
+// share fetching the `upcoming` panels (nullptr: none).
 template <typename T, int kPanels>
 void MultiplyPanelsAt(const Problem<T>& p, int64_t first, int64_t end, const typename T::Element* panel,
                       int64_t column, const typename T::Element* upcoming) {
-  const int64_t num_rows = end - first;
-  if (num_rows <= kTileRows) {
-    MultiplyRows<T, kPanels>(p, num_rows, first, panel, column, upcoming, 0, 1);
-    return;
-  }
-  const int64_t num_tiles = (num_rows + kTileRows - 1) / kTileRows;
-  const int64_t smaller = num_rows / num_tiles, num_larger = num_rows % num_tiles;
-  if (smaller >= kMinEvenTileRows) {
-    int64_t row = first;
-    for (int64_t tile = 0; tile < num_tiles; ++tile) {
-      const int64_t rows = smaller + (tile < num_larger ? 1 : 0);
-      MultiplyRows<T, kPanels>(p, rows, row, panel, column, upcoming, tile, num_tiles);
-      row += rows;
-    }
-    return;
-  }
-  for (int64_t tile = 0; tile < num_tiles; ++tile) {
-    const int64_t row = std::min(first + tile * kTileRows, end - kTileRows);
-    MultiplyTile<T, kTileRows, kPanels>(p, row, panel, column, upcoming, tile, num_tiles);
-  }
+  tile_split::ForEachTile(first, end, kTileRows, [&](int64_t row, int64_t num_rows, int64_t tile, int64_t num_tiles) {
+    MultiplyRows<T, kPanels>(p, num_rows, row, panel, column, upcoming, tile, num_tiles);
+  });
 }
 
 // Float32 tiles over int8 panels widened ahead of time (below), with Int8's column scales.

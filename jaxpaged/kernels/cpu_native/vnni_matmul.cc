@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "panel_work.h"
+#include "tile_split.h"
 #include "xla/ffi/api/ffi.h"
 
 #if defined(__AVX512F__) && defined(__AVX512VNNI__) || defined(__AVXVNNI__)
@@ -202,34 +203,16 @@ void MultiplyFewRows(const Problem& p, int64_t num_rows, int64_t row, int64_t pa
   }
 }
 
-// Rows [first, end) of kPanels panels: split into the fewest tiles of near-equal size (a decode's 64 rows as 4 x 11 +
-// 2 x 10 with zmm), so no row is multiplied twice, while the smallest keeps kTileRows - 2 rows; otherwise whole tiles
-// and one more ending at `end`, overlapping the one before (its rows get the same sums twice), as packed_matmul.cc
-// does.
+// Rows [first, end) of kPanels panels, in the tiles tile_split.h cuts them into.
 template <int kPanels>
 void MultiplyPanels(const Problem& p, int64_t first, int64_t end, int64_t panel_index) {
-  const int64_t num_rows = end - first;
-  if (num_rows < kTileRows) {
-    MultiplyFewRows<kPanels>(p, num_rows, first, panel_index);
-    return;
-  }
-  const int64_t num_tiles = (num_rows + kTileRows - 1) / kTileRows;
-  const int64_t smaller = num_rows / num_tiles, num_larger = num_rows % num_tiles;
-  if (smaller >= kTileRows - 2) {
-    for (int64_t tile = 0, row = first; tile < num_tiles; ++tile) {
-      const int64_t tile_rows = smaller + (tile < num_larger ? 1 : 0);
-      if (tile_rows == kTileRows) {
-        MultiplyTile<kTileRows, kPanels>(p, row, panel_index);
-      } else {
-        MultiplyFewRows<kPanels>(p, tile_rows, row, panel_index);
-      }
-      row += tile_rows;
+  tile_split::ForEachTile(first, end, kTileRows, [&](int64_t row, int64_t num_rows, int64_t, int64_t) {
+    if (num_rows == kTileRows) {
+      MultiplyTile<kTileRows, kPanels>(p, row, panel_index);
+    } else {
+      MultiplyFewRows<kPanels>(p, num_rows, row, panel_index);
     }
-    return;
-  }
-  for (int64_t row = first; row < end; row += kTileRows) {
-    MultiplyTile<kTileRows, kPanels>(p, std::min(row, end - kTileRows), panel_index);
-  }
+  });
 }
 
 // One work item: a block of rows against a run of panels, two panels per tile where the run allows.
