@@ -129,12 +129,6 @@ def expert_matmul_pair(lhs: Float[Array, "m k"], first: Union[Float[Array, "g k 
     """expert_matmul of the same rows by two weights (gate and up): on the CPU's native kernel one call for both
     (one hand-out of work to the threads, not two: at a decode step each call is a fraction of a millisecond, and a
     call waits for its slowest thread), elsewhere two expert_matmul calls."""
-    native = (jax.default_backend() == "cpu" and first.dtype == second.dtype and grouped_matmul_available(first.dtype)
-              and (first_scale is None) == (second_scale is None))
-    if not native:
-        return (expert_matmul(lhs, first, group_sizes, first_scale),
-                expert_matmul(lhs, second, group_sizes, second_scale))
-
     def one_call(lhs, first, second, group_sizes, first_scale, second_scale):
         scales = None if first_scale is None else (first_scale, second_scale)
         return grouped_matmuls_cpu(lhs, (first, second), group_sizes, scales)
@@ -143,6 +137,10 @@ def expert_matmul_pair(lhs: Float[Array, "m k"], first: Union[Float[Array, "g k 
         return (expert_matmul(lhs, first, group_sizes, first_scale),
                 expert_matmul(lhs, second, group_sizes, second_scale))
 
+    native = (jax.default_backend() == "cpu" and first.dtype == second.dtype and grouped_matmul_available(first.dtype)
+              and (first_scale is None) == (second_scale is None))
+    if not native:
+        return two_calls(lhs, first, second, group_sizes, first_scale, second_scale)
     gate, up = jax.lax.platform_dependent(lhs, first, second, group_sizes, first_scale, second_scale, cpu=one_call,
                                           default=two_calls)
     return gate, up
