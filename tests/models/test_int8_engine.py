@@ -79,7 +79,10 @@ def test_the_plan_counts_int8_projection_bytes_and_names_the_format(quantized, r
     assert plan.int8_matmul in (int8_candidates(plan.per_layer, 1) if native else ("xla",))
     expected_matmul = plan.int8_matmul
     kernel = {"int16 digits": "XLA int8 x int8 dot of 16-bit inputs as two int8 digits, int32 sums",
-              "panels": "native, packed int8 panels", "xla": "XLA dot, scales on the output"}[expected_matmul]
+              "panels": "native, packed int8 panels", "xla": "XLA dot, scales on the output",
+              "vnni digits": "native VNNI int8 x int8 (VPDPBUSD) of 16-bit inputs as two int8 digits, packed weights",
+              "bf16 panels": "native bfloat16 pair dot (VDPBF16PS) of inputs rounded to bfloat16, int8 panels widened "
+                             "in the kernel, float32 sums"}[expected_matmul]
     assert f"int8 projections: {kernel}" in plan.describe()
     assert "MiB (int8 projections + float32)" in plan.describe()
     assert "MiB (float32)" in reference_plan.describe()
