@@ -13,13 +13,7 @@ from jaxtyping import Array, Bool, Float, Int
 
 from jaxpaged.kernels.attention_dispatch import ragged_paged_attention, write_kv
 from jaxpaged.kernels.cpu_native.int8_bf16_matmul import int8_bf16_matmuls
-from jaxpaged.kernels.cpu_native.packed_matmul import (
-    packed_gated_available,
-    packed_gated_matmul,
-    packed_int8_matmuls,
-    packed_matmul,
-    packed_matmuls,
-)
+from jaxpaged.kernels.cpu_native.packed_matmul import packed_int8_matmuls, packed_matmul, packed_matmuls
 from jaxpaged.lora.projection import LoRAProjection, lora_delta
 from jaxpaged.models.int8_activations import VnniW8A8Weight, W8A8Weight, vnni_w8a8_products, w8a8_product
 from jaxpaged.models.int8_bf16_weights import Int8Bf16Weight
@@ -189,12 +183,7 @@ def _int8_product(x: Float[Array, "tokens inner"], weight: Int8Weight) -> Float[
 def gated_mlp(x: Float[Array, "tokens hidden"], gate: ProjectionWeight, up: ProjectionWeight, down: ProjectionWeight,
               activation: str = "silu", num_rows: Optional[Int[Array, ""]] = None) -> Float[Array, "tokens hidden"]:
     """Gated feed-forward down(act(gate(x)) * up(x)): SwiGLU ("silu"), or GeGLU with tanh GELU ("gelu_tanh");
-    `num_rows` as for matmul. Packed float gate and up weights of one shape, SiLU and x in their dtype, run as one
-    native call that applies SiLU in its registers (packed_gated_matmul)."""
-    if (activation == "silu" and isinstance(gate, jax.Array) and isinstance(up, jax.Array) and gate.ndim == 3
-            and gate.shape == up.shape and gate.dtype == up.dtype == x.dtype
-            and packed_gated_available(jnp.dtype(gate.dtype).name)):
-        return matmul(packed_gated_matmul(x, gate, up, num_rows), down, num_rows=num_rows)
+    `num_rows` as for matmul."""
     gated, up_projected = matmuls(x, (gate, up), num_rows=num_rows)
     gated = jax.nn.silu(gated) if activation == "silu" else jax.nn.gelu(gated, approximate=True)
     return matmul(gated * up_projected, down, num_rows=num_rows)

@@ -48,7 +48,6 @@
 #include <type_traits>
 #include <vector>
 
-#include "gated_epilogue.h"
 #include "packed_tiles.h"
 #include "tile_split.h"
 #include "xla/ffi/api/ffi.h"
@@ -79,9 +78,6 @@ struct Problem {
   uint16_t* out_bfloat16 = nullptr;      // the sums rounded to nearest even, as XLA's convert does
   int64_t rows, inner, outer;  // rows: the rows multiplied (num_rows), not the padding after them
   const float* scales = nullptr;  // int8: one per output column, multiplied into the finished sums
-  // Gated (JaxpagedPackedGatedMatmul): panels are the gate's, these the up projection's; a tile multiplies gate panel
-  // p beside up panel p and writes silu(gate) * up into the 16 columns of panel p (out is [rows, outer]).
-  const typename T::Element* up_panels = nullptr;
   // Elements per panel: inner x 16 in both layouts (inner / 2 rows of 32 bfloat16 values).
   int64_t panel_size() const { return inner * kPanelWidth; }
 };
@@ -95,15 +91,6 @@ inline void MultiplyTile(const Problem<T>& p, int64_t row, const typename T::Ele
                          const typename T::Element* upcoming, int64_t phase, int64_t stride) {
   constexpr int kVectors = kPanels * T::kVectorsPerRow;
   const int64_t panel_size = p.panel_size();
-  // Panel q of the tile: the next adjacent panel, or in the gated form the up panel beside gate panel `panel`.
-  const bool gated = kPanels == 2 && p.up_panels != nullptr;
-  const typename T::Element* panel_of[kPanels];
-  const typename T::Element* upcoming_of[kPanels];
-  for (int q = 0; q < kPanels; ++q) {
-    panel_of[q] = gated && q == 1 ? p.up_panels + (panel - p.panels) : panel + q * panel_size;
-    upcoming_of[q] = !kPrefetch ? nullptr
-                     : gated && q == 1 ? p.up_panels + (upcoming - p.panels) : upcoming + q * panel_size;
-  }
   Vec sums[kRows][kVectors];
   for (int r = 0; r < kRows; ++r) {
     for (int v = 0; v < kVectors; ++v) sums[r][v] = Vec{};
@@ -114,12 +101,12 @@ inline void MultiplyTile(const Problem<T>& p, int64_t row, const typename T::Ele
   for (int64_t i = 0; i < p.inner; i += T::kInnerStep) {
     if (kPrefetch && --steps_to_prefetch == 0) {
       steps_to_prefetch = stride;
-      for (int q = 0; q < kPanels; ++q) __builtin_prefetch(upcoming_of[q] + i * kPanelWidth, 0, 2);
+      for (int q = 0; q < kPanels; ++q) __builtin_prefetch(upcoming + q * panel_size + i * kPanelWidth, 0, 2);
     }
     typename T::Weight weights[kVectors];
     for (int q = 0; q < kPanels; ++q) {
       for (int h = 0; h < T::kVectorsPerRow; ++h) {
-        weights[q * T::kVectorsPerRow + h] = T::Load(panel_of[q] + i * kPanelWidth + h * kLanes);
+        weights[q * T::kVectorsPerRow + h] = T::Load(panel + q * panel_size + i * kPanelWidth + h * kLanes);
       }
     }
     for (int r = 0; r < kRows; ++r) {
@@ -131,20 +118,6 @@ inline void MultiplyTile(const Problem<T>& p, int64_t row, const typename T::Ele
     for (int v = 0; v < kVectors; ++v) {
       const Vec scale = *reinterpret_cast<const Vec*>(p.scales + column + v * kLanes);
       for (int r = 0; r < kRows; ++r) sums[r][v] *= scale;
-    }
-  }
-  if constexpr (kVectors == 2) {
-    if (gated) {  // one vector of gate sums and one of up sums per row (AVX-512: 16 lanes, one panel each)
-      for (int r = 0; r < kRows; ++r) {
-        const Vec product = gated_epilogue::Silu(sums[r][0]) * sums[r][1];
-        const int64_t at = (row + r) * p.outer + column;
-        if (p.out != nullptr) {
-          *reinterpret_cast<Vec*>(p.out + at) = product;
-        } else {
-          StoreBfloat16(p.out_bfloat16 + at, product);
-        }
-      }
-      return;
     }
   }
   for (int r = 0; r < kRows; ++r) {
@@ -287,13 +260,6 @@ void WorkOn(SharedWork<T>& work) {
     const int64_t first_row = block * kBlockRows, end_row = std::min(p.rows, first_row + kBlockRows);
     const int64_t end_panel = std::min(num_panels, (run + 1) * kPanelsPerItem);
     int64_t panel = run * kPanelsPerItem;
-    if constexpr (kTilePanels == 2) {
-      for (; p.up_panels != nullptr && panel < end_panel; ++panel) {  // gated: gate panel p beside up panel p
-        const typename T::Element* upcoming = panel + 1 < end_panel ? p.panels + (panel + 1) * p.panel_size()
-                                                                    : following_first;
-        MultiplyPanels<T, 2>(p, first_row, end_row, panel, upcoming);
-      }
-    }
     for (; panel + kTilePanels <= end_panel; panel += kTilePanels) {
       // The item's next panels, else the following item's first (a prefetch past the panels' end is harmless).
       const typename T::Element* upcoming =
@@ -389,35 +355,6 @@ ffi::Error Run(ffi::ThreadPool pool, ffi::Buffer<kType> x, ffi::Buffer<ffi::S32>
   return ffi::Error::Success();
 }
 
-#if defined(__AVX512F__)
-// The gated form: silu(x @ gate) * (x @ up) as one result [rows, outer], from the gate's and the up projection's
-// panels of one shape (AVX-512 builds only: there a register tile holds two panels, one of each).
-template <typename T, ffi::DataType kType, ffi::DataType kOutType>
-ffi::Error RunGated(ffi::ThreadPool pool, ffi::Buffer<kType> x, ffi::Buffer<ffi::S32> num_rows,
-                    ffi::Buffer<kType> gate, ffi::Buffer<kType> up, ffi::Result<ffi::Buffer<kOutType>> out) {
-  auto x_dims = x.dimensions(), gate_dims = gate.dimensions(), up_dims = up.dimensions(), out_dims = out->dimensions();
-  if (x_dims.size() != 2 || x_dims[1] % T::kInnerStep || num_rows.element_count() != 1 || gate_dims.size() != 3 ||
-      gate_dims[2] != kPanelWidth || gate_dims[1] != x_dims[1] || up_dims.size() != 3 || up_dims[0] != gate_dims[0] ||
-      up_dims[1] != gate_dims[1] || up_dims[2] != kPanelWidth || out_dims.size() != 2 || out_dims[0] != x_dims[0] ||
-      out_dims[1] != gate_dims[0] * kPanelWidth) {
-    return ffi::Error::InvalidArgument("packed_gated_matmul: x [rows, inner], num_rows one int32, gate and up "
-                                       "panels [outer / 16, inner, 16] alike, result [rows, outer]");
-  }
-  const int64_t rows = std::clamp<int64_t>(num_rows.typed_data()[0], 0, x_dims[0]), outer = out_dims[1];
-  Problem<T> problem{x.typed_data(), gate.typed_data(), nullptr, nullptr, rows, x_dims[1], outer};
-  problem.up_panels = up.typed_data();
-  if constexpr (kOutType == ffi::DataType::F32) {
-    problem.out = out->typed_data();
-    std::fill(problem.out + rows * outer, problem.out + x_dims[0] * outer, 0.0f);
-  } else {
-    problem.out_bfloat16 = out->typed_data();
-    std::fill(problem.out_bfloat16 + rows * outer, problem.out_bfloat16 + x_dims[0] * outer, uint16_t{0});
-  }
-  RunAll(&problem, 1, pool);
-  return ffi::Error::Success();
-}
-#endif
-
 constexpr auto PackedMatmulImpl = Run<Float32, ffi::DataType::F32, ffi::DataType::F32>;
 constexpr auto PackedMatmulInt8Impl = Run<Int8, ffi::DataType::F32, ffi::DataType::F32, ffi::DataType::S8>;
 #if defined(__AVX512BF16__)
@@ -444,29 +381,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpagedPackedMatmulInt8, PackedMatmulInt8Impl,
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .RemainingArgs()
                                   .RemainingRets());
-
-#if defined(__AVX512F__)
-constexpr auto PackedGatedMatmulImpl = RunGated<Float32, ffi::DataType::F32, ffi::DataType::F32>;
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpagedPackedGatedMatmul, PackedGatedMatmulImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
-#endif
-#if defined(__AVX512BF16__)
-constexpr auto PackedGatedMatmulBfloat16Impl = RunGated<Bfloat16, ffi::DataType::BF16, ffi::DataType::BF16>;
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpagedPackedGatedMatmulBfloat16, PackedGatedMatmulBfloat16Impl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::BF16>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::BF16>>()
-                                  .Arg<ffi::Buffer<ffi::BF16>>()
-                                  .Ret<ffi::Buffer<ffi::BF16>>());
-#endif
 
 // Only where the build targets AVX512-BF16: packed_matmul.py registers it when the library exports it.
 #if defined(__AVX512BF16__)

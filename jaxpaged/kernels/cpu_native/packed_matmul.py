@@ -27,7 +27,6 @@ TARGET = "jaxpaged_packed_matmul"
 TARGET_BFLOAT16 = "jaxpaged_packed_matmul_bf16"
 TARGET_BFLOAT16_OUT = "jaxpaged_packed_matmul_bf16_out_bf16"
 TARGET_INT8 = "jaxpaged_packed_matmul_int8"
-TARGET_GATED = {"float32": "jaxpaged_packed_gated_matmul", "bfloat16": "jaxpaged_packed_gated_matmul_bf16"}
 # FMA contraction is what the kernel is written for (GCC leaves it off under -std=c++17).
 FLAGS = (*BASE_FLAGS, "-ffp-contract=fast")
 PANEL_WIDTH = 16
@@ -60,17 +59,6 @@ def packed_int8_available() -> bool:
     """Whether the int8 kernel (int8 panels, float32 x and sums, column scales) is built and registered."""
     return register(SOURCE, FLAGS, "JaxpagedPackedMatmulInt8", TARGET_INT8,
                     fallback="XLA's dot on unpacked int8 weights")
-
-
-@functools.cache
-def packed_gated_available(dtype: str) -> bool:
-    """Whether the gated form (silu(x @ gate) * (x @ up) in one call, packed_gated_matmul) is built for `dtype`
-    ("float32" or "bfloat16"): AVX-512 builds only, and bfloat16 only where its packed kernel runs."""
-    if dtype == "bfloat16" and not packed_bfloat16_available():
-        return False
-    symbol = "JaxpagedPackedGatedMatmul" + ("Bfloat16" if dtype == "bfloat16" else "")
-    return dtype in TARGET_GATED and register(SOURCE, FLAGS, symbol, TARGET_GATED[dtype],
-                                              fallback="two packed matmuls and XLA's SiLU")
 
 
 def packs_dtype(dtype) -> bool:
@@ -172,23 +160,6 @@ def packed_int8_matmuls(x: Float[Array, "rows inner"], weights: Sequence[Int8[Ar
     num_rows = jnp.asarray(rows if num_rows is None else num_rows, jnp.int32).reshape(())
     return tuple(jax.ffi.ffi_call(TARGET_INT8, shapes)(x.astype(jnp.float32), num_rows, *weights,
                                                         *(scale.astype(jnp.float32) for scale in scales)))
-
-
-def packed_gated_matmul(x: Float[Array, "rows inner"], gate: Float[Array, "panels inner 16"],
-                        up: Float[Array, "panels inner 16"], num_rows: Union[int, Int[Array, ""], None] = None,
-                        ) -> Float[Array, "rows outer"]:
-    """silu(x @ gate) * (x @ up) in one native call, in the panels' dtype (float32 sums; bfloat16 rounded once, at
-    the end): each register tile multiplies a gate panel beside the up panel of the same columns and applies SiLU in
-    registers, so neither product goes through memory. `num_rows` as for packed_matmuls. CPU only: call
-    packed_gated_available(dtype) first."""
-    dtype = jnp.dtype(gate.dtype)
-    if up.dtype != dtype or up.shape != gate.shape:
-        raise ValueError(f"packed_gated_matmul: gate and up panels must agree, got {gate.shape} {gate.dtype} and "
-                         f"{up.shape} {up.dtype}")
-    rows = x.shape[0]
-    shape = jax.ShapeDtypeStruct((rows, gate.shape[0] * PANEL_WIDTH), dtype)
-    num_rows = jnp.asarray(rows if num_rows is None else num_rows, jnp.int32).reshape(())
-    return jax.ffi.ffi_call(TARGET_GATED[dtype.name], shape)(x.astype(dtype), num_rows, gate, up)
 
 
 def packed_matmul(x: Float[Array, "rows inner"], panels: Float[Array, "panels inner 16"],
