@@ -1,13 +1,14 @@
 // This CPU's arithmetic peak from registers alone: independent FMA (float32) or VDPBF16PS (bfloat16 pairs) chains on
 // every vector register a tile could use, no loads, on N threads. What the packed matmul's register tile could reach
 // if memory and caches cost nothing. Built and run by benchmarks/kernels/w1_kernel_table.py (g++ -O3 -march=native).
-// Usage: fma_peak THREADS; prints "float32 GFLOP/s" and, with AVX512-BF16, "bfloat16 GFLOP/s" (a pair product and
-// its add count as 4 FLOPs, as a matmul's 2 multiply-adds).
+// Usage: fma_peak THREADS; prints "float32 WALL CPU" and, with AVX512-BF16, "bfloat16 WALL CPU": GFLOP/s of the
+// threads by wall time, and GFLOP per CPU-second of one thread (a pair product and its add count as 4 FLOPs).
 #include <immintrin.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <thread>
 #include <vector>
 
@@ -58,24 +59,42 @@ static float RunBfloat16() {
 }
 #endif
 
+static double ThreadCpuSeconds() {
+  timespec now;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+  return now.tv_sec + 1e-9 * now.tv_nsec;
+}
+
+// GFLOP/s of `threads` threads by wall time, and per CPU-second of one thread (what a core gives while it runs the
+// loop: on a shared machine the wall time also counts the time other processes held the cores).
 template <typename Run>
-static double Rate(int threads, Run run, double flops_per_instruction) {
+static void Rate(const char* name, int threads, Run run, double flops_per_instruction) {
   std::vector<std::thread> pool;
   std::vector<float> sink(threads);
+  std::vector<double> cpu_seconds(threads);
   const auto start = std::chrono::steady_clock::now();
-  for (int t = 0; t < threads; ++t) pool.emplace_back([&, t]() { sink[t] = run(); });
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t]() {
+      const double cpu_start = ThreadCpuSeconds();
+      sink[t] = run();
+      cpu_seconds[t] = ThreadCpuSeconds() - cpu_start;
+    });
+  }
   for (auto& thread : pool) thread.join();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   volatile float keep = sink[0];
   (void)keep;
-  return threads * kIterations * kChains * flops_per_instruction / seconds / 1e9;
+  double cpu_total = 0;
+  for (double value : cpu_seconds) cpu_total += value;
+  const double flops = threads * kIterations * kChains * flops_per_instruction;
+  std::printf("%s %.1f %.1f\n", name, flops / seconds / 1e9, flops / cpu_total / 1e9);
 }
 
 int main(int argc, char** argv) {
   const int threads = argc > 1 ? std::atoi(argv[1]) : 1;
-  std::printf("float32 %.1f\n", Rate(threads, RunFloat32, 2.0 * kLanes));
+  Rate("float32", threads, RunFloat32, 2.0 * kLanes);
 #if defined(__AVX512BF16__)
-  std::printf("bfloat16 %.1f\n", Rate(threads, RunBfloat16, 4.0 * 16));
+  Rate("bfloat16", threads, RunBfloat16, 4.0 * 16);
 #endif
   return 0;
 }

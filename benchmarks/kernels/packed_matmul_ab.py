@@ -12,6 +12,7 @@ least), and checks both builds' results agree.
 """
 
 import argparse
+import functools
 import pathlib
 import resource
 import statistics
@@ -96,7 +97,8 @@ def main() -> None:
             times: dict[str, list[tuple[float, float]]] = {label: [] for label in compiled}
             for _ in range(args.rounds):
                 for label, c in compiled.items():
-                    times[label].append(seconds_of(lambda c=c: c(x, layers, head).block_until_ready(), args.repeats))
+                    run = functools.partial(c, x, layers, head)
+                    times[label].append(seconds_of(lambda run=run: run().block_until_ready(), args.repeats))
             wall = {label: statistics.median(t[0] for t in values) for label, values in times.items()}
             cpu = {label: statistics.median(t[1] for t in values) for label, values in times.items()}
             print(f"| {dtype} | {rows} | {wall['A'] * 1e3:.1f} | {wall['B'] * 1e3:.1f} | {wall['A'] / wall['B']:.3f} | "
