@@ -62,46 +62,59 @@ constexpr int kMaxWeights = 4;
 // JAXPAGED_VNNI_YMM builds the ymm tiling on an AVX-512 VNNI CPU too (the tests check it there).
 #if defined(__AVX512F__) && defined(__AVX512VNNI__) && !defined(JAXPAGED_VNNI_YMM)
 #define JAXPAGED_VNNI_ZMM 1
-// One zmm holds a whole panel row: 16 columns' int32 sums.
-using Acc = __m512i;
+// One zmm holds a whole panel row: 16 columns' int32 sums. A vector of int32 rather than __m512i (whose elements are
+// int64): VPDPBUSD's builtin takes int32 vectors, and the casts between the two kept GCC from holding an array of
+// __m512i sums in registers (each was loaded and stored around every VPDPBUSD).
+typedef int32_t Acc __attribute__((vector_size(64)));
 constexpr int kVectorsPerPanel = 1;
 constexpr int kLanes = 16;
 constexpr int64_t kTileRows = 12;
 constexpr int kTilePanels = 2;
-inline Acc Zero() { return _mm512_setzero_si512(); }
-inline Acc LoadBytes(const int8_t* at) { return _mm512_loadu_si512(at); }
-inline Acc Broadcast(uint32_t four) { return _mm512_set1_epi32(static_cast<int32_t>(four)); }
-inline Acc Dot(Acc sum, Acc unsigned_x, Acc weights) { return _mm512_dpbusd_epi32(sum, unsigned_x, weights); }
+inline Acc Zero() { return Acc{}; }
+inline Acc LoadBytes(const int8_t* at) { return (Acc)_mm512_loadu_si512(at); }
+inline Acc Broadcast(uint32_t four) { return (Acc)_mm512_set1_epi32(static_cast<int32_t>(four)); }
+inline Acc Dot(Acc sum, Acc unsigned_x, Acc weights) {
+  return (Acc)_mm512_dpbusd_epi32((__m512i)sum, (__m512i)unsigned_x, (__m512i)weights);
+}
 // (sum - correction) as float32, times the row's scale, then each column's; stored to `out`.
 inline void Finish(Acc sum, const int8_t* correction, float row_scale, const float* scale, float* out) {
-  const __m512i exact = _mm512_sub_epi32(sum, _mm512_loadu_si512(correction));
+  const __m512i exact = _mm512_sub_epi32((__m512i)sum, _mm512_loadu_si512(correction));
   const __m512 scaled = _mm512_mul_ps(_mm512_cvtepi32_ps(exact), _mm512_set1_ps(row_scale));
   _mm512_storeu_ps(out, _mm512_mul_ps(scaled, _mm512_loadu_ps(scale)));
 }
 #else
-// AVX-VNNI: a panel row is two ymm halves, columns 0-7 and 8-15.
-using Acc = __m256i;
+// AVX-VNNI: a panel row is two ymm halves, columns 0-7 and 8-15 (int32 vectors, as with zmm above).
+typedef int32_t Acc __attribute__((vector_size(32)));
 constexpr int kVectorsPerPanel = 2;
 constexpr int kLanes = 8;
 constexpr int64_t kTileRows = 6;
 constexpr int kTilePanels = 1;
-inline Acc Zero() { return _mm256_setzero_si256(); }
-inline Acc LoadBytes(const int8_t* at) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at)); }
-inline Acc Broadcast(uint32_t four) { return _mm256_set1_epi32(static_cast<int32_t>(four)); }
+inline Acc Zero() { return Acc{}; }
+inline Acc LoadBytes(const int8_t* at) { return (Acc)_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at)); }
+inline Acc Broadcast(uint32_t four) { return (Acc)_mm256_set1_epi32(static_cast<int32_t>(four)); }
 #if defined(__AVX512VL__) && defined(__AVX512VNNI__)
-inline Acc Dot(Acc sum, Acc unsigned_x, Acc weights) { return _mm256_dpbusd_epi32(sum, unsigned_x, weights); }
+inline Acc Dot(Acc sum, Acc unsigned_x, Acc weights) {
+  return (Acc)_mm256_dpbusd_epi32((__m256i)sum, (__m256i)unsigned_x, (__m256i)weights);
+}
 #else
-inline Acc Dot(Acc sum, Acc unsigned_x, Acc weights) { return _mm256_dpbusd_avx_epi32(sum, unsigned_x, weights); }
+inline Acc Dot(Acc sum, Acc unsigned_x, Acc weights) {
+  return (Acc)_mm256_dpbusd_avx_epi32((__m256i)sum, (__m256i)unsigned_x, (__m256i)weights);
+}
 #endif
 inline void Finish(Acc sum, const int8_t* correction, float row_scale, const float* scale, float* out) {
-  const __m256i exact = _mm256_sub_epi32(sum, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(correction)));
+  const __m256i exact = _mm256_sub_epi32((__m256i)sum, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(correction)));
   const __m256 scaled = _mm256_mul_ps(_mm256_cvtepi32_ps(exact), _mm256_set1_ps(row_scale));
   _mm256_storeu_ps(out, _mm256_mul_ps(scaled, _mm256_loadu_ps(scale)));
 }
 #endif
 
+// Every loop over a tile's rows and vectors is unrolled whole, so the sums stay in registers: GCC left the finishing
+// loop (Finish's six instructions a vector) rolled, which made the sums an array in memory, loaded and stored around
+// every VPDPBUSD of the inner loop.
+#define JAXPAGED_UNROLL _Pragma("GCC unroll 32")
+
 struct Problem {
-  const uint8_t* x;  // the rows shifted to unsigned (x + 128), once per call: see ShiftRows
+  const uint32_t* x;  // the rows shifted to unsigned and arranged by groups, once per call: see ArrangeRows
   const float* row_scale;
   const int8_t* panels;
   const float* scales;
@@ -111,68 +124,75 @@ struct Problem {
   int64_t panel_size() const { return (groups() + 1) * kGroupBytes; }  // the corrections' row included
 };
 
-// The four shifted x values of group g of a row. The last group of an inner size that is no multiple of 4 reads only
-// the values that exist (its missing weights are zero, so the filler adds nothing).
-inline uint32_t PartialGroup(const uint8_t* row, int64_t g, int64_t inner) {
-  uint32_t four = 0;
-  std::memcpy(&four, row + 4 * g, static_cast<size_t>(std::min<int64_t>(4, inner - 4 * g)));
-  return four;
-}
-
-// x's first `rows` rows shifted to unsigned (x XOR 0x80 in each byte is x + 128), into a buffer reused by the calls
-// on this thread. Shifting each value as it is broadcast cost a scalar load, an XOR and a broadcast from a general
-// register for every 2 VPDPBUSD; shifted once per call, a broadcast is one load (the pass reads a few hundred KiB).
-const uint8_t* ShiftRows(const int8_t* x, int64_t rows, int64_t inner) {
-  thread_local std::vector<uint8_t> shifted;
-  const int64_t size = rows * inner;
-  if (static_cast<int64_t>(shifted.size()) < size) shifted.resize(size);
-  int64_t i = 0;
-  for (; i + 8 <= size; i += 8) {
-    uint64_t eight;
-    std::memcpy(&eight, x + i, sizeof(eight));
-    eight ^= 0x8080808080808080ull;
-    std::memcpy(shifted.data() + i, &eight, sizeof(eight));
+// x's first `rows` rows shifted to unsigned (x XOR 0x80 in each byte is x + 128) and arranged for the tiles, into a
+// buffer reused by the calls on this thread: block b of kBlockRows rows (the work items' row blocks; the last may be
+// shorter, n rows) starts at b * kBlockRows * groups and holds group g of its row r (four bytes, one 32-bit word) at
+// g * n + r. So a tile's broadcasts of one group read adjacent words off one pointer that steps by n words a group
+// (row-major rows took a general register per tile row), and the inner loop has no partial group: a last group that
+// is no whole four values is read as it exists and filled with shifted zeros (its weights are zero).
+const uint32_t* ArrangeRows(const int8_t* x, int64_t rows, int64_t inner) {
+  thread_local std::vector<uint32_t> arranged;
+  const int64_t groups = (inner + 3) / 4, full_groups = inner / 4;
+  if (static_cast<int64_t>(arranged.size()) < rows * groups) arranged.resize(rows * groups);
+  for (int64_t first = 0; first < rows; first += kBlockRows) {
+    const int64_t block_rows = std::min(kBlockRows, rows - first);
+    uint32_t* block = arranged.data() + first * groups;
+    for (int64_t r = 0; r < block_rows; ++r) {
+      const int8_t* row = x + (first + r) * inner;
+      for (int64_t g = 0; g < full_groups; ++g) {
+        uint32_t four;
+        std::memcpy(&four, row + 4 * g, sizeof(four));
+        block[g * block_rows + r] = four ^ 0x80808080u;
+      }
+      if (full_groups < groups) {
+        uint32_t four = 0;
+        std::memcpy(&four, row + 4 * full_groups, static_cast<size_t>(inner - 4 * full_groups));
+        block[full_groups * block_rows + r] = four ^ 0x80808080u;
+      }
+    }
   }
-  for (; i < size; ++i) shifted[i] = static_cast<uint8_t>(x[i]) ^ 0x80u;
-  return shifted.data();
+  return arranged.data();
 }
 
 // kRows rows x kPanels adjacent panels (from `panel_index`) of the output, summed over the whole inner dimension.
+// The rows lie in one row block (the work items never cross one).
 template <int kRows, int kPanels>
 void MultiplyTile(const Problem& p, int64_t row, int64_t panel_index) {
   constexpr int kVectors = kPanels * kVectorsPerPanel;
-  const int64_t groups = p.groups(), full_groups = p.inner / 4, panel_size = p.panel_size();
+  const int64_t groups = p.groups(), panel_size = p.panel_size();
   const int8_t* panel = p.panels + panel_index * panel_size;
-  const uint8_t* x = p.x + row * p.inner;
+  const int64_t block_first = row - row % kBlockRows, block_rows = std::min(kBlockRows, p.rows - block_first);
+  const uint32_t* x = p.x + block_first * groups + (row - block_first);
   Acc sums[kRows][kVectors];
+  JAXPAGED_UNROLL
   for (int r = 0; r < kRows; ++r) {
+    JAXPAGED_UNROLL
     for (int v = 0; v < kVectors; ++v) sums[r][v] = Zero();
   }
-  auto step = [&](int64_t g, auto&& x_group) {
+  for (int64_t g = 0; g < groups; ++g, x += block_rows) {
     Acc weights[kVectors];
+    JAXPAGED_UNROLL
     for (int q = 0; q < kPanels; ++q) {
+      JAXPAGED_UNROLL
       for (int h = 0; h < kVectorsPerPanel; ++h) {
         weights[q * kVectorsPerPanel + h] = LoadBytes(panel + q * panel_size + g * kGroupBytes + h * kLanes * 4);
       }
     }
+    JAXPAGED_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      const Acc value = Broadcast(x_group(x + r * p.inner));
+      const Acc value = Broadcast(x[r]);
+      JAXPAGED_UNROLL
       for (int v = 0; v < kVectors; ++v) sums[r][v] = Dot(sums[r][v], value, weights[v]);
     }
-  };
-  for (int64_t g = 0; g < full_groups; ++g) {
-    step(g, [g](const uint8_t* row) {
-      uint32_t four;
-      std::memcpy(&four, row + 4 * g, sizeof(four));
-      return four;
-    });
   }
-  if (full_groups < groups) step(full_groups, [&](const uint8_t* row) { return PartialGroup(row, full_groups, p.inner); });
+  JAXPAGED_UNROLL
   for (int r = 0; r < kRows; ++r) {
     float* out = p.out + (row + r) * p.outer + panel_index * kPanelWidth;
     const float row_scale = p.row_scale[row + r];
+    JAXPAGED_UNROLL
     for (int q = 0; q < kPanels; ++q) {
       const int8_t* corrections = panel + q * panel_size + groups * kGroupBytes;
+      JAXPAGED_UNROLL
       for (int h = 0; h < kVectorsPerPanel; ++h) {
         const int64_t column = q * kPanelWidth + h * kLanes;
         Finish(sums[r][q * kVectorsPerPanel + h], corrections + h * kLanes * 4, row_scale,
@@ -243,7 +263,7 @@ ffi::Error VnniMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::S8> x, ffi::Buf
   }
   const int64_t all_rows = x_dims[0], inner = x_dims[1];
   const int64_t rows = std::clamp<int64_t>(num_rows.typed_data()[0], 0, all_rows);
-  const uint8_t* unsigned_x = ShiftRows(x.typed_data(), rows, inner);
+  const uint32_t* arranged_x = ArrangeRows(x.typed_data(), rows, inner);
   Problem problems[kMaxWeights];
   for (int w = 0; w < num_weights; ++w) {
     panel_work::WeightArgs args;
@@ -259,7 +279,7 @@ ffi::Error VnniMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::S8> x, ffi::Buf
     }
     const int64_t outer = out_dims[1];
     float* result = args.out;
-    problems[w] = Problem{unsigned_x, row_scale.typed_data(), args.panels, args.scales, result, rows, inner, outer};
+    problems[w] = Problem{arranged_x, row_scale.typed_data(), args.panels, args.scales, result, rows, inner, outer};
     std::fill(result + rows * outer, result + all_rows * outer, 0.0f);  // padding rows: zeros, finite
   }
   RunAll(problems, num_weights, pool);
