@@ -41,6 +41,7 @@
 
 #include "panel_work.h"
 #include "tile_split.h"
+#include "vnni_rows.h"
 #include "xla/ffi/api/ffi.h"
 
 #if defined(__AVX512F__) && defined(__AVX512VNNI__) || defined(__AVXVNNI__)
@@ -77,10 +78,23 @@ inline Acc Dot(Acc sum, Acc unsigned_x, Acc weights) {
   return (Acc)_mm512_dpbusd_epi32((__m512i)sum, (__m512i)unsigned_x, (__m512i)weights);
 }
 // (sum - correction) as float32, times the row's scale, then each column's; stored to `out`.
-inline void Finish(Acc sum, const int8_t* correction, float row_scale, const float* scale, float* out) {
+inline __m512 Scaled(Acc sum, const int8_t* correction, float row_scale, const float* scale) {
   const __m512i exact = _mm512_sub_epi32((__m512i)sum, _mm512_loadu_si512(correction));
   const __m512 scaled = _mm512_mul_ps(_mm512_cvtepi32_ps(exact), _mm512_set1_ps(row_scale));
-  _mm512_storeu_ps(out, _mm512_mul_ps(scaled, _mm512_loadu_ps(scale)));
+  return _mm512_mul_ps(scaled, _mm512_loadu_ps(scale));
+}
+inline void Finish(Acc sum, const int8_t* correction, float row_scale, const float* scale, float* out) {
+  _mm512_storeu_ps(out, Scaled(sum, correction, row_scale, scale));
+}
+// The same, rounded to bfloat16 to nearest even (a NaN stays a quiet NaN), as XLA's convert rounds.
+inline void Finish(Acc sum, const int8_t* correction, float row_scale, const float* scale, uint16_t* out) {
+  const __m512 value = Scaled(sum, correction, row_scale, scale);
+  const __m512i bits = _mm512_castps_si512(value);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
+  const __mmask16 nan = _mm512_cmp_ps_mask(value, value, _CMP_UNORD_Q);
+  rounded = _mm512_mask_or_epi32(rounded, nan, _mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x40));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm512_cvtepi32_epi16(rounded));
 }
 #else
 // AVX-VNNI: a panel row is two ymm halves, columns 0-7 and 8-15 (int32 vectors, as with zmm above).
@@ -114,45 +128,16 @@ inline void Finish(Acc sum, const int8_t* correction, float row_scale, const flo
 #define JAXPAGED_UNROLL _Pragma("GCC unroll 32")
 
 struct Problem {
-  const uint32_t* x;  // the rows shifted to unsigned and arranged by groups, once per call: see ArrangeRows
+  const uint32_t* x;  // the rows shifted to unsigned and arranged by groups, once per call (vnni_rows.h)
   const float* row_scale;
   const int8_t* panels;
   const float* scales;
-  float* out;
+  float* out;  // the float32 result, or nullptr when it is rounded to bfloat16 (out_bfloat16)
   int64_t rows, inner, outer;  // rows: the rows multiplied (num_rows), not the padding after them
+  uint16_t* out_bfloat16 = nullptr;  // the results rounded to nearest even, as XLA's convert does
   int64_t groups() const { return (inner + 3) / 4; }
   int64_t panel_size() const { return (groups() + 1) * kGroupBytes; }  // the corrections' row included
 };
-
-// x's first `rows` rows shifted to unsigned (x XOR 0x80 in each byte is x + 128) and arranged for the tiles, into a
-// buffer reused by the calls on this thread: block b of kBlockRows rows (the work items' row blocks; the last may be
-// shorter, n rows) starts at b * kBlockRows * groups and holds group g of its row r (four bytes, one 32-bit word) at
-// g * n + r. So a tile's broadcasts of one group read adjacent words off one pointer that steps by n words a group
-// (row-major rows took a general register per tile row), and the inner loop has no partial group: a last group that
-// is no whole four values is read as it exists and filled with shifted zeros (its weights are zero).
-const uint32_t* ArrangeRows(const int8_t* x, int64_t rows, int64_t inner) {
-  thread_local std::vector<uint32_t> arranged;
-  const int64_t groups = (inner + 3) / 4, full_groups = inner / 4;
-  if (static_cast<int64_t>(arranged.size()) < rows * groups) arranged.resize(rows * groups);
-  for (int64_t first = 0; first < rows; first += kBlockRows) {
-    const int64_t block_rows = std::min(kBlockRows, rows - first);
-    uint32_t* block = arranged.data() + first * groups;
-    for (int64_t r = 0; r < block_rows; ++r) {
-      const int8_t* row = x + (first + r) * inner;
-      for (int64_t g = 0; g < full_groups; ++g) {
-        uint32_t four;
-        std::memcpy(&four, row + 4 * g, sizeof(four));
-        block[g * block_rows + r] = four ^ 0x80808080u;
-      }
-      if (full_groups < groups) {
-        uint32_t four = 0;
-        std::memcpy(&four, row + 4 * full_groups, static_cast<size_t>(inner - 4 * full_groups));
-        block[full_groups * block_rows + r] = four ^ 0x80808080u;
-      }
-    }
-  }
-  return arranged.data();
-}
 
 // kRows rows x kPanels adjacent panels (from `panel_index`) of the output, summed over the whole inner dimension.
 // The rows lie in one row block (the work items never cross one).
@@ -185,9 +170,10 @@ void MultiplyTile(const Problem& p, int64_t row, int64_t panel_index) {
       for (int v = 0; v < kVectors; ++v) sums[r][v] = Dot(sums[r][v], value, weights[v]);
     }
   }
+  const int64_t first_column = panel_index * kPanelWidth;
   JAXPAGED_UNROLL
   for (int r = 0; r < kRows; ++r) {
-    float* out = p.out + (row + r) * p.outer + panel_index * kPanelWidth;
+    const int64_t at = (row + r) * p.outer + first_column;
     const float row_scale = p.row_scale[row + r];
     JAXPAGED_UNROLL
     for (int q = 0; q < kPanels; ++q) {
@@ -195,8 +181,16 @@ void MultiplyTile(const Problem& p, int64_t row, int64_t panel_index) {
       JAXPAGED_UNROLL
       for (int h = 0; h < kVectorsPerPanel; ++h) {
         const int64_t column = q * kPanelWidth + h * kLanes;
-        Finish(sums[r][q * kVectorsPerPanel + h], corrections + h * kLanes * 4, row_scale,
-               p.scales + panel_index * kPanelWidth + column, out + column);
+        const Acc sum = sums[r][q * kVectorsPerPanel + h];
+        const int8_t* correction = corrections + h * kLanes * 4;
+        const float* scale = p.scales + first_column + column;
+#if defined(JAXPAGED_VNNI_ZMM)
+        if (p.out_bfloat16 != nullptr) {
+          Finish(sum, correction, row_scale, scale, p.out_bfloat16 + at + column);
+          continue;
+        }
+#endif
+        Finish(sum, correction, row_scale, scale, p.out + at + column);
       }
     }
   }
@@ -249,6 +243,30 @@ void RunAll(const Problem* problems, int num_problems, ffi::ThreadPool& pool) {
                                          MultiplyItem);
 }
 
+// Checks weight w's panels, scales and result against x [all_rows, inner]; sets `outer`.
+ffi::Error CheckWeight(ffi::Span<const int64_t> panel_dims, size_t num_scales, ffi::Span<const int64_t> out_dims,
+                       int64_t all_rows, int64_t inner, int64_t& outer) {
+  const int64_t groups = (inner + 3) / 4;
+  if (panel_dims.size() != 3 || panel_dims[1] != groups + 1 || panel_dims[2] != kGroupBytes || out_dims.size() != 2 ||
+      out_dims[0] != all_rows || out_dims[1] != panel_dims[0] * kPanelWidth ||
+      num_scales != static_cast<size_t>(out_dims[1])) {
+    return ffi::Error::InvalidArgument("vnni_matmul: panels must be [outer / 16, ceil(inner / 4) + 1, 64], "
+                                       "scales [outer] and results [rows, outer], agreeing with x [rows, inner]");
+  }
+  outer = out_dims[1];
+  return ffi::Error::Success();
+}
+
+// The weights' count (1 to kMaxWeights, each with its scales, one result each), or an error.
+ffi::Error CountWeights(const ffi::RemainingArgs& weights, const ffi::RemainingRets& results, int& num_weights) {
+  num_weights = static_cast<int>(weights.size()) / 2;
+  if (num_weights < 1 || num_weights > kMaxWeights || weights.size() % 2 ||
+      static_cast<int>(results.size()) != num_weights) {
+    return ffi::Error::InvalidArgument("vnni_matmul: 1 to 4 weights, each with its scales, one result each");
+  }
+  return ffi::Error::Success();
+}
+
 ffi::Error VnniMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::S8> x, ffi::Buffer<ffi::F32> row_scale,
                           ffi::Buffer<ffi::S32> num_rows, ffi::RemainingArgs weights, ffi::RemainingRets results) {
   auto x_dims = x.dimensions();
@@ -256,35 +274,76 @@ ffi::Error VnniMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::S8> x, ffi::Buf
     return ffi::Error::InvalidArgument("vnni_matmul: x must be [rows, inner] and row_scale [rows]");
   }
   if (num_rows.element_count() != 1) return ffi::Error::InvalidArgument("vnni_matmul: num_rows must be one int32");
-  const int num_weights = static_cast<int>(weights.size()) / 2;
-  if (num_weights < 1 || num_weights > kMaxWeights || weights.size() % 2 ||
-      static_cast<int>(results.size()) != num_weights) {
-    return ffi::Error::InvalidArgument("vnni_matmul: 1 to 4 weights, each with its scales, one result each");
-  }
+  int num_weights = 0;
+  if (auto error = CountWeights(weights, results, num_weights); error.failure()) return error;
   const int64_t all_rows = x_dims[0], inner = x_dims[1];
   const int64_t rows = std::clamp<int64_t>(num_rows.typed_data()[0], 0, all_rows);
-  const uint32_t* arranged_x = ArrangeRows(x.typed_data(), rows, inner);
+  const uint32_t* arranged_x = vnni_rows::ArrangeInt8(x.typed_data(), rows, inner, kBlockRows);
   Problem problems[kMaxWeights];
   for (int w = 0; w < num_weights; ++w) {
     panel_work::WeightArgs args;
     if (auto error = panel_work::GetWeightArgs(weights, results, num_weights, w, args); error.failure()) return error;
-    auto panel_dims = args.panel_dims;
-    auto out_dims = args.out_dims;
-    const int64_t groups = (inner + 3) / 4;
-    if (panel_dims.size() != 3 || panel_dims[1] != groups + 1 || panel_dims[2] != kGroupBytes ||
-        out_dims.size() != 2 || out_dims[0] != all_rows || out_dims[1] != panel_dims[0] * kPanelWidth ||
-        args.num_scales != static_cast<size_t>(out_dims[1])) {
-      return ffi::Error::InvalidArgument("vnni_matmul: panels must be [outer / 16, ceil(inner / 4) + 1, 64], "
-                                         "scales [outer] and results [rows, outer], agreeing with x [rows, inner]");
+    int64_t outer = 0;
+    if (auto error = CheckWeight(args.panel_dims, args.num_scales, args.out_dims, all_rows, inner, outer);
+        error.failure()) {
+      return error;
     }
-    const int64_t outer = out_dims[1];
-    float* result = args.out;
-    problems[w] = Problem{arranged_x, row_scale.typed_data(), args.panels, args.scales, result, rows, inner, outer};
-    std::fill(result + rows * outer, result + all_rows * outer, 0.0f);  // padding rows: zeros, finite
+    problems[w] = Problem{arranged_x, row_scale.typed_data(), args.panels, args.scales, args.out, rows, inner, outer};
+    std::fill(args.out + rows * outer, args.out + all_rows * outer, 0.0f);  // padding rows: zeros, finite
   }
   RunAll(problems, num_weights, pool);
   return ffi::Error::Success();
 }
+
+#if defined(JAXPAGED_VNNI_ZMM)
+// w8a8 from float rows: x (float32 or bfloat16) is quantized per row here (vnni_rows.h: the same q and scales as
+// int8_activations.quantize_rows), in the pass that arranges it, and the results come out in x's dtype. Quantizing
+// in XLA cost a fused reduce and elementwise pass, an int8 copy of x and a float32 result rounded by another pass:
+// with them a step's w8a8 projections ran at 1.0-1.5x the bfloat16 panels' speed while the VNNI tiles alone ran at
+// ~2x (docs/performance.md).
+template <ffi::DataType kType>
+ffi::Error VnniW8A8Impl(ffi::ThreadPool pool, ffi::Buffer<kType> x, ffi::Buffer<ffi::S32> num_rows,
+                        ffi::RemainingArgs weights, ffi::RemainingRets results) {
+  using Element = ffi::NativeType<kType>;  // float, or uint16_t holding bfloat16 bits
+  auto x_dims = x.dimensions();
+  if (x_dims.size() != 2) return ffi::Error::InvalidArgument("vnni_w8a8: x must be [rows, inner]");
+  if (num_rows.element_count() != 1) return ffi::Error::InvalidArgument("vnni_w8a8: num_rows must be one int32");
+  int num_weights = 0;
+  if (auto error = CountWeights(weights, results, num_weights); error.failure()) return error;
+  const int64_t all_rows = x_dims[0], inner = x_dims[1];
+  const int64_t rows = std::clamp<int64_t>(num_rows.typed_data()[0], 0, all_rows);
+  thread_local std::vector<float> row_scales;
+  if (static_cast<int64_t>(row_scales.size()) < rows) row_scales.resize(rows);
+  const uint32_t* arranged_x = vnni_rows::QuantizeRows(reinterpret_cast<const Element*>(x.typed_data()), rows,
+                                                       inner, kBlockRows, row_scales.data());
+  Problem problems[kMaxWeights];
+  for (int w = 0; w < num_weights; ++w) {
+    auto panels = weights.get<ffi::Buffer<ffi::S8>>(w);
+    auto scales = weights.get<ffi::Buffer<ffi::F32>>(num_weights + w);
+    auto out = results.get<ffi::Buffer<kType>>(w);
+    if (panels.has_error()) return panels.error();
+    if (scales.has_error()) return scales.error();
+    if (out.has_error()) return out.error();
+    int64_t outer = 0;
+    if (auto error = CheckWeight(panels->dimensions(), scales->element_count(), (*out)->dimensions(), all_rows,
+                                 inner, outer);
+        error.failure()) {
+      return error;
+    }
+    Element* result = reinterpret_cast<Element*>((*out)->typed_data());
+    problems[w] = Problem{arranged_x, row_scales.data(), panels->typed_data(), scales->typed_data(), nullptr,
+                          rows, inner, outer};
+    if constexpr (kType == ffi::DataType::F32) {
+      problems[w].out = result;
+    } else {
+      problems[w].out_bfloat16 = result;
+    }
+    std::fill(result + rows * outer, result + all_rows * outer, Element{0});  // padding rows: zeros (+0 either way)
+  }
+  RunAll(problems, num_weights, pool);
+  return ffi::Error::Success();
+}
+#endif
 
 }  // namespace
 
@@ -297,5 +356,23 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpagedVnniMatmul, VnniMatmulImpl,
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .RemainingArgs()
                                   .RemainingRets());
+
+#if defined(JAXPAGED_VNNI_ZMM)
+// Only with AVX-512 VNNI (the quantizing pass uses AVX-512): elsewhere vnni_matmul.py quantizes in XLA.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpagedVnniW8A8F32, VnniW8A8Impl<ffi::DataType::F32>,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .RemainingArgs()
+                                  .RemainingRets());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpagedVnniW8A8Bf16, VnniW8A8Impl<ffi::DataType::BF16>,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::BF16>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .RemainingArgs()
+                                  .RemainingRets());
+#endif
 
 #endif  // JAXPAGED_HAS_VNNI

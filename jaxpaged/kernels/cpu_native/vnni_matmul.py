@@ -16,12 +16,14 @@ from typing import Union
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float32, Int, Int8
+from jaxtyping import Array, Float, Float32, Int, Int8
 
 from jaxpaged.kernels.cpu_native.native_build import BASE_FLAGS, cpu_identity, register
 
 SOURCE = pathlib.Path(__file__).with_name("vnni_matmul.cc")
 TARGET = "jaxpaged_vnni_matmul"
+QUANTIZING_TARGETS = {"float32": "jaxpaged_vnni_w8a8_f32", "bfloat16": "jaxpaged_vnni_w8a8_bf16"}
+"""The calls that quantize float rows themselves (AVX-512 VNNI builds), by x's dtype (their results' too)."""
 PANEL_WIDTH = 16
 """Columns per panel; a weight packs only when its outer size is a multiple of it."""
 GROUP = 4
@@ -42,6 +44,17 @@ def vnni_available() -> bool:
     if not any(flag in flags for flag in VNNI_FLAGS):
         return False
     return register(SOURCE, BASE_FLAGS, "JaxpagedVnniMatmul", TARGET, fallback="XLA's int8 x int8 dot for w8a8")
+
+
+@functools.cache
+def quantizing_vnni_available() -> bool:
+    """Whether the VNNI matmul can quantize float32 / bfloat16 rows itself (vnni_w8a8_matmuls): built with AVX-512
+    VNNI (an AVX-VNNI-only CPU quantizes in XLA, int8_activations.quantize_rows, and calls vnni_matmuls)."""
+    if not vnni_available():
+        return False
+    return all(register(SOURCE, BASE_FLAGS, symbol, target, fallback="quantizing the rows in XLA")
+               for symbol, target in (("JaxpagedVnniW8A8F32", QUANTIZING_TARGETS["float32"]),
+                                      ("JaxpagedVnniW8A8Bf16", QUANTIZING_TARGETS["bfloat16"])))
 
 
 def packs_for_vnni(shape: tuple[int, ...]) -> bool:
@@ -92,3 +105,22 @@ def vnni_matmuls(x: Int8[Array, "rows inner"], row_scale: Float32[Array, "rows 1
     num_rows = jnp.asarray(rows if num_rows is None else num_rows, jnp.int32).reshape(())
     return tuple(jax.ffi.ffi_call(TARGET, shapes)(x.astype(jnp.int8), row_scale.astype(jnp.float32).reshape(rows),
                                                   num_rows, *weights, *(s.astype(jnp.float32) for s in scales)))
+
+
+def vnni_w8a8_matmuls(x: Float[Array, "rows inner"], weights: Sequence[Int8[Array, "_panels _groups_1 64"]],
+                      scales: Sequence[Float32[Array, " _outer"]], num_rows: Union[int, Int[Array, ""], None] = None,
+                      ) -> tuple[Float[Array, "rows _outer"], ...]:
+    """w8a8 in one call: x's rows quantized per row as int8_activations.quantize_rows does (the same int8 values and
+    scales), times each packed W, float32(sum) * row scale * column scale, rounded to x's dtype (float32 or bfloat16;
+    another dtype is taken as float32). `num_rows` as in vnni_matmuls. CPU only: call quantizing_vnni_available()
+    first."""
+    if not 1 <= len(weights) <= MAX_FUSED_WEIGHTS or len(scales) != len(weights):
+        raise ValueError(f"vnni_w8a8_matmuls: 1 to {MAX_FUSED_WEIGHTS} packed weights, each with its scales; got "
+                         f"{len(weights)} weights and {len(scales)} scales")
+    if x.dtype not in (jnp.float32, jnp.bfloat16):
+        x = x.astype(jnp.float32)
+    rows = x.shape[0]
+    shapes = [jax.ShapeDtypeStruct((rows, weight.shape[0] * PANEL_WIDTH), x.dtype) for weight in weights]
+    num_rows = jnp.asarray(rows if num_rows is None else num_rows, jnp.int32).reshape(())
+    target = QUANTIZING_TARGETS[jnp.dtype(x.dtype).name]
+    return tuple(jax.ffi.ffi_call(target, shapes)(x, num_rows, *weights, *(s.astype(jnp.float32) for s in scales)))
