@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Float32, Int, Int8
 
-from jaxpaged.kernels.cpu_native.vnni_matmul import quantizing_vnni_available, vnni_matmuls, vnni_w8a8_matmuls
+from jaxpaged.kernels.cpu_native.vnni_matmul import quantizing_vnni_available, vnni_matmuls, vnni_quantizing_matmuls
 from jaxpaged.models.int8_weights import INT8_MAX
 
 
@@ -75,6 +75,6 @@ def vnni_w8a8_products(x: Float[Array, "tokens inner"], weights: Sequence[VnniW8
     """x @ each weight with x quantized per row once for all of them, on the native VNNI matmul (one call): the
     kernel quantizes the rows itself where it can (AVX-512 VNNI), else XLA does (quantize_rows)."""
     if quantizing_vnni_available():
-        return vnni_w8a8_matmuls(x, [w.panels for w in weights], [w.scale for w in weights], num_rows)
+        return vnni_quantizing_matmuls(x, [w.panels for w in weights], [w.scale for w in weights], num_rows=num_rows)
     quantized, row_scale = quantize_rows(x)
     return vnni_matmuls(quantized, row_scale, [w.panels for w in weights], [w.scale for w in weights], num_rows)

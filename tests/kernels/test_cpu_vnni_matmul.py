@@ -102,9 +102,7 @@ def test_the_ymm_tiling_equals_the_exact_dot_too():
 
 @pytest.mark.parametrize("rows", [1, 17, 64])
 def test_matmuls_on_vnni_weights_equal_xlas_w8a8(rows):
-    """layers.matmuls with VnniW8A8Weight gives XLA's w8a8 product (same int8 rows, exact int32 sums): to a float32
-    rounding, as XLA computes some rows' scale max |x| / 127 as a multiply by 1/127 (one ulp off; the kernel divides,
-    test_cpu_vnni_w8a8_quantizing.py)."""
+    """layers.matmuls with VnniW8A8Weight gives XLA's w8a8 product (same row quantization, exact int32 sums)."""
     from jaxpaged.models.int8_activations import VnniW8A8Weight, W8A8Weight
     from jaxpaged.models.int8_weights import quantize_int8
     from jaxpaged.models.layers import matmuls
@@ -115,7 +113,7 @@ def test_matmuls_on_vnni_weights_equal_xlas_w8a8(rows):
     xla = matmuls(x, [W8A8Weight(jnp.asarray(v), jnp.asarray(s)) for v, s in quantized])
     vnni = matmuls(x, [VnniW8A8Weight(jnp.asarray(pack_vnni(v)), jnp.asarray(s)) for v, s in quantized])
     for mine, theirs in zip(vnni, xla):
-        np.testing.assert_allclose(np.asarray(mine), np.asarray(theirs), rtol=5e-7, atol=0)
+        np.testing.assert_array_equal(np.asarray(mine), np.asarray(theirs))
 
 
 def test_a_call_refuses_weights_without_their_scales():

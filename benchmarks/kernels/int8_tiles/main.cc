@@ -11,6 +11,7 @@
 extern "C" double vnni_seconds(int64_t, int64_t, const int64_t*, int, int, int);
 extern "C" double bf16_seconds(int64_t, int64_t, const int64_t*, int, int, int);
 extern "C" double i8bf16_seconds(int64_t, int64_t, const int64_t*, int, int, int);
+extern "C" double vnni_digits_seconds(int64_t, int64_t, const int64_t*, int, int, int);
 struct Shape { const char* name; int64_t inner; int n; int64_t outers[3]; };
 static const Shape kShapes[] = {{"qkv", 576, 3, {576, 192, 192}}, {"o", 576, 1, {576}}, {"gate_up", 576, 2, {1536, 1536}}, {"down", 1536, 1, {576}}};
 double PeakVnni() {  // G instr/s: 24 independent accumulators in registers
@@ -63,11 +64,12 @@ int main(int argc, char** argv) {
         t[0] += bf16_seconds(rows, s.inner, s.outers, s.n, copies, reps) / 2;
         t[1] += vnni_seconds(rows, s.inner, s.outers, s.n, copies, reps) / 2;
         t[2] += i8bf16_seconds(rows, s.inner, s.outers, s.n, copies, reps) / 2;
+        t[3] += vnni_digits_seconds(rows, s.inner, s.outers, s.n, copies, reps) / 2;
       }
     }
-    const char* names[4] = {"bf16 panels", "vnni w8a8", "int8->bf16", ""};
+    const char* names[4] = {"bf16 panels", "vnni w8a8", "int8->bf16", "vnni digits"};
     const double bytes[4] = {2 * bytes8, bytes8, bytes8, bytes8};
-    const double peak[4] = {bp * 32, vp * 64, bp * 32, vp * 64};
+    const double peak[4] = {bp * 32, vp * 64, bp * 32, vp * 32};  // digits: two VPDPBUSD a product
     for (int k = 0; k < 4; ++k) {
       if (t[k] == 0) continue;
       const double gmac = macs / t[k] / 1e9;

@@ -50,6 +50,8 @@
 
 #if defined(JAXPAGED_HAS_VNNI)
 
+#include "vnni_tiles.h"
+
 namespace ffi = xla::ffi;
 
 namespace {
@@ -60,88 +62,39 @@ constexpr int64_t kBlockRows = 72;   // rows per work item: their int8 rows stay
 constexpr int64_t kPanelsPerItem = 4;
 constexpr int kMaxWeights = 4;
 
-// JAXPAGED_VNNI_YMM builds the ymm tiling on an AVX-512 VNNI CPU too (the tests check it there).
-#if defined(__AVX512F__) && defined(__AVX512VNNI__) && !defined(JAXPAGED_VNNI_YMM)
-#define JAXPAGED_VNNI_ZMM 1
-// One zmm holds a whole panel row: 16 columns' int32 sums. A vector of int32 rather than __m512i (whose elements are
-// int64): VPDPBUSD's builtin takes int32 vectors, and the casts between the two kept GCC from holding an array of
-// __m512i sums in registers (each was loaded and stored around every VPDPBUSD).
-typedef int32_t Acc __attribute__((vector_size(64)));
-constexpr int kVectorsPerPanel = 1;
-constexpr int kLanes = 16;
-constexpr int64_t kTileRows = 12;
-constexpr int kTilePanels = 2;
-inline Acc Zero() { return Acc{}; }
-inline Acc LoadBytes(const int8_t* at) { return (Acc)_mm512_loadu_si512(at); }
-inline Acc Broadcast(uint32_t four) { return (Acc)_mm512_set1_epi32(static_cast<int32_t>(four)); }
-inline Acc Dot(Acc sum, Acc unsigned_x, Acc weights) {
-  return (Acc)_mm512_dpbusd_epi32((__m512i)sum, (__m512i)unsigned_x, (__m512i)weights);
-}
-// (sum - correction) as float32, times the row's scale, then each column's; stored to `out`.
-inline __m512 Scaled(Acc sum, const int8_t* correction, float row_scale, const float* scale) {
-  const __m512i exact = _mm512_sub_epi32((__m512i)sum, _mm512_loadu_si512(correction));
-  const __m512 scaled = _mm512_mul_ps(_mm512_cvtepi32_ps(exact), _mm512_set1_ps(row_scale));
-  return _mm512_mul_ps(scaled, _mm512_loadu_ps(scale));
-}
-inline void Finish(Acc sum, const int8_t* correction, float row_scale, const float* scale, float* out) {
-  _mm512_storeu_ps(out, Scaled(sum, correction, row_scale, scale));
-}
-// The same, rounded to bfloat16 to nearest even (a NaN stays a quiet NaN), as XLA's convert rounds.
-inline void Finish(Acc sum, const int8_t* correction, float row_scale, const float* scale, uint16_t* out) {
-  const __m512 value = Scaled(sum, correction, row_scale, scale);
-  const __m512i bits = _mm512_castps_si512(value);
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
-  const __mmask16 nan = _mm512_cmp_ps_mask(value, value, _CMP_UNORD_Q);
-  rounded = _mm512_mask_or_epi32(rounded, nan, _mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x40));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm512_cvtepi32_epi16(rounded));
-}
-#else
-// AVX-VNNI: a panel row is two ymm halves, columns 0-7 and 8-15 (int32 vectors, as with zmm above).
-typedef int32_t Acc __attribute__((vector_size(32)));
-constexpr int kVectorsPerPanel = 2;
-constexpr int kLanes = 8;
-constexpr int64_t kTileRows = 6;
-constexpr int kTilePanels = 1;
-inline Acc Zero() { return Acc{}; }
-inline Acc LoadBytes(const int8_t* at) { return (Acc)_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at)); }
-inline Acc Broadcast(uint32_t four) { return (Acc)_mm256_set1_epi32(static_cast<int32_t>(four)); }
-#if defined(__AVX512VL__) && defined(__AVX512VNNI__)
-inline Acc Dot(Acc sum, Acc unsigned_x, Acc weights) {
-  return (Acc)_mm256_dpbusd_epi32((__m256i)sum, (__m256i)unsigned_x, (__m256i)weights);
-}
-#else
-inline Acc Dot(Acc sum, Acc unsigned_x, Acc weights) {
-  return (Acc)_mm256_dpbusd_avx_epi32((__m256i)sum, (__m256i)unsigned_x, (__m256i)weights);
-}
-#endif
-inline void Finish(Acc sum, const int8_t* correction, float row_scale, const float* scale, float* out) {
-  const __m256i exact = _mm256_sub_epi32((__m256i)sum, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(correction)));
-  const __m256 scaled = _mm256_mul_ps(_mm256_cvtepi32_ps(exact), _mm256_set1_ps(row_scale));
-  _mm256_storeu_ps(out, _mm256_mul_ps(scaled, _mm256_loadu_ps(scale)));
-}
-#endif
+using namespace vnni_tiles;  // the register tile by vector width
 
 // Every loop over a tile's rows and vectors is unrolled whole, so the sums stay in registers: GCC left the finishing
-// loop (Finish's six instructions a vector) rolled, which made the sums an array in memory, loaded and stored around
-// every VPDPBUSD of the inner loop.
+// loop (a few instructions a vector) rolled, which made the sums an array in memory, loaded and stored around every
+// VPDPBUSD of the inner loop.
 #define JAXPAGED_UNROLL _Pragma("GCC unroll 32")
 
 struct Problem {
   const uint32_t* x;  // the rows shifted to unsigned and arranged by groups, once per call (vnni_rows.h)
-  const float* row_scale;
+  const float* row_scale;  // one per result row
   const int8_t* panels;
   const float* scales;
   float* out;  // the float32 result, or nullptr when it is rounded to bfloat16 (out_bfloat16)
-  int64_t rows, inner, outer;  // rows: the rows multiplied (num_rows), not the padding after them
+  int64_t rows, inner, outer;  // rows: the rows multiplied (num_rows; digits: twice the result rows), no padding
   uint16_t* out_bfloat16 = nullptr;  // the results rounded to nearest even, as XLA's convert does
+  bool digits = false;  // rows 2i and 2i + 1 are result row i's high and low int8 digits (int16_activations.py)
   int64_t groups() const { return (inner + 3) / 4; }
   int64_t panel_size() const { return (groups() + 1) * kGroupBytes; }  // the corrections' row included
 };
 
+// One result vector: `value` (exact sums as float32) scaled and stored at result row `row`, column `column`.
+inline void Finish(const Problem& p, Floats value, int64_t row, int64_t column) {
+  const Floats scaled = Scale(value, p.row_scale[row], p.scales + column);
+#if defined(JAXPAGED_VNNI_ZMM)
+  if (p.out_bfloat16 != nullptr) return Store(scaled, p.out_bfloat16 + row * p.outer + column);
+#endif
+  Store(scaled, p.out + row * p.outer + column);
+}
+
 // kRows rows x kPanels adjacent panels (from `panel_index`) of the output, summed over the whole inner dimension.
-// The rows lie in one row block (the work items never cross one).
-template <int kRows, int kPanels>
+// The rows lie in one row block (the work items never cross one). kDigits: the rows are digit pairs (kRows even,
+// `row` even), each pair finished as one result row, 256 x high + low.
+template <int kRows, int kPanels, bool kDigits = false>
 void MultiplyTile(const Problem& p, int64_t row, int64_t panel_index) {
   constexpr int kVectors = kPanels * kVectorsPerPanel;
   const int64_t groups = p.groups(), panel_size = p.panel_size();
@@ -170,61 +123,67 @@ void MultiplyTile(const Problem& p, int64_t row, int64_t panel_index) {
       for (int v = 0; v < kVectors; ++v) sums[r][v] = Dot(sums[r][v], value, weights[v]);
     }
   }
-  const int64_t first_column = panel_index * kPanelWidth;
   JAXPAGED_UNROLL
-  for (int r = 0; r < kRows; ++r) {
-    const int64_t at = (row + r) * p.outer + first_column;
-    const float row_scale = p.row_scale[row + r];
+  for (int q = 0; q < kPanels; ++q) {
+    const int8_t* corrections = panel + q * panel_size + groups * kGroupBytes;
     JAXPAGED_UNROLL
-    for (int q = 0; q < kPanels; ++q) {
-      const int8_t* corrections = panel + q * panel_size + groups * kGroupBytes;
+    for (int h = 0; h < kVectorsPerPanel; ++h) {
+      const int64_t column = (panel_index + q) * kPanelWidth + h * kLanes;
+      const int8_t* correction = corrections + h * kLanes * 4;
+      const int v = q * kVectorsPerPanel + h;
       JAXPAGED_UNROLL
-      for (int h = 0; h < kVectorsPerPanel; ++h) {
-        const int64_t column = q * kPanelWidth + h * kLanes;
-        const Acc sum = sums[r][q * kVectorsPerPanel + h];
-        const int8_t* correction = corrections + h * kLanes * 4;
-        const float* scale = p.scales + first_column + column;
-#if defined(JAXPAGED_VNNI_ZMM)
-        if (p.out_bfloat16 != nullptr) {
-          Finish(sum, correction, row_scale, scale, p.out_bfloat16 + at + column);
-          continue;
+      for (int r = 0; r < kRows; r += kDigits ? 2 : 1) {
+        if constexpr (kDigits) {
+          // The same float32 steps as int16_activations.w8a16_product: 256 x high is exact, one rounding adding low.
+          Finish(p, Combine(Exact(sums[r][v], correction), Exact(sums[r + 1][v], correction)), (row + r) / 2, column);
+        } else {
+          Finish(p, Exact(sums[r][v], correction), row + r, column);
         }
-#endif
-        Finish(sum, correction, row_scale, scale, p.out + at + column);
       }
     }
   }
 }
 
-// Fewer than kTileRows rows, in one smaller tile (only when the whole block is smaller than a tile).
-template <int kPanels>
+// Fewer than kTileRows rows (kDigits: digit pairs, num_rows of them), in one smaller tile.
+template <int kPanels, bool kDigits>
 void MultiplyFewRows(const Problem& p, int64_t num_rows, int64_t row, int64_t panel_index) {
+  constexpr int kRowsPer = kDigits ? 2 : 1;
   switch (num_rows) {
 #if defined(JAXPAGED_VNNI_ZMM)
-    case 11: MultiplyTile<11, kPanels>(p, row, panel_index); break;
-    case 10: MultiplyTile<10, kPanels>(p, row, panel_index); break;
-    case 9: MultiplyTile<9, kPanels>(p, row, panel_index); break;
-    case 8: MultiplyTile<8, kPanels>(p, row, panel_index); break;
-    case 7: MultiplyTile<7, kPanels>(p, row, panel_index); break;
-    case 6: MultiplyTile<6, kPanels>(p, row, panel_index); break;
+    case 11: if constexpr (!kDigits) MultiplyTile<11, kPanels>(p, row, panel_index); break;
+    case 10: if constexpr (!kDigits) MultiplyTile<10, kPanels>(p, row, panel_index); break;
+    case 9: if constexpr (!kDigits) MultiplyTile<9, kPanels>(p, row, panel_index); break;
+    case 8: if constexpr (!kDigits) MultiplyTile<8, kPanels>(p, row, panel_index); break;
+    case 7: if constexpr (!kDigits) MultiplyTile<7, kPanels>(p, row, panel_index); break;
+    case 6: MultiplyTile<6 * kRowsPer, kPanels, kDigits>(p, row, panel_index); break;
+    case 5: MultiplyTile<5 * kRowsPer, kPanels, kDigits>(p, row, panel_index); break;
+    case 4: MultiplyTile<4 * kRowsPer, kPanels, kDigits>(p, row, panel_index); break;
+#else
+    case 5: if constexpr (!kDigits) MultiplyTile<5, kPanels>(p, row, panel_index); break;
+    case 4: if constexpr (!kDigits) MultiplyTile<4, kPanels>(p, row, panel_index); break;
 #endif
-    case 5: MultiplyTile<5, kPanels>(p, row, panel_index); break;
-    case 4: MultiplyTile<4, kPanels>(p, row, panel_index); break;
-    case 3: MultiplyTile<3, kPanels>(p, row, panel_index); break;
-    case 2: MultiplyTile<2, kPanels>(p, row, panel_index); break;
-    case 1: MultiplyTile<1, kPanels>(p, row, panel_index); break;
+    case 3: MultiplyTile<3 * kRowsPer, kPanels, kDigits>(p, row, panel_index); break;
+    case 2: MultiplyTile<2 * kRowsPer, kPanels, kDigits>(p, row, panel_index); break;
+    case 1: MultiplyTile<1 * kRowsPer, kPanels, kDigits>(p, row, panel_index); break;
     default: break;
   }
 }
 
-// Rows [first, end) of kPanels panels, in the tiles tile_split.h cuts them into.
+// Rows [first, end) of kPanels panels, in the tiles tile_split.h cuts them into; digits: cut by digit pairs, half a
+// tile's rows of pairs at most, so no pair is split.
 template <int kPanels>
 void MultiplyPanels(const Problem& p, int64_t first, int64_t end, int64_t panel_index) {
+  if (p.digits) {
+    tile_split::ForEachTile(first / 2, end / 2, kTileRows / 2, [&](int64_t pair, int64_t num_pairs, int64_t, int64_t) {
+      MultiplyFewRows<kPanels, true>(p, num_pairs, 2 * pair, panel_index);
+    });
+    return;
+  }
   tile_split::ForEachTile(first, end, kTileRows, [&](int64_t row, int64_t num_rows, int64_t, int64_t) {
     if (num_rows == kTileRows) {
       MultiplyTile<kTileRows, kPanels>(p, row, panel_index);
     } else {
-      MultiplyFewRows<kPanels>(p, num_rows, row, panel_index);
+      MultiplyFewRows<kPanels, false>(p, num_rows, row, panel_index);
     }
   });
 }
@@ -296,26 +255,26 @@ ffi::Error VnniMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::S8> x, ffi::Buf
 }
 
 #if defined(JAXPAGED_VNNI_ZMM)
-// w8a8 from float rows: x (float32 or bfloat16) is quantized per row here (vnni_rows.h: the same q and scales as
-// int8_activations.quantize_rows), in the pass that arranges it, and the results come out in x's dtype. Quantizing
-// in XLA cost a fused reduce and elementwise pass, an int8 copy of x and a float32 result rounded by another pass:
-// with them a step's w8a8 projections ran at 1.0-1.5x the bfloat16 panels' speed while the VNNI tiles alone ran at
-// ~2x (docs/performance.md).
-template <ffi::DataType kType>
-ffi::Error VnniW8A8Impl(ffi::ThreadPool pool, ffi::Buffer<kType> x, ffi::Buffer<ffi::S32> num_rows,
-                        ffi::RemainingArgs weights, ffi::RemainingRets results) {
+// From float rows: x (float32 or bfloat16) is quantized per row here (vnni_rows.h: the same values and scales as
+// int8_activations.quantize_rows, or kDigits: int16_activations.split_rows's two int8 digits), in the pass that
+// arranges it, and the results come out in x's dtype. Quantizing in XLA cost a fused reduce and elementwise pass, an
+// int8 copy of x and a float32 result rounded by another pass: with them a step's w8a8 projections ran at 1.0-1.5x
+// the bfloat16 panels' speed while the VNNI tiles alone ran at ~2x (docs/performance.md).
+template <ffi::DataType kType, bool kDigits>
+ffi::Error QuantizingImpl(ffi::ThreadPool pool, ffi::Buffer<kType> x, ffi::Buffer<ffi::S32> num_rows,
+                          ffi::RemainingArgs weights, ffi::RemainingRets results) {
   using Element = ffi::NativeType<kType>;  // float, or uint16_t holding bfloat16 bits
   auto x_dims = x.dimensions();
-  if (x_dims.size() != 2) return ffi::Error::InvalidArgument("vnni_w8a8: x must be [rows, inner]");
-  if (num_rows.element_count() != 1) return ffi::Error::InvalidArgument("vnni_w8a8: num_rows must be one int32");
+  if (x_dims.size() != 2) return ffi::Error::InvalidArgument("vnni_matmul: x must be [rows, inner]");
+  if (num_rows.element_count() != 1) return ffi::Error::InvalidArgument("vnni_matmul: num_rows must be one int32");
   int num_weights = 0;
   if (auto error = CountWeights(weights, results, num_weights); error.failure()) return error;
   const int64_t all_rows = x_dims[0], inner = x_dims[1];
   const int64_t rows = std::clamp<int64_t>(num_rows.typed_data()[0], 0, all_rows);
   thread_local std::vector<float> row_scales;
   if (static_cast<int64_t>(row_scales.size()) < rows) row_scales.resize(rows);
-  const uint32_t* arranged_x = vnni_rows::QuantizeRows(reinterpret_cast<const Element*>(x.typed_data()), rows,
-                                                       inner, kBlockRows, row_scales.data());
+  const uint32_t* arranged_x = vnni_rows::QuantizeRows<kDigits>(reinterpret_cast<const Element*>(x.typed_data()),
+                                                                rows, inner, kBlockRows, row_scales.data());
   Problem problems[kMaxWeights];
   for (int w = 0; w < num_weights; ++w) {
     auto panels = weights.get<ffi::Buffer<ffi::S8>>(w);
@@ -332,7 +291,8 @@ ffi::Error VnniW8A8Impl(ffi::ThreadPool pool, ffi::Buffer<kType> x, ffi::Buffer<
     }
     Element* result = reinterpret_cast<Element*>((*out)->typed_data());
     problems[w] = Problem{arranged_x, row_scales.data(), panels->typed_data(), scales->typed_data(), nullptr,
-                          rows, inner, outer};
+                          kDigits ? 2 * rows : rows, inner, outer};
+    problems[w].digits = kDigits;
     if constexpr (kType == ffi::DataType::F32) {
       problems[w].out = result;
     } else {
@@ -359,14 +319,28 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpagedVnniMatmul, VnniMatmulImpl,
 
 #if defined(JAXPAGED_VNNI_ZMM)
 // Only with AVX-512 VNNI (the quantizing pass uses AVX-512): elsewhere vnni_matmul.py quantizes in XLA.
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpagedVnniW8A8F32, VnniW8A8Impl<ffi::DataType::F32>,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpagedVnniW8A8F32, (QuantizingImpl<ffi::DataType::F32, false>),
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .RemainingArgs()
                                   .RemainingRets());
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpagedVnniW8A8Bf16, VnniW8A8Impl<ffi::DataType::BF16>,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpagedVnniW8A8Bf16, (QuantizingImpl<ffi::DataType::BF16, false>),
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::BF16>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .RemainingArgs()
+                                  .RemainingRets());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpagedVnniDigitsF32, (QuantizingImpl<ffi::DataType::F32, true>),
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .RemainingArgs()
+                                  .RemainingRets());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpagedVnniDigitsBf16, (QuantizingImpl<ffi::DataType::BF16, true>),
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::BF16>>()

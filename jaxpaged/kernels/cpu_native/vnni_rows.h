@@ -66,14 +66,19 @@ inline __m512 LoadFloats(const uint16_t* at, __mmask16 mask) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
 }
 
-// Rows [0, rows) of x [rows, inner] (float32 or bfloat16 bits) quantized per row as int8_activations.quantize_rows
-// does, in float32: s = max |x_row| / 127, q = round-half-even(x / s) clipped to [-127, 127] (an all-zero row: s 0,
-// q 0, divided by 1); the q shifted and arranged into the returned words, each row's s into row_scale. The same
-// IEEE operations in the same order as XLA's, so the same q and s, bit for bit (a NaN row aside).
-template <typename Element>
+// Rows [0, rows) of x [rows, inner] (float32 or bfloat16 bits) quantized per row, in float32, as XLA runs
+// int8_activations.round_rows: s = max |x_row| / limit, v = round-half-even(x / s) clipped to [-limit, limit] (an
+// all-zero row: s 0, v 0, divided by 1); each row's s into row_scale, and its values, shifted and arranged, into the
+// returned words. XLA's algebraic simplifier turns both divisions into multiplies by a float32 reciprocal (1 / limit
+// folded, 1 / s once per row), which an IEEE division differs from by an ulp now and then, moving some v by one:
+// done the same way here, the values and scales equal XLA's bit for bit. kDigits (limit 32,639): each v as two int8 digits, v = 256 hi + lo with hi =
+// floor((v + 128) / 256) (int16_activations.split_rows), row r's high digits as arranged row 2r and its low as
+// 2r + 1; else (limit 127) v itself as row r.
+template <bool kDigits, typename Element>
 const uint32_t* QuantizeRows(const Element* x, int64_t rows, int64_t inner, int64_t block_rows, float* row_scale) {
-  const int64_t groups = (inner + 3) / 4;
-  uint32_t* words = Buffer(rows * groups);
+  constexpr int32_t kLimit = kDigits ? 127 * 256 + 127 : 127;
+  const int64_t groups = (inner + 3) / 4, arranged_rows = kDigits ? 2 * rows : rows;
+  uint32_t* words = Buffer(arranged_rows * groups);
   for (int64_t row = 0; row < rows; ++row) {
     const Element* values = x + row * inner;
     __m512 largest = _mm512_setzero_ps();
@@ -81,22 +86,34 @@ const uint32_t* QuantizeRows(const Element* x, int64_t rows, int64_t inner, int6
       const __mmask16 mask = static_cast<__mmask16>(inner - k >= 16 ? 0xffff : (1u << (inner - k)) - 1);
       largest = _mm512_max_ps(largest, _mm512_abs_ps(LoadFloats(values + k, mask)));
     }
-    const float scale = _mm512_reduce_max_ps(largest) / 127.0f;
+    constexpr float kInverseLimit = 1.0f / static_cast<float>(kLimit);
+    const float scale = _mm512_reduce_max_ps(largest) * kInverseLimit;
     row_scale[row] = scale;
-    const __m512 divisor = _mm512_set1_ps(scale > 0 ? scale : 1.0f);
-    uint32_t* at = words + WordOf(row, 0, rows, groups, block_rows);
-    const int64_t stride = WordOf(row, 1, rows, groups, block_rows) - WordOf(row, 0, rows, groups, block_rows);
+    const __m512 inverse = _mm512_set1_ps(1.0f / (scale > 0 ? scale : 1.0f));
+    const int64_t first = kDigits ? 2 * row : row;  // the arranged row of its (high) values
+    uint32_t* at = words + WordOf(first, 0, arranged_rows, groups, block_rows);
+    const int64_t stride = WordOf(first, 1, arranged_rows, groups, block_rows) - (at - words);
+    const int64_t next_row = kDigits ? WordOf(first + 1, 0, arranged_rows, groups, block_rows) - (at - words) : 0;
     for (int64_t k = 0; k < inner; k += 16) {
       const __mmask16 mask = static_cast<__mmask16>(inner - k >= 16 ? 0xffff : (1u << (inner - k)) - 1);
       // VCVTPS2DQ rounds by MXCSR: to nearest even, as jnp.round does. The values past inner are zeros.
-      const __m512i rounded = _mm512_cvtps_epi32(_mm512_div_ps(LoadFloats(values + k, mask), divisor));
-      const __m512i clipped = _mm512_max_epi32(_mm512_min_epi32(rounded, _mm512_set1_epi32(127)),
-                                               _mm512_set1_epi32(-127));
-      alignas(16) uint32_t four[4];
-      _mm_store_si128(reinterpret_cast<__m128i*>(four),
-                      _mm_xor_si128(_mm512_cvtepi32_epi8(clipped), _mm_set1_epi32(static_cast<int32_t>(kShift))));
+      const __m512i rounded = _mm512_cvtps_epi32(_mm512_mul_ps(LoadFloats(values + k, mask), inverse));
+      const __m512i v = _mm512_max_epi32(_mm512_min_epi32(rounded, _mm512_set1_epi32(kLimit)),
+                                         _mm512_set1_epi32(-kLimit));
       const int64_t g = k / 4, count = std::min<int64_t>(4, groups - g);
-      for (int64_t j = 0; j < count; ++j) at[(g + j) * stride] = four[j];
+      alignas(16) uint32_t four[4];
+      const __m128i shift = _mm_set1_epi32(static_cast<int32_t>(kShift));
+      if constexpr (kDigits) {
+        const __m512i high = _mm512_srai_epi32(_mm512_add_epi32(v, _mm512_set1_epi32(128)), 8);
+        const __m512i low = _mm512_sub_epi32(v, _mm512_slli_epi32(high, 8));
+        _mm_store_si128(reinterpret_cast<__m128i*>(four), _mm_xor_si128(_mm512_cvtepi32_epi8(high), shift));
+        for (int64_t j = 0; j < count; ++j) at[(g + j) * stride] = four[j];
+        _mm_store_si128(reinterpret_cast<__m128i*>(four), _mm_xor_si128(_mm512_cvtepi32_epi8(low), shift));
+        for (int64_t j = 0; j < count; ++j) at[next_row + (g + j) * stride] = four[j];
+      } else {
+        _mm_store_si128(reinterpret_cast<__m128i*>(four), _mm_xor_si128(_mm512_cvtepi32_epi8(v), shift));
+        for (int64_t j = 0; j < count; ++j) at[(g + j) * stride] = four[j];
+      }
     }
   }
   return words;
