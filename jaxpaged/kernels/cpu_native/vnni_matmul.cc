@@ -61,6 +61,11 @@ constexpr int64_t kGroupBytes = 64;  // one panel row: 16 columns x 4 inner valu
 constexpr int64_t kBlockRows = 72;   // rows per work item: their int8 rows stay in L2 while the panels stream by
 constexpr int64_t kPanelsPerItem = 4;
 constexpr int kMaxWeights = 4;
+// The smallest tile an even split of a block's rows may use: 4 rows x 2 panels is 8 independent VPDPBUSD sums, more
+// than its latency needs. tile_split's default (10 rows at 12-row tiles) suits the float FMA tiles; here it made a
+// 16-row block two overlapping 12-row tiles, 24 rows of work, and the even split (8 + 8) ran 1.12x faster, 13 rows
+// 1.33x (one thread, benchmarks/kernels/int8_tiles).
+constexpr int64_t kSmallestEvenTile = 4;
 
 using namespace vnni_tiles;  // the register tile by vector width
 
@@ -185,7 +190,7 @@ void MultiplyPanels(const Problem& p, int64_t first, int64_t end, int64_t panel_
     } else {
       MultiplyFewRows<kPanels, false>(p, num_rows, row, panel_index);
     }
-  });
+  }, kSmallestEvenTile);
 }
 
 // One work item: a block of rows against a run of panels, two panels per tile where the run allows.
