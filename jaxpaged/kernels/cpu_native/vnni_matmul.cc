@@ -17,16 +17,20 @@
 //              as int32: 128 * sum_k W[k, c].
 //   scales     f32 [outer] per weight, after every weight's panels.
 // Results, one per weight: f32 [rows, outer] = float(sum_k x[r, k] W[k, c]) * row_scale[r] * scale[c].
+// The quantizing calls (AVX-512 VNNI builds; JaxpagedVnniW8A8*, JaxpagedVnniDigits*) take float32 or bfloat16 rows
+// x [rows, inner] and num_rows instead of the first three operands, quantize each row themselves (vnni_rows.h: w8a8's
+// int8 values, or weight-only int8's two int8 digits of 16-bit values) and return results in x's dtype.
 //
 // VPDPBUSD multiplies unsigned bytes by signed ones: x is shifted to unsigned once per call, x + 128 (an XOR of its
 // sign bit), so the instruction sums (x + 128) * W, and the correction 128 * sum_k W[k, c], computed at pack time, is
-// subtracted.
+// subtracted. The shifted rows are arranged by groups of four per row block (vnni_rows.h), so a tile's broadcasts
+// step along one pointer.
 // Every product and sum is an exact int32 (|sum| <= 255 * 128 * inner < 2^31 for inner < 65,000), so the result
 // matches an int8 x int8 dot with int32 sums bit for bit before the scales.
 //
-// Work: register tiles (12 rows x 2 panels with AVX-512, 6 rows x 1 panel with AVX-VNNI), each summed over the whole
-// inner dimension; work items (row block, run of panels of one weight) handed out through an atomic counter to the
-// caller and XLA's intra-op threads, as packed_matmul.cc does.
+// Work: register tiles (vnni_tiles.h: 12 rows x 2 panels with AVX-512, 6 rows x 1 panel with AVX-VNNI), each summed
+// over the whole inner dimension; work items (row block, run of panels of one weight) handed out through an atomic
+// counter to the caller and XLA's intra-op threads, as packed_matmul.cc does.
 
 #include <immintrin.h>
 

@@ -6,6 +6,10 @@ holds columns 16p .. 16p + 15, its row g the four values W[4g .. 4g + 3, c] of e
 with zeros to a multiple of 4), the order VPDPBUSD reads; its last row holds the columns' corrections 128 * sum_k
 W[k, c] as int32 bytes (the kernel shifts x to unsigned by +128 and takes them back off). Built only where this CPU
 has the instruction: elsewhere vnni_available() is False and w8a8 stays on XLA's int8 dot.
+
+vnni_matmuls takes rows already quantized to int8; vnni_quantizing_matmuls (AVX-512 VNNI builds) takes float32 or
+bfloat16 rows and quantizes them in the kernel, as w8a8 (int8_activations.quantize_rows) or as weight-only int8's two
+int8 digits (int16_activations.split_rows), with the same values and scales as XLA computes them.
 """
 
 import functools

@@ -71,9 +71,9 @@ inline __m512 LoadFloats(const uint16_t* at, __mmask16 mask) {
 // all-zero row: s 0, v 0, divided by 1); each row's s into row_scale, and its values, shifted and arranged, into the
 // returned words. XLA's algebraic simplifier turns both divisions into multiplies by a float32 reciprocal (1 / limit
 // folded, 1 / s once per row), which an IEEE division differs from by an ulp now and then, moving some v by one:
-// done the same way here, the values and scales equal XLA's bit for bit. kDigits (limit 32,639): each v as two int8 digits, v = 256 hi + lo with hi =
-// floor((v + 128) / 256) (int16_activations.split_rows), row r's high digits as arranged row 2r and its low as
-// 2r + 1; else (limit 127) v itself as row r.
+// done the same way here, the values and scales equal XLA's bit for bit. kDigits (limit 32,639): each v as two int8
+// digits, v = 256 hi + lo with hi = floor((v + 128) / 256) (int16_activations.split_rows), row r's high digits as
+// arranged row 2r and its low as 2r + 1; else (limit 127) v itself as row r.
 template <bool kDigits, typename Element>
 const uint32_t* QuantizeRows(const Element* x, int64_t rows, int64_t inner, int64_t block_rows, float* row_scale) {
   constexpr int32_t kLimit = kDigits ? 127 * 256 + 127 : 127;

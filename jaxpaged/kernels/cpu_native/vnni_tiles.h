@@ -70,8 +70,8 @@ inline Acc Dot(Acc sum, Acc unsigned_x, Acc weights) {
 #endif
 using Floats = __m256;
 inline Floats Exact(Acc sum, const int8_t* correction) {
-  const __m256i exact = _mm256_sub_epi32((__m256i)sum, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(correction)));
-  return _mm256_cvtepi32_ps(exact);
+  const __m256i corrections = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(correction));
+  return _mm256_cvtepi32_ps(_mm256_sub_epi32((__m256i)sum, corrections));
 }
 inline Floats Combine(Floats high, Floats low) { return _mm256_fmadd_ps(high, _mm256_set1_ps(256.0f), low); }
 inline Floats Scale(Floats value, float row_scale, const float* scale) {
