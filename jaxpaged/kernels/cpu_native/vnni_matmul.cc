@@ -276,7 +276,7 @@ ffi::Error VnniMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::S8> x, ffi::Buf
   return ffi::Error::Success();
 }
 
-#if defined(JAXPAGED_VNNI_ZMM)
+#if defined(JAXPAGED_VNNI_ZMM) && defined(__AVX512BW__)  // vnni_rows.h's QuantizeRows
 // From float rows: x (float32 or bfloat16) is quantized per row here (vnni_rows.h: the same values and scales as
 // int8_activations.quantize_rows, or kDigits: int16_activations.split_rows's two int8 digits), in the pass that
 // arranges it, and the results come out in x's dtype. Quantizing in XLA cost a fused reduce and elementwise pass, an
@@ -339,7 +339,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpagedVnniMatmul, VnniMatmulImpl,
                                   .RemainingArgs()
                                   .RemainingRets());
 
-#if defined(JAXPAGED_VNNI_ZMM)
+#if defined(JAXPAGED_VNNI_ZMM) && defined(__AVX512BW__)
 // Only with AVX-512 VNNI (the quantizing pass uses AVX-512): elsewhere vnni_matmul.py quantizes in XLA.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpagedVnniW8A8F32, (QuantizingImpl<ffi::DataType::F32, false>),
                               ffi::Ffi::Bind()
