@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Float32, Int, Int8
 
 from jaxpaged.kernels.cpu_native.native_build import cpu_identity
-from jaxpaged.kernels.cpu_native.vnni_matmul import vnni_matmuls
+from jaxpaged.kernels.cpu_native.vnni_matmul import quantizing_vnni_available, vnni_matmuls, vnni_quantizing_matmuls
 from jaxpaged.models.int8_activations import round_rows
 
 DIGIT_BASE = 256
@@ -86,11 +86,15 @@ class VnniW8A16Weight(NamedTuple):
 
 
 def vnni_w8a16_products(x: Float[Array, "tokens inner"], weights: Sequence[VnniW8A16Weight],
-                        num_rows: Optional[Int[Array, ""]] = None) -> tuple[Float32[Array, "tokens _outer"], ...]:
+                        num_rows: Optional[Int[Array, ""]] = None) -> tuple[Float[Array, "tokens _outer"], ...]:
     """x @ each weight with x kept to 16 bits per row, on the native VNNI matmul: both digit rows in one call (exact
-    int32 sums), the high digit's rows scaled by DIGIT_BASE * scale, the low's by scale, then added. `num_rows` is
-    not used: the digit rows are stacked, so the padding rows sit in the middle (they are zeros, multiplied anyway)."""
-    del num_rows
+    int32 sums). With AVX-512 VNNI the kernel splits the rows itself and combines each pair of sums as w8a16_product
+    does (vnni_quantizing_matmuls; results in x's dtype, padding rows from `num_rows` skipped); else XLA splits them
+    and the high digit's rows are scaled by DIGIT_BASE * scale, the low's by scale, then added (`num_rows` unused:
+    the stacked digit rows put the padding in the middle, zeros multiplied anyway)."""
+    if quantizing_vnni_available():
+        return vnni_quantizing_matmuls(x, [w.panels for w in weights], [w.scale for w in weights], digits=True,
+                                       num_rows=num_rows)
     high, low, row_scale = split_rows(x)
     tokens = x.shape[0]
     both = vnni_matmuls(jnp.concatenate([high, low]), jnp.concatenate([DIGIT_BASE * row_scale, row_scale]),

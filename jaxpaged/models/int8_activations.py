@@ -8,8 +8,9 @@ cores take it as it is; XLA:CPU runs it as an integer matmul) and scaled back as
 cannot overflow here: |acc| <= 127 * 127 * inner, under 2^31 for inner < 133,000.
 
 On a CPU with VPDPBUSD (AVX-512 VNNI, AVX-VNNI) the same product can run natively against weights packed once at
-load (VnniW8A8Weight, kernels/cpu_native/vnni_matmul.py): the rows are quantized here, by the same quantize_rows,
-and the int32 sums are exact either way, so both paths give the same results.
+load (VnniW8A8Weight, kernels/cpu_native/vnni_matmul.py): the rows are quantized by the same rule (by quantize_rows, or
+with AVX-512 inside the kernel, the same float32 operations), and the int32 sums are exact either way, so both paths
+give the same results.
 
 This is vLLM's dynamic per-token W8A8 (compressed-tensors "input_activations": strategy token, dynamic), so a W8A8
 checkpoint runs as it was calibrated.
@@ -22,7 +23,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Float32, Int, Int8
 
-from jaxpaged.kernels.cpu_native.vnni_matmul import vnni_matmuls
+from jaxpaged.kernels.cpu_native.vnni_matmul import quantizing_vnni_available, vnni_matmuls, vnni_quantizing_matmuls
 from jaxpaged.models.int8_weights import INT8_MAX
 
 
@@ -70,7 +71,10 @@ class VnniW8A8Weight(NamedTuple):
 
 
 def vnni_w8a8_products(x: Float[Array, "tokens inner"], weights: Sequence[VnniW8A8Weight],
-                       num_rows: Optional[Int[Array, ""]] = None) -> tuple[Float32[Array, "tokens _outer"], ...]:
-    """x @ each weight with x quantized per row once for all of them, on the native VNNI matmul (one call)."""
+                       num_rows: Optional[Int[Array, ""]] = None) -> tuple[Float[Array, "tokens _outer"], ...]:
+    """x @ each weight with x quantized per row once for all of them, on the native VNNI matmul (one call): the
+    kernel quantizes the rows itself where it can (AVX-512 VNNI), else XLA does (quantize_rows)."""
+    if quantizing_vnni_available():
+        return vnni_quantizing_matmuls(x, [w.panels for w in weights], [w.scale for w in weights], num_rows=num_rows)
     quantized, row_scale = quantize_rows(x)
     return vnni_matmuls(quantized, row_scale, [w.panels for w in weights], [w.scale for w in weights], num_rows)

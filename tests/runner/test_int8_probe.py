@@ -200,3 +200,20 @@ def test_weight_only_int8_times_the_bf16_panels_where_the_cpu_has_avx512_bf16(fa
     assert {path for path, _ in timed} == {FLOAT, "int16 digits", "panels", "xla", "bf16 panels"}
     monkeypatch.setattr(int8_probe, "int8_bf16_available", lambda: False)
     assert "bf16 panels" not in int8_probe.int8_candidates(True, 1)
+
+
+def test_a_changed_kernel_or_header_it_includes_is_measured_again(tmp_path, monkeypatch):
+    """The verdict's key covers every kernel the probe times and the local headers each includes: editing the VNNI
+    kernel's header (not only packed_matmul.cc) gives a new key, so the old verdict is not read back."""
+    from jaxpaged.kernels.cpu_native import vnni_matmul
+
+    (tmp_path / "rows.h").write_text("// first\n")
+    source = tmp_path / "kernel.cc"
+    source.write_text('#include "rows.h"\n#include "xla/ffi/api/ffi.h"\n')
+    monkeypatch.setattr(vnni_matmul, "SOURCE", source)
+    first = _TINY.key()
+    assert _TINY.key() == first  # nothing changed: the same key
+    (tmp_path / "rows.h").write_text("// second\n")
+    second = _TINY.key()
+    source.write_text('#include "rows.h"\n// edited\n')
+    assert len({first, second, _TINY.key()}) == 3

@@ -17,8 +17,10 @@ namespace tile_split {
 // latency, and the same weight loads as a whole tile: it ran at about half the FMA rate.) The 64 rows of a decode step
 // took 72 rows of work with overlapping tiles alone, 12.5 % more than the even split. Only a block smaller than a
 // tile takes a smaller tile otherwise.
+// `smallest_even`: the smallest tile the even split may use (default tile_rows - 2; a kernel whose instruction's
+// latency a smaller tile still covers passes less).
 template <typename Visit>
-inline void ForEachTile(int64_t first, int64_t end, int64_t tile_rows, Visit visit) {
+inline void ForEachTile(int64_t first, int64_t end, int64_t tile_rows, Visit visit, int64_t smallest_even = -1) {
   const int64_t num_rows = end - first;
   if (num_rows <= tile_rows) {
     visit(first, num_rows, int64_t{0}, int64_t{1});
@@ -26,7 +28,7 @@ inline void ForEachTile(int64_t first, int64_t end, int64_t tile_rows, Visit vis
   }
   const int64_t num_tiles = (num_rows + tile_rows - 1) / tile_rows;
   const int64_t smaller = num_rows / num_tiles, num_larger = num_rows % num_tiles;
-  if (smaller >= tile_rows - 2) {
+  if (smaller >= (smallest_even < 0 ? tile_rows - 2 : smallest_even)) {
     int64_t row = first;
     for (int64_t tile = 0; tile < num_tiles; ++tile) {
       const int64_t rows = smaller + (tile < num_larger ? 1 : 0);

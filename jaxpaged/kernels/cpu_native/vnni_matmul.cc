@@ -17,16 +17,20 @@
 //              as int32: 128 * sum_k W[k, c].
 //   scales     f32 [outer] per weight, after every weight's panels.
 // Results, one per weight: f32 [rows, outer] = float(sum_k x[r, k] W[k, c]) * row_scale[r] * scale[c].
+// The quantizing calls (AVX-512 VNNI builds; JaxpagedVnniW8A8*, JaxpagedVnniDigits*) take float32 or bfloat16 rows
+// x [rows, inner] and num_rows instead of the first three operands, quantize each row themselves (vnni_rows.h: w8a8's
+// int8 values, or weight-only int8's two int8 digits of 16-bit values) and return results in x's dtype.
 //
 // VPDPBUSD multiplies unsigned bytes by signed ones: x is shifted to unsigned once per call, x + 128 (an XOR of its
 // sign bit), so the instruction sums (x + 128) * W, and the correction 128 * sum_k W[k, c], computed at pack time, is
-// subtracted.
+// subtracted. The shifted rows are arranged by groups of four per row block (vnni_rows.h), so a tile's broadcasts
+// step along one pointer.
 // Every product and sum is an exact int32 (|sum| <= 255 * 128 * inner < 2^31 for inner < 65,000), so the result
 // matches an int8 x int8 dot with int32 sums bit for bit before the scales.
 //
-// Work: register tiles (12 rows x 2 panels with AVX-512, 6 rows x 1 panel with AVX-VNNI), each summed over the whole
-// inner dimension; work items (row block, run of panels of one weight) handed out through an atomic counter to the
-// caller and XLA's intra-op threads, as packed_matmul.cc does.
+// Work: register tiles (vnni_tiles.h: 12 rows x 2 panels with AVX-512, 6 rows x 1 panel with AVX-VNNI), each summed
+// over the whole inner dimension; work items (row block, run of panels of one weight) handed out through an atomic
+// counter to the caller and XLA's intra-op threads, as packed_matmul.cc does.
 
 #include <immintrin.h>
 
@@ -41,6 +45,7 @@
 
 #include "panel_work.h"
 #include "tile_split.h"
+#include "vnni_rows.h"
 #include "xla/ffi/api/ffi.h"
 
 #if defined(__AVX512F__) && defined(__AVX512VNNI__) || defined(__AVXVNNI__)
@@ -48,6 +53,8 @@
 #endif
 
 #if defined(JAXPAGED_HAS_VNNI)
+
+#include "vnni_tiles.h"
 
 namespace ffi = xla::ffi;
 
@@ -58,175 +65,187 @@ constexpr int64_t kGroupBytes = 64;  // one panel row: 16 columns x 4 inner valu
 constexpr int64_t kBlockRows = 72;   // rows per work item: their int8 rows stay in L2 while the panels stream by
 constexpr int64_t kPanelsPerItem = 4;
 constexpr int kMaxWeights = 4;
+// The smallest tile an even split of a block's rows may use: 4 rows x 2 panels is 8 independent VPDPBUSD sums, more
+// than its latency needs. tile_split's default (10 rows at 12-row tiles) suits the float FMA tiles; here it made a
+// 16-row block two overlapping 12-row tiles, 24 rows of work, and the even split (8 + 8) ran 1.12x faster, 13 rows
+// 1.33x (one thread, benchmarks/kernels/int8_tiles).
+constexpr int64_t kSmallestEvenTile = 4;
 
-// JAXPAGED_VNNI_YMM builds the ymm tiling on an AVX-512 VNNI CPU too (the tests check it there).
-#if defined(__AVX512F__) && defined(__AVX512VNNI__) && !defined(JAXPAGED_VNNI_YMM)
-#define JAXPAGED_VNNI_ZMM 1
-// One zmm holds a whole panel row: 16 columns' int32 sums.
-using Acc = __m512i;
-constexpr int kVectorsPerPanel = 1;
-constexpr int kLanes = 16;
-constexpr int64_t kTileRows = 12;
-constexpr int kTilePanels = 2;
-inline Acc Zero() { return _mm512_setzero_si512(); }
-inline Acc LoadBytes(const int8_t* at) { return _mm512_loadu_si512(at); }
-inline Acc Broadcast(uint32_t four) { return _mm512_set1_epi32(static_cast<int32_t>(four)); }
-inline Acc Dot(Acc sum, Acc unsigned_x, Acc weights) { return _mm512_dpbusd_epi32(sum, unsigned_x, weights); }
-// (sum - correction) as float32, times the row's scale, then each column's; stored to `out`.
-inline void Finish(Acc sum, const int8_t* correction, float row_scale, const float* scale, float* out) {
-  const __m512i exact = _mm512_sub_epi32(sum, _mm512_loadu_si512(correction));
-  const __m512 scaled = _mm512_mul_ps(_mm512_cvtepi32_ps(exact), _mm512_set1_ps(row_scale));
-  _mm512_storeu_ps(out, _mm512_mul_ps(scaled, _mm512_loadu_ps(scale)));
-}
-#else
-// AVX-VNNI: a panel row is two ymm halves, columns 0-7 and 8-15.
-using Acc = __m256i;
-constexpr int kVectorsPerPanel = 2;
-constexpr int kLanes = 8;
-constexpr int64_t kTileRows = 6;
-constexpr int kTilePanels = 1;
-inline Acc Zero() { return _mm256_setzero_si256(); }
-inline Acc LoadBytes(const int8_t* at) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at)); }
-inline Acc Broadcast(uint32_t four) { return _mm256_set1_epi32(static_cast<int32_t>(four)); }
-#if defined(__AVX512VL__) && defined(__AVX512VNNI__)
-inline Acc Dot(Acc sum, Acc unsigned_x, Acc weights) { return _mm256_dpbusd_epi32(sum, unsigned_x, weights); }
-#else
-inline Acc Dot(Acc sum, Acc unsigned_x, Acc weights) { return _mm256_dpbusd_avx_epi32(sum, unsigned_x, weights); }
-#endif
-inline void Finish(Acc sum, const int8_t* correction, float row_scale, const float* scale, float* out) {
-  const __m256i exact = _mm256_sub_epi32(sum, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(correction)));
-  const __m256 scaled = _mm256_mul_ps(_mm256_cvtepi32_ps(exact), _mm256_set1_ps(row_scale));
-  _mm256_storeu_ps(out, _mm256_mul_ps(scaled, _mm256_loadu_ps(scale)));
-}
-#endif
+using namespace vnni_tiles;  // the register tile by vector width
+
+// Every loop over a tile's rows and vectors is unrolled whole, so the sums stay in registers: GCC left the finishing
+// loop (a few instructions a vector) rolled, which made the sums an array in memory, loaded and stored around every
+// VPDPBUSD of the inner loop.
+#define JAXPAGED_UNROLL _Pragma("GCC unroll 32")
 
 struct Problem {
-  const uint8_t* x;  // the rows shifted to unsigned (x + 128), once per call: see ShiftRows
-  const float* row_scale;
+  const uint32_t* x;  // the rows shifted to unsigned and arranged by groups, once per call (vnni_rows.h)
+  const float* row_scale;  // one per result row
   const int8_t* panels;
   const float* scales;
-  float* out;
-  int64_t rows, inner, outer;  // rows: the rows multiplied (num_rows), not the padding after them
+  float* out;  // the float32 result, or nullptr when it is rounded to bfloat16 (out_bfloat16)
+  int64_t rows, inner, outer;  // rows: the rows multiplied (num_rows; digits: twice the result rows), no padding
+  uint16_t* out_bfloat16 = nullptr;  // the results rounded to nearest even, as XLA's convert does
+  bool digits = false;  // rows 2i and 2i + 1 are result row i's high and low int8 digits (int16_activations.py)
   int64_t groups() const { return (inner + 3) / 4; }
   int64_t panel_size() const { return (groups() + 1) * kGroupBytes; }  // the corrections' row included
 };
 
-// The four shifted x values of group g of a row. The last group of an inner size that is no multiple of 4 reads only
-// the values that exist (its missing weights are zero, so the filler adds nothing).
-inline uint32_t PartialGroup(const uint8_t* row, int64_t g, int64_t inner) {
-  uint32_t four = 0;
-  std::memcpy(&four, row + 4 * g, static_cast<size_t>(std::min<int64_t>(4, inner - 4 * g)));
-  return four;
-}
-
-// x's first `rows` rows shifted to unsigned (x XOR 0x80 in each byte is x + 128), into a buffer reused by the calls
-// on this thread. Shifting each value as it is broadcast cost a scalar load, an XOR and a broadcast from a general
-// register for every 2 VPDPBUSD; shifted once per call, a broadcast is one load (the pass reads a few hundred KiB).
-const uint8_t* ShiftRows(const int8_t* x, int64_t rows, int64_t inner) {
-  thread_local std::vector<uint8_t> shifted;
-  const int64_t size = rows * inner;
-  if (static_cast<int64_t>(shifted.size()) < size) shifted.resize(size);
-  int64_t i = 0;
-  for (; i + 8 <= size; i += 8) {
-    uint64_t eight;
-    std::memcpy(&eight, x + i, sizeof(eight));
-    eight ^= 0x8080808080808080ull;
-    std::memcpy(shifted.data() + i, &eight, sizeof(eight));
-  }
-  for (; i < size; ++i) shifted[i] = static_cast<uint8_t>(x[i]) ^ 0x80u;
-  return shifted.data();
+// One result vector: `value` (exact sums as float32) scaled and stored at result row `row`, column `column`.
+inline void Finish(const Problem& p, Floats value, int64_t row, int64_t column) {
+  const Floats scaled = Scale(value, p.row_scale[row], p.scales + column);
+#if defined(JAXPAGED_VNNI_ZMM)
+  if (p.out_bfloat16 != nullptr) return Store(scaled, p.out_bfloat16 + row * p.outer + column);
+#endif
+  Store(scaled, p.out + row * p.outer + column);
 }
 
 // kRows rows x kPanels adjacent panels (from `panel_index`) of the output, summed over the whole inner dimension.
-template <int kRows, int kPanels>
-void MultiplyTile(const Problem& p, int64_t row, int64_t panel_index) {
+// The rows lie in one row block (the work items never cross one). kDigits: the rows are digit pairs (kRows even,
+// `row` even), each pair finished as one result row, 256 x high + low.
+template <int kRows, int kPanels, bool kDigits = false>
+void MultiplyTile(const Problem& p, int64_t row, int64_t panel_index, const int8_t* upcoming, int64_t phase,
+                  int64_t stride) {
   constexpr int kVectors = kPanels * kVectorsPerPanel;
-  const int64_t groups = p.groups(), full_groups = p.inner / 4, panel_size = p.panel_size();
+  const int64_t groups = p.groups(), panel_size = p.panel_size();
   const int8_t* panel = p.panels + panel_index * panel_size;
-  const uint8_t* x = p.x + row * p.inner;
+  const int64_t block_first = row - row % kBlockRows, block_rows = std::min(kBlockRows, p.rows - block_first);
+  const uint32_t* x = p.x + block_first * groups + (row - block_first);
   Acc sums[kRows][kVectors];
+  JAXPAGED_UNROLL
   for (int r = 0; r < kRows; ++r) {
+    JAXPAGED_UNROLL
     for (int v = 0; v < kVectors; ++v) sums[r][v] = Zero();
   }
-  auto step = [&](int64_t g, auto&& x_group) {
+  int64_t steps_to_prefetch = phase + 1;  // a counter, not g % stride: no division in the inner loop
+  for (int64_t g = 0; g < groups; ++g, x += block_rows) {
+    if (upcoming != nullptr && --steps_to_prefetch == 0) {
+      steps_to_prefetch = stride;
+      JAXPAGED_UNROLL
+      for (int q = 0; q < kPanels; ++q) __builtin_prefetch(upcoming + q * panel_size + g * kGroupBytes, 0, 2);
+    }
     Acc weights[kVectors];
+    JAXPAGED_UNROLL
     for (int q = 0; q < kPanels; ++q) {
+      JAXPAGED_UNROLL
       for (int h = 0; h < kVectorsPerPanel; ++h) {
         weights[q * kVectorsPerPanel + h] = LoadBytes(panel + q * panel_size + g * kGroupBytes + h * kLanes * 4);
       }
     }
+    JAXPAGED_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      const Acc value = Broadcast(x_group(x + r * p.inner));
+      const Acc value = Broadcast(x[r]);
+      JAXPAGED_UNROLL
       for (int v = 0; v < kVectors; ++v) sums[r][v] = Dot(sums[r][v], value, weights[v]);
     }
-  };
-  for (int64_t g = 0; g < full_groups; ++g) {
-    step(g, [g](const uint8_t* row) {
-      uint32_t four;
-      std::memcpy(&four, row + 4 * g, sizeof(four));
-      return four;
-    });
   }
-  if (full_groups < groups) step(full_groups, [&](const uint8_t* row) { return PartialGroup(row, full_groups, p.inner); });
-  for (int r = 0; r < kRows; ++r) {
-    float* out = p.out + (row + r) * p.outer + panel_index * kPanelWidth;
-    const float row_scale = p.row_scale[row + r];
-    for (int q = 0; q < kPanels; ++q) {
-      const int8_t* corrections = panel + q * panel_size + groups * kGroupBytes;
-      for (int h = 0; h < kVectorsPerPanel; ++h) {
-        const int64_t column = q * kPanelWidth + h * kLanes;
-        Finish(sums[r][q * kVectorsPerPanel + h], corrections + h * kLanes * 4, row_scale,
-               p.scales + panel_index * kPanelWidth + column, out + column);
+  JAXPAGED_UNROLL
+  for (int q = 0; q < kPanels; ++q) {
+    const int8_t* corrections = panel + q * panel_size + groups * kGroupBytes;
+    JAXPAGED_UNROLL
+    for (int h = 0; h < kVectorsPerPanel; ++h) {
+      const int64_t column = (panel_index + q) * kPanelWidth + h * kLanes;
+      const int8_t* correction = corrections + h * kLanes * 4;
+      const int v = q * kVectorsPerPanel + h;
+      JAXPAGED_UNROLL
+      for (int r = 0; r < kRows; r += kDigits ? 2 : 1) {
+        if constexpr (kDigits) {
+          // The same float32 steps as int16_activations.w8a16_product: 256 x high is exact, one rounding adding low.
+          Finish(p, Combine(Exact(sums[r][v], correction), Exact(sums[r + 1][v], correction)), (row + r) / 2, column);
+        } else {
+          Finish(p, Exact(sums[r][v], correction), row + r, column);
+        }
       }
     }
   }
 }
 
-// Fewer than kTileRows rows, in one smaller tile (only when the whole block is smaller than a tile).
-template <int kPanels>
-void MultiplyFewRows(const Problem& p, int64_t num_rows, int64_t row, int64_t panel_index) {
+// Fewer than kTileRows rows (kDigits: digit pairs, num_rows of them), in one smaller tile.
+template <int kPanels, bool kDigits>
+void MultiplyFewRows(const Problem& p, int64_t num_rows, int64_t row, int64_t panel_index, const int8_t* upcoming,
+                     int64_t phase, int64_t stride) {
+  constexpr int kRowsPer = kDigits ? 2 : 1;
   switch (num_rows) {
 #if defined(JAXPAGED_VNNI_ZMM)
-    case 11: MultiplyTile<11, kPanels>(p, row, panel_index); break;
-    case 10: MultiplyTile<10, kPanels>(p, row, panel_index); break;
-    case 9: MultiplyTile<9, kPanels>(p, row, panel_index); break;
-    case 8: MultiplyTile<8, kPanels>(p, row, panel_index); break;
-    case 7: MultiplyTile<7, kPanels>(p, row, panel_index); break;
-    case 6: MultiplyTile<6, kPanels>(p, row, panel_index); break;
+    case 11: if constexpr (!kDigits) MultiplyTile<11, kPanels>(p, row, panel_index, upcoming, phase, stride); break;
+    case 10: if constexpr (!kDigits) MultiplyTile<10, kPanels>(p, row, panel_index, upcoming, phase, stride); break;
+    case 9: if constexpr (!kDigits) MultiplyTile<9, kPanels>(p, row, panel_index, upcoming, phase, stride); break;
+    case 8: if constexpr (!kDigits) MultiplyTile<8, kPanels>(p, row, panel_index, upcoming, phase, stride); break;
+    case 7: if constexpr (!kDigits) MultiplyTile<7, kPanels>(p, row, panel_index, upcoming, phase, stride); break;
+    case 6: MultiplyTile<6 * kRowsPer, kPanels, kDigits>(p, row, panel_index, upcoming, phase, stride); break;
+    case 5: MultiplyTile<5 * kRowsPer, kPanels, kDigits>(p, row, panel_index, upcoming, phase, stride); break;
+    case 4: MultiplyTile<4 * kRowsPer, kPanels, kDigits>(p, row, panel_index, upcoming, phase, stride); break;
+#else
+    case 5: if constexpr (!kDigits) MultiplyTile<5, kPanels>(p, row, panel_index, upcoming, phase, stride); break;
+    case 4: if constexpr (!kDigits) MultiplyTile<4, kPanels>(p, row, panel_index, upcoming, phase, stride); break;
 #endif
-    case 5: MultiplyTile<5, kPanels>(p, row, panel_index); break;
-    case 4: MultiplyTile<4, kPanels>(p, row, panel_index); break;
-    case 3: MultiplyTile<3, kPanels>(p, row, panel_index); break;
-    case 2: MultiplyTile<2, kPanels>(p, row, panel_index); break;
-    case 1: MultiplyTile<1, kPanels>(p, row, panel_index); break;
+    case 3: MultiplyTile<3 * kRowsPer, kPanels, kDigits>(p, row, panel_index, upcoming, phase, stride); break;
+    case 2: MultiplyTile<2 * kRowsPer, kPanels, kDigits>(p, row, panel_index, upcoming, phase, stride); break;
+    case 1: MultiplyTile<1 * kRowsPer, kPanels, kDigits>(p, row, panel_index, upcoming, phase, stride); break;
     default: break;
   }
 }
 
-// Rows [first, end) of kPanels panels, in the tiles tile_split.h cuts them into.
+// Rows [first, end) of kPanels panels, in the tiles tile_split.h cuts them into; digits: cut by digit pairs, half a
+// tile's rows of pairs at most, so no pair is split.
 template <int kPanels>
-void MultiplyPanels(const Problem& p, int64_t first, int64_t end, int64_t panel_index) {
-  tile_split::ForEachTile(first, end, kTileRows, [&](int64_t row, int64_t num_rows, int64_t, int64_t) {
+void MultiplyPanels(const Problem& p, int64_t first, int64_t end, int64_t panel_index, const int8_t* upcoming) {
+  if (p.digits) {
+    tile_split::ForEachTile(first / 2, end / 2, kTileRows / 2, [&](int64_t pair, int64_t pairs, int64_t t, int64_t n) {
+      MultiplyFewRows<kPanels, true>(p, pairs, 2 * pair, panel_index, upcoming, t, n);
+    });
+    return;
+  }
+  tile_split::ForEachTile(first, end, kTileRows, [&](int64_t row, int64_t num_rows, int64_t t, int64_t n) {
     if (num_rows == kTileRows) {
-      MultiplyTile<kTileRows, kPanels>(p, row, panel_index);
+      MultiplyTile<kTileRows, kPanels>(p, row, panel_index, upcoming, t, n);
     } else {
-      MultiplyFewRows<kPanels>(p, num_rows, row, panel_index);
+      MultiplyFewRows<kPanels, false>(p, num_rows, row, panel_index, upcoming, t, n);
     }
-  });
+  }, kSmallestEvenTile);
 }
 
-// One work item: a block of rows against a run of panels, two panels per tile where the run allows.
+// One work item: a block of rows against a run of panels, two panels per tile where the run allows. The tiles of
+// each run of panels ask for the panels after it in memory as they go, each tile a share of the group rows (as
+// packed_matmul.cc does): on one thread (benchmarks/kernels/int8_tiles) w8a8 ran 1.35x faster at 1 row, 1.3-1.4x at
+// 16 rows, 1.03x at 64.
 void MultiplyItem(const Problem& p, int64_t first_row, int64_t end_row, int64_t panel, int64_t end_panel) {
+  const int64_t num_panels = p.outer / kPanelWidth;
+  auto next = [&](int64_t at) { return at < num_panels ? p.panels + at * p.panel_size() : nullptr; };
   for (; panel + kTilePanels <= end_panel; panel += kTilePanels) {
-    MultiplyPanels<kTilePanels>(p, first_row, end_row, panel);
+    MultiplyPanels<kTilePanels>(p, first_row, end_row, panel, next(panel + kTilePanels));
   }
-  if (panel < end_panel) MultiplyPanels<1>(p, first_row, end_row, panel);
+  if (panel < end_panel) MultiplyPanels<1>(p, first_row, end_row, panel, next(panel + 1));
 }
 
 // Every problem's items on the caller and XLA's intra-op threads (panel_work.h).
 void RunAll(const Problem* problems, int num_problems, ffi::ThreadPool& pool) {
   panel_work::RunPanelItems<kMaxWeights>(problems, num_problems, {kPanelWidth, kPanelsPerItem, kBlockRows}, pool,
                                          MultiplyItem);
+}
+
+// Checks weight w's panels, scales and result against x [all_rows, inner]; sets `outer`.
+ffi::Error CheckWeight(ffi::Span<const int64_t> panel_dims, size_t num_scales, ffi::Span<const int64_t> out_dims,
+                       int64_t all_rows, int64_t inner, int64_t& outer) {
+  const int64_t groups = (inner + 3) / 4;
+  if (panel_dims.size() != 3 || panel_dims[1] != groups + 1 || panel_dims[2] != kGroupBytes || out_dims.size() != 2 ||
+      out_dims[0] != all_rows || out_dims[1] != panel_dims[0] * kPanelWidth ||
+      num_scales != static_cast<size_t>(out_dims[1])) {
+    return ffi::Error::InvalidArgument("vnni_matmul: panels must be [outer / 16, ceil(inner / 4) + 1, 64], "
+                                       "scales [outer] and results [rows, outer], agreeing with x [rows, inner]");
+  }
+  outer = out_dims[1];
+  return ffi::Error::Success();
+}
+
+// The weights' count (1 to kMaxWeights, each with its scales, one result each), or an error.
+ffi::Error CountWeights(const ffi::RemainingArgs& weights, const ffi::RemainingRets& results, int& num_weights) {
+  num_weights = static_cast<int>(weights.size()) / 2;
+  if (num_weights < 1 || num_weights > kMaxWeights || weights.size() % 2 ||
+      static_cast<int>(results.size()) != num_weights) {
+    return ffi::Error::InvalidArgument("vnni_matmul: 1 to 4 weights, each with its scales, one result each");
+  }
+  return ffi::Error::Success();
 }
 
 ffi::Error VnniMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::S8> x, ffi::Buffer<ffi::F32> row_scale,
@@ -236,35 +255,77 @@ ffi::Error VnniMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::S8> x, ffi::Buf
     return ffi::Error::InvalidArgument("vnni_matmul: x must be [rows, inner] and row_scale [rows]");
   }
   if (num_rows.element_count() != 1) return ffi::Error::InvalidArgument("vnni_matmul: num_rows must be one int32");
-  const int num_weights = static_cast<int>(weights.size()) / 2;
-  if (num_weights < 1 || num_weights > kMaxWeights || weights.size() % 2 ||
-      static_cast<int>(results.size()) != num_weights) {
-    return ffi::Error::InvalidArgument("vnni_matmul: 1 to 4 weights, each with its scales, one result each");
-  }
+  int num_weights = 0;
+  if (auto error = CountWeights(weights, results, num_weights); error.failure()) return error;
   const int64_t all_rows = x_dims[0], inner = x_dims[1];
   const int64_t rows = std::clamp<int64_t>(num_rows.typed_data()[0], 0, all_rows);
-  const uint8_t* unsigned_x = ShiftRows(x.typed_data(), rows, inner);
+  const uint32_t* arranged_x = vnni_rows::ArrangeInt8(x.typed_data(), rows, inner, kBlockRows);
   Problem problems[kMaxWeights];
   for (int w = 0; w < num_weights; ++w) {
     panel_work::WeightArgs args;
     if (auto error = panel_work::GetWeightArgs(weights, results, num_weights, w, args); error.failure()) return error;
-    auto panel_dims = args.panel_dims;
-    auto out_dims = args.out_dims;
-    const int64_t groups = (inner + 3) / 4;
-    if (panel_dims.size() != 3 || panel_dims[1] != groups + 1 || panel_dims[2] != kGroupBytes ||
-        out_dims.size() != 2 || out_dims[0] != all_rows || out_dims[1] != panel_dims[0] * kPanelWidth ||
-        args.num_scales != static_cast<size_t>(out_dims[1])) {
-      return ffi::Error::InvalidArgument("vnni_matmul: panels must be [outer / 16, ceil(inner / 4) + 1, 64], "
-                                         "scales [outer] and results [rows, outer], agreeing with x [rows, inner]");
+    int64_t outer = 0;
+    if (auto error = CheckWeight(args.panel_dims, args.num_scales, args.out_dims, all_rows, inner, outer);
+        error.failure()) {
+      return error;
     }
-    const int64_t outer = out_dims[1];
-    float* result = args.out;
-    problems[w] = Problem{unsigned_x, row_scale.typed_data(), args.panels, args.scales, result, rows, inner, outer};
-    std::fill(result + rows * outer, result + all_rows * outer, 0.0f);  // padding rows: zeros, finite
+    problems[w] = Problem{arranged_x, row_scale.typed_data(), args.panels, args.scales, args.out, rows, inner, outer};
+    std::fill(args.out + rows * outer, args.out + all_rows * outer, 0.0f);  // padding rows: zeros, finite
   }
   RunAll(problems, num_weights, pool);
   return ffi::Error::Success();
 }
+
+#if defined(JAXPAGED_VNNI_ZMM) && defined(__AVX512BW__)  // vnni_rows.h's QuantizeRows
+// From float rows: x (float32 or bfloat16) is quantized per row here (vnni_rows.h: the same values and scales as
+// int8_activations.quantize_rows, or kDigits: int16_activations.split_rows's two int8 digits), in the pass that
+// arranges it, and the results come out in x's dtype. Quantizing in XLA cost a fused reduce and elementwise pass, an
+// int8 copy of x and a float32 result rounded by another pass: with them a step's w8a8 projections ran at 1.0-1.5x
+// the bfloat16 panels' speed while the VNNI tiles alone ran at ~2x (docs/performance.md).
+template <ffi::DataType kType, bool kDigits>
+ffi::Error QuantizingImpl(ffi::ThreadPool pool, ffi::Buffer<kType> x, ffi::Buffer<ffi::S32> num_rows,
+                          ffi::RemainingArgs weights, ffi::RemainingRets results) {
+  using Element = ffi::NativeType<kType>;  // float, or uint16_t holding bfloat16 bits
+  auto x_dims = x.dimensions();
+  if (x_dims.size() != 2) return ffi::Error::InvalidArgument("vnni_matmul: x must be [rows, inner]");
+  if (num_rows.element_count() != 1) return ffi::Error::InvalidArgument("vnni_matmul: num_rows must be one int32");
+  int num_weights = 0;
+  if (auto error = CountWeights(weights, results, num_weights); error.failure()) return error;
+  const int64_t all_rows = x_dims[0], inner = x_dims[1];
+  const int64_t rows = std::clamp<int64_t>(num_rows.typed_data()[0], 0, all_rows);
+  thread_local std::vector<float> row_scales;
+  if (static_cast<int64_t>(row_scales.size()) < rows) row_scales.resize(rows);
+  const uint32_t* arranged_x = vnni_rows::QuantizeRows<kDigits>(reinterpret_cast<const Element*>(x.typed_data()),
+                                                                rows, inner, kBlockRows, row_scales.data());
+  Problem problems[kMaxWeights];
+  for (int w = 0; w < num_weights; ++w) {
+    auto panels = weights.get<ffi::Buffer<ffi::S8>>(w);
+    auto scales = weights.get<ffi::Buffer<ffi::F32>>(num_weights + w);
+    auto out = results.get<ffi::Buffer<kType>>(w);
+    if (panels.has_error()) return panels.error();
+    if (scales.has_error()) return scales.error();
+    if (out.has_error()) return out.error();
+    int64_t outer = 0;
+    if (auto error = CheckWeight(panels->dimensions(), scales->element_count(), (*out)->dimensions(), all_rows,
+                                 inner, outer);
+        error.failure()) {
+      return error;
+    }
+    Element* result = reinterpret_cast<Element*>((*out)->typed_data());
+    problems[w] = Problem{arranged_x, row_scales.data(), panels->typed_data(), scales->typed_data(), nullptr,
+                          kDigits ? 2 * rows : rows, inner, outer};
+    problems[w].digits = kDigits;
+    if constexpr (kType == ffi::DataType::F32) {
+      problems[w].out = result;
+    } else {
+      problems[w].out_bfloat16 = result;
+    }
+    std::fill(result + rows * outer, result + all_rows * outer, Element{0});  // padding rows: zeros (+0 either way)
+  }
+  RunAll(problems, num_weights, pool);
+  return ffi::Error::Success();
+}
+#endif
 
 }  // namespace
 
@@ -277,5 +338,37 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpagedVnniMatmul, VnniMatmulImpl,
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .RemainingArgs()
                                   .RemainingRets());
+
+#if defined(JAXPAGED_VNNI_ZMM) && defined(__AVX512BW__)
+// Only with AVX-512 VNNI (the quantizing pass uses AVX-512): elsewhere vnni_matmul.py quantizes in XLA.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpagedVnniW8A8F32, (QuantizingImpl<ffi::DataType::F32, false>),
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .RemainingArgs()
+                                  .RemainingRets());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpagedVnniW8A8Bf16, (QuantizingImpl<ffi::DataType::BF16, false>),
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::BF16>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .RemainingArgs()
+                                  .RemainingRets());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpagedVnniDigitsF32, (QuantizingImpl<ffi::DataType::F32, true>),
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .RemainingArgs()
+                                  .RemainingRets());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxpagedVnniDigitsBf16, (QuantizingImpl<ffi::DataType::BF16, true>),
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::BF16>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .RemainingArgs()
+                                  .RemainingRets());
+#endif
 
 #endif  // JAXPAGED_HAS_VNNI
