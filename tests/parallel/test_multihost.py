@@ -98,14 +98,15 @@ def start_stream(base_url: str, events: list[str], first_event: threading.Event)
 def watch_health_until_exit(cluster: Cluster, bound_s: float) -> tuple[list[int], float, object]:
     """Polls /health until process 0 exits; the codes seen, seconds until exit and the exit code."""
     start, codes = time.monotonic(), []
-    while time.monotonic() - start < bound_s:
-        try:
-            codes.append(httpx.get(cluster.base_url + "/health", timeout=1).status_code)
-        except httpx.TransportError:
-            pass
-        if cluster.processes[0].poll() is not None:
-            break
-        time.sleep(0.2)
+    with httpx.Client(timeout=1) as client:  # one client: httpx.get builds an SSL context per call (~23 ms of CPU)
+        while time.monotonic() - start < bound_s:
+            try:
+                codes.append(client.get(cluster.base_url + "/health").status_code)
+            except httpx.TransportError:
+                pass
+            if cluster.processes[0].poll() is not None:
+                break
+            time.sleep(0.2)
     return codes, time.monotonic() - start, cluster.wait_exit(0, 5)
 
 
