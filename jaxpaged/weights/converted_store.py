@@ -9,12 +9,19 @@ import pathlib
 from typing import Any, Optional
 
 import numpy as np
-import orbax.checkpoint as ocp
 
 from jaxpaged.weights.generation_config import GENERATION_CONFIG_FILE
 
 MARKER_FILE = "jaxpaged.json"
 FORMAT_VERSION = 1
+
+
+def _checkpointer() -> Any:
+    """orbax's StandardCheckpointer, imported on first use: orbax's import is ~0.4 s of CPU that every process start
+    paid (`jaxpaged serve`, each test subprocess), and only a converted or GGUF-cached checkpoint needs it."""
+    import orbax.checkpoint as ocp
+
+    return ocp.StandardCheckpointer()
 
 
 def is_converted_checkpoint(path: pathlib.Path) -> bool:
@@ -34,7 +41,7 @@ def save_converted(path: pathlib.Path, hf_config: dict, params: dict[str, np.nda
     if generation_config:
         (path / GENERATION_CONFIG_FILE).write_text(json.dumps(generation_config, indent=1))
     tokenizer.save_pretrained(str(path))
-    checkpointer = ocp.StandardCheckpointer()
+    checkpointer = _checkpointer()
     checkpointer.save(path / "params", {k: np.asarray(v) for k, v in params.items()}, force=True)
     checkpointer.wait_until_finished()
     # The marker goes last: a half-written directory is never mistaken for a checkpoint.
@@ -54,5 +61,5 @@ def load_converted(path: pathlib.Path) -> tuple[dict, dict[str, np.ndarray], str
     if marker.get("format") != FORMAT_VERSION:
         raise ValueError(f"{path}: checkpoint format {marker.get('format')} is not {FORMAT_VERSION}; convert again")
     hf_config = json.loads((path / "config.json").read_text())
-    restored = ocp.StandardCheckpointer().restore(path / "params")
+    restored = _checkpointer().restore(path / "params")
     return hf_config, {k: np.asarray(v) for k, v in restored.items()}, marker["model_name"]

@@ -20,6 +20,8 @@ from tests.server_health import wait_healthy
 API_KEY = "hostile-key-5e1f0c2a"
 STARTUP_TIMEOUT_S = 300.0
 NORMAL_PROMPT = "The capital of France is"
+CRASH_REGEX = "crash-the-grammar-worker"
+"""The one regex whose grammar crashes the grammar worker in a server started with the crash hook armed."""
 
 
 def free_port() -> int:

@@ -9,19 +9,15 @@ grammar that crashes the grammar engine (the test hook in the worker's environme
 
 import pytest
 
-from jaxpaged.sampling.grammar.worker_protocol import CRASH_ON_ENV
-from tests.hostile.live_server import LiveServer
+from tests.hostile.live_server import CRASH_REGEX, LiveServer
 
-CRASH_REGEX = "crash-the-grammar-worker"
+pytestmark = pytest.mark.xdist_group("hostile")  # the session's hostile_server, started once on one worker
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model_dir, tmp_path_factory):
-    """One live server for this file, with auto tool choice on and the worker's crash hook armed."""
-    log = tmp_path_factory.mktemp("grammar-attacks") / "server.log"
-    with LiveServer(tiny_model_dir, log, "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-                    env={CRASH_ON_ENV: CRASH_REGEX}) as running:
-        yield running
+@pytest.fixture
+def server(hostile_server) -> LiveServer:
+    """The shared live server (tests/hostile/conftest.py): auto tool choice on, the worker's crash hook armed."""
+    return hostile_server
 
 
 def ref_chain(length: int = 1200) -> dict:

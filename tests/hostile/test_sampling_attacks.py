@@ -7,13 +7,14 @@ naming its field, or a 200 with the value clamped as vLLM does, and the concurre
 
 import json
 import threading
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
 from tests.hostile.live_server import LiveServer
+
+pytestmark = pytest.mark.xdist_group("hostile")  # the session's hostile_server, started once on one worker
 
 PROMPT = "Once upon a time"
 SEEDED = '"prompt": "Once upon a time", "max_tokens": 6, "temperature": 1.0, "seed": 7'
@@ -60,11 +61,10 @@ CLAMPED_REQUESTS = [  # (name, raw JSON body): answered 200 with the same text a
 ]
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model_dir, tmp_path_factory) -> Iterator[LiveServer]:
-    """One live server for every attack of this file."""
-    with LiveServer(tiny_model_dir, tmp_path_factory.mktemp("sampling-attacks") / "server.log") as running:
-        yield running
+@pytest.fixture
+def server(hostile_server) -> LiveServer:
+    """The shared live server (tests/hostile/conftest.py)."""
+    return hostile_server
 
 
 def _post_raw(server: LiveServer, raw: str) -> httpx.Response:

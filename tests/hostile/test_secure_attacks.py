@@ -3,22 +3,22 @@ with --api-key a client without the key gets 401 there (however it spells the pa
 operator's scraper) still reads them; the server keeps serving."""
 
 import re
-from collections.abc import Iterator
 
 import httpx
 import pytest
 
 from tests.hostile.live_server import API_KEY, LiveServer
 
+pytestmark = pytest.mark.xdist_group("hostile")  # the session's hostile_server, started once on one worker
+
 HITS = re.compile(r"^vllm:prefix_cache_hits_total\{[^}]*\} ([0-9.e+]+)$", re.MULTILINE)
 VICTIM_PROMPT = "My account password is tangerine-42 and my favourite colour is"
 
 
-@pytest.fixture(scope="module")
-def live(tiny_model_dir, tmp_path_factory) -> Iterator[LiveServer]:
-    """One keyed server for this file's attacks."""
-    with LiveServer(tiny_model_dir, tmp_path_factory.mktemp("secure") / "server.log") as server:
-        yield server
+@pytest.fixture
+def live(hostile_server) -> LiveServer:
+    """The shared keyed live server (tests/hostile/conftest.py)."""
+    return hostile_server
 
 
 def _prefix_cache_hits(text: str) -> float:

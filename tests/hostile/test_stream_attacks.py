@@ -10,12 +10,13 @@ After each, the server still answers a normal request as before.
 
 import json
 import time
-from collections.abc import Iterator
 
 import httpx
 import pytest
 
 from tests.hostile.live_server import LiveServer
+
+pytestmark = pytest.mark.xdist_group("hostile")  # the session's hostile_server, started once on one worker
 
 DEPTH = 1_000  # past the recursion limit (1,000 frames, some of them the server's own)
 DEEP_CALL = "<tool_call>" + "[" * DEPTH
@@ -25,13 +26,11 @@ BATCH_MAX_TOKENS = 48
 READER_PAUSE_S = 3.0
 
 
-@pytest.fixture(scope="module")
-def live(tiny_model_dir, tmp_path_factory) -> Iterator[LiveServer]:
-    """A server whose tool_choice "auto" reads hermes calls, with room for an output of DEPTH brackets."""
-    log = tmp_path_factory.mktemp("stream-attacks") / "server.log"
-    with LiveServer(tiny_model_dir, log, "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-                    "--max-model-len", "1024") as server:
-        yield server
+@pytest.fixture
+def live(hostile_server) -> LiveServer:
+    """The shared live server (tests/hostile/conftest.py): tool_choice "auto" reads hermes calls, and there is room
+    for an output of DEPTH brackets (--max-model-len 1024)."""
+    return hostile_server
 
 
 def _deep_call_request(stream: bool) -> dict:

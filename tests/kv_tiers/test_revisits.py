@@ -42,9 +42,16 @@ def test_every_second_visit_hits_from_the_host_tier(tiny_model_dir):
     assert llm.engine.get_stats().kv_tiers["host"].hit_blocks >= 4 * 12  # at least prompts 1-4 came from the host
 
 
-def run_exit_worker(model_dir, options: dict, prompts: list[list[int]], mode: str) -> dict:
-    return run_json_worker("tests.kv_tiers.exit_worker",
-                           [str(model_dir), json.dumps(options), json.dumps(prompts), mode], 1, WORKER_TIMEOUT_S)
+@pytest.fixture(scope="module")
+def exit_runs(tiny_model_dir, tmp_path_factory) -> dict:
+    """exit_worker's two LLMs in one process: "drop" (deleted and collected) and "exit" (alive at the interpreter's
+    exit), each on a disk tier of its own (result["dirs"]), neither ever closed."""
+    dirs = {name: tmp_path_factory.mktemp(f"disk-{name}") for name in ("drop", "exit")}
+    result = run_json_worker("tests.kv_tiers.exit_worker", [
+        str(tiny_model_dir), json.dumps(FIRST_VISITS),
+        *(json.dumps(dict(OPTIONS, kv_offload_dir=str(dirs[name]))) for name in ("drop", "exit"))], 1,
+        WORKER_TIMEOUT_S)
+    return dict(result, dirs=dirs)
 
 
 def run_second_visits(model_dir, options: dict) -> list[int]:
@@ -54,18 +61,16 @@ def run_second_visits(model_dir, options: dict) -> list[int]:
     return [answer["num_cached_tokens"] for answer in result["answers"]]
 
 
-def test_a_process_exiting_without_close_leaves_every_prompt_on_disk(tiny_model_dir, tmp_path):
+def test_a_process_exiting_without_close_leaves_every_prompt_on_disk(tiny_model_dir, exit_runs):
     """Disk tier only: the first process asks the six prompts and exits with its LLM alive and never closed; the
     last two prompts' blocks were still on its device, and are persisted at exit, so a new process hits all six."""
-    options = dict(OPTIONS, kv_offload_dir=str(tmp_path))
-    first = run_exit_worker(tiny_model_dir, options, FIRST_VISITS, "exit")
-    assert first["num_cached_tokens"] == [0] * 6
-    assert len(list(tmp_path.rglob("*.kv"))) == 6 * 12
-    assert run_second_visits(tiny_model_dir, options) == [EXPECTED_HIT_TOKENS] * 6
+    disk = exit_runs["dirs"]["exit"]
+    assert exit_runs["exit"]["num_cached_tokens"] == [0] * 6
+    assert len(list(disk.rglob("*.kv"))) == 6 * 12
+    assert run_second_visits(tiny_model_dir, dict(OPTIONS, kv_offload_dir=str(disk))) == [EXPECTED_HIT_TOKENS] * 6
 
 
-def test_a_dropped_llm_persists_when_collected(tiny_model_dir, tmp_path):
+def test_a_dropped_llm_persists_when_collected(exit_runs):
     """An LLM deleted without close() persists its device's cached blocks when garbage-collected, not only at exit."""
-    options = dict(OPTIONS, kv_offload_dir=str(tmp_path))
-    result = run_exit_worker(tiny_model_dir, options, FIRST_VISITS, "drop")
-    assert result["files_after_drop"] == 6 * 12
+    assert exit_runs["drop"]["num_cached_tokens"] == [0] * 6
+    assert exit_runs["drop"]["files_after_drop"] == 6 * 12

@@ -30,13 +30,19 @@ SHAPES = [(8, 4, 64, "bfloat16"), (4, 2, 128, "float32")]
 # Edge lengths: 1 token, a page + 1, exactly a page, many pages; a mixed step and a decode-only one.
 STEPS = {"mixed": ([1, 17, 1, 5], [1, PAGE + 1, PAGE, 3 * PAGE + 7]),
          "decode": ([1, 1, 1], [1, PAGE + 1, 3 * PAGE - 1])}
+# Both step kinds padded to the same pool and block tables (the mixed step's: 4 pages at most per sequence, 8 in all
+# plus the null page), so their kernels are the same programs: each compile of the TPU interpreter's attention is
+# seconds of CPU, and the outputs and pool contents compared do not depend on unused padding pages.
+PAGES_PER_SEQ = max(-(-kv_len // PAGE) for _, kv_lens in STEPS.values() for kv_len in kv_lens)
+NUM_PAGES = max(sum(-(-kv_len // PAGE) for kv_len in kv_lens) for _, kv_lens in STEPS.values()) + 1
 
 
 def run_case(num_q_heads: int, num_kv_heads: int, head_dim: int, dtype_name: str, step: str, tp: int) -> dict:
     dtype = jnp.dtype(dtype_name)
     q_lens, kv_lens = STEPS[step]
     batch = make_ragged_batch(q_lens, kv_lens, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
-                              head_dim=head_dim, page_size=PAGE, dtype=dtype, num_tokens=32, max_num_seqs=4, seed=5)
+                              head_dim=head_dim, page_size=PAGE, dtype=dtype, num_tokens=32, max_num_seqs=4,
+                              pages_per_seq=PAGES_PER_SEQ, num_pages=NUM_PAGES, seed=5)
     rng = np.random.default_rng(1)
     k, v = (rng.standard_normal((32, num_kv_heads, head_dim)).astype(dtype) for _ in range(2))
     num_pages = batch.kv_pages.shape[0]
