@@ -3,6 +3,8 @@ GGUF, also through chunked prefill, after a prefix-cache hit, and after preempti
 bfloat16 it follows HF's bfloat16 by vLLM's top-5 rule. HF's choices are read from one teacher-forced forward pass per
 prompt (hf_greedy_along), not 32 decode steps (49 s of CPU for HF's float32 generate, 10 s for the forced passes)."""
 
+import copy
+
 import jax.numpy as jnp
 import pytest
 import torch
@@ -26,6 +28,16 @@ PROMPTS = [
 ]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """HF's passes on one torch thread: with two, on a busy machine (the other xdist worker), the second spins while
+    it waits; the module took 57.5 s of CPU with two threads and 45.5 s with one (the bfloat16 test 21.6 -> 12.1)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 @pytest.fixture(scope="module")
 def hf_tokenizer():
     """HF transformers' tokenizer read from the GGUF (once for the module: the conversion takes seconds)."""
@@ -33,11 +45,29 @@ def hf_tokenizer():
     return transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
 
 
-def hf_gguf_model(dtype: torch.dtype):
-    """HF transformers' own GGUF loader on the embedded model, in `dtype`."""
+@pytest.fixture(scope="module")
+def hf_float32_model():
+    """HF transformers' own GGUF loader on the embedded model, in float32 (once for the module: 14 s of CPU)."""
     path = default_model_path()
     return transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                              dtype=dtype).eval()
+                                                              dtype=torch.float32).eval()
+
+
+def hf_bfloat16_copy(hf_float32):
+    """What HF's GGUF loader gives for dtype=torch.bfloat16, without reading the GGUF again (another 14 s of CPU).
+
+    That loader dequantizes every tensor to float32 and rounds the parameters to bfloat16, keeping the rotary
+    buffers (inv_freq) in float32; a copy of the float32 model with its parameters rounded the same way has equal
+    parameters and buffers and gave bit-identical logits (transformers 5.24). `.to(torch.bfloat16)` would not: it
+    rounds the buffers too (logits up to 0.56 apart).
+    """
+    model = copy.deepcopy(hf_float32)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.data = parameter.data.to(torch.bfloat16)
+    model.config.dtype = torch.bfloat16
+    assert all(buffer.dtype == torch.float32 for buffer in model.buffers())
+    return model.eval()
 
 
 def hf_greedy_along(model, tokenizer, continuations: list[list[int]]) -> list[tuple[list[int], list[list[int]]]]:
@@ -85,11 +115,11 @@ def run(engine: LLMEngine, prefix: str, logprobs: int | None = None) -> dict[str
     return results
 
 
-def test_greedy_matches_hf_through_chunks_preemption_and_prefix_hits(engine, hf_tokenizer):
+def test_greedy_matches_hf_through_chunks_preemption_and_prefix_hits(engine, hf_tokenizer, hf_float32_model):
     first = run(engine, "a")
     stats = engine.get_stats()
     assert stats.num_preemptions > 0, "the pool was sized to force recompute preemption"
-    hf_model = hf_gguf_model(torch.float32)
+    hf_model = hf_float32_model
     # hf_greedy_along holds off the tokenizer's EOS too; HF's min_new_tokens holds off the generation config's: the
     # same token here, so the forced argmaxes are what HF's generate(min_new_tokens=32) would pick.
     eos = hf_model.generation_config.eos_token_id
@@ -106,7 +136,7 @@ def test_greedy_matches_hf_through_chunks_preemption_and_prefix_hits(engine, hf_
         assert second[f"b{i}"].outputs[0].token_ids == expected, f"prompt {i} after a prefix hit"
 
 
-def test_bfloat16_greedy_follows_hf_bfloat16_by_the_top5_rule(hf_tokenizer):
+def test_bfloat16_greedy_follows_hf_bfloat16_by_the_top5_rule(hf_tokenizer, hf_float32_model):
     """vLLM's check for lower precision: where the greedy tokens first differ, each side's token is in the other's
     top 5 (after that the sequences have diverged and are not compared); and the two were a near-tie for us."""
     config = EngineConfig.from_options(max_model_len=160, max_num_seqs=8, max_num_batched_tokens=32,
@@ -117,7 +147,7 @@ def test_bfloat16_greedy_follows_hf_bfloat16_by_the_top5_rule(hf_tokenizer):
     outputs = run(engine, "bf", logprobs=5)
     num_identical = 0
     ours_by_prompt = [list(outputs[f"bf{i}"].outputs[0].token_ids) for i in range(len(PROMPTS))]
-    hf_bfloat16 = hf_greedy_along(hf_gguf_model(torch.bfloat16), hf_tokenizer, ours_by_prompt)
+    hf_bfloat16 = hf_greedy_along(hf_bfloat16_copy(hf_float32_model), hf_tokenizer, ours_by_prompt)
     for i, (hf_tokens, hf_top5) in enumerate(hf_bfloat16):
         ours = outputs[f"bf{i}"].outputs[0]
         assert ours.logprobs is not None

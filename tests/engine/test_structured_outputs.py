@@ -10,12 +10,14 @@ import pytest
 from jaxpaged.sampling.params import SamplingParams, StructuredOutputsParams
 from tests.json_schemas import SCHEMAS
 from tests.lazy_compile import warmed_up_as_served
+from tests.server.server_helpers import SERVER_ENGINE_OPTIONS
 
 # One worker builds the engine (it compiles) for every test here.
 pytestmark = pytest.mark.xdist_group("structured_outputs")
 
-OPTIONS = dict(max_model_len=512, max_num_seqs=32, max_num_batched_tokens=256, dtype="float32",
-               attention_backend="xla", compilation_cache_dir="", num_kv_blocks=400)
+# The server tests' session engine's options (the embedded model, its default pool): the same programs, so whichever
+# of the two is built second loads its 23 from the session's XLA cache (a 400-block pool compiled all 23 again).
+OPTIONS = SERVER_ENGINE_OPTIONS
 
 @pytest.fixture(scope="module")
 def llm():

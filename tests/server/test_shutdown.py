@@ -41,8 +41,10 @@ def _wait_healthy(base_url: str, process: subprocess.Popen, log_path) -> None:
 
 
 def _server_command(model_dir, port: int, *flags: str, module: str = "jaxpaged.server") -> list[str]:
+    # The engine options of tests/hostile/live_server.py's servers on the same model: the child's warm-up then loads
+    # their programs from the session's XLA cache instead of compiling a set of its own (nothing here needs others).
     return [sys.executable, "-m", module, "--model", str(model_dir), "--port", str(port),
-            "--max-model-len", "128", "--max-num-seqs", "4", "--max-num-batched-tokens", "16",
+            "--max-model-len", "256", "--max-num-seqs", "8", "--max-num-batched-tokens", "64",
             "--dtype", "float32", "--attention-backend", "xla", "--compilation-cache-dir", "", *flags]
 
 

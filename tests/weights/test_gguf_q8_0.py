@@ -28,7 +28,16 @@ _PROMPTS = ["The capital of France is", "Paged attention keeps", "1, 2, 3,", "On
 
 @pytest.fixture(scope="module")
 def q8_0_gguf(tiny_model_dir, tmp_path_factory) -> pathlib.Path:
+    """The tiny model as a Q8_0 GGUF with the embedded model's tokenizer (the engine needs one)."""
     return write_llama_gguf(tmp_path_factory.mktemp("q8_0") / "tiny.Q8_0.gguf", tiny_model_dir, default_model_path(),
+                            gguf.GGMLQuantizationType.Q8_0)
+
+
+@pytest.fixture(scope="module")
+def q8_0_weights_gguf(tiny_model_dir, tmp_path_factory) -> pathlib.Path:
+    """The same tensors with no tokenizer metadata: what is read is the weights, and each read of a GGUF that holds
+    the 49,152-token vocabulary and its merges costs the gguf reader about 2.5 s of CPU."""
+    return write_llama_gguf(tmp_path_factory.mktemp("q8_0") / "tiny.Q8_0.gguf", tiny_model_dir, None,
                             gguf.GGMLQuantizationType.Q8_0)
 
 
@@ -40,12 +49,12 @@ def _gguf_dequantized(tensors: dict[str, "gguf.ReaderTensor"], name: str, layer:
     return (_unpermute_rope_rows(rows, heads[name]) if name in heads else rows).T
 
 
-def test_q8_0_projections_load_as_int8_within_both_roundings(q8_0_gguf):
+def test_q8_0_projections_load_as_int8_within_both_roundings(q8_0_weights_gguf):
     """Each column's scale is its row's largest block scale, and every weight is within half a block step plus half
     a column step of the gguf package's dequantization (the requantization's second rounding)."""
-    _, params, scheme = load_gguf_checkpoint(q8_0_gguf)
+    _, params, scheme = load_gguf_checkpoint(q8_0_weights_gguf)
     assert scheme == "int8" and params["embed"].dtype == np.float32
-    tensors = {tensor.name: tensor for tensor in gguf.GGUFReader(str(q8_0_gguf)).tensors}
+    tensors = {tensor.name: tensor for tensor in gguf.GGUFReader(str(q8_0_weights_gguf)).tensors}
     for layer in range(TINY_LLAMA["num_hidden_layers"]):
         for name in _PROJECTIONS:
             values, scale = params[f"layers.{name}"][layer], params[f"layers.{name}_scale"][layer]
@@ -60,8 +69,8 @@ def test_q8_0_projections_load_as_int8_within_both_roundings(q8_0_gguf):
 
 
 def test_other_ggufs_still_load_as_float32(tiny_model_dir, tmp_path):
-    path = write_llama_gguf(tmp_path / "tiny.F32.gguf", tiny_model_dir, default_model_path(),
-                            gguf.GGMLQuantizationType.F32)
+    # No tokenizer metadata: the scheme is read from the tensor types (and the vocabulary costs 5 s to write and read).
+    path = write_llama_gguf(tmp_path / "tiny.F32.gguf", tiny_model_dir, None, gguf.GGMLQuantizationType.F32)
     _, params, scheme = load_gguf_checkpoint(path)
     assert scheme is None and params["layers.q_proj"].dtype == np.float32 and "layers.q_proj_scale" not in params
 
