@@ -12,7 +12,7 @@ from jax.experimental.pallas import tpu as pltpu
 from pallas_kernels.ragged_paged_attention.metadata import AttentionMetadata
 from pallas_kernels.ragged_paged_attention.spec import ragged_paged_attention_spec
 from pallas_kernels.ragged_paged_attention.tpu import ragged_paged_attention_tpu
-from tests.kernels.conftest import abstract_step, check_kernel_config
+from tests.kernels.conftest import abstract_step, check_kernel_config, jit_one_shot
 
 # (page_size, head_dim, num_q_heads, num_kv_heads, dtype, kernel options): every page size, head dim,
 # GQA ratio and dtype at least once; the full product is the slow sweep below.
@@ -103,8 +103,8 @@ def test_every_step_case_matches_the_spec_when_forced_on_stacked_layers(scenario
     right layer."""
     from pallas_kernels.ragged_paged_attention.tpu_step_cases import leading_decodes
 
-    attend = jax.jit(functools.partial(ragged_paged_attention_tpu, sm_scale=0.125, q_block_size=16, case="mixed",
-                                       interpret=True))
+    attend = jit_one_shot(functools.partial(ragged_paged_attention_tpu, sm_scale=0.125, q_block_size=16,
+                                            case="mixed", interpret=True))
     # Jitted: eagerly each of their ops compiled a program per shape.
     on_pages_from = jax.jit(lambda metadata, first_page: metadata.on_pages_from(first_page, page_size=16))
     count_leading = jax.jit(leading_decodes)
@@ -132,6 +132,7 @@ def test_tile_kernel_walks_a_1k_chunk_in_compute_slices():
     batch = make_ragged_batch([5, 33, 1], [600, 290, 17 + 768], num_q_heads=4, num_kv_heads=2, head_dim=128,
                               page_size=16, dtype=jnp.float32, num_tokens=48, max_num_seqs=4, seed=11)
     q, kv_pages, metadata = batch.attention_args()
-    out = ragged_paged_attention_tpu(q, kv_pages, metadata, sm_scale=0.1, case="general", interpret=True)
+    attend = jit_one_shot(functools.partial(ragged_paged_attention_tpu, sm_scale=0.1, case="general", interpret=True))
+    out = attend(q, kv_pages, metadata)
     expected = ragged_paged_attention_spec(q, kv_pages, metadata, sm_scale=0.1)
     np.testing.assert_allclose(np.asarray(out), expected, atol=2e-5, rtol=2e-5)

@@ -17,7 +17,7 @@ from pallas_kernels.ragged_paged_attention.kv_layout import cache_shape
 from pallas_kernels.ragged_paged_attention.kv_layout_packed import pack_kv_pages
 from pallas_kernels.ragged_paged_attention.spec import ragged_paged_attention_spec
 from pallas_kernels.ragged_paged_attention.tpu import ragged_paged_attention_tpu, sequences_per_call
-from tests.kernels.conftest import REAL_SHAPES, TOLERANCE, abstract_step
+from tests.kernels.conftest import REAL_SHAPES, TOLERANCE, abstract_step, jit_one_shot
 
 
 def _strict_interpreter() -> pltpu.InterpretParams:
@@ -30,6 +30,13 @@ def _strict_interpreter() -> pltpu.InterpretParams:
 _pack = jax.jit(pack_kv_pages)
 
 
+@functools.cache
+def _strict_kernel(sm_scale: float, options: tuple):
+    """The kernel under the strict interpreter with these options, jitted once for the file."""
+    return jit_one_shot(functools.partial(ragged_paged_attention_tpu, sm_scale=sm_scale,
+                                          interpret=_strict_interpreter(), **dict(options)))
+
+
 def _check(batch, dtype, layout="interleaved", **options):
     from jax._src.pallas.mosaic.interpret import interpret_pallas_call
 
@@ -38,8 +45,7 @@ def _check(batch, dtype, layout="interleaved", **options):
     q, kv_pages, metadata = args
     if layout == "packed":
         kv_pages, options = _pack(kv_pages), options | dict(num_kv_heads=kv_pages.shape[2] // 2)
-    out = ragged_paged_attention_tpu(q, kv_pages, metadata, sm_scale=sm_scale, interpret=_strict_interpreter(),
-                                     **options)
+    out = _strict_kernel(sm_scale, tuple(sorted(options.items())))(q, kv_pages, metadata)
     expected = ragged_paged_attention_spec(*args, sm_scale=sm_scale)
     tolerance = TOLERANCE[jnp.dtype(dtype).name]
     # float32 on the host: an eager astype of the device array would compile a program per shape.
