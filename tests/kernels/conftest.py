@@ -39,6 +39,19 @@ def scenarios():
 
 TOLERANCE = {"float32": 2e-5, "bfloat16": 3e-2}
 
+ONE_SHOT_COMPILER_OPTIONS = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+"""XLA:CPU options for a kernel test's programs, each compiled for a few calls on small inputs: LLVM's optimisation
+of an interpreted Pallas kernel (mostly callbacks) or of the jnp attention passes at these sizes buys no run time and
+costs compile time (measured on the 2-core Zen 4: the jnp passes' compile 1.55 -> 0.72 s of CPU, an interpreted TPU
+decode step's 3.7 -> 2.9 s; run times within noise). Not for engine steps, whose runs it slows (docs/testing.md)."""
+
+
+def jit_one_shot(fn, **jit_options):
+    """jax.jit with ONE_SHOT_COMPILER_OPTIONS: a kernel test's program, compiled once and called a few times."""
+    import jax
+
+    return jax.jit(fn, compiler_options=ONE_SHOT_COMPILER_OPTIONS, **jit_options)
+
 
 def check_kernel_against_spec(kernel, page_size: int, head_dim: int, num_q_heads: int,
                                    num_kv_heads: int, dtype, *, sm_scale: float,
@@ -49,20 +62,19 @@ def check_kernel_against_spec(kernel, page_size: int, head_dim: int, num_q_heads
     `kernel` takes (q, kv_pages, metadata) and the attention options; it is jitted here once and
     must compile once for all scenarios (they share one padded shape).
     """
-    import jax
     import jax.numpy as jnp
 
     from pallas_kernels.ragged_paged_attention.spec import ragged_paged_attention_spec
 
     options = dict(sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap)
-    jitted_kernel = jax.jit(lambda *args: kernel(*args, **options))
+    jitted_kernel = jit_one_shot(lambda *args: kernel(*args, **options))
     tolerance = TOLERANCE[jnp.dtype(dtype).name]
     for name, batch in ragged_scenarios(page_size, num_q_heads=num_q_heads,
                                         num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype):
         args = batch.attention_args()
         out = jitted_kernel(*args)
         assert out.dtype == jnp.dtype(dtype) and out.shape == batch.q.shape, name
-        out = np.asarray(out.astype(jnp.float32))
+        out = np.asarray(out).astype(np.float32)  # on the host: an eager astype compiles a program per shape
         expected = ragged_paged_attention_spec(*args, **options)
         np.testing.assert_allclose(out, expected, atol=tolerance, rtol=tolerance, err_msg=name)
         num_real_tokens = batch.cu_q_lens[batch.num_seqs[0]]

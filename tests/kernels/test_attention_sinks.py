@@ -2,6 +2,7 @@
 a hand-worked case with the limits that bound a sink, the spec on a ragged step (decode, prefill, padding; GQA,
 sliding window, soft cap), the error a wrong shape gets, and the per-shard split under tensor parallelism."""
 
+import functools
 import math
 import os
 import subprocess
@@ -15,6 +16,7 @@ from jaxpaged.kernels.attention_dispatch import ragged_paged_attention
 from pallas_kernels.ragged_paged_attention.example_batch import make_ragged_batch
 from pallas_kernels.ragged_paged_attention.metadata import AttentionMetadata
 from pallas_kernels.ragged_paged_attention.spec import ragged_paged_attention_spec
+from tests.kernels.conftest import jit_one_shot
 
 PAGE = 16
 # (backend, native_decode): the native CPU kernel, the jnp passes, and the two Pallas kernels interpreted.
@@ -23,8 +25,8 @@ BACKEND_IDS = ["xla-native", "xla-jnp", "pallas_tpu", "pallas_gpu"]
 
 
 def _attend(backend: str, native: bool, q, kv_pages, metadata, **options) -> np.ndarray:
-    return np.asarray(ragged_paged_attention(q, kv_pages, metadata, backend=backend, native_decode=native, **options),
-                      np.float64)
+    attend = jit_one_shot(functools.partial(ragged_paged_attention, backend=backend, native_decode=native, **options))
+    return np.asarray(attend(q, kv_pages, metadata), np.float64)
 
 
 def _hand_worked_step():

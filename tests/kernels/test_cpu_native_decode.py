@@ -13,6 +13,7 @@ from jaxpaged.kernels import xla_attention
 from jaxpaged.kernels.cpu_native.paged_decode import native_decode_available
 from pallas_kernels.ragged_paged_attention.example_batch import make_ragged_batch
 from pallas_kernels.ragged_paged_attention.spec import ragged_paged_attention_spec
+from tests.kernels.conftest import jit_one_shot
 
 PAGE = 16
 # Decode rows at kv lengths 1, page - 1, page, page + 1 and many pages, beside a prefill and a padded sequence.
@@ -42,14 +43,16 @@ def test_native_rows_equal_the_spec_and_the_jnp_passes(num_q_heads, num_kv_heads
     two steps share one padded shape, so each path compiles once for both."""
     options = dict(sm_scale=head_dim ** -0.5, sliding_window=sliding_window, soft_cap=soft_cap)
     tolerance = 2e-5 if dtype == jnp.float32 else 2e-2
+    native_rows, jnp_rows = (jit_one_shot(functools.partial(xla_attention.ragged_paged_attention_xla, native=native,
+                                                            **options)) for native in (True, False))
     for name, q_lens, kv_lens in [("decodes", Q_LENS, KV_LENS), ("prefills", PREFILL_Q_LENS, PREFILL_KV_LENS)]:
         batch = make_ragged_batch(q_lens, kv_lens, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
                                   head_dim=head_dim, page_size=PAGE, num_tokens=64, max_num_seqs=9, pages_per_seq=10,
                                   num_pages=24, dtype=dtype)
         args = batch.attention_args()
         expected = ragged_paged_attention_spec(*args, **options)
-        native = np.asarray(xla_attention.ragged_paged_attention_xla(*args, **options), np.float32)
-        in_chunks = np.asarray(xla_attention.ragged_paged_attention_xla(*args, native=False, **options), np.float32)
+        native = np.asarray(native_rows(*args), np.float32)
+        in_chunks = np.asarray(jnp_rows(*args), np.float32)
         np.testing.assert_allclose(native, expected, atol=tolerance, rtol=tolerance, err_msg=f"{name}: native vs spec")
         np.testing.assert_allclose(native, in_chunks, atol=tolerance, rtol=tolerance, err_msg=f"{name}: native vs jnp")
         assert np.all(native[sum(q_lens):] == 0), f"{name}: padding rows"

@@ -1,6 +1,7 @@
 """The packed TPU KV layout: exact round trip, physical bytes, and the dispatch path that reads and writes it."""
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +13,7 @@ from pallas_kernels.ragged_paged_attention.example_batch import make_ragged_batc
 from pallas_kernels.ragged_paged_attention.kv_layout import cache_shape, physical_bytes
 from pallas_kernels.ragged_paged_attention.kv_layout_packed import pack_kv_pages, unpack_kv_pages
 from pallas_kernels.ragged_paged_attention.spec import ragged_paged_attention_spec, write_kv_spec
+from tests.kernels.conftest import jit_one_shot
 
 # Jitted once here (the engine runs them under jit): eagerly each of their ops compiled a program per shape.
 pack = jax.jit(pack_kv_pages, static_argnums=1)
@@ -105,9 +107,12 @@ def test_dispatch_packed_write_then_attend_matches_xla(head_dim, dtype):
     metadata = dataclasses.replace(metadata, slot_mapping=jnp.asarray(batch.slot_mapping))
     expected_pages = write_kv_spec(kv_pages, k, v, batch.slot_mapping)
     expected = ragged_paged_attention_spec(q, expected_pages, metadata, sm_scale=0.1)
-    packed = write_kv(pack(kv_pages, 1), k, v, metadata, backend="pallas_tpu")
-    out = ragged_paged_attention(q, packed, metadata, backend="pallas_tpu", sm_scale=0.1, num_kv_heads=num_kv_heads)
+    write = jit_one_shot(functools.partial(write_kv, backend="pallas_tpu"))
+    attend = jit_one_shot(functools.partial(ragged_paged_attention, backend="pallas_tpu", sm_scale=0.1,
+                                            num_kv_heads=num_kv_heads))
+    packed = write(pack(kv_pages, 1), k, v, metadata)
+    out = attend(q, packed, metadata)
     tolerance = 2e-5 if dtype == jnp.float32 else 3e-2
-    np.testing.assert_allclose(np.asarray(out.astype(jnp.float32)), expected, atol=tolerance, rtol=tolerance)
+    np.testing.assert_allclose(np.asarray(out).astype(np.float32), expected, atol=tolerance, rtol=tolerance)
     with pytest.raises(ValueError, match="pallas_tpu only"):
         ragged_paged_attention(q, packed, metadata, backend="xla", sm_scale=0.1, num_kv_heads=num_kv_heads)

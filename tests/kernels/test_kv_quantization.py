@@ -26,6 +26,7 @@ from pallas_kernels.kv_quantization import (
 from pallas_kernels.ragged_paged_attention.example_batch import make_ragged_batch
 from pallas_kernels.ragged_paged_attention.kv_layout import cache_shape
 from pallas_kernels.ragged_paged_attention.metadata import empty_attention_metadata
+from tests.kernels.conftest import jit_one_shot
 
 PAGE = 16
 Q_LENS = [1, 1, 1, 1, 1, 5, PAGE + 1]
@@ -35,6 +36,7 @@ FORMATS = ["int8", "fp8_e4m3"]
 quantize = jax.jit(quantize_rows, static_argnums=1)
 dequantize = jax.jit(dequantize_rows)
 scales_of = jax.jit(row_scales)
+write_in_xla = jax.jit(functools.partial(write_kv, backend="xla"))
 
 
 def test_a_hand_worked_int8_row():
@@ -97,7 +99,7 @@ def test_the_write_stores_each_tokens_quantized_rows(kv_format, num_tokens):
     k, v = jnp.asarray(rng.standard_normal((2, num_tokens, 3, 16)), jnp.float32)
     slots = rng.choice(np.arange(PAGE, 12 * PAGE), num_tokens, replace=False)
     metadata = dataclasses.replace(empty_attention_metadata(num_tokens, 1, 1), slot_mapping=jnp.asarray(slots))
-    written = np.asarray(write_kv(pool, k, v, metadata, backend="xla")).reshape(12 * PAGE, 6, -1)
+    written = np.asarray(write_in_xla(pool, k, v, metadata)).reshape(12 * PAGE, 6, -1)
     expected = np.asarray(pool).reshape(12 * PAGE, 6, -1).copy()
     expected[slots, 0::2] = np.asarray(quantize(k, pool_dtype))
     expected[slots, 1::2] = np.asarray(quantize(v, pool_dtype))
@@ -112,12 +114,13 @@ def test_attending_over_quantized_rows_equals_their_dequantized_float_pool(kv_fo
                               page_size=PAGE, num_tokens=48, max_num_seqs=9, dtype=jnp.float32)
     q, pool, metadata = batch.attention_args()
     quantized = quantize(pool, quantized_pool_dtype(kv_format))
-    options = dict(sm_scale=0.125, sliding_window=sliding_window, native=False)
-    out = ragged_paged_attention_xla(q, quantized, metadata, **options)
-    expected = ragged_paged_attention_xla(q, dequantize(quantized), metadata, **options)
+    attend = jit_one_shot(functools.partial(ragged_paged_attention_xla, sm_scale=0.125, sliding_window=sliding_window,
+                                            native=False))
+    out = attend(q, quantized, metadata)
+    expected = attend(q, dequantize(quantized), metadata)
     np.testing.assert_allclose(np.asarray(out), np.asarray(expected), rtol=1e-6, atol=1e-6)
     # ... and the quantization is visible: the float pool itself gives another answer.
-    unquantized = ragged_paged_attention_xla(q, pool, metadata, **options)
+    unquantized = attend(q, pool, metadata)
     assert np.max(np.abs(np.asarray(unquantized) - np.asarray(out))) > 1e-4
 
 
@@ -153,14 +156,16 @@ def test_the_native_kernel_dequantizes_as_the_jnp_path_does(kv_format, num_q_hea
 
     assert native_decode_available()
     options = dict(sm_scale=head_dim ** -0.5, sliding_window=sliding_window, soft_cap=soft_cap)
+    native_rows, jnp_rows = (jit_one_shot(functools.partial(ragged_paged_attention_xla, native=native, **options))
+                             for native in (True, False))
     for name, q_lens, kv_lens in [("decodes", Q_LENS, KV_LENS), ("prefills", PREFILL_Q_LENS, PREFILL_KV_LENS)]:
         batch = make_ragged_batch(q_lens, kv_lens, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
                                   head_dim=head_dim, page_size=PAGE, num_tokens=64, max_num_seqs=9, pages_per_seq=10,
                                   num_pages=24, dtype=jnp.float32)
         q, pool, metadata = batch.attention_args()
         quantized = quantize(pool, quantized_pool_dtype(kv_format))
-        native = np.asarray(ragged_paged_attention_xla(q, quantized, metadata, **options))
-        in_jnp = np.asarray(ragged_paged_attention_xla(q, quantized, metadata, native=False, **options))
+        native = np.asarray(native_rows(q, quantized, metadata))
+        in_jnp = np.asarray(jnp_rows(q, quantized, metadata))
         np.testing.assert_allclose(native, in_jnp, atol=2e-5, rtol=2e-5, err_msg=name)
         assert np.all(native[sum(q_lens):] == 0), f"{name}: padding rows"
 
@@ -189,8 +194,10 @@ def test_the_gpu_kernel_in_interpret_mode_dequantizes_as_the_jnp_path_does(kv_fo
     q, pool, metadata = batch.attention_args()
     quantized = quantize(pool, quantized_pool_dtype(kv_format))
     options = dict(sm_scale=head_dim ** -0.5, sliding_window=sliding_window, soft_cap=soft_cap)
-    got = np.asarray(ragged_paged_attention(q, quantized, metadata, backend="pallas_gpu", **options))
-    expected = np.asarray(ragged_paged_attention_xla(q, quantized, metadata, native=False, **options))
+    got = np.asarray(jit_one_shot(functools.partial(ragged_paged_attention, backend="pallas_gpu", **options))(
+        q, quantized, metadata))
+    expected = np.asarray(jit_one_shot(functools.partial(ragged_paged_attention_xla, native=False, **options))(
+        q, quantized, metadata))
     np.testing.assert_allclose(got, expected, atol=2e-5, rtol=2e-5)
     # ... and the kernel read the codes: attention over the float pool (the numpy spec, no second kernel compile)
     # gives another answer.

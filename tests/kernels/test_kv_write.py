@@ -68,7 +68,9 @@ def test_tpu_kv_write_batches_runs_of_slots():
 
     # 20-token chunk from slot 40 (pages 2, 3, 4 of 16), two decodes, three padding tokens.
     slots = np.concatenate([np.arange(40, 60), [95, 130], [0, 0, 0]]).astype(np.int32)
-    firsts, lens, tile_runs = (np.asarray(a) for a in slot_runs(jnp.asarray(slots), 16, 16))
+    # Jitted: eagerly each of its ops compiled a program per shape (36 programs).
+    runs_of = jax.jit(slot_runs, static_argnums=(1, 2))
+    firsts, lens, tile_runs = (np.asarray(a) for a in runs_of(jnp.asarray(slots), 16, 16))
     num_runs = int(tile_runs[-1])
     assert list(zip(firsts[:num_runs], lens[:num_runs])) == [(0, 8), (8, 8), (16, 4), (20, 1), (21, 1),
                                                              (22, 1), (23, 1), (24, 1)]
@@ -93,11 +95,12 @@ def test_tpu_kv_write_packed_layout_is_bit_exact(num_kv_heads, head_dim, dtype):
     """Into the packed uint32 layout: the packed image of the interleaved scatter's result."""
     from pallas_kernels.ragged_paged_attention.kv_layout_packed import pack_kv_pages
 
+    pack = jax.jit(pack_kv_pages)  # eagerly each of its ops compiled a program per shape
     rng = np.random.default_rng(4)
     kv_pages = jnp.asarray(rng.standard_normal((12, 16, 2 * num_kv_heads, head_dim)).astype(dtype))
     k, v = (jnp.asarray(a) for a in rng.standard_normal((2, 40, num_kv_heads, head_dim)).astype(dtype))
     slots = jnp.asarray(np.concatenate([np.arange(21, 50), [70, 130, 160], [0] * 8]).astype(np.int32))
-    out = write_kv_pages_tpu(pack_kv_pages(kv_pages), k, v, slots, tokens_per_tile=16,
+    out = write_kv_pages_tpu(pack(kv_pages), k, v, slots, tokens_per_tile=16,
                              interpret=pltpu.InterpretParams(detect_races=True, dma_execution_mode="on_wait"))
-    expected = pack_kv_pages(jnp.asarray(write_kv_spec(kv_pages, k, v, slots)))
+    expected = pack(jnp.asarray(write_kv_spec(kv_pages, k, v, slots)))
     np.testing.assert_array_equal(np.asarray(out)[1:], np.asarray(expected)[1:])

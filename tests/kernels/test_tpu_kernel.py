@@ -12,7 +12,7 @@ from jax.experimental.pallas import tpu as pltpu
 from pallas_kernels.ragged_paged_attention.metadata import AttentionMetadata
 from pallas_kernels.ragged_paged_attention.spec import ragged_paged_attention_spec
 from pallas_kernels.ragged_paged_attention.tpu import ragged_paged_attention_tpu
-from tests.kernels.conftest import abstract_step, check_kernel_config
+from tests.kernels.conftest import abstract_step, check_kernel_config, jit_one_shot
 
 # (page_size, head_dim, num_q_heads, num_kv_heads, dtype, kernel options): every page size, head dim,
 # GQA ratio and dtype at least once; the full product is the slow sweep below.
@@ -84,14 +84,16 @@ def test_tile_ranges_skip_the_leading_decodes_of_a_mixed_step():
     rows gets an empty range (it fetches nothing)."""
     from pallas_kernels.ragged_paged_attention.tpu import _tile_sequence_ranges
 
+    # Jitted: eagerly each of its ops compiled a program per shape (35 programs for the three calls).
+    tile_ranges = jax.jit(_tile_sequence_ranges, static_argnums=(2, 3))
     cu_q_lens = jnp.asarray([0, 1, 2, 9, 10, 30, 30], jnp.int32)  # q rows 1, 1, 7, 1, 20; one padded sequence
-    ranges = np.asarray(_tile_sequence_ranges(cu_q_lens, jnp.asarray([5]), 4, 8, jnp.int32(2))).reshape(4, 2)
+    ranges = np.asarray(tile_ranges(cu_q_lens, jnp.asarray([5]), 4, 8, jnp.int32(2))).reshape(4, 2)
     assert ranges.tolist() == [[2, 3], [2, 5], [4, 5], [4, 5]]
     decodes_first = jnp.asarray([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 29], jnp.int32)  # 9 decodes, then 20 rows
-    ranges = np.asarray(_tile_sequence_ranges(decodes_first, jnp.asarray([10]), 4, 8, jnp.int32(9))).reshape(4, 2)
+    ranges = np.asarray(tile_ranges(decodes_first, jnp.asarray([10]), 4, 8, jnp.int32(9))).reshape(4, 2)
     assert ranges[0, 0] == ranges[0, 1]  # rows 0..7: decodes only
     assert ranges[1:].tolist() == [[9, 10]] * 3
-    assert np.asarray(_tile_sequence_ranges(cu_q_lens, jnp.asarray([5]), 4, 8)).reshape(4, 2)[0].tolist() == [0, 3]
+    assert np.asarray(tile_ranges(cu_q_lens, jnp.asarray([5]), 4, 8)).reshape(4, 2)[0].tolist() == [0, 3]
 
 
 def test_every_step_case_matches_the_spec_when_forced_on_stacked_layers(scenarios):
@@ -101,30 +103,36 @@ def test_every_step_case_matches_the_spec_when_forced_on_stacked_layers(scenario
     right layer."""
     from pallas_kernels.ragged_paged_attention.tpu_step_cases import leading_decodes
 
-    attend = jax.jit(functools.partial(ragged_paged_attention_tpu, sm_scale=0.125, q_block_size=16, case="mixed",
-                                       interpret=True))
+    attend = jit_one_shot(functools.partial(ragged_paged_attention_tpu, sm_scale=0.125, q_block_size=16,
+                                            case="mixed", interpret=True))
+    # Jitted: eagerly each of their ops compiled a program per shape.
+    on_pages_from = jax.jit(lambda metadata, first_page: metadata.on_pages_from(first_page, page_size=16))
+    count_leading = jax.jit(leading_decodes)
     leading = {}
     for name, batch in scenarios(16, num_q_heads=4, num_kv_heads=2, head_dim=64, dtype=jnp.float32):
         q, kv_pages, metadata = batch.attention_args()
         other_layer = np.random.default_rng(7).standard_normal(batch.kv_pages.shape, np.float32)
         stacked = jnp.asarray(np.concatenate([other_layer, batch.kv_pages]))
-        on_second_layer = metadata.on_pages_from(jnp.int32(batch.kv_pages.shape[0]), page_size=16)
+        on_second_layer = on_pages_from(metadata, jnp.int32(batch.kv_pages.shape[0]))
         expected = ragged_paged_attention_spec(q, kv_pages, metadata, sm_scale=0.125)
         np.testing.assert_allclose(np.asarray(attend(q, stacked, on_second_layer)), expected, atol=2e-5, rtol=2e-5,
                                    err_msg=name)
-        leading[name] = int(leading_decodes(metadata.cu_q_lens, metadata.num_seqs))
+        leading[name] = int(count_leading(metadata.cu_q_lens, metadata.num_seqs))
     assert leading == {"decode_edges": 5, "prefill": 0, "mixed": 1, "many_pages": 1, "no_sequences": 0}
     assert attend._cache_size() == 1, "one compile serves every scenario"  # pyright: ignore[reportAttributeAccessIssue]
 
 
 def test_tile_kernel_walks_a_1k_chunk_in_compute_slices():
     """The default tile blocks (a 1,024-token KV chunk per DMA, attended in 256-token slices, slices past kv_len
-    skipped): contexts of 1, 2 and 3 slices plus a page, a decode after a prefill, against the spec."""
+    skipped): contexts of 1, 2 and 3 slices plus a page, a decode after a prefill, against the spec. The step starts
+    with a prefill, so the switch would pick the tile kernel alone; forced here (case="general"), the program
+    compiles that one interpreted kernel, not all four of the switch's branches."""
     from pallas_kernels.ragged_paged_attention.example_batch import make_ragged_batch
 
     batch = make_ragged_batch([5, 33, 1], [600, 290, 17 + 768], num_q_heads=4, num_kv_heads=2, head_dim=128,
                               page_size=16, dtype=jnp.float32, num_tokens=48, max_num_seqs=4, seed=11)
     q, kv_pages, metadata = batch.attention_args()
-    out = ragged_paged_attention_tpu(q, kv_pages, metadata, sm_scale=0.1, interpret=True)
+    attend = jit_one_shot(functools.partial(ragged_paged_attention_tpu, sm_scale=0.1, case="general", interpret=True))
+    out = attend(q, kv_pages, metadata)
     expected = ragged_paged_attention_spec(q, kv_pages, metadata, sm_scale=0.1)
     np.testing.assert_allclose(np.asarray(out), expected, atol=2e-5, rtol=2e-5)

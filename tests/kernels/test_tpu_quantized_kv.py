@@ -16,6 +16,7 @@ from pallas_kernels.ragged_paged_attention.kv_layout_quantized import pack_quant
 from pallas_kernels.ragged_paged_attention.spec import ragged_paged_attention_spec
 from pallas_kernels.ragged_paged_attention.tpu import ragged_paged_attention_tpu
 from pallas_kernels.ragged_paged_attention.tpu_quantized_kv import _byte_to_float
+from tests.kernels.conftest import jit_one_shot
 
 # (page_size, head_dim, num_q_heads, num_kv_heads, q dtype, kv_cache_dtype, kernel options): combined [K | V] vectors
 # and lane tiles, int8 and fp8, float32 and bfloat16 q, a sliding window with a soft cap.
@@ -38,9 +39,9 @@ def test_tpu_kernels_read_the_quantized_cache(config, scenarios):
     page_size, head_dim, num_q_heads, num_kv_heads, dtype, kv_cache_dtype, options = config
     window_and_cap = {k: options.pop(k) for k in ("sliding_window", "soft_cap") if k in options}
     sm_scale = head_dim ** -0.5
-    attend = jax.jit(functools.partial(ragged_paged_attention_tpu, sm_scale=sm_scale, num_kv_heads=num_kv_heads,
-                                       kv_cache_dtype=kv_cache_dtype, page_size=page_size, interpret=True,
-                                       **options, **window_and_cap))
+    attend = jit_one_shot(functools.partial(ragged_paged_attention_tpu, sm_scale=sm_scale, num_kv_heads=num_kv_heads,
+                                            kv_cache_dtype=kv_cache_dtype, page_size=page_size, interpret=True,
+                                            **options, **window_and_cap))
     tolerance = TOLERANCE[jnp.dtype(dtype).name]
     for name, batch in scenarios(page_size, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                                  dtype=dtype):
@@ -108,14 +109,15 @@ def test_each_tensor_parallel_shard_writes_then_reads_its_rows():
     k, v = np.random.default_rng(6).standard_normal((2, 32, num_kv_heads, 128)).astype(np.float32)
     q, kv_pages, metadata = batch.attention_args()
     host_q, stored = np.asarray(q), np.asarray(quantize(kv_pages, jnp.int8))
+    # Both shards have one shape: each program compiles once.
+    write = jit_one_shot(functools.partial(write_kv, backend="pallas_tpu", kv_cache_dtype="int8", page_size=page))
+    attend = jit_one_shot(functools.partial(ragged_paged_attention, backend="pallas_tpu", sm_scale=0.125,
+                                            num_kv_heads=2, kv_cache_dtype="int8", page_size=page))
     pools, outs = [], []
     for shard, rows in enumerate(np.split(np.asarray(pack_quantized_pages(jnp.asarray(stored), tp)), tp, axis=1)):
         kv_heads, q_heads = slice(2 * shard, 2 * shard + 2), slice(4 * shard, 4 * shard + 4)
-        pools.append(write_kv(jnp.asarray(rows), jnp.asarray(k[:, kv_heads]), jnp.asarray(v[:, kv_heads]), metadata,
-                              backend="pallas_tpu", kv_cache_dtype="int8", page_size=page))
-        outs.append(ragged_paged_attention(jnp.asarray(host_q[:, q_heads]), pools[-1], metadata,
-                                           backend="pallas_tpu", sm_scale=0.125, num_kv_heads=2, kv_cache_dtype="int8",
-                                           page_size=page))
+        pools.append(write(jnp.asarray(rows), jnp.asarray(k[:, kv_heads]), jnp.asarray(v[:, kv_heads]), metadata))
+        outs.append(attend(jnp.asarray(host_q[:, q_heads]), pools[-1], metadata))
     num_real = int(batch.cu_q_lens[4])
     slots = np.asarray(batch.slot_mapping)[:num_real]
     new_rows = quantize(jnp.asarray(np.stack([k, v], axis=2).reshape(32, 2 * num_kv_heads, 128)[:num_real]),

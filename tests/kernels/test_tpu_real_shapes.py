@@ -17,13 +17,24 @@ from pallas_kernels.ragged_paged_attention.kv_layout import cache_shape
 from pallas_kernels.ragged_paged_attention.kv_layout_packed import pack_kv_pages
 from pallas_kernels.ragged_paged_attention.spec import ragged_paged_attention_spec
 from pallas_kernels.ragged_paged_attention.tpu import ragged_paged_attention_tpu, sequences_per_call
-from tests.kernels.conftest import REAL_SHAPES, TOLERANCE, abstract_step
+from tests.kernels.conftest import REAL_SHAPES, TOLERANCE, abstract_step, jit_one_shot
 
 
 def _strict_interpreter() -> pltpu.InterpretParams:
     """DMAs land only at their wait, OOB reads raise, fresh VMEM is NaN: every ordering bug shows."""
     return pltpu.InterpretParams(detect_races=True, dma_execution_mode="on_wait", out_of_bounds_reads="raise",
                                  uninitialized_memory="nan")
+
+
+# Jitted once here: eagerly each of the packing's ops compiled a program per shape (15 programs a packed case).
+_pack = jax.jit(pack_kv_pages)
+
+
+@functools.cache
+def _strict_kernel(sm_scale: float, options: tuple):
+    """The kernel under the strict interpreter with these options, jitted once for the file."""
+    return jit_one_shot(functools.partial(ragged_paged_attention_tpu, sm_scale=sm_scale,
+                                          interpret=_strict_interpreter(), **dict(options)))
 
 
 def _check(batch, dtype, layout="interleaved", **options):
@@ -33,12 +44,12 @@ def _check(batch, dtype, layout="interleaved", **options):
     sm_scale = batch.q.shape[-1] ** -0.5
     q, kv_pages, metadata = args
     if layout == "packed":
-        kv_pages, options = pack_kv_pages(kv_pages), options | dict(num_kv_heads=kv_pages.shape[2] // 2)
-    out = ragged_paged_attention_tpu(q, kv_pages, metadata, sm_scale=sm_scale, interpret=_strict_interpreter(),
-                                     **options)
+        kv_pages, options = _pack(kv_pages), options | dict(num_kv_heads=kv_pages.shape[2] // 2)
+    out = _strict_kernel(sm_scale, tuple(sorted(options.items())))(q, kv_pages, metadata)
     expected = ragged_paged_attention_spec(*args, sm_scale=sm_scale)
     tolerance = TOLERANCE[jnp.dtype(dtype).name]
-    np.testing.assert_allclose(np.asarray(out.astype(jnp.float32)), expected, atol=tolerance, rtol=tolerance)
+    # float32 on the host: an eager astype of the device array would compile a program per shape.
+    np.testing.assert_allclose(np.asarray(out).astype(np.float32), expected, atol=tolerance, rtol=tolerance)
     races = interpret_pallas_call.races
     assert races is not None and not races.races_found
 
@@ -51,12 +62,16 @@ _ids = [f"h{s[0]}x{s[1]}-d{s[2]}-{jnp.dtype(d).name}-p{p}-{layout}" for s, d, p,
 
 @pytest.mark.parametrize("shape,dtype,page_size,layout", CASES, ids=_ids)
 def test_decode_kernel_long_kv(shape, dtype, page_size, layout):
-    """Decode step (lax.cond picks the decode kernel): KV up to 2k in multi-page blocks, padded sequences."""
+    """Decode step through the decode kernel: KV up to 2k in multi-page blocks, padded sequences.
+
+    The step's branch is forced (case="decode"): left to the lax.switch, each program compiles both kernels in all
+    three branches (4 interpreted kernels, 2.5x the compile) to run one. The switch's choice is checked on every
+    scenario by test_tpu_kernel.py (test_tpu_kernel_matches_reference) and below on the SMEM-split calls."""
     num_q_heads, num_kv_heads, head_dim = shape
     batch = make_ragged_batch([1, 1, 1], [2048, 1, 700], num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
                               head_dim=head_dim, page_size=page_size, dtype=dtype, num_tokens=8, max_num_seqs=5,
                               seed=3)
-    _check(batch, dtype, layout, pages_per_block=max(1, 256 // page_size))
+    _check(batch, dtype, layout, case="decode", pages_per_block=max(1, 256 // page_size))
 
 
 @pytest.mark.parametrize("layout", ["interleaved", "packed"])
@@ -70,12 +85,13 @@ def test_decode_block_walked_in_compute_chunks(layout):
 
 @pytest.mark.parametrize("shape,dtype,page_size,layout", CASES[:2], ids=_ids[:2])
 def test_general_kernel_long_prefill_mix(shape, dtype, page_size, layout):
-    """A long prefill chunk late in a 2k context, decodes, and padding rows in one step."""
+    """A long prefill chunk late in a 2k context, decodes, and padding rows in one step, through the tile kernel (the
+    prefill-only branch, forced as in test_decode_kernel_long_kv)."""
     num_q_heads, num_kv_heads, head_dim = shape
     batch = make_ragged_batch([29, 1, 1], [2048, 300, 33], num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
                               head_dim=head_dim, page_size=page_size, dtype=dtype, num_tokens=32, max_num_seqs=4,
                               seed=4)
-    _check(batch, dtype, layout, q_block_size=32, pages_per_chunk=256 // page_size)
+    _check(batch, dtype, layout, case="general", q_block_size=32, pages_per_chunk=256 // page_size)
 
 
 @pytest.mark.parametrize("case", [None, "general"])

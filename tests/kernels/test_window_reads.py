@@ -8,12 +8,15 @@ starts inside a page and on a page boundary, prefill chunks whose rows' windows 
 prefill and a sequence shorter than its window, in one mixed step (the TPU runs its decode and tile kernels on it).
 """
 
+import functools
+
 import numpy as np
 import pytest
 
 from jaxpaged.kernels.attention_dispatch import ragged_paged_attention
 from pallas_kernels.ragged_paged_attention.example_batch import RaggedBatch, make_ragged_batch
 from pallas_kernels.ragged_paged_attention.spec import ragged_paged_attention_spec
+from tests.kernels.conftest import jit_one_shot
 
 PAGE = 16
 WINDOWS = [PAGE - 1, PAGE, PAGE + 1, 3 * PAGE + 5]
@@ -58,6 +61,7 @@ def test_no_page_before_the_window_is_read(backend, native, window):
     args = batch.attention_args()
     expected = ragged_paged_attention_spec(*args, sm_scale=0.125, sliding_window=window)
     assert np.all(np.isfinite(expected))
-    out = np.asarray(ragged_paged_attention(*args, backend=backend, sm_scale=0.125, sliding_window=window,
-                                            native_decode=native), np.float64)
+    attend = jit_one_shot(functools.partial(ragged_paged_attention, backend=backend, sm_scale=0.125,
+                                            sliding_window=window, native_decode=native))
+    out = np.asarray(attend(*args), np.float64)
     np.testing.assert_allclose(out, expected, atol=2e-5, rtol=2e-5)

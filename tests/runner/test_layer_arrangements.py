@@ -23,22 +23,42 @@ from tests.models.conftest import make_hf_checkpoint
 from tests.runner.test_step_preparation import _scheduled
 
 
-def _runner(model_dir, unrolled: bool, packed: bool = True, *, monkeypatch, dtype: str = "float32"):
+def _build_runner(model_dir, unrolled: bool, packed: bool, dtype: str) -> ModelRunner:
     from jaxpaged.weights.loader import load_model
 
     config = EngineConfig.from_options(block_size=4, num_kv_blocks=32, max_model_len=64, max_num_batched_tokens=16,
                                        max_num_seqs=4, dtype=dtype, attention_backend="xla",
                                        disable_hybrid_kv_cache_manager=True)
-    with monkeypatch.context() as patches:
+    with pytest.MonkeyPatch.context() as patches:
         patches.setattr(startup_module, "unroll_layers_on", lambda platform: unrolled)
         if not packed:
             patches.setattr(startup_module, "packs_weights_on", lambda platform, dtype, tp: False)
         return ModelRunner(load_model(str(model_dir)), config)
 
 
+@pytest.fixture(scope="module")
+def runner_of():
+    """runner_of(model_dir, unrolled, packed=True, dtype="float32"): that arrangement's runner, built once for the file.
+
+    The tests share arrangements (the packed tiny Llama is in four of them, each float32 packed runner also in the
+    shapes test): 14 builds where there were 20, each loading the checkpoint and compiling its step. A reused runner
+    computes what a fresh one does: its state is the weights and the KV pool, and every comparison writes each KV
+    slot it reads (the same tokens to the same slots) before reading it.
+    """
+    built: dict[tuple, ModelRunner] = {}
+
+    def runner(model_dir, unrolled: bool, packed: bool = True, dtype: str = "float32") -> ModelRunner:
+        key = (str(model_dir), unrolled, packed, dtype)
+        if key not in built:
+            built[key] = _build_runner(model_dir, unrolled, packed, dtype)
+        return built[key]
+
+    return runner
+
+
 @pytest.mark.parametrize("unrolled", [True, False])
-def test_the_runner_picks_the_arrangement_its_platform_wants(tiny_model_dir, monkeypatch, unrolled):
-    layers = _runner(tiny_model_dir, unrolled, monkeypatch=monkeypatch).state["layers"]
+def test_the_runner_picks_the_arrangement_its_platform_wants(tiny_model_dir, runner_of, unrolled):
+    layers = runner_of(tiny_model_dir, unrolled).state["layers"]
     assert ("layers" in layers) == unrolled  # nnx.List of per-layer dicts, or stacked attributes
 
 
@@ -72,17 +92,17 @@ def odd_vocab_dir(tmp_path_factory):
 
 
 def test_float32_cpu_runners_pack_every_matmul_weight_that_fills_whole_panels(tiny_model_dir, untied_dir,
-                                                                              odd_vocab_dir, monkeypatch):
-    tied = _runner(tiny_model_dir, True, monkeypatch=monkeypatch).state
+                                                                              odd_vocab_dir, runner_of):
+    tied = runner_of(tiny_model_dir, True).state
     assert tied["embed"].shape == (49152 // 16, 64, 16)  # the vocabulary projection, stored once
     layer = tied["layers"]["layers"][0]
     assert layer["q_proj"].shape == (64 // 16, 64, 16) and layer["down_proj"].shape == (64 // 16, 128, 16)
     assert layer["input_norm"].shape == (64,)
-    untied = _runner(untied_dir, True, monkeypatch=monkeypatch).state
+    untied = runner_of(untied_dir, True).state
     assert untied["embed"].shape == (160, 64) and untied["lm_head"].shape == (10, 64, 16)
-    odd_vocab = _runner(odd_vocab_dir, True, monkeypatch=monkeypatch).state
+    odd_vocab = runner_of(odd_vocab_dir, True).state
     assert odd_vocab["embed"].shape == (150, 64)  # 150 columns do not pack
-    unpacked = _runner(tiny_model_dir, True, packed=False, monkeypatch=monkeypatch).state
+    unpacked = runner_of(tiny_model_dir, True, packed=False).state
     assert unpacked["embed"].shape == (49152, 64) and unpacked["layers"]["layers"][0]["q_proj"].shape == (64, 64)
 
 
@@ -90,10 +110,10 @@ def test_float32_cpu_runners_pack_every_matmul_weight_that_fills_whole_panels(ti
     ("llama", ["stacked", "packed"]), ("gemma3", ["stacked", "packed"]), ("llama", ["unpacked", "packed"]),
     ("untied", ["unpacked", "packed"]), ("odd_vocab", ["unpacked", "packed"])])
 def test_every_arrangement_gives_the_same_logits(model, arrangements, tiny_model_dir, gemma3_dir, untied_dir,
-                                                  odd_vocab_dir, monkeypatch):
+                                                  odd_vocab_dir, runner_of):
     model_dir = {"llama": tiny_model_dir, "gemma3": gemma3_dir, "untied": untied_dir, "odd_vocab": odd_vocab_dir}[model]
     options = {"stacked": (False, False), "unpacked": (True, False), "packed": (True, True)}  # (unrolled, packed)
-    runners = [_runner(model_dir, *options[name], monkeypatch=monkeypatch) for name in arrangements]
+    runners = [runner_of(model_dir, *options[name]) for name in arrangements]
     prompt = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]
     steps = [
         # a 9-token chunk of one prompt (not sampled) beside a whole 3-token prompt
@@ -114,12 +134,12 @@ def test_every_arrangement_gives_the_same_logits(model, arrangements, tiny_model
 @pytest.mark.skipif(not packed_bfloat16_available(),
                     reason="bfloat16 weights pack only where the CPU has AVX512-BF16")
 @pytest.mark.parametrize("model", ["llama", "untied"])
-def test_bfloat16_packed_weights_give_the_unpacked_logits(model, tiny_model_dir, untied_dir, monkeypatch):
+def test_bfloat16_packed_weights_give_the_unpacked_logits(model, tiny_model_dir, untied_dir, runner_of):
     # The packed bfloat16 matmul sums exact bfloat16 products in float32 as XLA's dot does, in another order: the
     # layers' bfloat16 outputs may round apart by one unit, so the logits agree to bfloat16's precision.
     model_dir = {"llama": tiny_model_dir, "untied": untied_dir}[model]
-    packed = _runner(model_dir, True, monkeypatch=monkeypatch, dtype="bfloat16")
-    unpacked = _runner(model_dir, True, packed=False, monkeypatch=monkeypatch, dtype="bfloat16")
+    packed = runner_of(model_dir, True, dtype="bfloat16")
+    unpacked = runner_of(model_dir, True, packed=False, dtype="bfloat16")
     layer = packed.state["layers"]["layers"][0]
     assert layer["q_proj"].shape == (64 // 16, 64, 16) and layer["q_proj"].dtype == jnp.bfloat16
     head = packed.state["embed"] if model == "llama" else packed.state["lm_head"]
