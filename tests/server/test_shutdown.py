@@ -13,6 +13,8 @@ import time
 import httpx
 import pytest
 
+from tests.server_health import wait_healthy
+
 API_KEY = "env-key-90b1d3c5"
 STARTUP_TIMEOUT_S = 300
 MAX_TOKENS = 40
@@ -25,19 +27,11 @@ def _free_port() -> int:
 
 
 def _wait_healthy(base_url: str, process: subprocess.Popen, log_path) -> None:
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    with httpx.Client(timeout=2) as client:  # one client: httpx.get builds an SSL context per call (~23 ms of CPU)
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                pytest.fail(f"server exited with {process.returncode}:\n{log_path.read_text()[-3000:]}")
-            try:
-                if client.get(base_url + "/health").status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
-    process.kill()
-    pytest.fail(f"server not healthy after {STARTUP_TIMEOUT_S}s:\n{log_path.read_text()[-3000:]}")
+    try:
+        wait_healthy(base_url, [process], lambda _: log_path.read_text()[-3000:], STARTUP_TIMEOUT_S)
+    except AssertionError as error:
+        process.kill()
+        pytest.fail(f"server not ready: {error}")
 
 
 def _server_command(model_dir, port: int, *flags: str, module: str = "jaxpaged.server") -> list[str]:
