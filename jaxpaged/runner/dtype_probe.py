@@ -19,9 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpaged.kernels.cpu_native import packed_matmul
+from jaxpaged.kernels.cpu_native.native_build import source_digest
 from jaxpaged.models.layers import matmul
 from jaxpaged.models.packed_weights import packs_weights_on
-from jaxpaged.runner.probe_cache import keep_verdict, packed_kernel_digest, read_verdict, verdict_file
+from jaxpaged.runner.probe_cache import keep_verdict, read_verdict, verdict_file
 from jaxpaged.timing import call_seconds
 
 logger = logging.getLogger(__name__)
@@ -77,9 +78,9 @@ def _time_loop(dtype, rows: int, native_matmul: bool, repeats: int = 5) -> float
 
 def verdict_path(native_matmul: bool = True) -> pathlib.Path:
     """Where this machine keeps its verdict: keyed by the CPU (model and every flag), JAX, the probe's shapes and each
-    dtype's matmul path (the packed kernel's source, when it is built: this builds it)."""
+    dtype's matmul path (the packed kernel's source and headers, when it is built: this builds it)."""
     shapes = (PROBE_ROWS, PROBE_LAYERS, PROBE_HIDDEN, PROBE_INTERMEDIATE)
-    source = packed_kernel_digest()
+    source = source_digest(packed_matmul.SOURCE)
     paths = [source if _packs(dtype, native_matmul) else "xla" for dtype in (jnp.float32, jnp.bfloat16)]
     return verdict_file("dtype_probe", repr(shapes), *paths)
 

@@ -32,6 +32,7 @@ import numpy as np
 from jaxpaged.config import EngineConfig
 from jaxpaged.kernels.cpu_native import int8_bf16_matmul, packed_matmul, vnni_matmul
 from jaxpaged.kernels.cpu_native.int8_bf16_matmul import int8_bf16_available, pack_int8_pairs, packs_for_int8_bf16
+from jaxpaged.kernels.cpu_native.native_build import source_digest
 from jaxpaged.kernels.cpu_native.packed_matmul import (
     fills_whole_panels,
     pack_panels,
@@ -45,7 +46,7 @@ from jaxpaged.models.int8_weights import QUANTIZED_PROJECTIONS, Int8Weight
 from jaxpaged.models.int16_activations import VnniW8A16Weight, W8A16Weight, cpu_has_int8_dot_units
 from jaxpaged.models.layers import matmuls
 from jaxpaged.runner.buckets import token_ladder
-from jaxpaged.runner.probe_cache import keep_verdict, kernel_digest, read_verdict, verdict_file
+from jaxpaged.runner.probe_cache import keep_verdict, read_verdict, verdict_file
 from jaxpaged.runner.zero_padded import HostWeight
 
 logger = logging.getLogger(__name__)
@@ -85,7 +86,7 @@ class ProbeShapes:
     def key(self) -> tuple[str, ...]:
         """The verdict's cache key parts (beside the CPU and JAX)."""
         sources = (packed_matmul.SOURCE, vnni_matmul.SOURCE, int8_bf16_matmul.SOURCE)  # every kernel it may time
-        return (repr(dataclasses.astuple(self)), repr((PROBE_LAYERS, PREFILL_ROWS_CAP)), kernel_digest(*sources))
+        return (repr(dataclasses.astuple(self)), repr((PROBE_LAYERS, PREFILL_ROWS_CAP)), source_digest(*sources))
 
 
 @dataclasses.dataclass(frozen=True)

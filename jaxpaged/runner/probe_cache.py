@@ -10,36 +10,15 @@ import hashlib
 import json
 import logging
 import pathlib
-import re
 from typing import Any
 
 import jax
 
 from jaxpaged.atomic_file import write_atomically
-from jaxpaged.kernels.cpu_native import packed_matmul
 from jaxpaged.kernels.cpu_native.native_build import cpu_identity
 from jaxpaged.weights.loader import cache_root
 
 logger = logging.getLogger(__name__)
-
-
-def packed_kernel_digest() -> str:
-    """The native matmul's source as a key part: a new kernel may change any path's time."""
-    return hashlib.sha256(packed_matmul.SOURCE.read_bytes()).hexdigest()
-
-
-def kernel_digest(*sources: pathlib.Path) -> str:
-    """Native kernels' sources and the local headers each includes, as a key part: the int8 probe times several
-    kernels, and a change to any of them (a header's included) may change which path is fastest."""
-    digest = hashlib.sha256()
-    for source in sources:
-        text = source.read_bytes()
-        digest.update(text)
-        for name in sorted(set(re.findall(rb'^#include "([^"/]+)"', text, flags=re.MULTILINE))):
-            header = source.parent / name.decode()
-            if header.exists():  # "xla/ffi/api/ffi.h" comes from jax, not from here
-                digest.update(name + header.read_bytes())
-    return digest.hexdigest()
 
 
 def verdict_file(probe: str, *parts: str) -> pathlib.Path:

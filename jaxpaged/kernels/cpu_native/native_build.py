@@ -41,15 +41,23 @@ def cpu_identity() -> str:
     return "\n".join((platform.machine(), model, flags))
 
 
+def source_digest(*sources: pathlib.Path) -> str:
+    """The sources and the local headers each includes (`#include "name.h"`, beside it): what a build, or a speed
+    measured on the built code (the start-up probes), depends on in this folder."""
+    digest = hashlib.sha256()
+    for source in sources:
+        text = source.read_bytes()
+        digest.update(text)
+        for name in sorted(set(re.findall(rb'^#include "([^"/]+)"', text, flags=re.MULTILINE))):
+            header = source.parent / name.decode()
+            if header.exists():  # "xla/ffi/api/ffi.h" and the like come from jax's include directory, not from here
+                digest.update(name + header.read_bytes())
+    return digest.hexdigest()
+
+
 def _build_key(source: pathlib.Path, flags: Sequence[str], compiler: str) -> str:
-    """Source and the local headers it includes (`#include "name.h"`, beside it), flags, compiler, jaxlib and this
-    CPU (-march=native code must not run on another CPU)."""
-    text = source.read_bytes()
-    digest = hashlib.sha256(text)
-    for name in sorted(set(re.findall(rb'^#include "([^"/]+)"', text, flags=re.MULTILINE))):
-        header = source.parent / name.decode()
-        if header.exists():  # "xla/ffi/api/ffi.h" and the like come from jax's include directory, not from here
-            digest.update(name + header.read_bytes())
+    """source_digest, flags, compiler, jaxlib and this CPU (-march=native code must not run on another CPU)."""
+    digest = hashlib.sha256(source_digest(source).encode())
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
     for part in (" ".join(flags), version, jax.__version__, cpu_identity()):
         digest.update(part.encode())
