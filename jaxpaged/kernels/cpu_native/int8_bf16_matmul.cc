@@ -180,7 +180,7 @@ ffi::Error Int8Bf16MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x, ff
   const int64_t rows = std::clamp<int64_t>(num_rows.typed_data()[0], 0, all_rows);
   Problem problems[kMaxWeights];
   for (int w = 0; w < num_weights; ++w) {
-    panel_work::WeightArgs args;
+    panel_work::WeightArgs<> args;
     if (auto error = panel_work::GetWeightArgs(weights, results, num_weights, w, args); error.failure()) return error;
     auto panel_dims = args.panel_dims;
     auto out_dims = args.out_dims;

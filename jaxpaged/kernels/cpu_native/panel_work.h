@@ -75,27 +75,29 @@ void RunPanelItems(const Problem* problems, int num_problems, Layout layout, xla
 }
 
 // One weight of a call whose remaining arguments are the weights' int8 panels, then their float32 column scales,
-// and whose results are one float32 [rows, outer] per weight. The caller checks the dimensions against its own
-// panel layout.
+// and whose results are one [rows, outer] per weight (float32, or the kOut a kernel names). The caller checks the
+// dimensions against its own panel layout.
+template <xla::ffi::DataType kOut = xla::ffi::DataType::F32>
 struct WeightArgs {
   const int8_t* panels = nullptr;
   xla::ffi::Span<const int64_t> panel_dims;
   const float* scales = nullptr;
   size_t num_scales = 0;
-  float* out = nullptr;
+  xla::ffi::NativeType<kOut>* out = nullptr;  // float, or uint16_t holding bfloat16 bits
   xla::ffi::Span<const int64_t> out_dims;
 };
 
+template <xla::ffi::DataType kOut>
 inline xla::ffi::Error GetWeightArgs(xla::ffi::RemainingArgs& weights, xla::ffi::RemainingRets& results,
-                                     int num_weights, int w, WeightArgs& into) {
+                                     int num_weights, int w, WeightArgs<kOut>& into) {
   auto panels = weights.get<xla::ffi::Buffer<xla::ffi::S8>>(w);
   auto scales = weights.get<xla::ffi::Buffer<xla::ffi::F32>>(num_weights + w);
-  auto out = results.get<xla::ffi::Buffer<xla::ffi::F32>>(w);
+  auto out = results.get<xla::ffi::Buffer<kOut>>(w);
   if (panels.has_error()) return panels.error();
   if (scales.has_error()) return scales.error();
   if (out.has_error()) return out.error();
-  into = WeightArgs{panels->typed_data(), panels->dimensions(), scales->typed_data(), scales->element_count(),
-                    (*out)->typed_data(), (*out)->dimensions()};
+  into = WeightArgs<kOut>{panels->typed_data(), panels->dimensions(), scales->typed_data(), scales->element_count(),
+                          (*out)->typed_data(), (*out)->dimensions()};
   return xla::ffi::Error::Success();
 }
 

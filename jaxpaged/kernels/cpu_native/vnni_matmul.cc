@@ -262,7 +262,7 @@ ffi::Error VnniMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::S8> x, ffi::Buf
   const uint32_t* arranged_x = vnni_rows::ArrangeInt8(x.typed_data(), rows, inner, kBlockRows);
   Problem problems[kMaxWeights];
   for (int w = 0; w < num_weights; ++w) {
-    panel_work::WeightArgs args;
+    panel_work::WeightArgs<> args;
     if (auto error = panel_work::GetWeightArgs(weights, results, num_weights, w, args); error.failure()) return error;
     int64_t outer = 0;
     if (auto error = CheckWeight(args.panel_dims, args.num_scales, args.out_dims, all_rows, inner, outer);
@@ -299,20 +299,15 @@ ffi::Error QuantizingImpl(ffi::ThreadPool pool, ffi::Buffer<kType> x, ffi::Buffe
                                                                 rows, inner, kBlockRows, row_scales.data());
   Problem problems[kMaxWeights];
   for (int w = 0; w < num_weights; ++w) {
-    auto panels = weights.get<ffi::Buffer<ffi::S8>>(w);
-    auto scales = weights.get<ffi::Buffer<ffi::F32>>(num_weights + w);
-    auto out = results.get<ffi::Buffer<kType>>(w);
-    if (panels.has_error()) return panels.error();
-    if (scales.has_error()) return scales.error();
-    if (out.has_error()) return out.error();
+    panel_work::WeightArgs<kType> args;
+    if (auto error = panel_work::GetWeightArgs(weights, results, num_weights, w, args); error.failure()) return error;
     int64_t outer = 0;
-    if (auto error = CheckWeight(panels->dimensions(), scales->element_count(), (*out)->dimensions(), all_rows,
-                                 inner, outer);
+    if (auto error = CheckWeight(args.panel_dims, args.num_scales, args.out_dims, all_rows, inner, outer);
         error.failure()) {
       return error;
     }
-    Element* result = reinterpret_cast<Element*>((*out)->typed_data());
-    problems[w] = Problem{arranged_x, row_scales.data(), panels->typed_data(), scales->typed_data(), nullptr,
+    Element* result = args.out;
+    problems[w] = Problem{arranged_x, row_scales.data(), args.panels, args.scales, nullptr,
                           kDigits ? 2 * rows : rows, inner, outer};
     problems[w].digits = kDigits;
     if constexpr (kType == ffi::DataType::F32) {
