@@ -82,23 +82,6 @@ def test_fused_weights_and_padding_rows(num_rows):
         np.testing.assert_array_equal(np.asarray(product), want)
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_matmuls_on_vnni_weights_equal_xlas_w8a8_in_either_dtype(dtype):
-    """layers.matmuls with VnniW8A8Weight (the quantizing kernel) gives XLA's w8a8 product bit for bit."""
-    from jaxpaged.models.int8_activations import VnniW8A8Weight, W8A8Weight
-    from jaxpaged.models.int8_weights import quantize_int8
-    from jaxpaged.models.layers import matmuls
-
-    rng = np.random.default_rng(3)
-    x = jnp.asarray(rng.standard_normal((21, 96)).astype(np.float32), dtype)
-    quantized = [quantize_int8(rng.standard_normal((96, outer)).astype(np.float32)) for outer in (64, 32)]
-    xla = matmuls(x, [W8A8Weight(jnp.asarray(v), jnp.asarray(s)) for v, s in quantized])
-    vnni = matmuls(x, [VnniW8A8Weight(jnp.asarray(pack_vnni(v)), jnp.asarray(s)) for v, s in quantized])
-    for mine, theirs in zip(vnni, xla):
-        assert mine.dtype == theirs.dtype == dtype
-        np.testing.assert_array_equal(np.asarray(mine.astype(jnp.float32)), np.asarray(theirs.astype(jnp.float32)))
-
-
 def _digits_spec(x: np.ndarray, values: np.ndarray, scale: np.ndarray) -> np.ndarray:
     """int16_activations' W8A16 in numpy as XLA compiles it (as _spec), float32 throughout, before rounding."""
     x32 = x.astype(np.float32)
@@ -135,18 +118,28 @@ def test_digits_in_bfloat16_with_padding_rows(num_rows):
     np.testing.assert_array_equal(np.asarray(got).view(np.uint16), want.astype(ml_dtypes.bfloat16).view(np.uint16))
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_matmuls_on_vnni_digit_weights_equal_xlas_digits(dtype):
-    """layers.matmuls with VnniW8A16Weight (the kernel splits the digits) gives XLA's int16-digits product."""
-    from jaxpaged.models.int8_weights import quantize_int8
+def _weight_classes(scheme: str) -> tuple[type, type]:
+    """(XLA's weight class, the VNNI kernel's) for w8a8 or weight-only int8 on the digits."""
+    from jaxpaged.models.int8_activations import VnniW8A8Weight, W8A8Weight
     from jaxpaged.models.int16_activations import VnniW8A16Weight, W8A16Weight
+
+    return (W8A8Weight, VnniW8A8Weight) if scheme == "w8a8" else (W8A16Weight, VnniW8A16Weight)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("scheme,seed,rows", [("w8a8", 3, 21), ("digits", 4, 19)])
+def test_matmuls_on_vnni_weights_equal_xlas_in_either_dtype(scheme, seed, rows, dtype):
+    """layers.matmuls with the VNNI weights (the kernel quantizes the rows, or splits their digits) gives XLA's w8a8
+    or int16-digits product bit for bit."""
+    from jaxpaged.models.int8_weights import quantize_int8
     from jaxpaged.models.layers import matmuls
 
-    rng = np.random.default_rng(4)
-    x = jnp.asarray(rng.standard_normal((19, 96)).astype(np.float32), dtype)
+    xla_weight, vnni_weight = _weight_classes(scheme)
+    rng = np.random.default_rng(seed)
+    x = jnp.asarray(rng.standard_normal((rows, 96)).astype(np.float32), dtype)
     quantized = [quantize_int8(rng.standard_normal((96, outer)).astype(np.float32)) for outer in (64, 32)]
-    xla = matmuls(x, [W8A16Weight(jnp.asarray(v), jnp.asarray(s)) for v, s in quantized])
-    vnni = matmuls(x, [VnniW8A16Weight(jnp.asarray(pack_vnni(v)), jnp.asarray(s)) for v, s in quantized])
+    xla = matmuls(x, [xla_weight(jnp.asarray(v), jnp.asarray(s)) for v, s in quantized])
+    vnni = matmuls(x, [vnni_weight(jnp.asarray(pack_vnni(v)), jnp.asarray(s)) for v, s in quantized])
     for mine, theirs in zip(vnni, xla):
         assert mine.dtype == theirs.dtype == dtype
         np.testing.assert_array_equal(np.asarray(mine.astype(jnp.float32)), np.asarray(theirs.astype(jnp.float32)))
